@@ -1,0 +1,17 @@
+// Package memory is Sluice's in-process store: the embedded default, and the
+// reference implementation of the limiter's store interfaces
+// ([limiter.Counter], [limiter.BucketStore], [limiter.LogStore]).
+//
+// Storage protocol: keys are spread over 64 shards by a seeded hash; each
+// shard is a map guarded by one mutex, so every decision's read-modify-write
+// happens under that lock and is exact. Window counters are a ring of
+// sub-window counts per key (the newest span sub-windows), buckets are the
+// stored state, logs a sorted slice reused in place. Every write sets an
+// expiry (the TTL the limiter asks for); an expired key reads as absent.
+//
+// Memory is bounded: each shard holds at most MaxKeys/64 keys. When a new key
+// arrives at a full shard, expired keys go first, then the least recently
+// used one. Evicting a live key forgets its state (a bucket starts full
+// again), so size MaxKeys above the number of keys active within the longest
+// window; Stats reports evictions of live keys so that this can be alarmed.
+package memory

@@ -1,0 +1,297 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+const numShards = 64
+
+// DefaultMaxKeys is the key cap used when Config.MaxKeys is zero.
+const DefaultMaxKeys = 100_000
+
+// Config configures a [Store]. The zero value is usable.
+type Config struct {
+	// MaxKeys caps the number of keys held (at least numShards). Zero
+	// means DefaultMaxKeys.
+	MaxKeys int
+	// Clock is the time used for expiry (not for the algorithms, which get
+	// their time from the caller). Nil means time.Now.
+	Clock func() time.Time
+}
+
+// Store is an in-process, bounded store for every limiter algorithm. It is
+// safe for concurrent use. Create it with [New]; the zero value is not
+// usable.
+type Store struct {
+	shards    [numShards]shard
+	seed      maphash.Seed
+	clock     func() time.Time
+	perShard  int
+	evictions atomic.Int64
+	expired   atomic.Int64
+}
+
+var (
+	_ limiter.Counter     = (*Store)(nil)
+	_ limiter.BucketStore = (*Store)(nil)
+	_ limiter.LogStore    = (*Store)(nil)
+)
+
+type shard struct {
+	mu   sync.Mutex
+	m    map[limiter.Key]*entry
+	head entry // sentinel of the LRU list: head.next is the most recent
+	_    [64]byte
+}
+
+type entry struct {
+	key        limiter.Key
+	expires    int64 // Unix ns; the entry is absent at or after it
+	prev, next *entry
+
+	// Window counters: slots[idx mod len(slots)] for idx in
+	// (newest-len(slots), newest].
+	slots  []int64
+	newest int64
+
+	bucket    limiter.BucketState
+	hasBucket bool
+
+	log []int64
+}
+
+// New returns an empty store.
+func New(cfg Config) (*Store, error) {
+	if cfg.MaxKeys < 0 {
+		return nil, fmt.Errorf("memory: MaxKeys must not be negative, got %d", cfg.MaxKeys)
+	}
+	if cfg.MaxKeys == 0 {
+		cfg.MaxKeys = DefaultMaxKeys
+	}
+	if cfg.MaxKeys < numShards {
+		cfg.MaxKeys = numShards
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	s := &Store{seed: maphash.MakeSeed(), clock: cfg.Clock, perShard: cfg.MaxKeys / numShards}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.m = make(map[limiter.Key]*entry)
+		sh.head.next, sh.head.prev = &sh.head, &sh.head
+	}
+	return s, nil
+}
+
+// Stats are counters of a store's housekeeping.
+type Stats struct {
+	// Keys is the number of keys held (live or not yet swept).
+	Keys int
+	// Evictions counts live keys dropped to stay under MaxKeys.
+	Evictions int64
+	// Expired counts expired keys removed.
+	Expired int64
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	st := Stats{Evictions: s.evictions.Load(), Expired: s.expired.Load()}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Keys += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+func (s *Store) shard(k limiter.Key) *shard {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	h.WriteString(k.Space)
+	h.WriteByte(0)
+	h.WriteString(k.Name)
+	return &s.shards[h.Sum64()%numShards]
+}
+
+// entry returns key's entry, creating it (and making room) when absent. An
+// expired entry is returned emptied. Call with sh.mu held.
+func (s *Store) entry(sh *shard, k limiter.Key, now int64) *entry {
+	e, ok := sh.m[k]
+	if ok {
+		if now >= e.expires {
+			e.reset()
+			s.expired.Add(1)
+		}
+		sh.unlink(e)
+		sh.pushFront(e)
+		return e
+	}
+	if len(sh.m) >= s.perShard {
+		s.makeRoom(sh, now)
+	}
+	e = &entry{key: k}
+	sh.m[k] = e
+	sh.pushFront(e)
+	return e
+}
+
+// makeRoom removes expired entries from the cold end of the LRU list, or
+// failing that the least recently used entry.
+func (s *Store) makeRoom(sh *shard, now int64) {
+	removed := 0
+	for e := sh.head.prev; e != &sh.head && removed < 16; {
+		prev := e.prev
+		if now >= e.expires {
+			sh.remove(e)
+			s.expired.Add(1)
+			removed++
+		}
+		e = prev
+	}
+	if removed == 0 {
+		sh.remove(sh.head.prev)
+		s.evictions.Add(1)
+	}
+}
+
+func (e *entry) reset() {
+	e.slots = e.slots[:0]
+	e.newest = 0
+	e.bucket, e.hasBucket = limiter.BucketState{}, false
+	e.log = e.log[:0]
+}
+
+func (sh *shard) pushFront(e *entry) {
+	e.prev, e.next = &sh.head, sh.head.next
+	sh.head.next.prev = e
+	sh.head.next = e
+}
+
+func (sh *shard) unlink(e *entry) {
+	e.prev.next, e.next.prev = e.next, e.prev
+}
+
+func (sh *shard) remove(e *entry) {
+	sh.unlink(e)
+	delete(sh.m, e.key)
+}
+
+func (s *Store) lock(ctx context.Context, k limiter.Key) (*shard, int64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, fmt.Errorf("memory: %w", err)
+	}
+	sh := s.shard(k)
+	sh.mu.Lock()
+	return sh, s.clock().UnixNano(), nil
+}
+
+// Add implements [limiter.Counter]. It reports as Later the counts of the
+// sub-windows newer than cur that it holds (up to span of them).
+func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+	if span < 1 || span > limiter.MaxSpan || n < 0 {
+		return limiter.Counts{}, fmt.Errorf("memory: bad window add (span %d, n %d)", span, n)
+	}
+	sh, now, err := s.lock(ctx, k)
+	if err != nil {
+		return limiter.Counts{}, err
+	}
+	defer sh.mu.Unlock()
+	e := s.entry(sh, k, now)
+	if len(e.slots) != span {
+		e.slots = append(e.slots[:0], make([]int64, span)...)
+		e.newest = cur
+	}
+	size := int64(span)
+	if cur > e.newest {
+		for i := e.newest + 1; i <= cur && i <= e.newest+size; i++ {
+			e.slots[mod(i, size)] = 0
+		}
+		e.newest = cur
+	}
+	oldest := e.newest - size + 1
+	if cur >= oldest {
+		e.slots[mod(cur, size)] += n
+	}
+	var c limiter.Counts
+	for j := 0; j < span; j++ {
+		if idx := cur - int64(j); idx >= oldest {
+			c.C[j] = e.slots[mod(idx, size)]
+		}
+	}
+	for idx := max(cur+1, oldest); idx <= e.newest; idx++ {
+		c.Later += e.slots[mod(idx, size)]
+	}
+	e.expires = now + int64(ttl)
+	return c, nil
+}
+
+// Sub implements [limiter.Counter].
+func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+	if n < 0 {
+		return fmt.Errorf("memory: bad window sub (n %d)", n)
+	}
+	sh, now, err := s.lock(ctx, k)
+	if err != nil {
+		return err
+	}
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	if !ok || now >= e.expires || len(e.slots) == 0 {
+		return nil
+	}
+	size := int64(len(e.slots))
+	if idx <= e.newest && idx > e.newest-size {
+		i := mod(idx, size)
+		e.slots[i] = max(e.slots[i]-n, 0)
+	}
+	return nil
+}
+
+// UpdateBucket implements [limiter.BucketStore] under the shard's lock.
+func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+	sh, now, err := s.lock(ctx, k)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	defer sh.mu.Unlock()
+	e := s.entry(sh, k, now)
+	next, d, write := op.Apply(e.bucket, e.hasBucket)
+	if write {
+		next.Version = e.bucket.Version + 1
+		e.bucket, e.hasBucket = next, true
+		e.expires = now + int64(ttl)
+	}
+	return d, nil
+}
+
+// UpdateLog implements [limiter.LogStore] under the shard's lock.
+func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+	sh, now, err := s.lock(ctx, k)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	defer sh.mu.Unlock()
+	e := s.entry(sh, k, now)
+	next, d, write := op.Apply(e.log)
+	if write {
+		e.log = next
+		e.expires = now + int64(ttl)
+	}
+	return d, nil
+}
+
+func mod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}

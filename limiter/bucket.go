@@ -1,0 +1,240 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// TokenBucketConfig configures a [TokenBucket].
+type TokenBucketConfig struct {
+	// Name identifies the limit in decisions and metrics.
+	Name string
+	// MaxAmount is the capacity of the bucket; a new bucket starts full.
+	MaxAmount int64
+	// RefillTime is the time between refills.
+	RefillTime time.Duration
+	// RefillAmount is the number of tokens each refill adds (capped at
+	// MaxAmount). Zero means 1.
+	RefillAmount int64
+	// Strict keeps a bucket blocked while traffic continues: a denied
+	// request restarts the refill timer (Smyte's STRICT).
+	Strict bool
+}
+
+// TokenBucket is Smyte's token bucket. A bucket holds up to MaxAmount tokens
+// and starts full; every RefillTime since the last refill adds RefillAmount
+// tokens (refills arrive in steps, and the time left over is kept); AllowN
+// takes n tokens if the bucket holds at least n. In strict mode a denial sets
+// the refill timer to now, so a client that keeps retrying stays blocked.
+//
+// The bucket parameters are part of the stored key. A TokenBucket is safe for
+// concurrent use and is exact (never admits more than the tokens available)
+// on any [BucketStore] that honours its atomicity contract. Time going
+// backwards never refills a bucket.
+type TokenBucket struct {
+	cfg   TokenBucketConfig
+	store BucketStore
+	space string
+	ttl   time.Duration
+}
+
+// NewTokenBucket returns a token bucket on store, or an error wrapping
+// [ErrInvalidConfig] naming the bad field.
+func NewTokenBucket(store BucketStore, cfg TokenBucketConfig) (*TokenBucket, error) {
+	if cfg.RefillAmount == 0 {
+		cfg.RefillAmount = 1
+	}
+	switch {
+	case store == nil:
+		return nil, configError("token bucket", cfg.Name, "store", "must not be nil")
+	case cfg.MaxAmount <= 0:
+		return nil, configError("token bucket", cfg.Name, "max amount", "must be positive, got %d", cfg.MaxAmount)
+	case cfg.RefillTime <= 0:
+		return nil, configError("token bucket", cfg.Name, "refill time", "must be positive, got %v", cfg.RefillTime)
+	case cfg.RefillAmount < 0:
+		return nil, configError("token bucket", cfg.Name, "refill amount", "must be positive, got %d", cfg.RefillAmount)
+	}
+	// Time to refill from empty, plus one refill period of slack: after that
+	// an absent bucket (full) and a stored one are the same.
+	steps := (cfg.MaxAmount + cfg.RefillAmount - 1) / cfg.RefillAmount
+	ttl := satMul(time.Duration(steps+1), cfg.RefillTime)
+	return &TokenBucket{
+		cfg:   cfg,
+		store: store,
+		space: "tb:" + strconv.FormatInt(cfg.MaxAmount, 10) + ":" + cfg.RefillTime.String() + ":" + strconv.FormatInt(cfg.RefillAmount, 10),
+		ttl:   ttl,
+	}, nil
+}
+
+// Config returns the bucket's configuration (with defaults applied).
+func (b *TokenBucket) Config() TokenBucketConfig { return b.cfg }
+
+// Space returns the key space of the bucket's state: its parameters.
+func (b *TokenBucket) Space() string { return b.space }
+
+// Allow is AllowN(ctx, key, now, 1).
+func (b *TokenBucket) Allow(ctx context.Context, key string, now time.Time) (Decision, error) {
+	return b.AllowN(ctx, key, now, 1)
+}
+
+// AllowN is Smyte's reduce(n): it takes n tokens if the bucket holds them.
+func (b *TokenBucket) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
+	if n <= 0 || n > b.cfg.MaxAmount {
+		return Decision{}, costError(b.cfg.Name, n, b.cfg.MaxAmount)
+	}
+	return b.update(ctx, key, now, n, opTake)
+}
+
+// Get is Smyte's get(): the bucket's state at now, without taking anything.
+// Decision.Remaining is the number of tokens; Allowed reports whether a
+// request of cost 1 would pass.
+func (b *TokenBucket) Get(ctx context.Context, key string, now time.Time) (Decision, error) {
+	return b.update(ctx, key, now, 1, opPeek)
+}
+
+// Refund puts n tokens back (capped at MaxAmount).
+func (b *TokenBucket) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	if n <= 0 || n > b.cfg.MaxAmount {
+		return costError(b.cfg.Name, n, b.cfg.MaxAmount)
+	}
+	_, err := b.update(ctx, key, now, n, opRefund)
+	return err
+}
+
+func (b *TokenBucket) update(ctx context.Context, key string, now time.Time, n int64, mode opMode) (Decision, error) {
+	op := BucketOp{
+		MaxAmount:    b.cfg.MaxAmount,
+		RefillTime:   b.cfg.RefillTime,
+		RefillAmount: b.cfg.RefillAmount,
+		Strict:       b.cfg.Strict,
+		Now:          now.UnixNano(),
+		N:            n,
+		mode:         mode,
+	}
+	d, err := b.store.UpdateBucket(ctx, Key{Space: b.space, Name: key}, op, b.ttl)
+	if err != nil {
+		return Decision{}, fmt.Errorf("limiter: token bucket %q: %w", b.cfg.Name, err)
+	}
+	d.Name = b.cfg.Name
+	return d, nil
+}
+
+type opMode uint8
+
+const (
+	opTake opMode = iota
+	opPeek
+	opRefund
+)
+
+// BucketOp is one token-bucket step, handed to a [BucketStore]. Its Apply
+// method is the whole algorithm; stores only make it atomic.
+type BucketOp struct {
+	MaxAmount    int64
+	RefillTime   time.Duration
+	RefillAmount int64
+	Strict       bool
+	// Now is the caller's time in Unix nanoseconds.
+	Now int64
+	// N is the number of tokens to take (or give back).
+	N    int64
+	mode opMode
+}
+
+// Take reports whether the op takes tokens (as opposed to reading or
+// refunding). A store that writes conditionally on the token count may use
+// it.
+func (op BucketOp) Take() bool { return op.mode == opTake }
+
+// Apply computes the bucket after op from cur (found is false for a new
+// bucket, which starts full at op.Now). It returns the next state (Version
+// copied from cur), the decision, and whether the state changed and must be
+// written. Apply is pure and cheap: optimistic stores call it again after a
+// lost race.
+func (op BucketOp) Apply(cur BucketState, found bool) (next BucketState, d Decision, write bool) {
+	next = cur
+	if !found {
+		next = BucketState{Tokens: op.MaxAmount, Updated: op.Now, Version: cur.Version}
+		write = true
+	}
+	rt := int64(op.RefillTime)
+	// Refill, Smyte style: whole refills only, the remainder is kept. A
+	// clock behind Updated refills nothing and never moves Updated back.
+	if op.Now > next.Updated {
+		refills := (op.Now - next.Updated) / rt
+		if refills > 0 {
+			if next.Tokens < op.MaxAmount {
+				need := (op.MaxAmount - next.Tokens + op.RefillAmount - 1) / op.RefillAmount
+				if refills >= need {
+					next.Tokens = op.MaxAmount
+				} else {
+					next.Tokens += refills * op.RefillAmount
+				}
+			}
+			next.Updated += refills * rt
+			write = true
+		}
+	}
+	if next.Tokens > op.MaxAmount { // parameters changed under a key; never exceed capacity
+		next.Tokens = op.MaxAmount
+		write = true
+	}
+	d = Decision{Limit: op.MaxAmount}
+	switch op.mode {
+	case opPeek:
+		d.Allowed = next.Tokens >= op.N
+		write = false
+	case opRefund:
+		next.Tokens = min(op.MaxAmount, next.Tokens+op.N)
+		d.Allowed = true
+		write = true
+	default:
+		if op.N <= next.Tokens {
+			next.Tokens -= op.N
+			d.Allowed = true
+			write = true
+		} else if op.Strict && op.Now > next.Updated {
+			next.Updated = op.Now
+			write = true
+		}
+	}
+	d.Remaining = max(next.Tokens, 0)
+	d.ResetAfter = op.untilTokens(next, op.MaxAmount)
+	if !d.Allowed {
+		d.RetryAfter = max(op.untilTokens(next, op.N), 1)
+	}
+	return next, d, write
+}
+
+// untilTokens is how long until s holds want tokens with no more traffic.
+func (op BucketOp) untilTokens(s BucketState, want int64) time.Duration {
+	if s.Tokens >= want {
+		return 0
+	}
+	refills := (want - s.Tokens + op.RefillAmount - 1) / op.RefillAmount
+	at := s.Updated + refills*int64(op.RefillTime)
+	if at <= op.Now {
+		return 0
+	}
+	return time.Duration(at - op.Now)
+}
+
+func satMul(a, b time.Duration) time.Duration {
+	if a != 0 && b > (1<<63-1)/a {
+		return 1<<63 - 1
+	}
+	return a * b
+}
+
+func configError(kind, name, field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s %q: %s %s", ErrInvalidConfig, kind, name, field, fmt.Sprintf(format, args...))
+}
+
+func costError(name string, n, limit int64) error {
+	if n <= 0 {
+		return fmt.Errorf("%w: limit %q: cost must be positive, got %d", ErrInvalidCost, name, n)
+	}
+	return fmt.Errorf("%w: limit %q: cost %d exceeds the capacity %d, so it could never be allowed", ErrInvalidCost, name, n, limit)
+}

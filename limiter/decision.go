@@ -1,0 +1,70 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Decision is the outcome of one rate-limit check.
+type Decision struct {
+	// Allowed reports whether the request may proceed.
+	Allowed bool
+	// Limit is the capacity of the limit that decided: a bucket's
+	// maxAmount, a window's request count.
+	Limit int64
+	// Remaining is how much of Limit is left after this request (never
+	// negative).
+	Remaining int64
+	// ResetAfter is how long until the limit is back to full capacity if
+	// no more requests arrive.
+	ResetAfter time.Duration
+	// RetryAfter is how long until a request of the same cost could be
+	// allowed if no more requests arrive; zero when Allowed.
+	RetryAfter time.Duration
+	// Name is the name of the limit that decided (for a [Stack], the limit
+	// that denied, or the allowing limit with the least remaining).
+	Name string
+}
+
+// Limiter is what every algorithm in this package offers.
+//
+// AllowN takes n units (the request's cost) from key at time now and reports
+// the decision. Refund gives back n units taken by an allowed AllowN with the
+// same key and now (a [Stack] uses it when a later limit denies).
+type Limiter interface {
+	AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error)
+	Refund(ctx context.Context, key string, now time.Time, n int64) error
+}
+
+// Clock supplies the current time. Algorithms never read the time
+// themselves: callers pass Clock.Now() (or a historical timestamp) as now.
+type Clock interface {
+	Now() time.Time
+}
+
+// ClockFunc adapts a function to a [Clock].
+type ClockFunc func() time.Time
+
+// Now returns f().
+func (f ClockFunc) Now() time.Time { return f() }
+
+// SystemClock is the wall clock.
+var SystemClock Clock = ClockFunc(time.Now)
+
+var (
+	// ErrInvalidConfig is wrapped by every configuration error.
+	ErrInvalidConfig = errors.New("limiter: invalid configuration")
+	// ErrInvalidCost is wrapped when a request's cost is not positive or
+	// exceeds what the limit could ever allow.
+	ErrInvalidCost = errors.New("limiter: invalid cost")
+	// ErrConflict is what backends wrap when an optimistic update lost a
+	// race (a CAS mismatch, a failed condition) and retries ran out.
+	ErrConflict = errors.New("limiter: conflicting concurrent update")
+	// ErrCorruptState is what backends wrap when stored state cannot be
+	// decoded. The limiter never treats it as an empty (full) bucket.
+	ErrCorruptState = errors.New("limiter: corrupt stored state")
+	// ErrRefund is wrapped when giving back units after a denial failed;
+	// the accompanying Decision is still valid.
+	ErrRefund = errors.New("limiter: refund failed")
+)

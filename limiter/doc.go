@@ -1,0 +1,33 @@
+// Package limiter holds Sluice's rate-limiting algorithms and the small store
+// interfaces they need.
+//
+// Algorithms:
+//
+//   - [TokenBucket]: Smyte's token bucket (maxAmount, refillTime,
+//     refillAmount; reduce and get; strict mode; caller timestamps). The
+//     bucket parameters are part of the stored key, so two callers with
+//     different parameters never share a bucket. Exact on every store.
+//   - [SlidingWindow]: the approximated sliding window of ClassDojo and
+//     Criteo, built from k sub-window counters, with two estimators:
+//     [Interpolated] (the articles' weighting of the oldest sub-window, which
+//     can over-admit when the previous window's traffic was bunched) and
+//     [Bounded] (never admits more than the limit in any window-length
+//     interval, at the price of admitting less).
+//   - [FixedWindow]: one counter per calendar window.
+//   - [SlidingLog]: an exact sliding log of timestamps, the accuracy
+//     reference, for small limits.
+//   - [Stack]: several limits on one key (100/min and 2/s); all must pass and
+//     a denial gives back what the others took.
+//
+// Every algorithm takes the current time as an argument (now), so callers can
+// replay historical traffic with their own timestamps and tests run on a fixed
+// clock; [Clock] supplies it in production. Time going backwards (clock skew
+// between Lambda hosts) never mints tokens or unblocks a key.
+//
+// Stores are declared here as interfaces shaped at the level of one decision's
+// storage step, so that a backend can answer in one network round trip:
+// [Counter] for the windows, [BucketStore] for the token bucket, [LogStore]
+// for the sliding log. The in-process store is in backends/memory; memcached
+// and DynamoDB live in backends/memcached and backends/dynamo. This package
+// imports the standard library only.
+package limiter

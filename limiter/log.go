@@ -1,0 +1,193 @@
+package limiter
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// MaxLogLimit is the largest limit of a [SlidingLog]: it stores one
+// timestamp per unit allowed in the window.
+const MaxLogLimit = 10000
+
+// SlidingLogConfig configures a [SlidingLog].
+type SlidingLogConfig struct {
+	Name   string
+	Limit  int64
+	Window time.Duration
+}
+
+// SlidingLog is the exact sliding window: it keeps the time of every unit
+// allowed in the last Window and allows a request if the units in
+// (now-Window, now] plus the request's fit within Limit. It is the accuracy
+// reference for the approximations, and practical for small limits (memory
+// and item size grow with Limit). Timestamps later than now (another
+// writer's clock is ahead) count in full. A decision is one
+// LogStore.UpdateLog; safe for concurrent use; exact on any store that
+// honours the LogStore contract.
+type SlidingLog struct {
+	cfg   SlidingLogConfig
+	store LogStore
+	space string
+}
+
+// NewSlidingLog returns a sliding log on store, or an error wrapping
+// [ErrInvalidConfig].
+func NewSlidingLog(store LogStore, cfg SlidingLogConfig) (*SlidingLog, error) {
+	const kind = "sliding log"
+	switch {
+	case store == nil:
+		return nil, configError(kind, cfg.Name, "store", "must not be nil")
+	case cfg.Limit <= 0 || cfg.Limit > MaxLogLimit:
+		return nil, configError(kind, cfg.Name, "limit", "must be between 1 and %d, got %d", MaxLogLimit, cfg.Limit)
+	case cfg.Window <= 0:
+		return nil, configError(kind, cfg.Name, "window", "must be positive, got %v", cfg.Window)
+	}
+	return &SlidingLog{cfg: cfg, store: store, space: "sl:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String()}, nil
+}
+
+// Config returns the log's configuration.
+func (l *SlidingLog) Config() SlidingLogConfig { return l.cfg }
+
+// Allow is AllowN(ctx, key, now, 1).
+func (l *SlidingLog) Allow(ctx context.Context, key string, now time.Time) (Decision, error) {
+	return l.AllowN(ctx, key, now, 1)
+}
+
+// AllowN records n units at now if they fit in the window.
+func (l *SlidingLog) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
+	if n <= 0 || n > l.cfg.Limit {
+		return Decision{}, costError(l.cfg.Name, n, l.cfg.Limit)
+	}
+	return l.update(ctx, key, now, n, opTake)
+}
+
+// Refund removes up to n timestamps recorded at now.
+func (l *SlidingLog) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	if n <= 0 || n > l.cfg.Limit {
+		return costError(l.cfg.Name, n, l.cfg.Limit)
+	}
+	_, err := l.update(ctx, key, now, n, opRefund)
+	return err
+}
+
+func (l *SlidingLog) update(ctx context.Context, key string, now time.Time, n int64, mode opMode) (Decision, error) {
+	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: now.UnixNano(), N: n, mode: mode}
+	d, err := l.store.UpdateLog(ctx, Key{Space: l.space, Name: key}, op, l.cfg.Window)
+	if err != nil {
+		return Decision{}, fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, err)
+	}
+	d.Name = l.cfg.Name
+	return d, nil
+}
+
+// LogOp is one sliding-log step, handed to a [LogStore].
+type LogOp struct {
+	Limit  int64
+	Window time.Duration
+	// Now is the caller's time in Unix nanoseconds.
+	Now  int64
+	N    int64
+	mode opMode
+}
+
+// Apply computes the log after op from entries (ascending timestamps in Unix
+// nanoseconds; it may be nil). It drops entries that left the window, then
+// appends N entries at Now if they fit (or, for a refund, removes up to N
+// entries at Now). It reuses entries' storage. write reports whether the
+// result differs from entries.
+func (op LogOp) Apply(entries []int64) (next []int64, d Decision, write bool) {
+	cutoff := op.Now - int64(op.Window) // entries <= cutoff are out
+	drop := 0
+	for drop < len(entries) && entries[drop] <= cutoff {
+		drop++
+	}
+	next = entries
+	if drop > 0 {
+		next = append(entries[:0], entries[drop:]...)
+		write = true
+	}
+	d = Decision{Limit: op.Limit}
+	switch op.mode {
+	case opRefund:
+		for i := len(next) - 1; i >= 0 && op.N > 0; i-- {
+			if next[i] == op.Now {
+				next = slices.Delete(next, i, i+1)
+				op.N--
+				write = true
+			}
+		}
+		d.Allowed = true
+	default:
+		if int64(len(next))+op.N <= op.Limit {
+			// Keep the list sorted: a late clock inserts before newer entries.
+			at := len(next)
+			for at > 0 && next[at-1] > op.Now {
+				at--
+			}
+			for range op.N {
+				next = slices.Insert(next, at, op.Now)
+			}
+			d.Allowed = true
+			write = true
+		}
+	}
+	used := int64(len(next))
+	d.Remaining = max(op.Limit-used, 0)
+	if used > 0 {
+		d.ResetAfter = time.Duration(max(next[len(next)-1]+int64(op.Window)-op.Now, 0))
+	}
+	if !d.Allowed {
+		// The oldest (used+N-Limit) entries must leave the window.
+		m := used + op.N - op.Limit
+		if m >= 1 && m <= used {
+			d.RetryAfter = time.Duration(max(next[m-1]+int64(op.Window)-op.Now, 1))
+		} else {
+			d.RetryAfter = 1
+		}
+	}
+	return next, d, write
+}
+
+// AppendLog appends the binary encoding of entries (ascending Unix
+// nanoseconds) to dst: a varint count, the first entry, then varint deltas.
+// Backends that store a log as one value use it with [ParseLog].
+func AppendLog(dst []byte, entries []int64) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(entries)))
+	prev := int64(0)
+	for _, e := range entries {
+		dst = binary.AppendVarint(dst, e-prev)
+		prev = e
+	}
+	return dst
+}
+
+// ParseLog decodes what [AppendLog] wrote, appending the entries to dst. A
+// malformed value gives an error wrapping [ErrCorruptState].
+func ParseLog(b []byte, dst []int64) ([]int64, error) {
+	n, w := binary.Uvarint(b)
+	if w <= 0 || n > MaxLogLimit {
+		return dst, fmt.Errorf("%w: sliding log header", ErrCorruptState)
+	}
+	b = b[w:]
+	prev := int64(0)
+	for i := uint64(0); i < n; i++ {
+		d, w := binary.Varint(b)
+		if w <= 0 {
+			return dst, fmt.Errorf("%w: sliding log entry %d of %d", ErrCorruptState, i, n)
+		}
+		b = b[w:]
+		prev += d
+		if len(dst) > 0 && prev < dst[len(dst)-1] {
+			return dst, fmt.Errorf("%w: sliding log entries out of order", ErrCorruptState)
+		}
+		dst = append(dst, prev)
+	}
+	if len(b) != 0 {
+		return dst, fmt.Errorf("%w: %d trailing bytes after sliding log", ErrCorruptState, len(b))
+	}
+	return dst, nil
+}

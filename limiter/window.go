@@ -1,0 +1,380 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"time"
+)
+
+// Estimator selects how a [SlidingWindow] turns sub-window counters into an
+// estimate of the requests in the last window.
+type Estimator uint8
+
+const (
+	// Bounded counts the oldest, partly visible sub-window in full. It never
+	// admits more than the limit within any window-length interval; it
+	// admits less than an exact sliding log, the less the more sub-windows
+	// there are. It is the zero value.
+	Bounded Estimator = iota
+	// Interpolated weights the oldest sub-window by the share of it still
+	// inside the window (ClassDojo, Criteo). It is exact under steady
+	// traffic but over-admits when the oldest sub-window's traffic was
+	// bunched at its start.
+	Interpolated
+)
+
+// String returns "bounded" or "interpolated".
+func (e Estimator) String() string {
+	switch e {
+	case Bounded:
+		return "bounded"
+	case Interpolated:
+		return "interpolated"
+	}
+	return "estimator(" + strconv.Itoa(int(e)) + ")"
+}
+
+// ParseEstimator parses the names String returns.
+func ParseEstimator(s string) (Estimator, error) {
+	switch s {
+	case "bounded", "":
+		return Bounded, nil
+	case "interpolated":
+		return Interpolated, nil
+	}
+	return 0, fmt.Errorf("%w: unknown estimator %q (want bounded or interpolated)", ErrInvalidConfig, s)
+}
+
+const (
+	// MaxSubWindows is the largest sub-window count of a [SlidingWindow].
+	MaxSubWindows = 60
+	// DefaultSubWindows is the sub-window count used when none is given.
+	// It divides every window that is a whole number of 10 ns.
+	DefaultSubWindows = 10
+)
+
+// SlidingWindowConfig configures a [SlidingWindow].
+type SlidingWindowConfig struct {
+	// Name identifies the limit in decisions and metrics.
+	Name string
+	// Limit is the number of units allowed per Window.
+	Limit int64
+	// Window is the length of the sliding window.
+	Window time.Duration
+	// SubWindows is the number of counters per window (k); it must divide
+	// Window exactly. Zero means DefaultSubWindows.
+	SubWindows int
+	// Estimator chooses between Bounded (the zero value) and Interpolated.
+	Estimator Estimator
+	// CountDenied keeps denied requests in the counters (ClassDojo's
+	// behaviour: a client that keeps hammering stays blocked). By default a
+	// denied request is refunded.
+	CountDenied bool
+}
+
+// SlidingWindow is the approximated sliding window: time is cut into
+// sub-windows of Window/k, each with a counter in the store, and a request
+// is allowed if the estimated count over the last Window, including the
+// request, stays within Limit. The estimate sums the k-1 most recent
+// sub-windows and the current one, plus the oldest sub-window that is partly
+// inside the window, weighted by the Estimator.
+//
+// A decision is one Counter.Add (one round trip) plus a Counter.Sub when a
+// denied request is refunded. A SlidingWindow is safe for concurrent use.
+// With the Bounded estimator it never over-admits, provided the store's Add
+// is atomic and callers' clocks agree; concurrent denials may briefly
+// under-admit while their refunds are in flight.
+type SlidingWindow struct {
+	cfg   SlidingWindowConfig
+	store Counter
+	space string
+	sub   int64 // sub-window length in ns
+	k     int
+	ttl   time.Duration
+}
+
+// NewSlidingWindow returns a sliding window on store, or an error wrapping
+// [ErrInvalidConfig] naming the bad field.
+func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, error) {
+	if cfg.SubWindows == 0 {
+		cfg.SubWindows = DefaultSubWindows
+	}
+	const kind = "sliding window"
+	switch {
+	case store == nil:
+		return nil, configError(kind, cfg.Name, "store", "must not be nil")
+	case cfg.Limit <= 0:
+		return nil, configError(kind, cfg.Name, "limit", "must be positive, got %d", cfg.Limit)
+	case cfg.Window <= 0:
+		return nil, configError(kind, cfg.Name, "window", "must be positive, got %v", cfg.Window)
+	case cfg.SubWindows < 0 || cfg.SubWindows > MaxSubWindows:
+		return nil, configError(kind, cfg.Name, "sub-windows", "must be between 1 and %d, got %d", MaxSubWindows, cfg.SubWindows)
+	case cfg.Window%time.Duration(cfg.SubWindows) != 0:
+		return nil, configError(kind, cfg.Name, "sub-windows", "%d does not divide the window %v into whole nanoseconds", cfg.SubWindows, cfg.Window)
+	case cfg.Window/time.Duration(cfg.SubWindows) < time.Millisecond:
+		return nil, configError(kind, cfg.Name, "sub-windows", "sub-window %v is shorter than 1ms", cfg.Window/time.Duration(cfg.SubWindows))
+	case cfg.Estimator > Interpolated:
+		return nil, configError(kind, cfg.Name, "estimator", "unknown estimator %d", cfg.Estimator)
+	}
+	sub := cfg.Window / time.Duration(cfg.SubWindows)
+	space := "sw:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + ":" + strconv.Itoa(cfg.SubWindows)
+	if cfg.CountDenied {
+		space += ":d"
+	}
+	return &SlidingWindow{
+		cfg:   cfg,
+		store: store,
+		space: space,
+		sub:   int64(sub),
+		k:     cfg.SubWindows,
+		ttl:   cfg.Window + sub,
+	}, nil
+}
+
+// Config returns the window's configuration (with defaults applied).
+func (w *SlidingWindow) Config() SlidingWindowConfig { return w.cfg }
+
+// Allow is AllowN(ctx, key, now, 1).
+func (w *SlidingWindow) Allow(ctx context.Context, key string, now time.Time) (Decision, error) {
+	return w.AllowN(ctx, key, now, 1)
+}
+
+// AllowN counts n units for key at now and reports whether the estimate over
+// the last window stays within the limit.
+func (w *SlidingWindow) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
+	if n <= 0 || n > w.cfg.Limit {
+		return Decision{}, costError(w.cfg.Name, n, w.cfg.Limit)
+	}
+	t := now.UnixNano()
+	idx := floorDiv(t, w.sub)
+	elapsed := t - idx*w.sub
+	k := Key{Space: w.space, Name: key}
+	c, err := w.store.Add(ctx, k, idx, w.k+1, n, w.ttl)
+	if err != nil {
+		return Decision{}, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
+	}
+	sanitize(&c, w.k+1)
+	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.k+1)*w.sub - elapsed)}
+	if ok, remaining := w.estimate(&c, w.sub-elapsed, 0); ok {
+		d.Allowed = true
+		d.Remaining = remaining
+		return d, nil
+	}
+	if !w.cfg.CountDenied {
+		if err := w.store.Sub(ctx, k, idx, n); err != nil {
+			return d, fmt.Errorf("limiter: sliding window %q: %w: %w", w.cfg.Name, ErrRefund, err)
+		}
+		c.C[0] = max(c.C[0]-n, 0)
+	}
+	d.RetryAfter = max(w.retryAfter(&c, elapsed, n), 1)
+	return d, nil
+}
+
+// Refund gives back n units counted by an allowed AllowN at now.
+func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	if n <= 0 || n > w.cfg.Limit {
+		return costError(w.cfg.Name, n, w.cfg.Limit)
+	}
+	idx := floorDiv(now.UnixNano(), w.sub)
+	if err := w.store.Sub(ctx, Key{Space: w.space, Name: key}, idx, n); err != nil {
+		return fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
+	}
+	return nil
+}
+
+// estimate reports whether the counts plus extra fit the limit when the
+// oldest sub-window has rem ns left in view, and what remains.
+func (w *SlidingWindow) estimate(c *Counts, rem, extra int64) (bool, int64) {
+	full := c.Later + extra
+	for j := 0; j < w.k; j++ {
+		full += c.C[j]
+	}
+	oldest := c.C[w.k]
+	if w.cfg.Estimator == Bounded {
+		full += oldest
+		return full <= w.cfg.Limit, max(w.cfg.Limit-full, 0)
+	}
+	// full + oldest*rem/sub <= limit, in exact integer arithmetic.
+	if full > w.cfg.Limit {
+		return false, 0
+	}
+	weighted := ceilMulDiv(oldest, rem, w.sub)
+	return fitsWeighted(full, oldest, rem, w.sub, w.cfg.Limit), max(w.cfg.Limit-full-weighted, 0)
+}
+
+// retryAfter is how long until n more units would fit, with no more traffic.
+func (w *SlidingWindow) retryAfter(c *Counts, elapsed, n int64) time.Duration {
+	s, k, limit := w.sub, w.k, w.cfg.Limit
+	for j := 0; j <= k; j++ {
+		// In sub-window idx+j the view holds c[0..k-j]; c[k-j] is oldest.
+		full := c.Later + n
+		for i := 0; i < k-j; i++ {
+			full += c.C[i]
+		}
+		oldest := c.C[k-j]
+		start := int64(0)
+		if j == 0 {
+			start = elapsed
+		}
+		offset := func(x int64) time.Duration { return time.Duration(int64(j)*s + x - elapsed) }
+		if w.cfg.Estimator == Bounded {
+			if j > 0 && full+oldest <= limit {
+				return offset(0)
+			}
+			continue
+		}
+		if full > limit {
+			continue
+		}
+		if oldest == 0 {
+			return offset(start)
+		}
+		// Need oldest*(s-x) <= (limit-full)*s, i.e. x >= s - floor((limit-full)*s/oldest).
+		a := limit - full
+		x := int64(0)
+		if a < oldest {
+			x = s - floorMulDiv(a, s, oldest)
+		}
+		x = max(x, start)
+		if x < s {
+			return offset(x)
+		}
+	}
+	// Only traffic newer than our clock (Later) is left in view.
+	return time.Duration(int64(k+1)*s - elapsed)
+}
+
+// FixedWindowConfig configures a [FixedWindow].
+type FixedWindowConfig struct {
+	Name        string
+	Limit       int64
+	Window      time.Duration
+	CountDenied bool
+}
+
+// FixedWindow allows Limit units per calendar window (time cut into windows
+// of Window from the Unix epoch): one counter per window. It is exact within
+// a window but admits up to twice the limit across a window boundary. A
+// decision is one Counter.Add. Safe for concurrent use.
+type FixedWindow struct {
+	cfg   FixedWindowConfig
+	store Counter
+	space string
+}
+
+// NewFixedWindow returns a fixed window on store, or an error wrapping
+// [ErrInvalidConfig].
+func NewFixedWindow(store Counter, cfg FixedWindowConfig) (*FixedWindow, error) {
+	const kind = "fixed window"
+	switch {
+	case store == nil:
+		return nil, configError(kind, cfg.Name, "store", "must not be nil")
+	case cfg.Limit <= 0:
+		return nil, configError(kind, cfg.Name, "limit", "must be positive, got %d", cfg.Limit)
+	case cfg.Window < time.Millisecond:
+		return nil, configError(kind, cfg.Name, "window", "must be at least 1ms, got %v", cfg.Window)
+	}
+	space := "fw:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String()
+	if cfg.CountDenied {
+		space += ":d"
+	}
+	return &FixedWindow{cfg: cfg, store: store, space: space}, nil
+}
+
+// Config returns the window's configuration.
+func (w *FixedWindow) Config() FixedWindowConfig { return w.cfg }
+
+// Allow is AllowN(ctx, key, now, 1).
+func (w *FixedWindow) Allow(ctx context.Context, key string, now time.Time) (Decision, error) {
+	return w.AllowN(ctx, key, now, 1)
+}
+
+// AllowN counts n units in the current window of key.
+func (w *FixedWindow) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
+	if n <= 0 || n > w.cfg.Limit {
+		return Decision{}, costError(w.cfg.Name, n, w.cfg.Limit)
+	}
+	win := int64(w.cfg.Window)
+	t := now.UnixNano()
+	idx := floorDiv(t, win)
+	left := time.Duration(win - (t - idx*win))
+	k := Key{Space: w.space, Name: key}
+	c, err := w.store.Add(ctx, k, idx, 1, n, w.cfg.Window)
+	if err != nil {
+		return Decision{}, fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
+	}
+	sanitize(&c, 1)
+	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: left}
+	if used := c.C[0] + c.Later; used <= w.cfg.Limit {
+		d.Allowed = true
+		d.Remaining = w.cfg.Limit - used
+		return d, nil
+	}
+	d.RetryAfter = left
+	if !w.cfg.CountDenied {
+		if err := w.store.Sub(ctx, k, idx, n); err != nil {
+			return d, fmt.Errorf("limiter: fixed window %q: %w: %w", w.cfg.Name, ErrRefund, err)
+		}
+	}
+	return d, nil
+}
+
+// Refund gives back n units counted by an allowed AllowN at now.
+func (w *FixedWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	if n <= 0 || n > w.cfg.Limit {
+		return costError(w.cfg.Name, n, w.cfg.Limit)
+	}
+	idx := floorDiv(now.UnixNano(), int64(w.cfg.Window))
+	if err := w.store.Sub(ctx, Key{Space: w.space, Name: key}, idx, n); err != nil {
+		return fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
+	}
+	return nil
+}
+
+// sanitize clears counts outside the span and negative values a store may
+// report, so that a misbehaving store never mints capacity through them.
+func sanitize(c *Counts, span int) {
+	for i := range c.C {
+		if i >= span || c.C[i] < 0 {
+			c.C[i] = 0
+		}
+	}
+	c.Later = max(c.Later, 0)
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && (a < 0) {
+		q--
+	}
+	return q
+}
+
+// fitsWeighted reports full + oldest*rem/s <= limit exactly (all >= 0).
+func fitsWeighted(full, oldest, rem, s, limit int64) bool {
+	h1, l1 := bits.Mul64(uint64(full), uint64(s))
+	h2, l2 := bits.Mul64(uint64(oldest), uint64(rem))
+	lo, carry := bits.Add64(l1, l2, 0)
+	hi, _ := bits.Add64(h1, h2, carry)
+	h3, l3 := bits.Mul64(uint64(limit), uint64(s))
+	return hi < h3 || (hi == h3 && lo <= l3)
+}
+
+// floorMulDiv is floor(a*b/c) for 0 <= a < c, b >= 0 (the result fits).
+func floorMulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(q)
+}
+
+// ceilMulDiv is ceil(a*b/c) for a, b >= 0, 0 <= b <= c.
+func ceilMulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	q, r := bits.Div64(hi, lo, uint64(c))
+	if r != 0 {
+		q++
+	}
+	return int64(q)
+}
