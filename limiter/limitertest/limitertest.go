@@ -1,0 +1,183 @@
+// Package limitertest is the conformance suite every limiter store runs:
+//
+//	func TestConformance(t *testing.T) { limitertest.Run(t, store) }
+//
+// It covers every algorithm's semantics on the store (the seeds' worked
+// examples), concurrency on one hot key, expiry, time going backwards,
+// hostile keys and bad arguments. Each subtest uses fresh random keys, so the
+// suite can run against a long-lived server and run twice.
+package limitertest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Store is what a backend must implement to run the suite.
+type Store interface {
+	limiter.Counter
+	limiter.BucketStore
+	limiter.LogStore
+}
+
+// Base is the suite's fixed "now": a whole minute, so sub-window arithmetic
+// in the worked examples is exact.
+var Base = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+
+// opTimeout bounds every store call made by the suite.
+const opTimeout = 10 * time.Second
+
+// Run runs the whole suite against s.
+func Run(t *testing.T, s Store) {
+	t.Run("TokenBucket", func(t *testing.T) { testTokenBucket(t, s) })
+	t.Run("SlidingWindow", func(t *testing.T) { testSlidingWindow(t, s) })
+	t.Run("FixedWindow", func(t *testing.T) { testFixedWindow(t, s) })
+	t.Run("SlidingLog", func(t *testing.T) { testSlidingLog(t, s) })
+	t.Run("Stack", func(t *testing.T) { testStack(t, s) })
+	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, s) })
+	t.Run("HostileKeys", func(t *testing.T) { testHostileKeys(t, s) })
+	t.Run("BadArguments", func(t *testing.T) { testBadArguments(t, s) })
+}
+
+// Key returns a fresh key, unique across runs, for t.
+func Key(t testing.TB) string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return strings.ReplaceAll(t.Name(), "/", ".") + "." + hex.EncodeToString(b[:])
+}
+
+func ctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), opTimeout)
+	t.Cleanup(cancel)
+	return c
+}
+
+// allow takes n at `at` and fails the test on error.
+func allow(t testing.TB, l limiter.Limiter, key string, at time.Time, n int64) limiter.Decision {
+	t.Helper()
+	d, err := l.AllowN(ctx(t), key, at, n)
+	if err != nil {
+		t.Fatalf("AllowN(%q, %v, %d): %v", key, at.Sub(Base), n, err)
+	}
+	return d
+}
+
+// step is one request of a step table: at Base+at, cost n (1 when zero),
+// expecting allowed and (when checkRemaining) the remaining count.
+type step struct {
+	at        time.Duration
+	n         int64
+	allowed   bool
+	remaining int64
+	retry     time.Duration // checked when non-zero
+}
+
+func runSteps(t *testing.T, l limiter.Limiter, key string, steps []step) {
+	t.Helper()
+	for i, st := range steps {
+		n := st.n
+		if n == 0 {
+			n = 1
+		}
+		d := allow(t, l, key, Base.Add(st.at), n)
+		if d.Allowed != st.allowed || d.Remaining != st.remaining {
+			t.Fatalf("step %d (at %v, n %d): allowed=%v remaining=%d, want allowed=%v remaining=%d",
+				i, st.at, n, d.Allowed, d.Remaining, st.allowed, st.remaining)
+		}
+		if st.retry != 0 && d.RetryAfter != st.retry {
+			t.Fatalf("step %d (at %v): RetryAfter=%v, want %v", i, st.at, d.RetryAfter, st.retry)
+		}
+		if d.Allowed && d.RetryAfter != 0 {
+			t.Fatalf("step %d: allowed with RetryAfter %v", i, d.RetryAfter)
+		}
+		if !d.Allowed && d.RetryAfter <= 0 {
+			t.Fatalf("step %d: denied without RetryAfter", i)
+		}
+	}
+}
+
+// countAllowed makes tries requests of cost 1 at `at` and counts the allowed.
+func countAllowed(t testing.TB, l limiter.Limiter, key string, at time.Time, tries int) int {
+	t.Helper()
+	n := 0
+	for range tries {
+		if allow(t, l, key, at, 1).Allowed {
+			n++
+		}
+	}
+	return n
+}
+
+func must[T any](t testing.TB) func(T, error) T {
+	return func(v T, err error) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+func bucket(t testing.TB, s Store, cfg limiter.TokenBucketConfig) *limiter.TokenBucket {
+	return must[*limiter.TokenBucket](t)(limiter.NewTokenBucket(s, cfg))
+}
+
+func sliding(t testing.TB, s Store, cfg limiter.SlidingWindowConfig) *limiter.SlidingWindow {
+	return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, cfg))
+}
+
+func fixed(t testing.TB, s Store, cfg limiter.FixedWindowConfig) *limiter.FixedWindow {
+	return must[*limiter.FixedWindow](t)(limiter.NewFixedWindow(s, cfg))
+}
+
+func slidingLog(t testing.TB, s Store, cfg limiter.SlidingLogConfig) *limiter.SlidingLog {
+	return must[*limiter.SlidingLog](t)(limiter.NewSlidingLog(s, cfg))
+}
+
+// hammer runs workers goroutines, each making tries requests of cost 1 on key
+// at `at`, and returns how many were allowed.
+func hammer(t *testing.T, l limiter.Limiter, key string, at time.Time, workers, tries int) int64 {
+	t.Helper()
+	var allowed, failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range tries {
+				c, cancel := context.WithTimeout(context.Background(), opTimeout)
+				d, err := l.AllowN(c, key, at, 1)
+				cancel()
+				switch {
+				case err != nil:
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				case d.Allowed:
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		t.Fatalf("%d of %d concurrent requests failed; first error: %v", f, workers*tries, firstErr.Load())
+	}
+	return allowed.Load()
+}
+
+func isInvalidCost(err error) bool { return errors.Is(err, limiter.ErrInvalidCost) }
