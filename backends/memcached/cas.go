@@ -1,0 +1,258 @@
+package memcached
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Value formats. The first byte of a bucket or log value says which it is,
+// so a value of another kind (or a foreign one) is reported as corrupt rather
+// than misread.
+const (
+	formatBucket = 'B'
+	formatLog    = 'L'
+)
+
+// UpdateBucket implements [limiter.BucketStore] with gets and cas (add for a
+// new bucket), retrying on a lost race. The state's Version is the item's
+// CAS id.
+func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+	return s.update(ctx, "bucket", bucketKey(s.keys.base(k)), ttl, func(val []byte, cas uint64, found bool) ([]byte, limiter.Decision, bool, error) {
+		var cur limiter.BucketState
+		if found {
+			var err error
+			if cur, err = decodeBucket(val); err != nil {
+				return nil, limiter.Decision{}, false, err
+			}
+			cur.Version = cas
+		}
+		next, d, write := op.Apply(cur, found)
+		if !write {
+			return nil, d, false, nil
+		}
+		return encodeBucket(next), d, true, nil
+	})
+}
+
+// UpdateLog implements [limiter.LogStore] with gets and cas of the log
+// encoded by [limiter.AppendLog].
+func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+	return s.update(ctx, "log", logKey(s.keys.base(k)), ttl, func(val []byte, _ uint64, found bool) ([]byte, limiter.Decision, bool, error) {
+		var entries []int64
+		if found {
+			if len(val) == 0 || val[0] != formatLog {
+				return nil, limiter.Decision{}, false, fmt.Errorf("%w: not a sliding log value", limiter.ErrCorruptState)
+			}
+			var err error
+			if entries, err = limiter.ParseLog(val[1:], nil); err != nil {
+				return nil, limiter.Decision{}, false, err
+			}
+		}
+		next, d, write := op.Apply(entries)
+		if !write {
+			return nil, d, false, nil
+		}
+		return limiter.AppendLog([]byte{formatLog}, next), d, true, nil
+	})
+}
+
+func encodeBucket(b limiter.BucketState) []byte {
+	out := make([]byte, 0, 1+2*binary.MaxVarintLen64)
+	out = append(out, formatBucket)
+	out = binary.AppendVarint(out, b.Tokens)
+	return binary.AppendVarint(out, b.Updated)
+}
+
+func decodeBucket(v []byte) (limiter.BucketState, error) {
+	var b limiter.BucketState
+	if len(v) == 0 || v[0] != formatBucket {
+		return b, fmt.Errorf("%w: not a token bucket value", limiter.ErrCorruptState)
+	}
+	v = v[1:]
+	t, n := binary.Varint(v)
+	if n <= 0 {
+		return b, fmt.Errorf("%w: token bucket tokens", limiter.ErrCorruptState)
+	}
+	u, m := binary.Varint(v[n:])
+	if m <= 0 || n+m != len(v) {
+		return b, fmt.Errorf("%w: token bucket time", limiter.ErrCorruptState)
+	}
+	b.Tokens, b.Updated = t, u
+	return b, nil
+}
+
+// applyFunc computes the next value from the current one (found is false
+// when the key holds none) and reports whether it must be written.
+type applyFunc func(val []byte, cas uint64, found bool) (next []byte, d limiter.Decision, write bool, err error)
+
+// update is the optimistic read-modify-write shared by buckets and logs:
+//
+//  1. Start from the item cached for key (value and CAS id from our last
+//     read), or read it with gets.
+//  2. Apply. A decision that writes nothing is returned only if it was made
+//     on a fresh read (a cached item may be stale); otherwise read and
+//     apply again.
+//  3. Write with cas on the item's CAS id, or add when there was none. A
+//     cas that finds the item changed (EXISTS) or gone (NOT_FOUND), or an
+//     add that finds it present (NOT_STORED), lost a race: read again,
+//     wait a random, growing time, and go to 2.
+//
+// No update is lost: every write is conditional on the state it was
+// computed from. Attempts stop after MaxRetries lost races or at the call's
+// deadline, with an error wrapping limiter.ErrConflict.
+func (s *Store) update(ctx context.Context, kind, key string, ttl time.Duration, apply applyFunc) (limiter.Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return limiter.Decision{}, errorf(kind, err)
+	}
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+
+	it, fresh := s.cache.get(key), false
+	if it == nil {
+		var err error
+		if it, err = s.read(ctx, key); err != nil {
+			return limiter.Decision{}, errorf(kind+": gets", err)
+		}
+		fresh = true
+	}
+	lost := 0
+	for {
+		found := it.Key != ""
+		next, d, write, err := apply(it.Value, it.CasID, found)
+		if err != nil || !write {
+			if fresh {
+				if err != nil {
+					s.cache.drop(key)
+					return limiter.Decision{}, errorf(kind, err)
+				}
+				return d, nil
+			}
+			// Made on a cached item: confirm on a fresh read.
+			if it, err = s.read(ctx, key); err != nil {
+				return limiter.Decision{}, errorf(kind+": gets", err)
+			}
+			fresh = true
+			continue
+		}
+		w := &memcache.Item{Key: key, Value: next, Expiration: s.expiry(ttl), CasID: it.CasID}
+		_, err = call(ctx, func() (struct{}, error) {
+			return retryDead(s.mc, func() (struct{}, error) {
+				if found {
+					return struct{}{}, s.mc.CompareAndSwap(w)
+				}
+				return struct{}{}, s.mc.Add(w)
+			})
+		})
+		// The text protocol does not return the new CAS id, so after a
+		// write (or a failed one) the cached item is of no use.
+		s.cache.drop(key)
+		switch {
+		case err == nil:
+			return d, nil
+		case errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCacheMiss):
+		default:
+			return limiter.Decision{}, errorf(kind+": write", err)
+		}
+		// Lost a race. A stale cached item does not count as a loss.
+		if fresh {
+			lost++
+			if lost > s.maxRetries {
+				return limiter.Decision{}, errorf(kind, fmt.Errorf("%w: gave up after %d lost races", limiter.ErrConflict, lost))
+			}
+			if err := s.wait(ctx, lost); err != nil {
+				return limiter.Decision{}, errorf(kind, fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err))
+			}
+		}
+		if it, err = s.read(ctx, key); err != nil {
+			return limiter.Decision{}, errorf(kind+": gets", err)
+		}
+		fresh = true
+	}
+}
+
+// read gets key with its CAS id and caches it. A miss gives an empty item.
+func (s *Store) read(ctx context.Context, key string) (*memcache.Item, error) {
+	it, err := call(ctx, func() (*memcache.Item, error) {
+		return retryDead(s.mc, func() (*memcache.Item, error) { return s.mc.Get(key) })
+	})
+	switch {
+	case errors.Is(err, memcache.ErrCacheMiss):
+		s.cache.drop(key)
+		return &memcache.Item{}, nil
+	case err != nil:
+		return nil, err
+	}
+	s.cache.put(it)
+	return it, nil
+}
+
+// wait sleeps a random time in [0, backoff*2^(attempt-1)), capped, or until
+// ctx is done.
+func (s *Store) wait(ctx context.Context, attempt int) error {
+	ceiling := s.backoff << min(attempt-1, 16)
+	if ceiling <= 0 || ceiling > maxRetryBackoff {
+		ceiling = maxRetryBackoff
+	}
+	t := time.NewTimer(rand.N(ceiling) + 1)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// itemCache remembers the last item read per key, up to a bound. When full
+// it forgets an arbitrary entry. A nil *itemCache caches nothing.
+type itemCache struct {
+	mu  sync.Mutex
+	m   map[string]*memcache.Item
+	max int
+}
+
+func newItemCache(size int) *itemCache {
+	return &itemCache{m: make(map[string]*memcache.Item), max: size}
+}
+
+func (c *itemCache) get(key string) *memcache.Item {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[key]
+}
+
+func (c *itemCache) put(it *memcache.Item) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[it.Key]; !ok && len(c.m) >= c.max {
+		for k := range c.m {
+			delete(c.m, k)
+			break
+		}
+	}
+	c.m[it.Key] = it
+}
+
+func (c *itemCache) drop(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	delete(c.m, key)
+	c.mu.Unlock()
+}

@@ -1,0 +1,418 @@
+package memcached
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Defaults used when the corresponding Config field is zero.
+const (
+	DefaultTimeout           = 200 * time.Millisecond
+	DefaultJitter            = time.Second
+	DefaultMaxRetries        = 50
+	DefaultRetryBackoff      = 200 * time.Microsecond
+	DefaultCacheSize         = 1024
+	DefaultDiscoveryInterval = time.Minute
+	// maxRetryBackoff caps the jittered wait between two CAS attempts.
+	maxRetryBackoff = 20 * time.Millisecond
+)
+
+// ErrUnavailable is wrapped by every error caused by the network or the
+// server (refused or dropped connections, timeouts, server errors, a
+// cancelled context): the cases where a rule's fail mode applies. The
+// underlying error is wrapped too, so errors.Is(err,
+// context.DeadlineExceeded) works.
+var ErrUnavailable = errors.New("memcached: unavailable")
+
+// Config configures a [Store]. Either Addrs or AutoDiscovery is required.
+type Config struct {
+	// Addrs are the memcached nodes, host:port (or a Unix socket path).
+	// Keys are spread over them by consistent hashing (see [Ring]).
+	Addrs []string
+	// AutoDiscovery is the host:port of an ElastiCache for Memcached
+	// configuration endpoint. When set, the nodes are read from it with
+	// "config get cluster" at New and every DiscoveryInterval.
+	AutoDiscovery string
+	// DiscoveryInterval is how often auto discovery refreshes the node
+	// list. Zero means DefaultDiscoveryInterval; negative means only at
+	// New (call Refresh yourself).
+	DiscoveryInterval time.Duration
+
+	// TLS, when not nil, makes every connection (nodes and the discovery
+	// endpoint) use TLS, as ElastiCache Serverless and in-transit
+	// encryption require. When its ServerName is empty, each connection
+	// verifies the host of the address it dials (ServerName below, if set,
+	// takes precedence).
+	TLS *tls.Config
+	// ServerName, when set, turns TLS on (with the system roots if TLS is
+	// nil) and is the name the server's certificate is verified against.
+	ServerName string
+
+	// Timeout is the deadline of one Store call (Add, Sub, UpdateBucket,
+	// UpdateLog, including CAS retries), unless ctx's is earlier. It is
+	// also the socket read/write/dial timeout. Zero means DefaultTimeout.
+	Timeout time.Duration
+	// MaxIdleConns is the number of idle connections kept per node. A
+	// window decision holds two connections at once (incr and get-multi
+	// run in parallel), so set it to at least twice the number of
+	// concurrent decisions. Zero means max(16, 4*GOMAXPROCS).
+	MaxIdleConns int
+
+	// KeyPrefix is put in front of every key (printable ASCII, at most
+	// MaxKeyPrefix bytes), to share a cluster with other users.
+	KeyPrefix string
+	// Jitter is the largest random extra expiry added to every item, so
+	// that keys written together do not all expire in the same second.
+	// Zero means DefaultJitter; negative means none.
+	Jitter time.Duration
+
+	// MaxRetries bounds the CAS attempts of one UpdateBucket or
+	// UpdateLog after a lost race; retries also stop at the call's
+	// deadline. Zero means DefaultMaxRetries.
+	MaxRetries int
+	// RetryBackoff is the base of the random exponential wait between CAS
+	// attempts. Zero means DefaultRetryBackoff.
+	RetryBackoff time.Duration
+	// CacheSize is the number of keys whose last read item (value and CAS
+	// id) a Store remembers, so a warm key can write without reading
+	// first. Zero means DefaultCacheSize; negative turns the cache off.
+	CacheSize int
+}
+
+// Store keeps limiter state in memcached: sub-window counters for the
+// windows ([limiter.Counter]) and CAS-protected values for token buckets
+// ([limiter.BucketStore]) and sliding logs ([limiter.LogStore]). The package
+// comment describes the protocol. A Store is safe for concurrent use; create
+// it with [New] or [NewFromClient] (the zero value is not usable) and Close
+// it when done.
+type Store struct {
+	mc         *memcache.Client
+	ring       *Ring // nil for NewFromClient
+	keys       keyer
+	timeout    time.Duration
+	jitter     time.Duration
+	maxRetries int
+	backoff    time.Duration
+	cache      *itemCache
+	now        func() time.Time
+
+	discovery struct {
+		endpoint string
+		dial     dialFunc
+		mu       sync.Mutex
+		version  int64
+		stop     context.CancelFunc
+		done     chan struct{}
+	}
+}
+
+var (
+	_ limiter.Counter     = (*Store)(nil)
+	_ limiter.BucketStore = (*Store)(nil)
+	_ limiter.LogStore    = (*Store)(nil)
+)
+
+type dialFunc func(ctx context.Context, network, address string) (net.Conn, error)
+
+// New returns a Store for the nodes in cfg. It does not connect to the nodes
+// (connections are made on first use), but with AutoDiscovery it asks the
+// configuration endpoint for them and fails if it cannot.
+func New(cfg Config) (*Store, error) {
+	switch {
+	case len(cfg.Addrs) == 0 && cfg.AutoDiscovery == "":
+		return nil, fmt.Errorf("%w: memcached: no Addrs and no AutoDiscovery endpoint", limiter.ErrInvalidConfig)
+	case len(cfg.Addrs) > 0 && cfg.AutoDiscovery != "":
+		return nil, fmt.Errorf("%w: memcached: Addrs and AutoDiscovery are exclusive", limiter.ErrInvalidConfig)
+	case cfg.MaxIdleConns < 0:
+		return nil, fmt.Errorf("%w: memcached: MaxIdleConns must not be negative, got %d", limiter.ErrInvalidConfig, cfg.MaxIdleConns)
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("%w: memcached: Timeout must not be negative, got %v", limiter.ErrInvalidConfig, cfg.Timeout)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxIdleConns == 0 {
+		cfg.MaxIdleConns = max(16, 4*runtime.GOMAXPROCS(0))
+	}
+	ring := new(Ring)
+	if len(cfg.Addrs) > 0 {
+		if err := ring.SetNodes(cfg.Addrs...); err != nil {
+			return nil, fmt.Errorf("%w: %w", limiter.ErrInvalidConfig, err)
+		}
+	} else if _, err := parseAddr(cfg.AutoDiscovery); err != nil {
+		return nil, fmt.Errorf("%w: memcached: AutoDiscovery: %w", limiter.ErrInvalidConfig, err)
+	}
+	dial := dialer(cfg)
+	mc := memcache.NewFromSelector(ring)
+	mc.Timeout = cfg.Timeout
+	mc.MaxIdleConns = cfg.MaxIdleConns
+	mc.DialContext = dial
+	s, err := newStore(mc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.ring = ring
+	if cfg.AutoDiscovery != "" {
+		s.discovery.endpoint, s.discovery.dial = cfg.AutoDiscovery, dial
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+		err := s.Refresh(ctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if cfg.DiscoveryInterval >= 0 {
+			s.startDiscovery(cmp(cfg.DiscoveryInterval, DefaultDiscoveryInterval))
+		}
+	}
+	return s, nil
+}
+
+// NewFromClient returns a Store on an existing gomemcache client, with its
+// own selector, dialer, timeouts and pool. Only the key, expiry, retry and
+// cache fields of cfg (and Timeout, as the per-call deadline) are used;
+// Addrs, AutoDiscovery and TLS must be empty.
+func NewFromClient(mc *memcache.Client, cfg Config) (*Store, error) {
+	if mc == nil {
+		return nil, fmt.Errorf("%w: memcached: nil client", limiter.ErrInvalidConfig)
+	}
+	if len(cfg.Addrs) > 0 || cfg.AutoDiscovery != "" || cfg.TLS != nil || cfg.ServerName != "" {
+		return nil, fmt.Errorf("%w: memcached: NewFromClient takes its nodes and TLS from the client; leave Addrs, AutoDiscovery, TLS and ServerName empty", limiter.ErrInvalidConfig)
+	}
+	return newStore(mc, cfg)
+}
+
+func newStore(mc *memcache.Client, cfg Config) (*Store, error) {
+	keys, err := newKeyer(cfg.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxRetries < 0 || cfg.RetryBackoff < 0 || cfg.Timeout < 0 {
+		return nil, fmt.Errorf("%w: memcached: MaxRetries, RetryBackoff and Timeout must not be negative", limiter.ErrInvalidConfig)
+	}
+	s := &Store{
+		mc:         mc,
+		keys:       keys,
+		timeout:    cmp(cfg.Timeout, DefaultTimeout),
+		jitter:     cmp(cfg.Jitter, DefaultJitter),
+		maxRetries: cmp(cfg.MaxRetries, DefaultMaxRetries),
+		backoff:    cmp(cfg.RetryBackoff, DefaultRetryBackoff),
+		now:        time.Now,
+	}
+	if s.jitter < 0 {
+		s.jitter = 0
+	}
+	if size := cmp(cfg.CacheSize, DefaultCacheSize); size > 0 {
+		s.cache = newItemCache(size)
+	}
+	return s, nil
+}
+
+// cmp returns v, or def when v is zero.
+func cmp[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// dialer returns the DialContext for cfg: plain TCP, or TLS with the
+// configured or derived ServerName.
+func dialer(cfg Config) dialFunc {
+	nd := &net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}
+	if cfg.TLS == nil && cfg.ServerName == "" {
+		return nd.DialContext
+	}
+	base := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.TLS != nil {
+		base = cfg.TLS.Clone()
+	}
+	if cfg.ServerName != "" {
+		base.ServerName = cfg.ServerName
+	}
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		tc := base
+		if tc.ServerName == "" {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				host = address
+			}
+			tc = base.Clone()
+			tc.ServerName = host
+		}
+		d := &tls.Dialer{NetDialer: nd, Config: tc}
+		return d.DialContext(ctx, network, address)
+	}
+}
+
+// Nodes returns the nodes keys are spread over (nil for a Store made by
+// NewFromClient).
+func (s *Store) Nodes() []string {
+	if s.ring == nil {
+		return nil
+	}
+	return s.ring.Nodes()
+}
+
+// Refresh asks the auto-discovery endpoint for the node list now and applies
+// it if its version is newer than the one in use. It does nothing without
+// AutoDiscovery.
+func (s *Store) Refresh(ctx context.Context) error {
+	if s.discovery.endpoint == "" {
+		return nil
+	}
+	version, nodes, err := discover(ctx, s.discovery.dial, s.discovery.endpoint)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	s.discovery.mu.Lock()
+	defer s.discovery.mu.Unlock()
+	if version < s.discovery.version {
+		return nil
+	}
+	if err := s.ring.SetNodes(nodes...); err != nil {
+		return fmt.Errorf("%w: %w", ErrDiscovery, err)
+	}
+	s.discovery.version = version
+	return nil
+}
+
+func (s *Store) startDiscovery(every time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.discovery.stop, s.discovery.done = cancel, make(chan struct{})
+	go func() {
+		defer close(s.discovery.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				c, cancel := context.WithTimeout(ctx, s.timeout)
+				// A failed refresh keeps the current nodes; the next
+				// tick tries again.
+				_ = s.Refresh(c)
+				cancel()
+			}
+		}
+	}()
+}
+
+// Close stops auto discovery and closes idle connections. A closed Store
+// still works (it dials again) but no longer refreshes its nodes.
+func (s *Store) Close() error {
+	if s.discovery.stop != nil {
+		s.discovery.stop()
+		<-s.discovery.done
+		s.discovery.stop = nil
+	}
+	return s.mc.Close()
+}
+
+// withDeadline bounds ctx by the per-call timeout.
+func (s *Store) withDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// expiry converts a TTL to a memcached expiration: whole seconds, rounded up,
+// plus up to Jitter. Memcached reads values above 30 days as absolute Unix
+// times, so longer TTLs are sent as one; a time beyond what an int32 holds
+// (2038) becomes 0, no expiry (the item then lives until evicted).
+func (s *Store) expiry(ttl time.Duration) int32 {
+	if s.jitter > 0 {
+		ttl += rand.N(s.jitter + 1)
+	}
+	if ttl < 0 { // overflow of a huge TTL plus jitter
+		return 0
+	}
+	secs := (int64(ttl) + int64(time.Second) - 1) / int64(time.Second)
+	secs = max(secs, 1)
+	const relativeMax = 30 * 24 * 60 * 60
+	if secs <= relativeMax {
+		return int32(secs)
+	}
+	abs := s.now().Unix() + secs
+	if abs > math.MaxInt32 || abs < 0 {
+		return 0
+	}
+	return int32(abs)
+}
+
+// call runs f in its own goroutine and waits for it or for ctx. A call
+// abandoned on ctx finishes in the background within the socket timeout.
+func call[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		v, err := f()
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// retryDead runs f, and runs it once more if it failed because a pooled
+// connection turned out to be dead (the server restarted or dropped it
+// while idle). The idle pool is emptied first: its other connections are
+// most likely dead too. Retrying a command that may have reached the server
+// can only count a request twice, which makes the limiter stricter, never
+// laxer.
+func retryDead[T any](mc *memcache.Client, f func() (T, error)) (T, error) {
+	v, err := f()
+	if err != nil && deadConn(err) {
+		mc.Close()
+		v, err = f()
+	}
+	return v, err
+}
+
+// deadConn reports whether err says the connection was closed by the peer.
+func deadConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, net.ErrClosed)
+}
+
+// errorf wraps a failure of op: a corrupt value as limiter.ErrCorruptState,
+// a lost race as limiter.ErrConflict, anything else as ErrUnavailable.
+func errorf(op string, err error) error {
+	switch {
+	case errors.Is(err, limiter.ErrCorruptState), errors.Is(err, limiter.ErrConflict):
+		return fmt.Errorf("memcached: %s: %w", op, err)
+	case isClientError(err):
+		// The server refused to incr/decr: the item is not a number, so
+		// it is not ours or was damaged.
+		return fmt.Errorf("memcached: %s: %w: %w", op, limiter.ErrCorruptState, err)
+	}
+	return fmt.Errorf("memcached: %s: %w: %w", op, ErrUnavailable, err)
+}
+
+// isClientError reports a CLIENT_ERROR reply to incr or decr (gomemcache
+// gives it only as text).
+func isClientError(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "memcache: client error:")
+}
