@@ -104,12 +104,16 @@ func (b *TokenBucket) Refund(ctx context.Context, key string, now time.Time, n i
 }
 
 func (b *TokenBucket) update(ctx context.Context, key string, now time.Time, n int64, mode opMode) (Decision, error) {
+	t, err := unixNano(b.cfg.Name, now)
+	if err != nil {
+		return Decision{}, err
+	}
 	op := BucketOp{
 		MaxAmount:    b.cfg.MaxAmount,
 		RefillTime:   b.cfg.RefillTime,
 		RefillAmount: b.cfg.RefillAmount,
 		Strict:       b.cfg.Strict,
-		Now:          now.UnixNano(),
+		Now:          t,
 		N:            n,
 		mode:         mode,
 	}

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -64,7 +65,18 @@ var (
 	// ErrCorruptState is what backends wrap when stored state cannot be
 	// decoded. The limiter never treats it as an empty (full) bucket.
 	ErrCorruptState = errors.New("limiter: corrupt stored state")
+	// ErrInvalidTime is wrapped when now lies outside the years 1678 to
+	// 2261, which Unix nanoseconds cannot represent.
+	ErrInvalidTime = errors.New("limiter: time out of range")
 	// ErrRefund is wrapped when giving back units after a denial failed;
 	// the accompanying Decision is still valid.
 	ErrRefund = errors.New("limiter: refund failed")
 )
+
+// unixNano returns now in Unix nanoseconds, or an error if it does not fit.
+func unixNano(name string, now time.Time) (int64, error) {
+	if sec := now.Unix(); sec <= -(1<<63-1)/int64(time.Second) || sec >= (1<<63-1)/int64(time.Second) {
+		return 0, fmt.Errorf("%w: limit %q: %v", ErrInvalidTime, name, now)
+	}
+	return now.UnixNano(), nil
+}

@@ -75,7 +75,11 @@ func (l *SlidingLog) Refund(ctx context.Context, key string, now time.Time, n in
 }
 
 func (l *SlidingLog) update(ctx context.Context, key string, now time.Time, n int64, mode opMode) (Decision, error) {
-	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: now.UnixNano(), N: n, mode: mode}
+	t, err := unixNano(l.cfg.Name, now)
+	if err != nil {
+		return Decision{}, err
+	}
+	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: n, mode: mode}
 	d, err := l.store.UpdateLog(ctx, Key{Space: l.space, Name: key}, op, l.cfg.Window)
 	if err != nil {
 		return Decision{}, fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, err)

@@ -147,7 +147,10 @@ func (w *SlidingWindow) AllowN(ctx context.Context, key string, now time.Time, n
 	if n <= 0 || n > w.cfg.Limit {
 		return Decision{}, costError(w.cfg.Name, n, w.cfg.Limit)
 	}
-	t := now.UnixNano()
+	t, err := unixNano(w.cfg.Name, now)
+	if err != nil {
+		return Decision{}, err
+	}
 	idx := floorDiv(t, w.sub)
 	elapsed := t - idx*w.sub
 	k := Key{Space: w.space, Name: key}
@@ -177,7 +180,11 @@ func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n
 	if n <= 0 || n > w.cfg.Limit {
 		return costError(w.cfg.Name, n, w.cfg.Limit)
 	}
-	idx := floorDiv(now.UnixNano(), w.sub)
+	t, err := unixNano(w.cfg.Name, now)
+	if err != nil {
+		return err
+	}
+	idx := floorDiv(t, w.sub)
 	if err := w.store.Sub(ctx, Key{Space: w.space, Name: key}, idx, n); err != nil {
 		return fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
 	}
@@ -187,13 +194,13 @@ func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n
 // estimate reports whether the counts plus extra fit the limit when the
 // oldest sub-window has rem ns left in view, and what remains.
 func (w *SlidingWindow) estimate(c *Counts, rem, extra int64) (bool, int64) {
-	full := c.Later + extra
+	full := satAdd(c.Later, extra)
 	for j := 0; j < w.k; j++ {
-		full += c.C[j]
+		full = satAdd(full, c.C[j])
 	}
 	oldest := c.C[w.k]
 	if w.cfg.Estimator == Bounded {
-		full += oldest
+		full = satAdd(full, oldest)
 		return full <= w.cfg.Limit, max(w.cfg.Limit-full, 0)
 	}
 	// full + oldest*rem/sub <= limit, in exact integer arithmetic.
@@ -209,9 +216,9 @@ func (w *SlidingWindow) retryAfter(c *Counts, elapsed, n int64) time.Duration {
 	s, k, limit := w.sub, w.k, w.cfg.Limit
 	for j := 0; j <= k; j++ {
 		// In sub-window idx+j the view holds c[0..k-j]; c[k-j] is oldest.
-		full := c.Later + n
+		full := satAdd(c.Later, n)
 		for i := 0; i < k-j; i++ {
-			full += c.C[i]
+			full = satAdd(full, c.C[i])
 		}
 		oldest := c.C[k-j]
 		start := int64(0)
@@ -220,7 +227,7 @@ func (w *SlidingWindow) retryAfter(c *Counts, elapsed, n int64) time.Duration {
 		}
 		offset := func(x int64) time.Duration { return time.Duration(int64(j)*s + x - elapsed) }
 		if w.cfg.Estimator == Bounded {
-			if j > 0 && full+oldest <= limit {
+			if j > 0 && satAdd(full, oldest) <= limit {
 				return offset(0)
 			}
 			continue
@@ -297,7 +304,10 @@ func (w *FixedWindow) AllowN(ctx context.Context, key string, now time.Time, n i
 		return Decision{}, costError(w.cfg.Name, n, w.cfg.Limit)
 	}
 	win := int64(w.cfg.Window)
-	t := now.UnixNano()
+	t, err := unixNano(w.cfg.Name, now)
+	if err != nil {
+		return Decision{}, err
+	}
 	idx := floorDiv(t, win)
 	left := time.Duration(win - (t - idx*win))
 	k := Key{Space: w.space, Name: key}
@@ -307,7 +317,7 @@ func (w *FixedWindow) AllowN(ctx context.Context, key string, now time.Time, n i
 	}
 	sanitize(&c, 1)
 	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: left}
-	if used := c.C[0] + c.Later; used <= w.cfg.Limit {
+	if used := satAdd(c.C[0], c.Later); used <= w.cfg.Limit {
 		d.Allowed = true
 		d.Remaining = w.cfg.Limit - used
 		return d, nil
@@ -326,22 +336,32 @@ func (w *FixedWindow) Refund(ctx context.Context, key string, now time.Time, n i
 	if n <= 0 || n > w.cfg.Limit {
 		return costError(w.cfg.Name, n, w.cfg.Limit)
 	}
-	idx := floorDiv(now.UnixNano(), int64(w.cfg.Window))
+	t, err := unixNano(w.cfg.Name, now)
+	if err != nil {
+		return err
+	}
+	idx := floorDiv(t, int64(w.cfg.Window))
 	if err := w.store.Sub(ctx, Key{Space: w.space, Name: key}, idx, n); err != nil {
 		return fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
 	}
 	return nil
 }
 
-// sanitize clears counts outside the span and negative values a store may
-// report, so that a misbehaving store never mints capacity through them.
+// sanitize clears negative counts a store may report, so that a misbehaving
+// store never mints capacity through them. Entries past span are never read.
 func sanitize(c *Counts, span int) {
-	for i := range c.C {
-		if i >= span || c.C[i] < 0 {
-			c.C[i] = 0
-		}
+	for i := range c.C[:span] {
+		c.C[i] = max(c.C[i], 0)
 	}
 	c.Later = max(c.Later, 0)
+}
+
+// satAdd adds non-negative counts, saturating instead of overflowing.
+func satAdd(a, b int64) int64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return 1<<63 - 1
 }
 
 func floorDiv(a, b int64) int64 {

@@ -113,12 +113,7 @@ func (s *Store) Stats() Stats {
 }
 
 func (s *Store) shard(k limiter.Key) *shard {
-	var h maphash.Hash
-	h.SetSeed(s.seed)
-	h.WriteString(k.Space)
-	h.WriteByte(0)
-	h.WriteString(k.Name)
-	return &s.shards[h.Sum64()%numShards]
+	return &s.shards[maphash.Comparable(s.seed, k)%numShards]
 }
 
 // entry returns key's entry, creating it (and making room) when absent. An
@@ -194,7 +189,8 @@ func (s *Store) lock(ctx context.Context, k limiter.Key) (*shard, int64, error) 
 }
 
 // Add implements [limiter.Counter]. It reports as Later the counts of the
-// sub-windows newer than cur that it holds (up to span of them).
+// sub-windows newer than cur that it holds (the newest span sub-windows of the
+// key). A cur older than all of those is counted in the oldest one held.
 func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
 	if span < 1 || span > limiter.MaxSpan || n < 0 {
 		return limiter.Counts{}, fmt.Errorf("memory: bad window add (span %d, n %d)", span, n)
@@ -216,9 +212,14 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		}
 		e.newest = cur
 	}
+	// A clock so far behind that its sub-window left the ring counts in
+	// the oldest sub-window held: never dropped, so never free.
 	oldest := e.newest - size + 1
-	if cur >= oldest {
-		e.slots[mod(cur, size)] += n
+	if at := max(cur, oldest); n > 0 {
+		i := mod(at, size)
+		if e.slots[i] += n; e.slots[i] < 0 { // overflow
+			e.slots[i] = 1<<63 - 1
+		}
 	}
 	var c limiter.Counts
 	for j := 0; j < span; j++ {
@@ -227,7 +228,9 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		}
 	}
 	for idx := max(cur+1, oldest); idx <= e.newest; idx++ {
-		c.Later += e.slots[mod(idx, size)]
+		if c.Later += e.slots[mod(idx, size)]; c.Later < 0 { // overflow
+			c.Later = 1<<63 - 1
+		}
 	}
 	e.expires = now + int64(ttl)
 	return c, nil
@@ -248,8 +251,8 @@ func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) erro
 		return nil
 	}
 	size := int64(len(e.slots))
-	if idx <= e.newest && idx > e.newest-size {
-		i := mod(idx, size)
+	if idx <= e.newest {
+		i := mod(max(idx, e.newest-size+1), size)
 		e.slots[i] = max(e.slots[i]-n, 0)
 	}
 	return nil

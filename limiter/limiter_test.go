@@ -1,0 +1,159 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+func newStore(t testing.TB) *memory.Store {
+	t.Helper()
+	s, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestInvalidConfig(t *testing.T) {
+	s := newStore(t)
+	tb := func(c limiter.TokenBucketConfig) error { _, err := limiter.NewTokenBucket(s, c); return err }
+	sw := func(c limiter.SlidingWindowConfig) error { _, err := limiter.NewSlidingWindow(s, c); return err }
+	fw := func(c limiter.FixedWindowConfig) error { _, err := limiter.NewFixedWindow(s, c); return err }
+	sl := func(c limiter.SlidingLogConfig) error { _, err := limiter.NewSlidingLog(s, c); return err }
+	for _, c := range []struct {
+		name  string
+		err   error
+		field string // the message must name it
+	}{
+		{"bucket zero max", tb(limiter.TokenBucketConfig{Name: "b", RefillTime: time.Second}), "max amount"},
+		{"bucket negative max", tb(limiter.TokenBucketConfig{Name: "b", MaxAmount: -1, RefillTime: time.Second}), "max amount"},
+		{"bucket zero refill time", tb(limiter.TokenBucketConfig{Name: "b", MaxAmount: 1}), "refill time"},
+		{"bucket negative refill amount", tb(limiter.TokenBucketConfig{Name: "b", MaxAmount: 1, RefillTime: time.Second, RefillAmount: -2}), "refill amount"},
+		{"bucket nil store", func() error {
+			_, err := limiter.NewTokenBucket(nil, limiter.TokenBucketConfig{MaxAmount: 1, RefillTime: 1})
+			return err
+		}(), "store"},
+		{"window zero limit", sw(limiter.SlidingWindowConfig{Name: "w", Window: time.Minute}), "limit"},
+		{"window negative window", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: -time.Minute}), "window"},
+		{"window sub-windows not dividing", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: time.Second, SubWindows: 7}), "sub-windows"},
+		{"window negative sub-windows", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: time.Minute, SubWindows: -2}), "sub-windows"},
+		{"window too many sub-windows", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: time.Hour, SubWindows: limiter.MaxSubWindows + 1}), "sub-windows"},
+		{"window sub-window under 1ms", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: 10 * time.Millisecond, SubWindows: 20}), "sub-windows"},
+		{"window unknown estimator", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: time.Minute, Estimator: 9}), "estimator"},
+		{"fixed zero limit", fw(limiter.FixedWindowConfig{Name: "f", Window: time.Minute}), "limit"},
+		{"fixed zero window", fw(limiter.FixedWindowConfig{Name: "f", Limit: 1}), "window"},
+		{"log limit too big", sl(limiter.SlidingLogConfig{Name: "l", Limit: limiter.MaxLogLimit + 1, Window: time.Minute}), "limit"},
+		{"log zero window", sl(limiter.SlidingLogConfig{Name: "l", Limit: 1}), "window"},
+		{"empty stack", func() error { _, err := limiter.NewStack(); return err }(), "at least one"},
+		{"stack with nil", func() error { _, err := limiter.NewStack(nil); return err }(), "nil"},
+	} {
+		if !errors.Is(c.err, limiter.ErrInvalidConfig) {
+			t.Errorf("%s: error %v, want ErrInvalidConfig", c.name, c.err)
+			continue
+		}
+		if !strings.Contains(c.err.Error(), c.field) {
+			t.Errorf("%s: %q does not name the field %q", c.name, c.err, c.field)
+		}
+	}
+}
+
+func TestCostAboveCapacity(t *testing.T) {
+	b, err := limiter.NewTokenBucket(newStore(t), limiter.TokenBucketConfig{Name: "small", MaxAmount: 5, RefillTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.AllowN(context.Background(), "k", time.Unix(0, 0), 6)
+	if !errors.Is(err, limiter.ErrInvalidCost) || !strings.Contains(err.Error(), "exceeds the capacity 5") {
+		t.Fatalf("cost 6 on a bucket of 5: %v", err)
+	}
+}
+
+// Extreme numbers never overflow into minted or negative tokens.
+func TestBucketExtremes(t *testing.T) {
+	s := newStore(t)
+	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1 << 62, RefillTime: time.Nanosecond, RefillAmount: 1 << 61})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	start := time.Unix(0, 0)
+	if d, err := b.AllowN(ctx, "k", start, 1<<62); err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("draining: %+v %v", d, err)
+	}
+	// A century later the bucket is exactly full, not overflowed.
+	d, err := b.Get(ctx, "k", start.Add(100*365*24*time.Hour))
+	if err != nil || d.Remaining != 1<<62 {
+		t.Fatalf("a century later: %+v %v", d, err)
+	}
+	// Times Unix nanoseconds cannot hold are refused; the extremes that fit
+	// work, and counts near MaxInt64 saturate instead of wrapping.
+	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1 << 62, Window: time.Hour, SubWindows: 60, Estimator: limiter.Interpolated})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []time.Time{time.Unix(-1<<40, 0), time.Unix(1<<40, 0), {}} {
+		if _, err := w.AllowN(ctx, "k", at, 1); !errors.Is(err, limiter.ErrInvalidTime) {
+			t.Fatalf("at %v: error %v, want ErrInvalidTime", at, err)
+		}
+		if _, err := b.AllowN(ctx, "k", at, 1); !errors.Is(err, limiter.ErrInvalidTime) {
+			t.Fatalf("bucket at %v: error %v, want ErrInvalidTime", at, err)
+		}
+	}
+	for _, at := range []time.Time{time.Unix(0, -1), time.Date(1700, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2261, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		key := at.String()
+		if d, err := w.AllowN(ctx, key, at, 1<<62); err != nil || !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("at %v: %+v %v", at, d, err)
+		}
+		if d, err := w.AllowN(ctx, key, at, 1); err != nil || d.Allowed || d.RetryAfter <= 0 {
+			t.Fatalf("at %v, second: %+v %v", at, d, err)
+		}
+	}
+}
+
+// TestImportsStandardLibraryOnly keeps the dependency direction honest:
+// limiter never imports a backend, the AWS SDK, gomemcache or aws-lambda-go.
+func TestImportsStandardLibraryOnly(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "./...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		first, _, _ := strings.Cut(pkg, "/")
+		if strings.Contains(first, ".") && !strings.HasPrefix(pkg, "github.com/sluicehq/sluice/limiter") {
+			t.Errorf("limiter depends on %s", pkg)
+		}
+	}
+}
+
+// A clock far behind every sub-window a store holds must not get free
+// admission: what it adds is still counted.
+func TestFarBehindClockIsCounted(t *testing.T) {
+	w, err := limiter.NewSlidingWindow(newStore(t), limiter.SlidingWindowConfig{Limit: 3, Window: time.Minute, SubWindows: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if d, _ := w.Allow(ctx, "k", now); !d.Allowed {
+		t.Fatal("first request denied")
+	}
+	late := now.Add(-24 * time.Hour)
+	allowed := 0
+	for range 10 {
+		if d, err := w.Allow(ctx, "k", late); err != nil {
+			t.Fatal(err)
+		} else if d.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 2 {
+		t.Fatalf("a clock a day behind got %d requests through a limit of 3 with 1 used, want 2", allowed)
+	}
+}
