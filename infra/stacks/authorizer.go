@@ -1,0 +1,124 @@
+package stacks
+
+import (
+	"path"
+	"strconv"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/jsii-runtime-go"
+	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
+)
+
+// Environment variables read by the authorizer (functions/authorizer).
+const (
+	EnvRulesFile        = "SLUICE_RULES_FILE"
+	EnvRulesYAML        = "SLUICE_RULES_YAML"
+	EnvRulesTable       = "SLUICE_RULES_TABLE"
+	EnvDynamoTable      = "SLUICE_DYNAMO_TABLE"
+	EnvMemcachedAddrs   = "SLUICE_MEMCACHED_ADDRS"
+	EnvMemcachedTLS     = "SLUICE_MEMCACHED_TLS"
+	EnvDeadline         = "SLUICE_DEADLINE"
+	EnvMetricsNamespace = "SLUICE_METRICS_NAMESPACE"
+)
+
+// lambdaTaskRoot is where Lambda unpacks the deployment package.
+const lambdaTaskRoot = "/var/task"
+
+type authorizerProps struct {
+	config       *Config
+	bootstrapDir string
+	rulesYAML    string
+	net          *network
+	cache        *cache // nil without memcached
+	tables       *tables
+}
+
+// newAuthorizer builds the authorizer function: provided.al2023 on arm64,
+// in the isolated subnets, with a role that may write its own log group,
+// manage its network interfaces, and use the region's tables with the
+// actions the authorizer performs.
+func newAuthorizer(s awscdk.Stack, p authorizerProps) awslambda.Function {
+	c := p.config
+	logs := awslogs.NewLogGroup(s, jsii.String("AuthorizerLogs"), &awslogs.LogGroupProps{
+		Retention:     retention(c.Authorizer.LogRetentionDays),
+		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+	})
+
+	role := awsiam.NewRole(s, jsii.String("AuthorizerRole"), &awsiam.RoleProps{
+		AssumedBy:   awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil),
+		Description: jsii.String("Sluice authorizer: own logs, VPC interfaces, rate-limit tables"),
+	})
+	statement := func(sid string, actions []string, resources ...string) {
+		role.AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:       jsii.String(sid),
+			Actions:   jsii.Strings(actions...),
+			Resources: jsii.Strings(resources...),
+		}))
+	}
+	statement("Logs", []string{"logs:CreateLogStream", "logs:PutLogEvents"}, *logs.LogGroupArn())
+	// What AWSLambdaVPCAccessExecutionRole grants for the function's
+	// network interfaces; these actions take no resource-level scoping.
+	statement("VpcNetworkInterfaces", []string{
+		"ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
+		"ec2:DeleteNetworkInterface", "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses",
+	}, "*")
+	statement("StateTable", stateTableActions, p.tables.stateARN)
+	if p.tables.rulesARN != "" {
+		statement("RulesTable", rulesTableActions, p.tables.rulesARN)
+	}
+	cdknag.NagSuppressions_AddResourceSuppressions(role, &[]*cdknag.NagPackSuppression{{
+		Id:        jsii.String("AwsSolutions-IAM5"),
+		Reason:    jsii.String("A function in a VPC must create, describe and delete its network interfaces; these EC2 actions (the ones in AWSLambdaVPCAccessExecutionRole) do not support resource-level permissions. Every other statement names its log group or table."),
+		AppliesTo: &[]any{jsii.String("Resource::*")},
+	}}, jsii.Bool(true))
+
+	env := map[string]*string{
+		EnvDynamoTable:      jsii.String(p.tables.stateName),
+		EnvDeadline:         jsii.String(c.Authorizer.Deadline),
+		EnvMetricsNamespace: jsii.String(c.Authorizer.MetricsNamespace),
+	}
+	if p.cache != nil {
+		env[EnvMemcachedAddrs] = jsii.String(p.cache.addrs)
+		env[EnvMemcachedTLS] = jsii.String(strconv.FormatBool(p.cache.tls))
+	}
+	switch {
+	case p.rulesYAML != "":
+		env[EnvRulesYAML] = jsii.String(p.rulesYAML)
+	case c.Rules.BundlePath != "":
+		env[EnvRulesFile] = jsii.String(path.Join(lambdaTaskRoot, c.Rules.BundlePath))
+	case p.tables.rulesName != "":
+		env[EnvRulesTable] = jsii.String(p.tables.rulesName)
+	}
+
+	var reserved *float64
+	if c.Authorizer.ReservedConcurrency > 0 {
+		reserved = jsii.Number(float64(c.Authorizer.ReservedConcurrency))
+	}
+	fn := awslambda.NewFunction(s, jsii.String("Authorizer"), &awslambda.FunctionProps{
+		Description:                  jsii.String("Sluice rate-limiting authorizer"),
+		Runtime:                      awslambda.Runtime_PROVIDED_AL2023(),
+		Architecture:                 awslambda.Architecture_ARM_64(),
+		Handler:                      jsii.String("bootstrap"),
+		Code:                         awslambda.Code_FromAsset(jsii.String(p.bootstrapDir), nil),
+		MemorySize:                   jsii.Number(float64(c.Authorizer.MemoryMB)),
+		Timeout:                      awscdk.Duration_Seconds(jsii.Number(float64(c.Authorizer.TimeoutSeconds))),
+		Environment:                  &env,
+		Role:                         role,
+		LogGroup:                     logs,
+		Vpc:                          p.net.vpc,
+		VpcSubnets:                   p.net.subnets,
+		SecurityGroups:               &[]awsec2.ISecurityGroup{p.net.authorizerSG},
+		ReservedConcurrentExecutions: reserved,
+	})
+	fn.Node().DefaultChild().(awslambda.CfnFunction).OverrideLogicalId(jsii.String(AuthorizerLogicalID))
+	for _, t := range p.tables.defined {
+		// The policy names the table by ARN, not by reference: make the
+		// primary region's function wait for its tables anyway.
+		fn.Node().AddDependency(t)
+	}
+	return fn
+}

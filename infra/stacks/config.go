@@ -1,0 +1,531 @@
+package stacks
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Consistency modes of the DynamoDB state table.
+const (
+	// ConsistencyDefault is a global table with multi-Region eventual
+	// consistency (MREC): replication is asynchronous, last writer wins.
+	ConsistencyDefault = "default"
+	// ConsistencyMRSC is a global table with multi-Region strong consistency:
+	// exactly three regions of one region set.
+	ConsistencyMRSC = "mrsc"
+)
+
+// Memcached deployment modes.
+const (
+	MemcachedServerless = "serverless" // ElastiCache Serverless, TLS only
+	MemcachedNodes      = "nodes"      // node-based ElastiCache cluster
+	MemcachedNone       = "none"       // no cache: DynamoDB (or embedded memory) only
+)
+
+// DummyAccount is the account used when none is configured, so that
+// synthesis works offline. Deploying needs the real account (context
+// `account`): the CDK CLI refuses to deploy a stack whose account differs from
+// the credentials' account.
+const DummyAccount = "111111111111"
+
+// mrscRegionSets are the region sets in which a multi-Region strongly
+// consistent table may be created; all three replicas must be in one set.
+// This mirrors the check in aws-cdk-lib 2.270.0 (TableV2
+// validateMrscConfiguration), repeated here to fail early with a message
+// that names the config field.
+var mrscRegionSets = map[string][]string{
+	"US": {"us-east-1", "us-east-2", "us-west-2"},
+	"EU": {"eu-west-1", "eu-west-2", "eu-west-3", "eu-central-1"},
+	"AP": {"ap-northeast-1", "ap-northeast-2", "ap-northeast-3"},
+}
+
+// Lambda limits the total size of a function's environment variables to
+// 4 KB; inline rules must leave room for the other variables.
+const maxInlineRulesBytes = 3072
+
+// Config is the deployment configuration, read from a JSON file (see
+// LoadConfig). Zero values mean "use the default"; ApplyDefaults fills them
+// in and Validate checks the result.
+type Config struct {
+	// StackPrefix names the stacks (<prefix>-<region>) and, lower-cased,
+	// the tables. Default "Sluice".
+	StackPrefix string `json:"stackPrefix,omitempty"`
+	// Account is the AWS account of every stack. Default DummyAccount.
+	Account string `json:"account,omitempty"`
+	// Regions gets one stack each.
+	Regions []string `json:"regions"`
+	// PrimaryRegion defines the global table(s). Default Regions[0].
+	PrimaryRegion string `json:"primaryRegion,omitempty"`
+	// Consistency is ConsistencyDefault or ConsistencyMRSC.
+	Consistency string `json:"consistency,omitempty"`
+	// TableName of the state table. Default "<prefix>-state".
+	TableName string `json:"tableName,omitempty"`
+	// RetainTables keeps the tables when a stack is deleted. Default true.
+	RetainTables *bool `json:"retainTables,omitempty"`
+
+	Rules      RulesConfig      `json:"rules"`
+	Memcached  MemcachedConfig  `json:"memcached"`
+	Authorizer AuthorizerConfig `json:"authorizer"`
+	API        APIConfig        `json:"api"`
+	Alarms     AlarmsConfig     `json:"alarms"`
+	VPC        VPCConfig        `json:"vpc"`
+}
+
+// RulesConfig says where the authorizer finds its rules. At most one source
+// may be set; with none, the authorizer uses its embedded rules.
+type RulesConfig struct {
+	// Inline YAML, passed as SLUICE_RULES_YAML.
+	Inline string `json:"inline,omitempty"`
+	// File is a YAML file (relative to the config file) read at synthesis
+	// and passed as SLUICE_RULES_YAML.
+	File string `json:"file,omitempty"`
+	// BundlePath is a file inside the deployed bundle (relative to its
+	// root, e.g. "rules.yaml"), passed as SLUICE_RULES_FILE=/var/task/<path>.
+	BundlePath string `json:"bundlePath,omitempty"`
+	// Table creates a rules table (partition key "name") and passes its
+	// name as SLUICE_RULES_TABLE.
+	Table bool `json:"table,omitempty"`
+}
+
+// MemcachedConfig sizes the regional cache.
+type MemcachedConfig struct {
+	// Mode is MemcachedServerless (default), MemcachedNodes or MemcachedNone.
+	Mode string `json:"mode,omitempty"`
+	// MaxDataStorageGB caps a serverless cache's storage. Default 1.
+	MaxDataStorageGB int `json:"maxDataStorageGB,omitempty"`
+	// MaxECPUPerSecond caps a serverless cache's compute. Default 5000.
+	MaxECPUPerSecond int `json:"maxECPUPerSecond,omitempty"`
+	// NodeType of a node-based cluster. Default "cache.t4g.small".
+	NodeType string `json:"nodeType,omitempty"`
+	// Nodes in a node-based cluster. Default 2.
+	Nodes int `json:"nodes,omitempty"`
+	// Port of a node-based cluster. Default 11211.
+	Port int `json:"port,omitempty"`
+	// TLS enables in-transit encryption on a node-based cluster (memcached
+	// 1.6.12 or later). Default true. Serverless caches always use TLS.
+	TLS *bool `json:"tls,omitempty"`
+	// EngineVersion of a node-based cluster. Default "1.6.22".
+	EngineVersion string `json:"engineVersion,omitempty"`
+}
+
+// AuthorizerConfig configures the authorizer Lambda.
+type AuthorizerConfig struct {
+	// MemoryMB default 256.
+	MemoryMB int `json:"memoryMB,omitempty"`
+	// TimeoutSeconds default 3; must exceed Deadline.
+	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
+	// Deadline of one decision, a Go duration (SLUICE_DEADLINE). Default 250ms.
+	Deadline string `json:"deadline,omitempty"`
+	// MetricsNamespace of the EMF metrics (SLUICE_METRICS_NAMESPACE).
+	// Default "Sluice".
+	MetricsNamespace string `json:"metricsNamespace,omitempty"`
+	// LogRetentionDays of the function's log group. Default 30.
+	LogRetentionDays int `json:"logRetentionDays,omitempty"`
+	// ReservedConcurrency, 0 for none.
+	ReservedConcurrency int `json:"reservedConcurrency,omitempty"`
+}
+
+// APIConfig configures the APIs in front of the authorizer.
+type APIConfig struct {
+	// StageName of the REST API. Default "prod".
+	StageName string `json:"stageName,omitempty"`
+	// UpstreamURL is proxied to (REST: HTTP_PROXY to <url>/{proxy}; HTTP
+	// API: HTTP_PROXY to <url>). Empty: the REST API answers with a mock
+	// integration and the HTTP API proxies to DefaultHTTPUpstream.
+	UpstreamURL string `json:"upstreamUrl,omitempty"`
+	// HTTPAPI adds the HTTP API variant. Default true.
+	HTTPAPI *bool `json:"httpApi,omitempty"`
+	// RetryAfterSeconds is the static Retry-After of the 503 (load shed)
+	// response and, unless ContextHeaders is set, of the 429. Default 1.
+	RetryAfterSeconds int `json:"retryAfterSeconds,omitempty"`
+	// ContextHeaders maps context.authorizer.* into the 429's headers
+	// (Retry-After, RateLimit-*). API Gateway documents only request
+	// parameters and static values as gateway-response header sources, so
+	// this is off by default; see docs/infra.md.
+	ContextHeaders bool `json:"contextHeaders,omitempty"`
+	// CloudWatchRole creates the account-level API Gateway role that
+	// access logging needs (one per account and region). Default true.
+	CloudWatchRole *bool `json:"cloudWatchRole,omitempty"`
+	// WebACLArns associates a WAFv2 web ACL with the REST API stage, per
+	// region (region -> ARN). Optional.
+	WebACLArns map[string]string `json:"webAclArns,omitempty"`
+}
+
+// DefaultHTTPUpstream is the HTTP API's integration when no upstream is
+// configured: an AWS-operated endpoint that answers any GET with the
+// caller's IP, harmless to point at.
+const DefaultHTTPUpstream = "https://checkip.amazonaws.com"
+
+// AlarmsConfig sets the alarm thresholds.
+type AlarmsConfig struct {
+	// DeniedRatio alarms when Denied/(Allowed+Denied) exceeds it for 5
+	// minutes. Default 0.5.
+	DeniedRatio float64 `json:"deniedRatio,omitempty"`
+	// BackendLatencyP99Ms alarms when the p99 of BackendLatency exceeds
+	// it in 3 of 5 minutes. Default 100.
+	BackendLatencyP99Ms float64 `json:"backendLatencyP99Ms,omitempty"`
+	// TopicArns receive the alarms, per region (region -> SNS topic ARN).
+	TopicArns map[string]string `json:"topicArns,omitempty"`
+}
+
+// VPCConfig shapes the VPC of each region.
+type VPCConfig struct {
+	// CIDR default "10.40.0.0/16".
+	CIDR string `json:"cidr,omitempty"`
+	// MaxAZs default 2 (ElastiCache Serverless needs at least 2).
+	MaxAZs int `json:"maxAzs,omitempty"`
+	// AvailabilityZones per region (region -> zone names). Zones are named
+	// explicitly because a stack with an explicit environment would
+	// otherwise look them up in the account at synthesis, which needs
+	// credentials. Default: the first MaxAZs of DefaultZones(region).
+	AvailabilityZones map[string][]string `json:"availabilityZones,omitempty"`
+}
+
+// Zones returns the availability zones of the VPC in a region.
+func (v VPCConfig) Zones(region string) []string {
+	if z, ok := v.AvailabilityZones[region]; ok {
+		return z
+	}
+	z := DefaultZones(region)
+	return z[:min(len(z), v.MaxAZs)]
+}
+
+// DefaultZones guesses a region's zone names: <region>a, b, c, except in
+// regions known to lack a "b" zone for new accounts. Zone letters map to
+// physical zones per account and a few regions differ between accounts
+// (us-west-1): set vpc.availabilityZones when in doubt
+// (`aws ec2 describe-availability-zones --region R`).
+func DefaultZones(region string) []string {
+	letters := []string{"a", "b", "c"}
+	switch region {
+	case "ap-northeast-1":
+		letters = []string{"a", "c", "d"}
+	case "ca-central-1":
+		letters = []string{"a", "b", "d"}
+	case "us-west-1":
+		letters = []string{"b", "c"}
+	}
+	zs := make([]string, len(letters))
+	for i, l := range letters {
+		zs[i] = region + l
+	}
+	return zs
+}
+
+// LoadConfig reads a JSON config file. Unknown fields are an error, so that
+// a typo does not silently fall back to a default. A relative rules.file is
+// resolved against the config file's directory.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var c Config
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if c.Rules.File != "" && !filepath.IsAbs(c.Rules.File) {
+		c.Rules.File = filepath.Join(filepath.Dir(path), c.Rules.File)
+	}
+	return &c, nil
+}
+
+// ApplyDefaults fills in every zero field with its default.
+func (c *Config) ApplyDefaults() {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	defInt := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
+	}
+	defBool := func(b **bool, v bool) {
+		if *b == nil {
+			*b = &v
+		}
+	}
+	def(&c.StackPrefix, "Sluice")
+	def(&c.Account, DummyAccount)
+	if c.PrimaryRegion == "" && len(c.Regions) > 0 {
+		c.PrimaryRegion = c.Regions[0]
+	}
+	def(&c.Consistency, ConsistencyDefault)
+	def(&c.TableName, strings.ToLower(c.StackPrefix)+"-state")
+	defBool(&c.RetainTables, true)
+
+	m := &c.Memcached
+	def(&m.Mode, MemcachedServerless)
+	defInt(&m.MaxDataStorageGB, 1)
+	defInt(&m.MaxECPUPerSecond, 5000)
+	def(&m.NodeType, "cache.t4g.small")
+	defInt(&m.Nodes, 2)
+	defInt(&m.Port, 11211)
+	defBool(&m.TLS, true)
+	def(&m.EngineVersion, "1.6.22")
+
+	a := &c.Authorizer
+	defInt(&a.MemoryMB, 256)
+	defInt(&a.TimeoutSeconds, 3)
+	def(&a.Deadline, "250ms")
+	def(&a.MetricsNamespace, "Sluice")
+	defInt(&a.LogRetentionDays, 30)
+
+	p := &c.API
+	def(&p.StageName, "prod")
+	defBool(&p.HTTPAPI, true)
+	defInt(&p.RetryAfterSeconds, 1)
+	defBool(&p.CloudWatchRole, true)
+
+	if c.Alarms.DeniedRatio == 0 {
+		c.Alarms.DeniedRatio = 0.5
+	}
+	if c.Alarms.BackendLatencyP99Ms == 0 {
+		c.Alarms.BackendLatencyP99Ms = 100
+	}
+
+	def(&c.VPC.CIDR, "10.40.0.0/16")
+	defInt(&c.VPC.MaxAZs, 2)
+}
+
+var (
+	regionRE      = regexp.MustCompile(`^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]$`)
+	accountRE     = regexp.MustCompile(`^[0-9]{12}$`)
+	prefixRE      = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]{0,30}$`)
+	tableNameRE   = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,200}$`)
+	cacheNameRE   = regexp.MustCompile(`^[a-z][a-z0-9-]{0,30}$`)
+	stageNameRE   = regexp.MustCompile(`^[A-Za-z0-9_]{1,128}$`)
+	errNoRegions  = errors.New("config: regions: at least one region is required")
+	maxTimeoutSec = 30 // an authorizer answering later than API Gateway waits is useless
+)
+
+// Validate checks a defaulted config. The error names the offending field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("config: %s: "+format, append([]any{field}, args...)...))
+	}
+	if len(c.Regions) == 0 {
+		return errNoRegions
+	}
+	if !prefixRE.MatchString(c.StackPrefix) {
+		bad("stackPrefix", "%q must start with a letter and hold up to 31 letters, digits or '-'", c.StackPrefix)
+	}
+	if !cacheNameRE.MatchString(strings.ToLower(c.StackPrefix)) {
+		bad("stackPrefix", "%q lower-cased must be a valid cache name", c.StackPrefix)
+	}
+	if !accountRE.MatchString(c.Account) {
+		bad("account", "%q is not a 12-digit AWS account id", c.Account)
+	}
+	seen := map[string]bool{}
+	for _, r := range c.Regions {
+		if !regionRE.MatchString(r) {
+			bad("regions", "%q is not a region name", r)
+		}
+		if seen[r] {
+			bad("regions", "%q is listed twice", r)
+		}
+		seen[r] = true
+	}
+	if !seen[c.PrimaryRegion] {
+		bad("primaryRegion", "%q is not one of regions %v", c.PrimaryRegion, c.Regions)
+	}
+	switch c.Consistency {
+	case ConsistencyDefault:
+	case ConsistencyMRSC:
+		if len(c.Regions) != 3 {
+			bad("consistency", "mrsc needs exactly three regions, got %d %v", len(c.Regions), c.Regions)
+		} else if set := mrscRegionSet(c.Regions); set == "" {
+			bad("consistency", "mrsc needs all three regions in one region set (%s), got %v", describeRegionSets(), c.Regions)
+		}
+	default:
+		bad("consistency", "%q is neither %q nor %q", c.Consistency, ConsistencyDefault, ConsistencyMRSC)
+	}
+	if !tableNameRE.MatchString(c.TableName) {
+		bad("tableName", "%q is not a valid DynamoDB table name", c.TableName)
+	}
+
+	sources := 0
+	for _, set := range []bool{c.Rules.Inline != "", c.Rules.File != "", c.Rules.BundlePath != "", c.Rules.Table} {
+		if set {
+			sources++
+		}
+	}
+	if sources > 1 {
+		bad("rules", "set at most one of inline, file, bundlePath, table")
+	}
+	if strings.HasPrefix(c.Rules.BundlePath, "/") || strings.Contains(c.Rules.BundlePath, "..") {
+		bad("rules.bundlePath", "%q must be a relative path inside the bundle", c.Rules.BundlePath)
+	}
+
+	m := c.Memcached
+	switch m.Mode {
+	case MemcachedServerless:
+		if m.MaxDataStorageGB < 1 || m.MaxDataStorageGB > 5000 {
+			bad("memcached.maxDataStorageGB", "%d is outside 1..5000", m.MaxDataStorageGB)
+		}
+		if m.MaxECPUPerSecond < 1000 || m.MaxECPUPerSecond > 15000000 {
+			bad("memcached.maxECPUPerSecond", "%d is outside 1000..15000000", m.MaxECPUPerSecond)
+		}
+	case MemcachedNodes:
+		if m.Nodes < 1 || m.Nodes > 40 {
+			bad("memcached.nodes", "%d is outside 1..40", m.Nodes)
+		}
+		if !strings.HasPrefix(m.NodeType, "cache.") {
+			bad("memcached.nodeType", "%q is not a cache node type", m.NodeType)
+		}
+		if m.Port < 1024 || m.Port > 65535 {
+			bad("memcached.port", "%d is outside 1024..65535", m.Port)
+		}
+	case MemcachedNone:
+	default:
+		bad("memcached.mode", "%q is not one of %q, %q, %q", m.Mode, MemcachedServerless, MemcachedNodes, MemcachedNone)
+	}
+
+	a := c.Authorizer
+	if a.MemoryMB < 128 || a.MemoryMB > 10240 {
+		bad("authorizer.memoryMB", "%d is outside 128..10240", a.MemoryMB)
+	}
+	if a.TimeoutSeconds < 1 || a.TimeoutSeconds > maxTimeoutSec {
+		bad("authorizer.timeoutSeconds", "%d is outside 1..%d", a.TimeoutSeconds, maxTimeoutSec)
+	}
+	if d, err := time.ParseDuration(a.Deadline); err != nil || d <= 0 {
+		bad("authorizer.deadline", "%q is not a positive Go duration", a.Deadline)
+	} else if d >= time.Duration(a.TimeoutSeconds)*time.Second {
+		bad("authorizer.deadline", "%s must be shorter than the function timeout (%ds)", d, a.TimeoutSeconds)
+	}
+	if a.MetricsNamespace == "" || strings.HasPrefix(a.MetricsNamespace, "AWS/") {
+		bad("authorizer.metricsNamespace", "%q must be non-empty and not start with AWS/", a.MetricsNamespace)
+	}
+	if !slices.Contains(logRetentionDays, a.LogRetentionDays) {
+		bad("authorizer.logRetentionDays", "%d is not a CloudWatch Logs retention (%v)", a.LogRetentionDays, logRetentionDays)
+	}
+	if a.ReservedConcurrency < 0 {
+		bad("authorizer.reservedConcurrency", "%d is negative", a.ReservedConcurrency)
+	}
+
+	p := c.API
+	if !stageNameRE.MatchString(p.StageName) {
+		bad("api.stageName", "%q may hold only letters, digits and '_'", p.StageName)
+	}
+	if p.UpstreamURL != "" && !strings.HasPrefix(p.UpstreamURL, "https://") && !strings.HasPrefix(p.UpstreamURL, "http://") {
+		bad("api.upstreamUrl", "%q is not an http(s) URL", p.UpstreamURL)
+	}
+	if p.RetryAfterSeconds < 1 {
+		bad("api.retryAfterSeconds", "%d is below 1", p.RetryAfterSeconds)
+	}
+	for r := range p.WebACLArns {
+		if !seen[r] {
+			bad("api.webAclArns", "region %q is not one of regions", r)
+		}
+	}
+
+	if c.Alarms.DeniedRatio <= 0 || c.Alarms.DeniedRatio >= 1 {
+		bad("alarms.deniedRatio", "%g is outside (0, 1)", c.Alarms.DeniedRatio)
+	}
+	if c.Alarms.BackendLatencyP99Ms <= 0 {
+		bad("alarms.backendLatencyP99Ms", "%g is not positive", c.Alarms.BackendLatencyP99Ms)
+	}
+	for r := range c.Alarms.TopicArns {
+		if !seen[r] {
+			bad("alarms.topicArns", "region %q is not one of regions", r)
+		}
+	}
+	if c.VPC.MaxAZs < 2 || c.VPC.MaxAZs > 6 {
+		bad("vpc.maxAzs", "%d is outside 2..6", c.VPC.MaxAZs)
+	}
+	for _, r := range c.Regions {
+		zs := c.VPC.Zones(r)
+		if len(zs) < 2 {
+			bad("vpc.availabilityZones", "%s needs at least 2 zones, got %v", r, zs)
+		}
+		for _, z := range zs {
+			if !strings.HasPrefix(z, r) || len(z) != len(r)+1 {
+				bad("vpc.availabilityZones", "%q is not a zone of %s", z, r)
+			}
+		}
+	}
+	for r := range c.VPC.AvailabilityZones {
+		if !seen[r] {
+			bad("vpc.availabilityZones", "region %q is not one of regions", r)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RulesYAML returns the YAML to pass inline (SLUICE_RULES_YAML), reading
+// rules.file if that is the source; "" when the rules come from elsewhere.
+func (c *Config) RulesYAML() (string, error) {
+	y := c.Rules.Inline
+	if c.Rules.File != "" {
+		b, err := os.ReadFile(c.Rules.File)
+		if err != nil {
+			return "", fmt.Errorf("config: rules.file: %w", err)
+		}
+		y = string(b)
+	}
+	if len(y) > maxInlineRulesBytes {
+		return "", fmt.Errorf("config: rules: %d bytes of inline rules exceed %d (Lambda allows 4 KB of environment); use rules.bundlePath or rules.table", len(y), maxInlineRulesBytes)
+	}
+	return y, nil
+}
+
+// RulesTableName is the rules table's name ("<prefix>-rules").
+func (c *Config) RulesTableName() string {
+	return strings.ToLower(c.StackPrefix) + "-rules"
+}
+
+// StackName is the stack (and template file) name for a region.
+func (c *Config) StackName(region string) string {
+	return c.StackPrefix + "-" + region
+}
+
+// ReplicaRegions are the regions other than the primary, in config order.
+func (c *Config) ReplicaRegions() []string {
+	var rs []string
+	for _, r := range c.Regions {
+		if r != c.PrimaryRegion {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}
+
+func mrscRegionSet(regions []string) string {
+	for name, set := range mrscRegionSets {
+		all := true
+		for _, r := range regions {
+			all = all && slices.Contains(set, r)
+		}
+		if all {
+			return name
+		}
+	}
+	return ""
+}
+
+func describeRegionSets() string {
+	var parts []string
+	for _, name := range []string{"US", "EU", "AP"} {
+		parts = append(parts, name+": "+strings.Join(mrscRegionSets[name], ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// logRetentionDays are the values CloudWatch Logs accepts.
+var logRetentionDays = []int{1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653}
+
+// retentionNames are the jsii enum names of logRetentionDays, in order.
+var retentionNames = []string{"ONE_DAY", "THREE_DAYS", "FIVE_DAYS", "ONE_WEEK", "TWO_WEEKS", "ONE_MONTH", "TWO_MONTHS", "THREE_MONTHS", "FOUR_MONTHS", "FIVE_MONTHS", "SIX_MONTHS", "ONE_YEAR", "THIRTEEN_MONTHS", "EIGHTEEN_MONTHS", "TWO_YEARS", "THREE_YEARS", "FIVE_YEARS", "SIX_YEARS", "SEVEN_YEARS", "EIGHT_YEARS", "NINE_YEARS", "TEN_YEARS"}
