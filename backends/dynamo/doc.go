@@ -1,0 +1,125 @@
+// Package dynamo keeps limiter state in one DynamoDB table, with one
+// request per decision in the common case and no lost update under any
+// contention. [Store] implements [limiter.BucketStore] (token buckets),
+// [limiter.Counter] (sliding and fixed windows) and [limiter.LogStore]
+// (sliding logs).
+//
+// # Table layout
+//
+// One table, partition key "pk" (String), no sort key, TTL attribute "ttl"
+// (Number, Unix seconds). The CDK app creates it in AWS; [CreateTable]
+// creates it for tests and local use. Every item is one key of one
+// algorithm: pk is the limiter key's Space and Name, escaped ('%XX' for
+// every byte that is not printable ASCII, and for '%', '/' and '#') and
+// joined by '/'; a key longer than 160 bytes becomes the Space, "/#" and the
+// SHA-256 of the key in base64url. Every write sets ttl to the wall-clock
+// time the state must be kept (the limiter's ttl, rounded up, plus a
+// second), so idle keys expire. DynamoDB deletes expired items lazily (up to
+// days later) and correctness never depends on it: an expired item still
+// read is still a valid state (a bucket refills, old sub-windows are out of
+// view, old log entries are dropped). Every write stays under 1 KB (one
+// write capacity unit).
+//
+// # Token buckets
+//
+// Item: tokens (N), updated (N, Unix ns of the last refill accounting). The
+// store remembers the last state it saw per key in a bounded in-process LRU
+// (the warm Lambda), applies the op (limiter.BucketOp.Apply, pure) to it
+// and writes the result with ONE UpdateItem, no read first:
+//
+//   - When no refill is due on the remembered state and the op takes N
+//     tokens and is allowed (or refunds N without reaching the cap), the
+//     write is relative: SET tokens = tokens + :delta, on condition
+//     updated = :updated AND tokens BETWEEN :lo AND :hi ([N, max] for a take,
+//     [0, max-N] for a refund). For every stored state meeting the condition,
+//     Apply computes exactly that update, so the write is exact even if the
+//     remembered token count is stale, and concurrent takes that all fit all
+//     succeed without retrying. The decision is recomputed from the new
+//     state the write returns (ReturnValues=ALL_NEW).
+//   - Otherwise (a refill is due, strict mode restarts the timer, a refund
+//     reaches the cap) the new state is written on condition that the item
+//     holds exactly the remembered values (tokens = :t0 AND updated = :u0).
+//     No version number is needed: Apply is a pure function of (tokens,
+//     updated), so an ABA change is harmless.
+//   - A key the store has not seen is written as a new full bucket on
+//     condition attribute_not_exists(pk).
+//
+// Every write asks for ReturnValuesOnConditionCheckFailure=ALL_OLD: when the
+// condition fails, DynamoDB returns the current item, and the store applies
+// the op to it and writes again, still without a read. The first retry is
+// immediate, later ones wait a jittered, growing pause; after
+// Config.MaxAttempts lost races, or when the next pause would outlast the
+// deadline, the call fails with an error wrapping [limiter.ErrConflict].
+//
+// A denial is never decided on a remembered state alone (another process
+// may have refunded tokens): when Apply on the remembered state writes
+// nothing (a plain denial, or a Get), the store confirms with a strongly
+// consistent GetItem and applies the op to what it reads; a denial that
+// writes (strict mode) is confirmed by its conditional write succeeding, and
+// a denial computed on the item a failed condition returned is the server's
+// state. So a warm key costs one request per decision, allowed or denied,
+// and a key new to the process two (the guess that it is absent, then the
+// write on the returned item).
+//
+// # Windows
+//
+// Item: one Number attribute per sub-window, named by its index modulo 2^30
+// in five base64url characters (so a 61-counter view stays far under 1 KB
+// and a name only recurs 2^30 sub-windows later). Add is ONE UpdateItem:
+//
+//	ADD <cur> :n  SET ttl = :ttl  REMOVE <cur-span>, <cur-span-1>, <stale names seen before>
+//	condition: attribute_not_exists(<cur>) OR attribute_type(<cur>, N)
+//	ReturnValues=ALL_NEW
+//
+// ADD is atomic, so concurrent adds never conflict and every caller sees a
+// count that includes its own add and every add before it: a window never
+// admits more than its estimator allows. The returned item gives the counts
+// of the view (cur, cur-1, ..., cur-span+1) and, as Counts.Later, of every
+// sub-window newer than cur (another writer's clock is ahead; those are
+// never removed, so a late clock never frees what others counted). Counters
+// older than the view are removed: the two just behind it by name in every
+// Add, others (left by gaps in traffic) by the names the last response
+// showed, in this process's next Add, or at once with a second UpdateItem
+// when there are eight or more of them. A writer whose sub-window is older
+// than the newest writer's whole view moves its add into the oldest
+// sub-window of that view (a second, conditional UpdateItem), as the memory
+// store does. Sub (a refund) is one UpdateItem, ADD <idx> -n on condition
+// <idx> >= n; if the counter holds less, it is taken down to zero with a
+// condition on the value the failed write returned, so it never goes
+// negative. An Add of 0 is a consistent GetItem.
+//
+// # Sliding logs
+//
+// Item: log (Binary, limiter.AppendLog), v (N, version). The log is written
+// with one UpdateItem on condition v = :remembered (attribute_not_exists(pk)
+// for a new key) and ALL_OLD on failure, with the same retry and denial
+// rules as buckets. Under contention on one key a log admits one writer per
+// round trip. A log whose item would exceed 1 KB is refused with an error
+// wrapping [ErrItemTooLarge] (a few hundred entries; use a sliding window
+// for larger limits).
+//
+// # Errors, deadlines and retries
+//
+// Every call runs under the caller's deadline, capped by Config.Timeout. A
+// failed condition is never an error by itself; lost races that exhaust the
+// retries wrap [limiter.ErrConflict]. Throttling
+// (ProvisionedThroughputExceededException, ThrottlingException,
+// RequestLimitExceeded) wraps [ErrThrottled]; network errors, 5xx and
+// timeouts wrap [ErrUnavailable], so the policy layer can apply the rule's
+// fail mode. An item with a missing attribute or one of the wrong type gives
+// an error wrapping [limiter.ErrCorruptState] naming the key and attribute;
+// the store never resets it to a full bucket or an empty window.
+//
+// The store's requests use [NewRetryer] (Config.Retryer) instead of the
+// client's retryer: the SDK's standard retryer with 3 attempts, a 5-50 ms
+// full-jitter backoff (the SDK default backs off up to 20 s) and no retry
+// started with less than the maximum backoff left before the deadline, so a
+// throttled request fails with its throttling error well within the
+// deadline.
+//
+// # Regions
+//
+// Conditional writes and ADD are atomic within one region. With a global
+// table in the default (asynchronous, last writer wins) mode, each region
+// enforces its limit separately; see the infra documentation for the modes.
+package dynamo

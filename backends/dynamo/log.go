@@ -1,0 +1,156 @@
+package dynamo
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+const logKind = "sliding log"
+
+// logState is a sliding log as last seen: its entries and version.
+type logState struct {
+	entries []int64 // never modified once cached
+	version int64
+}
+
+// UpdateLog implements [limiter.LogStore]: the log is one Binary attribute
+// (limiter.AppendLog) written with a condition on a version number.
+func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+	if op.Limit <= 0 || op.Window <= 0 || op.N < 0 {
+		return limiter.Decision{}, fmt.Errorf("dynamo: bad log op (limit %d, window %v, n %d)", op.Limit, op.Window, op.N)
+	}
+	pk := itemKey(k)
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+
+	var cur logState
+	found, fromServer := false, false
+	if v, ok := s.cache.get(pk); ok {
+		cur, found = v.(logState), true
+	}
+	buf := make([]int64, 0, len(cur.entries)+int(min(op.N, limiter.MaxLogLimit)))
+	for conflicts := 0; ; {
+		next, d, write := op.Apply(append(buf[:0], cur.entries...))
+		if !write {
+			if fromServer {
+				return d, nil
+			}
+			st, ok, err := s.readLog(ctx, pk)
+			if err != nil {
+				return limiter.Decision{}, err
+			}
+			cur, found, fromServer = st, ok, true
+			continue
+		}
+		stored := logState{entries: append([]int64(nil), next...), version: cur.version + 1}
+		err := s.writeLog(ctx, pk, cur, found, stored, ttl)
+		if err == nil {
+			s.cache.put(pk, stored)
+			return d, nil
+		}
+		old, lost := conditionFailed(err)
+		if !lost {
+			s.cache.remove(pk)
+			return limiter.Decision{}, err
+		}
+		s.counter.conflicts.Add(1)
+		if cur, found, err = s.logFromItem(pk, old); err != nil {
+			return limiter.Decision{}, err
+		}
+		fromServer = true
+		conflicts++
+		if err := s.backoff(ctx, "sliding log "+pk, conflicts); err != nil {
+			return limiter.Decision{}, err
+		}
+	}
+}
+
+func (s *Store) writeLog(ctx context.Context, pk string, cur logState, found bool, next logState, ttl time.Duration) error {
+	enc := limiter.AppendLog(nil, next.entries)
+	ttlv := s.ttlValue(ttl)
+	size := len(AttrPK) + len(pk) + len(attrLog) + len(enc) + len(attrVersion) + numberSize(next.version) +
+		len(AttrTTL) + len(ttlv.(*types.AttributeValueMemberN).Value)
+	if size > ItemBudget {
+		return fmt.Errorf("dynamo: sliding log %q: %w: %d entries take %d bytes; lower the limit (a log item holds roughly 300 entries a few ms apart) or use a sliding window",
+			pk, ErrItemTooLarge, len(next.entries), size)
+	}
+	in := &dynamodb.UpdateItemInput{
+		TableName:                s.table,
+		Key:                      keyAttr(pk),
+		UpdateExpression:         aws.String("SET #l = :l, #v = :v, #x = :x"),
+		ExpressionAttributeNames: map[string]string{"#l": attrLog, "#v": attrVersion, "#x": AttrTTL},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":l": &types.AttributeValueMemberB{Value: enc}, ":v": numAttr(next.version), ":x": ttlv,
+		},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+	if found {
+		in.ConditionExpression = aws.String("#v = :v0")
+		in.ExpressionAttributeValues[":v0"] = numAttr(cur.version)
+	} else {
+		in.ConditionExpression = aws.String("attribute_not_exists(#k)")
+		in.ExpressionAttributeNames["#k"] = AttrPK
+	}
+	if _, err := s.client.UpdateItem(ctx, in, s.optFns...); err != nil {
+		if _, lost := conditionFailed(err); lost {
+			return err
+		}
+		return mapError("sliding log write", err)
+	}
+	return nil
+}
+
+func (s *Store) readLog(ctx context.Context, pk string) (logState, bool, error) {
+	s.counter.reads.Add(1)
+	out, err := s.client.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName:      s.table,
+		Key:            keyAttr(pk),
+		ConsistentRead: aws.Bool(true),
+	}, s.optFns...)
+	if err != nil {
+		return logState{}, false, mapError("sliding log read", err)
+	}
+	return s.logFromItem(pk, out.Item)
+}
+
+func (s *Store) logFromItem(pk string, item map[string]types.AttributeValue) (logState, bool, error) {
+	if len(item) == 0 {
+		s.cache.remove(pk)
+		return logState{}, false, nil
+	}
+	st, err := decodeLog(pk, item)
+	if err != nil {
+		s.cache.remove(pk)
+		return st, false, err
+	}
+	s.cache.put(pk, st)
+	return st, true, nil
+}
+
+func decodeLog(pk string, item map[string]types.AttributeValue) (logState, error) {
+	version, err := getInt(logKind, pk, item, attrVersion)
+	if err != nil {
+		return logState{}, err
+	}
+	av, ok := item[attrLog]
+	if !ok {
+		return logState{}, corrupt(logKind, pk, attrLog, "missing")
+	}
+	b, ok := av.(*types.AttributeValueMemberB)
+	if !ok {
+		return logState{}, corrupt(logKind, pk, attrLog, "want a Binary, got %s", typeName(av))
+	}
+	entries, err := limiter.ParseLog(b.Value, nil)
+	if err != nil {
+		return logState{}, fmt.Errorf("dynamo: sliding log item %q (version %s): %w", pk, strconv.FormatInt(version, 10), err)
+	}
+	return logState{entries: entries, version: version}, nil
+}

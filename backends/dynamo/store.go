@@ -1,0 +1,362 @@
+package dynamo
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Client is the part of the DynamoDB API the store uses. *dynamodb.Client
+// satisfies it; tests may wrap it.
+type Client interface {
+	GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
+	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+}
+
+var _ Client = (*dynamodb.Client)(nil)
+
+var (
+	_ limiter.Counter     = (*Store)(nil)
+	_ limiter.BucketStore = (*Store)(nil)
+	_ limiter.LogStore    = (*Store)(nil)
+)
+
+// Attribute names of the table layout (see the package documentation).
+const (
+	// AttrPK is the partition key (String).
+	AttrPK = "pk"
+	// AttrTTL is the expiry time in Unix seconds (Number), the table's TTL
+	// attribute.
+	AttrTTL = "ttl"
+
+	attrTokens  = "tokens"
+	attrUpdated = "updated"
+	attrLog     = "log"
+	attrVersion = "v"
+)
+
+// ItemBudget is the largest item the store writes, in bytes as DynamoDB
+// counts them (attribute names plus values): one write capacity unit.
+const ItemBudget = 1024
+
+// Defaults used when the corresponding Config field is zero.
+const (
+	DefaultTimeout     = time.Second
+	DefaultMaxAttempts = 32
+	DefaultCacheSize   = 10_000
+	DefaultBackoffBase = time.Millisecond
+	DefaultBackoffMax  = 20 * time.Millisecond
+)
+
+var (
+	// ErrThrottled is wrapped when DynamoDB throttled the request
+	// (ProvisionedThroughputExceededException, ThrottlingException,
+	// RequestLimitExceeded) and the SDK's retries within the deadline did
+	// not get through.
+	ErrThrottled = errors.New("dynamo: throttled")
+	// ErrUnavailable is wrapped when DynamoDB could not be reached or did
+	// not answer within the deadline (network errors, timeouts, 5xx).
+	ErrUnavailable = errors.New("dynamo: unavailable")
+	// ErrItemTooLarge is wrapped when a write would make an item larger
+	// than ItemBudget (a sliding log with too many entries).
+	ErrItemTooLarge = errors.New("dynamo: item would exceed 1 KB")
+)
+
+// Config configures a [Store]. Table is required; the other fields have
+// defaults.
+type Config struct {
+	// Table is the table name. Its layout is described in the package
+	// documentation; [CreateTable] creates it.
+	Table string
+	// Timeout bounds every store call (all its requests and retries), on
+	// top of the caller's own deadline. Zero means DefaultTimeout; negative
+	// means only the caller's deadline applies.
+	Timeout time.Duration
+	// MaxAttempts bounds the conditional writes of one call that may lose a
+	// race before the call gives up with an error wrapping
+	// limiter.ErrConflict. Zero means DefaultMaxAttempts.
+	MaxAttempts int
+	// BackoffBase and BackoffMax shape the jittered pause between lost
+	// races, from the second retry on (the first retry is immediate: it
+	// starts from the state the failed write returned). Zero means the
+	// defaults.
+	BackoffBase, BackoffMax time.Duration
+	// CacheSize bounds the number of keys whose last seen state is kept in
+	// process. Zero means DefaultCacheSize; negative disables the cache
+	// (every bucket and log decision then starts from a guess or a read).
+	CacheSize int
+	// Retryer is the SDK retryer used for every request (it replaces the
+	// client's own for this store's calls). Nil means [NewRetryer] with its
+	// defaults.
+	Retryer aws.Retryer
+	// Clock is the wall clock used for the TTL attribute (not for the
+	// algorithms, which get their time from the caller). Nil means
+	// time.Now.
+	Clock func() time.Time
+}
+
+// Store keeps limiter state in one DynamoDB table. It implements
+// [limiter.BucketStore], [limiter.Counter] and [limiter.LogStore] with the
+// protocol described in the package documentation. It is safe for
+// concurrent use; create it with [New] once per process and reuse it (it
+// remembers the last state it saw per key).
+type Store struct {
+	client  Client
+	table   *string
+	cfg     Config
+	cache   *cache
+	optFns  []func(*dynamodb.Options)
+	counter struct {
+		conflicts, reads, cleanups atomic.Int64
+	}
+	// exactOnly turns off relative bucket writes (tests and benchmarks
+	// compare the two protocols).
+	exactOnly bool
+}
+
+// New returns a store on client, or an error naming the bad Config field.
+func New(client Client, cfg Config) (*Store, error) {
+	switch {
+	case client == nil:
+		return nil, errors.New("dynamo: client must not be nil")
+	case cfg.Table == "":
+		return nil, errors.New("dynamo: Config.Table must not be empty")
+	case cfg.MaxAttempts < 0:
+		return nil, fmt.Errorf("dynamo: Config.MaxAttempts must not be negative, got %d", cfg.MaxAttempts)
+	case cfg.BackoffBase < 0 || cfg.BackoffMax < 0:
+		return nil, errors.New("dynamo: Config.BackoffBase and BackoffMax must not be negative")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.BackoffBase == 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMax = DefaultBackoffMax
+	}
+	if cfg.CacheSize == 0 {
+		cfg.CacheSize = DefaultCacheSize
+	}
+	if cfg.Retryer == nil {
+		cfg.Retryer = NewRetryer(RetryerConfig{})
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	s := &Store{client: client, table: aws.String(cfg.Table), cfg: cfg, cache: newCache(cfg.CacheSize)}
+	retryer := cfg.Retryer
+	s.optFns = []func(*dynamodb.Options){func(o *dynamodb.Options) { o.Retryer = retryer }}
+	return s, nil
+}
+
+// Stats are counters of a store's work, for tests, benchmarks and metrics.
+type Stats struct {
+	// Conflicts counts conditional writes that failed because another
+	// writer got there first (or the cached state was stale).
+	Conflicts int64
+	// Reads counts consistent reads (confirming a denial or a Get made on a
+	// cached state, or a read-only window query).
+	Reads int64
+	// Cleanups counts extra requests that removed stale sub-window
+	// attributes from a window item.
+	Cleanups int64
+	// CachedKeys is the number of keys in the state cache.
+	CachedKeys int
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Conflicts:  s.counter.conflicts.Load(),
+		Reads:      s.counter.reads.Load(),
+		Cleanups:   s.counter.cleanups.Load(),
+		CachedKeys: s.cache.len(),
+	}
+}
+
+// ForgetCache drops every remembered state (as a cold Lambda would start).
+func (s *Store) ForgetCache() { s.cache.clear() }
+
+// withDeadline bounds ctx by the store's timeout.
+func (s *Store) withDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.cfg.Timeout < 0 {
+		return ctx, func() {}
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.cfg.Timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.cfg.Timeout)
+}
+
+// ttlValue is the TTL attribute for state that must live ttl from now.
+// It is rounded up to the next whole second, plus one second of slack for
+// clock differences between hosts.
+func (s *Store) ttlValue(ttl time.Duration) types.AttributeValue {
+	now := s.cfg.Clock()
+	exp := now.Add(ttl)
+	if ttl < 0 || exp.Before(now) { // overflow
+		exp = now.Add(100 * 365 * 24 * time.Hour)
+	}
+	sec := exp.Unix() + 1
+	if exp.Nanosecond() > 0 {
+		sec++
+	}
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(sec, 10)}
+}
+
+// backoff sleeps before retry number conflicts (1-based) of a lost race,
+// or returns an error wrapping limiter.ErrConflict when retries are spent or
+// the pause would outlast ctx.
+func (s *Store) backoff(ctx context.Context, what string, conflicts int) error {
+	if conflicts >= s.cfg.MaxAttempts {
+		return fmt.Errorf("dynamo: %s: %w after %d attempts", what, limiter.ErrConflict, conflicts)
+	}
+	if conflicts == 1 {
+		return ctx.Err()
+	}
+	ceiling := s.cfg.BackoffBase << min(conflicts-2, 20)
+	ceiling = min(ceiling, s.cfg.BackoffMax)
+	pause := time.Duration(rand.Int64N(int64(ceiling) + 1))
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < pause {
+		return fmt.Errorf("dynamo: %s: %w after %d attempts (deadline too close to retry)", what, limiter.ErrConflict, conflicts)
+	}
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("dynamo: %s: %w after %d attempts: %w", what, limiter.ErrConflict, conflicts, ctx.Err())
+	}
+}
+
+// maxKeyBytes bounds the partition key value, which counts towards every
+// item's size.
+const maxKeyBytes = 160
+
+// itemKey is the partition key of k: the Space and the Name escaped
+// (printable ASCII other than '%', '/' and '#' is kept, every other byte is
+// %XX) and joined by '/'. A key that would be longer than maxKeyBytes is
+// replaced by the escaped Space, "/#" and the SHA-256 of the key in base64url
+// (or "#" and the hash when the Space alone is too long). The mapping is
+// injective up to hash collisions: the escaped forms never contain a raw '/'
+// or '#'.
+func itemKey(k limiter.Key) string {
+	b := make([]byte, 0, len(k.Space)+len(k.Name)+8)
+	b = appendEscaped(b, k.Space)
+	space := len(b)
+	b = append(b, '/')
+	b = appendEscaped(b, k.Name)
+	if len(b) <= maxKeyBytes {
+		return string(b)
+	}
+	h := sha256.New()
+	var n [20]byte
+	h.Write(strconv.AppendInt(n[:0], int64(len(k.Space)), 10))
+	h.Write([]byte{':'})
+	h.Write([]byte(k.Space))
+	h.Write([]byte(k.Name))
+	sum := h.Sum(nil)
+	if space > maxKeyBytes-48 {
+		b = b[:0]
+	} else {
+		b = b[:space+1]
+	}
+	b = append(b, '#')
+	return string(base64.RawURLEncoding.AppendEncode(b, sum))
+}
+
+func appendEscaped(b []byte, s string) []byte {
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c > ' ' && c < 0x7f && c != '%' && c != '/' && c != '#' {
+			b = append(b, c)
+			continue
+		}
+		b = append(b, '%', hex[c>>4], hex[c&15])
+	}
+	return b
+}
+
+func keyAttr(pk string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}}
+}
+
+func numAttr(v int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+}
+
+// numberSize is the size DynamoDB counts for a number: one byte per two
+// significant digits, plus one.
+func numberSize(v int64) int {
+	s := strconv.FormatInt(v, 10)
+	digits := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] >= '0' && s[i] <= '9' {
+			digits++
+		}
+	}
+	return (digits+1)/2 + 1
+}
+
+// corrupt returns an error wrapping limiter.ErrCorruptState about attribute
+// name of the item pk.
+func corrupt(kind, pk, name, format string, args ...any) error {
+	return fmt.Errorf("%w: dynamo: %s item %q: attribute %q: %s", limiter.ErrCorruptState, kind, pk, name, fmt.Sprintf(format, args...))
+}
+
+// getInt reads a Number attribute that must be present.
+func getInt(kind, pk string, item map[string]types.AttributeValue, name string) (int64, error) {
+	av, ok := item[name]
+	if !ok {
+		return 0, corrupt(kind, pk, name, "missing")
+	}
+	n, ok := av.(*types.AttributeValueMemberN)
+	if !ok {
+		return 0, corrupt(kind, pk, name, "want a Number, got %s", typeName(av))
+	}
+	v, err := strconv.ParseInt(n.Value, 10, 64)
+	if err != nil {
+		return 0, corrupt(kind, pk, name, "not an int64: %q", n.Value)
+	}
+	return v, nil
+}
+
+func typeName(av types.AttributeValue) string {
+	switch av.(type) {
+	case *types.AttributeValueMemberS:
+		return "a String"
+	case *types.AttributeValueMemberN:
+		return "a Number"
+	case *types.AttributeValueMemberB:
+		return "a Binary"
+	case *types.AttributeValueMemberBOOL:
+		return "a Boolean"
+	case *types.AttributeValueMemberNULL:
+		return "NULL"
+	case *types.AttributeValueMemberL:
+		return "a List"
+	case *types.AttributeValueMemberM:
+		return "a Map"
+	case *types.AttributeValueMemberSS, *types.AttributeValueMemberNS, *types.AttributeValueMemberBS:
+		return "a Set"
+	}
+	return fmt.Sprintf("%T", av)
+}

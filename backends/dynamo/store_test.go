@@ -1,0 +1,207 @@
+package dynamo_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+)
+
+var base = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+
+func TestConformance(t *testing.T) {
+	s, r, _ := newStore(t, dynamo.Config{})
+	limitertest.Run(t, s)
+	st := s.Stats()
+	t.Logf("%d requests (%d failed: lost races and the suite's bad calls); %d conflicts, %d reads, %d cleanups",
+		r.load(), r.failed.Load(), st.Conflicts, st.Reads, st.Cleanups)
+}
+
+// storm runs workers goroutines, each calling l.AllowN(key, at, 1) tries
+// times, and returns the number allowed. Any error fails the test.
+func storm(t *testing.T, l limiter.Limiter, key string, at time.Time, workers, tries int) int64 {
+	t.Helper()
+	var allowed, failed atomic.Int64
+	var first atomic.Value
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range tries {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				d, err := l.AllowN(ctx, key, at, 1)
+				cancel()
+				switch {
+				case err != nil:
+					failed.Add(1)
+					first.CompareAndSwap(nil, err)
+				case d.Allowed:
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of %d requests failed; first: %v", n, workers*tries, first.Load())
+	}
+	return allowed.Load()
+}
+
+// The acceptance: a bucket of 100 with a one-hour refill, 64
+// goroutines x 50 tries: exactly 100 allowed, and fewer than 1.5 requests
+// per decision (relative writes let concurrent takes that fit all succeed).
+func TestBucketExactUnderContention(t *testing.T) {
+	const workers, tries = 64, 50
+	s, r, _ := newStore(t, dynamo.Config{})
+	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 100, RefillTime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := limitertest.Key(t)
+	if n := storm(t, b, key, base, workers, tries); n != 100 {
+		t.Fatalf("%d allowed, want exactly 100", n)
+	}
+	perDecision := float64(r.load()) / (workers * tries)
+	st := s.Stats()
+	t.Logf("64-way contention: %.3f requests per decision (%d requests: %d UpdateItem, %d GetItem; %d lost conditions)",
+		perDecision, r.load(), r.update.Load(), r.get.Load(), st.Conflicts)
+	if perDecision >= 1.5 {
+		t.Errorf("%.3f requests per decision under 64-way contention, want < 1.5", perDecision)
+	}
+	// The bucket is empty for everyone, whatever a process remembers.
+	s.ForgetCache()
+	if d, err := b.Get(testCtx(t), key, base); err != nil || d.Remaining != 0 || d.Allowed {
+		t.Fatalf("Get after the storm: %+v, %v", d, err)
+	}
+}
+
+// A warm key without contention costs exactly one request per decision:
+// allowed takes (a relative write), denials (one consistent read confirms
+// the remembered state), refills (a conditional write), refunds and gets.
+func TestOneRequestPerDecisionWarm(t *testing.T) {
+	s, r, _ := newStore(t, dynamo.Config{})
+	for _, strict := range []bool{false, true} {
+		b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Second, Strict: strict})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := limitertest.Key(t)
+		ctx := testCtx(t)
+		decisions := 0
+		check := func(what string) {
+			t.Helper()
+			decisions++
+			if got := r.load(); got != int64(decisions) {
+				t.Fatalf("strict=%v, after %s: %d requests for %d decisions", strict, what, got, decisions)
+			}
+		}
+		r.total.Store(0)
+		for i := range 5 { // the first one creates the bucket
+			if d, err := b.Allow(ctx, key, base); err != nil || !d.Allowed || d.Remaining != int64(4-i) {
+				t.Fatalf("take %d: %+v, %v", i, d, err)
+			}
+			check("a take")
+		}
+		for range 3 {
+			if d, err := b.Allow(ctx, key, base.Add(100*time.Millisecond)); err != nil || d.Allowed {
+				t.Fatalf("take from an empty bucket: %+v, %v", d, err)
+			}
+			check("a denial")
+		}
+		at := base.Add(1500 * time.Millisecond)
+		if strict {
+			at = base.Add(1200 * time.Millisecond) // the last denial restarted the timer at 100ms
+		}
+		if d, err := b.Allow(ctx, key, at); err != nil || !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("take after one refill: %+v, %v", d, err)
+		}
+		check("a refill")
+		if err := b.Refund(ctx, key, at, 1); err != nil {
+			t.Fatal(err)
+		}
+		check("a refund")
+		if d, err := b.Get(ctx, key, at); err != nil || d.Remaining != 1 {
+			t.Fatalf("get: %+v, %v", d, err)
+		}
+		check("a get")
+	}
+}
+
+// A remembered state is never trusted for a denial: another process's
+// refund is seen.
+func TestDenialConfirmedByServer(t *testing.T) {
+	a, _, _ := newStore(t, dynamo.Config{})
+	b, _, _ := newStore(t, dynamo.Config{})
+	cfg := limiter.TokenBucketConfig{MaxAmount: 2, RefillTime: time.Hour}
+	ba, _ := limiter.NewTokenBucket(a, cfg)
+	bb, _ := limiter.NewTokenBucket(b, cfg)
+	key := limitertest.Key(t)
+	ctx := testCtx(t)
+	for range 2 {
+		if d, err := ba.Allow(ctx, key, base); err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	if d, _ := ba.Allow(ctx, key, base); d.Allowed {
+		t.Fatal("third take allowed")
+	}
+	if err := bb.Refund(ctx, key, base, 1); err != nil {
+		t.Fatal(err)
+	}
+	// a remembers an empty bucket; the server holds one token.
+	if d, err := ba.Allow(ctx, key, base); err != nil || !d.Allowed {
+		t.Fatalf("take after another process's refund: %+v, %v", d, err)
+	}
+	if d, _ := bb.Allow(ctx, key, base); d.Allowed {
+		t.Fatal("b took a token that a took")
+	}
+}
+
+// Windows under the same storm never admit more than the limit, and the
+// sliding log is exact.
+func TestWindowsAndLogUnderContention(t *testing.T) {
+	const workers, tries = 64, 50
+	s, r, _ := newStore(t, dynamo.Config{})
+	sw, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 100, Window: time.Minute, SubWindows: 10})
+	swi, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 100, Window: time.Minute, SubWindows: 10, Estimator: limiter.Interpolated})
+	fw, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 100, Window: time.Minute})
+	// A version-conditioned log admits one writer per round trip under
+	// contention, so its storm is sized like the conformance suite's.
+	sl, _ := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Limit: 20, Window: time.Minute})
+	for _, c := range []struct {
+		name         string
+		l            limiter.Limiter
+		limit, tries int64
+		exact        bool
+	}{
+		{"SlidingBounded", sw, 100, tries, false},
+		{"SlidingInterpolated", swi, 100, tries, false},
+		{"FixedWindow", fw, 100, tries, false},
+		{"SlidingLog", sl, 20, 10, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			key := limitertest.Key(t)
+			before := r.load()
+			n := storm(t, c.l, key, base.Add(30*time.Second), workers, int(c.tries))
+			per := float64(r.load()-before) / float64(workers*c.tries)
+			t.Logf("%d allowed under contention, %.3f requests per decision", n, per)
+			if n > c.limit || (c.exact && n != c.limit) {
+				t.Fatalf("%d allowed, want at most %d (exactly for the log)", n, c.limit)
+			}
+			n += storm(t, c.l, key, base.Add(30*time.Second), 1, int(c.limit)+20)
+			if n != c.limit {
+				t.Fatalf("%d allowed in all, want exactly %d", n, c.limit)
+			}
+		})
+	}
+}

@@ -1,0 +1,372 @@
+package dynamo
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+const windowKind = "window"
+
+// Sub-window counters are top-level Number attributes named by their index
+// modulo slotModulus, in five base64url characters (30 bits): names are
+// short (a full view of 61 counters stays well under 1 KB) and an index only
+// aliases an older one 2^30 sub-windows later (12 days at the smallest
+// sub-window of 1 ms), long after the old one has been removed.
+const (
+	slotBits    = 30
+	slotModulus = 1 << slotBits
+	slotChars   = 5
+	slotAlpha   = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+)
+
+const (
+	// knownOld is how many sub-windows just behind the view every Add
+	// removes by name (cur-span, cur-span-1, ...): enough for a key with
+	// traffic in most sub-windows.
+	knownOld = 2
+	// maxRemove bounds the names removed by one request.
+	maxRemove = 64
+	// cleanupStale is the number of stale counters in an item (left by gaps
+	// in traffic that knownOld does not cover) from which Add removes them
+	// at once with a second request instead of at this process's next Add.
+	cleanupStale = 8
+)
+
+// slotName is the attribute name of sub-window idx.
+func slotName(idx int64) string {
+	v := uint32(mod(idx, slotModulus))
+	var b [slotChars]byte
+	for i := slotChars - 1; i >= 0; i-- {
+		b[i] = slotAlpha[v&63]
+		v >>= 6
+	}
+	return string(b[:])
+}
+
+// parseSlot returns the slot number of a counter attribute name, or false
+// for other names.
+func parseSlot(name string) (int64, bool) {
+	if len(name) != slotChars {
+		return 0, false
+	}
+	var v int64
+	for i := 0; i < slotChars; i++ {
+		j := strings.IndexByte(slotAlpha, name[i])
+		if j < 0 {
+			return 0, false
+		}
+		v = v<<6 | int64(j)
+	}
+	return v, true
+}
+
+// windowState is what the store remembers of a window item: the names of
+// stale counters it saw, to remove at its next Add.
+type windowState struct {
+	stale []string
+}
+
+// position classifies slot relative to sub-window cur with a view of span:
+// 0 <= j < span for sub-window cur-j, -1 for a sub-window newer than cur
+// (counted in Counts.Later, never removed: a clock behind the others' never
+// frees what they counted), -2 for a stale one (older than the view). With
+// 30-bit slots, "newer" means by less than 2^29 sub-windows.
+func position(slot, cur int64, span int) int {
+	d := mod(mod(cur, slotModulus)-slot, slotModulus)
+	switch {
+	case d < int64(span):
+		return int(d)
+	case d >= slotModulus/2:
+		return -1
+	}
+	return -2
+}
+
+// Add implements [limiter.Counter]: one UpdateItem that adds n to the
+// counter of sub-window cur, removes counters that left the view, sets the
+// TTL and returns the whole item (ALL_NEW), from which the counts are read.
+// Sub-windows newer than cur by at most span count in Counts.Later. n == 0
+// is a consistent read.
+func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+	if span < 1 || span > limiter.MaxSpan || n < 0 {
+		return limiter.Counts{}, fmt.Errorf("dynamo: bad window add (span %d, n %d)", span, n)
+	}
+	pk := itemKey(k)
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	if n == 0 {
+		s.counter.reads.Add(1)
+		out, err := s.client.GetItem(ctx, &dynamodb.GetItemInput{
+			TableName: s.table, Key: keyAttr(pk), ConsistentRead: aws.Bool(true),
+		}, s.optFns...)
+		if err != nil {
+			return limiter.Counts{}, mapError("window read", err)
+		}
+		ic, err := decodeCounts(pk, out.Item, cur, span)
+		return ic.Counts, err
+	}
+
+	cname := slotName(cur)
+	names := map[string]string{"#c": cname, "#x": AttrTTL}
+	var remove []string
+	for i := int64(0); i < knownOld; i++ {
+		remove = append(remove, slotName(cur-int64(span)-i))
+	}
+	if v, ok := s.cache.get(pk); ok {
+		for _, name := range v.(windowState).stale {
+			if slot, ok := parseSlot(name); ok && position(slot, cur, span) == -2 && !contains(remove, name) && len(remove) < maxRemove {
+				remove = append(remove, name)
+			}
+		}
+	}
+	var expr strings.Builder
+	expr.WriteString("ADD #c :n SET #x = :x REMOVE ")
+	for i, name := range remove {
+		ph := "#r" + strconv.Itoa(i)
+		names[ph] = name
+		if i > 0 {
+			expr.WriteString(", ")
+		}
+		expr.WriteString(ph)
+	}
+	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                s.table,
+		Key:                      keyAttr(pk),
+		UpdateExpression:         aws.String(expr.String()),
+		ConditionExpression:      aws.String("attribute_not_exists(#c) OR attribute_type(#c, :N)"),
+		ExpressionAttributeNames: names,
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":n": numAttr(n), ":x": s.ttlValue(ttl), ":N": &types.AttributeValueMemberS{Value: "N"},
+		},
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}, s.optFns...)
+	if err != nil {
+		s.cache.remove(pk)
+		if old, lost := conditionFailed(err); lost {
+			// Only a counter of the wrong type fails the condition.
+			if _, err := decodeCounts(pk, old, cur, span); err != nil {
+				return limiter.Counts{}, err
+			}
+			return limiter.Counts{}, corrupt(windowKind, pk, cname, "not a Number")
+		}
+		return limiter.Counts{}, mapError("window add", err)
+	}
+	ic, err := decodeCounts(pk, out.Attributes, cur, span)
+	if err != nil {
+		s.cache.remove(pk)
+		return limiter.Counts{}, err
+	}
+	if ic.ahead >= int64(span) {
+		// Our clock is so far behind the newest writer's that our
+		// sub-window is out of its view: like the memory store, count the
+		// add in the oldest sub-window of that view, so it is never free.
+		if moved, ok := s.moveBack(ctx, pk, cur, cur+ic.ahead-int64(span)+1, span, n); ok {
+			ic = moved
+		}
+	}
+	switch {
+	case len(ic.stale) == 0:
+		s.cache.remove(pk)
+	case len(ic.stale) >= cleanupStale || ic.size > ItemBudget*3/4:
+		s.cleanup(ctx, pk, ic.stale)
+	default:
+		s.cache.put(pk, windowState{stale: ic.stale})
+	}
+	return ic.Counts, nil
+}
+
+// moveBack moves n from the counter of sub-window from to that of to, on
+// condition that from still holds n, and returns the item as seen from from.
+func (s *Store) moveBack(ctx context.Context, pk string, from, to int64, span int, n int64) (itemCounts, bool) {
+	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 s.table,
+		Key:                       keyAttr(pk),
+		UpdateExpression:          aws.String("ADD #a :m, #b :n"),
+		ConditionExpression:       aws.String("#a >= :n AND (attribute_not_exists(#b) OR attribute_type(#b, :N))"),
+		ExpressionAttributeNames:  map[string]string{"#a": slotName(from), "#b": slotName(to)},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":m": numAttr(-n), ":n": numAttr(n), ":N": &types.AttributeValueMemberS{Value: "N"}},
+		ReturnValues:              types.ReturnValueAllNew,
+	}, s.optFns...)
+	if err != nil {
+		return itemCounts{}, false
+	}
+	ic, err := decodeCounts(pk, out.Attributes, from, span)
+	return ic, err == nil
+}
+
+// cleanup removes stale counters from an item at once. It is best effort:
+// on failure the names are remembered for the next Add.
+func (s *Store) cleanup(ctx context.Context, pk string, stale []string) {
+	s.counter.cleanups.Add(1)
+	stale = stale[:min(len(stale), maxRemove)]
+	names := map[string]string{"#k": AttrPK}
+	var expr strings.Builder
+	expr.WriteString("REMOVE ")
+	for i, name := range stale {
+		ph := "#r" + strconv.Itoa(i)
+		names[ph] = name
+		if i > 0 {
+			expr.WriteString(", ")
+		}
+		expr.WriteString(ph)
+	}
+	_, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                s.table,
+		Key:                      keyAttr(pk),
+		UpdateExpression:         aws.String(expr.String()),
+		ConditionExpression:      aws.String("attribute_exists(#k)"),
+		ExpressionAttributeNames: names,
+	}, s.optFns...)
+	if _, lost := conditionFailed(err); err == nil || lost {
+		s.cache.remove(pk)
+		return
+	}
+	s.cache.put(pk, windowState{stale: stale})
+}
+
+// itemCounts is a window item as seen from one sub-window.
+type itemCounts struct {
+	limiter.Counts
+	// stale lists the counters older than the view.
+	stale []string
+	// ahead is how many sub-windows the newest non-zero counter is ahead
+	// of cur (0 when none is).
+	ahead int64
+	// size is the item's size as DynamoDB counts it (about).
+	size int
+}
+
+// decodeCounts reads the counters of item as seen from sub-window cur.
+func decodeCounts(pk string, item map[string]types.AttributeValue, cur int64, span int) (ic itemCounts, err error) {
+	for name, av := range item {
+		ic.size += len(name) + valueSize(av)
+		slot, ok := parseSlot(name)
+		if !ok {
+			continue
+		}
+		nv, ok := av.(*types.AttributeValueMemberN)
+		if !ok {
+			return ic, corrupt(windowKind, pk, name, "want a Number, got %s", typeName(av))
+		}
+		v, perr := strconv.ParseInt(nv.Value, 10, 64)
+		if perr != nil || v < 0 {
+			return ic, corrupt(windowKind, pk, name, "want a count, got %q", nv.Value)
+		}
+		switch j := position(slot, cur, span); j {
+		case -1:
+			if ic.Later += v; ic.Later < 0 { // overflow
+				ic.Later = 1<<63 - 1
+			}
+			if v > 0 {
+				ic.ahead = max(ic.ahead, slotModulus-mod(mod(cur, slotModulus)-slot, slotModulus))
+			}
+		case -2:
+			ic.stale = append(ic.stale, name)
+		default:
+			ic.C[j] += v
+		}
+	}
+	return ic, nil
+}
+
+// Sub implements [limiter.Counter]: one UpdateItem that subtracts n from
+// the counter of sub-window idx on condition that it holds at least n. When
+// it holds less, the counter is set to zero with a condition on the value
+// the failed write returned, so it never goes below zero.
+func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+	if n < 0 {
+		return fmt.Errorf("dynamo: bad window sub (n %d)", n)
+	}
+	if n == 0 {
+		return nil
+	}
+	pk := itemKey(k)
+	name := slotName(idx)
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	take, cond := n, "#c >= :n"
+	for conflicts := 0; ; {
+		_, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName:                           s.table,
+			Key:                                 keyAttr(pk),
+			UpdateExpression:                    aws.String("ADD #c :d"),
+			ConditionExpression:                 aws.String(cond),
+			ExpressionAttributeNames:            map[string]string{"#c": name},
+			ExpressionAttributeValues:           map[string]types.AttributeValue{":d": numAttr(-take), ":n": numAttr(take)},
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		}, s.optFns...)
+		if err == nil {
+			return nil
+		}
+		old, lost := conditionFailed(err)
+		if !lost {
+			return mapError("window sub", err)
+		}
+		av, ok := old[name]
+		if !ok {
+			return nil // nothing counted there (expired, or never written)
+		}
+		nv, ok := av.(*types.AttributeValueMemberN)
+		if !ok {
+			return corrupt(windowKind, pk, name, "want a Number, got %s", typeName(av))
+		}
+		v, perr := strconv.ParseInt(nv.Value, 10, 64)
+		if perr != nil || v < 0 {
+			return corrupt(windowKind, pk, name, "want a count, got %q", nv.Value)
+		}
+		if v == 0 {
+			return nil
+		}
+		// Take what is there, on condition that it is still there.
+		s.counter.conflicts.Add(1)
+		take, cond = min(n, v), "#c = :n"
+		if take == n {
+			cond = "#c >= :n"
+		}
+		conflicts++
+		if err := s.backoff(ctx, "window sub "+pk, conflicts); err != nil {
+			return err
+		}
+	}
+}
+
+// valueSize is the size DynamoDB counts for a value (roughly, for the
+// document types).
+func valueSize(av types.AttributeValue) int {
+	switch v := av.(type) {
+	case *types.AttributeValueMemberN:
+		return len(v.Value)/2 + 1
+	case *types.AttributeValueMemberS:
+		return len(v.Value)
+	case *types.AttributeValueMemberB:
+		return len(v.Value)
+	}
+	return 8
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func mod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
