@@ -238,7 +238,10 @@ type UtilizationShedderConfig struct {
 	// < 1. Zero means DefaultGoodMark and DefaultBadMark.
 	GoodMark, BadMark float64
 	// Wait is how long utilization must stay bad before shedding starts,
-	// from rest. Zero means DefaultShedWait; negative means no wait.
+	// from rest. It also caps the time one check may advance the
+	// controller (Stripe's clamp: a reading says little about a long gap
+	// before it), so it must be at least a second. Zero means
+	// DefaultShedWait.
 	Wait time.Duration
 	// Ramp is how long fully bad utilization takes to go from shedding
 	// nothing to shedding all non-critical traffic, and fully good
@@ -305,11 +308,8 @@ func NewUtilizationShedder(cfg UtilizationShedderConfig) (*UtilizationShedder, e
 	if cfg.BadMark == 0 {
 		cfg.BadMark = DefaultBadMark
 	}
-	switch {
-	case cfg.Wait == 0:
+	if cfg.Wait == 0 {
 		cfg.Wait = DefaultShedWait
-	case cfg.Wait < 0:
-		cfg.Wait = 0
 	}
 	if cfg.Ramp == 0 {
 		cfg.Ramp = DefaultShedRamp
@@ -322,6 +322,8 @@ func NewUtilizationShedder(cfg UtilizationShedderConfig) (*UtilizationShedder, e
 		return nil, configError(kind, cfg.Name, "utilization", "must not be nil")
 	case !(cfg.GoodMark > 0 && cfg.GoodMark <= cfg.BadMark && cfg.BadMark < 1):
 		return nil, configError(kind, cfg.Name, "marks", "want 0 < good mark <= bad mark < 1, got %v and %v", cfg.GoodMark, cfg.BadMark)
+	case cfg.Wait < time.Second:
+		return nil, configError(kind, cfg.Name, "wait", "must be at least 1s, got %v", cfg.Wait)
 	case cfg.Ramp < 0:
 		return nil, configError(kind, cfg.Name, "ramp", "must be positive, got %v", cfg.Ramp)
 	case cfg.RetryAfter < 0:
