@@ -107,7 +107,7 @@ func newCache(s awscdk.Stack, c *Config, net *network) *cache {
 // with "cfg" replaced by the node number 0001, 0002, ... The authorizer
 // hashes keys over the list itself, so it needs every node.
 func nodeAddresses(cluster awselasticache.CfnCacheCluster, n, port int) string {
-	parts := awscdk.Fn_Split(jsii.String(".cfg."), cluster.AttrConfigurationEndpointAddress(), jsii.Number(2))
+	parts := awscdk.Fn_Split(jsii.String(".cfg."), cluster.AttrConfigurationEndpointAddress(), nil)
 	addrs := make([]*string, n)
 	for i := range addrs {
 		addrs[i] = awscdk.Fn_Join(jsii.String(""), &[]*string{

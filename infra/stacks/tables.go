@@ -77,6 +77,7 @@ func newTables(s awscdk.Stack, c *Config, primary bool) *tables {
 			Billing:                          awsdynamodb.Billing_OnDemand(nil),
 			PointInTimeRecoverySpecification: pitr,
 			Replicas:                         &replicas,
+			MultiRegionConsistency:           awsdynamodb.MultiRegionConsistency_EVENTUAL,
 			RemovalPolicy:                    removal,
 		})
 		t.defined = append(t.defined, rules)

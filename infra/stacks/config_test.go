@@ -1,0 +1,189 @@
+package stacks
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// validConfig is a defaulted config that passes Validate; each case below
+// breaks one thing.
+func validConfig() *Config {
+	c := &Config{Regions: []string{"us-east-1", "eu-west-1"}}
+	c.ApplyDefaults()
+	return c
+}
+
+func TestShippedConfigIsValid(t *testing.T) {
+	c, err := LoadConfig("../sluice.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("sluice.json: %v", err)
+	}
+	if c.PrimaryRegion != "us-east-1" || len(c.Regions) != 3 || c.Consistency != ConsistencyDefault {
+		t.Errorf("sluice.json: primary %s regions %v consistency %s", c.PrimaryRegion, c.Regions, c.Consistency)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c := &Config{Regions: []string{"eu-west-1", "us-east-1"}}
+	c.ApplyDefaults()
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"account", c.Account, DummyAccount},
+		{"primary", c.PrimaryRegion, "eu-west-1"},
+		{"consistency", c.Consistency, ConsistencyDefault},
+		{"table", c.TableName, "sluice-state"},
+		{"rules table", c.RulesTableName(), "sluice-rules"},
+		{"memcached", c.Memcached.Mode, MemcachedServerless},
+		{"tls", *c.Memcached.TLS, true},
+		{"deadline", c.Authorizer.Deadline, "250ms"},
+		{"namespace", c.Authorizer.MetricsNamespace, "Sluice"},
+		{"http api", *c.API.HTTPAPI, true},
+		{"retain", *c.RetainTables, true},
+		{"stack", c.StackName("us-east-1"), "Sluice-us-east-1"},
+		{"replicas", strings.Join(c.ReplicaRegions(), ","), "us-east-1"},
+	}
+	for _, ck := range checks {
+		if ck.got != ck.want {
+			t.Errorf("%s = %v, want %v", ck.name, ck.got, ck.want)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+func TestValidateRejects(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*Config)
+		want   string // in the error
+	}{
+		{"no regions", func(c *Config) { c.Regions = nil }, "regions: at least one"},
+		{"bad region", func(c *Config) { c.Regions = append(c.Regions, "mars-1") }, `"mars-1" is not a region`},
+		{"duplicate region", func(c *Config) { c.Regions = append(c.Regions, "us-east-1") }, "listed twice"},
+		{"primary elsewhere", func(c *Config) { c.PrimaryRegion = "us-west-2" }, "primaryRegion"},
+		{"bad consistency", func(c *Config) { c.Consistency = "strong" }, `"strong" is neither`},
+		{"mrsc two regions", func(c *Config) { c.Consistency = ConsistencyMRSC }, "exactly three regions, got 2"},
+		{"mrsc across sets", func(c *Config) {
+			c.Consistency = ConsistencyMRSC
+			c.Regions = []string{"us-east-1", "us-east-2", "eu-west-1"}
+		}, "one region set"},
+		{"mrsc four regions", func(c *Config) {
+			c.Consistency = ConsistencyMRSC
+			c.Regions = []string{"eu-west-1", "eu-west-2", "eu-west-3", "eu-central-1"}
+		}, "exactly three regions, got 4"},
+		{"bad account", func(c *Config) { c.Account = "1234" }, "account"},
+		{"two rule sources", func(c *Config) { c.Rules.Inline = "rules: []"; c.Rules.Table = true }, "at most one"},
+		{"absolute bundle path", func(c *Config) { c.Rules.BundlePath = "/etc/rules.yaml" }, "rules.bundlePath"},
+		{"memcached mode", func(c *Config) { c.Memcached.Mode = "redis" }, "memcached.mode"},
+		{"too many nodes", func(c *Config) { c.Memcached.Mode = MemcachedNodes; c.Memcached.Nodes = 41 }, "memcached.nodes"},
+		{"deadline too long", func(c *Config) { c.Authorizer.Deadline = "3s" }, "shorter than the function timeout"},
+		{"deadline garbage", func(c *Config) { c.Authorizer.Deadline = "soon" }, "authorizer.deadline"},
+		{"AWS namespace", func(c *Config) { c.Authorizer.MetricsNamespace = "AWS/Lambda" }, "metricsNamespace"},
+		{"retention", func(c *Config) { c.Authorizer.LogRetentionDays = 10 }, "logRetentionDays"},
+		{"stage name", func(c *Config) { c.API.StageName = "v1/prod" }, "api.stageName"},
+		{"upstream", func(c *Config) { c.API.UpstreamURL = "ftp://x" }, "api.upstreamUrl"},
+		{"waf region", func(c *Config) { c.API.WebACLArns = map[string]string{"us-west-2": "arn"} }, "api.webAclArns"},
+		{"denied ratio", func(c *Config) { c.Alarms.DeniedRatio = 1.5 }, "alarms.deniedRatio"},
+		{"topic region", func(c *Config) { c.Alarms.TopicArns = map[string]string{"sa-east-1": "arn"} }, "alarms.topicArns"},
+		{"one zone", func(c *Config) { c.VPC.AvailabilityZones = map[string][]string{"us-east-1": {"us-east-1a"}} }, "at least 2 zones"},
+		{"foreign zone", func(c *Config) {
+			c.VPC.AvailabilityZones = map[string][]string{"us-east-1": {"us-east-1a", "us-east-2b"}}
+		}, `"us-east-2b" is not a zone of us-east-1`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validConfig()
+			tt.modify(c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatalf("Validate() = nil, want an error containing %q", tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidateAcceptsMRSCRegionSets(t *testing.T) {
+	for _, set := range mrscRegionSets {
+		for _, regions := range [][]string{set[:3], {set[2], set[0], set[1]}} {
+			c := validConfig()
+			c.Regions, c.PrimaryRegion, c.Consistency = regions, regions[1], ConsistencyMRSC
+			if err := c.Validate(); err != nil {
+				t.Errorf("%v: %v", regions, err)
+			}
+		}
+	}
+}
+
+func TestLoadConfigRejectsUnknownFields(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.json")
+	if err := os.WriteFile(path, []byte(`{"regions": ["us-east-1"], "consistancy": "mrsc"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "consistancy") {
+		t.Errorf("LoadConfig = %v, want an unknown-field error naming consistancy", err)
+	}
+}
+
+func TestRulesYAML(t *testing.T) {
+	dir := t.TempDir()
+	rules := "rules:\n  - name: per-ip\n"
+	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "sluice.json")
+	if err := os.WriteFile(cfgPath, []byte(`{"regions": ["us-east-1"], "rules": {"file": "rules.yaml"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConfig(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A relative rules.file is relative to the config file, not the cwd.
+	if got, err := c.RulesYAML(); err != nil || got != rules {
+		t.Errorf("RulesYAML() = %q, %v; want %q", got, err, rules)
+	}
+
+	c.Rules = RulesConfig{Inline: strings.Repeat("#", maxInlineRulesBytes+1)}
+	if _, err := c.RulesYAML(); err == nil || !strings.Contains(err.Error(), "4 KB") {
+		t.Errorf("oversized inline rules: err = %v, want the 4 KB limit", err)
+	}
+	c.Rules = RulesConfig{BundlePath: "rules.yaml"}
+	if got, err := c.RulesYAML(); err != nil || got != "" {
+		t.Errorf("bundle rules: RulesYAML() = %q, %v; want none inline", got, err)
+	}
+}
+
+func TestZones(t *testing.T) {
+	tests := []struct {
+		region string
+		maxAZs int
+		set    map[string][]string
+		want   []string
+	}{
+		{"us-east-1", 2, nil, []string{"us-east-1a", "us-east-1b"}},
+		{"eu-west-1", 3, nil, []string{"eu-west-1a", "eu-west-1b", "eu-west-1c"}},
+		{"ap-northeast-1", 2, nil, []string{"ap-northeast-1a", "ap-northeast-1c"}},
+		{"us-west-1", 3, nil, []string{"us-west-1b", "us-west-1c"}},
+		{"us-west-2", 2, map[string][]string{"us-west-2": {"us-west-2c", "us-west-2d"}}, []string{"us-west-2c", "us-west-2d"}},
+	}
+	for _, tt := range tests {
+		v := VPCConfig{MaxAZs: tt.maxAZs, AvailabilityZones: tt.set}
+		if got := v.Zones(tt.region); !slices.Equal(got, tt.want) {
+			t.Errorf("Zones(%s, max %d) = %v, want %v", tt.region, tt.maxAZs, got, tt.want)
+		}
+	}
+}
