@@ -1,0 +1,30 @@
+// Package policy holds Sluice's rules: the rule model, parsing and validation
+// of rules documents (YAML or JSON), matching requests to rules, rendering
+// rate-limit keys from request attributes, and evaluating every matching
+// rule's stacked limits into one decision.
+//
+// A rules document is parsed by [Parse] into [Rule] values; invalid rules
+// fail with an error naming the rule and the field. [New] compiles rules into
+// a [Policy] against injected stores (a map from backend name to a value
+// implementing [limiter.Counter], [limiter.BucketStore] and/or
+// [limiter.LogStore]), so this package never imports a backend, the AWS SDK
+// or aws-lambda-go. A [Request] is a plain struct of attributes (source IP,
+// method, path, route key, stage, headers, query, API key, token) that the
+// caller fills from its event.
+//
+// [Policy.Evaluate] picks the matching rules, renders each rule's key, and
+// checks each rule's limits as a [limiter.Stack]; the rules are checked in
+// order and a request passes only if all pass. When a rule denies, what the
+// earlier rules took is refunded. When a backend errs (or the deadline in
+// ctx expires) the rule's fail mode decides: open allows, closed denies.
+//
+// Keys are hostile-input safe: every attribute value is bounded and
+// percent-escaped, values longer than [MaxValueLen] are replaced by a hash,
+// tokens and API keys are always hashed, and the whole key is bounded by
+// [MaxKeyLen].
+//
+// [Cache] keeps a Policy loaded from a slow source (a DynamoDB table) and
+// reloads it in the background when its TTL has passed.
+//
+// The rule format is documented with examples in docs/rules.md.
+package policy

@@ -1,0 +1,517 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// MaxDocumentSize is the largest rules document Parse reads.
+const MaxDocumentSize = 1 << 20
+
+// Parse parses a rules document: YAML (or JSON, which YAML reads too) with a
+// top-level "rules" list, and validates every rule. Errors wrap
+// [ErrInvalidRule] and name the rule and the field, e.g.
+//
+//	policy: invalid rules: rule "per-ip" (rules[0]): limits[1].window: "1x" is not a duration (line 12)
+//
+// Anchors and aliases are refused, unknown fields are errors, and a field
+// of another algorithm than the limit's is an error.
+func Parse(data []byte) ([]Rule, error) {
+	root, err := parseYAML(data)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := asMapping(root, "document", -1, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := doc.only("version", "rules"); err != nil {
+		return nil, err
+	}
+	if v, ok, err := doc.integer("version"); err != nil {
+		return nil, err
+	} else if ok && v != 1 {
+		return nil, fmt.Errorf("%w: version: %d is not a supported version (1)", ErrInvalidRule, v)
+	}
+	list, ok := doc.fields["rules"]
+	if !ok {
+		return nil, fmt.Errorf("%w: document: a top-level \"rules\" list is required", ErrInvalidRule)
+	}
+	if list.Kind != yaml.SequenceNode {
+		if list.Tag == "!!null" {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("%w: rules: want a list of rules, got %s (line %d)", ErrInvalidRule, kindName(list), list.Line)
+	}
+	if len(list.Content) > MaxRules {
+		return nil, fmt.Errorf("%w: rules: %d rules; at most %d", ErrInvalidRule, len(list.Content), MaxRules)
+	}
+	rules := make([]Rule, 0, len(list.Content))
+	seen := make(map[string]int, len(list.Content))
+	for i, n := range list.Content {
+		r, err := decodeRule(n, i)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := compile(r, i); err != nil {
+			return nil, err
+		}
+		if j, dup := seen[r.Name]; dup {
+			return nil, ruleError(r.Name, i, "name", "already used by rules[%d]", j)
+		}
+		seen[r.Name] = i
+		rules = append(rules, r)
+	}
+	return rules, nil
+}
+
+// ParseRule parses and validates one rule (a YAML or JSON mapping with the
+// fields of a rules-list item), as stored in one item of a rules table.
+// name, when not empty, is the rule's name if the document has none, and
+// must equal it otherwise.
+func ParseRule(data []byte, name string) (Rule, error) {
+	root, err := parseYAML(data)
+	if err != nil {
+		return Rule{}, err
+	}
+	if name != "" && root.Kind == yaml.MappingNode {
+		if _, ok := mappingValue(root, "name"); !ok {
+			root.Content = append(root.Content,
+				&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: "name"},
+				&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: name})
+		}
+	}
+	r, err := decodeRule(root, 0)
+	if err != nil {
+		return Rule{}, err
+	}
+	if name != "" && r.Name != name {
+		return Rule{}, ruleError(r.Name, 0, "name", "does not match the item's name %q", name)
+	}
+	if _, err := compile(r, 0); err != nil {
+		return Rule{}, err
+	}
+	return r, nil
+}
+
+func parseYAML(data []byte) (*yaml.Node, error) {
+	if len(data) > MaxDocumentSize {
+		return nil, fmt.Errorf("%w: document of %d bytes; at most %d", ErrInvalidRule, len(data), MaxDocumentSize)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: empty document (want a mapping with a \"rules\" list)", ErrInvalidRule)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: more than one YAML document", ErrInvalidRule)
+	}
+	if len(doc.Content) != 1 {
+		return nil, fmt.Errorf("%w: empty document", ErrInvalidRule)
+	}
+	if err := noAliases(doc.Content[0], 0); err != nil {
+		return nil, err
+	}
+	return doc.Content[0], nil
+}
+
+// noAliases refuses anchors, aliases and merge keys, and deep nesting.
+func noAliases(n *yaml.Node, depth int) error {
+	if depth > 16 {
+		return fmt.Errorf("%w: nested too deeply (line %d)", ErrInvalidRule, n.Line)
+	}
+	if n.Kind == yaml.AliasNode || n.Anchor != "" || n.Tag == "!!merge" {
+		return fmt.Errorf("%w: YAML anchors, aliases and merge keys are not supported (line %d)", ErrInvalidRule, n.Line)
+	}
+	for _, c := range n.Content {
+		if err := noAliases(c, depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func decodeRule(n *yaml.Node, index int) (Rule, error) {
+	var r Rule
+	if n.Kind == yaml.MappingNode {
+		if v, ok := mappingValue(n, "name"); ok && v.Kind == yaml.ScalarNode && len(v.Value) <= 64 {
+			r.Name = v.Value
+		}
+	}
+	m, err := asMapping(n, "", index, r.Name)
+	if err != nil {
+		return r, err
+	}
+	if err := m.only("name", "description", "match", "key", "client_ip", "limits", "cost", "priority", "fail", "require"); err != nil {
+		return r, err
+	}
+	if r.Name, _, err = m.str("name"); err != nil {
+		return r, err
+	}
+	if r.Description, _, err = m.str("description"); err != nil {
+		return r, err
+	}
+	if r.Key, _, err = m.str("key"); err != nil {
+		return r, err
+	}
+	if r.Cost, _, err = m.integer("cost"); err != nil {
+		return r, err
+	}
+	if r.Require, _, err = m.strs("require"); err != nil {
+		return r, err
+	}
+	if s, ok, err := m.str("priority"); err != nil {
+		return r, err
+	} else if ok {
+		if r.Priority, err = ParsePriority(s); err != nil {
+			return r, m.errorf("priority", "%v", err)
+		}
+	}
+	if s, ok, err := m.str("fail"); err != nil {
+		return r, err
+	} else if ok {
+		switch s {
+		case "open":
+			r.Fail = FailOpen
+		case "closed":
+			r.Fail = FailClosed
+		default:
+			return r, m.errorf("fail", "%q is not open or closed", s)
+		}
+	}
+	if mm, ok, err := m.mapping("match"); err != nil {
+		return r, err
+	} else if ok {
+		if err := mm.only("methods", "paths", "stages", "routes"); err != nil {
+			return r, err
+		}
+		if r.Match.Methods, _, err = mm.strs("methods"); err != nil {
+			return r, err
+		}
+		if r.Match.Paths, _, err = mm.strs("paths"); err != nil {
+			return r, err
+		}
+		if r.Match.Stages, _, err = mm.strs("stages"); err != nil {
+			return r, err
+		}
+		if r.Match.Routes, _, err = mm.strs("routes"); err != nil {
+			return r, err
+		}
+	}
+	if cm, ok, err := m.mapping("client_ip"); err != nil {
+		return r, err
+	} else if ok {
+		if err := cm.only("from", "hops", "ipv6_prefix"); err != nil {
+			return r, err
+		}
+		if r.ClientIP.From, _, err = cm.str("from"); err != nil {
+			return r, err
+		}
+		var n int64
+		if n, _, err = cm.integer("hops"); err != nil {
+			return r, err
+		}
+		r.ClientIP.Hops = int(min(max(n, -1), 1<<20))
+		if n, _, err = cm.integer("ipv6_prefix"); err != nil {
+			return r, err
+		}
+		r.ClientIP.IPv6Prefix = int(min(max(n, -1), 1<<20))
+	}
+	limits, ok := m.fields["limits"]
+	if !ok {
+		return r, m.errorf("limits", "required: a list of limits")
+	}
+	if limits.Kind != yaml.SequenceNode {
+		return r, m.errorf("limits", "want a list of limits, got %s (line %d)", kindName(limits), limits.Line)
+	}
+	if len(limits.Content) > MaxLimitsPerRule {
+		return r, m.errorf("limits", "%d limits; at most %d per rule", len(limits.Content), MaxLimitsPerRule)
+	}
+	for i, ln := range limits.Content {
+		l, err := decodeLimit(ln, fmt.Sprintf("limits[%d]", i), index, r.Name)
+		if err != nil {
+			return r, err
+		}
+		r.Limits = append(r.Limits, l)
+	}
+	return r, nil
+}
+
+func decodeLimit(n *yaml.Node, path string, index int, rule string) (Limit, error) {
+	var l Limit
+	m, err := asMapping(n, path, index, rule)
+	if err != nil {
+		return l, err
+	}
+	alg, ok, err := m.str("algorithm")
+	if err != nil {
+		return l, err
+	}
+	if !ok {
+		return l, m.errorf("algorithm", "required (token_bucket, sliding_window, fixed_window or sliding_log)")
+	}
+	if l.Algorithm, ok = algorithmNames[alg]; !ok {
+		return l, m.errorf("algorithm", "%q is not token_bucket, sliding_window, fixed_window or sliding_log", alg)
+	}
+	common := []string{"name", "algorithm", "backend"}
+	var own []string
+	switch l.Algorithm {
+	case TokenBucket:
+		own = []string{"max_amount", "refill_time", "refill_amount", "strict"}
+	case SlidingWindow:
+		own = []string{"limit", "window", "sub_windows", "estimator", "count_denied"}
+	case FixedWindow:
+		own = []string{"limit", "window", "count_denied"}
+	case SlidingLog:
+		own = []string{"limit", "window"}
+	}
+	for k, v := range m.fields {
+		if !slices.Contains(common, k) && !slices.Contains(own, k) {
+			return l, m.errorf(k, "not a field of %s (it takes %s) (line %d)", alg, strings.Join(own, ", "), v.Line)
+		}
+	}
+	if l.Name, _, err = m.str("name"); err != nil {
+		return l, err
+	}
+	if l.Backend, _, err = m.str("backend"); err != nil {
+		return l, err
+	}
+	if l.Limit, _, err = m.integer("limit"); err != nil {
+		return l, err
+	}
+	if l.Window, _, err = m.duration("window"); err != nil {
+		return l, err
+	}
+	var sub int64
+	if sub, _, err = m.integer("sub_windows"); err != nil {
+		return l, err
+	}
+	l.SubWindows = int(min(max(sub, -1), 1<<20))
+	if s, ok, err := m.str("estimator"); err != nil {
+		return l, err
+	} else if ok {
+		if l.Estimator, err = limiter.ParseEstimator(s); err != nil {
+			return l, m.errorf("estimator", "%q is not bounded or interpolated", s)
+		}
+	}
+	if l.CountDenied, _, err = m.boolean("count_denied"); err != nil {
+		return l, err
+	}
+	if l.MaxAmount, _, err = m.integer("max_amount"); err != nil {
+		return l, err
+	}
+	if l.RefillTime, _, err = m.duration("refill_time"); err != nil {
+		return l, err
+	}
+	if l.RefillAmount, _, err = m.integer("refill_amount"); err != nil {
+		return l, err
+	}
+	if l.Strict, _, err = m.boolean("strict"); err != nil {
+		return l, err
+	}
+	return l, nil
+}
+
+// mapping is a YAML mapping being decoded, with where it is for messages.
+type mapping struct {
+	path   string // field path within the rule, e.g. "limits[1]"; "" for the rule
+	index  int    // the rule's index, -1 outside rules
+	rule   string // the rule's name if known
+	fields map[string]*yaml.Node
+}
+
+func asMapping(n *yaml.Node, path string, index int, rule string) (*mapping, error) {
+	m := &mapping{path: path, index: index, rule: rule}
+	if n.Kind != yaml.MappingNode {
+		what := path
+		if what == "" {
+			what = "rule"
+		}
+		return nil, m.errorf("", "want a mapping for %s, got %s (line %d)", what, kindName(n), n.Line)
+	}
+	m.fields = make(map[string]*yaml.Node, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if k.Kind != yaml.ScalarNode {
+			return nil, m.errorf("", "a field name must be a string (line %d)", k.Line)
+		}
+		if _, dup := m.fields[k.Value]; dup {
+			return nil, m.errorf(k.Value, "given twice (line %d)", k.Line)
+		}
+		m.fields[k.Value] = n.Content[i+1]
+	}
+	return m, nil
+}
+
+func mappingValue(n *yaml.Node, key string) (*yaml.Node, bool) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Kind == yaml.ScalarNode && n.Content[i].Value == key {
+			return n.Content[i+1], true
+		}
+	}
+	return nil, false
+}
+
+// errorf is an error about field (relative to the mapping).
+func (m *mapping) errorf(field, format string, args ...any) error {
+	f := field
+	if m.path != "" {
+		f = m.path
+		if field != "" {
+			f += "." + field
+		}
+	}
+	if m.index < 0 {
+		if f == "" {
+			return fmt.Errorf("%w: %s", ErrInvalidRule, fmt.Sprintf(format, args...))
+		}
+		return fmt.Errorf("%w: %s: %s", ErrInvalidRule, f, fmt.Sprintf(format, args...))
+	}
+	return ruleError(m.rule, m.index, f, format, args...)
+}
+
+// only refuses fields not in allowed.
+func (m *mapping) only(allowed ...string) error {
+	var unknown []string
+	for k := range m.fields {
+		if !slices.Contains(allowed, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	return m.errorf(unknown[0], "unknown field (line %d); known fields: %s", m.fields[unknown[0]].Line, strings.Join(allowed, ", "))
+}
+
+func (m *mapping) scalar(name string) (*yaml.Node, bool, error) {
+	n, ok := m.fields[name]
+	if !ok || n.Tag == "!!null" {
+		return nil, false, nil
+	}
+	if n.Kind != yaml.ScalarNode {
+		hint := ""
+		if name == "key" && n.Kind == yaml.MappingNode {
+			hint = `; quote the template, e.g. key: "{ip}"`
+		}
+		return nil, false, m.errorf(name, "want a single value, got %s (line %d)%s", kindName(n), n.Line, hint)
+	}
+	return n, true, nil
+}
+
+func (m *mapping) str(name string) (string, bool, error) {
+	n, ok, err := m.scalar(name)
+	if !ok || err != nil {
+		return "", ok, err
+	}
+	return n.Value, true, nil
+}
+
+func (m *mapping) integer(name string) (int64, bool, error) {
+	n, ok, err := m.scalar(name)
+	if !ok || err != nil {
+		return 0, ok, err
+	}
+	var v int64
+	if n.Tag != "!!int" || n.Decode(&v) != nil {
+		return 0, false, m.errorf(name, "want a whole number, got %q (line %d)", clip(n.Value), n.Line)
+	}
+	return v, true, nil
+}
+
+func (m *mapping) boolean(name string) (bool, bool, error) {
+	n, ok, err := m.scalar(name)
+	if !ok || err != nil {
+		return false, ok, err
+	}
+	var v bool
+	if n.Tag != "!!bool" || n.Decode(&v) != nil {
+		return false, false, m.errorf(name, "want true or false, got %q (line %d)", clip(n.Value), n.Line)
+	}
+	return v, true, nil
+}
+
+func (m *mapping) duration(name string) (time.Duration, bool, error) {
+	n, ok, err := m.scalar(name)
+	if !ok || err != nil {
+		return 0, ok, err
+	}
+	d, perr := time.ParseDuration(n.Value)
+	if perr != nil {
+		return 0, false, m.errorf(name, "%q is not a duration such as 500ms, 1s, 1m or 1h (line %d)", clip(n.Value), n.Line)
+	}
+	return d, true, nil
+}
+
+// strs reads a list of strings; a single value is a list of one.
+func (m *mapping) strs(name string) ([]string, bool, error) {
+	n, ok := m.fields[name]
+	if !ok || n.Tag == "!!null" {
+		return nil, false, nil
+	}
+	if n.Kind == yaml.ScalarNode {
+		return []string{n.Value}, true, nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		return nil, false, m.errorf(name, "want a list, got %s (line %d)", kindName(n), n.Line)
+	}
+	if len(n.Content) > 256 {
+		return nil, false, m.errorf(name, "more than 256 entries")
+	}
+	out := make([]string, 0, len(n.Content))
+	for i, c := range n.Content {
+		if c.Kind != yaml.ScalarNode {
+			return nil, false, m.errorf(name+"["+strconv.Itoa(i)+"]", "want a single value, got %s (line %d)", kindName(c), c.Line)
+		}
+		out = append(out, c.Value)
+	}
+	return out, true, nil
+}
+
+func (m *mapping) mapping(name string) (*mapping, bool, error) {
+	n, ok := m.fields[name]
+	if !ok || n.Tag == "!!null" {
+		return nil, false, nil
+	}
+	path := name
+	if m.path != "" {
+		path = m.path + "." + name
+	}
+	mm, err := asMapping(n, path, m.index, m.rule)
+	return mm, err == nil, err
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", clip(n.Value))
+	}
+	return "something else"
+}
+
+// clip bounds a value quoted in an error message.
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}

@@ -1,0 +1,459 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Bounds on rules, so that a rules file cannot make the authorizer allocate
+// or store without limit.
+const (
+	// MaxRules is the largest number of rules in a document.
+	MaxRules = 1000
+	// MaxLimitsPerRule is the largest number of stacked limits in a rule.
+	MaxLimitsPerRule = 8
+	// MaxCount is the largest limit, max_amount or cost.
+	MaxCount = 1 << 40
+	// MaxWindow is the longest window or refill time (memcached reads an
+	// expiry beyond 30 days as a date).
+	MaxWindow = 30 * 24 * time.Hour
+	// MaxXFFHops is the largest client_ip.hops.
+	MaxXFFHops = 16
+)
+
+// ErrInvalidRule is wrapped by every error about a rule or a rules document.
+var ErrInvalidRule = errors.New("policy: invalid rules")
+
+// Rule is one rate-limiting rule. Rules are usually parsed from a rules
+// document with [Parse]; a Rule built in Go is validated by [New] with the
+// same messages.
+type Rule struct {
+	// Name identifies the rule in decisions, metrics and keys: 1 to 64
+	// bytes of letters, digits, '.', '_' and '-', starting with a letter
+	// or digit. Unique within a document.
+	Name string
+	// Description is free text for people.
+	Description string
+	// Match selects the requests the rule applies to; the zero Match
+	// selects every request.
+	Match Match
+	// Key is the key template, e.g. "{ip}" or "tenant:{header:X-Tenant}"
+	// (see docs/rules.md). Requests with the same rendered key share the
+	// rule's limits.
+	Key string
+	// ClientIP says where {ip} comes from.
+	ClientIP ClientIP
+	// Limits are checked together on the key (all must pass).
+	Limits []Limit
+	// Cost is the units one request takes from each limit. Zero means 1.
+	Cost int64
+	// Priority ranks the requests the rule matches, for the load shedders.
+	// Zero means PriorityNormal; use PriorityNormal-style constants or
+	// ParsePriority.
+	Priority Priority
+	// Fail says what happens when a backend errs or times out.
+	Fail FailMode
+	// Require lists attributes (as in key templates, without braces:
+	// "token", "api_key", "header:X-Api-Key") that a matching request must
+	// carry; a request without one gets an authentication failure rather
+	// than a rate-limit decision.
+	Require []string
+}
+
+// Match selects requests. Each non-empty list must contain the request's
+// value; empty lists match everything.
+type Match struct {
+	// Methods are HTTP methods (case-insensitive); "ANY" or "*" matches
+	// every method.
+	Methods []string
+	// Paths are globs over the request path: '*' and '?' match within one
+	// segment, a "**" segment matches any number of segments.
+	Paths []string
+	// Stages are API stage names.
+	Stages []string
+	// Routes are route keys ("GET /pets/{id}", "$default"); REST APIs
+	// give "METHOD resource".
+	Routes []string
+}
+
+// ClientIP configures the {ip} attribute.
+type ClientIP struct {
+	// From is "source_ip" (the default: the request context's source
+	// address, which the client cannot forge) or "x-forwarded-for" (only
+	// behind proxies you trust, which append the client's address).
+	From string
+	// Hops picks the Hops-th address from the right of X-Forwarded-For:
+	// 1 (the default) is the address the last proxy appended. Addresses
+	// further left are client-controlled. When the header is missing or
+	// too short, {ip} falls back to the source IP.
+	Hops int
+	// IPv6Prefix groups IPv6 clients by network prefix length, since one
+	// subscriber usually holds a whole /64. Zero means 64; 128 keys every
+	// address apart.
+	IPv6Prefix int
+}
+
+// The values of ClientIP.From.
+const (
+	FromSourceIP      = "source_ip"
+	FromXForwardedFor = "x-forwarded-for"
+)
+
+// Limit is one limit of a rule. Which numeric fields apply depends on the
+// algorithm; setting another algorithm's field is an error.
+type Limit struct {
+	// Name identifies the limit in decisions; default "<rule>/<index>".
+	Name string
+	// Algorithm is required.
+	Algorithm Algorithm
+	// Backend names the store ("memory", "memcached", "dynamo"); empty
+	// means the policy's default backend.
+	Backend string
+
+	// Limit and Window: sliding_window, fixed_window, sliding_log.
+	Limit  int64
+	Window time.Duration
+	// SubWindows and Estimator: sliding_window (zero SubWindows means
+	// limiter.DefaultSubWindows).
+	SubWindows int
+	Estimator  limiter.Estimator
+	// CountDenied keeps denied requests in a window's count (ClassDojo).
+	CountDenied bool
+
+	// MaxAmount, RefillTime, RefillAmount (zero means 1) and Strict:
+	// token_bucket (Smyte's parameters).
+	MaxAmount    int64
+	RefillTime   time.Duration
+	RefillAmount int64
+	Strict       bool
+}
+
+// Capacity is the largest cost the limit could ever allow.
+func (l *Limit) Capacity() int64 {
+	if l.Algorithm == TokenBucket {
+		return l.MaxAmount
+	}
+	return l.Limit
+}
+
+var (
+	nameRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	backendRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
+	methodRE  = regexp.MustCompile(`^[A-Z]{1,16}$`)
+)
+
+// ruleError is an error about a field of a rule.
+func ruleError(rule string, index int, field, format string, args ...any) error {
+	who := fmt.Sprintf("rules[%d]", index)
+	if rule != "" {
+		who = fmt.Sprintf("rule %q (rules[%d])", rule, index)
+	}
+	if field == "" {
+		return fmt.Errorf("%w: %s: %s", ErrInvalidRule, who, fmt.Sprintf(format, args...))
+	}
+	return fmt.Errorf("%w: %s: %s: %s", ErrInvalidRule, who, field, fmt.Sprintf(format, args...))
+}
+
+// compiledRule is a validated rule with its templates and globs compiled.
+type compiledRule struct {
+	Rule
+	key     keyTemplate
+	globs   []glob
+	methods []string // upper case; nil matches any
+	require []keyPart
+	cost    int64
+}
+
+// compile validates r (rules[index]) and returns it compiled, with defaults
+// applied. Error messages use the rules-file names of the fields.
+func compile(r Rule, index int) (*compiledRule, error) {
+	bad := func(field, format string, args ...any) error {
+		return ruleError(r.Name, index, field, format, args...)
+	}
+	if r.Name == "" {
+		return nil, bad("name", "required")
+	}
+	if !nameRE.MatchString(r.Name) {
+		return nil, bad("name", "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", r.Name)
+	}
+	c := &compiledRule{Rule: r}
+
+	for i, m := range r.Match.Methods {
+		u := strings.ToUpper(m)
+		if u == "ANY" || u == "*" {
+			c.methods = nil
+			break
+		}
+		if !methodRE.MatchString(u) {
+			return nil, bad(fmt.Sprintf("match.methods[%d]", i), "%q is not an HTTP method", m)
+		}
+		c.methods = append(c.methods, u)
+	}
+	for i, p := range r.Match.Paths {
+		g, err := compileGlob(p)
+		if err != nil {
+			return nil, bad(fmt.Sprintf("match.paths[%d]", i), "%v", err)
+		}
+		c.globs = append(c.globs, g)
+	}
+	for i, s := range r.Match.Stages {
+		if err := checkText(s, 128); err != nil {
+			return nil, bad(fmt.Sprintf("match.stages[%d]", i), "%v", err)
+		}
+	}
+	for i, s := range r.Match.Routes {
+		if err := checkText(s, 512); err != nil {
+			return nil, bad(fmt.Sprintf("match.routes[%d]", i), "%v", err)
+		}
+	}
+
+	if r.Key == "" {
+		return nil, bad("key", `required (for example "{ip}", or a constant such as "all" for one limit shared by every request)`)
+	}
+	k, err := compileKey(r.Key)
+	if err != nil {
+		return nil, bad("key", "%v", err)
+	}
+	c.key = k
+
+	ip := &c.ClientIP
+	switch ip.From {
+	case "", FromSourceIP:
+		ip.From = FromSourceIP
+		if ip.Hops != 0 {
+			return nil, bad("client_ip.hops", "only applies with from: %s", FromXForwardedFor)
+		}
+	case FromXForwardedFor:
+		if ip.Hops == 0 {
+			ip.Hops = 1
+		}
+		if ip.Hops < 1 || ip.Hops > MaxXFFHops {
+			return nil, bad("client_ip.hops", "%d is outside 1..%d", ip.Hops, MaxXFFHops)
+		}
+	default:
+		return nil, bad("client_ip.from", "%q is not %s or %s", ip.From, FromSourceIP, FromXForwardedFor)
+	}
+	if ip.IPv6Prefix == 0 {
+		ip.IPv6Prefix = 64
+	}
+	if ip.IPv6Prefix < 1 || ip.IPv6Prefix > 128 {
+		return nil, bad("client_ip.ipv6_prefix", "%d is outside 1..128", ip.IPv6Prefix)
+	}
+
+	if len(r.Limits) == 0 {
+		return nil, bad("limits", "at least one limit is required")
+	}
+	if len(r.Limits) > MaxLimitsPerRule {
+		return nil, bad("limits", "%d limits; at most %d per rule", len(r.Limits), MaxLimitsPerRule)
+	}
+	c.Limits = make([]Limit, len(r.Limits))
+	names := make(map[string]bool, len(r.Limits))
+	minCap := int64(MaxCount)
+	for i, l := range r.Limits {
+		field := fmt.Sprintf("limits[%d]", i)
+		if err := checkLimit(&l, r.Name, i); err != nil {
+			return nil, bad(field, "%v", err)
+		}
+		if names[l.Name] {
+			return nil, bad(field+".name", "%q is used twice in this rule", l.Name)
+		}
+		names[l.Name] = true
+		minCap = min(minCap, l.Capacity())
+		c.Limits[i] = l
+	}
+
+	c.cost = r.Cost
+	if c.cost == 0 {
+		c.cost = 1
+	}
+	if c.cost < 1 || c.cost > minCap {
+		return nil, bad("cost", "%d is outside 1..%d (a request costing more than a limit's capacity could never pass)", r.Cost, minCap)
+	}
+	if r.Priority == 0 {
+		c.Priority = PriorityNormal
+	}
+	if c.Priority < 0 || c.Priority > MaxPriority {
+		return nil, bad("priority", "%d is outside 0..%d", r.Priority, MaxPriority)
+	}
+	if r.Fail != FailOpen && r.Fail != FailClosed {
+		return nil, bad("fail", "unknown fail mode %d", r.Fail)
+	}
+	for i, a := range r.Require {
+		p, err := parsePlaceholder(a)
+		if err != nil {
+			return nil, bad(fmt.Sprintf("require[%d]", i), "%v", err)
+		}
+		c.require = append(c.require, p)
+	}
+	return c, nil
+}
+
+// checkLimit validates l and fills in its defaults (Name, SubWindows,
+// RefillAmount).
+func checkLimit(l *Limit, rule string, index int) error {
+	if l.Name == "" {
+		l.Name = fmt.Sprintf("%s/%d", rule, index)
+	} else if !nameRE.MatchString(l.Name) {
+		return fmt.Errorf("name: %q must be 1 to 64 letters, digits, '.', '_' or '-'", l.Name)
+	}
+	if l.Backend != "" && !backendRE.MatchString(l.Backend) {
+		return fmt.Errorf("backend: %q is not a backend name (memory, memcached, dynamo)", l.Backend)
+	}
+	window := func(d time.Duration, field string) error {
+		if d < time.Millisecond || d > MaxWindow {
+			return fmt.Errorf("%s: %v is outside 1ms..%v", field, d, MaxWindow)
+		}
+		return nil
+	}
+	count := func(n int64, field string, hi int64) error {
+		if n < 1 || n > hi {
+			return fmt.Errorf("%s: %d is outside 1..%d", field, n, hi)
+		}
+		return nil
+	}
+	// Fields that do not belong to the algorithm.
+	var stray []string
+	isBucket := l.Algorithm == TokenBucket
+	if isBucket {
+		if l.Limit != 0 {
+			stray = append(stray, "limit")
+		}
+		if l.Window != 0 {
+			stray = append(stray, "window")
+		}
+		if l.CountDenied {
+			stray = append(stray, "count_denied")
+		}
+	} else {
+		if l.MaxAmount != 0 {
+			stray = append(stray, "max_amount")
+		}
+		if l.RefillTime != 0 {
+			stray = append(stray, "refill_time")
+		}
+		if l.RefillAmount != 0 {
+			stray = append(stray, "refill_amount")
+		}
+		if l.Strict {
+			stray = append(stray, "strict")
+		}
+	}
+	if l.Algorithm != SlidingWindow {
+		if l.SubWindows != 0 {
+			stray = append(stray, "sub_windows")
+		}
+		if l.Estimator != limiter.Bounded {
+			stray = append(stray, "estimator")
+		}
+	}
+	if l.Algorithm == SlidingLog && l.CountDenied {
+		stray = append(stray, "count_denied")
+	}
+
+	var err error
+	switch l.Algorithm {
+	case TokenBucket:
+		if l.RefillAmount == 0 {
+			l.RefillAmount = 1
+		}
+		err = errors.Join(count(l.MaxAmount, "max_amount", MaxCount), window(l.RefillTime, "refill_time"))
+		if err == nil {
+			err = count(l.RefillAmount, "refill_amount", l.MaxAmount)
+		}
+	case SlidingWindow:
+		if l.SubWindows == 0 {
+			l.SubWindows = limiter.DefaultSubWindows
+		}
+		err = errors.Join(count(l.Limit, "limit", MaxCount), window(l.Window, "window"))
+		if err == nil {
+			switch {
+			case l.SubWindows < 1 || l.SubWindows > limiter.MaxSubWindows:
+				err = fmt.Errorf("sub_windows: %d is outside 1..%d", l.SubWindows, limiter.MaxSubWindows)
+			case l.Window%time.Duration(l.SubWindows) != 0 || l.Window/time.Duration(l.SubWindows) < time.Millisecond:
+				err = fmt.Errorf("sub_windows: %d does not cut the window %v into whole sub-windows of at least 1ms", l.SubWindows, l.Window)
+			case l.Estimator > limiter.Interpolated:
+				err = fmt.Errorf("estimator: unknown estimator %d", l.Estimator)
+			}
+		}
+	case FixedWindow:
+		err = errors.Join(count(l.Limit, "limit", MaxCount), window(l.Window, "window"))
+	case SlidingLog:
+		err = errors.Join(count(l.Limit, "limit", limiter.MaxLogLimit), window(l.Window, "window"))
+	case 0:
+		return fmt.Errorf("algorithm: required (token_bucket, sliding_window, fixed_window or sliding_log)")
+	default:
+		return fmt.Errorf("algorithm: unknown algorithm %d", l.Algorithm)
+	}
+	if len(stray) > 0 {
+		return fmt.Errorf("%s: not a field of %s", strings.Join(stray, ", "), l.Algorithm)
+	}
+	return err
+}
+
+// checkText accepts non-empty printable text of at most n bytes.
+func checkText(s string, n int) error {
+	if s == "" {
+		return fmt.Errorf("empty")
+	}
+	if len(s) > n {
+		return fmt.Errorf("longer than %d bytes", n)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return fmt.Errorf("%q contains a control byte", s)
+		}
+	}
+	return nil
+}
+
+// matches reports whether the rule's match selects req.
+func (c *compiledRule) matches(req *Request) bool {
+	if c.key.attrs&req.Absent != 0 {
+		return false
+	}
+	if c.methods != nil && !containsFold(c.methods, req.Method) {
+		return false
+	}
+	if len(c.Match.Stages) > 0 && !contains(c.Match.Stages, req.Stage) {
+		return false
+	}
+	if len(c.Match.Routes) > 0 && !contains(c.Match.Routes, req.RouteKey) {
+		return false
+	}
+	if len(c.globs) > 0 {
+		ok := false
+		for _, g := range c.globs {
+			if g.match(req.Path) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func containsFold(list []string, s string) bool {
+	for _, v := range list {
+		if strings.EqualFold(v, s) {
+			return true
+		}
+	}
+	return false
+}
