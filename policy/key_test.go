@@ -96,9 +96,9 @@ func TestForwardedFor(t *testing.T) {
 	}{
 		{"203.0.113.9, 198.51.100.7, 192.0.2.200", "r:198.51.100.7"},
 		{"198.51.100.7,192.0.2.200", "r:198.51.100.7"},
-		{"192.0.2.200", "r:10.0.0.1"},                // too short: the source IP
-		{"bogus, 192.0.2.200", "r:10.0.0.1"},         // not an address: the source IP
-		{"", "r:10.0.0.1"},                           // empty
+		{"192.0.2.200", "r:10.0.0.1"},                               // too short: the source IP
+		{"bogus, 192.0.2.200", "r:10.0.0.1"},                        // not an address: the source IP
+		{"", "r:10.0.0.1"},                                          // empty
 		{strings.Repeat("1.1.1.1,", 2000) + "2.2.2.2", "r:1.1.1.1"}, // long
 	}
 	for _, tt := range tests {

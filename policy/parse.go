@@ -177,7 +177,7 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 	if s, ok, err := m.str("priority"); err != nil {
 		return r, err
 	} else if ok {
-		if r.Priority, err = ParsePriority(s); err != nil {
+		if r.Priority, err = parsePriority(s); err != nil {
 			return r, m.errorf("priority", "%v", err)
 		}
 	}

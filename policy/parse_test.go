@@ -65,7 +65,7 @@ func TestParseGood(t *testing.T) {
 		t.Errorf("limit 1 = %+v, want %+v", r.Limits[1], want1)
 	}
 	w := rules[1]
-	if w.Cost != 2 || w.Priority != PriorityCritical || w.Fail != FailClosed {
+	if w.Cost != 2 || w.Priority != limiter.PriorityCritical || w.Fail != FailClosed {
 		t.Errorf("rule 1 cost/priority/fail = %d/%v/%v", w.Cost, w.Priority, w.Fail)
 	}
 	if got := strings.Join(w.Match.Methods, ","); got != "post,PUT" {
@@ -150,7 +150,7 @@ func TestParseErrors(t *testing.T) {
 		{name: "cost above capacity", doc: "rules: [{name: a, key: k, cost: 5, " + limit + "}]", want: []string{`rule "a"`, "cost: 5 is outside 1..1"}},
 		{name: "negative cost", doc: "rules: [{name: a, key: k, cost: -1, " + limit + "}]", want: []string{"cost: -1"}},
 		{name: "bad priority", doc: "rules: [{name: a, key: k, priority: urgent, " + limit + "}]", want: []string{`rule "a"`, "priority:", "urgent"}},
-		{name: "priority out of range", doc: "rules: [{name: a, key: k, priority: 500, " + limit + "}]", want: []string{"priority:", "500"}},
+		{name: "priority out of range", doc: "rules: [{name: a, key: k, priority: 5, " + limit + "}]", want: []string{"priority:", "5"}},
 		{name: "bad fail", doc: "rules: [{name: a, key: k, fail: maybe, " + limit + "}]", want: []string{`rule "a"`, "fail:", "maybe"}},
 		{name: "bad method", doc: "rules: [{name: a, key: k, match: {methods: ['G T']}, " + limit + "}]", want: []string{"match.methods[0]"}},
 		{name: "bad glob", doc: "rules: [{name: a, key: k, match: {paths: ['api/*']}, " + limit + "}]", want: []string{"match.paths[0]", "start with '/'"}},
@@ -256,4 +256,17 @@ func FuzzParse(f *testing.F) {
 		req := &Request{SourceIP: "192.0.2.1", Method: "GET", Path: "/x", Headers: map[string]string{"x": "\x00\xff"}}
 		p.Evaluate(t.Context(), req, time.Unix(1e9, 0))
 	})
+}
+
+func TestParsePriority(t *testing.T) {
+	for s, want := range map[string]limiter.Priority{"low": limiter.PriorityLow, "": limiter.PriorityNormal, "1": limiter.PriorityHigh, "2": limiter.PriorityCritical, "-1": limiter.PriorityLow} {
+		if got, err := parsePriority(s); err != nil || got != want {
+			t.Errorf("parsePriority(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"3", "-2", "urgent", "1.5"} {
+		if _, err := parsePriority(s); err == nil {
+			t.Errorf("parsePriority(%q) succeeded", s)
+		}
+	}
 }

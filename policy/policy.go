@@ -31,16 +31,20 @@ type Options struct {
 	// DefaultBackend ("memory").
 	DefaultBackend string
 	// Shedder, when not nil, is asked before any limit whether to shed the
-	// request (issue 7's load shedders).
+	// request (the load shedders of package limiter).
 	Shedder Shedder
 }
 
-// Shedder decides whether to shed a request of the given priority (the
-// highest priority of its matching rules) before its limits are checked.
-// Critical requests are never offered to it. It must be safe for concurrent
-// use and answer quickly.
+// Shedder decides whether to shed a request of priority p (the highest
+// priority of its matching rules) at now, before its limits are checked: a
+// decision with Allowed false sheds it (HTTP 503). Critical requests are
+// never offered to it. An error with a valid decision (Limit or Allowed
+// set, as limiter.ErrNoUtilization) is reported in Result.ShedErr; an error
+// without one lets the request through (load shedding fails open).
+// [limiter.UtilizationShedder] implements it. It must be safe for
+// concurrent use and answer quickly.
 type Shedder interface {
-	Shed(ctx context.Context, p Priority) bool
+	Check(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, error)
 }
 
 // Policy is a compiled set of rules bound to stores. It is immutable and
@@ -243,8 +247,11 @@ type Result struct {
 	// Decision is the deciding rule's decision (its deciding limit's).
 	Decision limiter.Decision
 	// Priority is the request's priority: the highest of the matching
-	// rules, PriorityNormal when none matched.
-	Priority Priority
+	// rules', limiter.PriorityNormal when none matched.
+	Priority limiter.Priority
+	// ShedErr is the shedder's error, if any (the request was then let
+	// through by the shedder, or its decision stood).
+	ShedErr error
 	// Evals has one entry per matching rule, in rule order.
 	Evals []Eval
 }
@@ -278,7 +285,7 @@ type Eval struct {
 // (whose deadline bounds every backend call). It never fails: backend errors
 // are resolved by each rule's fail mode and reported in the Evals.
 func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Result {
-	res := Result{Outcome: Allow, Priority: PriorityNormal}
+	res := Result{Outcome: Allow}
 	var matched []*boundRule
 	var buf [8]*boundRule
 	matched = buf[:0]
@@ -291,7 +298,7 @@ func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Resu
 		return res
 	}
 	res.Evals = make([]Eval, len(matched))
-	res.Priority = 0
+	res.Priority = limiter.PriorityLow
 	for i, r := range matched {
 		res.Evals[i] = Eval{Rule: r.Name, Fail: r.Fail, Outcome: Skipped}
 		res.Priority = max(res.Priority, r.Priority)
@@ -306,12 +313,16 @@ func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Resu
 			}
 		}
 	}
-	if p.shedder != nil && !res.Priority.Critical() && p.shedder.Shed(ctx, res.Priority) {
-		res.Outcome, res.Rule = Shed, matched[0].Name
-		for i := range res.Evals {
-			res.Evals[i].Outcome = Shed
+	if p.shedder != nil && res.Priority < limiter.PriorityCritical {
+		d, err := p.shedder.Check(ctx, res.Priority, now)
+		res.ShedErr = err
+		if !d.Allowed && (err == nil || d.RetryAfter > 0) {
+			res.Outcome, res.Rule, res.Decision = Shed, matched[0].Name, d
+			for i := range res.Evals {
+				res.Evals[i].Outcome = Shed
+			}
+			return res
 		}
-		return res
 	}
 
 	var keyBuf [MaxKeyLen + hashLen + 64]byte

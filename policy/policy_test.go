@@ -189,7 +189,7 @@ rules:
 func TestEvaluateNoMatch(t *testing.T) {
 	p := mustLoad(t, `rules: [{name: a, match: {paths: ["/a"]}, key: k, limits: [{algorithm: fixed_window, limit: 1, window: 1s}]}]`, Options{})
 	res := p.Evaluate(t.Context(), get("192.0.2.1", "/b"), t0)
-	if res.Outcome != Allow || res.Rule != "" || len(res.Evals) != 0 || res.Priority != PriorityNormal {
+	if res.Outcome != Allow || res.Rule != "" || len(res.Evals) != 0 || res.Priority != limiter.PriorityNormal {
 		t.Fatalf("res = %+v", res)
 	}
 }
@@ -306,13 +306,20 @@ rules:
 	}
 }
 
-type shedFunc func(context.Context, Priority) bool
+type shedFunc func(context.Context, limiter.Priority, time.Time) (limiter.Decision, error)
 
-func (f shedFunc) Shed(ctx context.Context, p Priority) bool { return f(ctx, p) }
+func (f shedFunc) Check(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, error) {
+	return f(ctx, p, now)
+}
+
+var _ Shedder = (*limiter.UtilizationShedder)(nil)
 
 func TestEvaluateShedder(t *testing.T) {
-	var asked []Priority
-	shed := shedFunc(func(_ context.Context, p Priority) bool { asked = append(asked, p); return true })
+	var asked []limiter.Priority
+	shed := shedFunc(func(_ context.Context, p limiter.Priority, _ time.Time) (limiter.Decision, error) {
+		asked = append(asked, p)
+		return limiter.Decision{RetryAfter: 2 * time.Second}, nil
+	})
 	p := mustLoad(t, `
 rules:
   - name: low
@@ -326,14 +333,14 @@ rules:
     limits: [{algorithm: fixed_window, limit: 1, window: 1m}]
 `, Options{Shedder: shed})
 	res := p.Evaluate(t.Context(), get("192.0.2.1", "/"), t0)
-	if res.Outcome != Shed || res.Priority != PriorityLow {
-		t.Fatalf("low: %v at %v", res.Outcome, res.Priority)
+	if res.Outcome != Shed || res.Priority != limiter.PriorityLow || res.Decision.RetryAfter != 2*time.Second {
+		t.Fatalf("low: %v at %v, %+v", res.Outcome, res.Priority, res.Decision)
 	}
 	res = p.Evaluate(t.Context(), get("192.0.2.1", "/health"), t0)
-	if res.Outcome != Allow || res.Priority != PriorityCritical {
+	if res.Outcome != Allow || res.Priority != limiter.PriorityCritical {
 		t.Fatalf("critical: %v at %v", res.Outcome, res.Priority)
 	}
-	if len(asked) != 1 || asked[0] != PriorityLow {
+	if len(asked) != 1 || asked[0] != limiter.PriorityLow {
 		t.Fatalf("shedder asked %v; critical traffic must never be offered", asked)
 	}
 }

@@ -3,60 +3,21 @@ package policy
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
-// Priority ranks requests for the load shedders: higher is more important.
-// Rules give it by name (low, normal, high, critical) or as a number from 1
-// to [MaxPriority]; zero means normal. A request's priority is the highest of its matching
-// rules (normal when none matches).
-type Priority int
-
-// Named priorities.
-const (
-	PriorityLow      Priority = 25
-	PriorityNormal   Priority = 50
-	PriorityHigh     Priority = 75
-	PriorityCritical Priority = 100
-	// MaxPriority is the largest priority a rule may give.
-	MaxPriority Priority = 100
-)
-
-// Critical reports whether p is critical traffic, which shedders never
-// shed.
-func (p Priority) Critical() bool { return p >= PriorityCritical }
-
-// String returns the name of a named priority, else the number.
-func (p Priority) String() string {
-	switch p {
-	case PriorityLow:
-		return "low"
-	case PriorityNormal:
-		return "normal"
-	case PriorityHigh:
-		return "high"
-	case PriorityCritical:
-		return "critical"
-	}
-	return strconv.Itoa(int(p))
-}
-
-// ParsePriority parses a priority name or a number from 1 to MaxPriority.
-func ParsePriority(s string) (Priority, error) {
-	switch s {
-	case "low":
-		return PriorityLow, nil
-	case "normal", "":
-		return PriorityNormal, nil
-	case "high":
-		return PriorityHigh, nil
-	case "critical":
-		return PriorityCritical, nil
+// parsePriority parses a rule's priority: a name of [limiter.ParsePriority]
+// (low, normal, high, critical) or the same as a number (-1 to 2).
+func parsePriority(s string) (limiter.Priority, error) {
+	if p, err := limiter.ParsePriority(s); err == nil {
+		return p, nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > int(MaxPriority) {
-		return 0, fmt.Errorf("%q is not low, normal, high, critical or a number from 1 to %d", s, MaxPriority)
+	if err != nil || n < int(limiter.PriorityLow) || n > int(limiter.PriorityCritical) {
+		return 0, fmt.Errorf("%q is not low, normal, high, critical or a number from %d (low) to %d (critical)", s, limiter.PriorityLow, limiter.PriorityCritical)
 	}
-	return Priority(n), nil
+	return limiter.Priority(n), nil
 }
 
 // FailMode says what a rule does when its backend errs or times out.

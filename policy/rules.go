@@ -52,10 +52,10 @@ type Rule struct {
 	Limits []Limit
 	// Cost is the units one request takes from each limit. Zero means 1.
 	Cost int64
-	// Priority ranks the requests the rule matches, for the load shedders.
-	// Zero means PriorityNormal; use PriorityNormal-style constants or
-	// ParsePriority.
-	Priority Priority
+	// Priority ranks the requests the rule matches, for the load shedders
+	// (the zero value is limiter.PriorityNormal). A request's priority is
+	// the highest of its matching rules'.
+	Priority limiter.Priority
 	// Fail says what happens when a backend errs or times out.
 	Fail FailMode
 	// Require lists attributes (as in key templates, without braces:
@@ -274,11 +274,8 @@ func compile(r Rule, index int) (*compiledRule, error) {
 	if c.cost < 1 || c.cost > minCap {
 		return nil, bad("cost", "%d is outside 1..%d (a request costing more than a limit's capacity could never pass)", r.Cost, minCap)
 	}
-	if r.Priority == 0 {
-		c.Priority = PriorityNormal
-	}
-	if c.Priority < 0 || c.Priority > MaxPriority {
-		return nil, bad("priority", "%d is outside 0..%d", r.Priority, MaxPriority)
+	if r.Priority < limiter.PriorityLow || r.Priority > limiter.PriorityCritical {
+		return nil, bad("priority", "%d is outside %d (low) to %d (critical)", r.Priority, limiter.PriorityLow, limiter.PriorityCritical)
 	}
 	if r.Fail != FailOpen && r.Fail != FailClosed {
 		return nil, bad("fail", "unknown fail mode %d", r.Fail)
