@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
@@ -204,7 +205,7 @@ func testLeaseBackwards(t *testing.T, s limiter.LeaseStore) {
 // out before it releases; the counter's maximum must never pass 10. Once
 // they are done every slot is free again (no lease was lost or leaked).
 func testLeaseContention(t *testing.T, s limiter.LeaseStore) {
-	const workers, capacity, rounds = 64, 10, 4
+	const workers, capacity, rounds = 64, 10, 8
 	c := concurrency(t, s, capacity, time.Hour)
 	key := Key(t)
 	var held, peak, allowed, denied atomic.Int64
@@ -231,7 +232,7 @@ func testLeaseContention(t *testing.T, s limiter.LeaseStore) {
 				n := held.Add(1)
 				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 				}
-				runtime.Gosched() // the "work"
+				time.Sleep(time.Duration(rand.IntN(5000)) * time.Microsecond) // the "work"
 				held.Add(-1)
 				// A release must not be lost: retry it within the
 				// deadline (a lost one would hold its slot for the

@@ -1,0 +1,323 @@
+package memcached
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Leases keeps the leases of the concurrent-requests limiter and the
+// fleet-usage shedder ([limiter.LeaseStore]) and published values such as
+// the fleet's utilization ([limiter.GaugeStore]) in memcached.
+//
+// Storage protocol: a key's live leases are one item, 'S' followed by
+// [limiter.AppendLeases]. An acquire or a release is an optimistic
+// read-modify-write of that item:
+//
+//  1. gets the item (value and CAS id); a miss is an empty set.
+//  2. Apply the op ([limiter.LeaseOp] or [limiter.ReleaseOp], pure). If it
+//     writes nothing, its decision stands: it was made on what the server
+//     held at the gets.
+//  3. cas the new value on the CAS id (add when there was no item). EXISTS
+//     or NOT_FOUND on cas, or NOT_STORED on add, means another writer got
+//     there first: wait a random, growing pause and go to 1.
+//
+// Every write is conditional on the value it was computed from, so no
+// update is lost and a key never holds more than its capacity of live
+// leases. Attempts stop after MaxRetries lost races or at the call's
+// deadline, with an error wrapping [limiter.ErrConflict]. A set that
+// becomes empty is written empty (with a short expiry) rather than deleted,
+// as a delete is not conditional. An item is kept until its last lease
+// expires, measured from the write (so the offset between the callers' and
+// the server's clocks does not matter), plus 2 s and up to Jitter.
+//
+// Gauges are items 'G', float64 bits and a varint time, written with set
+// (last writer wins) and read with get.
+//
+// Keys: prefix "l:" Space "/" Name for a lease set and prefix "g:" Space
+// "/" Name for a gauge when printable and short enough, otherwise "L:" or
+// "G:" and the base64url SHA-256 of the key; they never collide with the
+// keys of [Store] ("k:" and "h:"), so one cluster and one KeyPrefix can
+// serve both.
+//
+// Leases works on any gomemcache client: build one client (for example
+// with [NewRing] and memcache.NewFromSelector) and hand it to both
+// [NewFromClient] and [NewLeases]. It is safe for concurrent use.
+type Leases struct {
+	mc         *memcache.Client
+	prefix     string
+	timeout    time.Duration
+	jitter     time.Duration
+	maxRetries int
+	backoff    time.Duration
+}
+
+var (
+	_ limiter.LeaseStore = (*Leases)(nil)
+	_ limiter.GaugeStore = (*Leases)(nil)
+)
+
+const (
+	leaseFormat = 'S'
+	gaugeFormat = 'G'
+	// leaseMargin is added to every lease item's expiry, beyond its last
+	// lease.
+	leaseMargin = 2 * time.Second
+	// leaseMaxBackoff caps the pause between two attempts.
+	leaseMaxBackoff = 20 * time.Millisecond
+	// leaseMaxKeyLen is memcached's key limit.
+	leaseMaxKeyLen = 250
+)
+
+// NewLeases returns a lease and gauge store on mc. Only KeyPrefix, Timeout,
+// Jitter, MaxRetries and RetryBackoff of cfg are used; Addrs,
+// AutoDiscovery, TLS and ServerName must be empty (the client has its own).
+func NewLeases(mc *memcache.Client, cfg Config) (*Leases, error) {
+	switch {
+	case mc == nil:
+		return nil, fmt.Errorf("%w: memcached: nil client", limiter.ErrInvalidConfig)
+	case len(cfg.Addrs) > 0 || cfg.AutoDiscovery != "" || cfg.TLS != nil || cfg.ServerName != "":
+		return nil, fmt.Errorf("%w: memcached: NewLeases takes its nodes and TLS from the client; leave Addrs, AutoDiscovery, TLS and ServerName empty", limiter.ErrInvalidConfig)
+	case len(cfg.KeyPrefix) > MaxKeyPrefix || !leasePrintable(cfg.KeyPrefix):
+		return nil, fmt.Errorf("%w: memcached: key prefix %q must be printable ASCII without spaces, at most %d bytes", limiter.ErrInvalidConfig, cfg.KeyPrefix, MaxKeyPrefix)
+	case cfg.MaxRetries < 0 || cfg.RetryBackoff < 0 || cfg.Timeout < 0:
+		return nil, fmt.Errorf("%w: memcached: MaxRetries, RetryBackoff and Timeout must not be negative", limiter.ErrInvalidConfig)
+	}
+	l := &Leases{mc: mc, prefix: cfg.KeyPrefix, timeout: cfg.Timeout, jitter: cfg.Jitter, maxRetries: cfg.MaxRetries, backoff: cfg.RetryBackoff}
+	if l.timeout == 0 {
+		l.timeout = DefaultTimeout
+	}
+	if l.jitter == 0 {
+		l.jitter = DefaultJitter
+	}
+	l.jitter = max(l.jitter, 0)
+	if l.maxRetries == 0 {
+		l.maxRetries = DefaultMaxRetries
+	}
+	if l.backoff == 0 {
+		l.backoff = DefaultRetryBackoff
+	}
+	return l, nil
+}
+
+// AcquireLease implements [limiter.LeaseStore] (see the protocol above).
+func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.LeaseOp) (limiter.Decision, error) {
+	if op.Capacity <= 0 || op.Capacity > limiter.MaxLeases {
+		return limiter.Decision{}, fmt.Errorf("memcached: bad lease capacity %d", op.Capacity)
+	}
+	var d limiter.Decision
+	err := l.update(ctx, "acquire lease", l.key("l:", "L:", k), op.Now, func(cur []limiter.LeaseEntry) ([]limiter.LeaseEntry, bool) {
+		var next []limiter.LeaseEntry
+		var write bool
+		next, d, write = op.Apply(cur)
+		return next, write
+	})
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	return d, nil
+}
+
+// ReleaseLease implements [limiter.LeaseStore].
+func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.ReleaseOp) error {
+	return l.update(ctx, "release lease", l.key("l:", "L:", k), op.Now, op.Apply)
+}
+
+// update is the gets / apply / cas-or-add loop. now is the caller's time,
+// for the item's expiry.
+func (l *Leases) update(ctx context.Context, what, key string, now int64, apply func([]limiter.LeaseEntry) ([]limiter.LeaseEntry, bool)) error {
+	if err := ctx.Err(); err != nil {
+		return leaseError(what, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	var buf []limiter.LeaseEntry
+	for lost := 0; ; {
+		it, err := leaseCall(ctx, func() (*memcache.Item, error) { return l.mc.Get(key) })
+		found := err == nil
+		switch {
+		case errors.Is(err, memcache.ErrCacheMiss):
+		case err != nil:
+			return leaseError(what+": gets", err)
+		}
+		cur := buf[:0]
+		if found {
+			if len(it.Value) == 0 || it.Value[0] != leaseFormat {
+				return leaseError(what, fmt.Errorf("%w: not a lease set value", limiter.ErrCorruptState))
+			}
+			if cur, err = limiter.ParseLeases(it.Value[1:], cur); err != nil {
+				return leaseError(what, err)
+			}
+		}
+		next, write := apply(cur)
+		buf = next
+		if !write {
+			return nil
+		}
+		exp := time.Second // an empty set: gone soon
+		if len(next) > 0 {
+			exp = limiter.LeaseExpiry(next, now) + leaseMargin
+		}
+		w := &memcache.Item{Key: key, Value: limiter.AppendLeases([]byte{leaseFormat}, next), Expiration: l.expiry(exp)}
+		_, err = leaseCall(ctx, func() (struct{}, error) {
+			if found {
+				w.CasID = it.CasID
+				return struct{}{}, l.mc.CompareAndSwap(w)
+			}
+			return struct{}{}, l.mc.Add(w)
+		})
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCacheMiss):
+		default:
+			return leaseError(what+": write", err)
+		}
+		lost++
+		if lost > l.maxRetries {
+			return leaseError(what, fmt.Errorf("%w: gave up after %d lost races", limiter.ErrConflict, lost))
+		}
+		if err := l.wait(ctx, lost); err != nil {
+			return leaseError(what, fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err))
+		}
+	}
+}
+
+// PutGauge implements [limiter.GaugeStore] with set.
+func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return leaseError("put gauge", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	v := binary.AppendVarint(binary.LittleEndian.AppendUint64([]byte{gaugeFormat}, math.Float64bits(g.Value)), g.At)
+	it := &memcache.Item{Key: l.key("g:", "G:", k), Value: v, Expiration: l.expiry(ttl)}
+	if _, err := leaseCall(ctx, func() (struct{}, error) { return struct{}{}, l.mc.Set(it) }); err != nil {
+		return leaseError("put gauge", err)
+	}
+	return nil
+}
+
+// GetGauge implements [limiter.GaugeStore] with get.
+func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return limiter.Gauge{}, false, leaseError("get gauge", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	it, err := leaseCall(ctx, func() (*memcache.Item, error) { return l.mc.Get(l.key("g:", "G:", k)) })
+	switch {
+	case errors.Is(err, memcache.ErrCacheMiss):
+		return limiter.Gauge{}, false, nil
+	case err != nil:
+		return limiter.Gauge{}, false, leaseError("get gauge", err)
+	}
+	v := it.Value
+	if len(v) < 10 || v[0] != gaugeFormat {
+		return limiter.Gauge{}, false, leaseError("get gauge", fmt.Errorf("%w: not a gauge value", limiter.ErrCorruptState))
+	}
+	at, n := binary.Varint(v[9:])
+	if n <= 0 || 9+n != len(v) {
+		return limiter.Gauge{}, false, leaseError("get gauge", fmt.Errorf("%w: gauge time", limiter.ErrCorruptState))
+	}
+	return limiter.Gauge{Value: math.Float64frombits(binary.LittleEndian.Uint64(v[1:9])), At: at}, true, nil
+}
+
+// key returns the memcached key of k: readable (prefix, tag, Space "/" Name)
+// when that is printable and fits, else hashed (prefix, hashTag, base64url
+// SHA-256 of uvarint(len(Space)) Space Name).
+func (l *Leases) key(tag, hashTag string, k limiter.Key) string {
+	if len(l.prefix)+len(tag)+len(k.Space)+1+len(k.Name) <= leaseMaxKeyLen && leasePrintable(k.Space) && leasePrintable(k.Name) && !strings.Contains(k.Space, "/") {
+		return l.prefix + tag + k.Space + "/" + k.Name
+	}
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(k.Space)))])
+	h.Write([]byte(k.Space))
+	h.Write([]byte(k.Name))
+	return l.prefix + hashTag + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// leasePrintable reports whether s is only bytes 0x21-0x7e.
+func leasePrintable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// expiry converts a keep time to a memcached expiration in whole seconds,
+// rounded up, plus up to Jitter. Memcached reads more than 30 days as an
+// absolute time; such items are kept without expiry (until evicted).
+func (l *Leases) expiry(keep time.Duration) int32 {
+	if l.jitter > 0 {
+		keep += rand.N(l.jitter + 1)
+	}
+	secs := (int64(keep) + int64(time.Second) - 1) / int64(time.Second)
+	const relativeMax = 30 * 24 * 60 * 60
+	if keep < 0 || secs > relativeMax {
+		return 0
+	}
+	return int32(max(secs, 1))
+}
+
+// wait sleeps a random time in [0, backoff*2^(attempt-1)), capped, or until
+// ctx is done.
+func (l *Leases) wait(ctx context.Context, attempt int) error {
+	ceiling := l.backoff << min(attempt-1, 16)
+	if ceiling <= 0 || ceiling > leaseMaxBackoff {
+		ceiling = leaseMaxBackoff
+	}
+	t := time.NewTimer(rand.N(ceiling) + 1)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// leaseCall runs f in its own goroutine and waits for it or for ctx (a
+// gomemcache call takes no context; an abandoned one ends within the
+// client's socket timeout).
+func leaseCall[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		v, err := f()
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// leaseError wraps a failure: corrupt state and lost races as they are,
+// anything else as ErrUnavailable.
+func leaseError(what string, err error) error {
+	if errors.Is(err, limiter.ErrCorruptState) || errors.Is(err, limiter.ErrConflict) {
+		return fmt.Errorf("memcached: %s: %w", what, err)
+	}
+	return fmt.Errorf("memcached: %s: %w: %w", what, ErrUnavailable, err)
+}
