@@ -29,6 +29,15 @@ const (
 // Authorizer context keys (strings or numbers) set by the authorizer.
 var contextKeys = []string{"decision", "rule", "limit", "remaining", "reset", "retryAfter"}
 
+// upstreamHeaders are the request headers an HTTP upstream receives, from
+// the authorizer context of an allowed request.
+var upstreamHeaders = map[string]string{
+	"X-Sluice-Rule":      "rule",
+	"X-Sluice-Limit":     "limit",
+	"X-Sluice-Remaining": "remaining",
+	"X-Sluice-Reset":     "reset",
+}
+
 // restAccessLogFormat is a JSON access log line with the authorizer's
 // outcome. No caller IP: the authorizer logs hashed keys only, and the
 // access log follows suit.
@@ -142,16 +151,26 @@ func newRestAPI(s awscdk.Stack, c *Config, region string, fn awslambda.IFunction
 // allows in integration responses).
 func restIntegrations(c *Config) (root, proxy awsapigateway.Integration) {
 	if u := strings.TrimSuffix(c.API.UpstreamURL, "/"); u != "" {
+		// The upstream learns the decision through request headers mapped
+		// from the authorizer context (a documented mapping source for
+		// integration requests), and may echo them to its clients.
+		params := map[string]*string{}
+		for header, key := range upstreamHeaders {
+			params["integration.request.header."+header] = jsii.String("context.authorizer." + key)
+		}
 		root = awsapigateway.NewHttpIntegration(jsii.String(u+"/"), &awsapigateway.HttpIntegrationProps{
 			HttpMethod: jsii.String("ANY"),
 			Proxy:      jsii.Bool(true),
+			Options:    &awsapigateway.IntegrationOptions{RequestParameters: &params},
 		})
+		proxyParams := map[string]*string{"integration.request.path.proxy": jsii.String("method.request.path.proxy")}
+		for k, v := range params {
+			proxyParams[k] = v
+		}
 		proxy = awsapigateway.NewHttpIntegration(jsii.String(u+"/{proxy}"), &awsapigateway.HttpIntegrationProps{
 			HttpMethod: jsii.String("ANY"),
 			Proxy:      jsii.Bool(true),
-			Options: &awsapigateway.IntegrationOptions{
-				RequestParameters: &map[string]*string{"integration.request.path.proxy": jsii.String("method.request.path.proxy")},
-			},
+			Options:    &awsapigateway.IntegrationOptions{RequestParameters: &proxyParams},
 		})
 		return root, proxy
 	}

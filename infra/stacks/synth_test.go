@@ -953,3 +953,36 @@ func firstLine(s string) string {
 	}
 	return s
 }
+
+func TestRestIntegrations(t *testing.T) {
+	eachStack(t, func(t *testing.T, a *synthApp, s *synthStack) {
+		methods := s.ofType("AWS::ApiGateway::Method")
+		if len(methods) != 2 {
+			t.Errorf("%d REST methods, want ANY on / and on /{proxy+}", len(methods))
+		}
+		for id, m := range methods {
+			integ := m.Properties["Integration"].(map[string]any)
+			params, _ := integ["RequestParameters"].(map[string]any)
+			if a.cfg.API.UpstreamURL == "" {
+				if integ["Type"] != "MOCK" {
+					t.Errorf("%s: integration %v, want MOCK without an upstream", id, integ["Type"])
+				}
+				resp := render(integ["IntegrationResponses"])
+				for _, k := range []string{"limit", "remaining", "reset"} {
+					if !strings.Contains(resp, "context.authorizer."+k) {
+						t.Errorf("%s: mock response does not map context.authorizer.%s: %s", id, k, resp)
+					}
+				}
+				continue
+			}
+			if integ["Type"] != "HTTP_PROXY" || !strings.HasPrefix(render(integ["Uri"]), a.cfg.API.UpstreamURL+"/") {
+				t.Errorf("%s: integration %v %v, want HTTP_PROXY to %s", id, integ["Type"], integ["Uri"], a.cfg.API.UpstreamURL)
+			}
+			for header, key := range upstreamHeaders {
+				if got := params["integration.request.header."+header]; got != "context.authorizer."+key {
+					t.Errorf("%s: upstream header %s = %v, want context.authorizer.%s", id, header, got, key)
+				}
+			}
+		}
+	})
+}
