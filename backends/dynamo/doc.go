@@ -91,8 +91,8 @@
 // # Sliding logs
 //
 // Item: log (Binary, limiter.AppendLog), v (N, version). The log is written
-// with one UpdateItem on condition v = :remembered (attribute_not_exists(pk)
-// for a new key) and ALL_OLD on failure, with the same retry and denial
+// with one UpdateItem on condition v = :remembered AND log = :remembered_log
+// (attribute_not_exists(pk) for a new key) and ALL_OLD on failure, with the same retry and denial
 // rules as buckets. Under contention on one key a log admits one writer per
 // round trip. A log whose item would exceed 1 KB is refused with an error
 // wrapping [ErrItemTooLarge] (a few hundred entries; use a sliding window

@@ -93,8 +93,12 @@ func (s *Store) writeLog(ctx context.Context, pk string, cur logState, found boo
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
 	if found {
-		in.ConditionExpression = aws.String("#v = :v0")
+		// The version alone would let an item rewritten outside this
+		// protocol with the same version be overwritten: require the exact
+		// log seen too (no extra capacity, a few hundred bytes of request).
+		in.ConditionExpression = aws.String("#v = :v0 AND #l = :l0")
 		in.ExpressionAttributeValues[":v0"] = numAttr(cur.version)
+		in.ExpressionAttributeValues[":l0"] = &types.AttributeValueMemberB{Value: limiter.AppendLog(nil, cur.entries)}
 	} else {
 		in.ConditionExpression = aws.String("attribute_not_exists(#k)")
 		in.ExpressionAttributeNames["#k"] = AttrPK

@@ -1,0 +1,293 @@
+package dynamo_test
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+)
+
+type item = map[string]types.AttributeValue
+
+func n(v string) types.AttributeValue  { return &types.AttributeValueMemberN{Value: v} }
+func str(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
+
+func put(t *testing.T, c *dynamodb.Client, pk string, it item) {
+	t.Helper()
+	it = maps.Clone(it)
+	it["pk"] = str(pk)
+	if _, err := c.PutItem(testCtx(t), &dynamodb.PutItemInput{TableName: aws.String(tableName), Item: it}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func get(t *testing.T, c *dynamodb.Client, pk string) item {
+	t.Helper()
+	out, err := c.GetItem(testCtx(t), &dynamodb.GetItemInput{TableName: aws.String(tableName), Key: item{"pk": str(pk)}, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Item
+}
+
+// Bad items give an error wrapping ErrCorruptState that names the attribute,
+// never a panic or a reset to a full bucket; the item is left as it was.
+func TestCorruptItems(t *testing.T) {
+	s, _, c := newStore(t, dynamo.Config{})
+	b, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 10, RefillTime: time.Hour})
+	fw, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 10, Window: time.Hour})
+	sl, _ := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Limit: 10, Window: time.Hour})
+	win := base.UnixNano() / int64(time.Hour)
+	cur := dynamo.SlotName(win)
+	good := limiter.AppendLog(nil, []int64{base.UnixNano()})
+	cases := []struct {
+		name string
+		l    limiter.Limiter
+		pk   func(key string) string
+		it   item
+		want string // in the error
+	}{
+		{"bucket tokens a string", b, bucketPK(b), item{"tokens": str("7"), "updated": n("0")}, `"tokens": want a Number, got a String`},
+		{"bucket tokens missing", b, bucketPK(b), item{"updated": n("0")}, `"tokens": missing`},
+		{"bucket updated missing", b, bucketPK(b), item{"tokens": n("3")}, `"updated": missing`},
+		{"bucket tokens negative", b, bucketPK(b), item{"tokens": n("-3"), "updated": n("0")}, `"tokens": negative`},
+		{"bucket tokens fractional", b, bucketPK(b), item{"tokens": n("2.5"), "updated": n("0")}, `"tokens": not an int64`},
+		{"bucket only a ttl", b, bucketPK(b), item{"ttl": n("1")}, `"tokens": missing`},
+		{"window current counter a string", fw, spacePK("fw:10:1h0m0s"), item{cur: str("x")}, cur},
+		{"window counter a list", fw, spacePK("fw:10:1h0m0s"), item{cur: &types.AttributeValueMemberL{}}, "want a Number, got a List"},
+		{"window counter negative", fw, spacePK("fw:10:1h0m0s"), item{cur: n("-5")}, "want a count"},
+		{"log a string", sl, spacePK("sl:10:1h0m0s"), item{"log": str("x"), "v": n("1")}, `"log": want a Binary, got a String`},
+		{"log garbage", sl, spacePK("sl:10:1h0m0s"), item{"log": &types.AttributeValueMemberB{Value: []byte{0xff}}, "v": n("1")}, "sliding log header"},
+		{"log version missing", sl, spacePK("sl:10:1h0m0s"), item{"log": &types.AttributeValueMemberB{Value: good}}, `"v": missing`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, warm := range []bool{false, true} {
+				key := limitertest.Key(t)
+				pk := tc.pk(key)
+				if warm { // the store remembers a good state first
+					if _, err := tc.l.AllowN(testCtx(t), key, base, 1); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					s.ForgetCache()
+				}
+				put(t, c, pk, tc.it)
+				before := get(t, c, pk)
+				d, err := tc.l.AllowN(testCtx(t), key, base, 1)
+				if !errors.Is(err, limiter.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("warm=%v: %+v, %v; want ErrCorruptState mentioning %q", warm, d, err, tc.want)
+				}
+				if tc.l != limiter.Limiter(fw) || !strings.Contains(tc.name, "current") {
+					// Only a window's add of another counter may have
+					// happened; the bad attribute is untouched.
+					after := get(t, c, pk)
+					for k, v := range before {
+						if k != "ttl" && k != cur && !reflect.DeepEqual(after[k], v) {
+							t.Fatalf("warm=%v: attribute %q changed from %v to %v", warm, k, v, after[k])
+						}
+					}
+				}
+				if _, err := tc.l.AllowN(testCtx(t), key, base, 1); !errors.Is(err, limiter.ErrCorruptState) {
+					t.Fatalf("second call: %v", err)
+				}
+			}
+		})
+	}
+	// A Get (a read) on a bad bucket too.
+	key := limitertest.Key(t)
+	put(t, c, bucketPK(b)(key), item{"tokens": str("1"), "updated": n("0")})
+	if _, err := b.Get(testCtx(t), key, base); !errors.Is(err, limiter.ErrCorruptState) {
+		t.Fatalf("Get: %v", err)
+	}
+}
+
+func bucketPK(b *limiter.TokenBucket) func(string) string {
+	return spacePK(b.Space())
+}
+
+func spacePK(space string) func(string) string {
+	return func(key string) string { return dynamo.ItemKey(limiter.Key{Space: space, Name: key}) }
+}
+
+// A sliding log that would not fit in 1 KB is refused with a clear error,
+// and what was stored stays valid.
+func TestLogTooLarge(t *testing.T) {
+	s, _, c := newStore(t, dynamo.Config{})
+	l, _ := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Limit: 1000, Window: 24 * time.Hour})
+	key := limitertest.Key(t)
+	pk := spacePK("sl:1000:24h0m0s")(key)
+	var err error
+	i := 0
+	for ; i < 1000; i++ {
+		// Entries a few seconds apart: about 5 bytes each.
+		if _, err = l.Allow(testCtx(t), key, base.Add(time.Duration(i)*3*time.Second)); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, dynamo.ErrItemTooLarge) {
+		t.Fatalf("after %d entries: %v, want ErrItemTooLarge", i, err)
+	}
+	t.Logf("refused entry %d: %v", i+1, err)
+	if i < 100 {
+		t.Fatalf("refused after only %d entries", i)
+	}
+	if size := itemSize(get(t, c, pk)); size > dynamo.ItemBudget {
+		t.Fatalf("stored item is %d bytes", size)
+	}
+	s.ForgetCache()
+	if d, err := l.Allow(testCtx(t), key, base.Add(25*time.Hour)); err != nil || !d.Allowed {
+		t.Fatalf("a day later: %+v, %v", d, err)
+	}
+}
+
+// itemSize approximates DynamoDB's item size: names plus values.
+func itemSize(it item) int {
+	size := 0
+	for k, v := range it {
+		size += len(k)
+		switch v := v.(type) {
+		case *types.AttributeValueMemberN:
+			size += len(v.Value)/2 + 1
+		case *types.AttributeValueMemberS:
+			size += len(v.Value)
+		case *types.AttributeValueMemberB:
+			size += len(v.Value)
+		}
+	}
+	return size
+}
+
+func counters(it item) int {
+	c := 0
+	for k := range it {
+		if k != "pk" && k != "ttl" {
+			c++
+		}
+	}
+	return c
+}
+
+// A window item keeps only the sub-windows in view plus a few stale ones
+// awaiting removal, under 1 KB, whatever the gaps in traffic and however
+// many cold processes write it.
+func TestWindowItemStaysSmall(t *testing.T) {
+	s, r, c := newStore(t, dynamo.Config{})
+	const k = 60
+	w, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1 << 40, Window: time.Minute, SubWindows: k})
+	key := limitertest.Key(t)
+	pk := spacePK(fmt.Sprintf("sw:%d:1m0s:%d", int64(1<<40), k))(key)
+	at := base
+	maxSize, maxCounters := 0, 0
+	for i := range 400 {
+		// Steady traffic, then gaps of 3 to 9 sub-windows, from a process
+		// that forgot what it saw half of the time.
+		if i > 100 {
+			at = at.Add(time.Duration(3+i%7) * time.Second)
+		} else {
+			at = at.Add(time.Second)
+		}
+		if i%2 == 0 {
+			s.ForgetCache()
+		}
+		if _, err := w.AllowN(testCtx(t), key, at, 1000+int64(i)); err != nil {
+			t.Fatal(err)
+		}
+		it := get(t, c, pk)
+		maxSize = max(maxSize, itemSize(it))
+		maxCounters = max(maxCounters, counters(it))
+	}
+	t.Logf("largest item %d bytes, %d counters; %d requests for 400 adds, %d cleanups", maxSize, maxCounters, r.update.Load(), s.Stats().Cleanups)
+	if maxSize > dynamo.ItemBudget || maxCounters > k+1+8 {
+		t.Fatalf("item grew to %d bytes and %d counters", maxSize, maxCounters)
+	}
+}
+
+// A window's refund never takes a counter below zero.
+func TestSubNeverNegative(t *testing.T) {
+	s, _, c := newStore(t, dynamo.Config{})
+	key := limiter.Key{Space: "test-sub", Name: limitertest.Key(t)}
+	ctx := testCtx(t)
+	if _, err := s.Add(ctx, key, 7, 3, 2, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sub(ctx, key, 7, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sub(ctx, key, 7, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sub(ctx, key, 123, 1); err != nil { // never written
+		t.Fatal(err)
+	}
+	if err := s.Sub(ctx, limiter.Key{Space: "test-sub", Name: "absent"}, 7, 1); err != nil {
+		t.Fatal(err)
+	}
+	it := get(t, c, dynamo.ItemKey(key))
+	if v := it[dynamo.SlotName(7)].(*types.AttributeValueMemberN).Value; v != "0" {
+		t.Fatalf("counter after over-refund: %s, want 0", v)
+	}
+	if _, ok := it[dynamo.SlotName(123)]; ok {
+		t.Fatal("Sub created a counter")
+	}
+	got, err := s.Add(ctx, key, 7, 3, 1, time.Hour)
+	if err != nil || got.C[0] != 1 {
+		t.Fatalf("add after refunds: %+v, %v", got, err)
+	}
+}
+
+// Keys are escaped injectively, kept short and valid UTF-8.
+func TestItemKey(t *testing.T) {
+	long := strings.Repeat("x", 10<<10)
+	keys := []limiter.Key{
+		{Space: "a", Name: "b/c"}, {Space: "a/b", Name: "c"}, {Space: "a", Name: "b%2Fc"}, {Space: "a", Name: "#x"}, {Space: "a", Name: ""}, {Space: "", Name: "a"}, {Space: "", Name: ""},
+		{Space: "a", Name: "\xff"}, {Space: "a", Name: "%FF"}, {Space: "a", Name: " "}, {Space: "a", Name: "%20"}, {Space: "a", Name: "\x00"},
+		{Space: "a", Name: long}, {Space: "a", Name: long + "y"}, {Space: "b", Name: long}, {Space: strings.Repeat("s", 200), Name: "k"}, {Space: strings.Repeat("s", 200), Name: "l"},
+	}
+	seen := map[string]limiter.Key{}
+	for _, k := range keys {
+		pk := dynamo.ItemKey(k)
+		if other, dup := seen[pk]; dup {
+			t.Fatalf("%q and %q share %q", other, k, pk)
+		}
+		seen[pk] = k
+		if len(pk) > 160 || !utf8.ValidString(pk) || pk == "" {
+			t.Fatalf("%q -> %q (%d bytes)", k, pk, len(pk))
+		}
+	}
+	if got := dynamo.ItemKey(limiter.Key{Space: "tb:5:1s:1", Name: "user 42/x"}); got != "tb:5:1s:1/user%2042%2Fx" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// CreateTable on an existing table is fine.
+func TestCreateTableTwice(t *testing.T) {
+	endpoint := sharedEndpoint(t)
+	if err := dynamo.CreateTable(testCtx(t), newClient(endpoint), tableName); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	c := newClient("http://127.0.0.1:1")
+	for _, cfg := range []dynamo.Config{{}, {Table: "x", MaxAttempts: -1}, {Table: "x", BackoffBase: -1}} {
+		if _, err := dynamo.New(c, cfg); err == nil {
+			t.Errorf("New(%+v) accepted", cfg)
+		}
+	}
+	if _, err := dynamo.New(nil, dynamo.Config{Table: "x"}); err == nil {
+		t.Error("New(nil client) accepted")
+	}
+}

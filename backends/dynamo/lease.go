@@ -1,0 +1,470 @@
+package dynamo
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Leases keeps the leases of the concurrent-requests limiter and the
+// fleet-usage shedder ([limiter.LeaseStore]) and published values such as
+// the fleet's utilization ([limiter.GaugeStore]) in the store's table.
+//
+// # Lease items
+//
+// One item per key: pk, leases (Map: lease ID -> expiry in Unix ns, N), lv
+// (N, a version bumped by every write) and ttl. An acquire is ONE
+// UpdateItem in the common case, with no read first:
+//
+//	SET leases.<id> = :expires, ttl = :ttl  ADD lv :1
+//	condition: size(leases) < :capacity
+//	ReturnValues=ALL_NEW, ReturnValuesOnConditionCheckFailure=ALL_OLD
+//
+// The condition counts every stored lease, expired or not, so it can only
+// be stricter than the limit: after the write at most Capacity leases are
+// stored, so at most Capacity are live. Concurrent acquires that all fit
+// all succeed without retrying. The decision is [limiter.LeaseOp.Apply] on
+// the returned item.
+//
+// When the condition fails (the map is full, possibly of expired leases, or
+// the item does not exist) DynamoDB returns the current item; Apply on it
+// decides. A denial that drops nothing stands (the item is the server's
+// state at the failed condition). Otherwise the whole new map is written on
+// condition lv = :seen (attribute_not_exists(pk) for a new item), again with
+// ALL_OLD on failure; a lost race applies the op to the returned item and
+// writes again, the first retry at once and later ones after a jittered,
+// growing pause, at most Config.MaxAttempts times, then fails with an error
+// wrapping [limiter.ErrConflict]. Every write bumps lv, so no update is
+// lost.
+//
+// A release is ONE unconditional-in-practice UpdateItem that never
+// conflicts: REMOVE leases.<id> ADD lv :1 on condition attribute_exists(leases)
+// (a key without an item has nothing to release).
+//
+// The ttl attribute is the wall-clock time the last lease written expires,
+// plus a second (DynamoDB deletes expired items lazily; the leases' own
+// expiries decide, so an expired item still read is still correct). An item
+// costs about 25 bytes per live lease: a capacity of up to about 35 stays in
+// one write capacity unit, and a fleet-wide capacity of 1000 costs about 25
+// units per write. Conditional writes are atomic within one region only.
+//
+// # Gauges
+//
+// One item per gauge: gv (N, the value), ga (N, its time) and ttl, written
+// with UpdateItem (last writer wins) and read with a consistent GetItem.
+//
+// # Keys
+//
+// pk is "#L/" (leases) or "#G/" (gauges), the escaped Space, "/" and the
+// escaped Name (every byte that is not printable ASCII, and '%', '/' and
+// '#', as %XX); a pk longer than 160 bytes is "#L/#" or "#G/#" and the
+// base64url SHA-256 of the key. [Store]'s keys never start with "#L/" or
+// "#G/", so one table serves both.
+type Leases struct {
+	client Client
+	table  *string
+	cfg    Config
+	optFns []func(*dynamodb.Options)
+}
+
+var (
+	_ limiter.LeaseStore = (*Leases)(nil)
+	_ limiter.GaugeStore = (*Leases)(nil)
+)
+
+const (
+	attrLeases       = "leases"
+	attrLeaseVersion = "lv"
+	attrGaugeValue   = "gv"
+	attrGaugeAt      = "ga"
+)
+
+// NewLeases returns a lease and gauge store on client and cfg.Table (the
+// table [CreateTable] makes). Table, Timeout, MaxAttempts, BackoffBase,
+// BackoffMax, Retryer and Clock of cfg are used, with the defaults of
+// [New].
+func NewLeases(client Client, cfg Config) (*Leases, error) {
+	switch {
+	case client == nil:
+		return nil, errors.New("dynamo: client must not be nil")
+	case cfg.Table == "":
+		return nil, errors.New("dynamo: Config.Table must not be empty")
+	case cfg.MaxAttempts < 0:
+		return nil, fmt.Errorf("dynamo: Config.MaxAttempts must not be negative, got %d", cfg.MaxAttempts)
+	case cfg.BackoffBase < 0 || cfg.BackoffMax < 0:
+		return nil, errors.New("dynamo: Config.BackoffBase and BackoffMax must not be negative")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.BackoffBase == 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMax = DefaultBackoffMax
+	}
+	if cfg.Retryer == nil {
+		cfg.Retryer = NewRetryer(RetryerConfig{})
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	retryer := cfg.Retryer
+	return &Leases{
+		client: client,
+		table:  aws.String(cfg.Table),
+		cfg:    cfg,
+		optFns: []func(*dynamodb.Options){func(o *dynamodb.Options) { o.Retryer = retryer }},
+	}, nil
+}
+
+func (l *Leases) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if l.cfg.Timeout < 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, l.cfg.Timeout)
+}
+
+// AcquireLease implements [limiter.LeaseStore] (see the protocol above).
+func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.LeaseOp) (limiter.Decision, error) {
+	if op.Capacity <= 0 || op.Capacity > limiter.MaxLeases {
+		return limiter.Decision{}, fmt.Errorf("dynamo: bad lease capacity %d", op.Capacity)
+	}
+	if err := ctx.Err(); err != nil {
+		return limiter.Decision{}, leaseMapError("acquire lease", err)
+	}
+	ctx, cancel := l.deadline(ctx)
+	defer cancel()
+	pk := leaseKey("#L/", k)
+	exp := op.Now + int64(op.TTL)
+	if op.TTL < 0 || exp < op.Now {
+		exp = math.MaxInt64
+	}
+
+	// Fast path: add the lease if the map has room, expired leases counted.
+	out, err := l.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           l.table,
+		Key:                 keyAttr(pk),
+		UpdateExpression:    aws.String("SET #ls.#id = :exp, #ttl = :ttl ADD #lv :one"),
+		ConditionExpression: aws.String("size(#ls) < :cap"),
+		ExpressionAttributeNames: map[string]string{
+			"#ls": attrLeases, "#id": op.ID, "#ttl": AttrTTL, "#lv": attrLeaseVersion,
+		},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":exp": leaseNum(exp),
+			":ttl": l.ttlAttr(op.TTL),
+			":one": leaseNum(1),
+			":cap": leaseNum(op.Capacity),
+		},
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}, l.optFns...)
+	if err == nil {
+		cur, _, err := parseLeaseItem(out.Attributes)
+		if err != nil {
+			return limiter.Decision{}, fmt.Errorf("dynamo: acquire lease %q: %w", pk, err)
+		}
+		_, d, _ := op.Apply(cur)
+		if !d.Allowed { // cannot happen: the item holds our lease
+			return limiter.Decision{}, fmt.Errorf("dynamo: acquire lease %q: %w: written lease missing", pk, limiter.ErrCorruptState)
+		}
+		return d, nil
+	}
+	item, failed := leaseConditionFailed(err)
+	if !failed {
+		return limiter.Decision{}, leaseMapError("acquire lease", err)
+	}
+
+	// Slow path: apply to the item DynamoDB returned, write it whole on
+	// condition that nothing changed since.
+	for conflicts := 0; ; {
+		cur, version, err := parseLeaseItem(item)
+		if err != nil {
+			return limiter.Decision{}, fmt.Errorf("dynamo: acquire lease %q: %w", pk, err)
+		}
+		next, d, write := op.Apply(cur)
+		if !write {
+			return d, nil
+		}
+		m := make(map[string]types.AttributeValue, len(next))
+		for _, e := range next {
+			m[e.ID] = leaseNum(e.Expires)
+		}
+		in := &dynamodb.UpdateItemInput{
+			TableName:        l.table,
+			Key:              keyAttr(pk),
+			UpdateExpression: aws.String("SET #ls = :m, #lv = :v, #ttl = :ttl"),
+			ExpressionAttributeNames: map[string]string{
+				"#ls": attrLeases, "#lv": attrLeaseVersion, "#ttl": AttrTTL,
+			},
+			ExpressionAttributeValues: map[string]types.AttributeValue{
+				":m":   &types.AttributeValueMemberM{Value: m},
+				":v":   leaseNum(version + 1),
+				":ttl": l.ttlAttr(limiter.LeaseExpiry(next, op.Now)),
+			},
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		}
+		if item == nil {
+			in.ConditionExpression = aws.String("attribute_not_exists(#pk)")
+			in.ExpressionAttributeNames["#pk"] = AttrPK
+		} else {
+			in.ConditionExpression = aws.String("#lv = :seen")
+			in.ExpressionAttributeValues[":seen"] = leaseNum(version)
+		}
+		_, err = l.client.UpdateItem(ctx, in, l.optFns...)
+		if err == nil {
+			return d, nil
+		}
+		if item, failed = leaseConditionFailed(err); !failed {
+			return limiter.Decision{}, leaseMapError("acquire lease", err)
+		}
+		conflicts++
+		if err := l.backoff(ctx, conflicts); err != nil {
+			return limiter.Decision{}, fmt.Errorf("dynamo: acquire lease: %w", err)
+		}
+	}
+}
+
+// ReleaseLease implements [limiter.LeaseStore]: one UpdateItem removing
+// op.ID, which never conflicts. Leases expired at op.Now are left for the
+// next acquire to drop.
+func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.ReleaseOp) error {
+	if err := ctx.Err(); err != nil {
+		return leaseMapError("release lease", err)
+	}
+	ctx, cancel := l.deadline(ctx)
+	defer cancel()
+	_, err := l.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 l.table,
+		Key:                       keyAttr(leaseKey("#L/", k)),
+		UpdateExpression:          aws.String("REMOVE #ls.#id ADD #lv :one"),
+		ConditionExpression:       aws.String("attribute_exists(#ls)"),
+		ExpressionAttributeNames:  map[string]string{"#ls": attrLeases, "#id": op.ID, "#lv": attrLeaseVersion},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":one": leaseNum(1)},
+	}, l.optFns...)
+	if _, failed := leaseConditionFailed(err); failed {
+		return nil // no item: nothing to release
+	}
+	if err != nil {
+		return leaseMapError("release lease", err)
+	}
+	return nil
+}
+
+// PutGauge implements [limiter.GaugeStore] with one UpdateItem.
+func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return leaseMapError("put gauge", err)
+	}
+	if math.IsNaN(g.Value) || math.IsInf(g.Value, 0) {
+		return fmt.Errorf("dynamo: put gauge: %v is not a finite number", g.Value)
+	}
+	ctx, cancel := l.deadline(ctx)
+	defer cancel()
+	_, err := l.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                l.table,
+		Key:                      keyAttr(leaseKey("#G/", k)),
+		UpdateExpression:         aws.String("SET #gv = :v, #ga = :at, #ttl = :ttl"),
+		ExpressionAttributeNames: map[string]string{"#gv": attrGaugeValue, "#ga": attrGaugeAt, "#ttl": AttrTTL},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":v":   &types.AttributeValueMemberN{Value: strconv.FormatFloat(g.Value, 'g', -1, 64)},
+			":at":  leaseNum(g.At),
+			":ttl": l.ttlAttr(ttl),
+		},
+	}, l.optFns...)
+	if err != nil {
+		return leaseMapError("put gauge", err)
+	}
+	return nil
+}
+
+// GetGauge implements [limiter.GaugeStore] with a consistent GetItem.
+func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return limiter.Gauge{}, false, leaseMapError("get gauge", err)
+	}
+	ctx, cancel := l.deadline(ctx)
+	defer cancel()
+	pk := leaseKey("#G/", k)
+	out, err := l.client.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName:      l.table,
+		Key:            keyAttr(pk),
+		ConsistentRead: aws.Bool(true),
+	}, l.optFns...)
+	if err != nil {
+		return limiter.Gauge{}, false, leaseMapError("get gauge", err)
+	}
+	if out.Item == nil {
+		return limiter.Gauge{}, false, nil
+	}
+	v, okV := out.Item[attrGaugeValue].(*types.AttributeValueMemberN)
+	at, okA := out.Item[attrGaugeAt].(*types.AttributeValueMemberN)
+	if !okV || !okA {
+		return limiter.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: missing or mistyped gv/ga", pk, limiter.ErrCorruptState)
+	}
+	g := limiter.Gauge{}
+	if g.Value, err = strconv.ParseFloat(v.Value, 64); err != nil {
+		return limiter.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: gv: %w", pk, limiter.ErrCorruptState, err)
+	}
+	if g.At, err = strconv.ParseInt(at.Value, 10, 64); err != nil {
+		return limiter.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: ga: %w", pk, limiter.ErrCorruptState, err)
+	}
+	return g, true, nil
+}
+
+// parseLeaseItem reads a lease item's leases and version (nil and 0 for no
+// item).
+func parseLeaseItem(item map[string]types.AttributeValue) ([]limiter.LeaseEntry, int64, error) {
+	if item == nil {
+		return nil, 0, nil
+	}
+	m, ok := item[attrLeases].(*types.AttributeValueMemberM)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: lease item without a %q map", limiter.ErrCorruptState, attrLeases)
+	}
+	v, ok := item[attrLeaseVersion].(*types.AttributeValueMemberN)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: lease item without a %q number", limiter.ErrCorruptState, attrLeaseVersion)
+	}
+	version, err := strconv.ParseInt(v.Value, 10, 64)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: lease version: %w", limiter.ErrCorruptState, err)
+	}
+	if len(m.Value) > 2*limiter.MaxLeases {
+		return nil, 0, fmt.Errorf("%w: %d leases in one item", limiter.ErrCorruptState, len(m.Value))
+	}
+	entries := make([]limiter.LeaseEntry, 0, len(m.Value)+1)
+	for id, av := range m.Value {
+		n, ok := av.(*types.AttributeValueMemberN)
+		if !ok {
+			return nil, 0, fmt.Errorf("%w: lease %q is not a number", limiter.ErrCorruptState, id)
+		}
+		exp, err := strconv.ParseInt(n.Value, 10, 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: lease %q: %w", limiter.ErrCorruptState, id, err)
+		}
+		entries = append(entries, limiter.LeaseEntry{ID: id, Expires: exp})
+	}
+	return entries, version, nil
+}
+
+// leaseKey is the partition key of k under tag ("#L/" or "#G/").
+func leaseKey(tag string, k limiter.Key) string {
+	const hex = "0123456789ABCDEF"
+	b := []byte(tag)
+	esc := func(s string) {
+		for i := 0; i < len(s); i++ {
+			c := s[i]
+			if c > ' ' && c < 0x7f && c != '%' && c != '/' && c != '#' {
+				b = append(b, c)
+				continue
+			}
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		}
+	}
+	esc(k.Space)
+	b = append(b, '/')
+	esc(k.Name)
+	if len(b) <= 160 {
+		return string(b)
+	}
+	h := sha256.New()
+	h.Write(strconv.AppendInt(nil, int64(len(k.Space)), 10))
+	h.Write([]byte{':'})
+	h.Write([]byte(k.Space))
+	h.Write([]byte(k.Name))
+	return tag + "#" + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+func leaseNum(v int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
+}
+
+// ttlAttr is the TTL attribute of state to be kept keep from now: Unix
+// seconds, rounded up, plus a second.
+func (l *Leases) ttlAttr(keep time.Duration) types.AttributeValue {
+	now := l.cfg.Clock()
+	exp := now.Add(keep)
+	if keep < 0 || exp.Before(now) {
+		exp = now.Add(100 * 365 * 24 * time.Hour)
+	}
+	sec := exp.Unix() + 1
+	if exp.Nanosecond() > 0 {
+		sec++
+	}
+	return leaseNum(sec)
+}
+
+// backoff sleeps before retry number conflicts (1-based), or returns an
+// error wrapping limiter.ErrConflict when retries are spent or the pause
+// would outlast ctx.
+func (l *Leases) backoff(ctx context.Context, conflicts int) error {
+	if conflicts >= l.cfg.MaxAttempts {
+		return fmt.Errorf("%w after %d attempts", limiter.ErrConflict, conflicts)
+	}
+	if conflicts == 1 {
+		return ctx.Err()
+	}
+	ceiling := min(l.cfg.BackoffBase<<min(conflicts-2, 20), l.cfg.BackoffMax)
+	pause := time.Duration(rand.Int64N(int64(ceiling) + 1))
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < pause {
+		return fmt.Errorf("%w after %d attempts (deadline too close to retry)", limiter.ErrConflict, conflicts)
+	}
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w after %d attempts: %w", limiter.ErrConflict, conflicts, ctx.Err())
+	}
+}
+
+// leaseConditionFailed returns the item a failed condition returned (nil
+// when there is none) and true, or false for any other error.
+func leaseConditionFailed(err error) (map[string]types.AttributeValue, bool) {
+	var cf *types.ConditionalCheckFailedException
+	if errors.As(err, &cf) {
+		return cf.Item, true
+	}
+	return nil, false
+}
+
+// leaseMapError wraps throttling as ErrThrottled and network errors, 5xx
+// and timeouts as ErrUnavailable.
+func leaseMapError(op string, err error) error {
+	var (
+		ae   smithy.APIError
+		re   *smithyhttp.ResponseError
+		send *smithyhttp.RequestSendError
+		ne   net.Error
+	)
+	switch {
+	case errors.As(err, &ae) && (ae.ErrorCode() == "ProvisionedThroughputExceededException" ||
+		ae.ErrorCode() == "ThrottlingException" || ae.ErrorCode() == "RequestLimitExceeded"):
+		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrThrottled, err)
+	case errors.As(err, &re) && re.HTTPStatusCode() >= 500,
+		errors.As(err, &send), errors.As(err, &ne),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrUnavailable, err)
+	}
+	return fmt.Errorf("dynamo: %s: %w", op, err)
+}
