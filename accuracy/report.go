@@ -1,0 +1,328 @@
+package accuracy
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Options say what a report simulates.
+type Options struct {
+	// Params is the limit every configuration enforces.
+	Params Params
+	// Seed seeds every generated trace; the bursty trace's seed sweep uses
+	// Seed, Seed+1, ..., Seed+Seeds-1.
+	Seed  uint64
+	Seeds int
+	// Steady and SteadyFactor: the steady trace's length and rate (times
+	// the limit's rate).
+	Steady       time.Duration
+	SteadyFactor float64
+	// Bursty is the bursty traces' length.
+	Bursty time.Duration
+	// EdgeCycles is the number of 4-window cycles of the edge traces.
+	EdgeCycles int
+	// Files are traces read from files, replayed like the others.
+	Files []Trace
+	// Target is the share of the exact log's admissions the default must
+	// reach on every bursty trace.
+	Target float64
+	// MaxChoice is the largest sub-window count the default may have;
+	// MaxSweep the largest the frontier shows.
+	MaxChoice, MaxSweep int
+}
+
+// DefaultOptions are the options of `make accuracy`.
+func DefaultOptions() Options {
+	return Options{
+		Params:       DefaultParams,
+		Seed:         1,
+		Seeds:        8,
+		Steady:       time.Hour,
+		SteadyFactor: 1.5,
+		Bursty:       4 * time.Hour,
+		EdgeCycles:   10,
+		Target:       0.97,
+		MaxChoice:    31,
+		MaxSweep:     60,
+	}
+}
+
+// Report holds everything the markdown and the figures show.
+type Report struct {
+	Options Options
+	// Traces are steady, bursty (seed Options.Seed), edge-start, edge-end,
+	// then the files.
+	Traces []Trace
+	// Configs are the rows of the tables: the issue's configurations, the
+	// chosen default if it is not among them, and the prototypes.
+	Configs []Config
+	// Results[i][j] is configuration j on trace i.
+	Results [][]Result
+	// Sweep is the frontier: each sliding window configuration up to
+	// Options.MaxSweep sub-windows on every bursty seed and every trace.
+	Sweep []SweepRow
+	// Choice is the recommended default for limiter.SlidingWindow.
+	Choice Choice
+}
+
+// SweepRow is one configuration across the seed sweep.
+type SweepRow struct {
+	Config Config
+	// Shares are the admitted shares (of the exact log's admissions) on
+	// the bursty traces, one per seed.
+	Shares []float64
+	// Overshoot is the worst window count over the limit across every
+	// trace: the bursty seeds and the others.
+	Overshoot float64
+	// Memcached is the footprint on the bursty trace of seed Options.Seed.
+	Memcached Footprint
+}
+
+// MinShare is the smallest admitted share over the seeds.
+func (r SweepRow) MinShare() float64 { return slices.Min(r.Shares) }
+
+// Choice is the recommended sliding-window default.
+type Choice struct {
+	// Found reports whether a configuration of limiter.SlidingWindow with
+	// at most Options.MaxChoice sub-windows never overshot and reached the
+	// target on every bursty seed. Row is then the one with the fewest
+	// sub-windows (Bounded before Interpolated).
+	Found bool
+	Row   SweepRow
+}
+
+// Bursty returns the bursty trace of a seed.
+func (o Options) bursty(seed uint64) Trace { return Bursty(o.Params, o.Bursty, seed) }
+
+// Run simulates everything the report shows.
+func Run(o Options) (*Report, error) {
+	if err := o.Params.validate(); err != nil {
+		return nil, err
+	}
+	if o.Seeds < 1 || o.Target <= 0 || o.MaxChoice < 1 || o.MaxSweep < o.MaxChoice {
+		return nil, errors.New("accuracy: options need Seeds >= 1, Target > 0 and 1 <= MaxChoice <= MaxSweep")
+	}
+	r := &Report{Options: o}
+	p := o.Params
+	r.Traces = []Trace{
+		Steady(p, o.SteadyFactor, o.Steady, o.Seed),
+		o.bursty(o.Seed),
+		EdgeStart(p, o.EdgeCycles, o.Seed),
+		EdgeEnd(p, o.EdgeCycles, o.Seed),
+	}
+	r.Traces = append(r.Traces, o.Files...)
+
+	// The sweep: every bursty seed, plus the other traces for the
+	// overshoot.
+	sweepTraces := []Trace{r.Traces[0], r.Traces[2], r.Traces[3]}
+	sweepTraces = append(sweepTraces, o.Files...)
+	bursts := make([]Trace, o.Seeds)
+	for i := range bursts {
+		bursts[i] = o.bursty(o.Seed + uint64(i))
+	}
+	sweepTraces = append(sweepTraces, bursts...)
+	var sweepConfigs []Config
+	for _, k := range divisors(p.Window, o.MaxSweep) {
+		for _, c := range []Config{
+			{Algorithm: Bounded, SubWindows: k},
+			{Algorithm: Interpolated, SubWindows: k},
+			{Algorithm: Sliced, SubWindows: k, Slices: 2},
+			{Algorithm: Sliced, SubWindows: k, Slices: 4},
+			{Algorithm: Moment, SubWindows: k},
+		} {
+			if c.valid(p) {
+				sweepConfigs = append(sweepConfigs, c)
+			}
+		}
+	}
+	sweep, err := simulateAll(sweepTraces, p, append([]Config{{Algorithm: Log}}, sweepConfigs...))
+	if err != nil {
+		return nil, err
+	}
+	nb := len(sweepTraces) - len(bursts)
+	for j, c := range sweepConfigs {
+		row := SweepRow{Config: c}
+		for i := range sweepTraces {
+			res := sweep[i][j+1]
+			row.Overshoot = max(row.Overshoot, res.Overshoot(p))
+			if i >= nb {
+				row.Shares = append(row.Shares, share(res, sweep[i][0]))
+				if i == nb {
+					row.Memcached = res.Memcached
+				}
+			}
+		}
+		r.Sweep = append(r.Sweep, row)
+	}
+	r.Choice = choose(r.Sweep, o)
+
+	// The tables.
+	r.Configs = Configs(filterValid(IssueSubWindows, p))
+	if r.Choice.Found && !slices.Contains(r.Configs, r.Choice.Row.Config) {
+		r.Configs = insertAfter(r.Configs, r.Choice.Row.Config)
+	}
+	for _, c := range []Config{
+		{Algorithm: Sliced, SubWindows: 10, Slices: 2},
+		{Algorithm: Sliced, SubWindows: 10, Slices: 4},
+		{Algorithm: Moment, SubWindows: 10},
+	} {
+		if c.valid(p) {
+			r.Configs = append(r.Configs, c)
+		}
+	}
+	if r.Results, err = simulateAll(r.Traces, p, r.Configs); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// valid reports whether c can enforce p.
+func (c Config) valid(p Params) bool {
+	if c.sliding() && (c.SubWindows < 1 || c.SubWindows > limiter.MaxSubWindows || p.Window%time.Duration(c.resolution()) != 0) {
+		return false
+	}
+	switch c.Algorithm {
+	case Sliced:
+		if c.Slices < 1 || c.Slices > 64 {
+			return false
+		}
+		width := 64 / c.Slices
+		return width >= 64 || p.Limit < 1<<(width-1)
+	case Moment:
+		return p.Limit*momentQuanta < 1<<32
+	}
+	return true
+}
+
+func filterValid(ks []int, p Params) []int {
+	var out []int
+	for _, k := range ks {
+		if p.Window%time.Duration(k) == 0 {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// insertAfter inserts a bounded configuration after the last bounded one
+// with fewer sub-windows.
+func insertAfter(cs []Config, c Config) []Config {
+	at := 0
+	for i, d := range cs {
+		if d.Algorithm == c.Algorithm && d.SubWindows < c.SubWindows {
+			at = i + 1
+		}
+	}
+	return slices.Insert(cs, at, c)
+}
+
+// share is what res admitted relative to the exact log ref.
+func share(res, ref Result) float64 {
+	if ref.Admitted == 0 {
+		return 1
+	}
+	return float64(res.Admitted) / float64(ref.Admitted)
+}
+
+// choose picks the limiter.SlidingWindow configuration with the fewest
+// sub-windows, at most o.MaxChoice, that never overshot and reached the
+// target on every bursty seed.
+func choose(sweep []SweepRow, o Options) Choice {
+	var best Choice
+	for _, row := range sweep {
+		c := row.Config
+		if c.Algorithm != Bounded && c.Algorithm != Interpolated || c.SubWindows > o.MaxChoice {
+			continue
+		}
+		if row.Overshoot > 1 || row.MinShare() < o.Target {
+			continue
+		}
+		if !best.Found || c.SubWindows < best.Row.Config.SubWindows {
+			best = Choice{Found: true, Row: row}
+		}
+	}
+	return best
+}
+
+// simulateAll runs every configuration on every trace, in parallel;
+// out[i][j] is configuration j on trace i.
+func simulateAll(traces []Trace, p Params, configs []Config) ([][]Result, error) {
+	out := make([][]Result, len(traces))
+	errs := make([][]error, len(traces))
+	type job struct{ i, j int }
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for jb := range jobs {
+				res, err := Simulate(traces[jb.i], p, configs[jb.j])
+				res.Admits = res.Admits[:len(res.Admits):len(res.Admits)]
+				out[jb.i][jb.j], errs[jb.i][jb.j] = res, err
+			}
+		}()
+	}
+	for i := range traces {
+		out[i] = make([]Result, len(configs))
+		errs[i] = make([]error, len(configs))
+	}
+	for i := range traces {
+		for j := range configs {
+			jobs <- job{i, j}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	for i := range errs {
+		for j, err := range errs[i] {
+			if err != nil {
+				return nil, fmt.Errorf("%s on %s: %w", configs[j].Name(), traces[i].Name, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// result returns configuration c's result on trace i.
+func (r *Report) result(i int, c Config) (Result, bool) {
+	for j, d := range r.Configs {
+		if d == c {
+			return r.Results[i][j], true
+		}
+	}
+	return Result{}, false
+}
+
+// reference returns the exact log's result on trace i.
+func (r *Report) reference(i int) Result {
+	res, _ := r.result(i, Config{Algorithm: Log})
+	return res
+}
+
+// worstOvershoot is c's largest overshoot over the report's traces.
+func (r *Report) worstOvershoot(c Config) float64 {
+	w := 0.0
+	for i := range r.Traces {
+		if res, ok := r.result(i, c); ok {
+			w = max(w, res.Overshoot(r.Options.Params))
+		}
+	}
+	return w
+}
+
+// sweepRow returns the sweep's row for c.
+func (r *Report) sweepRow(c Config) (SweepRow, bool) {
+	for _, row := range r.Sweep {
+		if row.Config == c {
+			return row, true
+		}
+	}
+	return SweepRow{}, false
+}
