@@ -52,9 +52,9 @@ import (
 // wrapping [limiter.ErrConflict]. Every write bumps lv, so no update is
 // lost.
 //
-// A release is ONE unconditional-in-practice UpdateItem that never
-// conflicts: REMOVE leases.<id> ADD lv :1 on condition attribute_exists(leases)
-// (a key without an item has nothing to release).
+// A release is ONE UpdateItem that never conflicts with other writers:
+// REMOVE leases.<id> ADD lv :1, on condition attribute_exists(leases) only
+// so that a key without an item (nothing to release) is not created.
 //
 // The ttl attribute is the wall-clock time the last lease written expires,
 // plus a second (DynamoDB deletes expired items lazily; the leases' own
