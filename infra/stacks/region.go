@@ -45,10 +45,17 @@ func NewRegionStack(scope awscdk.App, p RegionStackProps) awscdk.Stack {
 		cache:        cache,
 		tables:       tables,
 	})
-	newRestAPI(s, c, p.Region, fn)
+	rest := newRestAPI(s, c, p.Region, fn)
+	output(s, "RestApiUrl", rest.Url(), "REST API (429/503 gateway responses)")
 	if *c.API.HTTPAPI {
-		newHTTPAPI(s, c, fn)
+		httpAPI := newHTTPAPI(s, c, fn)
+		output(s, "HttpApiUrl", httpAPI.Url(), "HTTP API (refusals are 403)")
 	}
+	output(s, "StateTableName", jsii.String(tables.stateName), "DynamoDB state table (this region's replica)")
 	newMonitoring(s, c, p.Region, fn)
 	return s
+}
+
+func output(s awscdk.Stack, id string, value *string, desc string) {
+	awscdk.NewCfnOutput(s, jsii.String(id), &awscdk.CfnOutputProps{Value: value, Description: jsii.String(desc)})
 }
