@@ -154,8 +154,10 @@ func leaseExpiry(now int64, ttl time.Duration) int64 {
 // state that beat them, within ctx's deadline, and never lose an update.
 // The leases must be kept at least until [LeaseExpiry] of what was written.
 //
-// ReleaseLease removes a lease the same way with op.Apply. Releasing a lease
-// that is not held is not an error.
+// ReleaseLease removes the lease op.ID, atomically as well (with op.Apply,
+// or natively: DynamoDB removes one map entry). It may leave the leases
+// expired at op.Now for the next acquire to drop. Releasing a lease that is
+// not held is not an error.
 type LeaseStore interface {
 	AcquireLease(ctx context.Context, key Key, op LeaseOp) (Decision, error)
 	ReleaseLease(ctx context.Context, key Key, op ReleaseOp) error

@@ -195,6 +195,52 @@ func (f *FleetShedder) Release(ctx context.Context, l Lease) error {
 	return f.cc.Release(ctx, l)
 }
 
+// Check is Acquire without a release: a non-critical request that is let
+// through holds its slot until the lease expires, LeaseTTL later. It is the
+// shedder's form for callers that cannot run anything after the request,
+// such as an API Gateway authorizer. With LeaseTTL set near the requests'
+// typical duration, the live leases count the non-critical requests started
+// within that time, which approximates the requests in flight (Little's
+// law: in flight = arrival rate x duration). Where the request's end can
+// be seen, use Acquire and Release: they count requests in flight exactly.
+func (f *FleetShedder) Check(ctx context.Context, p Priority, now time.Time) (Decision, error) {
+	_, d, err := f.Acquire(ctx, p, now)
+	return d, err
+}
+
+// Shedder is the form both load shedders offer to a policy:
+// [UtilizationShedder.Check] and [FleetShedder.Check]. A decision with
+// Allowed false (and a positive RetryAfter) sheds the request.
+type Shedder interface {
+	Check(ctx context.Context, p Priority, now time.Time) (Decision, error)
+}
+
+// Shedders asks several shedders in turn, cheapest first (a
+// UtilizationShedder reads a cached signal; a FleetShedder writes to its
+// store): the first that sheds decides, and the later ones are not asked. A
+// shedder's error without a shedding decision lets the request past that
+// shedder (load shedding fails open); errors are joined and returned with
+// the decision. Critical requests are allowed without asking anyone.
+type Shedders []Shedder
+
+// Check implements [Shedder].
+func (s Shedders) Check(ctx context.Context, p Priority, now time.Time) (Decision, error) {
+	if p >= PriorityCritical {
+		return Decision{Allowed: true}, nil
+	}
+	var errs []error
+	for _, sh := range s {
+		d, err := sh.Check(ctx, p, now)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if !d.Allowed && (err == nil || d.RetryAfter > 0) {
+			return d, errors.Join(errs...)
+		}
+	}
+	return Decision{Allowed: true}, errors.Join(errs...)
+}
+
 // Utilization is the signal of the worker-utilization load shedder: how
 // busy the workers are, from 0 (idle) to 1 (every worker busy).
 type Utilization interface {

@@ -530,3 +530,86 @@ func TestPublishedUtilizationShedder(t *testing.T) {
 		t.Fatal("published NaN")
 	}
 }
+
+// TestFleetShedderCheck: without releases, a slot is held for the lease TTL.
+func TestFleetShedderCheck(t *testing.T) {
+	f, err := limiter.NewFleetShedder(ccLeases(t), limiter.FleetShedderConfig{Capacity: 4, Reserve: 0.5, LeaseTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	check := func(p limiter.Priority, at time.Duration) bool {
+		t.Helper()
+		d, err := f.Check(ctx, p, ccBase.Add(at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Allowed
+	}
+	if !check(limiter.PriorityNormal, 0) || !check(limiter.PriorityNormal, time.Second) || check(limiter.PriorityNormal, time.Second) {
+		t.Fatal("two non-critical slots: want two allowed, the third shed")
+	}
+	if !check(limiter.PriorityCritical, time.Second) {
+		t.Fatal("critical shed")
+	}
+	if !check(limiter.PriorityLow, 2*time.Second) || check(limiter.PriorityLow, 2*time.Second) {
+		t.Fatal("after the first lease's TTL: one slot free")
+	}
+}
+
+// shedFunc adapts a function to limiter.Shedder.
+type shedFunc func(context.Context, limiter.Priority, time.Time) (limiter.Decision, error)
+
+func (f shedFunc) Check(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, error) {
+	return f(ctx, p, now)
+}
+
+func TestShedders(t *testing.T) {
+	var asked []string
+	allow := func(name string) limiter.Shedder {
+		return shedFunc(func(context.Context, limiter.Priority, time.Time) (limiter.Decision, error) {
+			asked = append(asked, name)
+			return limiter.Decision{Allowed: true, Name: name}, nil
+		})
+	}
+	shed := func(name string, err error) limiter.Shedder {
+		return shedFunc(func(context.Context, limiter.Priority, time.Time) (limiter.Decision, error) {
+			asked = append(asked, name)
+			return limiter.Decision{Name: name, RetryAfter: time.Second}, err
+		})
+	}
+	fail := func(name string) limiter.Shedder {
+		return shedFunc(func(context.Context, limiter.Priority, time.Time) (limiter.Decision, error) {
+			asked = append(asked, name)
+			return limiter.Decision{}, errors.New(name + " down")
+		})
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		s       limiter.Shedders
+		p       limiter.Priority
+		allowed bool
+		by      string
+		asked   string
+		errs    string
+	}{
+		{limiter.Shedders{allow("u"), allow("f")}, limiter.PriorityNormal, true, "", "u,f", ""},
+		{limiter.Shedders{shed("u", nil), allow("f")}, limiter.PriorityNormal, false, "u", "u", ""},
+		{limiter.Shedders{allow("u"), shed("f", nil)}, limiter.PriorityLow, false, "f", "u,f", ""},
+		{limiter.Shedders{fail("u"), shed("f", nil)}, limiter.PriorityLow, false, "f", "u,f", "u down"},
+		{limiter.Shedders{fail("u"), fail("f")}, limiter.PriorityHigh, true, "", "u,f", "u down\nf down"},
+		{limiter.Shedders{shed("u", limiter.ErrNoUtilization), allow("f")}, limiter.PriorityHigh, false, "u", "u", limiter.ErrNoUtilization.Error()},
+		{limiter.Shedders{shed("u", nil), fail("f")}, limiter.PriorityCritical, true, "", "", ""},
+	} {
+		asked = nil
+		d, err := c.s.Check(ctx, c.p, ccBase)
+		got := strings.Join(asked, ",")
+		errs := ""
+		if err != nil {
+			errs = err.Error()
+		}
+		if d.Allowed != c.allowed || (!d.Allowed && d.Name != c.by) || got != c.asked || errs != c.errs {
+			t.Errorf("%v: %+v asked %q err %q; want allowed=%v by %q asked %q err %q", c.p, d, got, errs, c.allowed, c.by, c.asked, c.errs)
+		}
+	}
+}
