@@ -56,7 +56,7 @@ const maxInlineRulesBytes = 3072
 // in and Validate checks the result.
 type Config struct {
 	// StackPrefix names the stacks (<prefix>-<region>) and, lower-cased,
-	// the tables. Default "Sluice".
+	// the tables and the cache. Up to 30 characters. Default "Sluice".
 	StackPrefix string `json:"stackPrefix,omitempty"`
 	// Account is the AWS account of every stack. Default DummyAccount.
 	Account string `json:"account,omitempty"`
@@ -301,15 +301,18 @@ func (c *Config) ApplyDefaults() {
 }
 
 var (
-	regionRE      = regexp.MustCompile(`^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]$`)
-	accountRE     = regexp.MustCompile(`^[0-9]{12}$`)
-	prefixRE      = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]{0,30}$`)
-	tableNameRE   = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,200}$`)
-	cacheNameRE   = regexp.MustCompile(`^[a-z][a-z0-9-]{0,30}$`)
-	stageNameRE   = regexp.MustCompile(`^[A-Za-z0-9_]{1,128}$`)
-	errNoRegions  = errors.New("config: regions: at least one region is required")
-	maxTimeoutSec = 30 // an authorizer answering later than API Gateway waits is useless
+	regionRE     = regexp.MustCompile(`^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]$`)
+	accountRE    = regexp.MustCompile(`^[0-9]{12}$`)
+	prefixRE     = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]{0,29}$`)
+	tableNameRE  = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,200}$`)
+	cacheNameRE  = regexp.MustCompile(`^[a-z][a-z0-9]*(-[a-z0-9]+)*$`) // ElastiCache: no "--", no trailing "-"
+	stageNameRE  = regexp.MustCompile(`^[A-Za-z0-9_]{1,128}$`)
+	errNoRegions = errors.New("config: regions: at least one region is required")
 )
+
+// maxTimeoutSec bounds the authorizer's timeout: an authorizer answering
+// later than API Gateway waits is useless.
+const maxTimeoutSec = 30
 
 // Validate checks a defaulted config. The error names the offending field.
 func (c *Config) Validate() error {
@@ -321,10 +324,10 @@ func (c *Config) Validate() error {
 		return errNoRegions
 	}
 	if !prefixRE.MatchString(c.StackPrefix) {
-		bad("stackPrefix", "%q must start with a letter and hold up to 31 letters, digits or '-'", c.StackPrefix)
+		bad("stackPrefix", "%q must start with a letter and hold up to 30 letters, digits or '-'", c.StackPrefix)
 	}
 	if !cacheNameRE.MatchString(strings.ToLower(c.StackPrefix)) {
-		bad("stackPrefix", "%q lower-cased must be a valid cache name", c.StackPrefix)
+		bad("stackPrefix", "%q must not end with '-' or hold \"--\" (it names the cache)", c.StackPrefix)
 	}
 	if !accountRE.MatchString(c.Account) {
 		bad("account", "%q is not a 12-digit AWS account id", c.Account)

@@ -82,6 +82,8 @@ func TestValidateRejects(t *testing.T) {
 			c.Regions = []string{"eu-west-1", "eu-west-2", "eu-west-3", "eu-central-1"}
 		}, "exactly three regions, got 4"},
 		{"bad account", func(c *Config) { c.Account = "1234" }, "account"},
+		{"long prefix", func(c *Config) { c.StackPrefix = strings.Repeat("S", 31) }, "up to 30"},
+		{"prefix hyphen", func(c *Config) { c.StackPrefix = "Sluice-" }, "must not end with '-'"},
 		{"two rule sources", func(c *Config) { c.Rules.Inline = "rules: []"; c.Rules.Table = true }, "at most one"},
 		{"absolute bundle path", func(c *Config) { c.Rules.BundlePath = "/etc/rules.yaml" }, "rules.bundlePath"},
 		{"memcached mode", func(c *Config) { c.Memcached.Mode = "redis" }, "memcached.mode"},
