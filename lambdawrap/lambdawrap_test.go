@@ -70,7 +70,9 @@ func TestHoldsDuringTheHandler(t *testing.T) {
 		err   error
 		panic bool
 	}{
-		{name: "return", run: func() (events.APIGatewayProxyResponse, error) { return events.APIGatewayProxyResponse{StatusCode: 200}, nil }},
+		{name: "return", run: func() (events.APIGatewayProxyResponse, error) {
+			return events.APIGatewayProxyResponse{StatusCode: 200}, nil
+		}},
 		{name: "error", run: func() (events.APIGatewayProxyResponse, error) { return events.APIGatewayProxyResponse{}, boom }, err: boom},
 		{name: "panic", run: func() (events.APIGatewayProxyResponse, error) { panic(boom) }, panic: true},
 	} {
