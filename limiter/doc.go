@@ -18,6 +18,14 @@
 //     reference, for small limits.
 //   - [Stack]: several limits on one key (100/min and 2/s); all must pass and
 //     a denial gives back what the others took.
+//   - [Concurrency]: Stripe's concurrent-requests limiter: Acquire before the
+//     work, Release after; a lease expires after its TTL, so a lost release
+//     (a crashed Lambda) never leaks capacity for longer.
+//   - [FleetShedder] and [UtilizationShedder]: Stripe's load shedders. The
+//     fleet-usage shedder keeps a share of a global concurrency limit for
+//     [Critical] traffic; the worker-utilization shedder is Stripe's slow
+//     derivative controller, shedding the lowest [Priority] first. [Shedders]
+//     chains them.
 //
 // Every algorithm takes the current time as an argument (now), so callers can
 // replay historical traffic with their own timestamps and tests run on a fixed
@@ -27,7 +35,8 @@
 // Stores are declared here as interfaces shaped at the level of one decision's
 // storage step, so that a backend can answer in one network round trip:
 // [Counter] for the windows, [BucketStore] for the token bucket, [LogStore]
-// for the sliding log. The in-process store is in backends/memory; memcached
+// for the sliding log, [LeaseStore] for concurrency leases and [GaugeStore]
+// for published values such as the fleet's utilization. The in-process store is in backends/memory; memcached
 // and DynamoDB live in backends/memcached and backends/dynamo. This package
 // imports the standard library only.
 package limiter

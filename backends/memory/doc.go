@@ -1,6 +1,8 @@
 // Package memory is Sluice's in-process store: the embedded default, and the
-// reference implementation of the limiter's store interfaces
-// ([limiter.Counter], [limiter.BucketStore], [limiter.LogStore]).
+// reference implementation of the limiter's store interfaces: [Store]
+// implements [limiter.Counter], [limiter.BucketStore] and [limiter.LogStore];
+// [Leases] implements [limiter.LeaseStore] and [limiter.GaugeStore] for the
+// concurrency limiter and the load shedders.
 //
 // Storage protocol: keys are spread over 64 shards by a seeded hash; each
 // shard is a map guarded by one mutex, so every decision's read-modify-write
