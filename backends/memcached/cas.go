@@ -173,6 +173,9 @@ func (s *Store) update(ctx context.Context, kind, key string, ttl time.Duration,
 			}
 		}
 		if it, err = s.read(ctx, key); err != nil {
+			if lost > 0 && ctx.Err() != nil {
+				err = fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err)
+			}
 			return limiter.Decision{}, errorf(kind+": gets", err)
 		}
 		fresh = true

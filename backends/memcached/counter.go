@@ -35,7 +35,7 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	defer cancel()
 
 	base := s.keys.base(k)
-	// keys[0] is cur+1, keys[j] is cur-j+1 ... keys[span] is cur-span+1.
+	// Read cur+1 (for Later), cur when only reading, and cur-1 ... cur-span+1.
 	keys := make([]string, 0, span+1)
 	for j := -1; j < span; j++ {
 		if j == 0 && n > 0 {
@@ -44,10 +44,6 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		keys = append(keys, counterKey(base, cur-int64(j)))
 	}
 
-	type incrResult struct {
-		v   int64
-		err error
-	}
 	var incrCh chan incrResult
 	if n > 0 {
 		incrCh = make(chan incrResult, 1)
@@ -57,6 +53,14 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 			v, err := s.incr(key, n, exp)
 			incrCh <- incrResult{v, err}
 		}()
+		if !s.oneTrip(cur, span, ttl) {
+			// Near a boundary: the reads must see the world after our
+			// increment (see the package comment).
+			if err := waitIncr(ctx, incrCh, &c); err != nil {
+				return c, err
+			}
+			incrCh = nil
+		}
 	}
 	items, err := call(ctx, func() (map[string]*memcache.Item, error) {
 		return retryDead(s.mc, func() (map[string]*memcache.Item, error) { return s.mc.GetMulti(keys) })
@@ -64,15 +68,9 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	if err != nil {
 		return c, errorf("add: get-multi", err)
 	}
-	if n > 0 {
-		select {
-		case r := <-incrCh:
-			if r.err != nil {
-				return c, errorf("add: incr", r.err)
-			}
-			c.C[0] = r.v
-		case <-ctx.Done():
-			return c, errorf("add: incr", ctx.Err())
+	if incrCh != nil {
+		if err := waitIncr(ctx, incrCh, &c); err != nil {
+			return c, err
 		}
 	}
 	for j := -1; j < span; j++ {
@@ -95,6 +93,52 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		}
 	}
 	return c, nil
+}
+
+type incrResult struct {
+	v   int64
+	err error
+}
+
+// waitIncr waits for the incr's result and stores it as c.C[0].
+func waitIncr(ctx context.Context, ch <-chan incrResult, c *limiter.Counts) error {
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return errorf("add: incr", r.err)
+		}
+		c.C[0] = r.v
+		return nil
+	case <-ctx.Done():
+		return errorf("add: incr", ctx.Err())
+	}
+}
+
+// oneTrip reports whether a decision on sub-window cur may issue its incr
+// and its get-multi at once. The sub-window length is not passed to Add; it
+// is ttl/span, as the limiter's windows set ttl to span sub-windows (a
+// window plus one sub-window). When it is not a whole number, oneTrip says
+// no: a changed convention costs a round trip, never exactness.
+func (s *Store) oneTrip(cur int64, span int, ttl time.Duration) bool {
+	if s.guard < 0 || span == 1 {
+		// A fixed window reads no older sub-window: nothing to race.
+		return true
+	}
+	if ttl <= 0 || ttl%time.Duration(span) != 0 {
+		return false
+	}
+	sub := int64(ttl) / int64(span)
+	now := s.now().UnixNano()
+	idx := now / sub
+	if now%sub < 0 {
+		idx--
+	}
+	if idx != cur {
+		return false // a replay, or the caller's clock is off ours
+	}
+	elapsed := now - idx*sub
+	g := int64(s.guard)
+	return elapsed >= g && sub-elapsed > g
 }
 
 // incr adds n to the counter at key, creating it with expiry exp when

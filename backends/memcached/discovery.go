@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +43,9 @@ func discover(ctx context.Context, dial dialFunc, endpoint string) (version int6
 	if err != nil {
 		if ctx.Err() != nil {
 			err = ctx.Err()
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The socket deadline is ctx's.
+			err = fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
 		}
 		return 0, nil, fmt.Errorf("%w: %s: %w", ErrDiscovery, endpoint, err)
 	}

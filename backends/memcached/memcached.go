@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -28,6 +29,9 @@ const (
 	DefaultRetryBackoff      = 200 * time.Microsecond
 	DefaultCacheSize         = 1024
 	DefaultDiscoveryInterval = time.Minute
+	// DefaultClockSkew is the clock skew between hosts that the default
+	// BoundaryGuard allows for.
+	DefaultClockSkew = 10 * time.Millisecond
 	// maxRetryBackoff caps the jittered wait between two CAS attempts.
 	maxRetryBackoff = 20 * time.Millisecond
 )
@@ -81,6 +85,16 @@ type Config struct {
 	// Zero means DefaultJitter; negative means none.
 	Jitter time.Duration
 
+	// BoundaryGuard makes the bounded sliding window exact across
+	// sub-window boundaries. A decision whose sub-window, by the Store's
+	// clock, is not the current one, or began or ends less than
+	// BoundaryGuard ago or ahead, increments first and reads the other
+	// sub-windows after (two round trips); other decisions do both at once
+	// (one round trip). It must cover Timeout plus the clock skew between
+	// callers and Stores; see the package comment. Zero means Timeout +
+	// DefaultClockSkew; negative means always one round trip.
+	BoundaryGuard time.Duration
+
 	// MaxRetries bounds the CAS attempts of one UpdateBucket or
 	// UpdateLog after a lost race; retries also stop at the call's
 	// deadline. Zero means DefaultMaxRetries.
@@ -105,6 +119,7 @@ type Store struct {
 	ring       *Ring // nil for NewFromClient
 	keys       keyer
 	timeout    time.Duration
+	guard      time.Duration // < 0: off
 	jitter     time.Duration
 	maxRetries int
 	backoff    time.Duration
@@ -212,6 +227,10 @@ func newStore(mc *memcache.Client, cfg Config) (*Store, error) {
 		maxRetries: cmp(cfg.MaxRetries, DefaultMaxRetries),
 		backoff:    cmp(cfg.RetryBackoff, DefaultRetryBackoff),
 		now:        time.Now,
+	}
+	s.guard = cfg.BoundaryGuard
+	if s.guard == 0 {
+		s.guard = s.timeout + DefaultClockSkew
 	}
 	if s.jitter < 0 {
 		s.jitter = 0
@@ -341,8 +360,10 @@ func (s *Store) expiry(ttl time.Duration) int32 {
 	if ttl < 0 { // overflow of a huge TTL plus jitter
 		return 0
 	}
-	secs := (int64(ttl) + int64(time.Second) - 1) / int64(time.Second)
-	secs = max(secs, 1)
+	secs := int64(ttl / time.Second)
+	if ttl%time.Second != 0 || secs == 0 {
+		secs++
+	}
 	const relativeMax = 30 * 24 * 60 * 60
 	if secs <= relativeMax {
 		return int32(secs)
@@ -403,12 +424,21 @@ func errorf(op string, err error) error {
 	switch {
 	case errors.Is(err, limiter.ErrCorruptState), errors.Is(err, limiter.ErrConflict):
 		return fmt.Errorf("memcached: %s: %w", op, err)
+	case isTimeout(err) && !errors.Is(err, context.DeadlineExceeded):
+		// A socket timeout is the call's deadline too.
+		return fmt.Errorf("memcached: %s: %w: %w: %w", op, ErrUnavailable, context.DeadlineExceeded, err)
 	case isClientError(err):
 		// The server refused to incr/decr: the item is not a number, so
 		// it is not ours or was damaged.
 		return fmt.Errorf("memcached: %s: %w: %w", op, limiter.ErrCorruptState, err)
 	}
 	return fmt.Errorf("memcached: %s: %w: %w", op, ErrUnavailable, err)
+}
+
+// isTimeout reports a socket or dial timeout.
+func isTimeout(err error) bool {
+	var cte *memcache.ConnectTimeoutError
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &cte)
 }
 
 // isClientError reports a CLIENT_ERROR reply to incr or decr (gomemcache

@@ -1,0 +1,43 @@
+package memcached_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// statsOf returns the numeric fields of memcached's "stats" at addr
+// (gomemcache has no stats call).
+func statsOf(addr string) (map[string]int64, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("stats\r\n")); err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return nil, err
+		}
+		line = strings.TrimRight(line, "\r\n")
+		if line == "END" {
+			return out, nil
+		}
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != "STAT" {
+			return nil, fmt.Errorf("stats: unexpected line %q", line)
+		}
+		if v, err := strconv.ParseInt(f[2], 10, 64); err == nil {
+			out[f[1]] = v
+		}
+	}
+}
