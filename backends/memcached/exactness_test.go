@@ -2,6 +2,7 @@ package memcached_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -184,4 +185,59 @@ func TestBoundaryRace(t *testing.T) {
 		worst = max(worst, a.Load()+b.Load()-limit)
 	}
 	t.Logf("largest overshoot across the boundary in 5 rounds of %d racing requests: %d", 2*workers, worst)
+}
+
+// TestExactnessRealClock: 64 goroutines decide on one key with the wall
+// clock for a few seconds, across sub-window boundaries, some decisions in
+// one round trip and some (near boundaries) in two. The bounded sliding
+// window never allows more than its limit in any window-length interval.
+func TestExactnessRealClock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for seconds")
+	}
+	const timeout = 300 * time.Millisecond
+	s := newStore(t, memcached.Config{Timeout: timeout})
+	const limit, k = 300, 4
+	sub := time.Second
+	window := k * sub
+	sw, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: limit, Window: window, SubWindows: k})
+	key := limitertestKey(t)
+	var mu sync.Mutex
+	var allowed []time.Time
+	var failed atomic.Int64
+	end := time.Now().Add(2*window + sub/2)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				now := time.Now()
+				d, err := sw.Allow(context.Background(), key, now)
+				switch {
+				case err != nil:
+					// A failed call is not admitted; its incr may still
+					// land, which only makes the window stricter.
+					failed.Add(1)
+				case d.Allowed:
+					mu.Lock()
+					allowed = append(allowed, now)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	slices.SortFunc(allowed, time.Time.Compare)
+	worst, lo := 0, 0
+	for hi, at := range allowed {
+		for allowed[lo].Before(at.Add(-window)) {
+			lo++
+		}
+		worst = max(worst, hi-lo+1)
+	}
+	t.Logf("%d allowed, %d failed calls; at most %d in any %v (limit %d)", len(allowed), failed.Load(), worst, window, limit)
+	if worst > limit {
+		t.Fatalf("%d allowed within %v, limit %d", worst, window, limit)
+	}
 }
