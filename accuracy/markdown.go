@@ -20,12 +20,14 @@ func (r *Report) Write(dir string) error {
 	if err := os.MkdirAll(figDir, 0o755); err != nil {
 		return err
 	}
-	figs, err := r.figures()
-	if err != nil {
-		return err
-	}
+	figs := r.figures()
 	for _, f := range figs {
-		if err := f.fig.save(figDir); err != nil {
+		fig, err := f.build()
+		if err != nil {
+			return fmt.Errorf("accuracy: figure %s: %w", f.name, err)
+		}
+		fig.dpi = r.drawing().dpi
+		if err := fig.save(figDir); err != nil {
 			return err
 		}
 	}
@@ -36,18 +38,14 @@ func (r *Report) Write(dir string) error {
 	return os.WriteFile(filepath.Join(dir, "accuracy.md"), buf.Bytes(), 0o644)
 }
 
-// Markdown writes the report's markdown (the figures are referenced under
-// accuracy/, as Write writes them).
-func (r *Report) Markdown(w io.Writer) error {
-	figs, err := r.figures()
-	if err != nil {
-		return err
-	}
-	return r.markdown(w, figs)
-}
+// Markdown writes the report's markdown, which refers to the figures Write
+// writes under accuracy/.
+func (r *Report) Markdown(w io.Writer) error { return r.markdown(w, r.figures()) }
 
+// captioned is a figure of the report, built on demand.
 type captioned struct {
-	fig     *figure
+	name    string // file name without extension
+	build   func() (*figure, error)
 	title   string
 	caption string
 }
@@ -102,9 +100,18 @@ func (r *Report) admittedConfigs() []Config {
 
 var unsafeName = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
 
-func (r *Report) figures() ([]captioned, error) {
+// drawing is the detail of the report's figures.
+func (r *Report) drawing() drawing {
+	if r.Options.Draft {
+		return draftDrawing
+	}
+	return fullDrawing
+}
+
+func (r *Report) figures() []captioned {
 	p := r.Options.Params
 	w := p.Window
+	d := r.drawing()
 	var out []captioned
 	// The first n windows of a trace, from the start of the window of its
 	// first request.
@@ -113,62 +120,54 @@ func (r *Report) figures() ([]captioned, error) {
 		to := from + int64(n)*int64(w)
 		return segment(tr, from, to), from, to
 	}
-
-	bursty, from, to := span(r.Traces[1], 15)
-	f, err := countFigure("counts-bursty", bursty, from, to, p, r.countConfigs())
-	if err != nil {
-		return nil, err
+	counts := func(name string, tr Trace) func() (*figure, error) {
+		return func() (*figure, error) {
+			seg, from, to := span(tr, d.countWindows)
+			return countFigure(name, seg, from, to, p, r.countConfigs(), d.grid)
+		}
 	}
-	out = append(out, captioned{f, "What each configuration counts (the bursty trace)",
+	admitted := func(name string, tr Trace) func() (*figure, error) {
+		return func() (*figure, error) {
+			seg, from, to := span(tr, d.admittedWindows)
+			return admittedFigure(name, seg, from, to, p, r.admittedConfigs(), d.grid)
+		}
+	}
+
+	out = append(out, captioned{"counts-bursty", counts("counts-bursty", r.Traces[1]), "What each configuration counts (the bursty trace)",
 		fmt.Sprintf("The first %d windows of the bursty trace, every request counted and none denied, as in Criteo's figures: "+
 			"grey is the exact number of requests in the last %v, dotted orange what the configuration counts at each request "+
-			"(its estimate, the request included). The fixed window forgets at each window mark; the interpolated estimator "+
+			"(its estimate, the request included) and in between (a probe, counted and refunded). The fixed window forgets at each window mark; the interpolated estimator "+
 			"follows the exact count but strays above and below it; the bounded estimator never counts less than the exact count, "+
-			"and the more sub-windows, the closer it stays.", 15, w)})
+			"and the more sub-windows, the closer it stays.", d.countWindows, w)})
 
 	for i, tr := range r.Traces[4:] {
 		name := "counts-" + strings.Trim(unsafeName.ReplaceAllString(tr.Name, "-"), "-")
-		seg, from, to := span(tr, 15)
-		f, err := countFigure(name, seg, from, to, p, r.countConfigs())
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, captioned{f, fmt.Sprintf("What each configuration counts (trace %s)", tr.Name),
-			fmt.Sprintf("The first %d windows of the trace read from a file (%d of %d), as above.", 15, i+1, len(r.Traces)-4)})
+		out = append(out, captioned{name, counts(name, tr), fmt.Sprintf("What each configuration counts (trace %s)", tr.Name),
+			fmt.Sprintf("The first %d windows of the trace read from a file (%d of %d), as above.", d.countWindows, i+1, len(r.Traces)-4)})
 	}
 
 	for _, tr := range []Trace{r.Traces[3], r.Traces[2]} {
-		seg, from, to := span(tr, 8)
-		f, err := admittedFigure("admitted-"+tr.Name, seg, from, to, p, r.admittedConfigs())
-		if err != nil {
-			return nil, err
-		}
 		what := "a burst in the last second of a window, then twice the limit's rate"
 		if tr.Name == "edge-start" {
 			what = "a burst in the first second of a window, then twice the limit's rate"
 		}
-		out = append(out, captioned{f, fmt.Sprintf("What each configuration admits (the %s trace)", tr.Name),
-			fmt.Sprintf("Two cycles of the %s trace (%s), each configuration enforcing the limit: orange is the number "+
+		name := "admitted-" + tr.Name
+		out = append(out, captioned{name, admitted(name, tr), fmt.Sprintf("What each configuration admits (the %s trace)", tr.Name),
+			fmt.Sprintf("The first %d windows of the %s trace (%s), each configuration enforcing the limit: orange is the number "+
 				"of requests it admitted in the last %v at each moment, grey the exact sliding log's, red the limit. Orange above red "+
-				"is overshoot; orange below grey while requests keep coming is under-admission.", tr.Name, what, w)})
+				"is overshoot; orange below grey while requests keep coming is under-admission.", d.admittedWindows, tr.Name, what, w)})
 	}
 
-	if f, err = r.tradeoffFigure(); err != nil {
-		return nil, err
-	}
-	out = append(out, captioned{f, "Trade-off: overshoot against admitted share",
+	out = append(out, captioned{"tradeoff", r.tradeoffFigure, "Trade-off: overshoot against admitted share",
 		fmt.Sprintf("Each configuration of the summary table: its worst window over every trace, over the limit (above the red "+
 			"line it let more than the limit through some window), against what it admitted on the bursty trace relative to the "+
-			"exact sliding log. The acceptable region is on the red line, right of the green one (%.0f%%).", 100*r.Options.Target)})
+			"exact sliding log. The acceptable region is on the red line, right of the green one (%.0f%%). Configurations with the same point share a label.", 100*r.Options.Target)})
 
-	if f, err = r.frontierFigure(); err != nil {
-		return nil, err
-	}
-	out = append(out, captioned{f, "The frontier: accuracy against memcached items",
+	out = append(out, captioned{"frontier", r.frontierFigure, "The frontier: accuracy against memcached items",
 		fmt.Sprintf("Left: the share of the exact log's admissions on the worst of the %d bursty seeds, against the number of "+
 			"counters a key keeps in view (k+1), for every k up to %d that divides the window. Right: the worst overshoot "+
 			"over every trace against k; the bounded estimator and the prototypes stay at 1.", r.Options.Seeds, r.Options.MaxSweep)})
-	return out, nil
+	return out
 }
 
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
@@ -194,7 +193,7 @@ func (r *Report) markdown(w io.Writer, figs []captioned) error {
 
 	pf("## Figures\n\n")
 	for _, f := range figs {
-		pf("### %s\n\n![%s](%s/%s.png)\n\n%s ([SVG](%s/%s.svg))\n\n", f.title, f.title, FigureDir, f.fig.name, f.caption, FigureDir, f.fig.name)
+		pf("### %s\n\n![%s](%s/%s.png)\n\n%s ([SVG](%s/%s.svg))\n\n", f.title, f.title, FigureDir, f.name, f.caption, FigureDir, f.name)
 	}
 
 	r.writeFrontier(pf)

@@ -36,7 +36,24 @@ type figure struct {
 	w, h       vg.Length
 	plots      [][]*plot.Plot
 	rows, cols int
+	dpi        int // of the PNG
 }
+
+// drawing sets how much detail the figures get (Options.Draft draws less).
+type drawing struct {
+	dpi int
+	// grid is the number of points per window at which the curves are
+	// evaluated (besides every request).
+	grid int
+	// countWindows and admittedWindows are the windows the counting and
+	// the admission figures show.
+	countWindows, admittedWindows int
+}
+
+var (
+	fullDrawing  = drawing{dpi: 110, grid: 200, countWindows: 15, admittedWindows: 8}
+	draftDrawing = drawing{dpi: 40, grid: 10, countWindows: 3, admittedWindows: 4}
+)
 
 func newFigure(name string, rows, cols int, w, h vg.Length) *figure {
 	f := &figure{name: name, w: w, h: h, rows: rows, cols: cols, plots: make([][]*plot.Plot, rows)}
@@ -68,7 +85,7 @@ func (f *figure) draw(c draw.Canvas) {
 
 // save writes dir/name.png and dir/name.svg.
 func (f *figure) save(dir string) error {
-	img := vgimg.NewWith(vgimg.UseWH(f.w, f.h), vgimg.UseDPI(110), vgimg.UseBackgroundColor(color.White))
+	img := vgimg.NewWith(vgimg.UseWH(f.w, f.h), vgimg.UseDPI(f.dpi), vgimg.UseBackgroundColor(color.White))
 	f.draw(draw.New(img))
 	if err := writeFile(filepath.Join(dir, f.name+".png"), vgimg.PngCanvas{Canvas: img}); err != nil {
 		return err
@@ -142,8 +159,8 @@ func minutes(t, from int64) float64 { return float64(t-from) / float64(time.Minu
 // countFigure is Criteo's figure: for each configuration, the exact number
 // of requests in the last window (grey) and what the configuration counts
 // (dotted orange), every request counted and none denied.
-func countFigure(name string, tr Trace, from, to int64, p Params, configs []Config) (*figure, error) {
-	at := slicesMerge(tr.Times, from, to, int64(p.Window)/200)
+func countFigure(name string, tr Trace, from, to int64, p Params, configs []Config, grid int) (*figure, error) {
+	at := slicesMerge(tr.Times, from, to, int64(p.Window)/int64(grid))
 	truth := windowCounts(tr.Times, at, int64(p.Window))
 	cols := 2
 	rows := (len(configs) + cols - 1) / cols
@@ -184,11 +201,10 @@ func countFigure(name string, tr Trace, from, to int64, p Params, configs []Conf
 // admittedFigure plots, for each configuration enforcing the limit, how
 // many of its admitted requests fall in the window-length interval ending at
 // each moment, against the exact log's and the limit.
-func admittedFigure(name string, tr Trace, from, to int64, p Params, configs []Config) (*figure, error) {
-	// Evaluate on a grid of a 200th of a window plus every request time,
-	// so that each peak is drawn at its height.
-	step := int64(p.Window) / 200
-	at := slicesMerge(tr.Times, from, to, step)
+func admittedFigure(name string, tr Trace, from, to int64, p Params, configs []Config, grid int) (*figure, error) {
+	// Evaluate on a grid plus every request time, so that each peak is
+	// drawn at its height.
+	at := slicesMerge(tr.Times, from, to, int64(p.Window)/int64(grid))
 	ref, err := Simulate(tr, p, Config{Algorithm: Log})
 	if err != nil {
 		return nil, err

@@ -35,6 +35,9 @@ type Options struct {
 	// MaxChoice is the largest sub-window count the default may have;
 	// MaxSweep the largest the frontier shows.
 	MaxChoice, MaxSweep int
+	// Draft draws small, low-resolution figures of a few windows (for
+	// tests and quick looks); the numbers do not change.
+	Draft bool
 }
 
 // DefaultOptions are the options of `make accuracy`.
@@ -230,24 +233,88 @@ func share(res, ref Result) float64 {
 	return float64(res.Admitted) / float64(ref.Admitted)
 }
 
-// choose picks the limiter.SlidingWindow configuration with the fewest
-// sub-windows, at most o.MaxChoice, that never overshot and reached the
-// target on every bursty seed.
+// candidate reports whether c may be the default: a limiter.SlidingWindow
+// with at most o.MaxChoice sub-windows.
+func (o Options) candidate(c Config) bool {
+	return (c.Algorithm == Bounded || c.Algorithm == Interpolated) && c.SubWindows <= o.MaxChoice
+}
+
+// qualifies reports whether a sweep row meets the default's criteria: never
+// above the limit in any window of any trace, and at least o.Target of the
+// exact log's admissions on every bursty seed.
+func (o Options) qualifies(row SweepRow) bool {
+	return row.Overshoot <= 1 && len(row.Shares) == o.Seeds && row.MinShare() >= o.Target
+}
+
+// choose picks, among the sweep's candidates that qualify, the one with the
+// fewest sub-windows (Bounded before Interpolated).
 func choose(sweep []SweepRow, o Options) Choice {
 	var best Choice
 	for _, row := range sweep {
-		c := row.Config
-		if c.Algorithm != Bounded && c.Algorithm != Interpolated || c.SubWindows > o.MaxChoice {
+		if !o.candidate(row.Config) || !o.qualifies(row) {
 			continue
 		}
-		if row.Overshoot > 1 || row.MinShare() < o.Target {
-			continue
-		}
-		if !best.Found || c.SubWindows < best.Row.Config.SubWindows {
+		if !best.Found || row.Config.SubWindows < best.Row.Config.SubWindows {
 			best = Choice{Found: true, Row: row}
 		}
 	}
 	return best
+}
+
+// Choose makes the choice Run makes, without the rest of the report: it
+// tries the candidates in order of sub-windows, Bounded before
+// Interpolated, and stops at the first that qualifies, dropping each
+// candidate at its first failure.
+func Choose(o Options) (Choice, error) {
+	if err := o.Params.validate(); err != nil {
+		return Choice{}, err
+	}
+	p := o.Params
+	bursts := make([]Trace, o.Seeds)
+	refs := make([]Result, o.Seeds)
+	for i := range bursts {
+		bursts[i] = o.bursty(o.Seed + uint64(i))
+		ref, err := Simulate(bursts[i], p, Config{Algorithm: Log})
+		if err != nil {
+			return Choice{}, err
+		}
+		refs[i] = ref
+	}
+	others := []Trace{Steady(p, o.SteadyFactor, o.Steady, o.Seed), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
+	others = append(others, o.Files...)
+	for _, k := range divisors(p.Window, o.MaxChoice) {
+	next:
+		for _, a := range []Algorithm{Bounded, Interpolated} {
+			row := SweepRow{Config: Config{Algorithm: a, SubWindows: k}}
+			for i, tr := range bursts {
+				res, err := Simulate(tr, p, row.Config)
+				if err != nil {
+					return Choice{}, err
+				}
+				row.Overshoot = max(row.Overshoot, res.Overshoot(p))
+				row.Shares = append(row.Shares, share(res, refs[i]))
+				if i == 0 {
+					row.Memcached = res.Memcached
+				}
+				if row.Overshoot > 1 || row.Shares[i] < o.Target {
+					continue next
+				}
+			}
+			for _, tr := range others {
+				res, err := Simulate(tr, p, row.Config)
+				if err != nil {
+					return Choice{}, err
+				}
+				if row.Overshoot = max(row.Overshoot, res.Overshoot(p)); row.Overshoot > 1 {
+					continue next
+				}
+			}
+			if o.qualifies(row) {
+				return Choice{Found: true, Row: row}, nil
+			}
+		}
+	}
+	return Choice{}, nil
 }
 
 // simulateAll runs every configuration on every trace, in parallel;

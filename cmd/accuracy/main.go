@@ -46,6 +46,7 @@ func run(args []string) error {
 	fs.DurationVar(&o.Bursty, "bursty", o.Bursty, "length of each bursty trace")
 	fs.DurationVar(&o.Steady, "steady", o.Steady, "length of the steady trace")
 	fs.IntVar(&o.EdgeCycles, "edge-cycles", o.EdgeCycles, "cycles of the edge traces")
+	fs.BoolVar(&o.Draft, "draft", false, "small, low-resolution figures (a quick look; the numbers do not change)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
