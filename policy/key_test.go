@@ -35,11 +35,11 @@ func TestRenderKey(t *testing.T) {
 		{name: "ipv6 grouped by /64", doc: rule("{ip}", ""), req: Request{SourceIP: "2001:db8:1:2:3:4:5:6"}, want: "r:2001%3Adb8%3A1%3A2%3A%3A%2F64"},
 		{name: "ipv6 per address", doc: rule("{ip}", "client_ip: {ipv6_prefix: 128},"), req: Request{SourceIP: "2001:db8::1"}, want: "r:2001%3Adb8%3A%3A1"},
 		{name: "not an ip", doc: rule("{ip}", ""), req: Request{SourceIP: "a b"}, want: "r:a%20b"},
-		{name: "literal and header", doc: rule("t:{header:X-Tenant}/{method}", ""), req: Request{Method: "GET", Headers: map[string]string{"x-tenant": "acme"}}, want: "r:t:acme/GET"},
+		{name: "literal and header", doc: rule("t:{header:X-Tenant}/{method}", ""), req: Request{Method: "GET", Headers: Header{"x-tenant": "acme"}}, want: "r:t:acme/GET"},
 		{name: "missing header renders empty", doc: rule("t:{header:X-Tenant}", ""), req: Request{}, want: "r:t:"},
-		{name: "separator in value is escaped", doc: rule("{header:a}:{header:b}", ""), req: Request{Headers: map[string]string{"a": "x:y", "b": "z"}}, want: "r:x%3Ay:z"},
-		{name: "control bytes escaped", doc: rule("{header:a}", ""), req: Request{Headers: map[string]string{"a": "\x00\r\n\x7f\xff"}}, want: "r:%00%0D%0A%7F%FF"},
-		{name: "query", doc: rule("{query:page}", ""), req: Request{Query: map[string]string{"page": "2"}}, want: "r:2"},
+		{name: "separator in value is escaped", doc: rule("{header:a}:{header:b}", ""), req: Request{Headers: Header{"a": "x:y", "b": "z"}}, want: "r:x%3Ay:z"},
+		{name: "control bytes escaped", doc: rule("{header:a}", ""), req: Request{Headers: Header{"a": "\x00\r\n\x7f\xff"}}, want: "r:%00%0D%0A%7F%FF"},
+		{name: "query", doc: rule("{query:page}", ""), req: Request{Query: Query{"page": "2"}}, want: "r:2"},
 		{name: "token hashed", doc: rule("{token}", ""), req: Request{Token: "secret"}, want: "r:#K7gNU3sdo-OL0wNhqoVWhg"},
 		{name: "api key hashed", doc: rule("{api_key}", ""), req: Request{APIKey: "secret"}, want: "r:#K7gNU3sdo-OL0wNhqoVWhg"},
 		{name: "long value hashed", doc: rule("{path}", ""), req: Request{Path: long}, want: "r:#" + string(appendHash(nil, long)[1:])},
@@ -59,7 +59,7 @@ func TestRenderKey(t *testing.T) {
 func TestRenderKeyHostile(t *testing.T) {
 	doc := rule("{header:a}{header:b}{header:c}{header:d}{header:e}{header:f}{header:g}{header:h}", "")
 	big := strings.Repeat("\x01\xfe{}%#", 10<<10/6) // 10 KB
-	h := map[string]string{}
+	h := Header{}
 	for _, n := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
 		h[n] = big[:60] // escaped to 180 bytes each: the whole key is hashed
 	}
@@ -82,7 +82,7 @@ func TestRenderKeyHostile(t *testing.T) {
 	if !strings.HasPrefix(k1, "r:#") {
 		t.Errorf("over-long key not hashed: %q", k1)
 	}
-	single := renderFor(t, rule("{header:a}", ""), &Request{Headers: map[string]string{"a": big}})
+	single := renderFor(t, rule("{header:a}", ""), &Request{Headers: Header{"a": big}})
 	if len(single) != len("r:")+hashLen {
 		t.Errorf("10 KB header rendered as %q", single)
 	}
@@ -102,13 +102,13 @@ func TestForwardedFor(t *testing.T) {
 		{strings.Repeat("1.1.1.1,", 2000) + "2.2.2.2", "r:1.1.1.1"}, // long
 	}
 	for _, tt := range tests {
-		req := &Request{SourceIP: "10.0.0.1", Headers: map[string]string{"X-Forwarded-For": tt.xff}}
+		req := &Request{SourceIP: "10.0.0.1", Headers: Header{"X-Forwarded-For": tt.xff}}
 		if got := renderFor(t, doc, req); got != tt.want {
 			t.Errorf("xff %.40q: key %q, want %q", tt.xff, got, tt.want)
 		}
 	}
 	// Without the rule's say-so, X-Forwarded-For is ignored.
-	req := &Request{SourceIP: "10.0.0.1", Headers: map[string]string{"X-Forwarded-For": "203.0.113.9"}}
+	req := &Request{SourceIP: "10.0.0.1", Headers: Header{"X-Forwarded-For": "203.0.113.9"}}
 	if got := renderFor(t, rule("{ip}", ""), req); got != "r:10.0.0.1" {
 		t.Errorf("default rule used X-Forwarded-For: %q", got)
 	}

@@ -156,7 +156,7 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 	if err != nil {
 		return r, err
 	}
-	if err := m.only("name", "description", "match", "key", "client_ip", "limits", "cost", "priority", "fail", "require"); err != nil {
+	if err := m.only("name", "description", "match", "key", "skip_if_missing", "client_ip", "limits", "cost", "priority", "fail", "require"); err != nil {
 		return r, err
 	}
 	if r.Name, _, err = m.str("name"); err != nil {
@@ -166,6 +166,9 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 		return r, err
 	}
 	if r.Key, _, err = m.str("key"); err != nil {
+		return r, err
+	}
+	if r.SkipIfMissing, _, err = m.boolean("skip_if_missing"); err != nil {
 		return r, err
 	}
 	if r.Cost, _, err = m.integer("cost"); err != nil {

@@ -253,7 +253,7 @@ func FuzzParse(f *testing.F) {
 			}
 			t.Fatalf("Parse accepted rules that New refuses: %v", err)
 		}
-		req := &Request{SourceIP: "192.0.2.1", Method: "GET", Path: "/x", Headers: map[string]string{"x": "\x00\xff"}}
+		req := &Request{SourceIP: "192.0.2.1", Method: "GET", Path: "/x", Headers: Header{"x": "\x00\xff"}}
 		p.Evaluate(t.Context(), req, time.Unix(1e9, 0))
 	})
 }

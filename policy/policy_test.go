@@ -186,6 +186,29 @@ rules:
 	}
 }
 
+func TestEvaluateSkipIfMissing(t *testing.T) {
+	p := mustLoad(t, `
+rules:
+  - name: per-key
+    key: "{header:X-Api-Key}"
+    skip_if_missing: true
+    limits: [{algorithm: fixed_window, limit: 1, window: 1m}]
+  - name: shared
+    key: "{header:X-Api-Key}"
+    limits: [{algorithm: fixed_window, limit: 9, window: 1m}]
+`, Options{})
+	for _, h := range []Header{nil, {"X-Api-Key": ""}} {
+		res := p.Evaluate(t.Context(), &Request{Headers: h}, t0)
+		if len(res.Evals) != 1 || res.Evals[0].Rule != "shared" {
+			t.Errorf("headers %v: evals %+v; want only the shared rule", h, res.Evals)
+		}
+	}
+	res := p.Evaluate(t.Context(), &Request{Headers: Header{"x-api-key": "k"}}, t0)
+	if len(res.Evals) != 2 {
+		t.Errorf("with a key: %d rules matched, want 2", len(res.Evals))
+	}
+}
+
 func TestEvaluateNoMatch(t *testing.T) {
 	p := mustLoad(t, `rules: [{name: a, match: {paths: ["/a"]}, key: k, limits: [{algorithm: fixed_window, limit: 1, window: 1s}]}]`, Options{})
 	res := p.Evaluate(t.Context(), get("192.0.2.1", "/b"), t0)
@@ -300,7 +323,7 @@ rules:
 		}
 	}
 	// Nothing was taken from the ip rule by the refused requests.
-	r.Headers = map[string]string{"x-tenant": "t1"}
+	r.Headers = Header{"x-tenant": "t1"}
 	if res := p.Evaluate(t.Context(), r, t0); res.Outcome != Allow {
 		t.Fatalf("with header: %v by %q", res.Outcome, res.Rule)
 	}

@@ -18,10 +18,11 @@ type Request struct {
 	RouteKey string
 	// Stage is the API stage.
 	Stage string
-	// Headers holds the request headers; lookups ignore the case of names.
-	Headers map[string]string
-	// Query holds the query string parameters.
-	Query map[string]string
+	// Headers holds the request headers; lookups should ignore the case of
+	// names (a [Header] does). Nil means none.
+	Headers Values
+	// Query holds the query string parameters (a [Query]). Nil means none.
+	Query Values
 	// APIKey is the API key API Gateway identified (REST APIs only).
 	APIKey string
 	// Token is the caller's credential: a TOKEN authorizer's token, else
@@ -50,28 +51,53 @@ const (
 	AttrToken
 )
 
-// Header returns the value of the header name, ignoring case, and whether it
-// is present.
+// Header returns the value of the header name and whether it is present.
 func (r *Request) Header(name string) (string, bool) {
-	return lookupFold(r.Headers, name)
+	if r.Headers == nil {
+		return "", false
+	}
+	return r.Headers.Get(name)
 }
 
-// QueryParam returns the query parameter name (case-sensitive, as API
-// Gateway delivers it) and whether it is present.
+// QueryParam returns the query parameter name and whether it is present.
 func (r *Request) QueryParam(name string) (string, bool) {
-	v, ok := r.Query[name]
-	return v, ok
+	if r.Query == nil {
+		return "", false
+	}
+	return r.Query.Get(name)
 }
 
-// lookupFold finds name in m: first exactly, then ignoring case.
-func lookupFold(m map[string]string, name string) (string, bool) {
-	if v, ok := m[name]; ok {
+// Values are named values: headers or query parameters. A caller that
+// holds them in another form (the raw JSON of an event) implements it to
+// avoid building a map per request.
+type Values interface {
+	// Get returns the value of name and whether it is present.
+	Get(name string) (string, bool)
+}
+
+// Header is a map of headers whose lookups ignore case (an exact match
+// first).
+type Header map[string]string
+
+// Get implements Values.
+func (h Header) Get(name string) (string, bool) {
+	if v, ok := h[name]; ok {
 		return v, true
 	}
-	for k, v := range m {
+	for k, v := range h {
 		if strings.EqualFold(k, name) {
 			return v, true
 		}
 	}
 	return "", false
+}
+
+// Query is a map of query parameters (case-sensitive, as API Gateway
+// delivers them).
+type Query map[string]string
+
+// Get implements Values.
+func (q Query) Get(name string) (string, bool) {
+	v, ok := q[name]
+	return v, ok
 }

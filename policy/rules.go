@@ -48,6 +48,11 @@ type Rule struct {
 	Key string
 	// ClientIP says where {ip} comes from.
 	ClientIP ClientIP
+	// SkipIfMissing makes the rule not apply to a request that lacks a
+	// value for one of its key's attributes (no such header, an empty
+	// token). By default such a request renders the value as empty, so all
+	// of them share one key.
+	SkipIfMissing bool
 	// Limits are checked together on the key (all must pass).
 	Limits []Limit
 	// Cost is the units one request takes from each limit. Zero means 1.
@@ -412,6 +417,13 @@ func checkText(s string, n int) error {
 func (c *compiledRule) matches(req *Request) bool {
 	if c.key.attrs&req.Absent != 0 {
 		return false
+	}
+	if c.SkipIfMissing {
+		for _, p := range c.key.parts {
+			if v, ok := c.value(p, req); !ok || v == "" {
+				return false
+			}
+		}
 	}
 	if c.methods != nil && !containsFold(c.methods, req.Method) {
 		return false

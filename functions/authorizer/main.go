@@ -1,0 +1,31 @@
+// Command authorizer is Sluice's API Gateway Lambda authorizer. Build it as
+// the bootstrap of a provided.al2023 function:
+//
+//	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -ldflags="-s -w" -o build/authorizer/bootstrap ./functions/authorizer
+//
+// It reads its configuration from environment variables (docs/authorizer.md),
+// builds its clients once, and serves authorizer events with lambda.Start.
+// A configuration error (an invalid rule) is reported to the Runtime API as
+// an init error and exits non-zero.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambda"
+
+	"github.com/sluicehq/sluice/functions/authz"
+)
+
+func main() {
+	built, err := authz.FromEnv(context.Background(), os.Getenv, authz.Outputs{})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, `{"level":"ERROR","msg":"init failed","error":%q}`+"\n", err.Error())
+		authz.ReportInitError(err)
+		os.Exit(1)
+	}
+	built.Logger.Info("sluice authorizer ready", "rules", built.Rules, "default_backend", built.Env.DefaultBackend, "deadline", built.Env.Deadline.String())
+	lambda.Start(built.Handler.Handle)
+}

@@ -1,0 +1,197 @@
+package authz
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/backends/memcached"
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// Outputs are where a built handler writes: metrics (EMF) to Stdout, logs
+// to Stderr. Nil fields mean os.Stdout and os.Stderr.
+type Outputs struct {
+	Stdout, Stderr io.Writer
+}
+
+// Built is a handler with what was built for it.
+type Built struct {
+	Handler *Handler
+	Env     Env
+	// Stores are the configured backends by name.
+	Stores map[string]any
+	// Rules describes the rules' source, e.g. "embedded" or "table t".
+	Rules string
+	// Logger is the handler's logger.
+	Logger  *slog.Logger
+	closers []func()
+}
+
+// Close releases the backends' connections.
+func (b *Built) Close() {
+	for _, c := range b.closers {
+		c()
+	}
+}
+
+// FromEnv reads the environment and builds the handler: it is all a Lambda
+// main needs. Clients are built here, once.
+func FromEnv(ctx context.Context, getenv func(string) string, out Outputs) (*Built, error) {
+	env, err := ParseEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
+	return Build(ctx, env, out)
+}
+
+// Build builds the stores, the rules and the handler of env.
+func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
+	if out.Stdout == nil {
+		out.Stdout = os.Stdout
+	}
+	if out.Stderr == nil {
+		out.Stderr = os.Stderr
+	}
+	logger := slog.New(slog.NewJSONHandler(out.Stderr, &slog.HandlerOptions{Level: env.LogLevel}))
+	b := &Built{Env: env, Logger: logger, Stores: map[string]any{}}
+	fail := func(err error) (*Built, error) {
+		b.Close()
+		return nil, err
+	}
+
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		return fail(fmt.Errorf("authz: memory store: %w", err))
+	}
+	b.Stores[BackendMemory] = mem
+	if len(env.MemcachedAddrs) > 0 {
+		cfg := memcached.Config{Addrs: env.MemcachedAddrs, Timeout: env.Deadline}
+		if env.MemcachedTLS {
+			cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		mc, err := memcached.New(cfg)
+		if err != nil {
+			return fail(fmt.Errorf("authz: SLUICE_MEMCACHED_ADDRS: %w", err))
+		}
+		b.Stores[BackendMemcached] = mc
+		b.closers = append(b.closers, func() { mc.Close() })
+	}
+	var ddb *dynamodb.Client
+	if env.DynamoTable != "" || env.RulesTable != "" {
+		awsCfg, err := config.LoadDefaultConfig(ctx)
+		if err != nil {
+			return fail(fmt.Errorf("authz: AWS configuration: %w", err))
+		}
+		ddb = dynamodb.NewFromConfig(awsCfg)
+	}
+	if env.DynamoTable != "" {
+		st, err := dynamo.New(ddb, dynamo.Config{Table: env.DynamoTable, Timeout: env.Deadline})
+		if err != nil {
+			return fail(fmt.Errorf("authz: SLUICE_DYNAMO_TABLE: %w", err))
+		}
+		b.Stores[BackendDynamo] = st
+	}
+	if _, ok := b.Stores[env.DefaultBackend]; !ok {
+		return fail(fmt.Errorf("authz: SLUICE_DEFAULT_BACKEND: %s is not configured (set %s)", env.DefaultBackend, backendVar(env.DefaultBackend)))
+	}
+	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend}
+
+	var source policy.Source
+	switch {
+	case env.RulesTable != "":
+		b.Rules = "table " + env.RulesTable
+		load := func(ctx context.Context) (*policy.Policy, error) {
+			rules, err := LoadRulesTable(ctx, ddb, env.RulesTable)
+			if err != nil {
+				return nil, err
+			}
+			return policy.New(rules, opts)
+		}
+		cache, err := policy.NewCache(ctx, load, policy.CacheConfig{
+			TTL: env.RulesTTL,
+			OnError: func(err error) {
+				logger.Error("reloading rules failed; keeping the previous rules", "table", env.RulesTable, "error", err.Error())
+			},
+		})
+		if err != nil {
+			return fail(fmt.Errorf("authz: SLUICE_RULES_TABLE: %w", hint(err)))
+		}
+		source = cache
+	case env.RulesFile != "":
+		b.Rules = "file " + env.RulesFile
+		data, err := os.ReadFile(env.RulesFile)
+		if err != nil {
+			return fail(fmt.Errorf("authz: SLUICE_RULES_FILE: %w", err))
+		}
+		p, err := policy.Load(data, opts)
+		if err != nil {
+			return fail(fmt.Errorf("authz: SLUICE_RULES_FILE %s: %w", env.RulesFile, hint(err)))
+		}
+		source = p
+	case env.RulesYAML != "":
+		b.Rules = "SLUICE_RULES_YAML"
+		p, err := policy.Load([]byte(env.RulesYAML), opts)
+		if err != nil {
+			return fail(fmt.Errorf("authz: SLUICE_RULES_YAML: %w", hint(err)))
+		}
+		source = p
+	default:
+		b.Rules = "embedded"
+		p, err := policy.Load(DefaultRules, opts)
+		if err != nil {
+			return fail(fmt.Errorf("authz: embedded rules: %w", hint(err)))
+		}
+		source = p
+	}
+
+	var clock limiter.Clock
+	if !env.TestClock.IsZero() {
+		t := env.TestClock
+		clock = limiter.ClockFunc(func() time.Time { return t })
+		logger.Warn("SLUICE_TEST_CLOCK is set: the clock is frozen; this is for tests only", "time", t.Format(time.RFC3339Nano))
+	}
+	var logKey []byte
+	if env.LogKey != "" {
+		logKey = []byte(env.LogKey)
+	}
+	h, err := New(Config{
+		Policy:        source,
+		Deadline:      env.Deadline,
+		Clock:         clock,
+		Metrics:       NewMetrics(out.Stdout, env.MetricsNamespace),
+		Logger:        logger,
+		HTTPResponses: env.HTTPResponses,
+		LogKey:        logKey,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	b.Handler = h
+	return b, nil
+}
+
+// hint adds to a rules error how to configure a missing backend.
+func hint(err error) error {
+	return fmt.Errorf("%w (backends: memory is built in; SLUICE_MEMCACHED_ADDRS adds memcached, SLUICE_DYNAMO_TABLE adds dynamo)", err)
+}
+
+func backendVar(name string) string {
+	switch name {
+	case BackendMemcached:
+		return "SLUICE_MEMCACHED_ADDRS"
+	case BackendDynamo:
+		return "SLUICE_DYNAMO_TABLE"
+	}
+	return "nothing: it is built in"
+}

@@ -1,0 +1,21 @@
+// Package authz is Sluice's API Gateway Lambda authorizer: it decodes the
+// three authorizer events (REST TOKEN, REST REQUEST and HTTP API payload
+// 2.0, told apart by sniffing the JSON), turns them into a
+// [policy.Request], asks the rules, and answers in the event's response
+// shape with the decision in the context (limit, remaining, reset,
+// retryAfter, rule, decision).
+//
+// A Deny means rate limited (the infra maps REST's ACCESS_DENIED to 429).
+// Authentication failures return the error "Unauthorized" (401), never
+// Deny. Load shedding fails the invocation with a [*ShedError] (the infra
+// maps the authorizer failure to 503). Malformed and unknown events fail
+// with an [*EventError]; nothing panics.
+//
+// Every decision prints CloudWatch Embedded Metric Format lines to stdout
+// (see [Metrics]) and logs with log/slog, keys hashed.
+//
+// functions/authorizer wraps [Handler.Handle] in lambda.Start after
+// [FromEnv] built it; functions/localapi serves the same handler over HTTP.
+// docs/authorizer.md describes events, responses, environment variables and
+// metrics.
+package authz

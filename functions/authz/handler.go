@@ -1,0 +1,224 @@
+package authz
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// DefaultDeadline bounds one decision (every backend call of it), well
+// inside API Gateway's authorizer timeout.
+const DefaultDeadline = 250 * time.Millisecond
+
+// HTTP API response formats (Config.HTTPResponses).
+const (
+	HTTPSimple = "simple" // {isAuthorized, context}: enableSimpleResponses
+	HTTPIAM    = "iam"    // an IAM policy, as for REST APIs
+)
+
+// ShedError fails an invocation whose request is load-shed: API Gateway
+// answers with its authorizer-failure response, which the infra maps to
+// 503.
+type ShedError struct {
+	// Rule is the first matching rule; RetryAfter the shedder's hint.
+	Rule       string
+	RetryAfter time.Duration
+}
+
+func (e *ShedError) Error() string { return "sluice: load shed, retry later" }
+
+// Config configures a [Handler].
+type Config struct {
+	// Policy supplies the rules: a *policy.Policy, or a *policy.Cache for
+	// a rules table. Required.
+	Policy policy.Source
+	// Deadline bounds one decision; zero means DefaultDeadline. The
+	// invocation's own deadline applies too.
+	Deadline time.Duration
+	// Clock is the algorithms' time; nil means limiter.SystemClock.
+	Clock limiter.Clock
+	// Metrics receives one EMF line per rule checked; nil means none.
+	Metrics *Metrics
+	// Logger receives decisions (allow at debug, deny at info, backend
+	// failures at warn) with keys hashed; nil means none.
+	Logger *slog.Logger
+	// HTTPResponses is HTTPSimple (the default) or HTTPIAM: the response
+	// format for HTTP API payload 2.0 events, as configured on the
+	// authorizer (enableSimpleResponses).
+	HTTPResponses string
+	// LogKey keys the HMAC that hashes keys in logs, so that log readers
+	// cannot brute-force addresses from them. Nil means a random key per
+	// process (hashes then only correlate within one instance).
+	LogKey []byte
+	// Authenticate, when not nil, is called before the rules; an error
+	// makes the response the "Unauthorized" error (401).
+	Authenticate func(ctx context.Context, ev *Event) error
+}
+
+// Handler is the authorizer. Safe for concurrent use.
+type Handler struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns a handler, or an error for an invalid Config.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Policy == nil || cfg.Policy.Policy() == nil {
+		return nil, errors.New("authz: Config.Policy is required")
+	}
+	if cfg.Deadline < 0 {
+		return nil, fmt.Errorf("authz: Deadline %v is negative", cfg.Deadline)
+	}
+	if cfg.Deadline == 0 {
+		cfg.Deadline = DefaultDeadline
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = limiter.SystemClock
+	}
+	switch cfg.HTTPResponses {
+	case "":
+		cfg.HTTPResponses = HTTPSimple
+	case HTTPSimple, HTTPIAM:
+	default:
+		return nil, fmt.Errorf("authz: HTTPResponses %q is not %s or %s", cfg.HTTPResponses, HTTPSimple, HTTPIAM)
+	}
+	if cfg.LogKey == nil {
+		cfg.LogKey = make([]byte, 32)
+		rand.Read(cfg.LogKey)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError + 1}))
+	}
+	return &Handler{cfg: cfg, log: log}, nil
+}
+
+// Handle is the Lambda handler: it decodes any of the three authorizer
+// events and returns the response (a [Response]) for lambda.Start to
+// marshal, or an error: [ErrUnauthorized], a [*ShedError] or an
+// [*EventError].
+func (h *Handler) Handle(ctx context.Context, event json.RawMessage) (any, error) {
+	r, _, err := h.Decide(ctx, event)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Decide is Handle with the typed response and the policy's result (for the
+// local API and tests).
+func (h *Handler) Decide(ctx context.Context, event []byte) (Response, policy.Result, error) {
+	ev, err := DecodeEvent(event)
+	if err != nil {
+		if !errors.Is(err, ErrUnauthorized) {
+			h.log.LogAttrs(ctx, slog.LevelWarn, "bad event", slog.String("error", err.Error()))
+		}
+		return nil, policy.Result{}, err
+	}
+	if h.cfg.Authenticate != nil {
+		if err := h.cfg.Authenticate(ctx, ev); err != nil {
+			h.log.LogAttrs(ctx, slog.LevelInfo, "unauthenticated", slog.String("kind", ev.Kind.String()), slog.String("error", h.redact(err.Error(), &ev.Request, "")))
+			return nil, policy.Result{}, ErrUnauthorized
+		}
+	}
+	now := h.cfg.Clock.Now()
+	dctx, cancel := context.WithTimeout(ctx, h.cfg.Deadline)
+	res := h.cfg.Policy.Policy().Evaluate(dctx, &ev.Request, now)
+	cancel()
+	h.cfg.Metrics.Record(now, &res)
+	h.logResult(ctx, ev, &res)
+
+	switch res.Outcome {
+	case policy.Unauthenticated:
+		return nil, res, ErrUnauthorized
+	case policy.Shed:
+		return nil, res, &ShedError{Rule: res.Rule, RetryAfter: res.Decision.RetryAfter}
+	}
+	c := contextOf(&res)
+	allow := res.Outcome == policy.Allow
+	if ev.Kind == KindHTTP && h.cfg.HTTPResponses == HTTPSimple {
+		return &SimpleResponse{IsAuthorized: allow, Context: c}, res, nil
+	}
+	return iamResponse(ev.ARN, allow, c), res, nil
+}
+
+// logResult logs one decision: backend failures at warn, denials and
+// refusals at info, the rest at debug.
+func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) {
+	for i := range res.Evals {
+		e := &res.Evals[i]
+		if e.Err == nil || !h.log.Enabled(ctx, slog.LevelWarn) {
+			continue
+		}
+		msg := "backend error"
+		if e.Failed {
+			msg = "backend failed, fail " + e.Fail.String()
+		}
+		h.log.LogAttrs(ctx, slog.LevelWarn, msg,
+			slog.String("rule", e.Rule),
+			slog.String("key", h.hashKey(e.Key)),
+			slog.Duration("latency", e.Latency),
+			slog.String("error", h.redact(e.Err.Error(), &ev.Request, e.Key)))
+	}
+	if res.ShedErr != nil && h.log.Enabled(ctx, slog.LevelWarn) {
+		h.log.LogAttrs(ctx, slog.LevelWarn, "shedder error", slog.String("error", res.ShedErr.Error()))
+	}
+	level := slog.LevelDebug
+	if res.Outcome != policy.Allow {
+		level = slog.LevelInfo
+	}
+	if !h.log.Enabled(ctx, level) {
+		return
+	}
+	key := ""
+	for i := range res.Evals {
+		if res.Evals[i].Rule == res.Rule {
+			key = h.hashKey(res.Evals[i].Key)
+		}
+	}
+	h.log.LogAttrs(ctx, level, "decision",
+		slog.String("decision", res.Outcome.String()),
+		slog.String("kind", ev.Kind.String()),
+		slog.String("rule", res.Rule),
+		slog.String("key", key),
+		slog.Int64("limit", res.Decision.Limit),
+		slog.Int64("remaining", res.Decision.Remaining),
+		slog.Duration("retry_after", res.Decision.RetryAfter),
+		slog.String("priority", res.Priority.String()),
+		slog.Int("rules", len(res.Evals)))
+}
+
+// hashKey is what logs show of a key: 64 bits of HMAC-SHA256 under LogKey.
+func (h *Handler) hashKey(key string) string {
+	if key == "" {
+		return ""
+	}
+	m := hmac.New(sha256.New, h.cfg.LogKey)
+	io.WriteString(m, key)
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(m.Sum(sum[:0])[:8])
+}
+
+// redact removes the request's identifying values (and its rendered key)
+// from an error message before it is logged: a backend error may quote a
+// key.
+func (h *Handler) redact(msg string, req *policy.Request, key string) string {
+	for _, v := range []string{key, req.SourceIP, req.APIKey, req.Token} {
+		if len(v) >= 4 {
+			msg = strings.ReplaceAll(msg, v, "[redacted]")
+		}
+	}
+	return msg
+}

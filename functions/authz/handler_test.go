@@ -1,0 +1,589 @@
+package authz
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/functions/internal/golden"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// testHandler builds a handler on the memory store with the given rules, a
+// frozen clock, and metrics and logs captured.
+type testHandler struct {
+	*Handler
+	metrics, logs bytes.Buffer
+}
+
+func newTestHandler(t testing.TB, rules string, mutate func(*Config)) *testHandler {
+	t.Helper()
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]any{"memory": mem}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	th := &testHandler{}
+	now := golden.Clock
+	cfg := Config{
+		Policy:  p,
+		Clock:   limiter.ClockFunc(func() time.Time { return now }),
+		Metrics: NewMetrics(&th.metrics, "Test"),
+		Logger:  slog.New(slog.NewJSONHandler(&th.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	th.Handler, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return th
+}
+
+func readEvent(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile("../../events/" + name + ".json")
+	if err != nil {
+		t.Fatalf("loading fixture: %v", err)
+	}
+	return b
+}
+
+const oneRule = `
+rules:
+  - name: per-ip
+    key: "{ip}"
+    limits: [{algorithm: fixed_window, limit: 2, window: 1m}]
+  - name: per-token
+    key: "{token}"
+    skip_if_missing: true
+    limits: [{algorithm: fixed_window, limit: 2, window: 1m}]
+`
+
+// TestResponsesRoundTrip checks that each response unmarshals into the
+// aws-lambda-go response type of its event, with the same content.
+func TestResponsesRoundTrip(t *testing.T) {
+	h := newTestHandler(t, strings.ReplaceAll(oneRule, "limit: 2", "limit: 100"), nil)
+	for _, name := range []string{"rest-request", "rest-token", "http-request-v1"} {
+		resp, err := h.Handle(t.Context(), readEvent(t, name))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		b, _ := json.Marshal(resp)
+		var got events.APIGatewayCustomAuthorizerResponse
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		st := got.PolicyDocument.Statement
+		if got.PrincipalID != PrincipalID || got.PolicyDocument.Version != "2012-10-17" || len(st) != 1 ||
+			st[0].Effect != "Allow" || st[0].Action[0] != "execute-api:Invoke" || !strings.HasPrefix(st[0].Resource[0], "arn:aws:execute-api:") {
+			t.Errorf("%s: %+v", name, got)
+		}
+		for _, k := range []string{"limit", "remaining", "reset", "retryAfter", "rule", "decision"} {
+			if _, ok := got.Context[k]; !ok {
+				t.Errorf("%s: context lacks %q: %v", name, k, got.Context)
+			}
+		}
+		if got.Context["decision"] != "allow" {
+			t.Errorf("%s: decision %v", name, got.Context["decision"])
+		}
+	}
+	resp, err := h.Handle(t.Context(), readEvent(t, "http-request"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(resp)
+	var simple events.APIGatewayV2CustomAuthorizerSimpleResponse
+	if err := json.Unmarshal(b, &simple); err != nil || !simple.IsAuthorized || simple.Context["rule"] == nil {
+		t.Fatalf("simple response %s: %+v, %v", b, simple, err)
+	}
+}
+
+// TestAWSEventsDecode marshals aws-lambda-go's own event types and feeds
+// them to the handler: the sniffing sees the shapes they produce.
+func TestAWSEventsDecode(t *testing.T) {
+	h := newTestHandler(t, oneRule, nil)
+	evs := map[string]any{
+		"TOKEN": events.APIGatewayCustomAuthorizerRequest{Type: "TOKEN", AuthorizationToken: "t", MethodArn: "arn:aws:execute-api:eu-west-1:1:api/stage/GET/x"},
+		"REQUEST": events.APIGatewayCustomAuthorizerRequestTypeRequest{
+			Type: "REQUEST", MethodArn: "arn:aws:execute-api:eu-west-1:1:api/stage/GET/x", HTTPMethod: "GET", Path: "/x", Resource: "/x",
+			RequestContext: events.APIGatewayCustomAuthorizerRequestTypeRequestContext{Stage: "stage",
+				Identity: events.APIGatewayCustomAuthorizerRequestTypeRequestIdentity{SourceIP: "192.0.2.1", APIKey: "k"}},
+		},
+		"HTTP 2.0": events.APIGatewayV2CustomAuthorizerV2Request{
+			Version: "2.0", Type: "REQUEST", RouteArn: "arn:aws:execute-api:eu-west-1:1:api/$default/GET/x", RouteKey: "GET /x",
+			Headers: map[string]string{"authorization": "t"},
+			RequestContext: events.APIGatewayV2HTTPRequestContext{Stage: "$default",
+				HTTP: events.APIGatewayV2HTTPRequestContextHTTPDescription{Method: "GET", Path: "/x", SourceIP: "192.0.2.1"}},
+		},
+	}
+	for kind, e := range evs {
+		raw, _ := json.Marshal(e)
+		ev, err := DecodeEvent(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		if ev.Kind.String() != kind {
+			t.Errorf("sniffed %v, want %s", ev.Kind, kind)
+		}
+		if _, err := h.Handle(t.Context(), raw); err != nil {
+			t.Errorf("%s: %v", kind, err)
+		}
+	}
+}
+
+func TestDecodeEventAttributes(t *testing.T) {
+	ev, err := DecodeEvent(readEvent(t, "rest-request"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ev.Request
+	if r.SourceIP != "198.51.100.7" || r.Method != "GET" || r.Path != "/pets/42" || r.RouteKey != "GET /pets/{id}" || r.Stage != "prod" ||
+		!strings.HasPrefix(r.Token, "Bearer ") || r.Absent != 0 {
+		t.Errorf("REST request: %+v", r)
+	}
+	if v, ok := r.Header("user-agent"); !ok || v != "curl/8.5.0" {
+		t.Errorf("header lookup ignoring case: %q %v", v, ok)
+	}
+	if v, ok := r.QueryParam("verbose"); !ok || v != "true" {
+		t.Errorf("query: %q %v", v, ok)
+	}
+	ev, err = DecodeEvent(readEvent(t, "http-request"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = ev.Request
+	if ev.Kind != KindHTTP || r.SourceIP != "198.51.100.7" || r.Path != "/pets/42" || r.RouteKey != "GET /pets/{id}" || r.Stage != "$default" || r.Absent != policy.AttrAPIKey {
+		t.Errorf("HTTP request: %+v", r)
+	}
+	ev, err = DecodeEvent(readEvent(t, "rest-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = ev.Request
+	if ev.Kind != KindToken || r.Stage != "prod" || r.Method != "GET" || r.Path != "/pets/42" || r.SourceIP != "" || r.Absent&policy.AttrSourceIP == 0 {
+		t.Errorf("TOKEN: %+v", r)
+	}
+}
+
+// TestBadInput: malformed JSON, missing fields, wrong types, unknown types,
+// hostile values: a clear error (or a decision), never a panic.
+func TestBadInput(t *testing.T) {
+	h := newTestHandler(t, oneRule, nil)
+	big := strings.Repeat("\x00\x01\x7f\xff", 2600) // 10 KB of control and invalid bytes
+	bigJSON, _ := json.Marshal(big)
+	tests := []struct {
+		name  string
+		event string
+		want  string // error substring; "" means a response
+	}{
+		{"empty", ``, "malformed JSON"},
+		{"whitespace", "  \n", "malformed JSON"},
+		{"truncated", `{"type":"TOKEN"`, "malformed JSON"},
+		{"trailing garbage", `{"type":"TOKEN"} x`, "malformed JSON"},
+		{"not an object", `[1,2]`, "bad event"},
+		{"a string", `"TOKEN"`, "bad event"},
+		{"null", `null`, "unknown event type"},
+		{"empty object", `{}`, "unknown event type"},
+		{"proxy event", `{"httpMethod":"GET","path":"/"}`, "unknown event type"},
+		{"websocket", `{"requestContext":{"eventType":"CONNECT"}}`, "unknown event type"},
+		{"bad version", `{"version":"3.0","type":"REQUEST"}`, "unknown event type"},
+		{"type number", `{"type":1}`, `field "type": want string`},
+		{"headers array", `{"type":"REQUEST","headers":["a"]}`, `field "headers": want object`},
+		{"header number", `{"type":"REQUEST","headers":{"a":1}}`, `field "headers": want string`},
+		{"context string", `{"type":"REQUEST","requestContext":"x"}`, `want object`},
+		{"deep nesting", strings.Repeat("[", 20000), "malformed JSON"},
+		{"bad escape", `{"type":"\q"}`, "malformed JSON"},
+		{"raw control byte", "{\"type\":\"TO\x01KEN\"}", "malformed JSON"},
+		{"token without arn", `{"type":"TOKEN","authorizationToken":"t"}`, "missing methodArn"},
+		{"token bad arn", `{"type":"TOKEN","authorizationToken":"t","methodArn":"nope"}`, "not an execute-api method ARN"},
+		{"token empty", `{"type":"TOKEN","authorizationToken":"","methodArn":"arn:aws:execute-api:r:1:a/s/GET/x"}`, "Unauthorized"},
+		{"request without arn", `{"type":"REQUEST","httpMethod":"GET","requestContext":{"identity":{"sourceIp":"1.2.3.4"}}}`, "missing methodArn"},
+		{"request without ip", `{"type":"REQUEST","methodArn":"arn:aws:execute-api:r:1:a/s/GET/x","httpMethod":"GET"}`, "missing requestContext.identity.sourceIp"},
+		{"request without method", `{"type":"REQUEST","methodArn":"arn:aws:execute-api:r:1:a/s/GET/x","requestContext":{"identity":{"sourceIp":"1.2.3.4"}}}`, "missing httpMethod"},
+		{"http without arn", `{"version":"2.0","type":"REQUEST","requestContext":{"http":{"method":"GET","sourceIp":"1.2.3.4"}}}`, "missing routeArn"},
+		{"http without ip", `{"version":"2.0","type":"REQUEST","routeArn":"arn:aws:execute-api:r:1:a/s/GET/x","requestContext":{"http":{"method":"GET"}}}`, "missing requestContext.http.sourceIp"},
+		{"10 KB control bytes in headers", `{"type":"REQUEST","methodArn":"arn:aws:execute-api:r:1:a/s/GET/x","httpMethod":"GET","requestContext":{"identity":{"sourceIp":"1.2.3.4"}},"headers":{"Authorization":` + string(bigJSON) + `,"X":` + string(bigJSON) + `}}`, ""},
+		{"10 KB token", `{"type":"TOKEN","authorizationToken":` + string(bigJSON) + `,"methodArn":"arn:aws:execute-api:r:1:a/s/GET/x"}`, ""},
+		{"garbage source ip", `{"type":"REQUEST","methodArn":"arn:aws:execute-api:r:1:a/s/GET/x","httpMethod":"GET","requestContext":{"identity":{"sourceIp":` + string(bigJSON) + `}}}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := h.Handle(t.Context(), json.RawMessage(tt.event))
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("error %v, want a response", err)
+				}
+				b, err := json.Marshal(resp)
+				if err != nil || !json.Valid(b) {
+					t.Fatalf("response does not marshal: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("got a response %+v, want an error containing %q", resp, tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q does not contain %q", err, tt.want)
+			}
+			var ee *EventError
+			if !errors.As(err, &ee) && !errors.Is(err, ErrUnauthorized) {
+				t.Errorf("error %T is neither an EventError nor ErrUnauthorized", err)
+			}
+		})
+	}
+	if bytes.Contains(h.logs.Bytes(), []byte("1.2.3.4")) || bytes.Contains(h.logs.Bytes(), []byte("Bearer")) {
+		t.Errorf("logs show a raw address or token:\n%s", h.logs.String())
+	}
+}
+
+func TestDenyAndContext(t *testing.T) {
+	h := newTestHandler(t, oneRule, nil)
+	ev := readEvent(t, "rest-request")
+	var resp Response
+	for range 3 {
+		r, _, err := h.Decide(t.Context(), ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp = r
+	}
+	c := resp.AuthContext()
+	if resp.Allowed() || c.Decision != DecisionDeny || c.Limit != 2 || c.Remaining != 0 || c.RetryAfter != 55 || c.Reset != 55 || c.Rule != "per-ip" {
+		t.Fatalf("third request: allowed=%v %+v", resp.Allowed(), c)
+	}
+	iam := resp.(*IAMResponse)
+	if iam.PolicyDocument.Statement[0].Effect != "Deny" {
+		t.Errorf("effect %q", iam.PolicyDocument.Statement[0].Effect)
+	}
+	// The logs hash the key: no raw address.
+	if strings.Contains(h.logs.String(), "198.51.100.7") {
+		t.Errorf("logs show the client address:\n%s", h.logs.String())
+	}
+	if !strings.Contains(h.logs.String(), `"decision":"deny"`) {
+		t.Errorf("no denial logged:\n%s", h.logs.String())
+	}
+}
+
+func TestHTTPIAMResponses(t *testing.T) {
+	h := newTestHandler(t, oneRule, func(c *Config) { c.HTTPResponses = HTTPIAM })
+	resp, err := h.Handle(t.Context(), readEvent(t, "http-request"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	iam, ok := resp.(*IAMResponse)
+	if !ok {
+		t.Fatalf("response %T, want an IAM policy", resp)
+	}
+	if got := iam.PolicyDocument.Statement[0].Resource[0]; got != "arn:aws:execute-api:us-east-1:123456789012:abcdef123/$default/GET/pets/42" {
+		t.Errorf("resource %q, want the routeArn", got)
+	}
+}
+
+func TestAuthenticateHook(t *testing.T) {
+	h := newTestHandler(t, oneRule, func(c *Config) {
+		c.Authenticate = func(_ context.Context, ev *Event) error {
+			if ev.Request.Token != "Bearer good" {
+				return errors.New("bad token " + ev.Request.Token)
+			}
+			return nil
+		}
+	})
+	_, err := h.Handle(t.Context(), readEvent(t, "rest-token"))
+	if !errors.Is(err, ErrUnauthorized) || err.Error() != "Unauthorized" {
+		t.Fatalf("err = %v, want Unauthorized", err)
+	}
+	if strings.Contains(h.logs.String(), "eyJhbGci") {
+		t.Errorf("the token reached the logs:\n%s", h.logs.String())
+	}
+}
+
+func TestRequireGivesUnauthorized(t *testing.T) {
+	h := newTestHandler(t, `rules: [{name: keyed, key: "{api_key}", require: [api_key], limits: [{algorithm: fixed_window, limit: 5, window: 1m}]}]`, nil)
+	_, err := h.Handle(t.Context(), readEvent(t, "rest-request")) // apiKey is ""
+	if err == nil || err.Error() != "Unauthorized" {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+type shedAll struct{}
+
+func (shedAll) Check(context.Context, limiter.Priority, time.Time) (limiter.Decision, error) {
+	return limiter.Decision{RetryAfter: 3 * time.Second}, nil
+}
+
+// TestShedFailsTheInvocation checks the load-shedding hook: a shed request
+// fails the invocation (API Gateway's authorizer failure, 503), with a
+// metric line saying so.
+func TestShedFailsTheInvocation(t *testing.T) {
+	mem, _ := memory.New(memory.Config{})
+	p, err := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]any{"memory": mem}, Shedder: shedAll{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var metrics bytes.Buffer
+	h, err := New(Config{Policy: p, Metrics: NewMetrics(&metrics, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.Handle(t.Context(), readEvent(t, "rest-request"))
+	var se *ShedError
+	if !errors.As(err, &se) || se.RetryAfter != 3*time.Second {
+		t.Fatalf("err = %v, want a ShedError", err)
+	}
+	if ErrorType(err) != "ShedError" {
+		t.Errorf("error type %q", ErrorType(err))
+	}
+	if !strings.Contains(metrics.String(), `"Shed":1`) {
+		t.Errorf("no Shed metric:\n%s", metrics.String())
+	}
+}
+
+func TestMetricLines(t *testing.T) {
+	h := newTestHandler(t, oneRule, nil)
+	for range 3 {
+		h.Handle(t.Context(), readEvent(t, "rest-request"))
+	}
+	h.Handle(t.Context(), []byte(`{"type":"TOKEN","authorizationToken":"x","methodArn":"arn:aws:execute-api:r:1:a/s/GET/x"}`)) // per-token only
+	lines := strings.Split(strings.TrimSpace(h.metrics.String()), "\n")
+	// Request 1 and 2: per-ip and per-token allow; request 3: per-ip
+	// denies, per-token skipped; request 4: per-token.
+	if len(lines) != 6 {
+		t.Fatalf("%d metric lines, want 6:\n%s", len(lines), h.metrics.String())
+	}
+	type emf struct {
+		AWS struct {
+			Timestamp         int64
+			CloudWatchMetrics []struct {
+				Namespace  string
+				Dimensions [][]string
+				Metrics    []struct{ Name, Unit string }
+			}
+		} `json:"_aws"`
+		Rule                                                       string
+		Allowed, Denied, Shed, FailOpen, FailClosed, BackendErrors int
+		BackendLatency                                             float64
+	}
+	var denied int
+	for _, l := range lines {
+		var m emf
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %s: %v", l, err)
+		}
+		d := m.AWS.CloudWatchMetrics[0]
+		if m.AWS.Timestamp != golden.Clock.UnixMilli() || d.Namespace != "Test" || len(d.Dimensions) != 2 || d.Dimensions[0][0] != "Rule" || len(d.Dimensions[1]) != 0 || len(d.Metrics) != 7 {
+			t.Errorf("bad EMF metadata: %s", l)
+		}
+		if m.Allowed+m.Denied+m.Shed != 1 {
+			t.Errorf("line %s: want exactly one outcome", l)
+		}
+		denied += m.Denied
+	}
+	if denied != 1 {
+		t.Errorf("%d denials counted, want 1", denied)
+	}
+}
+
+func TestMetricNoRule(t *testing.T) {
+	h := newTestHandler(t, `rules: []`, nil)
+	h.Handle(t.Context(), readEvent(t, "rest-request"))
+	if !strings.Contains(h.metrics.String(), `"Rule":"(none)","Allowed":1`) {
+		t.Errorf("metrics: %s", h.metrics.String())
+	}
+}
+
+func TestAppendJSONString(t *testing.T) {
+	for _, s := range []string{"plain", `q"uote\`, "\x00\x1f\x7f", "\xff\xfe", "héllo ☃", "\u2028"} {
+		b := appendJSONString(nil, s)
+		var back string
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Errorf("%q -> %s: %v", s, b, err)
+		}
+	}
+}
+
+func TestNewConfigErrors(t *testing.T) {
+	if _, err := New(Config{}); err == nil {
+		t.Error("no policy accepted")
+	}
+	mem, _ := memory.New(memory.Config{})
+	p, _ := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]any{"memory": mem}})
+	if _, err := New(Config{Policy: p, HTTPResponses: "xml"}); err == nil {
+		t.Error("bad HTTPResponses accepted")
+	}
+	if _, err := New(Config{Policy: p, Deadline: -1}); err == nil {
+		t.Error("negative deadline accepted")
+	}
+}
+
+// FuzzDecodeEvent checks DecodeEvent against encoding/json decoding into
+// the equivalent struct: the same errors (malformed or not) and the same
+// attributes, and never a panic.
+func FuzzDecodeEvent(f *testing.F) {
+	for _, name := range []string{"rest-request", "http-request", "rest-token", "http-request-v1", "wrong-types", "rest-request-hostile", "malformed"} {
+		b, err := os.ReadFile("../../events/" + name + ".json")
+		if err != nil {
+			f.Fatalf("loading fixture: %v", err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{"Type":"TOKEN","type":"REQUEST","TYPE":"TOKEN","authorizationToken":"a\u00e9\ud83d\ude00\ud800","methodArn":"arn:aws:execute-api:r:1:a/s/GET/x"}`))
+	f.Add([]byte(`{"type":"REQUEST","headers":{"A":"1"},"headers":{"a":"2"},"headers":null,"headers":{"b":null}}`))
+	f.Add([]byte(`{"requestContext":{"identity":{"sourceIp":"1"}},"requestContext":{"stage":"s"},"requestContext":null}`))
+	h := newTestHandler(f, oneRule, nil)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		ev, err := DecodeEvent(raw)
+		ref, refErr := decodeReference(raw)
+		if (err == nil) != (refErr == nil) {
+			// encoding/json and DecodeEvent must agree on what is valid.
+			if !(errors.Is(err, ErrUnauthorized) && errors.Is(refErr, ErrUnauthorized)) {
+				t.Fatalf("DecodeEvent: %v; encoding/json reference: %v", err, refErr)
+			}
+		}
+		if err == nil {
+			if ev.Kind != ref.Kind || ev.ARN != ref.ARN || ev.Request.SourceIP != ref.Request.SourceIP || ev.Request.Method != ref.Request.Method ||
+				ev.Request.Path != ref.Request.Path || ev.Request.RouteKey != ref.Request.RouteKey || ev.Request.Stage != ref.Request.Stage ||
+				ev.Request.APIKey != ref.Request.APIKey || ev.Request.Token != ref.Request.Token || ev.Request.Absent != ref.Request.Absent {
+				t.Fatalf("DecodeEvent: %+v\nreference:   %+v", ev.Request, ref.Request)
+			}
+			for _, name := range []string{"Authorization", "authorization", "X-Forwarded-For", "a", "A", "b"} {
+				v1, ok1 := ev.Request.Header(name)
+				v2, ok2 := ref.Request.Header(name)
+				if ok1 != ok2 || v1 != v2 {
+					// A map with two keys differing only in case answers a
+					// folded lookup at random; compare exact hits only.
+					if _, exact := refHeaders(raw)[name]; exact {
+						t.Fatalf("header %q: %q %v, reference %q %v", name, v1, ok1, v2, ok2)
+					}
+				}
+				q1, ok1 := ev.Request.QueryParam(name)
+				q2, ok2 := ref.Request.QueryParam(name)
+				if ok1 != ok2 || q1 != q2 {
+					t.Fatalf("query %q: %q %v, reference %q %v", name, q1, ok1, q2, ok2)
+				}
+			}
+		}
+		resp, herr := h.Handle(context.Background(), raw)
+		if herr == nil {
+			if _, err := json.Marshal(resp); err != nil {
+				t.Fatalf("response does not marshal: %v", err)
+			}
+		}
+	})
+}
+
+// refEvent is the reference decoding: encoding/json into a struct of the
+// fields DecodeEvent reads.
+type refEvent struct {
+	Version               string            `json:"version"`
+	Type                  string            `json:"type"`
+	AuthorizationToken    string            `json:"authorizationToken"`
+	MethodArn             string            `json:"methodArn"`
+	Resource              string            `json:"resource"`
+	Path                  string            `json:"path"`
+	HTTPMethod            string            `json:"httpMethod"`
+	Headers               map[string]string `json:"headers"`
+	QueryStringParameters map[string]string `json:"queryStringParameters"`
+	RouteArn              string            `json:"routeArn"`
+	RouteKey              string            `json:"routeKey"`
+	RawPath               string            `json:"rawPath"`
+	RequestContext        struct {
+		Stage      string `json:"stage"`
+		Path       string `json:"path"`
+		HTTPMethod string `json:"httpMethod"`
+		RouteKey   string `json:"routeKey"`
+		Identity   struct {
+			APIKey   string `json:"apiKey"`
+			SourceIP string `json:"sourceIp"`
+		} `json:"identity"`
+		HTTP struct {
+			Method   string `json:"method"`
+			Path     string `json:"path"`
+			SourceIP string `json:"sourceIp"`
+		} `json:"http"`
+	} `json:"requestContext"`
+}
+
+func refHeaders(raw []byte) map[string]string {
+	var r refEvent
+	json.Unmarshal(raw, &r)
+	return r.Headers
+}
+
+func decodeReference(raw []byte) (*Event, error) {
+	var r refEvent
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, err
+	}
+	ev := &Event{}
+	req := &ev.Request
+	switch {
+	case r.Version == "2.0" && r.Type == "REQUEST":
+		ev.Kind, ev.ARN = KindHTTP, r.RouteArn
+		req.SourceIP, req.Method, req.Path = r.RequestContext.HTTP.SourceIP, r.RequestContext.HTTP.Method, r.RequestContext.HTTP.Path
+		if req.Path == "" {
+			req.Path = r.RawPath
+		}
+		req.RouteKey = r.RouteKey
+		if req.RouteKey == "" {
+			req.RouteKey = r.RequestContext.RouteKey
+		}
+		req.Stage = r.RequestContext.Stage
+		req.Headers, req.Query = policy.Header(r.Headers), policy.Query(r.QueryStringParameters)
+		req.Token, _ = req.Header("Authorization")
+		req.Absent = policy.AttrAPIKey
+		if ev.ARN == "" || req.Method == "" || req.SourceIP == "" {
+			return nil, errors.New("missing")
+		}
+	case (r.Version == "" || r.Version == "1.0") && r.Type == "REQUEST":
+		ev.Kind, ev.ARN = KindRequest, r.MethodArn
+		req.SourceIP, req.Method, req.Path = r.RequestContext.Identity.SourceIP, r.HTTPMethod, r.Path
+		if req.Method == "" {
+			req.Method = r.RequestContext.HTTPMethod
+		}
+		if req.Path == "" {
+			req.Path = r.RequestContext.Path
+		}
+		if r.Resource != "" {
+			req.RouteKey = req.Method + " " + r.Resource
+		}
+		req.Stage = r.RequestContext.Stage
+		req.Headers, req.Query = policy.Header(r.Headers), policy.Query(r.QueryStringParameters)
+		req.APIKey = r.RequestContext.Identity.APIKey
+		req.Token, _ = req.Header("Authorization")
+		if r.Version == "1.0" {
+			req.Absent = policy.AttrAPIKey
+		}
+		if ev.ARN == "" || req.Method == "" || req.SourceIP == "" {
+			return nil, errors.New("missing")
+		}
+	case r.Version == "" && r.Type == "TOKEN":
+		ev.Kind, ev.ARN = KindToken, r.MethodArn
+		req.Token = r.AuthorizationToken
+		req.Absent = policy.AttrSourceIP | policy.AttrHeaders | policy.AttrQuery | policy.AttrAPIKey | policy.AttrRouteKey
+		var ok bool
+		if req.Stage, req.Method, req.Path, ok = parseMethodARN(ev.ARN); !ok {
+			return nil, errors.New("bad arn")
+		}
+		if req.Token == "" {
+			return nil, ErrUnauthorized
+		}
+	default:
+		return nil, errors.New("unknown")
+	}
+	return ev, nil
+}

@@ -1,0 +1,159 @@
+package authz
+
+import (
+	"io"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// DefaultNamespace is the CloudWatch namespace of the metrics.
+const DefaultNamespace = "Sluice"
+
+// NoRule is the Rule dimension of the metric line of a request no rule
+// matched (rule names cannot contain parentheses).
+const NoRule = "(none)"
+
+// Metrics writes CloudWatch Embedded Metric Format lines: one JSON object
+// per line, with the dimension sets [["Rule"], []] and the metrics Allowed,
+// Denied, Shed, FailOpen, FailClosed, BackendErrors (Count) and
+// BackendLatency (Milliseconds). A request gets one line per matching rule
+// that was checked (or shed); a request no rule matched gets one line with
+// Rule "(none)". The dimensionless metrics therefore count rule checks. Safe
+// for concurrent use; each line is one Write.
+type Metrics struct {
+	w      io.Writer
+	prefix []byte // {"_aws":{"Timestamp":
+	middle []byte // ,"CloudWatchMetrics":[...]},"Rule":
+	mu     sync.Mutex
+	buf    []byte
+}
+
+// NewMetrics returns a Metrics writing to w (Lambda: os.Stdout) in the
+// CloudWatch namespace ns (DefaultNamespace when empty).
+func NewMetrics(w io.Writer, ns string) *Metrics {
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	m := &Metrics{w: w}
+	m.prefix = []byte(`{"_aws":{"Timestamp":`)
+	mid := []byte(`,"CloudWatchMetrics":[{"Namespace":`)
+	mid = appendJSONString(mid, ns)
+	mid = append(mid, `,"Dimensions":[["Rule"],[]],"Metrics":[`+
+		`{"Name":"Allowed","Unit":"Count"},{"Name":"Denied","Unit":"Count"},{"Name":"Shed","Unit":"Count"},`+
+		`{"Name":"FailOpen","Unit":"Count"},{"Name":"FailClosed","Unit":"Count"},{"Name":"BackendErrors","Unit":"Count"},`+
+		`{"Name":"BackendLatency","Unit":"Milliseconds"}]}]},"Rule":`...)
+	m.middle = mid
+	return m
+}
+
+// Line is one metric line's values.
+type Line struct {
+	Rule                                                    string
+	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr int
+	BackendLatency                                          time.Duration
+}
+
+// Record writes the lines of one evaluated request.
+func (m *Metrics) Record(now time.Time, res *policy.Result) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(res.Evals) == 0 {
+		l := Line{Rule: NoRule}
+		switch res.Outcome {
+		case policy.Allow:
+			l.Allowed = 1
+		case policy.Shed:
+			l.Shed = 1
+		}
+		m.write(now, &l)
+		return
+	}
+	for i := range res.Evals {
+		ev := &res.Evals[i]
+		l := Line{Rule: ev.Rule, BackendLatency: ev.Latency}
+		switch ev.Outcome {
+		case policy.Allow:
+			l.Allowed = 1
+		case policy.Deny:
+			l.Denied = 1
+		case policy.Shed:
+			l.Shed = 1
+		default:
+			continue // skipped, or refused for authentication: not a rate-limit outcome
+		}
+		if ev.Failed {
+			if ev.Fail == policy.FailClosed {
+				l.FailClosed = 1
+			} else {
+				l.FailOpen = 1
+			}
+		}
+		if ev.Err != nil {
+			l.BackendErr = 1
+		}
+		m.write(now, &l)
+	}
+}
+
+// write formats and writes one line. Call with m.mu held.
+func (m *Metrics) write(now time.Time, l *Line) {
+	b := append(m.buf[:0], m.prefix...)
+	b = strconv.AppendInt(b, now.UnixMilli(), 10)
+	b = append(b, m.middle...)
+	b = appendJSONString(b, l.Rule)
+	b = appendField(b, "Allowed", l.Allowed)
+	b = appendField(b, "Denied", l.Denied)
+	b = appendField(b, "Shed", l.Shed)
+	b = appendField(b, "FailOpen", l.FailOpen)
+	b = appendField(b, "FailClosed", l.FailClosed)
+	b = appendField(b, "BackendErrors", l.BackendErr)
+	b = append(b, `,"BackendLatency":`...)
+	b = strconv.AppendFloat(b, float64(l.BackendLatency.Microseconds())/1000, 'f', -1, 64)
+	b = append(b, "}\n"...)
+	m.buf = b
+	m.w.Write(b) //nolint:errcheck // metrics must never fail a decision
+}
+
+func appendField(b []byte, name string, v int) []byte {
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	b = append(b, '"', ':')
+	return strconv.AppendInt(b, int64(v), 10)
+}
+
+// appendJSONString appends s as a JSON string, escaping quotes,
+// backslashes, control bytes and invalid UTF-8.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20 || c == 0x7f:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}

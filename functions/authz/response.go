@@ -1,0 +1,133 @@
+package authz
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// Decision values of Context.Decision.
+const (
+	DecisionAllow = "allow"
+	DecisionDeny  = "deny"
+	DecisionShed  = "shed"
+)
+
+// PrincipalID is the principalId of every IAM response.
+const PrincipalID = "sluice"
+
+// Context is the authorizer context of every response. API Gateway hands
+// it to the integration and to gateway responses as
+// $context.authorizer.<key> (strings and numbers only, as it requires).
+type Context struct {
+	// Limit is the capacity of the deciding limit.
+	Limit int64 `json:"limit"`
+	// Remaining is what is left of it after this request.
+	Remaining int64 `json:"remaining"`
+	// Reset is the number of seconds until it is full again, rounded up.
+	Reset int64 `json:"reset"`
+	// RetryAfter is the number of seconds to wait before retrying, rounded
+	// up; zero unless denied.
+	RetryAfter int64 `json:"retryAfter"`
+	// Rule is the deciding rule; empty when no rule matched.
+	Rule string `json:"rule"`
+	// Decision is allow, deny or shed.
+	Decision string `json:"decision"`
+}
+
+// Response is what Handle returns on success: an *IAMResponse or a
+// *SimpleResponse.
+type Response interface {
+	// Allowed reports whether the response lets the request through.
+	Allowed() bool
+	// AuthContext returns the response's context.
+	AuthContext() Context
+}
+
+// IAMResponse is a REST authorizer response (and an HTTP API one when IAM
+// responses are configured): it marshals as
+// events.APIGatewayCustomAuthorizerResponse does.
+type IAMResponse struct {
+	PrincipalID    string         `json:"principalId"`
+	PolicyDocument PolicyDocument `json:"policyDocument"`
+	Context        Context        `json:"context"`
+}
+
+// PolicyDocument is an IAM policy of one statement.
+type PolicyDocument struct {
+	Version   string       `json:"Version"`
+	Statement [1]Statement `json:"Statement"`
+}
+
+// Statement allows or denies execute-api:Invoke on one resource.
+type Statement struct {
+	Action   [1]string `json:"Action"`
+	Effect   string    `json:"Effect"`
+	Resource [1]string `json:"Resource"`
+}
+
+// Allowed reports whether the policy's effect is Allow.
+func (r *IAMResponse) Allowed() bool { return r.PolicyDocument.Statement[0].Effect == "Allow" }
+
+// AuthContext returns r.Context.
+func (r *IAMResponse) AuthContext() Context { return r.Context }
+
+// SimpleResponse is an HTTP API simple response: it marshals as
+// events.APIGatewayV2CustomAuthorizerSimpleResponse does.
+type SimpleResponse struct {
+	IsAuthorized bool    `json:"isAuthorized"`
+	Context      Context `json:"context"`
+}
+
+// Allowed returns r.IsAuthorized.
+func (r *SimpleResponse) Allowed() bool { return r.IsAuthorized }
+
+// AuthContext returns r.Context.
+func (r *SimpleResponse) AuthContext() Context { return r.Context }
+
+// contextOf turns a policy result into the response context.
+func contextOf(res *policy.Result) Context {
+	c := Context{
+		Limit:     res.Decision.Limit,
+		Remaining: res.Decision.Remaining,
+		Reset:     seconds(res.Decision.ResetAfter),
+		Rule:      res.Rule,
+		Decision:  DecisionAllow,
+	}
+	switch res.Outcome {
+	case policy.Deny:
+		c.Decision = DecisionDeny
+		c.RetryAfter = max(seconds(res.Decision.RetryAfter), 1)
+	case policy.Shed:
+		c.Decision = DecisionShed
+		c.RetryAfter = max(seconds(res.Decision.RetryAfter), 1)
+	}
+	return c
+}
+
+// seconds rounds d up to whole seconds.
+func seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func iamResponse(arn string, allow bool, c Context) *IAMResponse {
+	effect := "Deny"
+	if allow {
+		effect = "Allow"
+	}
+	return &IAMResponse{
+		PrincipalID: PrincipalID,
+		PolicyDocument: PolicyDocument{
+			Version: "2012-10-17",
+			Statement: [1]Statement{{
+				Action:   [1]string{"execute-api:Invoke"},
+				Effect:   effect,
+				Resource: [1]string{arn},
+			}},
+		},
+		Context: c,
+	}
+}

@@ -1,0 +1,102 @@
+package authz
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluicehq/sluice/policy"
+)
+
+// Attributes of a rules table item. The partition key is "name" (S); "rule"
+// (S) holds the rule as YAML or JSON (the fields of one rules-list item;
+// its name may be left out); "order" (N, optional) orders the rules
+// (ascending, then by name; items without one come last).
+const (
+	RulesAttrName  = "name"
+	RulesAttrRule  = "rule"
+	RulesAttrOrder = "order"
+)
+
+// ScanAPI is the part of the DynamoDB API LoadRulesTable uses.
+type ScanAPI interface {
+	Scan(ctx context.Context, in *dynamodb.ScanInput, optFns ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
+}
+
+var _ ScanAPI = (*dynamodb.Client)(nil)
+
+// LoadRulesTable reads every item of a rules table (a consistent scan,
+// paginated) and parses each into a rule. An invalid item fails the whole
+// load with an error naming the item and the field, so that a bad edit
+// never half-applies.
+func LoadRulesTable(ctx context.Context, client ScanAPI, table string) ([]policy.Rule, error) {
+	type entry struct {
+		rule     policy.Rule
+		order    float64
+		hasOrder bool
+	}
+	var entries []entry
+	in := &dynamodb.ScanInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true)}
+	for {
+		out, err := client.Scan(ctx, in)
+		if err != nil {
+			return nil, fmt.Errorf("rules table %s: %w", table, err)
+		}
+		for _, item := range out.Items {
+			name, ok := item[RulesAttrName].(*types.AttributeValueMemberS)
+			if !ok || name.Value == "" {
+				return nil, fmt.Errorf("rules table %s: an item has no string %q attribute", table, RulesAttrName)
+			}
+			body, ok := item[RulesAttrRule].(*types.AttributeValueMemberS)
+			if !ok {
+				return nil, fmt.Errorf("rules table %s: item %q: want a string attribute %q holding the rule as YAML or JSON", table, name.Value, RulesAttrRule)
+			}
+			r, err := policy.ParseRule([]byte(body.Value), name.Value)
+			if err != nil {
+				return nil, fmt.Errorf("rules table %s: item %q: %w", table, name.Value, err)
+			}
+			e := entry{rule: r}
+			if av, ok := item[RulesAttrOrder]; ok {
+				n, ok := av.(*types.AttributeValueMemberN)
+				if !ok {
+					return nil, fmt.Errorf("rules table %s: item %q: attribute %q must be a number", table, name.Value, RulesAttrOrder)
+				}
+				if e.order, err = strconv.ParseFloat(n.Value, 64); err != nil {
+					return nil, fmt.Errorf("rules table %s: item %q: attribute %q: %w", table, name.Value, RulesAttrOrder, err)
+				}
+				e.hasOrder = true
+			}
+			entries = append(entries, e)
+			if len(entries) > policy.MaxRules {
+				return nil, fmt.Errorf("rules table %s: more than %d rules", table, policy.MaxRules)
+			}
+		}
+		if len(out.LastEvaluatedKey) == 0 {
+			break
+		}
+		in.ExclusiveStartKey = out.LastEvaluatedKey
+	}
+	slices.SortFunc(entries, func(a, b entry) int {
+		if a.hasOrder != b.hasOrder {
+			if a.hasOrder {
+				return -1
+			}
+			return 1
+		}
+		if c := cmp.Compare(a.order, b.order); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.rule.Name, b.rule.Name)
+	})
+	rules := make([]policy.Rule, len(entries))
+	for i, e := range entries {
+		rules[i] = e.rule
+	}
+	return rules, nil
+}
