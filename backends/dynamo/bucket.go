@@ -52,7 +52,8 @@ func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.Buck
 		}
 		old, lost := conditionFailed(err)
 		if !lost {
-			s.cache.remove(pk)
+			// The write may or may not have happened: what is remembered
+			// may be stale, which the next write's condition catches.
 			return limiter.Decision{}, err
 		}
 		// The condition failed: the item DynamoDB returned is the state

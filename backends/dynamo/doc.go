@@ -100,7 +100,8 @@
 //
 // # Errors, deadlines and retries
 //
-// Every call runs under the caller's deadline, capped by Config.Timeout. A
+// Every call runs under the caller's deadline (Config.Timeout when the
+// context has none). A
 // failed condition is never an error by itself; lost races that exhaust the
 // retries wrap [limiter.ErrConflict]. Throttling
 // (ProvisionedThroughputExceededException, ThrottlingException,

@@ -196,7 +196,7 @@ func TestThrottling(t *testing.T) {
 	for _, code := range []string{"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"} {
 		t.Run(code, func(t *testing.T) {
 			th := &throttler{code: code}
-			const timeout = time.Second
+			const timeout = 5 * time.Second // generous: the machine may be loaded
 			s, err := dynamo.New(newClient(endpoint, th.middleware), dynamo.Config{Table: tableName, Timeout: timeout})
 			if err != nil {
 				t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 
 type item = map[string]types.AttributeValue
 
-func n(v string) types.AttributeValue  { return &types.AttributeValueMemberN{Value: v} }
+func n(v string) types.AttributeValue   { return &types.AttributeValueMemberN{Value: v} }
 func str(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
 
 func put(t *testing.T, c *dynamodb.Client, pk string, it item) {

@@ -58,7 +58,8 @@ func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, 
 		}
 		old, lost := conditionFailed(err)
 		if !lost {
-			s.cache.remove(pk)
+			// The write may or may not have happened: what is remembered
+			// may be stale, which the next write's condition catches.
 			return limiter.Decision{}, err
 		}
 		s.counter.conflicts.Add(1)

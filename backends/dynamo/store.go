@@ -57,7 +57,7 @@ const (
 	DefaultMaxAttempts = 32
 	DefaultCacheSize   = 10_000
 	DefaultBackoffBase = time.Millisecond
-	DefaultBackoffMax  = 20 * time.Millisecond
+	DefaultBackoffMax  = 50 * time.Millisecond
 )
 
 var (
@@ -80,9 +80,9 @@ type Config struct {
 	// Table is the table name. Its layout is described in the package
 	// documentation; [CreateTable] creates it.
 	Table string
-	// Timeout bounds every store call (all its requests and retries), on
-	// top of the caller's own deadline. Zero means DefaultTimeout; negative
-	// means only the caller's deadline applies.
+	// Timeout bounds every store call (all its requests and retries) whose
+	// context has no deadline; a caller's deadline is used as it is. Zero
+	// means DefaultTimeout; negative means no bound.
 	Timeout time.Duration
 	// MaxAttempts bounds the conditional writes of one call that may lose a
 	// race before the call gives up with an error wrapping
@@ -193,12 +193,9 @@ func (s *Store) Stats() Stats {
 // ForgetCache drops every remembered state (as a cold Lambda would start).
 func (s *Store) ForgetCache() { s.cache.clear() }
 
-// withDeadline bounds ctx by the store's timeout.
+// withDeadline gives ctx the store's timeout when it has no deadline.
 func (s *Store) withDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
-	if s.cfg.Timeout < 0 {
-		return ctx, func() {}
-	}
-	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.cfg.Timeout {
+	if _, ok := ctx.Deadline(); ok || s.cfg.Timeout < 0 {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, s.cfg.Timeout)
@@ -220,15 +217,19 @@ func (s *Store) ttlValue(ttl time.Duration) types.AttributeValue {
 	return &types.AttributeValueMemberN{Value: strconv.FormatInt(sec, 10)}
 }
 
-// backoff sleeps before retry number conflicts (1-based) of a lost race,
-// or returns an error wrapping limiter.ErrConflict when retries are spent or
-// the pause would outlast ctx.
+// backoff sleeps before retry number conflicts (1-based) of a lost race.
+// It returns an error wrapping limiter.ErrConflict when the retries are spent
+// or the pause would outlast ctx, and one wrapping ErrUnavailable and the
+// context's error when ctx is done.
 func (s *Store) backoff(ctx context.Context, what string, conflicts int) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("dynamo: %s: %w after %d lost races: %w", what, ErrUnavailable, conflicts, err)
+	}
 	if conflicts >= s.cfg.MaxAttempts {
 		return fmt.Errorf("dynamo: %s: %w after %d attempts", what, limiter.ErrConflict, conflicts)
 	}
 	if conflicts == 1 {
-		return ctx.Err()
+		return nil
 	}
 	ceiling := s.cfg.BackoffBase << min(conflicts-2, 20)
 	ceiling = min(ceiling, s.cfg.BackoffMax)
@@ -242,7 +243,7 @@ func (s *Store) backoff(ctx context.Context, what string, conflicts int) error {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("dynamo: %s: %w after %d attempts: %w", what, limiter.ErrConflict, conflicts, ctx.Err())
+		return fmt.Errorf("dynamo: %s: %w after %d lost races: %w", what, ErrUnavailable, conflicts, ctx.Err())
 	}
 }
 
