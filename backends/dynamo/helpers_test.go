@@ -34,12 +34,12 @@ type requests struct {
 	total, get, update atomic.Int64
 	failed             atomic.Int64 // attempts that returned an error (failed conditions included)
 	wcuMilli           atomic.Int64 // consumed capacity of successful writes, in thousandths
+	rcuMilli           atomic.Int64 // consumed capacity of reads, in thousandths
 	consumed           bool         // ask for ReturnConsumedCapacity=TOTAL
 }
 
 func (r *requests) load() int64 { return r.total.Load() }
 
-func (r *requests) wcu() float64 { return float64(r.wcuMilli.Load()) / 1000 }
 
 // middleware adds the counter to a client's stack: an Initialize step that
 // asks for consumed capacity and reads it from the output, and a Finalize
@@ -48,13 +48,23 @@ func (r *requests) middleware(st *middleware.Stack) error {
 	if err := st.Initialize.Add(middleware.InitializeMiddlewareFunc("countCapacity",
 		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
 			if r.consumed {
-				if p, ok := in.Parameters.(*dynamodb.UpdateItemInput); ok {
+				switch p := in.Parameters.(type) {
+				case *dynamodb.UpdateItemInput:
+					p.ReturnConsumedCapacity = types.ReturnConsumedCapacityTotal
+				case *dynamodb.GetItemInput:
 					p.ReturnConsumedCapacity = types.ReturnConsumedCapacityTotal
 				}
 			}
 			out, md, err := next.HandleInitialize(ctx, in)
-			if o, ok := out.Result.(*dynamodb.UpdateItemOutput); ok && o.ConsumedCapacity != nil && o.ConsumedCapacity.CapacityUnits != nil {
-				r.wcuMilli.Add(int64(*o.ConsumedCapacity.CapacityUnits * 1000))
+			switch o := out.Result.(type) {
+			case *dynamodb.UpdateItemOutput:
+				if o.ConsumedCapacity != nil && o.ConsumedCapacity.CapacityUnits != nil {
+					r.wcuMilli.Add(int64(*o.ConsumedCapacity.CapacityUnits * 1000))
+				}
+			case *dynamodb.GetItemOutput:
+				if o.ConsumedCapacity != nil && o.ConsumedCapacity.CapacityUnits != nil {
+					r.rcuMilli.Add(int64(*o.ConsumedCapacity.CapacityUnits * 1000))
+				}
 			}
 			return out, md, err
 		}), middleware.After); err != nil {
