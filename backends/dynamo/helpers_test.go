@@ -40,7 +40,6 @@ type requests struct {
 
 func (r *requests) load() int64 { return r.total.Load() }
 
-
 // middleware adds the counter to a client's stack: an Initialize step that
 // asks for consumed capacity and reads it from the output, and a Finalize
 // step after the retry middleware that counts each attempt.
