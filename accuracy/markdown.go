@@ -234,18 +234,24 @@ func (r *Report) writeRecommendation(pf func(string, ...any)) {
 		if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
 			pf("- The current default, bounded with k = 10, admits %s (worst seed %s): it misses the target.\n", pct(cur.Shares[0]), pct(cur.MinShare()))
 		}
-		pf("- Its cost: %d memcached items per key (%d bytes with a %d-byte key name), %d keys per decision (one incr and one get-multi, one round trip), ",
+		pf("- Its cost on memcached: %d items per key (%d bytes with a %d-byte key name), %d keys per decision (one incr and one get-multi), ",
 			ch.Row.Memcached.Items, ch.Row.Memcached.Bytes, len(SimKey), ch.Row.Memcached.KeysPerDecision)
-		pf("and a decr on each denial.\n")
+		pf("%.2f round trips per decision on the bursty trace (the boundary guard takes two round trips within %v of a sub-window boundary, and a denial adds a decr)",
+			ch.Row.RoundTrips, MemcachedGuard)
+		if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
+			pf("; k = 10 costs %d items and %.2f round trips", cur.Memcached.Items, cur.RoundTrips)
+		}
+		pf(". Windows shorter than 2 x %d x %v (%v) have every decision take two round trips.\n", c.SubWindows, MemcachedGuard, 2*time.Duration(c.SubWindows)*MemcachedGuard)
 		if time.Microsecond%time.Duration(c.SubWindows) == 0 {
 			pf("- %d divides every window that is a whole number of microseconds, as 10 does (30 would not divide a 1 s window).\n", c.SubWindows)
 		} else {
 			pf("- Note: %d does not divide every window of whole microseconds (1 s, for one); the limiter refuses such windows with this default.\n", c.SubWindows)
 		}
-		if st, ok := r.result(0, c); ok {
-			pf("- Caveat: under sustained overload the bounded estimator behaves like a window of W + W/k and admits about k/(k+1) of the exact log: "+
-				"%s on the steady trace (%.3gx the limit) for k = %d. The target is met on bursty traffic, not under a constant flood.\n",
-				pct(share(st, r.reference(0))), o.SteadyFactor, c.SubWindows)
+		if st, ok := r.result(0, c); ok && c.Algorithm == Bounded {
+			k := float64(c.SubWindows)
+			pf("- Caveat: under a constant flood the bounded estimator behaves like a window of W + W/k and admits down to k/(k+1) of the exact log "+
+				"(%s for k = %d); on the steady trace (%.3gx the limit) it admitted %s. The target is met on bursty traffic, not under a sustained flood.\n",
+				pct(k/(k+1)), c.SubWindows, o.SteadyFactor, pct(share(st, r.reference(0))))
 		}
 	} else {
 		pf("**No configuration of `limiter.SlidingWindow` with at most %d sub-windows both never overshoots and admits at least %s of the exact log on every bursty seed.**\n\n",
@@ -288,7 +294,7 @@ func (r *Report) writeRecommendation(pf func(string, ...any)) {
 		}
 	}
 	if worstName != "" {
-		pf("- The interpolated estimator (ClassDojo's and Criteo's) overshoots with every k: from %s the limit (k = 30) to %s (%s), worst of all traces; "+
+		pf("- The interpolated estimator (ClassDojo's and Criteo's) overshoots with every k: its worst window holds from %s times the limit (k = 30) to %s (%s); "+
 			"see the edge-end figure and the tables. It admits close to the exact log on average, which is why it looks good on smooth traffic.\n",
 			times(least), times(worst), worstName)
 	}
@@ -335,16 +341,18 @@ func (r *Report) writeSummary(pf func(string, ...any)) {
 	pf("Overshoot is the most requests admitted within any window-length interval, over the limit, worst of all traces (1.00 = never more than the limit). ")
 	pf("Admitted is relative to what the exact sliding log admitted on the same trace. ")
 	pf("Memcached figures are per tracked key: items in view, their bytes (slab chunks, see [Method](#method)), keys one decision touches. ")
-	pf("Store calls are per decision on the bursty trace (a window: one Add, and a Sub to refund a denial).\n\n")
+	pf("Store calls are per decision on the bursty trace (a window: one Add, and a Sub to refund a denial); ")
+	pf("memcached round trips model `backends/memcached` on that trace: a window's Add is one round trip, two within its boundary guard (%v) of a sub-window boundary, ", MemcachedGuard)
+	pf("and a refund one more; a bucket or log decision is gets plus cas when it admits, gets when it denies.\n\n")
 	pf("| configuration | overshoot |")
 	for _, tr := range r.Traces {
 		pf(" admitted: %s |", tr.Name)
 	}
-	pf(" items | bytes/key | keys/decision | store calls/decision |\n|---|---:|")
+	pf(" items | bytes/key | keys/decision | store calls/decision | memcached round trips/decision |\n|---|---:|")
 	for range r.Traces {
 		pf("---:|")
 	}
-	pf("---:|---:|---:|---:|\n")
+	pf("---:|---:|---:|---:|---:|\n")
 	for j, c := range r.Configs {
 		name := c.Name()
 		if r.Choice.Found && c == r.Choice.Row.Config {
@@ -358,11 +366,12 @@ func (r *Report) writeSummary(pf func(string, ...any)) {
 			pf(" %s |", pct(share(r.Results[i][j], r.reference(i))))
 		}
 		b := r.Results[1][j]
-		pf(" %d | %d | %d | %.2f |\n", b.Memcached.Items, b.Memcached.Bytes, b.Memcached.KeysPerDecision, float64(b.StoreCalls)/float64(max(b.Requests, 1)))
+		pf(" %d | %d | %d | %.2f | %.2f |\n", b.Memcached.Items, b.Memcached.Bytes, b.Memcached.KeysPerDecision,
+			float64(b.StoreCalls)/float64(max(b.Requests, 1)), b.roundTripsPerDecision())
 	}
 	pf("\nThe token bucket holds %d tokens refilled at %d per %v: it admits a full bucket and then the refill within one window, ", p.Limit, p.Limit, p.Window)
 	pf("so up to twice the limit; it limits a rate, not a window count. ")
-	pf("The bucket and the log are read and written with gets and cas in memcached (two round trips when the state changes), the windows with one incr and one get-multi in parallel.\n\n")
+	pf("Shorter sub-windows cost round trips as well as items: the share of decisions near a boundary is about 2 x %v / (W/k).\n\n", MemcachedGuard)
 }
 
 func (r *Report) writeFrontier(pf func(string, ...any)) {
@@ -370,9 +379,10 @@ func (r *Report) writeFrontier(pf func(string, ...any)) {
 	pf("## The frontier\n\n")
 	pf("Every sub-window count up to %d that divides %v, on the %d bursty seeds (%d to %d) and the other traces. ", o.MaxSweep, o.Params.Window, o.Seeds, o.Seed, o.Seed+uint64(o.Seeds)-1)
 	pf("Admitted shares are on the bursty traces: seed %d / worst seed. Overshoot is the worst over every trace. ", o.Seed)
+	pf("Items, bytes and round trips are the bounded window's (the prototypes' are those of the same k; their values are longer). ")
 	pf("The default is chosen among k ≤ %d.\n\n", o.MaxChoice)
-	pf("| k | items | bytes/key | bounded | interpolated | interpolated overshoot | sliced x2 (prototype) | sliced x4 (prototype) | moment (prototype) |\n")
-	pf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	pf("| k | items | bytes/key | round trips/decision | bounded | interpolated | interpolated overshoot | sliced x2 (prototype) | sliced x4 (prototype) | moment (prototype) |\n")
+	pf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, k := range divisors(o.Params.Window, o.MaxSweep) {
 		bnd, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: k})
 		if !ok {
@@ -394,7 +404,7 @@ func (r *Report) writeFrontier(pf func(string, ...any)) {
 		if r.Choice.Found && r.Choice.Row.Config == bnd.Config {
 			mark = " **(recommended)**"
 		}
-		pf("| %d%s | %d | %d | %s | %s | %s | %s | %s | %s |\n", k, mark, bnd.Memcached.Items, bnd.Memcached.Bytes,
+		pf("| %d%s | %d | %d | %.2f | %s | %s | %s | %s | %s | %s |\n", k, mark, bnd.Memcached.Items, bnd.Memcached.Bytes, bnd.RoundTrips,
 			cell(bnd.Config), pct(itp.Shares[0])+" / "+pct(itp.MinShare()), times(itp.Overshoot),
 			cell(Config{Algorithm: Sliced, SubWindows: k, Slices: 2}), cell(Config{Algorithm: Sliced, SubWindows: k, Slices: 4}),
 			cell(Config{Algorithm: Moment, SubWindows: k}))
@@ -441,7 +451,8 @@ func (r *Report) writeBetterEstimator(pf func(string, ...any)) {
 	pf("at offset x adds n << (64/B * floor(x*B/s)) (the earliest slice in the low bits). The estimate sums every field of the k newest counters and, of the oldest, ")
 	pf("only the slices that reach into the window. It decides exactly as Bounded with k*B sub-windows, so it never overshoots, and costs what k sub-windows cost. ")
 	pf("Conditions: a field must never overflow (the limit plus the requests in flight below 2^(64/B-1); denied requests refunded, so no `CountDenied`), ")
-	pf("a refund subtracts the same packed amount (same `now`), and readers sum fields (memcached values grow to 20 digits, which the table's bytes include).\n")
+	pf("a refund subtracts the same packed amount (same `now`), readers sum fields (memcached values grow to 20 digits, which the table's bytes include), ")
+	pf("and `retryAfter` works per slice. `TestItemSizeAgainstMemcached` runs both prototypes on a real memcached through `backends/memcached` and gets the decisions of the memory store.\n")
 	pf("- *Moment counters* (`accuracy.MomentWindow`): the count in the high 32 bits and the sum of arrival offsets (in 1/1024 of a sub-window) in the low 32. ")
 	pf("The requests of the oldest sub-window still in view arrived after offset e, so each added at least m = floor(1024e/s): at most floor(S/m) of them, ")
 	pf("the tightest bound given the count and the sum (Markov's inequality). It never overshoots either, but it admits less than two slices do.\n\n")
@@ -470,7 +481,7 @@ func (r *Report) writeMethod(pf func(string, ...any)) {
 	pf("`items.c` (`item_make_header`, `do_item_alloc`), `slabs.c` (`slabs_init`); `TestItemSizeAgainstMemcached` checks the formula against the real server's slab ")
 	pf("statistics under `make test`. Keys and values are as `backends/memcached` writes them: `k:<space>/<name>|c<sub-window index>`, ")
 	pf("a counter's value its decimal digits (the most it reached: memcached keeps the longest number an incr wrote). ")
-	pf("With the key name %q (%d bytes) every counter here fits the 96- or 120-byte class, so a sliding window costs about (k+1) x 96 bytes per key. ", SimKey, len(SimKey))
+	pf("The key name is %q (%d bytes); bytes/key is the number of items times the chunk of the longest key and value seen. ", SimKey, len(SimKey))
 	pf("Items are those a decision reads; with the TTL of a window plus one sub-window (and up to 1 s of jitter) a key may hold one or two more ")
 	pf("until they expire. The hash table adds about 8 bytes per item.\n\n")
 	pf("**Reproducibility.** Fixed seeds, no wall clock, no map iteration in the output: `TestReportIsReproducible` writes the report twice and compares the bytes.\n")

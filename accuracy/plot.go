@@ -120,7 +120,7 @@ func newPlot(title, x, y string) *plot.Plot {
 }
 
 func line(xys plotter.XYs, c color.Color, width vg.Length, dashes ...vg.Length) *plotter.Line {
-	l, err := plotter.NewLine(xys)
+	l, err := plotter.NewLine(flat(xys))
 	if err != nil {
 		panic(fmt.Sprintf("accuracy: line: %v", err)) // only NaN or Inf, which we never produce
 	}
@@ -128,6 +128,18 @@ func line(xys plotter.XYs, c color.Color, width vg.Length, dashes ...vg.Length) 
 	l.Width = width
 	l.Dashes = dashes
 	return l
+}
+
+// flat drops the points inside runs of equal y, which change nothing in
+// the drawn polyline (and keep the SVGs small).
+func flat(xys plotter.XYs) plotter.XYs {
+	out := make(plotter.XYs, 0, len(xys))
+	for i, p := range xys {
+		if i == 0 || i == len(xys)-1 || p.Y != xys[i-1].Y || p.Y != xys[i+1].Y {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // hline is a horizontal line at y across [x0, x1].

@@ -83,8 +83,10 @@ type SweepRow struct {
 	// Overshoot is the worst window count over the limit across every
 	// trace: the bursty seeds and the others.
 	Overshoot float64
-	// Memcached is the footprint on the bursty trace of seed Options.Seed.
-	Memcached Footprint
+	// Memcached is the footprint on the bursty trace of seed Options.Seed,
+	// and RoundTrips its memcached round trips per decision there.
+	Memcached  Footprint
+	RoundTrips float64
 }
 
 // MinShare is the smallest admitted share over the seeds.
@@ -157,7 +159,7 @@ func Run(o Options) (*Report, error) {
 			if i >= nb {
 				row.Shares = append(row.Shares, share(res, sweep[i][0]))
 				if i == nb {
-					row.Memcached = res.Memcached
+					row.Memcached, row.RoundTrips = res.Memcached, res.roundTripsPerDecision()
 				}
 			}
 		}
@@ -294,7 +296,7 @@ func Choose(o Options) (Choice, error) {
 				row.Overshoot = max(row.Overshoot, res.Overshoot(p))
 				row.Shares = append(row.Shares, share(res, refs[i]))
 				if i == 0 {
-					row.Memcached = res.Memcached
+					row.Memcached, row.RoundTrips = res.Memcached, res.roundTripsPerDecision()
 				}
 				if row.Overshoot > 1 || row.Shares[i] < o.Target {
 					continue next

@@ -33,6 +33,13 @@ type Result struct {
 	// StoreCalls counts calls to the store (Add and Sub for the windows,
 	// UpdateBucket, UpdateLog).
 	StoreCalls int
+	// RoundTrips counts the memcached round trips backends/memcached would
+	// make, by its documented protocol: a window's Add is one round trip,
+	// or two within MemcachedGuard of a sub-window boundary (its boundary
+	// guard), and a refund one more; a bucket or log decision is gets and
+	// cas when it admits, gets alone when it denies (ignoring the item
+	// cache and writes that only refill or expire).
+	RoundTrips int
 	// MaxCounter is the largest value a window counter held.
 	MaxCounter int64
 	// MaxLogEntries is the largest number of timestamps the sliding log
@@ -45,8 +52,44 @@ type Result struct {
 	Admits []int64
 }
 
+func (r Result) roundTripsPerDecision() float64 {
+	return float64(r.RoundTrips) / float64(max(r.Requests, 1))
+}
+
 // Overshoot is the worst window-length count over the limit.
 func (r Result) Overshoot(p Params) float64 { return float64(r.WorstWindow) / float64(p.Limit) }
+
+// MemcachedGuard is backends/memcached's default boundary guard
+// (DefaultTimeout + DefaultClockSkew): a window decision within it of a
+// sub-window boundary increments first and reads after, two round trips.
+const MemcachedGuard = 210 * time.Millisecond
+
+// roundTrips is what one decision at t costs on memcached (see
+// Result.RoundTrips).
+func roundTrips(c Config, p Params, t int64, allowed bool) int {
+	switch {
+	case c.Algorithm == Log || c.Algorithm == Bucket:
+		if allowed {
+			return 2
+		}
+		return 1
+	case c.Algorithm == Fixed:
+		if allowed {
+			return 1
+		}
+		return 2
+	}
+	s := int64(p.Window) / int64(c.SubWindows)
+	e, g := t-floorDiv(t, s)*s, int64(MemcachedGuard)
+	n := 1
+	if e < g || s-e <= g {
+		n = 2
+	}
+	if !allowed {
+		n++
+	}
+	return n
+}
 
 // simClock is the simulated time, shared by the limiter's caller and the
 // memory store's expiry.
@@ -161,6 +204,7 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("accuracy: %s at %v: %w", c.Name(), time.Unix(0, t).UTC(), err)
 		}
+		res.RoundTrips += roundTrips(c, p, t, d.Allowed)
 		for head < len(res.Admits) && res.Admits[head] <= t-w {
 			head++
 		}
