@@ -27,5 +27,5 @@ func main() {
 		os.Exit(1)
 	}
 	built.Logger.Info("sluice authorizer ready", "rules", built.Rules, "default_backend", built.Env.DefaultBackend, "deadline", built.Env.Deadline.String())
-	lambda.Start(built.Handler.Handle)
+	lambda.Start(built.Handler) // a lambda.Handler: Invoke(ctx, payload []byte) ([]byte, error)
 }

@@ -117,6 +117,19 @@ func (h *Handler) Handle(ctx context.Context, event json.RawMessage) (any, error
 	return r, nil
 }
 
+// Invoke implements aws-lambda-go's lambda.Handler: it takes the raw
+// payload and returns the marshalled response, so that the whole event,
+// malformed JSON included, is the handler's to judge (lambda.Start would
+// otherwise reject malformed JSON itself). functions/authorizer passes the
+// Handler to lambda.Start.
+func (h *Handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
+	r, _, err := h.Decide(ctx, payload)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(r)
+}
+
 // Decide is Handle with the typed response and the policy's result (for the
 // local API and tests).
 func (h *Handler) Decide(ctx context.Context, event []byte) (Response, policy.Result, error) {
@@ -195,7 +208,7 @@ func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) 
 		slog.String("key", key),
 		slog.Int64("limit", res.Decision.Limit),
 		slog.Int64("remaining", res.Decision.Remaining),
-		slog.Duration("retry_after", res.Decision.RetryAfter),
+		slog.String("retry_after", res.Decision.RetryAfter.String()),
 		slog.String("priority", res.Priority.String()),
 		slog.Int("rules", len(res.Evals)))
 }

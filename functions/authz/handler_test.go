@@ -587,3 +587,10 @@ func decodeReference(raw []byte) (*Event, error) {
 	}
 	return ev, nil
 }
+
+var _ lambdaHandler = (*Handler)(nil)
+
+// lambdaHandler is aws-lambda-go's lambda.Handler.
+type lambdaHandler interface {
+	Invoke(ctx context.Context, payload []byte) ([]byte, error)
+}
