@@ -9,171 +9,237 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/bradfitz/gomemcache/memcache"
-
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// Add implements [limiter.Counter]: incr (add on a miss) on sub-window cur,
-// in parallel with one get-multi of sub-windows cur-1 ... cur-span+1 and
-// cur+1, whose count is reported as Counts.Later. It looks one sub-window
-// ahead only.
+// Add implements [limiter.Counter]. On one connection to the key's node it
+// sends, pipelined in one write:
 //
-// On error the add may or may not have happened.
+//	add <key|c cur> 0 <exp> 1 / 0    creates the counter at 0 if missing
+//	incr <key|c cur> n               adds n; the reply is the new count
+//	get <key|c cur+1> ... <key|c cur+span-1> <key|c cur-1> ... <key|c cur-span+1>
+//
+// and reads the three replies: one round trip. The newer sub-windows' total
+// is Counts.Later. With n == 0 only the get is sent (and includes cur).
+// With Config.Proxy the get is sent after the incr's reply (two round
+// trips). On error the add may or may not have happened.
 func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
-	var c limiter.Counts
 	if span < 1 || span > limiter.MaxSpan || n < 0 {
-		return c, fmt.Errorf("memcached: bad window add (span %d, n %d)", span, n)
+		return limiter.Counts{}, fmt.Errorf("memcached: bad window add (span %d, n %d)", span, n)
 	}
-	if cur == math.MaxInt64 || cur < math.MinInt64+int64(span) {
-		return c, fmt.Errorf("memcached: sub-window index %d out of range", cur)
+	ahead := int64(max(span-1, 1))
+	if cur > math.MaxInt64-ahead || cur < math.MinInt64+int64(span) {
+		return limiter.Counts{}, fmt.Errorf("memcached: sub-window index %d out of range", cur)
 	}
 	if err := ctx.Err(); err != nil {
-		return c, errorf("add", err)
+		return limiter.Counts{}, errorf("add", err)
 	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-
-	base := s.keys.base(k)
-	// Read cur+1 (for Later), cur when only reading, and cur-1 ... cur-span+1.
-	keys := make([]string, 0, span+1)
-	for j := -1; j < span; j++ {
-		if j == 0 && n > 0 {
-			continue // incremented, not read
-		}
-		keys = append(keys, counterKey(base, cur-int64(j)))
-	}
-
-	var incrCh chan incrResult
+	w := window{base: s.keys.base(k), cur: cur, span: int64(span), ahead: ahead, n: n, proxy: s.proxy}
 	if n > 0 {
-		incrCh = make(chan incrResult, 1)
-		key := counterKey(base, cur)
-		exp := s.expiry(ttl)
-		go func() {
-			v, err := s.incr(key, n, exp)
-			incrCh <- incrResult{v, err}
-		}()
-		if !s.oneTrip(cur, span, ttl) {
-			// Near a boundary: the reads must see the world after our
-			// increment (see the package comment).
-			if err := waitIncr(ctx, incrCh, &c); err != nil {
-				return c, err
-			}
-			incrCh = nil
-		}
+		w.exp = s.expiry(ttl)
 	}
-	items, err := call(ctx, func() (map[string]*memcache.Item, error) {
-		return retryDead(s.mc, func() (map[string]*memcache.Item, error) { return s.mc.GetMulti(keys) })
+	addr, err := s.ring.PickServer(counterKey(w.base, cur))
+	if err != nil {
+		return limiter.Counts{}, errorf("add", err)
+	}
+	var c limiter.Counts
+	err = s.pool.exec(ctx, addr, func(pc *pconn) (err error) {
+		c, err = w.run(pc)
+		return err
 	})
 	if err != nil {
-		return c, errorf("add: get-multi", err)
-	}
-	if incrCh != nil {
-		if err := waitIncr(ctx, incrCh, &c); err != nil {
-			return c, err
-		}
-	}
-	for j := -1; j < span; j++ {
-		if j == 0 && n > 0 {
-			continue
-		}
-		key := counterKey(base, cur-int64(j))
-		it, ok := items[key]
-		if !ok {
-			continue
-		}
-		v, err := parseCount(it.Value)
-		if err != nil {
-			return limiter.Counts{}, errorf("add: "+key, err)
-		}
-		if j < 0 {
-			c.Later = v
-		} else {
-			c.C[j] = v
-		}
+		return limiter.Counts{}, errorf("add", err)
 	}
 	return c, nil
 }
 
-type incrResult struct {
-	v   int64
-	err error
+// window is one Add's request.
+type window struct {
+	base      string
+	cur, span int64
+	ahead     int64 // newer sub-windows read for Later
+	n         int64
+	exp       int32
+	proxy     bool
 }
 
-// waitIncr waits for the incr's result and stores it as c.C[0].
-func waitIncr(ctx context.Context, ch <-chan incrResult, c *limiter.Counts) error {
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return errorf("add: incr", r.err)
-		}
-		c.C[0] = r.v
-		return nil
-	case <-ctx.Done():
-		return errorf("add: incr", ctx.Err())
-	}
-}
-
-// oneTrip reports whether a decision on sub-window cur may issue its incr
-// and its get-multi at once. The sub-window length is not passed to Add; it
-// is ttl/span, as the limiter's windows set ttl to span sub-windows (a
-// window plus one sub-window). When it is not a whole number, oneTrip says
-// no: a changed convention costs a round trip, never exactness.
-func (s *Store) oneTrip(cur int64, span int, ttl time.Duration) bool {
-	if s.guard < 0 || span == 1 {
-		// A fixed window reads no older sub-window: nothing to race.
-		return true
-	}
-	if ttl <= 0 || ttl%time.Duration(span) != 0 {
-		return false
-	}
-	sub := int64(ttl) / int64(span)
-	now := s.now().UnixNano()
-	idx := now / sub
-	if now%sub < 0 {
-		idx--
-	}
-	if idx != cur {
-		return false // a replay, or the caller's clock is off ours
-	}
-	elapsed := now - idx*sub
-	g := int64(s.guard)
-	return elapsed >= g && sub-elapsed > g
-}
-
-// incr adds n to the counter at key, creating it with expiry exp when
-// missing: incr; on a miss, add; if add lost the race to another writer's
-// add, incr again. It returns the counter after the add.
-func (s *Store) incr(key string, n int64, exp int32) (int64, error) {
-	increment := func() (uint64, error) { return s.mc.Increment(key, uint64(n)) }
-	// An item can vanish between add and incr (eviction, flush_all); a
-	// few rounds cover it.
+func (w *window) run(pc *pconn) (limiter.Counts, error) {
+	// The counter can vanish between add and incr (evicted, flush_all):
+	// the incr then finds nothing and the whole request is sent again.
 	for range 3 {
-		v, err := retryDead(s.mc, increment)
-		if err == nil {
-			return clampCount(v), nil
-		}
-		if !errors.Is(err, memcache.ErrCacheMiss) {
-			return 0, err
-		}
-		it := &memcache.Item{Key: key, Value: strconv.AppendInt(nil, n, 10), Expiration: exp}
-		_, err = retryDead(s.mc, func() (struct{}, error) { return struct{}{}, s.mc.Add(it) })
-		if err == nil {
-			return n, nil
-		}
-		if !errors.Is(err, memcache.ErrNotStored) {
-			return 0, err
-		}
-		// Another writer's add won: incr theirs.
-		v, err = retryDead(s.mc, increment)
-		if err == nil {
-			return clampCount(v), nil
-		}
-		if !errors.Is(err, memcache.ErrCacheMiss) {
-			return 0, err
+		c, vanished, err := w.once(pc)
+		if err != nil || !vanished {
+			return c, err
 		}
 	}
-	return 0, fmt.Errorf("%w: counter %s kept vanishing between add and incr", limiter.ErrConflict, key)
+	return limiter.Counts{}, fmt.Errorf("%w: counter %s|c%d kept vanishing between add and incr", limiter.ErrConflict, w.base, w.cur)
+}
+
+func (w *window) once(pc *pconn) (c limiter.Counts, vanished bool, err error) {
+	var num [24]byte
+	if w.n > 0 {
+		pc.w.WriteString("add ")
+		w.key(pc, w.cur, &num)
+		pc.w.WriteString(" 0 ")
+		pc.w.Write(strconv.AppendInt(num[:0], int64(w.exp), 10))
+		pc.w.WriteString(" 1\r\n0\r\nincr ")
+		w.key(pc, w.cur, &num)
+		pc.w.WriteByte(' ')
+		pc.w.Write(strconv.AppendInt(num[:0], w.n, 10))
+		pc.w.WriteString("\r\n")
+		if w.proxy {
+			if err := pc.w.Flush(); err != nil {
+				return c, false, err
+			}
+			if c.C[0], vanished, err = w.readIncr(pc); err != nil {
+				return c, false, err
+			}
+		}
+	}
+	pc.w.WriteString("get")
+	for idx := w.cur + w.ahead; idx > w.cur-w.span; idx-- {
+		if idx == w.cur && w.n > 0 {
+			continue
+		}
+		pc.w.WriteByte(' ')
+		w.key(pc, idx, &num)
+	}
+	pc.w.WriteString("\r\n")
+	if err := pc.w.Flush(); err != nil {
+		return c, false, err
+	}
+	if w.n > 0 && !w.proxy {
+		if c.C[0], vanished, err = w.readIncr(pc); err != nil {
+			return c, false, err
+		}
+	}
+	if err := w.readGet(pc, &c); err != nil {
+		return c, false, err
+	}
+	return c, vanished, nil
+}
+
+func (w *window) key(pc *pconn, idx int64, num *[24]byte) {
+	pc.w.WriteString(w.base)
+	pc.w.WriteString("|c")
+	pc.w.Write(strconv.AppendInt(num[:0], idx, 10))
+}
+
+// readIncr reads the replies to add and incr.
+func (w *window) readIncr(pc *pconn) (int64, bool, error) {
+	line, err := pc.r.ReadSlice('\n')
+	if err != nil {
+		return 0, false, err
+	}
+	if string(line) != "STORED\r\n" && string(line) != "NOT_STORED\r\n" {
+		return 0, false, replyError("add", line)
+	}
+	if line, err = pc.r.ReadSlice('\n'); err != nil {
+		return 0, false, err
+	}
+	if string(line) == "NOT_FOUND\r\n" {
+		return 0, true, nil
+	}
+	v, ok := parseNumberLine(line)
+	if !ok {
+		return 0, false, replyError("incr", line)
+	}
+	return v, false, nil
+}
+
+// readGet reads a get reply into c.
+func (w *window) readGet(pc *pconn, c *limiter.Counts) error {
+	prefix := w.base + "|c"
+	for {
+		line, err := pc.r.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if string(line) == "END\r\n" {
+			return nil
+		}
+		key, size, ok := parseValueLine(line)
+		if !ok || size > 64 || len(key) <= len(prefix) || key[:len(prefix)] != prefix {
+			return replyError("get", line)
+		}
+		idx, err := strconv.ParseInt(key[len(prefix):], 10, 64)
+		if err != nil {
+			return replyError("get", line)
+		}
+		data := make([]byte, size+2)
+		if _, err := readFull(pc, data); err != nil {
+			return err
+		}
+		if !bytes.HasSuffix(data, []byte("\r\n")) {
+			return fmt.Errorf("%w: get value not terminated by CRLF", errProtocol)
+		}
+		v, err := parseCount(data[:size])
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		switch j := w.cur - idx; {
+		case j < 0 && -j <= w.ahead:
+			c.Later += v
+		case j >= 0 && j < w.span && (j > 0 || w.n == 0):
+			c.C[j] = v
+		default:
+			return replyError("get", line)
+		}
+	}
+}
+
+func readFull(pc *pconn, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := pc.r.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// parseValueLine parses "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
+func parseValueLine(line []byte) (key string, size int, ok bool) {
+	rest, found := bytes.CutPrefix(line, []byte("VALUE "))
+	if !found || !bytes.HasSuffix(rest, []byte("\r\n")) {
+		return "", 0, false
+	}
+	f := bytes.Fields(rest)
+	if len(f) != 3 && len(f) != 4 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(string(f[2]))
+	if err != nil || n < 0 {
+		return "", 0, false
+	}
+	return string(f[0]), n, true
+}
+
+// parseNumberLine parses an incr or decr reply: a decimal number and CRLF.
+func parseNumberLine(line []byte) (int64, bool) {
+	digits, ok := bytes.CutSuffix(line, []byte("\r\n"))
+	if !ok || len(digits) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(digits), 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return clampCount(v), true
+}
+
+// replyError describes an unexpected reply to cmd. A CLIENT_ERROR to incr
+// or decr means the item is not a number: it is not ours, or was damaged.
+func replyError(cmd string, line []byte) error {
+	line = bytes.TrimRight(line, "\r\n")
+	if (cmd == "incr" || cmd == "decr") && bytes.HasPrefix(line, []byte("CLIENT_ERROR ")) {
+		return fmt.Errorf("%w: %s: %.100q", limiter.ErrCorruptState, cmd, line)
+	}
+	return fmt.Errorf("%w to %s: %.100q", errProtocol, cmd, line)
 }
 
 // Sub implements [limiter.Counter] with decr, which memcached stops at zero.
@@ -191,11 +257,34 @@ func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) erro
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 	key := counterKey(s.keys.base(k), idx)
-	_, err := call(ctx, func() (uint64, error) {
-		return retryDead(s.mc, func() (uint64, error) { return s.mc.Decrement(key, uint64(n)) })
+	addr, err := s.ring.PickServer(key)
+	if err != nil {
+		return errorf("sub", err)
+	}
+	err = s.pool.exec(ctx, addr, func(pc *pconn) error {
+		var num [24]byte
+		pc.w.WriteString("decr ")
+		pc.w.WriteString(key)
+		pc.w.WriteByte(' ')
+		pc.w.Write(strconv.AppendInt(num[:0], n, 10))
+		pc.w.WriteString("\r\n")
+		if err := pc.w.Flush(); err != nil {
+			return err
+		}
+		line, err := pc.r.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if string(line) == "NOT_FOUND\r\n" {
+			return nil
+		}
+		if _, ok := parseNumberLine(line); !ok {
+			return replyError("decr", line)
+		}
+		return nil
 	})
-	if err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
-		return errorf("sub: decr", err)
+	if err != nil {
+		return errorf("sub", err)
 	}
 	return nil
 }
@@ -217,3 +306,5 @@ func clampCount(v uint64) int64 {
 	}
 	return int64(v)
 }
+
+var _ = errors.New

@@ -219,6 +219,52 @@ func TestHungServer(t *testing.T) {
 	}
 }
 
+// TestCancelInterrupts: cancelling the caller's context interrupts a call
+// blocked on a server that does not answer.
+func TestCancelInterrupts(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	s := newStore(t, memcached.Config{Addrs: []string{ln.Addr().String()}, Timeout: time.Minute})
+	for name, l := range limiters(t, s) {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(50*time.Millisecond, cancel)
+		start := time.Now()
+		_, err := l.AllowN(ctx, "k", time.Now(), 1)
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, memcached.ErrUnavailable) {
+			t.Fatalf("%s cancelled on a hung server: %v", name, err)
+		}
+		if el := time.Since(start); el > 10*time.Second {
+			t.Fatalf("%s: cancel took effect after %v", name, el)
+		}
+	}
+}
+
 // TestRefusedConnection: nothing listens. Errors are typed and immediate.
 func TestRefusedConnection(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

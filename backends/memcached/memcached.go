@@ -29,9 +29,6 @@ const (
 	DefaultRetryBackoff      = 200 * time.Microsecond
 	DefaultCacheSize         = 1024
 	DefaultDiscoveryInterval = time.Minute
-	// DefaultClockSkew is the clock skew between hosts that the default
-	// BoundaryGuard allows for.
-	DefaultClockSkew = 10 * time.Millisecond
 	// maxRetryBackoff caps the jittered wait between two CAS attempts.
 	maxRetryBackoff = 20 * time.Millisecond
 )
@@ -71,10 +68,11 @@ type Config struct {
 	// UpdateLog, including CAS retries), unless ctx's is earlier. It is
 	// also the socket read/write/dial timeout. Zero means DefaultTimeout.
 	Timeout time.Duration
-	// MaxIdleConns is the number of idle connections kept per node. A
-	// window decision holds two connections at once (incr and get-multi
-	// run in parallel), so set it to at least twice the number of
-	// concurrent decisions. Zero means max(16, 4*GOMAXPROCS).
+	// MaxIdleConns is the number of idle connections kept per node, in
+	// each of the Store's two pools (window counters; buckets and logs
+	// through gomemcache). A decision uses one connection at a time, so
+	// set it to the number of concurrent decisions. Zero means
+	// max(16, 4*GOMAXPROCS).
 	MaxIdleConns int
 
 	// KeyPrefix is put in front of every key (printable ASCII, at most
@@ -85,15 +83,12 @@ type Config struct {
 	// Zero means DefaultJitter; negative means none.
 	Jitter time.Duration
 
-	// BoundaryGuard makes the bounded sliding window exact across
-	// sub-window boundaries. A decision whose sub-window, by the Store's
-	// clock, is not the current one, or began or ends less than
-	// BoundaryGuard ago or ahead, increments first and reads the other
-	// sub-windows after (two round trips); other decisions do both at once
-	// (one round trip). It must cover Timeout plus the clock skew between
-	// callers and Stores; see the package comment. Zero means Timeout +
-	// DefaultClockSkew; negative means always one round trip.
-	BoundaryGuard time.Duration
+	// Proxy says the nodes are a proxy that may run the commands of one
+	// pipeline concurrently on different shards (ElastiCache Serverless,
+	// mcrouter, twemproxy). A window decision then sends its reads after
+	// its increment's reply, two round trips instead of one, so that the
+	// windows stay exact (see the package comment).
+	Proxy bool
 
 	// MaxRetries bounds the CAS attempts of one UpdateBucket or
 	// UpdateLog after a lost race; retries also stop at the call's
@@ -112,14 +107,14 @@ type Config struct {
 // windows ([limiter.Counter]) and CAS-protected values for token buckets
 // ([limiter.BucketStore]) and sliding logs ([limiter.LogStore]). The package
 // comment describes the protocol. A Store is safe for concurrent use; create
-// it with [New] or [NewFromClient] (the zero value is not usable) and Close
-// it when done.
+// it with [New] (the zero value is not usable) and Close it when done.
 type Store struct {
 	mc         *memcache.Client
-	ring       *Ring // nil for NewFromClient
+	ring       *Ring
 	keys       keyer
 	timeout    time.Duration
-	guard      time.Duration // < 0: off
+	proxy      bool
+	pool       *pool // counter commands
 	jitter     time.Duration
 	maxRetries int
 	backoff    time.Duration
@@ -182,6 +177,8 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.ring = ring
+	s.proxy = cfg.Proxy
+	s.pool = newPool(dial, cfg.Timeout, cfg.MaxIdleConns)
 	if cfg.AutoDiscovery != "" {
 		s.discovery.endpoint, s.discovery.dial = cfg.AutoDiscovery, dial
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
@@ -195,20 +192,6 @@ func New(cfg Config) (*Store, error) {
 		}
 	}
 	return s, nil
-}
-
-// NewFromClient returns a Store on an existing gomemcache client, with its
-// own selector, dialer, timeouts and pool. Only the key, expiry, retry and
-// cache fields of cfg (and Timeout, as the per-call deadline) are used;
-// Addrs, AutoDiscovery and TLS must be empty.
-func NewFromClient(mc *memcache.Client, cfg Config) (*Store, error) {
-	if mc == nil {
-		return nil, fmt.Errorf("%w: memcached: nil client", limiter.ErrInvalidConfig)
-	}
-	if len(cfg.Addrs) > 0 || cfg.AutoDiscovery != "" || cfg.TLS != nil || cfg.ServerName != "" {
-		return nil, fmt.Errorf("%w: memcached: NewFromClient takes its nodes and TLS from the client; leave Addrs, AutoDiscovery, TLS and ServerName empty", limiter.ErrInvalidConfig)
-	}
-	return newStore(mc, cfg)
 }
 
 func newStore(mc *memcache.Client, cfg Config) (*Store, error) {
@@ -227,10 +210,6 @@ func newStore(mc *memcache.Client, cfg Config) (*Store, error) {
 		maxRetries: cmp(cfg.MaxRetries, DefaultMaxRetries),
 		backoff:    cmp(cfg.RetryBackoff, DefaultRetryBackoff),
 		now:        time.Now,
-	}
-	s.guard = cfg.BoundaryGuard
-	if s.guard == 0 {
-		s.guard = s.timeout + DefaultClockSkew
 	}
 	if s.jitter < 0 {
 		s.jitter = 0
@@ -279,14 +258,8 @@ func dialer(cfg Config) dialFunc {
 	}
 }
 
-// Nodes returns the nodes keys are spread over (nil for a Store made by
-// NewFromClient).
-func (s *Store) Nodes() []string {
-	if s.ring == nil {
-		return nil
-	}
-	return s.ring.Nodes()
-}
+// Nodes returns the nodes keys are spread over.
+func (s *Store) Nodes() []string { return s.ring.Nodes() }
 
 // Refresh asks the auto-discovery endpoint for the node list now and applies
 // it if its version is newer than the one in use. It does nothing without
@@ -341,6 +314,7 @@ func (s *Store) Close() error {
 		<-s.discovery.done
 		s.discovery.stop = nil
 	}
+	s.pool.close()
 	return s.mc.Close()
 }
 

@@ -80,3 +80,66 @@ func TestSeveralNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestConformanceProxyMode runs the suite with Config.Proxy (reads after
+// the increment's reply).
+func TestConformanceProxyMode(t *testing.T) {
+	limitertest.Run(t, newStore(t, memcached.Config{KeyPrefix: "proxy:", Proxy: true}))
+}
+
+// TestCounterView checks Add's view on the real server: the sub-windows in
+// span, and Later summing every newer sub-window up to span-1 ahead, for
+// the largest span (121 keys in one get).
+func TestCounterView(t *testing.T) {
+	s := newStore(t, memcached.Config{})
+	ctx := context.Background()
+	for _, span := range []int{1, 2, 13, limiter.MaxSpan} {
+		k := limiter.Key{Space: "view", Name: limitertestKey(t) + fmt.Sprint(span)}
+		const cur = 1000
+		// One unit at every sub-window from cur-span-1 to cur+span+1, with
+		// cur+j holding j+100 units.
+		for idx := int64(cur - span - 1); idx <= cur+int64(span)+1; idx++ {
+			if _, err := s.Add(ctx, k, idx, 1, idx-cur+100, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, err := s.Add(ctx, k, cur, span, 0, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range limiter.MaxSpan {
+			want := int64(0)
+			if j < span {
+				want = int64(100 - j)
+			}
+			if c.C[j] != want {
+				t.Fatalf("span %d: C[%d] = %d, want %d", span, j, c.C[j], want)
+			}
+		}
+		wantLater := int64(0)
+		for j := 1; j <= max(span-1, 1); j++ {
+			wantLater += int64(100 + j)
+		}
+		if c.Later != wantLater {
+			t.Fatalf("span %d: Later = %d, want %d", span, c.Later, wantLater)
+		}
+		// Adding returns the count after the add, the rest unchanged.
+		c2, err := s.Add(ctx, k, cur, span, 5, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c2.C[0] != 105 || c2.Later != c.Later || (span > 1 && c2.C[1] != 99) {
+			t.Fatalf("span %d: after adding 5: C[0] %d C[1] %d Later %d", span, c2.C[0], c2.C[1], c2.Later)
+		}
+		// Sub never goes below zero; a missing counter is fine.
+		if err := s.Sub(ctx, k, cur, 1000); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Sub(ctx, k, cur+100000, 1); err != nil {
+			t.Fatal(err)
+		}
+		if c3, _ := s.Add(ctx, k, cur, span, 0, time.Minute); c3.C[0] != 0 {
+			t.Fatalf("span %d: after subtracting too much: %d", span, c3.C[0])
+		}
+	}
+}

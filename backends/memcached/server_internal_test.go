@@ -41,105 +41,6 @@ func uniqueName(t testing.TB) string {
 	return strings.ReplaceAll(t.Name(), "/", ".") + "." + strconv.FormatInt(time.Now().UnixNano(), 36)
 }
 
-// TestBoundaryGuard puts the Store's clock a millisecond before a sub-window
-// boundary and has 64 goroutines decide at once, half in the ending
-// sub-window and half in the next. With the guard, the bounded sliding
-// window never allows more than its limit over the two; without it (one
-// round trip always) it can, and the overshoot is logged.
-func TestBoundaryGuard(t *testing.T) {
-	const limit, k, workers = 40, 4, 64
-	sub := 15 * time.Second
-	boundary := time.Now().Truncate(sub).Add(sub)
-	for _, c := range []struct {
-		name  string
-		guard time.Duration
-	}{{"Guarded", 0}, {"OneTrip", -1}} {
-		t.Run(c.name, func(t *testing.T) {
-			s := testStore(t, Config{BoundaryGuard: c.guard})
-			s.now = func() time.Time { return boundary.Add(-time.Millisecond) }
-			w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: limit, Window: k * sub, SubWindows: k})
-			if err != nil {
-				t.Fatal(err)
-			}
-			worst := int64(0)
-			for round := range 10 {
-				key := uniqueName(t)
-				var total atomic.Int64
-				var wg sync.WaitGroup
-				start := make(chan struct{})
-				errs := make(chan error, workers)
-				for i := range workers {
-					at := boundary.Add(-time.Millisecond)
-					if i%2 == 1 {
-						at = boundary
-					}
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						<-start
-						for range 2 {
-							d, err := w.Allow(context.Background(), key, at)
-							if err != nil {
-								errs <- err
-								return
-							}
-							if d.Allowed {
-								total.Add(1)
-							}
-						}
-					}()
-				}
-				close(start)
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					t.Fatal(err)
-				}
-				worst = max(worst, total.Load()-limit)
-				if c.guard >= 0 && total.Load() > limit {
-					t.Fatalf("round %d: %d allowed across the boundary, limit %d", round, total.Load(), limit)
-				}
-			}
-			t.Logf("largest overshoot in 10 rounds of %d racing requests: %d", 2*workers, max(worst, 0))
-		})
-	}
-}
-
-func TestOneTrip(t *testing.T) {
-	sub := 10 * time.Second
-	start := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
-	cur := start.UnixNano() / int64(sub)
-	s := &Store{guard: time.Second}
-	for _, c := range []struct {
-		clock time.Duration // Store's clock, from the start of sub-window cur
-		span  int
-		ttl   time.Duration
-		want  bool
-	}{
-		{5 * time.Second, 5, 5 * sub, true},
-		{time.Second, 5, 5 * sub, true},
-		{time.Second - 1, 5, 5 * sub, false},   // just began
-		{9 * time.Second, 5, 5 * sub, false},   // about to end
-		{9*time.Second - 1, 5, 5 * sub, true},  // 1s+1ns before the end
-		{-time.Second, 5, 5 * sub, false},      // the caller is ahead of us
-		{15 * time.Second, 5, 5 * sub, false},  // the caller is behind
-		{5 * time.Second, 5, 5*sub + 1, false}, // not span sub-windows: unknown length
-		{5 * time.Second, 1, sub, true},        // a fixed window never needs two trips
-		{-time.Hour, 1, sub, true},             // ... whatever the clock
-		{5 * time.Second, 5, 0, false},         // no TTL: unknown length
-	} {
-		s.now = func() time.Time { return start.Add(c.clock) }
-		if got := s.oneTrip(cur, c.span, c.ttl); got != c.want {
-			t.Errorf("clock %v span %d ttl %v: oneTrip %v, want %v", c.clock, c.span, c.ttl, got, c.want)
-		}
-	}
-	s.guard = -1
-	s.now = func() time.Time { return start }
-	if !s.oneTrip(cur, 5, 5*sub) {
-		t.Error("guard off: two trips")
-	}
-}
-
 // rawCommand sends one command line to addr and returns the reply up to and
 // including the line that ends it.
 func rawCommand(t testing.TB, addr, cmd string, ends ...string) string {
@@ -371,4 +272,133 @@ func forward(t testing.TB, addr, req string) string {
 		ends = []string{"END", "ERROR"}
 	}
 	return rawCommand(t, addr, strings.TrimSuffix(req, "\r\n"), ends...)
+}
+
+// TestWindowPipelineAgainstFakes: replies a real server never sends, and the
+// rare counter that vanishes between add and incr.
+func TestWindowPipelineAgainstFakes(t *testing.T) {
+	k := limiter.Key{Space: "sw", Name: "k"}
+	base := "k:sw/k"
+	for _, c := range []struct {
+		name    string
+		reply   func(cmd string, incrs int) string // reply to add, incr or get
+		wantErr error                             // nil: success
+		want    limiter.Counts
+	}{
+		{"Normal", func(cmd string, _ int) string {
+			switch cmd {
+			case "add":
+				return "NOT_STORED\r\n"
+			case "incr":
+				return "7\r\n"
+			}
+			return "VALUE " + base + "|c11 0 1\r\n2\r\nVALUE " + base + "|c9 0 3\r\n5  \r\nVALUE " + base + "|c8 0 1\r\n1\r\nEND\r\n"
+		}, nil, limiter.Counts{C: [limiter.MaxSpan]int64{7, 5, 1}, Later: 2}},
+		{"VanishesOnce", func(cmd string, incrs int) string {
+			switch {
+			case cmd == "add":
+				return "STORED\r\n"
+			case cmd == "incr" && incrs == 1:
+				return "NOT_FOUND\r\n"
+			case cmd == "incr":
+				return "1\r\n"
+			}
+			return "END\r\n"
+		}, nil, limiter.Counts{C: [limiter.MaxSpan]int64{1}}},
+		{"KeepsVanishing", func(cmd string, _ int) string {
+			switch cmd {
+			case "add":
+				return "STORED\r\n"
+			case "incr":
+				return "NOT_FOUND\r\n"
+			}
+			return "END\r\n"
+		}, limiter.ErrConflict, limiter.Counts{}},
+		{"OutOfMemory", func(cmd string, _ int) string {
+			if cmd == "add" {
+				return "SERVER_ERROR out of memory storing object\r\n"
+			}
+			return "END\r\n"
+		}, ErrUnavailable, limiter.Counts{}},
+		{"NotANumber", func(cmd string, _ int) string {
+			switch cmd {
+			case "add":
+				return "NOT_STORED\r\n"
+			case "incr":
+				return "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
+			}
+			return "END\r\n"
+		}, limiter.ErrCorruptState, limiter.Counts{}},
+		{"ForeignKeyInReply", func(cmd string, _ int) string {
+			switch cmd {
+			case "add":
+				return "NOT_STORED\r\n"
+			case "incr":
+				return "1\r\n"
+			}
+			return "VALUE other|c9 0 1\r\n1\r\nEND\r\n"
+		}, ErrUnavailable, limiter.Counts{}},
+		{"SubWindowNotAsked", func(cmd string, _ int) string {
+			switch cmd {
+			case "add":
+				return "NOT_STORED\r\n"
+			case "incr":
+				return "1\r\n"
+			}
+			return "VALUE " + base + "|c10 0 1\r\n1\r\nEND\r\n" // cur itself: incremented, not read
+		}, ErrUnavailable, limiter.Counts{}},
+		{"HugeValue", func(cmd string, _ int) string {
+			switch cmd {
+			case "add":
+				return "NOT_STORED\r\n"
+			case "incr":
+				return "1\r\n"
+			}
+			return "VALUE " + base + "|c9 0 99999999\r\n"
+		}, ErrUnavailable, limiter.Counts{}},
+		{"Truncated", func(cmd string, _ int) string {
+			switch cmd {
+			case "add":
+				return "NOT_STORED\r\n"
+			case "incr":
+				return "1\r\n"
+			}
+			return "VALUE " + base + "|c9 0 5\r\n1"
+		}, ErrUnavailable, limiter.Counts{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var mu sync.Mutex
+			incrs := 0
+			addr := startFake(t, func(line string, r *bufio.Reader) string {
+				mu.Lock()
+				defer mu.Unlock()
+				cmd, _, _ := strings.Cut(line, " ")
+				switch cmd {
+				case "add":
+					r.ReadString('\n') // the data block
+				case "incr":
+					incrs++
+				case "get":
+				default:
+					return "ERROR\r\n"
+				}
+				return c.reply(cmd, incrs)
+			})
+			s, err := New(Config{Addrs: []string{addr}, Timeout: 500 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			got, err := s.Add(context.Background(), k, 10, 3, 1, time.Minute)
+			if c.wantErr == nil {
+				if err != nil || got != c.want {
+					t.Fatalf("got %v, %v; want %v", got.C[:3], err, c.want.C[:3])
+				}
+				return
+			}
+			if !errors.Is(err, c.wantErr) {
+				t.Fatalf("error %v, want %v", err, c.wantErr)
+			}
+		})
+	}
 }

@@ -1,0 +1,268 @@
+package memcached_test
+
+// Benchmarks against the real server. Run them with
+//
+//	scripts/testenv go test -run '^$' -bench . -benchmem ./backends/memcached/
+//
+// Latency and throughput are reported as ratios to a raw gomemcache get
+// measured in the same run, so figures from a busy machine stay comparable.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/sluicehq/sluice/backends/memcached"
+	"github.com/sluicehq/sluice/internal/testserver"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+const benchKeys = 10000
+
+func benchStore(b *testing.B, addr string, cfg memcached.Config) *memcached.Store {
+	b.Helper()
+	cfg.Addrs = []string{addr}
+	cfg.MaxIdleConns = 256
+	s, err := memcached.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// rawClient is a plain gomemcache client with one small item stored, for
+// the reference round trip.
+func rawClient(b *testing.B, addr string) (*memcache.Client, string) {
+	b.Helper()
+	mc := memcache.New(addr)
+	mc.MaxIdleConns = 256
+	key := "bench-raw-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := mc.Set(&memcache.Item{Key: key, Value: []byte("12345"), Expiration: 600}); err != nil {
+		b.Fatal(err)
+	}
+	return mc, key
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	slices.Sort(d)
+	return d[min(len(d)-1, int(p*float64(len(d))))]
+}
+
+// BenchmarkLatency: one decision then one raw get, b.N times, on one
+// goroutine; reports both p50 and p99 and their ratios. Keys rotate over
+// 10,000 and the limit is never reached, so every decision is one Add.
+func BenchmarkLatency(b *testing.B) {
+	addr := testserver.Memcached(b)
+	mc, rawKey := rawClient(b, addr)
+	for _, c := range []struct {
+		name  string
+		k     int // sub-windows; 0: fixed window
+		proxy bool
+	}{
+		{"FixedWindow", 0, false},
+		{"Sliding4", 4, false},
+		{"Sliding12", 12, false},
+		{"Sliding12/Proxy", 12, true},
+		{"Sliding60", 60, false},
+		{"TokenBucket", -1, false},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := benchStore(b, addr, memcached.Config{Proxy: c.proxy})
+			var l limiter.Limiter
+			var err error
+			switch {
+			case c.k == 0:
+				l, err = limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 1 << 40, Window: time.Minute})
+			case c.k > 0:
+				l, err = limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1 << 40, Window: time.Minute, SubWindows: c.k})
+			default:
+				l, err = limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1 << 40, RefillTime: time.Hour})
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			prefix := fmt.Sprint("lat-", time.Now().UnixNano(), "-")
+			keys := make([]string, benchKeys)
+			for i := range keys {
+				keys[i] = prefix + strconv.Itoa(i)
+			}
+			ctx := context.Background()
+			dec := make([]time.Duration, 0, b.N)
+			raw := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				t0 := time.Now()
+				if _, err := l.AllowN(ctx, keys[i%benchKeys], t0, 1); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if _, err := mc.Get(rawKey); err != nil {
+					b.Fatal(err)
+				}
+				t2 := time.Now()
+				dec = append(dec, t1.Sub(t0))
+				raw = append(raw, t2.Sub(t1))
+			}
+			b.StopTimer()
+			dp50, dp99 := percentile(dec, 0.5), percentile(dec, 0.99)
+			rp50, rp99 := percentile(raw, 0.5), percentile(raw, 0.99)
+			b.ReportMetric(float64(dp50.Microseconds()), "p50-µs")
+			b.ReportMetric(float64(dp99.Microseconds()), "p99-µs")
+			b.ReportMetric(float64(rp50.Microseconds()), "get-p50-µs")
+			b.ReportMetric(float64(rp99.Microseconds()), "get-p99-µs")
+			b.ReportMetric(float64(dp50)/float64(rp50), "p50/get")
+			b.ReportMetric(float64(dp99)/float64(rp99), "p99/get")
+		})
+	}
+}
+
+// runConcurrently runs f b.N times over exactly g goroutines.
+func runConcurrently(b *testing.B, g int, f func(i int) error) {
+	b.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	b.ResetTimer()
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= b.N {
+					return
+				}
+				if err := f(i); err != nil {
+					failed.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err := failed.Load(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// BenchmarkThroughput: decisions per second at 1, 16 and 64 goroutines, on
+// one hot key and on 10,000 keys, next to raw gets at the same concurrency.
+// The limits are never reached (every decision allows).
+func BenchmarkThroughput(b *testing.B) {
+	addr := testserver.Memcached(b)
+	mc, rawKey := rawClient(b, addr)
+	s := benchStore(b, addr, memcached.Config{Timeout: 2 * time.Second})
+	sw, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1 << 40, Window: time.Minute, SubWindows: 12})
+	tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1 << 40, RefillTime: time.Hour})
+	ctx := context.Background()
+	for _, g := range []int{1, 16, 64} {
+		b.Run(fmt.Sprintf("RawGet/g=%d", g), func(b *testing.B) {
+			runConcurrently(b, g, func(int) error { _, err := mc.Get(rawKey); return err })
+		})
+		for _, alg := range []struct {
+			name string
+			l    limiter.Limiter
+		}{{"Sliding12", sw}, {"TokenBucket", tb}} {
+			for _, nkeys := range []int{1, benchKeys} {
+				b.Run(fmt.Sprintf("%s/keys=%d/g=%d", alg.name, nkeys, g), func(b *testing.B) {
+					prefix := fmt.Sprint("tp-", time.Now().UnixNano(), "-")
+					keys := make([]string, nkeys)
+					for i := range keys {
+						keys[i] = prefix + strconv.Itoa(i)
+					}
+					runConcurrently(b, g, func(i int) error {
+						_, err := alg.l.AllowN(ctx, keys[i%nkeys], time.Now(), 1)
+						return err
+					})
+				})
+			}
+		}
+	}
+}
+
+var bytesOnce sync.Map // name -> [2]float64
+
+// BenchmarkBytesPerKey: memcached's "bytes" statistic per tracked key on a
+// private server, for 10,000 keys: a sliding window key with traffic in one
+// sub-window and in all 13 sub-windows in view (12 plus the partly visible
+// one), a fixed window key, and a token bucket. The measurement is made
+// once; the figure is the bytes/key metric.
+func BenchmarkBytesPerKey(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		subs int // sub-windows written per key
+		mk   func(limiter.Counter, limiter.BucketStore) limiter.Limiter
+	}{
+		{"Sliding12/OneSubWindow", 1, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, SubWindows: 12})
+			return l
+		}},
+		{"Sliding12/AllSubWindows", 13, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, SubWindows: 12})
+			return l
+		}},
+		{"FixedWindow", 1, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+			l, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 1000, Window: time.Minute})
+			return l
+		}},
+		{"TokenBucket", 1, func(_ limiter.Counter, s limiter.BucketStore) limiter.Limiter {
+			l, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1000, RefillTime: time.Second})
+			return l
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			v, ok := bytesOnce.Load(c.name)
+			if !ok {
+				srv := testserver.StartMemcached(b)
+				s := benchStore(b, srv.Addr(), memcached.Config{})
+				l := c.mk(s, s)
+				before, err := statsOf(srv.Addr())
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx, now := context.Background(), time.Now()
+				var wg sync.WaitGroup
+				var next atomic.Int64
+				for range 16 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := next.Add(1) - 1; i < benchKeys; i = next.Add(1) - 1 {
+							key := "user-" + strconv.FormatInt(1_000_000+i, 10)
+							for j := range c.subs {
+								if _, err := l.AllowN(ctx, key, now.Add(time.Duration(j)*5*time.Second), 1); err != nil {
+									b.Error(err)
+									return
+								}
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				after, err := statsOf(srv.Addr())
+				if err != nil {
+					b.Fatal(err)
+				}
+				bytes := float64(after["bytes"]-before["bytes"]) / benchKeys
+				items := float64(after["curr_items"]-before["curr_items"]) / benchKeys
+				v = [2]float64{bytes, items}
+				bytesOnce.Store(c.name, v)
+			}
+			for range b.N {
+			}
+			b.ReportMetric(v.([2]float64)[0], "bytes/key")
+			b.ReportMetric(v.([2]float64)[1], "items/key")
+		})
+	}
+}

@@ -1,0 +1,137 @@
+package memcached
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// pool holds idle connections per node for the counter commands, which
+// gomemcache cannot pipeline. Connections are dialled with the same dialer
+// (and so the same TLS settings) as gomemcache's. A pool is safe for
+// concurrent use.
+type pool struct {
+	dial    dialFunc
+	timeout time.Duration
+	maxIdle int
+
+	mu   sync.Mutex
+	idle map[string][]*pconn
+}
+
+// pconn is one connection to a node.
+type pconn struct {
+	nc   net.Conn
+	r    *bufio.Reader
+	w    *bufio.Writer
+	addr string
+}
+
+func newPool(dial dialFunc, timeout time.Duration, maxIdle int) *pool {
+	return &pool{dial: dial, timeout: timeout, maxIdle: maxIdle, idle: make(map[string][]*pconn)}
+}
+
+// errProtocol is wrapped when a server's reply does not follow the protocol.
+var errProtocol = errors.New("memcached: unexpected reply")
+
+// exec runs f on a connection to addr whose deadline is ctx's (the caller
+// bounds ctx by the per-call timeout); cancelling ctx interrupts f. A
+// connection goes back to the pool only if f succeeded. If f fails because
+// a pooled connection turns out dead (the server restarted or dropped it),
+// the node's idle connections are dropped (they are most likely dead too)
+// and f runs once more on a new connection. f must be safe to run twice: a
+// command that reached a server just before it died may count twice, which
+// makes a limit stricter, never laxer.
+func (p *pool) exec(ctx context.Context, addr net.Addr, f func(c *pconn) error) error {
+	fresh := false
+	for {
+		c, reused, err := p.get(ctx, addr, fresh)
+		if err != nil {
+			return err
+		}
+		if d, ok := ctx.Deadline(); ok {
+			c.nc.SetDeadline(d)
+		} else {
+			c.nc.SetDeadline(time.Now().Add(p.timeout))
+		}
+		// Cancelling ctx makes every blocked read or write fail at once.
+		stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+		err = f(c)
+		interrupted := !stop()
+		if err == nil && !interrupted {
+			p.put(c)
+			return nil
+		}
+		c.nc.Close()
+		if err == nil {
+			return nil // done, but the connection's deadline was spoiled
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !reused || fresh || !deadConn(err) {
+			return err
+		}
+		p.drop(addr.String())
+		fresh = true
+	}
+}
+
+// get returns an idle connection to addr, or dials one (always when fresh).
+func (p *pool) get(ctx context.Context, addr net.Addr, fresh bool) (*pconn, bool, error) {
+	key := addr.String()
+	if !fresh {
+		p.mu.Lock()
+		if l := p.idle[key]; len(l) > 0 {
+			c := l[len(l)-1]
+			p.idle[key] = l[:len(l)-1]
+			p.mu.Unlock()
+			return c, true, nil
+		}
+		p.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	nc, err := p.dial(ctx, addr.Network(), key)
+	if err != nil {
+		return nil, false, err
+	}
+	return &pconn{nc: nc, r: bufio.NewReaderSize(nc, 4096), w: bufio.NewWriterSize(nc, 4096), addr: key}, false, nil
+}
+
+func (p *pool) put(c *pconn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.idle[c.addr]) >= p.maxIdle {
+		c.nc.Close()
+		return
+	}
+	p.idle[c.addr] = append(p.idle[c.addr], c)
+}
+
+// drop closes the idle connections to addr.
+func (p *pool) drop(addr string) {
+	p.mu.Lock()
+	l := p.idle[addr]
+	delete(p.idle, addr)
+	p.mu.Unlock()
+	for _, c := range l {
+		c.nc.Close()
+	}
+}
+
+// close closes every idle connection. The pool still works afterwards.
+func (p *pool) close() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = make(map[string][]*pconn)
+	p.mu.Unlock()
+	for _, l := range idle {
+		for _, c := range l {
+			c.nc.Close()
+		}
+	}
+}
