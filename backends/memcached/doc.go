@@ -5,11 +5,18 @@
 // ([limiter.LogStore]).
 //
 //	s, err := memcached.New(memcached.Config{
-//		Addrs:      []string{"cache-1:11211", "cache-2:11211"},
-//		ServerName: "my-cache.serverless.use1.cache.amazonaws.com", // TLS
-//		Timeout:    100 * time.Millisecond,
+//		Addrs:   []string{"cache-1:11211", "cache-2:11211"},
+//		Timeout: 100 * time.Millisecond,
 //	})
 //	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 100, Window: time.Minute, SubWindows: 12})
+//
+// ElastiCache Serverless is one TLS endpoint in front of many shards:
+//
+//	s, err := memcached.New(memcached.Config{
+//		Addrs:      []string{"my-cache-abc123.serverless.use1.cache.amazonaws.com:11211"},
+//		ServerName: "my-cache-abc123.serverless.use1.cache.amazonaws.com", // turns TLS on
+//		Proxy:      true,
+//	})
 //
 // # Keys
 //
@@ -39,32 +46,60 @@
 // refreshed every DiscoveryInterval; a newer config version replaces the
 // ring.
 //
-// # Windows: incr, add, get-multi
+// # Windows: add, incr, get in one pipeline
 //
-// Add(key, cur, span, n, ttl) is:
+// Add(key, cur, span, n, ttl) writes three commands at once on one
+// connection to the key's node, and reads their three replies: one round
+// trip.
 //
-//  1. incr <key|c cur> n. If the counter does not exist (NOT_FOUND):
-//     add <key|c cur> with value n and the expiry below; if that add finds
-//     the counter present (NOT_STORED: another writer created it in
-//     between), incr again.
-//  2. One get-multi of <key|c cur+1> (reported as Counts.Later: traffic of
-//     writers whose clock is ahead of the caller's) and <key|c cur-1> ...
-//     <key|c cur-span+1>.
+//	add <key|c cur> 0 <exp> 1        data "0": create the counter at zero if it is missing
+//	incr <key|c cur> n               the reply is the count after the add: Counts.C[0]
+//	get <key|c cur+span-1> ... <key|c cur+1> <key|c cur-1> ... <key|c cur-span+1>
 //
-// Steps 1 and 2 are issued at the same time, on two connections, so a
-// decision costs one round trip of latency, except near a sub-window
-// boundary (see "Boundary guard" below), where 2 waits for 1. Sub (the
-// refund of a denied request) is decr <key|c idx> n; memcached stops decr
-// at zero, and a counter that is gone has nothing to give back.
+// The newer sub-windows (cur+1 to cur+span-1, or cur+1 for a fixed window)
+// add up to Counts.Later: traffic of writers whose clocks are ahead of the
+// caller's. The add fails harmlessly (NOT_STORED) when the counter exists;
+// if the counter vanishes between add and incr (evicted, flush_all), the
+// incr finds nothing and the pipeline is sent again. Sub (the refund of a
+// denied request) is decr <key|c idx> n; memcached stops decr at zero, and a
+// counter that is gone has nothing to give back. With n == 0 only the get is
+// sent.
 //
-// Why it is safe under races: incr and decr are atomic on the server, so the
-// count of the current sub-window is exact: each request's incr returns the
-// count including every request before it in that sub-window, and the
-// windows decide on that returned value. add creates a counter only if none
-// exists, so of two writers racing to create one, one creates it and the
-// other increments it: no increment is lost. A counter is written only
-// while its sub-window is current (plus refunds and lagging clocks), so
-// the older counters read by step 2 are stable except near a boundary.
+// Why it is safe under races: memcached runs the commands of one connection
+// in order, each to completion, and incr is atomic. So the incr returns a
+// count that includes every earlier increment of the sub-window, and the
+// get runs after the incr, so it sees every increment that came before
+// ours, in every sub-window. Take the requests allowed in any window-length
+// interval (at most span consecutive sub-windows) and among them the one X
+// whose incr came last: X's get ran after all their increments and read
+// every sub-window they are in (X reads span-1 sub-windows on either side of
+// its own), so X counted them all, and X was allowed only if they fit the
+// limit. The bounded sliding window therefore never allows more than its
+// limit in any window-length interval, whatever the callers' clocks and
+// however requests race, as on an atomic store. (Refunds only remove what
+// denied requests added.)
+//
+// This needs the commands to reach memcached in order on one connection. A
+// proxy in front of several shards (ElastiCache Serverless, mcrouter,
+// twemproxy) may run the incr and the get concurrently on different shards;
+// set Config.Proxy and the get is sent after the incr's reply: two round
+// trips, same guarantee.
+//
+// Why not incr in parallel with one get-multi on a second connection (the
+// first design, and the usual one): the two are then not ordered. A
+// decision A at the end of sub-window i and B at the start of i+1 can each
+// miss the other (A's read of i+1 before B's incr, B's read of i before A's
+// incr), and both be allowed. Over the two sub-windows the overshoot is at
+// most min(a, b), where a is the number of allowed requests of i whose
+// increment the last allowed request of i+1 did not see, and b the converse:
+// at most one extra request per disjoint racing pair, so at most half the
+// decisions in flight across the boundary, which under a burst is far more
+// than one (64 goroutines straddling a boundary admitted 29 over a limit of
+// 40 in this package's tests of that design). Ordering the reads after the
+// incr only near boundaries fixes it at the price of a second round trip
+// there and of assumptions on clocks. It was also slower here: gomemcache's
+// GetMulti spawns a goroutine per call, and two concurrent requests cost
+// more than two sequential ones on a busy host (see docs/benchmarks.md).
 //
 // Expiry: the add sets the counter's expiry to the TTL the limiter passes
 // (window plus one sub-window), rounded up to whole seconds, plus a random
@@ -104,18 +139,23 @@
 //
 // # Connections and errors
 //
-// With Config.TLS or Config.ServerName every connection, to the nodes and to
-// the discovery endpoint, is made by gomemcache's DialContext through
-// crypto/tls with ServerName set (to ServerName, or else to the host being
-// dialled), as ElastiCache Serverless requires. Config.Timeout is the
-// deadline of one Store call, retries included (ctx's deadline if earlier),
-// and the socket timeout. Calls run on their own goroutines so a call
-// returns at its deadline even when the socket is stuck; the abandoned
-// command finishes or times out in the background. When a command fails
-// because a pooled connection was closed by the server (it restarted, or
-// dropped an idle connection), the Store empties its idle pool and retries
-// the command once on a new connection; a retried incr that had in fact
-// reached the server counts a request twice, which errs on the strict side.
+// Window counters use the Store's own small connection pool (gomemcache
+// cannot pipeline); buckets and logs use gomemcache. Both dial through the
+// same function: with Config.TLS or Config.ServerName it is crypto/tls,
+// given to gomemcache as its DialContext, with ServerName set (to
+// ServerName, or else to the host being dialled), as ElastiCache Serverless
+// requires; the discovery endpoint is dialled the same way. Config.Timeout
+// is the deadline of one Store call, retries included (ctx's deadline if
+// earlier), and the socket timeout. Counter connections carry the call's
+// deadline and are interrupted when ctx is cancelled; gomemcache calls run
+// on their own goroutines so that the call returns at its deadline, the
+// abandoned command finishing or timing out in the background.
+//
+// When a command fails because a pooled connection turns out to have been
+// closed by the server (it restarted, or dropped an idle connection), the
+// Store drops that pool's idle connections to the node and runs the command
+// once more on a new connection. A retried incr that had in fact reached the
+// server counts a request twice, which errs on the strict side.
 //
 // Network and server failures, timeouts and cancelled contexts are returned
 // wrapping [ErrUnavailable] (and context.DeadlineExceeded for every
@@ -124,73 +164,34 @@
 // [limiter.ErrCorruptState]. On an error from Add the increment may or may
 // not have happened.
 //
-// # Boundary guard
-//
-// Steps 1 and 2 of Add are not one atomic step. Take decision A in
-// sub-window i and decision B in sub-window i+1, in flight at the same time
-// just around the boundary. If A's read of i+1 reaches the server before
-// B's incr of i+1, and B's read of i before A's incr of i, each misses the
-// other; both may be allowed where an atomic store would have denied one.
-// Config.BoundaryGuard (default Timeout + DefaultClockSkew) closes this: a
-// decision whose sub-window, by the Store's own clock, began or ends less
-// than the guard ago or ahead, or is not the current one at all (a replay,
-// a skewed caller), does step 1 and then step 2: two round trips. Two such
-// decisions A and B cannot both miss each other: if A's read of i+1 came
-// before B's incr of i+1, then A's incr of i, which came before A's read,
-// came before B's read of i, so B sees A. Applied to the last increment of
-// each of the two counters, this shows the two sub-windows together never
-// exceed what the estimator allows. Decisions far from a boundary keep the
-// one-round-trip path: a call lasts at most Timeout, so with clocks within
-// the skew allowance they cannot overlap with a decision of another
-// sub-window.
-//
-// The sub-window length is not passed to Add; the Store takes it as
-// ttl/span, which is what the limiter's windows pass (ttl = window + one
-// sub-window = span sub-windows). If that ever stops dividing evenly,
-// every decision takes two round trips: slower, still exact. Fixed windows
-// (span 1) read no older counter and always take one round trip. The share
-// of decisions that take two round trips is about 2*guard/sub-window: 8%
-// for 5 s sub-windows (a minute in 12) and the default 210 ms guard; all of
-// them when the sub-window is shorter than twice the guard.
-//
 // # What holds, and the limits of the approach
 //
-//   - Fixed window: exact within each calendar window (one atomic counter),
-//     on any clock.
-//   - Bounded sliding window, with the guard: never more than the limit in
-//     any window-length interval, provided the clocks of the callers (the
-//     now they pass) and of the hosts running Stores agree within
-//     BoundaryGuard - Timeout, and a sub-window is at least twice the guard
-//     (then no call can overlap decisions of sub-windows two apart, nor
-//     race across both ends of one sub-window, and the argument above
-//     covers every window-length interval). TestBoundaryGuard checks it
-//     with 64 goroutines racing across a boundary. With shorter
-//     sub-windows every decision takes two round trips and the argument
-//     covers adjacent sub-windows only.
-//   - Bounded sliding window, with BoundaryGuard < 0 (always one round
-//     trip): each sub-window's count is still exact, but decisions that
-//     race across a boundary can miss each other. Each extra request needs
-//     a racing pair, one decision on each side that each missed the other:
-//     the overshoot in a window is at most min(a, b), where a is the number
-//     of allowed decisions of sub-window i whose increment the last allowed
-//     decision of i+1 did not see, and b the converse. It is at most one
-//     per disjoint racing pair, so at most half the decisions in flight
-//     across the boundary, which under a burst is far more than one: 64
-//     goroutines straddling a boundary have been seen to admit 29 over a
-//     limit of 40.
-//   - Later looks one sub-window ahead only (cur+1). A caller whose clock
-//     lags a writer's by more than one sub-window does not see that
-//     writer's traffic in cur+2 and later; an atomic store that reports every
-//     newer sub-window would. Keep clocks synchronized (Amazon Time Sync)
-//     well within a sub-window.
+//   - Fixed window: exact within each calendar window (one atomic counter).
+//   - Bounded sliding window: never more than the limit in any
+//     window-length interval (the argument above), provided the node runs
+//     one connection's commands in order (set Config.Proxy otherwise), the
+//     counters are not evicted, and the node set does not change under the
+//     key.
+//   - Token bucket and sliding log: exact (every write is a cas or add on
+//     the state it was computed from); under heavy contention on one key a
+//     call can run out of retries or time and fail with ErrConflict.
+//   - The guarantees are on the timestamps callers pass. Later reaches
+//     span-1 sub-windows ahead, which covers every window-length interval
+//     that holds the caller's sub-window. In real time, callers whose clocks
+//     disagree by a good part of a window each count their traffic in
+//     different windows, and together admit more: keep clocks synchronized
+//     (Amazon Time Sync) well within a sub-window.
 //   - Denied requests are counted until their refund (decr) lands, so
-//     concurrent denials can briefly make a window stricter than it is.
-//     A failed Add may have counted its request: stricter, never laxer.
+//     concurrent denials can briefly make a window stricter than it is; a
+//     failed Add may have counted its request: stricter, never laxer.
 //   - Interpolated estimator: over-admits when the oldest sub-window's
 //     traffic was bunched, by design, on any store.
 //   - Memcached is a cache: it may evict items under memory pressure before
-//     they expire, and a restart loses everything. An evicted counter or
-//     bucket comes back empty (full), which admits more. Size the cache so
-//     that it does not evict (watch the evictions statistic); limits are
-//     per memcached cluster, so per region.
+//     they expire, and a restart or a change of the node list (which moves
+//     a key to another node) loses state. A counter or bucket that is lost
+//     comes back empty (full), which admits more. Size the cache so that it
+//     does not evict (watch the evictions statistic). Limits are per
+//     memcached cluster, so per region.
+//   - Each window decision sends an add that fails once the counter exists:
+//     a little server work traded for a constant single round trip.
 package memcached
