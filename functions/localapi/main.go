@@ -1,0 +1,183 @@
+// Command localapi is Sluice's local developer loop (`make run`): an HTTP
+// API on localhost that runs the authorizer's handler for every request,
+// exactly as the Lambda does, in front of a small echo upstream. A denied
+// request gets 429 with Retry-After and RateLimit-* headers, as the
+// deployed REST API answers.
+//
+//	localapi [-addr 127.0.0.1:8080] [-rules rules.yaml] [-event rest|http|token]
+//	         [-memcached host:port] [-dynamo-endpoint http://127.0.0.1:8000 -dynamo-table t]
+//	         [-backend memory|memcached|dynamo] [-upstream URL] [-metrics]
+//
+// By default it uses the embedded rules and the in-process memory store.
+// The SLUICE_* environment variables of the Lambda apply too (flags win).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/functions/authz"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "localapi: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("localapi", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address (keep it on loopback)")
+	rules := fs.String("rules", "", "rules file (default: the embedded rules, or SLUICE_RULES_*)")
+	kind := fs.String("event", kindREST, "authorizer event to emulate: rest (REQUEST), http (payload 2.0, simple responses) or token (TOKEN)")
+	stage := fs.String("stage", "local", "stage name of the emulated REST API")
+	mc := fs.String("memcached", "", "memcached address(es), comma-separated (SLUICE_MEMCACHED_ADDRS)")
+	ddbEndpoint := fs.String("dynamo-endpoint", "", "DynamoDB endpoint, e.g. DynamoDB Local's http://127.0.0.1:8000 (AWS_ENDPOINT_URL_DYNAMODB)")
+	ddbTable := fs.String("dynamo-table", "", "DynamoDB state table (SLUICE_DYNAMO_TABLE); created if missing when -dynamo-endpoint is set")
+	backend := fs.String("backend", "", "backend of limits that name none: memory, memcached or dynamo (SLUICE_DEFAULT_BACKEND)")
+	upstream := fs.String("upstream", "", "URL to proxy allowed requests to (default: a built-in echo)")
+	metrics := fs.Bool("metrics", false, "print the EMF metric lines to stdout")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch *kind {
+	case kindREST, kindHTTP, kindToken:
+	default:
+		return fmt.Errorf("-event %q: want rest, http or token", *kind)
+	}
+	var up *url.URL
+	if *upstream != "" {
+		u, err := url.Parse(*upstream)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			return fmt.Errorf("-upstream %q is not an absolute URL", *upstream)
+		}
+		up = u
+	}
+
+	overrides := map[string]string{}
+	if *rules != "" {
+		overrides["SLUICE_RULES_FILE"] = *rules
+		overrides["SLUICE_RULES_YAML"], overrides["SLUICE_RULES_TABLE"] = "", ""
+	}
+	if *mc != "" {
+		overrides["SLUICE_MEMCACHED_ADDRS"] = *mc
+	}
+	if *ddbTable != "" {
+		overrides["SLUICE_DYNAMO_TABLE"] = *ddbTable
+	}
+	if *backend != "" {
+		overrides["SLUICE_DEFAULT_BACKEND"] = *backend
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *ddbEndpoint != "" {
+		localAWS(*ddbEndpoint)
+		if *ddbTable != "" {
+			if err := createTable(ctx, *ddbTable); err != nil {
+				return err
+			}
+		}
+	}
+	env, err := authz.ParseEnv(func(k string) string {
+		if v, ok := overrides[k]; ok {
+			return v
+		}
+		return os.Getenv(k)
+	})
+	if err != nil {
+		return err
+	}
+	out := authz.Outputs{Stdout: io.Discard, Stderr: stderr}
+	if *metrics {
+		out.Stdout = stdout
+	}
+	built, err := authz.Build(ctx, env, out)
+	if err != nil {
+		return err
+	}
+	defer built.Close()
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("%w (is another `make run` running? try -addr 127.0.0.1:0)", err)
+	}
+	srv := &http.Server{Handler: newServer(built.Handler, *kind, *stage, up), ReadHeaderTimeout: 10 * time.Second}
+	base := "http://" + ln.Addr().String()
+	to := "the built-in echo upstream"
+	if up != nil {
+		to = up.String()
+	}
+	fmt.Fprintf(stdout, "Sluice local API on %s\n", base)
+	fmt.Fprintf(stdout, "  authorizer: %s events, rules: %s, default backend: %s, deadline %v; allowed requests go to %s\n",
+		eventName(*kind), built.Rules, env.DefaultBackend, env.Deadline, to)
+	fmt.Fprintf(stdout, "  try:  curl -i %s/pets/42\n", base)
+	fmt.Fprintf(stdout, "        for i in 1 2 3 4; do curl -s -o /dev/null -w '%%{http_code}\\n' %s/demo/hello; done   # the 4th in a minute: 429\n", base)
+	fmt.Fprintf(stdout, "  Ctrl-C stops it.\n")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shut); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func eventName(kind string) string {
+	switch kind {
+	case kindHTTP:
+		return "HTTP API payload 2.0"
+	case kindToken:
+		return "REST TOKEN"
+	}
+	return "REST REQUEST"
+}
+
+// localAWS points the AWS SDK at a local DynamoDB, with placeholder
+// credentials and region when none are set.
+func localAWS(endpoint string) {
+	os.Setenv("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"} {
+		if os.Getenv(k) == "" {
+			os.Setenv(k, v)
+		}
+	}
+}
+
+func createTable(ctx context.Context, table string) error {
+	cfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := dynamo.CreateTable(ctx, dynamodb.NewFromConfig(cfg), table); err != nil && !strings.Contains(err.Error(), "already") {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/functions/authz"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// now is the frozen clock of these tests: 20 s into a minute.
+var now = time.Date(2026, 1, 2, 3, 4, 20, 0, time.UTC)
+
+func startServer(t *testing.T, rules, kind string, shedder policy.Shedder) *httptest.Server {
+	t.Helper()
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]any{"memory": mem}, Shedder: shedder})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := authz.New(authz.Config{Policy: p, Clock: limiter.ClockFunc(func() time.Time { return now })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(newServer(h, kind, "local", nil))
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+func get(t *testing.T, url string, header ...string) (*http.Response, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var body map[string]any
+	if err := json.Unmarshal(b, &body); err != nil {
+		t.Fatalf("body %q: %v", b, err)
+	}
+	return resp, body
+}
+
+// TestNPlusOne: against a rule of N per window, N requests pass and the
+// next gets 429 with the right Retry-After and RateLimit headers.
+func TestNPlusOne(t *testing.T) {
+	for _, tt := range []struct {
+		algorithm string
+		retry     int // seconds
+	}{
+		{"fixed_window", 40},   // the window ends at the next minute
+		{"sliding_window", 64}, // bounded: the 6 s sub-window [3:04:18, 3:04:24) counts in full until all of it left the window, at 3:05:24
+		{"sliding_log", 60},    // the first request leaves the log a minute after it
+		{"token_bucket", 60},   // one token per 60 s
+	} {
+		t.Run(tt.algorithm, func(t *testing.T) {
+			const n = 5
+			limit := fmt.Sprintf("{algorithm: %s, limit: %d, window: 1m}", tt.algorithm, n)
+			if tt.algorithm == "token_bucket" {
+				limit = fmt.Sprintf("{algorithm: token_bucket, max_amount: %d, refill_time: 1m}", n)
+			}
+			if tt.algorithm == "sliding_window" {
+				limit = fmt.Sprintf("{algorithm: sliding_window, limit: %d, window: 1m, sub_windows: 10}", n)
+			}
+			ts := startServer(t, `rules: [{name: per-ip, key: "{ip}", limits: [`+limit+`]}]`, kindREST, nil)
+			for i := 1; i <= n; i++ {
+				resp, body := get(t, ts.URL+"/pets/42")
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("request %d: %d %v", i, resp.StatusCode, body)
+				}
+				if got := resp.Header.Get("RateLimit-Remaining"); got != strconv.Itoa(n-i) {
+					t.Errorf("request %d: RateLimit-Remaining %q, want %d", i, got, n-i)
+				}
+				if body["path"] != "/pets/42" {
+					t.Errorf("request %d: upstream saw %v", i, body)
+				}
+			}
+			resp, body := get(t, ts.URL+"/pets/42")
+			if resp.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("request %d: %d %v, want 429", n+1, resp.StatusCode, body)
+			}
+			want := map[string]string{
+				"Retry-After":         strconv.Itoa(tt.retry),
+				"RateLimit-Limit":     strconv.Itoa(n),
+				"RateLimit-Remaining": "0",
+				"Cache-Control":       "no-store",
+				"Content-Type":        "application/json",
+			}
+			for k, v := range want {
+				if got := resp.Header.Get(k); got != v {
+					t.Errorf("%s: %q, want %q", k, got, v)
+				}
+			}
+			if reset, _ := strconv.Atoi(resp.Header.Get("RateLimit-Reset")); reset < tt.retry {
+				t.Errorf("RateLimit-Reset %d is before Retry-After %d", reset, tt.retry)
+			}
+			if body["message"] != "Too Many Requests" || body["rule"] != "per-ip" || body["retryAfter"] != strconv.Itoa(tt.retry) {
+				t.Errorf("429 body %v", body)
+			}
+		})
+	}
+}
+
+func TestHTTPAPIDenialIs403(t *testing.T) {
+	ts := startServer(t, `rules: [{name: r, key: "{ip}", limits: [{algorithm: fixed_window, limit: 1, window: 1m}]}]`, kindHTTP, nil)
+	if resp, body := get(t, ts.URL+"/x"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d %v", resp.StatusCode, body)
+	}
+	resp, body := get(t, ts.URL+"/x")
+	if resp.StatusCode != http.StatusForbidden || body["message"] != "Forbidden" || resp.Header.Get("Retry-After") != "" {
+		t.Fatalf("second: %d %v %v", resp.StatusCode, body, resp.Header)
+	}
+}
+
+func TestTokenAuthorizer(t *testing.T) {
+	ts := startServer(t, `rules: [{name: per-token, key: "{token}", limits: [{algorithm: fixed_window, limit: 1, window: 1m}]}]`, kindToken, nil)
+	if resp, _ := get(t, ts.URL+"/x"); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("no token: %d, want 401", resp.StatusCode)
+	}
+	if resp, body := get(t, ts.URL+"/x", "Authorization", "Bearer a"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("token a: %d %v", resp.StatusCode, body)
+	}
+	if resp, _ := get(t, ts.URL+"/x", "Authorization", "Bearer a"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("token a again: %d", resp.StatusCode)
+	}
+	if resp, _ := get(t, ts.URL+"/x", "Authorization", "Bearer b"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("token b: %d", resp.StatusCode)
+	}
+}
+
+type shedAll struct{}
+
+func (shedAll) Check(context.Context, limiter.Priority, time.Time) (limiter.Decision, error) {
+	return limiter.Decision{RetryAfter: 1500 * time.Millisecond}, nil
+}
+
+func TestShedIs503(t *testing.T) {
+	ts := startServer(t, `rules: [{name: r, key: "{ip}", limits: [{algorithm: fixed_window, limit: 9, window: 1m}]}]`, kindREST, shedAll{})
+	resp, body := get(t, ts.URL+"/x")
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "2" || body["decision"] != "shed" {
+		t.Fatalf("%d %v %v", resp.StatusCode, resp.Header, body)
+	}
+}
+
+func TestUpstreamSeesDecision(t *testing.T) {
+	ts := startServer(t, `rules: [{name: r, key: "{ip}", limits: [{algorithm: fixed_window, limit: 9, window: 1m}]}]`, kindREST, nil)
+	_, body := get(t, ts.URL+"/x?a=1", "Authorization", "secret")
+	h := body["headers"].(map[string]any)
+	if h["X-Sluice-Rule"] != "r" || h["X-Sluice-Remaining"] != "8" || h["Authorization"] != "[redacted]" {
+		t.Fatalf("upstream headers %v", h)
+	}
+}
+
+func TestRunFlags(t *testing.T) {
+	var out, errb bytes.Buffer
+	for _, args := range [][]string{{"-event", "soap"}, {"-upstream", "not a url"}, {"extra"}, {"-rules", "/does/not/exist"}} {
+		if err := run(args, &out, &errb); err == nil {
+			t.Errorf("run(%q) succeeded", args)
+		}
+	}
+	if err := run([]string{"-rules", "/does/not/exist"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "SLUICE_RULES_FILE") {
+		t.Errorf("missing rules file: %v", err)
+	}
+}
