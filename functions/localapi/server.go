@@ -1,7 +1,6 @@
 package main
 
 import (
-
 	"encoding/json"
 	"errors"
 	"net"
@@ -222,5 +221,3 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.WriteHeader(code)
 	w.Write(append(b, '\n')) //nolint:errcheck // the client may be gone
 }
-
-
