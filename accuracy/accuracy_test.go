@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // The tests use shorter traces than the report (the report's take seconds;
@@ -34,30 +36,11 @@ func testTraces(t *testing.T, p Params, seed uint64, n int) []Trace {
 	return append(trs, tr)
 }
 
-// exactLog is an independent exact sliding window: a request at t is
-// allowed if fewer than limit of the allowed times lie in (t-w, t].
-func exactLog(times []int64, limit int64, w time.Duration) []bool {
-	var kept []int64
-	out := make([]bool, len(times))
-	for i, t := range times {
-		j := 0
-		for j < len(kept) && kept[j] <= t-int64(w) {
-			j++
-		}
-		kept = kept[j:]
-		if int64(len(kept)) < limit {
-			kept = append(kept, t)
-			out[i] = true
-		}
-	}
-	return out
-}
-
 // TestExactLogIsExact tests the reference before anything is measured
 // against it: on every trace, limiter.SlidingLog makes the decisions of an
-// independent exact sliding window, admits exactly the limit in its worst
-// window (every test trace saturates it), never takes a window above the
-// limit and never denies while a window has room.
+// independent exact sliding window (ExactAdmits), admits exactly the limit
+// in its worst window (every test trace saturates it), never takes a window
+// above the limit and never denies while a window has room.
 func TestExactLogIsExact(t *testing.T) {
 	for _, p := range []Params{DefaultParams, {Limit: 7, Window: 10 * time.Second}, {Limit: 300, Window: time.Hour}} {
 		for _, tr := range testTraces(t, p, 1, 3) {
@@ -65,13 +48,7 @@ func TestExactLogIsExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := exactLog(tr.Times, p.Limit, p.Window)
-			var admitted []int64
-			for i, ok := range want {
-				if ok {
-					admitted = append(admitted, tr.Times[i])
-				}
-			}
+			admitted := ExactAdmits(tr.Times, p.Limit, p.Window)
 			if len(admitted) != len(res.Admits) {
 				t.Fatalf("%v, %s: the log admitted %d, an exact window %d", p, tr.Name, len(res.Admits), len(admitted))
 			}
@@ -79,6 +56,18 @@ func TestExactLogIsExact(t *testing.T) {
 				if admitted[i] != res.Admits[i] {
 					t.Fatalf("%v, %s: admission %d at %d, an exact window's at %d", p, tr.Name, i, res.Admits[i], admitted[i])
 				}
+			}
+			// The log's stored size, tracked incrementally, is the largest
+			// limiter.AppendLog of the entries in view, plus a format byte.
+			maxLen, head := 0, 0
+			for i, a := range admitted {
+				for admitted[head] <= a-int64(p.Window) {
+					head++
+				}
+				maxLen = max(maxLen, 1+len(limiter.AppendLog(nil, admitted[head:i+1])))
+			}
+			if res.Memcached.ValueLen != maxLen {
+				t.Errorf("%v, %s: log value of %d bytes, AppendLog says %d", p, tr.Name, res.Memcached.ValueLen, maxLen)
 			}
 			if res.WorstWindow != p.Limit || res.Excess != 0 || res.Needless != 0 {
 				t.Errorf("%v, %s: worst window %d (want the limit %d), excess %d, needless %d (want 0, 0)",

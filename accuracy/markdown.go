@@ -197,6 +197,7 @@ func (r *Report) markdown(w io.Writer, figs []captioned) error {
 	}
 
 	r.writeFrontier(pf)
+	r.writeSensitivity(pf)
 	r.writeTraces(pf)
 	r.writeBetterEstimator(pf)
 	r.writeMethod(pf)
@@ -231,17 +232,36 @@ func (r *Report) writeRecommendation(pf func(string, ...any)) {
 			pf("- It is the fewest sub-windows (at most %d) that does both: with k = %d the bounded estimator admits only %s on its worst seed.\n",
 				o.MaxChoice, prev.Config.SubWindows, pct(prev.MinShare()))
 		}
+		if len(r.Sensitivity) > 0 {
+			var limits []string
+			least, over, all := 1.0, 0.0, true
+			for _, s := range r.Sensitivity {
+				if len(s.Chosen.Shares) == 0 {
+					all = false
+					continue
+				}
+				limits = append(limits, fmt.Sprintf("%d per %v", s.Params.Limit, s.Params.Window))
+				least, over = min(least, s.Chosen.MinShare()), max(over, s.Chosen.Overshoot)
+			}
+			if len(limits) > 0 {
+				verdict := "meets the target there too"
+				if least < o.Target || over > 1 || !all {
+					verdict = "does not meet the target on all of them"
+				}
+				pf("- On other limits (%s, traces scaled to the window) it admits at least %s on the worst seed, worst overshoot %s: it %s ([Other limits](#other-limits)).\n",
+					strings.Join(limits, ", "), pct(least), times(over), verdict)
+			}
+		}
 		if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
 			pf("- The current default, bounded with k = 10, admits %s (worst seed %s): it misses the target.\n", pct(cur.Shares[0]), pct(cur.MinShare()))
 		}
-		pf("- Its cost on memcached: %d items per key (%d bytes with a %d-byte key name), %d keys per decision (one incr and one get-multi), ",
-			ch.Row.Memcached.Items, ch.Row.Memcached.Bytes, len(SimKey), ch.Row.Memcached.KeysPerDecision)
-		pf("%.2f round trips per decision on the bursty trace (the boundary guard takes two round trips within %v of a sub-window boundary, and a denial adds a decr)",
-			ch.Row.RoundTrips, MemcachedGuard)
+		pf("- Its cost on memcached: %d items per key (%d bytes with a %d-byte key name), read in one get-multi with the incr of the current one; ",
+			ch.Row.Memcached.Items, ch.Row.Memcached.Bytes, len(SimKey))
+		pf("%.2f store calls per decision on the bursty trace (an Add, and a Sub for each refunded denial)", ch.Row.Calls)
 		if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
-			pf("; k = 10 costs %d items and %.2f round trips", cur.Memcached.Items, cur.RoundTrips)
+			pf("; k = 10 keeps %d items (%d bytes)", cur.Memcached.Items, cur.Memcached.Bytes)
 		}
-		pf(". Windows shorter than 2 x %d x %v (%v) have every decision take two round trips.\n", c.SubWindows, MemcachedGuard, 2*time.Duration(c.SubWindows)*MemcachedGuard)
+		pf(".\n")
 		if time.Microsecond%time.Duration(c.SubWindows) == 0 {
 			pf("- %d divides every window that is a whole number of microseconds, as 10 does (30 would not divide a 1 s window).\n", c.SubWindows)
 		} else {
@@ -341,18 +361,17 @@ func (r *Report) writeSummary(pf func(string, ...any)) {
 	pf("Overshoot is the most requests admitted within any window-length interval, over the limit, worst of all traces (1.00 = never more than the limit). ")
 	pf("Admitted is relative to what the exact sliding log admitted on the same trace. ")
 	pf("Memcached figures are per tracked key: items in view, their bytes (slab chunks, see [Method](#method)), keys one decision touches. ")
-	pf("Store calls are per decision on the bursty trace (a window: one Add, and a Sub to refund a denial); ")
-	pf("memcached round trips model `backends/memcached` on that trace: a window's Add is one round trip, two within its boundary guard (%v) of a sub-window boundary, ", MemcachedGuard)
-	pf("and a refund one more; a bucket or log decision is gets plus cas when it admits, gets when it denies.\n\n")
+	pf("Store calls are per decision on the bursty trace: a window makes one Add (with `backends/memcached`, one round trip that increments the current counter ")
+	pf("and reads the others) and a Sub (a decr) to refund a denial; a bucket or a log makes one update (gets, then cas when the state changes).\n\n")
 	pf("| configuration | overshoot |")
 	for _, tr := range r.Traces {
 		pf(" admitted: %s |", tr.Name)
 	}
-	pf(" items | bytes/key | keys/decision | store calls/decision | memcached round trips/decision |\n|---|---:|")
+	pf(" items | bytes/key | store calls/decision |\n|---|---:|")
 	for range r.Traces {
 		pf("---:|")
 	}
-	pf("---:|---:|---:|---:|---:|\n")
+	pf("---:|---:|---:|\n")
 	for j, c := range r.Configs {
 		name := c.Name()
 		if r.Choice.Found && c == r.Choice.Row.Config {
@@ -366,12 +385,11 @@ func (r *Report) writeSummary(pf func(string, ...any)) {
 			pf(" %s |", pct(share(r.Results[i][j], r.reference(i))))
 		}
 		b := r.Results[1][j]
-		pf(" %d | %d | %d | %.2f | %.2f |\n", b.Memcached.Items, b.Memcached.Bytes, b.Memcached.KeysPerDecision,
-			float64(b.StoreCalls)/float64(max(b.Requests, 1)), b.roundTripsPerDecision())
+		pf(" %d | %d | %.2f |\n", b.Memcached.Items, b.Memcached.Bytes, b.callsPerDecision())
 	}
 	pf("\nThe token bucket holds %d tokens refilled at %d per %v: it admits a full bucket and then the refill within one window, ", p.Limit, p.Limit, p.Window)
 	pf("so up to twice the limit; it limits a rate, not a window count. ")
-	pf("Shorter sub-windows cost round trips as well as items: the share of decisions near a boundary is about 2 x %v / (W/k).\n\n", MemcachedGuard)
+	pf("\n")
 }
 
 func (r *Report) writeFrontier(pf func(string, ...any)) {
@@ -379,9 +397,9 @@ func (r *Report) writeFrontier(pf func(string, ...any)) {
 	pf("## The frontier\n\n")
 	pf("Every sub-window count up to %d that divides %v, on the %d bursty seeds (%d to %d) and the other traces. ", o.MaxSweep, o.Params.Window, o.Seeds, o.Seed, o.Seed+uint64(o.Seeds)-1)
 	pf("Admitted shares are on the bursty traces: seed %d / worst seed. Overshoot is the worst over every trace. ", o.Seed)
-	pf("Items, bytes and round trips are the bounded window's (the prototypes' are those of the same k; their values are longer). ")
+	pf("Items, bytes and store calls are the bounded window's (the prototypes keep the items of the same k, with longer values). ")
 	pf("The default is chosen among k ≤ %d.\n\n", o.MaxChoice)
-	pf("| k | items | bytes/key | round trips/decision | bounded | interpolated | interpolated overshoot | sliced x2 (prototype) | sliced x4 (prototype) | moment (prototype) |\n")
+	pf("| k | items | bytes/key | store calls/decision | bounded | interpolated | interpolated overshoot | sliced x2 (prototype) | sliced x4 (prototype) | moment (prototype) |\n")
 	pf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, k := range divisors(o.Params.Window, o.MaxSweep) {
 		bnd, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: k})
@@ -404,10 +422,37 @@ func (r *Report) writeFrontier(pf func(string, ...any)) {
 		if r.Choice.Found && r.Choice.Row.Config == bnd.Config {
 			mark = " **(recommended)**"
 		}
-		pf("| %d%s | %d | %d | %.2f | %s | %s | %s | %s | %s | %s |\n", k, mark, bnd.Memcached.Items, bnd.Memcached.Bytes, bnd.RoundTrips,
+		pf("| %d%s | %d | %d | %.2f | %s | %s | %s | %s | %s | %s |\n", k, mark, bnd.Memcached.Items, bnd.Memcached.Bytes, bnd.Calls,
 			cell(bnd.Config), pct(itp.Shares[0])+" / "+pct(itp.MinShare()), times(itp.Overshoot),
 			cell(Config{Algorithm: Sliced, SubWindows: k, Slices: 2}), cell(Config{Algorithm: Sliced, SubWindows: k, Slices: 4}),
 			cell(Config{Algorithm: Moment, SubWindows: k}))
+	}
+	pf("\n")
+}
+
+func (r *Report) writeSensitivity(pf func(string, ...any)) {
+	if len(r.Sensitivity) == 0 {
+		return
+	}
+	o := r.Options
+	c := r.Choice.Row.Config
+	pf("## Other limits\n\n")
+	pf("The same traces scaled to other limits (as many windows, the same multiples of the limit's rate), %d bursty seeds each: ", o.Seeds)
+	pf("the admitted share on the worst seed, the worst overshoot over every trace, and the fewest sub-windows (at most %d) that reach %s without overshooting.\n\n",
+		o.MaxChoice, pct(o.Target))
+	pf("| limit | %s | bounded k=10 | fewest sub-windows |\n|---|---:|---:|---|\n", c.Name())
+	cell := func(row SweepRow) string {
+		if len(row.Shares) == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%s (overshoot %s)", pct(row.MinShare()), times(row.Overshoot))
+	}
+	for _, s := range r.Sensitivity {
+		fewest := "none"
+		if s.Fewest.Found {
+			fewest = fmt.Sprintf("%s (%s)", s.Fewest.Row.Config.Name(), pct(s.Fewest.Row.MinShare()))
+		}
+		pf("| %d per %v | %s | %s | %s |\n", s.Params.Limit, s.Params.Window, cell(s.Chosen), cell(s.Current), fewest)
 	}
 	pf("\n")
 }
@@ -446,7 +491,7 @@ func (r *Report) writeBetterEstimator(pf func(string, ...any)) {
 	pf("has the k+1 counters summing to the limit, which the burst history reaches) lets more than the limit into that window. The limit does not ")
 	pf("help: that history keeps every window within it. `TestCountsAloneCannotBeatBounded` replays it.\n\n")
 	pf("**With the same counters carrying more than a count, yes.** A memcached counter is a 64-bit number and incr adds any amount, so a request can ")
-	pf("add a number that also says *when* in its sub-window it came, with no more items, keys or round trips:\n\n")
+	pf("add a number that also says *when* in its sub-window it came, with no more items, store calls or round trips:\n\n")
 	pf("- *Sliced counters* (`accuracy.SlicedWindow`): split each sub-window into B slices and give each slice a 64/B-bit field of the counter; a request ")
 	pf("at offset x adds n << (64/B * floor(x*B/s)) (the earliest slice in the low bits). The estimate sums every field of the k newest counters and, of the oldest, ")
 	pf("only the slices that reach into the window. It decides exactly as Bounded with k*B sub-windows, so it never overshoots, and costs what k sub-windows cost. ")
@@ -473,7 +518,8 @@ func (r *Report) writeMethod(pf func(string, ...any)) {
 	pf("`Bounded` and `Interpolated`, and `TokenBucket` (capacity = limit, refilled at limit per window). Denied requests are refunded (the default). ")
 	pf("The prototypes run in `accuracy/` on the same store through the same `limiter.Counter` interface.\n\n")
 	pf("**Metrics.** Worst window: the most admitted requests in any interval (t-W, t], found at every admission (the maximum is always reached at one). ")
-	pf("Overshoot: worst window / limit. Admitted: admitted requests / the exact log's admitted requests on the same trace. ")
+	pf("Overshoot: worst window / limit. Admitted: admitted requests / the exact log's admitted requests on the same trace ")
+	pf("(the sweeps and the other limits count the exact log's admissions with `accuracy.ExactAdmits`, which makes `limiter.SlidingLog`'s decisions in constant time; `TestExactLogIsExact` checks both agree). ")
 	pf("Store calls: calls through the store interface per request.\n\n")
 	pf("**Memcached bytes.** An item of memcached 1.6 takes a %d-byte header (`struct _stritem` on 64-bit), %d bytes of CAS id, the key and a NUL, ", itemHeader, itemCAS)
 	pf("and the value followed by `\\r\\n` (client flags add 4 bytes only when non-zero; Sluice sets none): %d + key + value bytes, stored in the chunk of the ", itemHeader+itemCAS+3)

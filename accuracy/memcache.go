@@ -75,8 +75,4 @@ type Footprint struct {
 	KeyLen, ValueLen int
 	// Bytes is Items times the slab chunk of one item.
 	Bytes int
-	// KeysPerDecision is the number of keys one decision touches: the
-	// windows incr the current counter and get-multi the others in view
-	// plus the next one (to see a clock that runs ahead).
-	KeysPerDecision int
 }

@@ -213,38 +213,3 @@ func TestItemSizeAgainstMemcached(t *testing.T) {
 		}
 	}
 }
-
-func TestMemcachedGuard(t *testing.T) {
-	if want := memcached.DefaultTimeout + memcached.DefaultClockSkew; MemcachedGuard != want {
-		t.Errorf("MemcachedGuard = %v, backends/memcached's default guard is %v", MemcachedGuard, want)
-	}
-}
-
-func TestRoundTrips(t *testing.T) {
-	p := DefaultParams // k=20: 3 s sub-windows
-	base := Epoch.UnixNano()
-	ms := int64(time.Millisecond)
-	w20 := Config{Algorithm: Bounded, SubWindows: 20}
-	tests := []struct {
-		c       Config
-		at      int64
-		allowed bool
-		want    int
-	}{
-		{w20, base + 1500*ms, true, 1},  // mid sub-window: incr and get-multi at once
-		{w20, base + 1500*ms, false, 2}, // and a decr
-		{w20, base + 209*ms, true, 2},   // within the guard after a boundary
-		{w20, base + 210*ms, true, 1},
-		{w20, base + 2790*ms, true, 2}, // within the guard before the next
-		{w20, base + 2789*ms, true, 1},
-		{Config{Algorithm: Bounded, SubWindows: 300}, base + 100*ms, true, 2}, // 200 ms sub-windows: always near a boundary
-		{Config{Algorithm: Fixed}, base + 5*ms, true, 1},
-		{Config{Algorithm: Bucket}, base, true, 2},
-		{Config{Algorithm: Log}, base, false, 1},
-	}
-	for _, tt := range tests {
-		if got := roundTrips(tt.c, p, tt.at, tt.allowed); got != tt.want {
-			t.Errorf("%s at +%v allowed=%v: %d round trips, want %d", tt.c.Name(), time.Duration(tt.at-base), tt.allowed, got, tt.want)
-		}
-	}
-}

@@ -35,7 +35,7 @@ import (
 // n << (bits * floor(x*B/s)). The estimate counts the sub-windows in view in
 // full, and of the oldest only the slices that reach into the window. Its
 // decisions are those of the Bounded estimator with k*B sub-windows, with
-// the items, keys and round trips of k.
+// the items and store calls of k.
 //
 // Fields must not overflow: NewSlicedWindow requires the limit to fit in
 // bits-1 bits, and denied requests are refunded (a counter holds at most

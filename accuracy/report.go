@@ -35,6 +35,10 @@ type Options struct {
 	// MaxChoice is the largest sub-window count the default may have;
 	// MaxSweep the largest the frontier shows.
 	MaxChoice, MaxSweep int
+	// Sensitivity are other limits on which the choice is checked, each
+	// with the traces scaled to its window (as many windows as the
+	// report's).
+	Sensitivity []Params
 	// Draft draws small, low-resolution figures of a few windows (for
 	// tests and quick looks); the numbers do not change.
 	Draft bool
@@ -53,6 +57,7 @@ func DefaultOptions() Options {
 		Target:       0.97,
 		MaxChoice:    31,
 		MaxSweep:     60,
+		Sensitivity:  []Params{{Limit: 2, Window: time.Second}, {Limit: 10, Window: time.Minute}, {Limit: 1000, Window: time.Minute}},
 	}
 }
 
@@ -72,6 +77,20 @@ type Report struct {
 	Sweep []SweepRow
 	// Choice is the recommended default for limiter.SlidingWindow.
 	Choice Choice
+	// Sensitivity checks the choice on the other limits of
+	// Options.Sensitivity.
+	Sensitivity []SensitivityRow
+}
+
+// SensitivityRow is the choice checked on another limit.
+type SensitivityRow struct {
+	Params Params
+	// Chosen is the report's choice on this limit, Current the bounded
+	// window with 10 sub-windows (zero Config when k does not divide
+	// the window).
+	Chosen, Current SweepRow
+	// Fewest is what Choose picks for this limit.
+	Fewest Choice
 }
 
 // SweepRow is one configuration across the seed sweep.
@@ -84,9 +103,9 @@ type SweepRow struct {
 	// trace: the bursty seeds and the others.
 	Overshoot float64
 	// Memcached is the footprint on the bursty trace of seed Options.Seed,
-	// and RoundTrips its memcached round trips per decision there.
-	Memcached  Footprint
-	RoundTrips float64
+	// and Calls its store calls per decision there.
+	Memcached Footprint
+	Calls     float64
 }
 
 // MinShare is the smallest admitted share over the seeds.
@@ -159,7 +178,7 @@ func Run(o Options) (*Report, error) {
 			if i >= nb {
 				row.Shares = append(row.Shares, share(res, sweep[i][0]))
 				if i == nb {
-					row.Memcached, row.RoundTrips = res.Memcached, res.roundTripsPerDecision()
+					row.Memcached, row.Calls = res.Memcached, res.callsPerDecision()
 				}
 			}
 		}
@@ -184,7 +203,82 @@ func Run(o Options) (*Report, error) {
 	if r.Results, err = simulateAll(r.Traces, p, r.Configs); err != nil {
 		return nil, err
 	}
+	if r.Choice.Found {
+		if r.Sensitivity, err = sensitivity(o, r.Choice.Row.Config); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// scaled returns o for another limit, with traces of as many windows.
+func (o Options) scaled(p Params) Options {
+	f := float64(p.Window) / float64(o.Params.Window)
+	q := o
+	q.Params, q.Files, q.Sensitivity = p, nil, nil
+	q.Steady = time.Duration(float64(o.Steady) * f)
+	q.Bursty = time.Duration(float64(o.Bursty) * f)
+	return q
+}
+
+// sensitivity checks chosen, and the bounded window with 10 sub-windows, on
+// each limit of o.Sensitivity, in parallel.
+func sensitivity(o Options, chosen Config) ([]SensitivityRow, error) {
+	rows := make([]SensitivityRow, len(o.Sensitivity))
+	errs := make([]error, len(o.Sensitivity))
+	var wg sync.WaitGroup
+	for i, p := range o.Sensitivity {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			q := o.scaled(p)
+			row := SensitivityRow{Params: p}
+			var err error
+			if chosen.valid(p) {
+				if row.Chosen, err = evaluate(q, chosen); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+			if cur := (Config{Algorithm: Bounded, SubWindows: 10}); cur.valid(p) {
+				if row.Current, err = evaluate(q, cur); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+			row.Fewest, errs[i] = Choose(q)
+			rows[i] = row
+		}()
+	}
+	wg.Wait()
+	return rows, errors.Join(errs...)
+}
+
+// evaluate runs c on every trace of o: its sweep row.
+func evaluate(o Options, c Config) (SweepRow, error) {
+	p := o.Params
+	row := SweepRow{Config: c}
+	others := []Trace{Steady(p, o.SteadyFactor, o.Steady, o.Seed), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
+	for _, tr := range append(others, o.Files...) {
+		res, err := Simulate(tr, p, c)
+		if err != nil {
+			return row, err
+		}
+		row.Overshoot = max(row.Overshoot, res.Overshoot(p))
+	}
+	for i := range o.Seeds {
+		tr := o.bursty(o.Seed + uint64(i))
+		res, err := Simulate(tr, p, c)
+		if err != nil {
+			return row, err
+		}
+		row.Overshoot = max(row.Overshoot, res.Overshoot(p))
+		row.Shares = append(row.Shares, shareOf(res.Admitted, len(ExactAdmits(tr.Times, p.Limit, p.Window))))
+		if i == 0 {
+			row.Memcached, row.Calls = res.Memcached, res.callsPerDecision()
+		}
+	}
+	return row, nil
 }
 
 // valid reports whether c can enforce p.
@@ -228,11 +322,14 @@ func insertAfter(cs []Config, c Config) []Config {
 }
 
 // share is what res admitted relative to the exact log ref.
-func share(res, ref Result) float64 {
-	if ref.Admitted == 0 {
+func share(res, ref Result) float64 { return shareOf(res.Admitted, ref.Admitted) }
+
+// shareOf is admitted relative to what the exact log admitted.
+func shareOf(admitted, exact int) float64 {
+	if exact == 0 {
 		return 1
 	}
-	return float64(res.Admitted) / float64(ref.Admitted)
+	return float64(admitted) / float64(exact)
 }
 
 // candidate reports whether c may be the default: a limiter.SlidingWindow
@@ -273,14 +370,10 @@ func Choose(o Options) (Choice, error) {
 	}
 	p := o.Params
 	bursts := make([]Trace, o.Seeds)
-	refs := make([]Result, o.Seeds)
+	refs := make([]int, o.Seeds)
 	for i := range bursts {
 		bursts[i] = o.bursty(o.Seed + uint64(i))
-		ref, err := Simulate(bursts[i], p, Config{Algorithm: Log})
-		if err != nil {
-			return Choice{}, err
-		}
-		refs[i] = ref
+		refs[i] = len(ExactAdmits(bursts[i].Times, p.Limit, p.Window))
 	}
 	others := []Trace{Steady(p, o.SteadyFactor, o.Steady, o.Seed), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
 	others = append(others, o.Files...)
@@ -294,9 +387,9 @@ func Choose(o Options) (Choice, error) {
 					return Choice{}, err
 				}
 				row.Overshoot = max(row.Overshoot, res.Overshoot(p))
-				row.Shares = append(row.Shares, share(res, refs[i]))
+				row.Shares = append(row.Shares, shareOf(res.Admitted, refs[i]))
 				if i == 0 {
-					row.Memcached, row.RoundTrips = res.Memcached, res.roundTripsPerDecision()
+					row.Memcached, row.Calls = res.Memcached, res.callsPerDecision()
 				}
 				if row.Overshoot > 1 || row.Shares[i] < o.Target {
 					continue next

@@ -33,13 +33,6 @@ type Result struct {
 	// StoreCalls counts calls to the store (Add and Sub for the windows,
 	// UpdateBucket, UpdateLog).
 	StoreCalls int
-	// RoundTrips counts the memcached round trips backends/memcached would
-	// make, by its documented protocol: a window's Add is one round trip,
-	// or two within MemcachedGuard of a sub-window boundary (its boundary
-	// guard), and a refund one more; a bucket or log decision is gets and
-	// cas when it admits, gets alone when it denies (ignoring the item
-	// cache and writes that only refill or expire).
-	RoundTrips int
 	// MaxCounter is the largest value a window counter held.
 	MaxCounter int64
 	// MaxLogEntries is the largest number of timestamps the sliding log
@@ -52,44 +45,12 @@ type Result struct {
 	Admits []int64
 }
 
-func (r Result) roundTripsPerDecision() float64 {
-	return float64(r.RoundTrips) / float64(max(r.Requests, 1))
+func (r Result) callsPerDecision() float64 {
+	return float64(r.StoreCalls) / float64(max(r.Requests, 1))
 }
 
 // Overshoot is the worst window-length count over the limit.
 func (r Result) Overshoot(p Params) float64 { return float64(r.WorstWindow) / float64(p.Limit) }
-
-// MemcachedGuard is backends/memcached's default boundary guard
-// (DefaultTimeout + DefaultClockSkew): a window decision within it of a
-// sub-window boundary increments first and reads after, two round trips.
-const MemcachedGuard = 210 * time.Millisecond
-
-// roundTrips is what one decision at t costs on memcached (see
-// Result.RoundTrips).
-func roundTrips(c Config, p Params, t int64, allowed bool) int {
-	switch {
-	case c.Algorithm == Log || c.Algorithm == Bucket:
-		if allowed {
-			return 2
-		}
-		return 1
-	case c.Algorithm == Fixed:
-		if allowed {
-			return 1
-		}
-		return 2
-	}
-	s := int64(p.Window) / int64(c.SubWindows)
-	e, g := t-floorDiv(t, s)*s, int64(MemcachedGuard)
-	n := 1
-	if e < g || s-e <= g {
-		n = 2
-	}
-	if !allowed {
-		n++
-	}
-	return n
-}
 
 // simClock is the simulated time, shared by the limiter's caller and the
 // memory store's expiry.
@@ -196,16 +157,20 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 	w := int64(p.Window)
 	res := Result{Config: c, Requests: len(tr.Times)}
 	head := 0 // res.Admits[head:] are the admissions in the trailing window
-	var logBuf []byte
-	maxLogBytes := 0
+	// The length of limiter.AppendLog of the log's entries (the admissions
+	// in view), kept up to date: the count, the first entry, and the
+	// deltas between consecutive entries, whose lengths are summed here.
+	deltas, maxLogBytes := 0, 0
 	for _, t := range tr.Times {
 		clock.t = t
 		d, err := lim.AllowN(ctx, SimKey, time.Unix(0, t), 1)
 		if err != nil {
 			return Result{}, fmt.Errorf("accuracy: %s at %v: %w", c.Name(), time.Unix(0, t).UTC(), err)
 		}
-		res.RoundTrips += roundTrips(c, p, t, d.Allowed)
 		for head < len(res.Admits) && res.Admits[head] <= t-w {
+			if head+1 < len(res.Admits) {
+				deltas -= varintLen(res.Admits[head+1] - res.Admits[head])
+			}
 			head++
 		}
 		inView := int64(len(res.Admits) - head)
@@ -215,6 +180,9 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 			}
 			continue
 		}
+		if inView > 0 {
+			deltas += varintLen(t - res.Admits[len(res.Admits)-1])
+		}
 		res.Admits = append(res.Admits, t)
 		inView++
 		res.WorstWindow = max(res.WorstWindow, inView)
@@ -223,8 +191,8 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 		}
 		if c.Algorithm == Log {
 			res.MaxLogEntries = max(res.MaxLogEntries, int(inView))
-			logBuf = limiter.AppendLog(logBuf[:0], res.Admits[head:])
-			maxLogBytes = max(maxLogBytes, len(logBuf))
+			size := uvarintLen(uint64(inView)) + varintLen(res.Admits[head]) + deltas
+			maxLogBytes = max(maxLogBytes, size)
 		}
 	}
 	res.Admitted = len(res.Admits)
@@ -232,6 +200,16 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 	res.MaxCounter = store.maxCounter
 	res.Memcached = footprint(store, p, c, tr.End(), maxLogBytes)
 	return res, nil
+}
+
+func varintLen(x int64) int {
+	var b [binary.MaxVarintLen64]byte
+	return binary.PutVarint(b[:], x)
+}
+
+func uvarintLen(x uint64) int {
+	var b [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(b[:], x)
 }
 
 // footprint is what c would keep in memcached, with keys and values as
@@ -244,14 +222,14 @@ func footprint(s *countingStore, p Params, c Config, last int64, maxLogBytes int
 	var f Footprint
 	switch c.Algorithm {
 	case Log:
-		f = Footprint{Items: 1, KeyLen: base + 2, ValueLen: 1 + maxLogBytes, KeysPerDecision: 1}
+		f = Footprint{Items: 1, KeyLen: base + 2, ValueLen: 1 + maxLogBytes}
 	case Bucket:
 		v := binary.AppendVarint(binary.AppendVarint([]byte{'B'}, p.Limit), last)
-		f = Footprint{Items: 1, KeyLen: base + 2, ValueLen: len(v), KeysPerDecision: 1}
+		f = Footprint{Items: 1, KeyLen: base + 2, ValueLen: len(v)}
 	case Fixed:
-		f = Footprint{Items: 1, KeysPerDecision: 2}
+		f = Footprint{Items: 1}
 	default:
-		f = Footprint{Items: c.SubWindows + 1, KeysPerDecision: c.SubWindows + 2}
+		f = Footprint{Items: c.SubWindows + 1}
 	}
 	if c.Algorithm != Log && c.Algorithm != Bucket {
 		f.KeyLen = base + len("|c") + digits(s.maxIdx)
