@@ -127,7 +127,7 @@ func (h *Handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(r)
+	return r.AppendJSON(make([]byte, 0, 512)), nil
 }
 
 // Decide is Handle with the typed response and the policy's result (for the

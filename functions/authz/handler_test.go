@@ -594,3 +594,60 @@ var _ lambdaHandler = (*Handler)(nil)
 type lambdaHandler interface {
 	Invoke(ctx context.Context, payload []byte) ([]byte, error)
 }
+
+// TestAppendJSONMatchesEncodingJSON checks the hand-written encoders
+// against encoding/json on mirror types (without the MarshalJSON methods).
+func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
+	type ctxMirror Context
+	type iamMirror struct {
+		PrincipalID    string         `json:"principalId"`
+		PolicyDocument PolicyDocument `json:"policyDocument"`
+		Context        ctxMirror      `json:"context"`
+	}
+	type simpleMirror struct {
+		IsAuthorized bool      `json:"isAuthorized"`
+		Context      ctxMirror `json:"context"`
+	}
+	for _, c := range []Context{
+		{Limit: 5, Remaining: 4, Reset: 60, Rule: "per-ip", Decision: DecisionAllow},
+		{Limit: 1 << 40, RetryAfter: 17, Rule: "r\"\\\x00\u2028é", Decision: DecisionDeny},
+	} {
+		iam := iamResponse("arn:aws:execute-api:r:1:a/$default/GET/x\"y", c.Decision == DecisionAllow, c)
+		want, _ := json.Marshal(iamMirror{iam.PrincipalID, iam.PolicyDocument, ctxMirror(c)})
+		if got := iam.AppendJSON(nil); !jsonEqual(got, want) {
+			t.Errorf("IAM:\n got %s\nwant %s", got, want)
+		}
+		simple := &SimpleResponse{IsAuthorized: true, Context: c}
+		want, _ = json.Marshal(simpleMirror{true, ctxMirror(c)})
+		if got := simple.AppendJSON(nil); !jsonEqual(got, want) {
+			t.Errorf("simple:\n got %s\nwant %s", got, want)
+		}
+	}
+}
+
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return bytes.Equal(xa, ya)
+}
+
+// TestSpecial checks the eight-byte scan against the byte-by-byte rule: it
+// may raise false alarms, never miss a special byte.
+func TestSpecial(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		for pos := 0; pos < 8; pos++ {
+			b := []byte("abcdefgh")
+			b[pos] = byte(c)
+			if !plainByte[c] && !special(load64(string(b), 0)) {
+				t.Fatalf("byte %#x at %d missed", c, pos)
+			}
+		}
+	}
+	if special(load64("plain OK", 0)) {
+		t.Error("false alarm on plain ASCII")
+	}
+}

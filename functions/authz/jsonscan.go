@@ -447,8 +447,16 @@ func (p *parser) str() (span, error) {
 	p.i++ // '"'
 	start := p.i
 	plain := true
-	for p.i < len(p.s) {
-		c := p.s[p.i]
+	s := p.s
+	for {
+		// Skip eight plain bytes at a time.
+		for p.i+8 <= len(s) && !special(load64(s, p.i)) {
+			p.i += 8
+		}
+		if p.i >= len(s) {
+			break
+		}
+		c := s[p.i]
 		if plainByte[c] {
 			p.i++
 			continue
@@ -460,20 +468,20 @@ func (p *parser) str() (span, error) {
 			return sp, nil
 		case c == '\\':
 			plain = false
-			if p.i+1 >= len(p.s) {
-				p.i = len(p.s)
+			if p.i+1 >= len(s) {
+				p.i = len(s)
 				return span{}, p.syntax("unexpected end of JSON input")
 			}
-			switch p.s[p.i+1] {
+			switch s[p.i+1] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				p.i += 2
 			case 'u':
 				for j := 2; j < 6; j++ {
-					if p.i+j >= len(p.s) {
-						p.i = len(p.s)
+					if p.i+j >= len(s) {
+						p.i = len(s)
 						return span{}, p.syntax("unexpected end of JSON input")
 					}
-					if !isHex(p.s[p.i+j]) {
+					if !isHex(s[p.i+j]) {
 						p.i += j
 						return span{}, p.syntax("invalid character in \\u hexadecimal character escape")
 					}
@@ -485,17 +493,33 @@ func (p *parser) str() (span, error) {
 			}
 		case c < 0x20:
 			return span{}, p.syntax("invalid character in string literal")
-		case c >= utf8.RuneSelf:
-			r, size := utf8.DecodeRuneInString(p.s[p.i:])
+		default: // c >= utf8.RuneSelf
+			r, size := utf8.DecodeRuneInString(s[p.i:])
 			if r == utf8.RuneError && size == 1 {
 				plain = false // invalid UTF-8: unquote replaces it
 			}
 			p.i += size
-		default:
-			p.i++
 		}
 	}
 	return span{}, p.syntax("unexpected end of JSON input")
+}
+
+// load64 reads eight bytes of s at i, little-endian.
+func load64(s string, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+// special reports whether any byte of w is not plain: below 0x20, 0x80 or
+// above, '"' or '\\'. (SWAR: "has a byte less than n" and "has a zero
+// byte" never miss; a false alarm only sends the bytes to the slow path.)
+func special(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	less := (w - 0x20*ones) & ^w
+	q := w ^ ('"' * ones)
+	b := w ^ ('\\' * ones)
+	return (less|(q-ones)&^q|(b-ones)&^b|w)&highs != 0
 }
 
 func (p *parser) number() error {

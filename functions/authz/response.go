@@ -1,6 +1,7 @@
 package authz
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice/policy"
@@ -38,6 +39,8 @@ type Context struct {
 // Response is what Handle returns on success: an *IAMResponse or a
 // *SimpleResponse.
 type Response interface {
+	// AppendJSON appends the response as JSON.
+	AppendJSON(b []byte) []byte
 	// Allowed reports whether the response lets the request through.
 	Allowed() bool
 	// AuthContext returns the response's context.
@@ -130,4 +133,54 @@ func iamResponse(arn string, allow bool, c Context) *IAMResponse {
 		},
 		Context: c,
 	}
+}
+
+// AppendJSON appends r as JSON, as encoding/json would marshal it (without
+// its HTML escaping), without reflection.
+func (r *IAMResponse) AppendJSON(b []byte) []byte {
+	st := &r.PolicyDocument.Statement[0]
+	b = append(b, `{"principalId":`...)
+	b = appendJSONString(b, r.PrincipalID)
+	b = append(b, `,"policyDocument":{"Version":`...)
+	b = appendJSONString(b, r.PolicyDocument.Version)
+	b = append(b, `,"Statement":[{"Action":[`...)
+	b = appendJSONString(b, st.Action[0])
+	b = append(b, `],"Effect":`...)
+	b = appendJSONString(b, st.Effect)
+	b = append(b, `,"Resource":[`...)
+	b = appendJSONString(b, st.Resource[0])
+	b = append(b, `]}]},"context":`...)
+	b = r.Context.appendJSON(b)
+	return append(b, '}')
+}
+
+// MarshalJSON implements json.Marshaler with AppendJSON.
+func (r *IAMResponse) MarshalJSON() ([]byte, error) { return r.AppendJSON(nil), nil }
+
+// AppendJSON appends r as JSON, as encoding/json would marshal it.
+func (r *SimpleResponse) AppendJSON(b []byte) []byte {
+	b = append(b, `{"isAuthorized":`...)
+	b = strconv.AppendBool(b, r.IsAuthorized)
+	b = append(b, `,"context":`...)
+	b = r.Context.appendJSON(b)
+	return append(b, '}')
+}
+
+// MarshalJSON implements json.Marshaler with AppendJSON.
+func (r *SimpleResponse) MarshalJSON() ([]byte, error) { return r.AppendJSON(nil), nil }
+
+func (c *Context) appendJSON(b []byte) []byte {
+	b = append(b, `{"limit":`...)
+	b = strconv.AppendInt(b, c.Limit, 10)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, c.Remaining, 10)
+	b = append(b, `,"reset":`...)
+	b = strconv.AppendInt(b, c.Reset, 10)
+	b = append(b, `,"retryAfter":`...)
+	b = strconv.AppendInt(b, c.RetryAfter, 10)
+	b = append(b, `,"rule":`...)
+	b = appendJSONString(b, c.Rule)
+	b = append(b, `,"decision":`...)
+	b = appendJSONString(b, c.Decision)
+	return append(b, '}')
 }
