@@ -57,8 +57,9 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // BenchmarkLatency: one decision then one raw get, b.N times, on one
-// goroutine; reports both p50 and p99 and their ratios. Keys rotate over
-// 10,000 and the limit is never reached, so every decision is one Add.
+// goroutine; reports both p50 and p99 and their ratios. On one hot key, or
+// rotating over 10,000 keys (most decisions then create their counter). The
+// limit is never reached, so every window decision is one Add.
 func BenchmarkLatency(b *testing.B) {
 	addr := testserver.Memcached(b)
 	mc, rawKey := rawClient(b, addr)
@@ -89,40 +90,46 @@ func BenchmarkLatency(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			prefix := fmt.Sprint("lat-", time.Now().UnixNano(), "-")
-			keys := make([]string, benchKeys)
-			for i := range keys {
-				keys[i] = prefix + strconv.Itoa(i)
+			for _, nkeys := range []int{1, benchKeys} {
+				b.Run(fmt.Sprintf("keys=%d", nkeys), func(b *testing.B) { latency(b, l, mc, rawKey, nkeys) })
 			}
-			ctx := context.Background()
-			dec := make([]time.Duration, 0, b.N)
-			raw := make([]time.Duration, 0, b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				t0 := time.Now()
-				if _, err := l.AllowN(ctx, keys[i%benchKeys], t0, 1); err != nil {
-					b.Fatal(err)
-				}
-				t1 := time.Now()
-				if _, err := mc.Get(rawKey); err != nil {
-					b.Fatal(err)
-				}
-				t2 := time.Now()
-				dec = append(dec, t1.Sub(t0))
-				raw = append(raw, t2.Sub(t1))
-			}
-			b.StopTimer()
-			dp50, dp99 := percentile(dec, 0.5), percentile(dec, 0.99)
-			rp50, rp99 := percentile(raw, 0.5), percentile(raw, 0.99)
-			b.ReportMetric(float64(dp50.Microseconds()), "p50-µs")
-			b.ReportMetric(float64(dp99.Microseconds()), "p99-µs")
-			b.ReportMetric(float64(rp50.Microseconds()), "get-p50-µs")
-			b.ReportMetric(float64(rp99.Microseconds()), "get-p99-µs")
-			b.ReportMetric(float64(dp50)/float64(rp50), "p50/get")
-			b.ReportMetric(float64(dp99)/float64(rp99), "p99/get")
 		})
 	}
+}
+
+func latency(b *testing.B, l limiter.Limiter, mc *memcache.Client, rawKey string, nkeys int) {
+	prefix := fmt.Sprint("lat-", time.Now().UnixNano(), "-")
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i)
+	}
+	ctx := context.Background()
+	dec := make([]time.Duration, 0, b.N)
+	raw := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		t0 := time.Now()
+		if _, err := l.AllowN(ctx, keys[i%nkeys], t0, 1); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if _, err := mc.Get(rawKey); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		dec = append(dec, t1.Sub(t0))
+		raw = append(raw, t2.Sub(t1))
+	}
+	b.StopTimer()
+	dp50, dp99 := percentile(dec, 0.5), percentile(dec, 0.99)
+	rp50, rp99 := percentile(raw, 0.5), percentile(raw, 0.99)
+	b.ReportMetric(float64(dp50.Microseconds()), "p50-µs")
+	b.ReportMetric(float64(dp99.Microseconds()), "p99-µs")
+	b.ReportMetric(float64(rp50.Microseconds()), "get-p50-µs")
+	b.ReportMetric(float64(rp99.Microseconds()), "get-p99-µs")
+	b.ReportMetric(float64(dp50)/float64(rp50), "p50/get")
+	b.ReportMetric(float64(dp99)/float64(rp99), "p99/get")
 }
 
 // runConcurrently runs f b.N times over exactly g goroutines.

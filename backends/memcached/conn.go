@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -37,8 +39,9 @@ func newPool(dial dialFunc, timeout time.Duration, maxIdle int) *pool {
 // errProtocol is wrapped when a server's reply does not follow the protocol.
 var errProtocol = errors.New("memcached: unexpected reply")
 
-// exec runs f on a connection to addr whose deadline is ctx's (the caller
-// bounds ctx by the per-call timeout); cancelling ctx interrupts f. A
+// exec runs f on a connection to addr with a deadline of ctx's or the
+// pool's timeout from now, whichever is earlier; cancelling ctx interrupts
+// f. A
 // connection goes back to the pool only if f succeeded. If f fails because
 // a pooled connection turns out dead (the server restarted or dropped it),
 // the node's idle connections are dropped (they are most likely dead too)
@@ -46,21 +49,26 @@ var errProtocol = errors.New("memcached: unexpected reply")
 // command that reached a server just before it died may count twice, which
 // makes a limit stricter, never laxer.
 func (p *pool) exec(ctx context.Context, addr net.Addr, f func(c *pconn) error) error {
+	deadline := time.Now().Add(p.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 	fresh := false
 	for {
-		c, reused, err := p.get(ctx, addr, fresh)
+		c, reused, err := p.get(ctx, deadline, addr, fresh)
 		if err != nil {
 			return err
 		}
-		if d, ok := ctx.Deadline(); ok {
-			c.nc.SetDeadline(d)
+		c.nc.SetDeadline(deadline)
+		interrupted := false
+		if ctx.Done() != nil {
+			// Cancelling ctx makes every blocked read or write fail at once.
+			stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+			err = f(c)
+			interrupted = !stop()
 		} else {
-			c.nc.SetDeadline(time.Now().Add(p.timeout))
+			err = f(c)
 		}
-		// Cancelling ctx makes every blocked read or write fail at once.
-		stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
-		err = f(c)
-		interrupted := !stop()
 		if err == nil && !interrupted {
 			p.put(c)
 			return nil
@@ -72,6 +80,9 @@ func (p *pool) exec(ctx context.Context, addr net.Addr, f func(c *pconn) error) 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(deadline) {
+			return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+		}
 		if !reused || fresh || !deadConn(err) {
 			return err
 		}
@@ -81,7 +92,7 @@ func (p *pool) exec(ctx context.Context, addr net.Addr, f func(c *pconn) error) 
 }
 
 // get returns an idle connection to addr, or dials one (always when fresh).
-func (p *pool) get(ctx context.Context, addr net.Addr, fresh bool) (*pconn, bool, error) {
+func (p *pool) get(ctx context.Context, deadline time.Time, addr net.Addr, fresh bool) (*pconn, bool, error) {
 	key := addr.String()
 	if !fresh {
 		p.mu.Lock()
@@ -93,7 +104,7 @@ func (p *pool) get(ctx context.Context, addr net.Addr, fresh bool) (*pconn, bool
 		}
 		p.mu.Unlock()
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	nc, err := p.dial(ctx, addr.Network(), key)
 	if err != nil {

@@ -3,8 +3,8 @@ package memcached
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 	"time"
@@ -34,13 +34,11 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	if err := ctx.Err(); err != nil {
 		return limiter.Counts{}, errorf("add", err)
 	}
-	ctx, cancel := s.withDeadline(ctx)
-	defer cancel()
 	w := window{base: s.keys.base(k), cur: cur, span: int64(span), ahead: ahead, n: n, proxy: s.proxy}
 	if n > 0 {
 		w.exp = s.expiry(ttl)
 	}
-	addr, err := s.ring.PickServer(counterKey(w.base, cur))
+	addr, err := s.ring.pickTag(w.base)
 	if err != nil {
 		return limiter.Counts{}, errorf("add", err)
 	}
@@ -151,7 +149,7 @@ func (w *window) readIncr(pc *pconn) (int64, bool, error) {
 
 // readGet reads a get reply into c.
 func (w *window) readGet(pc *pconn, c *limiter.Counts) error {
-	prefix := w.base + "|c"
+	var data [maxCountLen + 2]byte
 	for {
 		line, err := pc.r.ReadSlice('\n')
 		if err != nil {
@@ -161,62 +159,66 @@ func (w *window) readGet(pc *pconn, c *limiter.Counts) error {
 			return nil
 		}
 		key, size, ok := parseValueLine(line)
-		if !ok || size > 64 || len(key) <= len(prefix) || key[:len(prefix)] != prefix {
+		if !ok || size > maxCountLen || len(key) <= len(w.base)+2 ||
+			string(key[:len(w.base)]) != w.base || string(key[len(w.base):len(w.base)+2]) != "|c" {
 			return replyError("get", line)
 		}
-		idx, err := strconv.ParseInt(key[len(prefix):], 10, 64)
+		idx, err := strconv.ParseInt(string(key[len(w.base)+2:]), 10, 64)
 		if err != nil {
 			return replyError("get", line)
 		}
-		data := make([]byte, size+2)
-		if _, err := readFull(pc, data); err != nil {
+		j := w.cur - idx
+		later := j < 0 && -j <= w.ahead
+		if !later && (j < 0 || j >= w.span || (j == 0 && w.n > 0)) {
+			return replyError("get", line) // not a sub-window we asked for
+		}
+		// line aliases the reader's buffer: done with it.
+		if _, err := io.ReadFull(pc.r, data[:size+2]); err != nil {
 			return err
 		}
-		if !bytes.HasSuffix(data, []byte("\r\n")) {
+		if string(data[size:size+2]) != "\r\n" {
 			return fmt.Errorf("%w: get value not terminated by CRLF", errProtocol)
 		}
 		v, err := parseCount(data[:size])
 		if err != nil {
-			return fmt.Errorf("%s: %w", key, err)
+			return fmt.Errorf("sub-window %d: %w", idx, err)
 		}
-		switch j := w.cur - idx; {
-		case j < 0 && -j <= w.ahead:
+		if later {
 			c.Later += v
-		case j >= 0 && j < w.span && (j > 0 || w.n == 0):
+		} else {
 			c.C[j] = v
-		default:
-			return replyError("get", line)
 		}
 	}
 }
 
-func readFull(pc *pconn, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		m, err := pc.r.Read(b[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
+// maxCountLen bounds a counter's value: 20 digits, and room for the spaces
+// memcached may leave after a decr.
+const maxCountLen = 64
 
-// parseValueLine parses "VALUE <key> <flags> <bytes>[ <cas>]\r\n".
-func parseValueLine(line []byte) (key string, size int, ok bool) {
+// parseValueLine parses "VALUE <key> <flags> <bytes>[ <cas>]\r\n". The key
+// aliases line.
+func parseValueLine(line []byte) (key []byte, size int, ok bool) {
 	rest, found := bytes.CutPrefix(line, []byte("VALUE "))
-	if !found || !bytes.HasSuffix(rest, []byte("\r\n")) {
-		return "", 0, false
+	if !found {
+		return nil, 0, false
 	}
-	f := bytes.Fields(rest)
-	if len(f) != 3 && len(f) != 4 {
-		return "", 0, false
+	if rest, found = bytes.CutSuffix(rest, []byte("\r\n")); !found {
+		return nil, 0, false
 	}
-	n, err := strconv.Atoi(string(f[2]))
+	key, rest, found = bytes.Cut(rest, []byte(" "))
+	if !found || len(key) == 0 {
+		return nil, 0, false
+	}
+	_, rest, found = bytes.Cut(rest, []byte(" ")) // flags
+	if !found {
+		return nil, 0, false
+	}
+	sz, _, _ := bytes.Cut(rest, []byte(" ")) // an optional CAS id follows
+	n, err := strconv.Atoi(string(sz))
 	if err != nil || n < 0 {
-		return "", 0, false
+		return nil, 0, false
 	}
-	return string(f[0]), n, true
+	return key, n, true
 }
 
 // parseNumberLine parses an incr or decr reply: a decimal number and CRLF.
@@ -254,10 +256,9 @@ func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) erro
 	if n == 0 {
 		return nil
 	}
-	ctx, cancel := s.withDeadline(ctx)
-	defer cancel()
-	key := counterKey(s.keys.base(k), idx)
-	addr, err := s.ring.PickServer(key)
+	base := s.keys.base(k)
+	key := counterKey(base, idx)
+	addr, err := s.ring.pickTag(base)
 	if err != nil {
 		return errorf("sub", err)
 	}
@@ -306,5 +307,3 @@ func clampCount(v uint64) int64 {
 	}
 	return int64(v)
 }
-
-var _ = errors.New

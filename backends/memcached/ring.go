@@ -132,6 +132,15 @@ func (r *Ring) Nodes() []string {
 
 // PickServer returns the node that owns key.
 func (r *Ring) PickServer(key string) (net.Addr, error) {
+	if i := strings.LastIndexByte(key, tagSep); i >= 0 {
+		key = key[:i]
+	}
+	return r.pickTag(key)
+}
+
+// pickTag returns the node that owns the keys whose part before the last
+// '|' is tag.
+func (r *Ring) pickTag(tag string) (net.Addr, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	switch len(r.nodes) {
@@ -140,10 +149,7 @@ func (r *Ring) PickServer(key string) (net.Addr, error) {
 	case 1:
 		return r.nodes[0], nil
 	}
-	if i := strings.LastIndexByte(key, tagSep); i >= 0 {
-		key = key[:i]
-	}
-	h := hashKey(key)
+	h := hashKey(tag)
 	i, _ := slices.BinarySearchFunc(r.points, h, func(p point, h uint32) int {
 		if p.hash < h {
 			return -1

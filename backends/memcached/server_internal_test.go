@@ -282,7 +282,7 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		reply   func(cmd string, incrs int) string // reply to add, incr or get
-		wantErr error                             // nil: success
+		wantErr error                              // nil: success
 		want    limiter.Counts
 	}{
 		{"Normal", func(cmd string, _ int) string {
