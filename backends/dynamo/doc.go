@@ -17,8 +17,10 @@
 // second), so idle keys expire. DynamoDB deletes expired items lazily (up to
 // days later) and correctness never depends on it: an expired item still
 // read is still a valid state (a bucket refills, old sub-windows are out of
-// view, old log entries are dropped). Every write stays under 1 KB (one
-// write capacity unit).
+// view, old log entries are dropped). Items stay under 1 KB (one write
+// capacity unit): a bucket is about 50 bytes plus the key, a full window
+// view of 61 counters about 600, and a log is refused beyond 1 KB. (A window
+// written by clocks that disagree by up to a window can hold twice its view.)
 //
 // # Token buckets
 //
@@ -83,10 +85,11 @@
 // when there are eight or more of them. A writer whose sub-window is older
 // than the newest writer's whole view moves its add into the oldest
 // sub-window of that view (a second, conditional UpdateItem), as the memory
-// store does. Sub (a refund) is one UpdateItem, ADD <idx> -n on condition
-// <idx> >= n; if the counter holds less, it is taken down to zero with a
-// condition on the value the failed write returned, so it never goes
-// negative. An Add of 0 is a consistent GetItem.
+// store does (a refund of such an add finds nothing at its own sub-window
+// and is dropped: the unit stays counted, never the other way round). Sub (a
+// refund) is one UpdateItem, ADD <idx> -n on condition <idx> >= n; if the
+// counter holds less, it is taken down to zero with a condition on the value
+// the failed write returned, so it never goes negative. An Add of 0 is a consistent GetItem.
 //
 // # Sliding logs
 //

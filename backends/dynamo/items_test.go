@@ -291,3 +291,30 @@ func TestNewValidates(t *testing.T) {
 		t.Error("New(nil client) accepted")
 	}
 }
+
+// A writer whose clock is more than a window behind the others' has its add
+// counted in the oldest sub-window of their view, so they see it: a late
+// clock never frees what it took.
+func TestWindowFarBehindClock(t *testing.T) {
+	s, _, _ := newStore(t, dynamo.Config{})
+	w, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 5, Window: time.Minute, SubWindows: 6})
+	key := limitertest.Key(t)
+	now := base.Add(10 * time.Minute)
+	ctx := testCtx(t)
+	for i := range 4 {
+		if d, err := w.Allow(ctx, key, now); err != nil || !d.Allowed {
+			t.Fatalf("take %d: %+v, %v", i, d, err)
+		}
+	}
+	// Ten minutes behind: sees the 4 as later traffic, takes the 5th.
+	if d, err := w.Allow(ctx, key, base); err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("late clock: %+v, %v; want allowed with 0 remaining", d, err)
+	}
+	if d, err := w.Allow(ctx, key, base); err != nil || d.Allowed {
+		t.Fatalf("late clock again: %+v, %v; want denied", d, err)
+	}
+	// The punctual writer sees the late writer's unit.
+	if d, err := w.Allow(ctx, key, now); err != nil || d.Allowed {
+		t.Fatalf("punctual clock after the late take: %+v, %v; want denied", d, err)
+	}
+}
