@@ -182,7 +182,7 @@ func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) 
 		h.log.LogAttrs(ctx, slog.LevelWarn, msg,
 			slog.String("rule", e.Rule),
 			slog.String("key", h.hashKey(e.Key)),
-			slog.Duration("latency", e.Latency),
+			slog.String("latency", e.Latency.String()),
 			slog.String("error", h.redact(e.Err.Error(), &ev.Request, e.Key)))
 	}
 	if res.ShedErr != nil && h.log.Enabled(ctx, slog.LevelWarn) {
