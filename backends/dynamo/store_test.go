@@ -205,3 +205,26 @@ func TestWindowsAndLogUnderContention(t *testing.T) {
 		})
 	}
 }
+
+// Both protocols are exact with refills due on the way: the default (a
+// refill is an exact-value write, then takes are relative) and the fallback
+// alone (every write conditioned on the exact old values, lost races
+// re-applied to the item the failed condition returns). 64 goroutines on a
+// bucket of 20 that refills 5 every 10 ms of caller time, all calls at four
+// instants 10 ms apart, allow exactly 20 + 3*5.
+func TestBucketExactWithRefills(t *testing.T) {
+	for _, exactOnly := range []bool{false, true} {
+		s, r, _ := newStore(t, dynamo.Config{MaxAttempts: 1 << 20})
+		dynamo.SetExactOnly(s, exactOnly)
+		b, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 20, RefillTime: 10 * time.Millisecond, RefillAmount: 5})
+		key := limitertest.Key(t)
+		var total int64
+		for step := range 4 {
+			total += storm(t, b, key, base.Add(time.Duration(step)*10*time.Millisecond), 64, 2)
+		}
+		if total != 20+3*5 {
+			t.Fatalf("exact-only=%v: %d allowed, want exactly 35", exactOnly, total)
+		}
+		t.Logf("exact-only=%v: %d requests for 512 decisions, %d lost conditions", exactOnly, r.load(), s.Stats().Conflicts)
+	}
+}
