@@ -3,6 +3,8 @@ GO       ?= go
 FUZZTIME ?= 10s
 EVENT    ?= events/rest-request.json
 ACCOUNT  ?=
+PKGS     ?= ./...
+BENCHFLAGS ?= -benchmem -count=1
 BOOTSTRAP = build/authorizer/bootstrap
 CDK       = CDK_DISABLE_CLI_TELEMETRY=true npx --no-install cdk --no-notices
 
@@ -27,9 +29,9 @@ lint: node
 ## fuzz: each fuzz target for FUZZTIME
 fuzz:
 
-## bench: every benchmark, against real servers; figures go to docs/benchmarks.md
+## bench: benchmarks against real servers (PKGS=..., BENCHFLAGS=...); figures go to docs/benchmarks.md
 bench:
-	scripts/testenv $(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
+	scripts/testenv $(GO) test -run '^$$' -bench . $(BENCHFLAGS) $(PKGS)
 
 ## accuracy: regenerate docs/accuracy.md and its plots
 accuracy:

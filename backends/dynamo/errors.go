@@ -114,6 +114,16 @@ func NewRetryer(cfg RetryerConfig) aws.RetryerV2 {
 		o.MaxAttempts = cfg.MaxAttempts
 		o.MaxBackoff = cfg.BackoffMax
 		o.Backoff = jitter{base: cfg.BackoffBase, max: cfg.BackoffMax}
+		// A multi-Region strongly consistent (MRSC) table rejects a write
+		// that conflicts with one in another region; AWS documents it as
+		// safe to retry.
+		o.Retryables = append(o.Retryables, retry.IsErrorRetryableFunc(func(err error) aws.Ternary {
+			var rc *types.ReplicatedWriteConflictException
+			if errors.As(err, &rc) {
+				return aws.TrueTernary
+			}
+			return aws.UnknownTernary
+		}))
 	})
 	return deadlineRetryer{RetryerV2: std, reserve: cfg.BackoffMax}
 }
