@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -23,6 +24,10 @@ import (
 // to Stderr. Nil fields mean os.Stdout and os.Stderr.
 type Outputs struct {
 	Stdout, Stderr io.Writer
+	// Shedder, when not nil, builds the load shedder the policy asks
+	// before any limit (issue 7), once, from the configured stores
+	// ("memory", "memcached", "dynamo"). A nil shedder sheds nothing.
+	Shedder func(ctx context.Context, env Env, stores map[string]any) (policy.Shedder, error)
 }
 
 // Built is a handler with what was built for it.
@@ -106,6 +111,13 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		return fail(fmt.Errorf("authz: SLUICE_DEFAULT_BACKEND: %s is not configured (set %s)", env.DefaultBackend, backendVar(env.DefaultBackend)))
 	}
 	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend}
+	if out.Shedder != nil {
+		shedder, err := out.Shedder(ctx, env, b.Stores)
+		if err != nil {
+			return fail(fmt.Errorf("authz: load shedder: %w", err))
+		}
+		opts.Shedder = shedder
+	}
 
 	var source policy.Source
 	switch {
@@ -181,9 +193,12 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	return b, nil
 }
 
-// hint adds to a rules error how to configure a missing backend.
+// hint adds to a rules error about a missing backend how to configure one.
 func hint(err error) error {
-	return fmt.Errorf("%w (backends: memory is built in; SLUICE_MEMCACHED_ADDRS adds memcached, SLUICE_DYNAMO_TABLE adds dynamo)", err)
+	if !strings.Contains(err.Error(), "is not configured") {
+		return err
+	}
+	return fmt.Errorf("%w (memory is built in; SLUICE_MEMCACHED_ADDRS adds memcached, SLUICE_DYNAMO_TABLE adds dynamo)", err)
 }
 
 func backendVar(name string) string {
