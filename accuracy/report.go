@@ -19,12 +19,12 @@ type Options struct {
 	// Seed, Seed+1, ..., Seed+Seeds-1.
 	Seed  uint64
 	Seeds int
-	// Steady and SteadyFactor: the steady trace's length and rate (times
-	// the limit's rate).
-	Steady       time.Duration
+	// Steady and SteadyFactor: the steady trace's length in windows and
+	// its rate (times the limit's rate).
+	Steady       int
 	SteadyFactor float64
-	// Bursty is the bursty traces' length.
-	Bursty time.Duration
+	// Bursty is the bursty traces' length in windows.
+	Bursty int
 	// EdgeCycles is the number of 4-window cycles of the edge traces.
 	EdgeCycles int
 	// Files are traces read from files, replayed like the others.
@@ -50,9 +50,9 @@ func DefaultOptions() Options {
 		Params:       DefaultParams,
 		Seed:         1,
 		Seeds:        8,
-		Steady:       time.Hour,
+		Steady:       60,
 		SteadyFactor: 1.5,
-		Bursty:       4 * time.Hour,
+		Bursty:       240,
 		EdgeCycles:   10,
 		Target:       0.97,
 		MaxChoice:    31,
@@ -121,21 +121,25 @@ type Choice struct {
 	Row   SweepRow
 }
 
-// Bursty returns the bursty trace of a seed.
-func (o Options) bursty(seed uint64) Trace { return Bursty(o.Params, o.Bursty, seed) }
+// bursty returns the bursty trace of a seed.
+func (o Options) bursty(seed uint64) Trace {
+	return Bursty(o.Params, time.Duration(o.Bursty)*o.Params.Window, seed)
+}
+
+// steady returns the steady trace.
+func (o Options) steady() Trace {
+	return Steady(o.Params, o.SteadyFactor, time.Duration(o.Steady)*o.Params.Window, o.Seed)
+}
 
 // Run simulates everything the report shows.
 func Run(o Options) (*Report, error) {
-	if err := o.Params.validate(); err != nil {
+	if err := o.validate(); err != nil {
 		return nil, err
-	}
-	if o.Seeds < 1 || o.Target <= 0 || o.MaxChoice < 1 || o.MaxSweep < o.MaxChoice {
-		return nil, errors.New("accuracy: options need Seeds >= 1, Target > 0 and 1 <= MaxChoice <= MaxSweep")
 	}
 	r := &Report{Options: o}
 	p := o.Params
 	r.Traces = []Trace{
-		Steady(p, o.SteadyFactor, o.Steady, o.Seed),
+		o.steady(),
 		o.bursty(o.Seed),
 		EdgeStart(p, o.EdgeCycles, o.Seed),
 		EdgeEnd(p, o.EdgeCycles, o.Seed),
@@ -211,13 +215,10 @@ func Run(o Options) (*Report, error) {
 	return r, nil
 }
 
-// scaled returns o for another limit, with traces of as many windows.
+// scaled returns o for another limit (traces of as many windows).
 func (o Options) scaled(p Params) Options {
-	f := float64(p.Window) / float64(o.Params.Window)
 	q := o
 	q.Params, q.Files, q.Sensitivity = p, nil, nil
-	q.Steady = time.Duration(float64(o.Steady) * f)
-	q.Bursty = time.Duration(float64(o.Bursty) * f)
 	return q
 }
 
@@ -258,7 +259,7 @@ func sensitivity(o Options, chosen Config) ([]SensitivityRow, error) {
 func evaluate(o Options, c Config) (SweepRow, error) {
 	p := o.Params
 	row := SweepRow{Config: c}
-	others := []Trace{Steady(p, o.SteadyFactor, o.Steady, o.Seed), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
+	others := []Trace{o.steady(), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
 	for _, tr := range append(others, o.Files...) {
 		res, err := Simulate(tr, p, c)
 		if err != nil {
@@ -360,12 +361,22 @@ func choose(sweep []SweepRow, o Options) Choice {
 	return best
 }
 
+func (o Options) validate() error {
+	if err := o.Params.validate(); err != nil {
+		return err
+	}
+	if o.Seeds < 1 || o.Steady < 1 || o.Bursty < 1 || o.EdgeCycles < 1 || o.Target <= 0 || o.MaxChoice < 1 || o.MaxSweep < o.MaxChoice {
+		return errors.New("accuracy: options need Seeds, Steady, Bursty and EdgeCycles >= 1, Target > 0 and 1 <= MaxChoice <= MaxSweep")
+	}
+	return nil
+}
+
 // Choose makes the choice Run makes, without the rest of the report: it
 // tries the candidates in order of sub-windows, Bounded before
 // Interpolated, and stops at the first that qualifies, dropping each
 // candidate at its first failure.
 func Choose(o Options) (Choice, error) {
-	if err := o.Params.validate(); err != nil {
+	if err := o.validate(); err != nil {
 		return Choice{}, err
 	}
 	p := o.Params
@@ -375,7 +386,7 @@ func Choose(o Options) (Choice, error) {
 		bursts[i] = o.bursty(o.Seed + uint64(i))
 		refs[i] = len(ExactAdmits(bursts[i].Times, p.Limit, p.Window))
 	}
-	others := []Trace{Steady(p, o.SteadyFactor, o.Steady, o.Seed), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
+	others := []Trace{o.steady(), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
 	others = append(others, o.Files...)
 	for _, k := range divisors(p.Window, o.MaxChoice) {
 	next:

@@ -16,8 +16,8 @@ import (
 func testOptions() Options {
 	o := DefaultOptions()
 	o.Seeds = 2
-	o.Steady = 10 * o.Params.Window
-	o.Bursty = 40 * o.Params.Window
+	o.Steady = 10
+	o.Bursty = 40
 	o.EdgeCycles = 3
 	o.MaxSweep = 31
 	o.Sensitivity = []Params{{Limit: 10, Window: 30 * time.Second}}
@@ -126,9 +126,9 @@ func TestDefaultNeverOvershootsAndAdmits97(t *testing.T) {
 		t.Fatalf("the default %s is not a limiter.SlidingWindow with at most 31 sub-windows", c.Name())
 	}
 	p := o.Params
-	traces := []Trace{Steady(p, o.SteadyFactor, o.Steady, o.Seed), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
+	traces := []Trace{Steady(p, o.SteadyFactor, time.Duration(o.Steady)*p.Window, o.Seed), EdgeStart(p, o.EdgeCycles, o.Seed), EdgeEnd(p, o.EdgeCycles, o.Seed)}
 	for s := range o.Seeds {
-		traces = append(traces, Bursty(p, o.Bursty, o.Seed+uint64(s)))
+		traces = append(traces, Bursty(p, time.Duration(o.Bursty)*p.Window, o.Seed+uint64(s)))
 	}
 	for _, tr := range traces {
 		res, err := Simulate(tr, p, c)
@@ -214,7 +214,7 @@ func TestOvershootIsReported(t *testing.T) {
 	if overshooting == 0 {
 		t.Errorf("no interpolated configuration overshoots in the report")
 	}
-	if !strings.Contains(md, "The interpolated estimator (ClassDojo's and Criteo's) overshoots with every k") {
+	if !strings.Contains(md, "The interpolated estimator (ClassDojo's and Criteo's) overshoots with every k of the issue") {
 		t.Errorf("the recommendation does not state the interpolated estimator's overshoot")
 	}
 }

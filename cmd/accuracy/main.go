@@ -43,8 +43,8 @@ func run(args []string) error {
 	fs.DurationVar(&o.Params.Window, "window", o.Params.Window, "window length")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the generated traces")
 	fs.IntVar(&o.Seeds, "seeds", o.Seeds, "bursty traces in the seed sweep")
-	fs.DurationVar(&o.Bursty, "bursty", o.Bursty, "length of each bursty trace")
-	fs.DurationVar(&o.Steady, "steady", o.Steady, "length of the steady trace")
+	fs.IntVar(&o.Bursty, "bursty", o.Bursty, "length of each bursty trace, in windows")
+	fs.IntVar(&o.Steady, "steady", o.Steady, "length of the steady trace, in windows")
 	fs.IntVar(&o.EdgeCycles, "edge-cycles", o.EdgeCycles, "cycles of the edge traces")
 	fs.BoolVar(&o.Draft, "draft", false, "small, low-resolution figures (a quick look; the numbers do not change)")
 	if err := fs.Parse(args); err != nil {

@@ -8,7 +8,7 @@ import (
 )
 
 // quick are flags for a short run: short traces, draft figures.
-var quick = []string{"-bursty", "10m", "-steady", "5m", "-seeds", "1", "-edge-cycles", "2", "-draft"}
+var quick = []string{"-bursty", "10", "-steady", "5", "-seeds", "1", "-edge-cycles", "2", "-draft"}
 
 func TestRunWritesReport(t *testing.T) {
 	dir := t.TempDir()
@@ -48,6 +48,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"-trace", bad}, "bad.txt line 1"},
 		{[]string{"-limit", "0"}, "limit must be between"},
 		{[]string{"-window", "10ms"}, "window must be at least"},
+		{[]string{"-bursty", "0"}, "options need"},
 	}
 	for _, tt := range tests {
 		err := run(append([]string{"-out", dir}, tt.args...))
