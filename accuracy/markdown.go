@@ -413,8 +413,7 @@ func (r *Report) writeSummary(pf func(string, ...any)) {
 		pf(" %d | %d | %.2f |\n", b.Memcached.Items, b.Memcached.Bytes, b.callsPerDecision())
 	}
 	pf("\nThe token bucket holds %d tokens refilled at %d per %v: it admits a full bucket and then the refill within one window, ", p.Limit, p.Limit, p.Window)
-	pf("so up to twice the limit; it limits a rate, not a window count. ")
-	pf("\n")
+	pf("so up to twice the limit; it limits a rate, not a window count.\n\n")
 }
 
 func (r *Report) writeFrontier(pf func(string, ...any)) {
