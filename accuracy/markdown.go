@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // FigureDir is the directory, next to the markdown, that holds the figures.
@@ -259,8 +261,13 @@ func (r *Report) writeRecommendation(pf func(string, ...any)) {
 					strings.Join(limits, ", "), pct(least), times(over), verdict)
 			}
 		}
+		if c.SubWindows == limiter.DefaultSubWindows && c.Algorithm == Bounded {
+			pf("- `limiter.DefaultSubWindows` is %d and the zero Estimator is Bounded: the library's default is this configuration.\n", limiter.DefaultSubWindows)
+		} else {
+			pf("- The library's default (`limiter.DefaultSubWindows` = %d, Bounded) is not this configuration: change it.\n", limiter.DefaultSubWindows)
+		}
 		if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
-			pf("- The current default, bounded with k = 10, admits %s (worst seed %s): it misses the target.\n", pct(cur.Shares[0]), pct(cur.MinShare()))
+			pf("- The earlier default, bounded with k = 10, admits %s (worst seed %s): it misses the target.\n", pct(cur.Shares[0]), pct(cur.MinShare()))
 		}
 		pf("- Its cost on memcached: %d items per key (%d bytes with a %d-byte key name), read in one get-multi with the incr of the current one; ",
 			ch.Row.Memcached.Items, ch.Row.Memcached.Bytes, len(SimKey))

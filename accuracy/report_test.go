@@ -1,6 +1,8 @@
 package accuracy
 
 import (
+	"github.com/sluicehq/sluice/limiter"
+
 	"bytes"
 	"fmt"
 	"os"
@@ -146,6 +148,10 @@ func TestDefaultNeverOvershootsAndAdmits97(t *testing.T) {
 			t.Errorf("default %s on a bursty trace: admitted %d of the exact log's %d (%.2f%%), want at least 97%%",
 				c.Name(), res.Admitted, n, 100*got)
 		}
+	}
+	// The library's zero-value configuration is the one chosen here.
+	if c.Algorithm != Bounded || c.SubWindows != limiter.DefaultSubWindows || limiter.Estimator(0) != limiter.Bounded {
+		t.Errorf("the report recommends %s but limiter's default is %v with %d sub-windows", c.Name(), limiter.Estimator(0), limiter.DefaultSubWindows)
 	}
 	t.Logf("default: %s; bursty shares %v", c.Name(), ch.Row.Shares)
 }
