@@ -30,6 +30,9 @@ func benchStore(b *testing.B, addr string, cfg memcached.Config) *memcached.Stor
 	b.Helper()
 	cfg.Addrs = []string{addr}
 	cfg.MaxIdleConns = 256
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 2 * time.Second // a shared, loaded machine
+	}
 	s, err := memcached.New(cfg)
 	if err != nil {
 		b.Fatal(err)
