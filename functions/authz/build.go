@@ -107,6 +107,14 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		}
 		b.Stores[BackendDynamo] = st
 	}
+	// Open the network backends' connections now, at init, rather than in
+	// the first decision, whose deadline a TLS handshake to DynamoDB or a
+	// cold connection can exceed. Best effort, bounded by the deadline.
+	for _, name := range []string{BackendMemcached, BackendDynamo} {
+		if c, ok := b.Stores[name].(limiter.Counter); ok {
+			warm(ctx, logger, name, c, env.Deadline)
+		}
+	}
 	if _, ok := b.Stores[env.DefaultBackend]; !ok {
 		return fail(fmt.Errorf("authz: SLUICE_DEFAULT_BACKEND: %s is not configured (set %s)", env.DefaultBackend, backendVar(env.DefaultBackend)))
 	}
@@ -191,6 +199,19 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	}
 	b.Handler = h
 	return b, nil
+}
+
+// warm makes one read-only counter call (n = 0) on a key of its own.
+func warm(ctx context.Context, log *slog.Logger, name string, c limiter.Counter, deadline time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Add(ctx, limiter.Key{Space: "sluice-warmup", Name: "init"}, 0, 1, 0, time.Second)
+	if err != nil {
+		log.Warn("backend warm-up failed; the first decisions will open the connection", "backend", name, "error", err.Error())
+		return
+	}
+	log.Debug("backend warm", "backend", name, "latency", time.Since(start).String())
 }
 
 // hint adds to a rules error about a missing backend how to configure one.

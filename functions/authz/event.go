@@ -78,6 +78,7 @@ type Event struct {
 func DecodeEvent(raw []byte) (*Event, error) {
 	ev := &Event{src: string(raw)}
 	var f eventFields
+	f.headers.watch = "Authorization"
 	if err := parseEvent(ev.src, &f); err != nil {
 		var se *syntaxError
 		if errors.As(err, &se) {

@@ -46,16 +46,22 @@ type span struct {
 }
 
 // objects is the list of object spans a map field accumulated: a repeated
-// object field adds its entries to the map, null empties it.
+// object field adds its entries to the map, null empties it. While the
+// spans are read, the value of one member (watch) is noted, so that the
+// common lookup (the Authorization header) needs no second scan.
 type objects struct {
 	first span
 	more  []span
+
+	watch             string // member name noted, ignoring case
+	exact, fold       span   // its last exact and last case-folded values
+	hasExact, hasFold bool
 }
 
 func (o *objects) add(s span) {
 	switch {
 	case s.kind == jNull:
-		*o = objects{}
+		*o = objects{watch: o.watch}
 	case o.first.kind == jNone:
 		o.first = s
 	default:
@@ -276,6 +282,13 @@ func (p *parser) stringMap(name string, dst *objects) error {
 			v, err := p.value()
 			if err == nil && v.kind != jString && v.kind != jNull {
 				p.typeError(name, "string", v.kind)
+			}
+			if err == nil && dst.watch != "" && key.end-key.start >= len(dst.watch) {
+				if k := p.text(key); k == dst.watch {
+					dst.exact, dst.hasExact = v, true
+				} else if strings.EqualFold(k, dst.watch) {
+					dst.fold, dst.hasFold = v, true
+				}
 			}
 			return err
 		})
@@ -674,6 +687,9 @@ type rawValues struct {
 
 // Get implements policy.Values.
 func (v *rawValues) Get(name string) (string, bool) {
+	if name == v.objs.watch {
+		return v.watched()
+	}
 	val, found := v.find(name, false)
 	if !found && v.fold {
 		val, found = v.find(name, true)
@@ -683,6 +699,25 @@ func (v *rawValues) Get(name string) (string, bool) {
 	}
 	if val.kind != jString {
 		return "", true // null: present and empty
+	}
+	p := parser{s: v.src}
+	return p.text(val), true
+}
+
+// watched answers Get for the member noted while parsing.
+func (v *rawValues) watched() (string, bool) {
+	o := &v.objs
+	var val span
+	switch {
+	case o.hasExact:
+		val = o.exact
+	case o.hasFold && v.fold:
+		val = o.fold
+	default:
+		return "", false
+	}
+	if val.kind != jString {
+		return "", true
 	}
 	p := parser{s: v.src}
 	return p.text(val), true

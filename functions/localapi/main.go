@@ -6,7 +6,7 @@
 //
 //	localapi [-addr 127.0.0.1:8080] [-rules rules.yaml] [-event rest|http|token]
 //	         [-memcached host:port] [-dynamo-endpoint http://127.0.0.1:8000 -dynamo-table t]
-//	         [-backend memory|memcached|dynamo] [-upstream URL] [-metrics]
+//	         [-backend memory|memcached|dynamo] [-deadline 250ms] [-upstream URL] [-metrics]
 //
 // By default it uses the embedded rules and the in-process memory store.
 // The SLUICE_* environment variables of the Lambda apply too (flags win).
@@ -52,6 +52,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ddbEndpoint := fs.String("dynamo-endpoint", "", "DynamoDB endpoint, e.g. DynamoDB Local's http://127.0.0.1:8000 (AWS_ENDPOINT_URL_DYNAMODB)")
 	ddbTable := fs.String("dynamo-table", "", "DynamoDB state table (SLUICE_DYNAMO_TABLE); created if missing when -dynamo-endpoint is set")
 	backend := fs.String("backend", "", "backend of limits that name none: memory, memcached or dynamo (SLUICE_DEFAULT_BACKEND)")
+	deadline := fs.String("deadline", "", "bound of one decision, a Go duration (SLUICE_DEADLINE; default 250ms; DynamoDB Local's cold start may want 2s)")
 	upstream := fs.String("upstream", "", "URL to proxy allowed requests to (default: a built-in echo)")
 	metrics := fs.Bool("metrics", false, "print the EMF metric lines to stdout")
 	if err := fs.Parse(args); err != nil {
@@ -87,6 +88,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *backend != "" {
 		overrides["SLUICE_DEFAULT_BACKEND"] = *backend
+	}
+	if *deadline != "" {
+		overrides["SLUICE_DEADLINE"] = *deadline
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
