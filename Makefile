@@ -6,9 +6,11 @@ ACCOUNT  ?=
 PKGS     ?= ./...
 BENCHFLAGS ?= -benchmem -count=1
 BOOTSTRAP = build/authorizer/bootstrap
+LOCAL_BOOTSTRAP = build/authorizer-local/bootstrap
+N        ?= 1
 CDK       = CDK_DISABLE_CLI_TELEMETRY=true npx --no-install cdk --no-notices
 
-.PHONY: run test lint fuzz bench accuracy build invoke synth deploy node clean
+.PHONY: run test lint fuzz bench accuracy build invoke golden synth deploy node clean
 
 ## run: a local API with the authorizer in front of an echo backend, on the embedded memory store
 run:
@@ -26,8 +28,10 @@ lint: node
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
 
-## fuzz: each fuzz target for FUZZTIME
+## fuzz: each fuzz target for FUZZTIME (rule parsing, event decoding)
 fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s ./policy/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s ./functions/authz/
 
 ## bench: benchmarks against real servers (PKGS=..., BENCHFLAGS=...); figures go to docs/benchmarks.md
 bench:
@@ -42,13 +46,20 @@ build:
 	mkdir -p $(dir $(BOOTSTRAP))
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o $(BOOTSTRAP) ./functions/authorizer
 
-## invoke: run the authorizer on EVENT (sam local invoke when SAM exists, else the Runtime API harness)
+## invoke: run the authorizer on EVENT, N times (sam local invoke when SAM exists, else the Runtime API harness)
 invoke:
-	@if command -v sam >/dev/null 2>&1 && [ -f cdk.out/manifest.json ]; then \
-		sam local invoke -t $$(ls cdk.out/*.template.json | head -1) SluiceAuthorizer -e $(EVENT); \
+	@mkdir -p $(dir $(LOCAL_BOOTSTRAP))
+	CGO_ENABLED=0 GOOS=linux $(GO) build -tags lambda.norpc -trimpath -o $(LOCAL_BOOTSTRAP) ./functions/authorizer
+	@if command -v sam >/dev/null 2>&1; then \
+		sam local invoke -t functions/authorizer/template.yaml -e $(EVENT) \
+			--parameter-overrides Arch=$$([ "$$($(GO) env GOARCH)" = arm64 ] && echo arm64 || echo x86_64) Authorizer; \
 	else \
-		$(GO) run ./functions/invoke -event $(EVENT); \
+		$(GO) run ./functions/invoke -bootstrap $(LOCAL_BOOTSTRAP) -n $(N) $(EVENT); \
 	fi
+
+## golden: rewrite events/golden/*.json after a deliberate change (review the diff)
+golden:
+	$(GO) test ./functions/authz -run '^TestGolden$$' -update
 
 ## synth: cdk synth every region's stack into cdk.out/ (offline; dummy account unless ACCOUNT is set)
 synth: build node
