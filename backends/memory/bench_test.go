@@ -25,9 +25,9 @@ func benchLimiters(b *testing.B) map[string]limiter.Limiter {
 	const big = 1 << 40
 	tb, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "tb", MaxAmount: big, RefillTime: time.Second, RefillAmount: 100})
 	must(b, err)
-	swb, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "swb", Limit: big, Window: time.Minute, SubWindows: 10})
+	swb, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "swb", Limit: big, Window: time.Minute})
 	must(b, err)
-	swi, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "swi", Limit: big, Window: time.Minute, SubWindows: 10, Estimator: limiter.Interpolated})
+	swi, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "swi", Limit: big, Window: time.Minute, Estimator: limiter.Interpolated})
 	must(b, err)
 	fw, err := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "fw", Limit: big, Window: time.Minute})
 	must(b, err)
@@ -36,7 +36,7 @@ func benchLimiters(b *testing.B) map[string]limiter.Limiter {
 	st, err := limiter.NewStack(fw, tb)
 	must(b, err)
 	return map[string]limiter.Limiter{
-		"TokenBucket": tb, "SlidingWindow/Bounded/k=10": swb, "SlidingWindow/Interpolated/k=10": swi,
+		"TokenBucket": tb, "SlidingWindow/Bounded/k=20": swb, "SlidingWindow/Interpolated/k=20": swi,
 		"FixedWindow": fw, "SlidingLog": sl, "Stack/FixedWindow+TokenBucket": st,
 	}
 }
