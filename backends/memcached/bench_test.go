@@ -9,6 +9,7 @@ package memcached_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -274,5 +275,46 @@ func BenchmarkBytesPerKey(b *testing.B) {
 			b.ReportMetric(v.([2]float64)[0], "bytes/key")
 			b.ReportMetric(v.([2]float64)[1], "items/key")
 		})
+	}
+}
+
+// parallelDesign is the first design of the window protocol, kept here only
+// to measure it: incr (add on a miss) on one connection in parallel with a
+// gomemcache GetMulti of the 12 older sub-windows and the next one, on
+// another. It makes no decision.
+type parallelDesign struct{ mc *memcache.Client }
+
+func (p parallelDesign) AllowN(_ context.Context, key string, now time.Time, n int64) (limiter.Decision, error) {
+	cur := now.UnixNano() / int64(5*time.Second)
+	ck := func(idx int64) string { return key + "|c" + strconv.FormatInt(idx, 10) }
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.mc.Increment(ck(cur), uint64(n))
+		if errors.Is(err, memcache.ErrCacheMiss) {
+			if err = p.mc.Add(&memcache.Item{Key: ck(cur), Value: []byte("1"), Expiration: 70}); errors.Is(err, memcache.ErrNotStored) {
+				_, err = p.mc.Increment(ck(cur), uint64(n))
+			}
+		}
+		done <- err
+	}()
+	keys := []string{ck(cur + 1)}
+	for j := int64(1); j <= 12; j++ {
+		keys = append(keys, ck(cur-j))
+	}
+	_, err := p.mc.GetMulti(keys)
+	return limiter.Decision{Allowed: true}, errors.Join(err, <-done)
+}
+
+func (parallelDesign) Refund(context.Context, string, time.Time, int64) error { return nil }
+
+// BenchmarkParallelDesign measures the protocol this package does not use
+// (see the package comment), in the same way as BenchmarkLatency.
+func BenchmarkParallelDesign(b *testing.B) {
+	addr := testserver.Memcached(b)
+	mc, rawKey := rawClient(b, addr)
+	pd := memcache.New(addr)
+	pd.MaxIdleConns = 256
+	for _, nkeys := range []int{1, benchKeys} {
+		b.Run(fmt.Sprintf("Sliding12/keys=%d", nkeys), func(b *testing.B) { latency(b, parallelDesign{pd}, mc, rawKey, nkeys) })
 	}
 }
