@@ -36,9 +36,10 @@ type Options struct {
 }
 
 // Shedder decides whether to shed a request of priority p (the highest
-// priority of its matching rules) at now, before its limits are checked: a
-// decision with Allowed false sheds it (HTTP 503). Critical requests are
-// never offered to it. An error with a valid decision (Limit or Allowed
+// priority of its matching rules; limiter.PriorityNormal for a request no
+// rule matches) at now, before its limits are checked: a decision with
+// Allowed false sheds it (HTTP 503). Critical requests are never offered to
+// it; requests no rule matches are. An error with a valid decision (Limit or Allowed
 // set, as limiter.ErrNoUtilization) is reported in Result.ShedErr; an error
 // without one lets the request through (load shedding fails open).
 // [limiter.UtilizationShedder] implements it. It must be safe for
@@ -241,8 +242,9 @@ func (o Outcome) String() string {
 type Result struct {
 	// Outcome is the request's fate.
 	Outcome Outcome
-	// Rule is the deciding rule: the one that denied, or among allowing
-	// rules the one with the least remaining. Empty when no rule matched.
+	// Rule is the deciding rule: the one that denied, among allowing rules
+	// the one with the least remaining, or for a shed request the first
+	// matching rule. Empty when no rule matched.
 	Rule string
 	// Decision is the deciding rule's decision (its deciding limit's).
 	Decision limiter.Decision
@@ -294,35 +296,43 @@ func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Resu
 			matched = append(matched, r)
 		}
 	}
-	if len(matched) == 0 {
-		return res
-	}
-	res.Evals = make([]Eval, len(matched))
-	res.Priority = limiter.PriorityLow
-	for i, r := range matched {
-		res.Evals[i] = Eval{Rule: r.Name, Fail: r.Fail, Outcome: Skipped}
-		res.Priority = max(res.Priority, r.Priority)
-	}
-	// Authentication first: nothing is taken from a request refused for it.
-	for i, r := range matched {
-		for _, q := range r.require {
-			if v, _ := r.value(q, req); v == "" {
-				res.Outcome, res.Rule = Unauthenticated, r.Name
-				res.Evals[i].Outcome = Unauthenticated
-				return res
+	if len(matched) > 0 {
+		res.Evals = make([]Eval, len(matched))
+		res.Priority = limiter.PriorityLow
+		for i, r := range matched {
+			res.Evals[i] = Eval{Rule: r.Name, Fail: r.Fail, Outcome: Skipped}
+			res.Priority = max(res.Priority, r.Priority)
+		}
+		// Authentication first: nothing is taken from a request refused for it.
+		for i, r := range matched {
+			for _, q := range r.require {
+				if v, _ := r.value(q, req); v == "" {
+					res.Outcome, res.Rule = Unauthenticated, r.Name
+					res.Evals[i].Outcome = Unauthenticated
+					return res
+				}
 			}
 		}
 	}
+	// Load shedding before any limit, for every request that is not
+	// critical, matched by a rule or not (then it is normal traffic): the
+	// shedders protect the fleet from all of it.
 	if p.shedder != nil && res.Priority < limiter.PriorityCritical {
 		d, err := p.shedder.Check(ctx, res.Priority, now)
 		res.ShedErr = err
 		if !d.Allowed && (err == nil || d.RetryAfter > 0) {
-			res.Outcome, res.Rule, res.Decision = Shed, matched[0].Name, d
+			res.Outcome, res.Decision = Shed, d
+			if len(matched) > 0 {
+				res.Rule = matched[0].Name
+			}
 			for i := range res.Evals {
 				res.Evals[i].Outcome = Shed
 			}
 			return res
 		}
+	}
+	if len(matched) == 0 {
+		return res
 	}
 
 	var keyBuf [MaxKeyLen + hashLen + 64]byte

@@ -368,6 +368,43 @@ rules:
 	}
 }
 
+// TestEvaluateShedderUnmatched checks that a request no rule matches is
+// offered to the shedder as normal traffic (it loads the fleet all the
+// same), and that a shedder's error without a shedding decision lets the
+// request through with the error reported.
+func TestEvaluateShedderUnmatched(t *testing.T) {
+	var asked []limiter.Priority
+	shedding := true
+	shed := shedFunc(func(_ context.Context, p limiter.Priority, _ time.Time) (limiter.Decision, error) {
+		asked = append(asked, p)
+		if !shedding {
+			return limiter.Decision{}, errors.New("store down")
+		}
+		return limiter.Decision{RetryAfter: time.Second, Name: "fleet"}, nil
+	})
+	p := mustLoad(t, `
+rules:
+  - name: api
+    match: {paths: ["/api/*"]}
+    key: "{ip}"
+    limits: [{algorithm: fixed_window, limit: 1, window: 1m}]
+`, Options{Shedder: shed})
+	res := p.Evaluate(t.Context(), get("192.0.2.1", "/other"), t0)
+	if res.Outcome != Shed || res.Rule != "" || len(res.Evals) != 0 || res.Decision.Name != "fleet" {
+		t.Fatalf("unmatched: %v rule %q evals %v decision %+v, want shed by the fleet", res.Outcome, res.Rule, res.Evals, res.Decision)
+	}
+	if len(asked) != 1 || asked[0] != limiter.PriorityNormal {
+		t.Fatalf("shedder asked %v, want [normal]", asked)
+	}
+	shedding = false
+	for _, path := range []string{"/other", "/api/x"} {
+		res = p.Evaluate(t.Context(), get("192.0.2.1", path), t0)
+		if res.Outcome != Allow || res.ShedErr == nil {
+			t.Errorf("%s with the shedder failing: %v, shed error %v; want allowed (fail open) with the error", path, res.Outcome, res.ShedErr)
+		}
+	}
+}
+
 // TestEvaluateCost checks that the cost is taken from every limit.
 func TestEvaluateCost(t *testing.T) {
 	p := mustLoad(t, `rules: [{name: c, key: "{ip}", cost: 4, limits: [{algorithm: token_bucket, max_amount: 10, refill_time: 1h}]}]`, Options{})

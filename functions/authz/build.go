@@ -21,13 +21,23 @@ import (
 )
 
 // Outputs are where a built handler writes: metrics (EMF) to Stdout, logs
-// to Stderr. Nil fields mean os.Stdout and os.Stderr.
+// to Stderr (nil means os.Stdout and os.Stderr), and hooks for embedders
+// and tests.
 type Outputs struct {
 	Stdout, Stderr io.Writer
 	// Shedder, when not nil, builds the load shedder the policy asks
-	// before any limit (issue 7), once, from the configured stores
-	// ("memory", "memcached", "dynamo"). A nil shedder sheds nothing.
+	// before any limit, once, from the configured stores ("memory",
+	// "memcached", "dynamo"), instead of the shedders of the SLUICE_SHED_*
+	// variables. A nil shedder sheds nothing.
 	Shedder func(ctx context.Context, env Env, stores map[string]any) (policy.Shedder, error)
+	// ShedStore, when not nil, holds the leases and the published
+	// utilization of the SLUICE_SHED_* shedders instead of the store of
+	// SLUICE_SHED_BACKEND. For tests: a memory.Leases, which the
+	// environment refuses because it counts per Lambda container.
+	ShedStore ShedStore
+	// Clock, when not nil, is the handler's and the shedders' time (tests:
+	// a fake clock). It takes precedence over SLUICE_TEST_CLOCK.
+	Clock limiter.Clock
 }
 
 // Built is a handler with what was built for it.
@@ -38,6 +48,9 @@ type Built struct {
 	Stores map[string]any
 	// Rules describes the rules' source, e.g. "embedded" or "table t".
 	Rules string
+	// Shedding holds the load shedders of the SLUICE_SHED_* variables; nil
+	// when none is configured (or Outputs.Shedder replaced them).
+	Shedding *Shedding
 	// Logger is the handler's logger.
 	Logger  *slog.Logger
 	closers []func()
@@ -118,13 +131,46 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	if _, ok := b.Stores[env.DefaultBackend]; !ok {
 		return fail(fmt.Errorf("authz: SLUICE_DEFAULT_BACKEND: %s is not configured (set %s)", env.DefaultBackend, backendVar(env.DefaultBackend)))
 	}
+	clock := out.Clock
+	if clock == nil && !env.TestClock.IsZero() {
+		t := env.TestClock
+		clock = limiter.ClockFunc(func() time.Time { return t })
+		logger.Warn("SLUICE_TEST_CLOCK is set: the clock is frozen; this is for tests only", "time", t.Format(time.RFC3339Nano))
+	}
+	if clock == nil {
+		clock = limiter.SystemClock
+	}
+
 	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend}
-	if out.Shedder != nil {
+	switch {
+	case out.Shedder != nil:
 		shedder, err := out.Shedder(ctx, env, b.Stores)
 		if err != nil {
 			return fail(fmt.Errorf("authz: load shedder: %w", err))
 		}
 		opts.Shedder = shedder
+	case env.Shed.Enabled():
+		store, backend := out.ShedStore, "injected"
+		if store == nil {
+			st, closeStore, err := newShedStore(env, ddb)
+			if err != nil {
+				return fail(fmt.Errorf("authz: load shedder: %w", err))
+			}
+			b.closers = append(b.closers, closeStore)
+			store, backend = st, env.Shed.Backend
+			if backend == BackendMemcached {
+				warmShed(ctx, logger, store, env.Deadline)
+			}
+		}
+		sh, err := buildShedding(env.Shed, store, backend, clock)
+		if err != nil {
+			return fail(fmt.Errorf("authz: load shedder: %w", err))
+		}
+		b.Shedding = sh
+		opts.Shedder = sh.Shedder()
+		logger.Info("load shedding on", "backend", backend,
+			"fleet_capacity", env.Shed.FleetCapacity, "fleet_reserve", env.Shed.FleetReserve, "lease_ttl", env.Shed.LeaseTTL.String(),
+			"utilization", env.Shed.Utilization)
 	}
 
 	var source policy.Source
@@ -175,12 +221,6 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		source = p
 	}
 
-	var clock limiter.Clock
-	if !env.TestClock.IsZero() {
-		t := env.TestClock
-		clock = limiter.ClockFunc(func() time.Time { return t })
-		logger.Warn("SLUICE_TEST_CLOCK is set: the clock is frozen; this is for tests only", "time", t.Format(time.RFC3339Nano))
-	}
 	var logKey []byte
 	if env.LogKey != "" {
 		logKey = []byte(env.LogKey)

@@ -35,6 +35,10 @@ type Env struct {
 	LogLevel         slog.Level    // SLUICE_LOG_LEVEL, else AWS_LAMBDA_LOG_LEVEL (default INFO)
 	LogKey           string        // SLUICE_LOG_HASH_KEY: HMAC key of hashed keys in logs
 
+	// Shed configures the load shedders (SLUICE_SHED_*); off unless
+	// SLUICE_SHED_FLEET_CAPACITY or SLUICE_SHED_UTILIZATION is set.
+	Shed ShedEnv
+
 	// TestClock, from SLUICE_TEST_CLOCK (RFC 3339), freezes the clock. It
 	// exists for the golden tests of the built binary; never set it in a
 	// deployment.
@@ -137,6 +141,11 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 			return bad(name, "%q is not DEBUG, INFO, WARN or ERROR", level)
 		}
 	}
+	shed, err := parseShedEnv(getenv, e)
+	if err != nil {
+		return Env{}, err
+	}
+	e.Shed = shed
 	if v := strings.TrimSpace(getenv("SLUICE_TEST_CLOCK")); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {

@@ -28,13 +28,17 @@ const (
 	HTTPIAM    = "iam"    // an IAM policy, as for REST APIs
 )
 
-// ShedError fails an invocation whose request is load-shed: API Gateway
-// answers with its authorizer-failure response, which the infra maps to
-// 503.
+// ShedError fails an invocation whose request is load-shed. API Gateway
+// answers a Lambda authorizer's error other than "Unauthorized" with a
+// gateway response (reported as AUTHORIZER_CONFIGURATION_ERROR, documented
+// as AUTHORIZER_FAILURE), both of which the infra maps to 503.
 type ShedError struct {
-	// Rule is the first matching rule; RetryAfter the shedder's hint.
+	// Rule is the first matching rule ("" when none matched); RetryAfter
+	// the shedder's hint; Shedder the name of the shedder that shed
+	// ("fleet" or "utilization" for the SLUICE_SHED_* shedders).
 	Rule       string
 	RetryAfter time.Duration
+	Shedder    string
 }
 
 func (e *ShedError) Error() string { return "sluice: load shed, retry later" }
@@ -157,7 +161,7 @@ func (h *Handler) Decide(ctx context.Context, event []byte) (Response, policy.Re
 	case policy.Unauthenticated:
 		return nil, res, ErrUnauthorized
 	case policy.Shed:
-		return nil, res, &ShedError{Rule: res.Rule, RetryAfter: res.Decision.RetryAfter}
+		return nil, res, &ShedError{Rule: res.Rule, RetryAfter: res.Decision.RetryAfter, Shedder: res.Decision.Name}
 	}
 	c := contextOf(&res)
 	allow := res.Outcome == policy.Allow
@@ -186,7 +190,11 @@ func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) 
 			slog.String("error", h.redact(e.Err.Error(), &ev.Request, e.Key)))
 	}
 	if res.ShedErr != nil && h.log.Enabled(ctx, slog.LevelWarn) {
-		h.log.LogAttrs(ctx, slog.LevelWarn, "shedder error", slog.String("error", res.ShedErr.Error()))
+		msg := "shedder failed, fail open"
+		if res.Outcome == policy.Shed {
+			msg = "shedder error" // the shedder's decision stood (a stale utilization: receding)
+		}
+		h.log.LogAttrs(ctx, slog.LevelWarn, msg, slog.String("priority", res.Priority.String()), slog.String("error", res.ShedErr.Error()))
 	}
 	level := slog.LevelDebug
 	if res.Outcome != policy.Allow {
@@ -200,6 +208,17 @@ func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) 
 		if res.Evals[i].Rule == res.Rule {
 			key = h.hashKey(res.Evals[i].Key)
 		}
+	}
+	if res.Outcome == policy.Shed {
+		h.log.LogAttrs(ctx, level, "decision",
+			slog.String("decision", res.Outcome.String()),
+			slog.String("kind", ev.Kind.String()),
+			slog.String("rule", res.Rule),
+			slog.String("shedder", res.Decision.Name),
+			slog.String("retry_after", res.Decision.RetryAfter.String()),
+			slog.String("priority", res.Priority.String()),
+			slog.Int("rules", len(res.Evals)))
+		return
 	}
 	h.log.LogAttrs(ctx, level, "decision",
 		slog.String("decision", res.Outcome.String()),

@@ -19,11 +19,14 @@ const NoRule = "(none)"
 
 // Metrics writes CloudWatch Embedded Metric Format lines: one JSON object
 // per line, with the dimension sets [["Rule"], []] and the metrics Allowed,
-// Denied, Shed, FailOpen, FailClosed, BackendErrors (Count) and
+// Denied, Shed, FailOpen, FailClosed, BackendErrors, ShedErrors (Count) and
 // BackendLatency (Milliseconds). A request gets one line per matching rule
 // that was checked (or shed); a request no rule matched gets one line with
-// Rule "(none)". The dimensionless metrics therefore count rule checks. Safe
-// for concurrent use; each line is one Write.
+// Rule "(none)". The dimensionless metrics therefore count rule checks,
+// except ShedErrors, which only the first line of a request carries: it
+// counts requests whose load shedder failed (they were let through unless
+// the shedder's decision stood). Safe for concurrent use; each line is one
+// Write.
 type Metrics struct {
 	w      io.Writer
 	prefix []byte // {"_aws":{"Timestamp":
@@ -45,6 +48,7 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 	mid = append(mid, `,"Dimensions":[["Rule"],[]],"Metrics":[`+
 		`{"Name":"Allowed","Unit":"Count"},{"Name":"Denied","Unit":"Count"},{"Name":"Shed","Unit":"Count"},`+
 		`{"Name":"FailOpen","Unit":"Count"},{"Name":"FailClosed","Unit":"Count"},{"Name":"BackendErrors","Unit":"Count"},`+
+		`{"Name":"ShedErrors","Unit":"Count"},`+
 		`{"Name":"BackendLatency","Unit":"Milliseconds"}]}]},"Rule":`...)
 	m.middle = mid
 	return m
@@ -52,9 +56,9 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 
 // Line is one metric line's values.
 type Line struct {
-	Rule                                                    string
-	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr int
-	BackendLatency                                          time.Duration
+	Rule                                                                string
+	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors int
+	BackendLatency                                                      time.Duration
 }
 
 // Record writes the lines of one evaluated request.
@@ -64,8 +68,12 @@ func (m *Metrics) Record(now time.Time, res *policy.Result) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	shedErr := 0
+	if res.ShedErr != nil {
+		shedErr = 1
+	}
 	if len(res.Evals) == 0 {
-		l := Line{Rule: NoRule}
+		l := Line{Rule: NoRule, ShedErrors: shedErr}
 		switch res.Outcome {
 		case policy.Allow:
 			l.Allowed = 1
@@ -98,6 +106,7 @@ func (m *Metrics) Record(now time.Time, res *policy.Result) {
 		if ev.Err != nil {
 			l.BackendErr = 1
 		}
+		l.ShedErrors, shedErr = shedErr, 0
 		m.write(now, &l)
 	}
 }
@@ -114,6 +123,7 @@ func (m *Metrics) write(now time.Time, l *Line) {
 	b = appendField(b, "FailOpen", l.FailOpen)
 	b = appendField(b, "FailClosed", l.FailClosed)
 	b = appendField(b, "BackendErrors", l.BackendErr)
+	b = appendField(b, "ShedErrors", l.ShedErrors)
 	b = append(b, `,"BackendLatency":`...)
 	b = strconv.AppendFloat(b, float64(l.BackendLatency.Microseconds())/1000, 'f', -1, 64)
 	b = append(b, "}\n"...)

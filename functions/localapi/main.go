@@ -134,6 +134,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "Sluice local API on %s\n", base)
 	fmt.Fprintf(stdout, "  authorizer: %s events, rules: %s, default backend: %s, deadline %v; allowed requests go to %s\n",
 		eventName(*kind), built.Rules, env.DefaultBackend, env.Deadline, to)
+	if sh := built.Shedding; sh != nil {
+		fmt.Fprintf(stdout, "  load shedding on %s: fleet capacity %d (reserve %g), utilization %q\n",
+			sh.Backend, env.Shed.FleetCapacity, env.Shed.FleetReserve, env.Shed.Utilization)
+	}
 	fmt.Fprintf(stdout, "  try:  curl -i %s/pets/42\n", base)
 	fmt.Fprintf(stdout, "        for i in 1 2 3 4; do curl -s -o /dev/null -w '%%{http_code}\\n' %s/demo/hello; done   # the 4th in a minute: 429\n", base)
 	fmt.Fprintf(stdout, "  Ctrl-C stops it.\n")

@@ -32,7 +32,7 @@ const (
 //	deny, REST     -> 429, Retry-After and RateLimit-Limit/-Remaining/-Reset
 //	deny, HTTP API -> 403 {"message":"Forbidden"} (HTTP APIs cannot do better)
 //	"Unauthorized" -> 401
-//	load shed      -> 503 with Retry-After
+//	load shed      -> 503 with Retry-After (HTTP API: 500, it has no gateway responses)
 //	other errors   -> 500
 type server struct {
 	h        *authz.Handler
@@ -62,6 +62,10 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, authz.ErrUnauthorized):
 		writeJSON(w, http.StatusUnauthorized, map[string]any{"message": "Unauthorized"})
+		return
+	case errors.As(err, &shed) && s.kind == kindHTTP:
+		// An HTTP API answers any authorizer error with a bare 500.
+		writeJSON(w, http.StatusInternalServerError, map[string]any{"message": "Internal Server Error"})
 		return
 	case errors.As(err, &shed):
 		w.Header().Set("Cache-Control", "no-store")

@@ -161,6 +161,63 @@ func TestShedIs503(t *testing.T) {
 	}
 }
 
+// TestFleetShedderIs503 builds the handler as `make run` does, from
+// SLUICE_SHED_* variables (with the fleet's leases in a memory store, which
+// only tests may use), and saturates the fleet: non-critical requests past
+// the share get 503 with Retry-After, critical ones keep getting 200.
+func TestFleetShedderIs503(t *testing.T) {
+	for _, kind := range []string{kindREST, kindHTTP} {
+		t.Run(kind, func(t *testing.T) {
+			vars := map[string]string{
+				"SLUICE_RULES_YAML": `
+rules:
+  - {name: health, match: {paths: ["/health"]}, priority: critical, key: "{ip}", limits: [{algorithm: fixed_window, limit: 1000, window: 1m}]}
+  - {name: api, key: "{ip}", limits: [{algorithm: fixed_window, limit: 1000, window: 1m}]}
+`,
+				"SLUICE_SHED_FLEET_CAPACITY": "4",
+				"SLUICE_SHED_FLEET_RESERVE":  "0.5",
+			}
+			env, err := authz.ParseEnv(func(k string) string { return vars[k] })
+			if err != nil {
+				t.Fatal(err)
+			}
+			leases, err := memory.NewLeases(memory.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			built, err := authz.Build(t.Context(), env, authz.Outputs{Stdout: io.Discard, Stderr: io.Discard, ShedStore: leases,
+				Clock: limiter.ClockFunc(func() time.Time { return now })})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer built.Close()
+			ts := httptest.NewServer(newServer(built.Handler, kind, "local", nil))
+			defer ts.Close()
+			for i := range 2 {
+				if resp, _ := get(t, ts.URL+"/api"); resp.StatusCode != http.StatusOK {
+					t.Fatalf("non-critical request %d: %d", i+1, resp.StatusCode)
+				}
+			}
+			resp, body := get(t, ts.URL+"/api")
+			switch kind {
+			case kindREST:
+				if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || body["decision"] != "shed" {
+					t.Errorf("past the share: %d %v %v, want 503", resp.StatusCode, resp.Header, body)
+				}
+			case kindHTTP:
+				if resp.StatusCode != http.StatusInternalServerError {
+					t.Errorf("past the share on an HTTP API: %d %v, want 500", resp.StatusCode, body)
+				}
+			}
+			for range 5 {
+				if resp, _ := get(t, ts.URL+"/health"); resp.StatusCode != http.StatusOK {
+					t.Fatalf("critical request: %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+}
+
 func TestUpstreamSeesDecision(t *testing.T) {
 	ts := startServer(t, `rules: [{name: r, key: "{ip}", limits: [{algorithm: fixed_window, limit: 9, window: 1m}]}]`, kindREST, nil)
 	_, body := get(t, ts.URL+"/x?a=1", "Authorization", "secret")
