@@ -131,11 +131,18 @@ func TestFailModesMemcachedStopped(t *testing.T) {
 	}
 	srv.Stop()
 	checkFailModes(t, b, metrics, nil)
-	// Back up: the same process recovers.
+	// Back up: the same process recovers. On a loaded machine the first
+	// decision may still spend its deadline reconnecting, so allow a few.
 	srv.Restart()
-	resp, res, err := b.Handler.Decide(t.Context(), requestTo("/closed"))
-	if err != nil || !resp.Allowed() || res.Evals[0].Failed {
-		t.Fatalf("after restart: %+v %+v %v", resp, res.Evals, err)
+	for attempt := 1; ; attempt++ {
+		resp, res, err := b.Handler.Decide(t.Context(), requestTo("/closed"))
+		if err == nil && resp.Allowed() && !res.Evals[0].Failed {
+			break
+		}
+		if attempt == 20 {
+			t.Fatalf("after restart, %d decisions failed; last: %+v %+v %v", attempt, resp, res.Evals, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
