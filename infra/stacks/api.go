@@ -60,7 +60,8 @@ const httpAccessLogFormat = `{"requestId":"$context.requestId","requestTime":"$c
 //	Allow                      -> the integration
 //	Deny (rate limited)        -> ACCESS_DENIED      -> 429
 //	error "Unauthorized"       -> UNAUTHORIZED       -> 401 (unchanged)
-//	any other error (shedding) -> AUTHORIZER_FAILURE -> 503
+//	any other error (shedding) -> AUTHORIZER_FAILURE and
+//	                              AUTHORIZER_CONFIGURATION_ERROR -> 503
 func newRestAPI(s awscdk.Stack, c *Config, region string, fn awslambda.IFunction) awsapigateway.RestApi {
 	accessLogs := awslogs.NewLogGroup(s, jsii.String("RestApiAccessLogs"), &awslogs.LogGroupProps{
 		Retention:     retention(c.Authorizer.LogRetentionDays),
@@ -220,17 +221,34 @@ func addGatewayResponses(api awsapigateway.RestApi, c *Config) {
 		Templates:       &map[string]*string{"application/json": jsii.String(deniedBody())},
 	})
 
-	api.AddGatewayResponse(jsii.String("Shed"), &awsapigateway.GatewayResponseOptions{
-		Type:       awsapigateway.ResponseType_AUTHORIZER_FAILURE(),
-		StatusCode: jsii.String("503"),
-		ResponseHeaders: &map[string]*string{
-			"Content-Type":  jsii.String("'application/json'"),
-			"Cache-Control": jsii.String("'no-store'"),
-			"Retry-After":   jsii.String(retryAfter),
-		},
-		Templates: &map[string]*string{"application/json": jsii.String(
-			`{"message": "Service Unavailable", "decision": "shed", "requestId": "$context.requestId"}`)},
-	})
+	// Load shedding fails the authorizer's invocation (any error but
+	// "Unauthorized"). API Gateway documents AUTHORIZER_FAILURE for an
+	// authorizer that "failed to authenticate the caller", but users
+	// report that a Lambda authorizer's error comes back as a 500 with
+	// x-amzn-ErrorType: AuthorizerConfigurationException, that is
+	// AUTHORIZER_CONFIGURATION_ERROR (documented as "failing to connect to
+	// a custom authorizer"). Both answer 503: a shed request must never be
+	// a 500. The cost: a broken authorizer (a crash, a timeout, an invalid
+	// response) is a 503 too; the body's responseType and the access log
+	// tell them apart, and Shed stays at zero in the metrics.
+	for _, r := range []struct {
+		id  string
+		typ awsapigateway.ResponseType
+	}{
+		{"Shed", awsapigateway.ResponseType_AUTHORIZER_FAILURE()},
+		{"ShedConfigurationError", awsapigateway.ResponseType_AUTHORIZER_CONFIGURATION_ERROR()},
+	} {
+		api.AddGatewayResponse(jsii.String(r.id), &awsapigateway.GatewayResponseOptions{
+			Type:       r.typ,
+			StatusCode: jsii.String("503"),
+			ResponseHeaders: &map[string]*string{
+				"Content-Type":  jsii.String("'application/json'"),
+				"Cache-Control": jsii.String("'no-store'"),
+				"Retry-After":   jsii.String(retryAfter),
+			},
+			Templates: &map[string]*string{"application/json": jsii.String(shedBody)},
+		})
+	}
 
 	// API Gateway's own throttling (stage or account limits) is a 429 too;
 	// give it the same Retry-After.
@@ -245,6 +263,11 @@ func addGatewayResponses(api awsapigateway.RestApi, c *Config) {
 			`{"message": "Too Many Requests", "decision": "throttled", "requestId": "$context.requestId"}`)},
 	})
 }
+
+// shedBody is the 503 body of both authorizer-error responses: static
+// values and context variables only (a failed authorizer returns no
+// context).
+const shedBody = `{"message": "Service Unavailable", "decision": "shed", "responseType": "$context.error.responseType", "requestId": "$context.requestId"}`
 
 // deniedBody is the 429 body: every context key, as strings (the template
 // is substituted, not evaluated, so quoting keeps the JSON valid even if a

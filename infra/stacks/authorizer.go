@@ -3,6 +3,7 @@ package stacks
 import (
 	"path"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
@@ -23,6 +24,15 @@ const (
 	EnvMemcachedTLS     = "SLUICE_MEMCACHED_TLS"
 	EnvDeadline         = "SLUICE_DEADLINE"
 	EnvMetricsNamespace = "SLUICE_METRICS_NAMESPACE"
+
+	EnvShedFleetCapacity     = "SLUICE_SHED_FLEET_CAPACITY"
+	EnvShedFleetReserve      = "SLUICE_SHED_FLEET_RESERVE"
+	EnvShedFleetShares       = "SLUICE_SHED_FLEET_SHARES"
+	EnvShedFleetName         = "SLUICE_SHED_FLEET_NAME"
+	EnvShedLeaseTTL          = "SLUICE_SHED_LEASE_TTL"
+	EnvShedUtilization       = "SLUICE_SHED_UTILIZATION"
+	EnvShedUtilizationMaxAge = "SLUICE_SHED_UTILIZATION_MAX_AGE"
+	EnvShedBackend           = "SLUICE_SHED_BACKEND"
 )
 
 // lambdaTaskRoot is where Lambda unpacks the deployment package.
@@ -94,6 +104,10 @@ func newAuthorizer(s awscdk.Stack, p authorizerProps) awslambda.Function {
 		env[EnvRulesTable] = jsii.String(p.tables.rulesName)
 	}
 
+	for k, v := range shedEnv(c, *s.Region()) {
+		env[k] = jsii.String(v)
+	}
+
 	var reserved *float64
 	if c.Authorizer.ReservedConcurrency > 0 {
 		reserved = jsii.Number(float64(c.Authorizer.ReservedConcurrency))
@@ -121,4 +135,43 @@ func newAuthorizer(s awscdk.Stack, p authorizerProps) awslambda.Function {
 		fn.Node().AddDependency(t)
 	}
 	return fn
+}
+
+// shedEnv returns the SLUICE_SHED_* variables of a region's authorizer:
+// none unless the shedding section turns a shedder on. The fleet's lease
+// key is per region (each region's API protects the fleet behind it, and a
+// global table's replicas would otherwise overwrite each other's leases).
+// The leases and the utilization live in the store the authorizer already
+// reaches: memcached through its security group, the state table through
+// the role's statement and the gateway endpoint (GetItem, UpdateItem).
+func shedEnv(c *Config, region string) map[string]string {
+	sh := c.Shedding
+	if !sh.Enabled() {
+		return nil
+	}
+	env := map[string]string{EnvShedBackend: sh.Backend}
+	if sh.FleetCapacity > 0 {
+		env[EnvShedFleetCapacity] = strconv.Itoa(sh.FleetCapacity)
+		reserve := 0.2
+		if sh.FleetReserve != nil {
+			reserve = *sh.FleetReserve
+		}
+		env[EnvShedFleetReserve] = strconv.FormatFloat(reserve, 'g', -1, 64)
+		env[EnvShedFleetName] = sh.FleetName + "-" + region
+		env[EnvShedLeaseTTL] = sh.LeaseTTL
+		if len(sh.FleetShares) > 0 {
+			var parts []string
+			for _, p := range []string{"low", "normal", "high"} {
+				if v, ok := sh.FleetShares[p]; ok {
+					parts = append(parts, p+"="+strconv.FormatFloat(v, 'g', -1, 64))
+				}
+			}
+			env[EnvShedFleetShares] = strings.Join(parts, ",")
+		}
+	}
+	if sh.Utilization != "" {
+		env[EnvShedUtilization] = sh.Utilization
+		env[EnvShedUtilizationMaxAge] = sh.UtilizationMaxAge
+	}
+	return env
 }

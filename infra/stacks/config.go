@@ -74,6 +74,7 @@ type Config struct {
 	Rules      RulesConfig      `json:"rules"`
 	Memcached  MemcachedConfig  `json:"memcached"`
 	Authorizer AuthorizerConfig `json:"authorizer"`
+	Shedding   SheddingConfig   `json:"shedding"`
 	API        APIConfig        `json:"api"`
 	Alarms     AlarmsConfig     `json:"alarms"`
 	VPC        VPCConfig        `json:"vpc"`
@@ -132,6 +133,57 @@ type AuthorizerConfig struct {
 	// ReservedConcurrency, 0 for none.
 	ReservedConcurrency int `json:"reservedConcurrency,omitempty"`
 }
+
+// Shed backends (shedding.backend): the store shared by every container of
+// a region's authorizer. Never the in-process memory store, which counts
+// per Lambda container.
+const (
+	ShedBackendMemcached = "memcached"
+	ShedBackendDynamo    = "dynamo"
+)
+
+// SheddingConfig turns on the authorizer's load shedders (Stripe's
+// fleet-usage and worker-utilization shedders, docs/shedding.md), passed as
+// the SLUICE_SHED_* variables. Off by default: with neither FleetCapacity
+// nor Utilization set, no variable is passed.
+type SheddingConfig struct {
+	// FleetCapacity is the number of requests the fleet behind one
+	// region's API serves at once (SLUICE_SHED_FLEET_CAPACITY, 1..1000);
+	// 0 leaves the fleet-usage shedder off.
+	FleetCapacity int `json:"fleetCapacity,omitempty"`
+	// FleetReserve is the share of FleetCapacity kept for critical
+	// traffic, in [0, 1) (SLUICE_SHED_FLEET_RESERVE). Default 0.2.
+	FleetReserve *float64 `json:"fleetReserve,omitempty"`
+	// FleetShares optionally lowers the share a priority ("low", "normal",
+	// "high") may fill before it is shed (SLUICE_SHED_FLEET_SHARES).
+	FleetShares map[string]float64 `json:"fleetShares,omitempty"`
+	// FleetName names the fleet's lease key; the stack appends the region
+	// (SLUICE_SHED_FLEET_NAME=<name>-<region>), so that each region counts
+	// its own fleet even on a global table. Default "fleet".
+	FleetName string `json:"fleetName,omitempty"`
+	// LeaseTTL is how long a request let through counts as in flight, a
+	// Go duration near the integration's typical latency
+	// (SLUICE_SHED_LEASE_TTL). Default "1s".
+	LeaseTTL string `json:"leaseTtl,omitempty"`
+	// Utilization names the utilization the backend fleet publishes
+	// (SLUICE_SHED_UTILIZATION); empty leaves the worker-utilization
+	// shedder off.
+	Utilization string `json:"utilization,omitempty"`
+	// UtilizationMaxAge is how old the published value may be, a Go
+	// duration (SLUICE_SHED_UTILIZATION_MAX_AGE). Default "30s".
+	UtilizationMaxAge string `json:"utilizationMaxAge,omitempty"`
+	// Backend holds the leases and the published utilization:
+	// ShedBackendMemcached (the default when the stack has a cache) or
+	// ShedBackendDynamo (the state table; the default without a cache).
+	Backend string `json:"backend,omitempty"`
+}
+
+// Enabled reports whether any shedder is on.
+func (s SheddingConfig) Enabled() bool { return s.FleetCapacity > 0 || s.Utilization != "" }
+
+// maxFleetCapacity is the authorizer's bound (limiter.MaxLeases: one
+// stored value holds the fleet's leases).
+const maxFleetCapacity = 1000
 
 // APIConfig configures the APIs in front of the authorizer.
 type APIConfig struct {
@@ -283,6 +335,22 @@ func (c *Config) ApplyDefaults() {
 	def(&a.MetricsNamespace, "Sluice")
 	defInt(&a.LogRetentionDays, 30)
 
+	sh := &c.Shedding
+	if sh.Enabled() {
+		if sh.FleetReserve == nil {
+			r := 0.2
+			sh.FleetReserve = &r
+		}
+		def(&sh.FleetName, "fleet")
+		def(&sh.LeaseTTL, "1s")
+		def(&sh.UtilizationMaxAge, "30s")
+		if c.Memcached.Mode == MemcachedNone {
+			def(&sh.Backend, ShedBackendDynamo)
+		} else {
+			def(&sh.Backend, ShedBackendMemcached)
+		}
+	}
+
 	p := &c.API
 	def(&p.StageName, "prod")
 	defBool(&p.HTTPAPI, true)
@@ -419,6 +487,8 @@ func (c *Config) Validate() error {
 		bad("authorizer.reservedConcurrency", "%d is negative", a.ReservedConcurrency)
 	}
 
+	c.validateShedding(bad)
+
 	p := c.API
 	if !stageNameRE.MatchString(p.StageName) {
 		bad("api.stageName", "%q may hold only letters, digits and '_'", p.StageName)
@@ -466,6 +536,70 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+var shedNameRE = regexp.MustCompile(`^[!-~]{1,100}$`) // printable ASCII, no spaces
+
+// validateShedding checks the shedding section as the authorizer would at
+// init (the same bounds), so that a bad value fails synthesis rather than
+// every cold start.
+func (c *Config) validateShedding(bad func(field, format string, args ...any)) {
+	sh := c.Shedding
+	if sh.FleetCapacity < 0 || sh.FleetCapacity > maxFleetCapacity {
+		bad("shedding.fleetCapacity", "%d is outside 0 (off)..%d", sh.FleetCapacity, maxFleetCapacity)
+	}
+	if sh.Utilization != "" && !shedNameRE.MatchString(sh.Utilization) {
+		bad("shedding.utilization", "%q must be 1 to 100 printable ASCII characters without spaces", sh.Utilization)
+	}
+	if !sh.Enabled() {
+		if sh.FleetReserve != nil || sh.FleetShares != nil || sh.FleetName != "" || sh.LeaseTTL != "" || sh.UtilizationMaxAge != "" || sh.Backend != "" {
+			bad("shedding", "settings without fleetCapacity or utilization turn nothing on")
+		}
+		return
+	}
+	reserve := 0.2 // ApplyDefaults' value, should Validate see an undefaulted section
+	if sh.FleetReserve != nil {
+		reserve = *sh.FleetReserve
+	}
+	if !(reserve >= 0 && reserve < 1) {
+		bad("shedding.fleetReserve", "%g is outside [0, 1)", reserve)
+	}
+	prev := 0.0
+	for _, p := range []string{"low", "normal", "high"} {
+		v, ok := sh.FleetShares[p]
+		if !ok {
+			v = 1 - reserve
+		}
+		if !(v > 0 && v <= 1-reserve+1e-12) || v < prev {
+			bad("shedding.fleetShares", "%s: %g; shares must be in (0, 1-fleetReserve = %g] and must not decrease from low to high", p, v, 1-reserve)
+		}
+		prev = v
+	}
+	for p := range sh.FleetShares {
+		if p != "low" && p != "normal" && p != "high" {
+			bad("shedding.fleetShares", "%q is not low, normal or high (critical traffic is never shed)", p)
+		}
+	}
+	if !shedNameRE.MatchString(sh.FleetName) || len(sh.FleetName) > 80 {
+		bad("shedding.fleetName", "%q must be 1 to 80 printable ASCII characters without spaces", sh.FleetName)
+	}
+	if d, err := time.ParseDuration(sh.LeaseTTL); err != nil || d <= 0 || d > 15*time.Minute {
+		bad("shedding.leaseTtl", "%q is not a Go duration between 0 and 15m", sh.LeaseTTL)
+	}
+	if d, err := time.ParseDuration(sh.UtilizationMaxAge); err != nil || d <= 0 {
+		bad("shedding.utilizationMaxAge", "%q is not a positive Go duration", sh.UtilizationMaxAge)
+	}
+	switch sh.Backend {
+	case ShedBackendMemcached:
+		if c.Memcached.Mode == MemcachedNone {
+			bad("shedding.backend", "memcached needs a cache (memcached.mode is none): use dynamo")
+		}
+	case ShedBackendDynamo:
+	case "memory":
+		bad("shedding.backend", "memory counts per Lambda container, not across the fleet: use memcached or dynamo")
+	default:
+		bad("shedding.backend", "%q is not %q or %q", sh.Backend, ShedBackendMemcached, ShedBackendDynamo)
+	}
 }
 
 // RulesYAML returns the YAML to pass inline (SLUICE_RULES_YAML), reading

@@ -1,6 +1,7 @@
 package stacks
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -189,3 +190,64 @@ func TestZones(t *testing.T) {
 		}
 	}
 }
+
+func TestShedding(t *testing.T) {
+	// Off by default: no variable.
+	c := validConfig()
+	if c.Shedding.Enabled() || len(shedEnv(c, "us-east-1")) != 0 {
+		t.Errorf("shedding on by default: %+v %v", c.Shedding, shedEnv(c, "us-east-1"))
+	}
+
+	// Defaults once on: the cache when there is one, else the state table.
+	c = &Config{Regions: []string{"us-east-1"}, Shedding: SheddingConfig{FleetCapacity: 100}}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		EnvShedBackend: "memcached", EnvShedFleetCapacity: "100", EnvShedFleetReserve: "0.2",
+		EnvShedFleetName: "fleet-eu-west-1", EnvShedLeaseTTL: "1s",
+	}
+	if got := shedEnv(c, "eu-west-1"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("shedEnv:\n got %v\nwant %v", got, want)
+	}
+	c = &Config{Regions: []string{"us-east-1"}, Memcached: MemcachedConfig{Mode: MemcachedNone}, Shedding: SheddingConfig{Utilization: "u"}}
+	c.ApplyDefaults()
+	want = map[string]string{EnvShedBackend: "dynamo", EnvShedUtilization: "u", EnvShedUtilizationMaxAge: "30s"}
+	if got := shedEnv(c, "us-east-1"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("shedEnv without a cache:\n got %v\nwant %v", got, want)
+	}
+
+	zero := 0.0
+	for _, tt := range []struct {
+		name string
+		sh   SheddingConfig
+		mode string
+		want string
+	}{
+		{"capacity", SheddingConfig{FleetCapacity: 1001}, "", "shedding.fleetCapacity"},
+		{"negative capacity", SheddingConfig{FleetCapacity: -1, Utilization: "u"}, "", "shedding.fleetCapacity"},
+		{"reserve", SheddingConfig{FleetCapacity: 10, FleetReserve: ptr(1.0)}, "", "shedding.fleetReserve"},
+		{"share above the reserve", SheddingConfig{FleetCapacity: 10, FleetShares: map[string]float64{"high": 0.9}}, "", "shedding.fleetShares"},
+		{"decreasing shares", SheddingConfig{FleetCapacity: 10, FleetReserve: &zero, FleetShares: map[string]float64{"low": 0.6, "normal": 0.5}}, "", "shedding.fleetShares"},
+		{"critical share", SheddingConfig{FleetCapacity: 10, FleetShares: map[string]float64{"critical": 0.5}}, "", "critical traffic is never shed"},
+		{"fleet name", SheddingConfig{FleetCapacity: 10, FleetName: "my fleet"}, "", "shedding.fleetName"},
+		{"lease ttl", SheddingConfig{FleetCapacity: 10, LeaseTTL: "1h"}, "", "shedding.leaseTtl"},
+		{"utilization name", SheddingConfig{Utilization: "a b"}, "", "shedding.utilization"},
+		{"max age", SheddingConfig{Utilization: "u", UtilizationMaxAge: "old"}, "", "shedding.utilizationMaxAge"},
+		{"memory", SheddingConfig{FleetCapacity: 10, Backend: "memory"}, "", "memory counts per Lambda container"},
+		{"redis", SheddingConfig{FleetCapacity: 10, Backend: "redis"}, "", "shedding.backend"},
+		{"memcached without a cache", SheddingConfig{FleetCapacity: 10, Backend: "memcached"}, MemcachedNone, "memcached.mode is none"},
+		{"settings while off", SheddingConfig{Backend: "dynamo"}, "", "turn nothing on"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Config{Regions: []string{"us-east-1"}, Shedding: tt.sh, Memcached: MemcachedConfig{Mode: tt.mode}}
+			c.ApplyDefaults()
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -20,6 +20,7 @@ const (
 	MetricFailOpen       = "FailOpen"
 	MetricFailClosed     = "FailClosed"
 	MetricBackendErrors  = "BackendErrors"
+	MetricShedErrors     = "ShedErrors"     // the load shedders' store or signal failed (fail open)
 	MetricBackendLatency = "BackendLatency" // Milliseconds
 	DimensionRule        = "Rule"
 )
@@ -100,12 +101,16 @@ func newMonitoring(s awscdk.Stack, c *Config, region string, fn awslambda.Functi
 		graph("Denied ratio", deniedRatio),
 	)
 	dash.AddWidgets(
-		graph("Backend failures", metric(MetricFailOpen, "Sum"), metric(MetricFailClosed, "Sum"), metric(MetricBackendErrors, "Sum")),
+		graph("Backend failures", metric(MetricFailOpen, "Sum"), metric(MetricFailClosed, "Sum"), metric(MetricBackendErrors, "Sum"), metric(MetricShedErrors, "Sum")),
 		graph("Backend latency (ms)", metric(MetricBackendLatency, "p50"), latencyP99),
 	)
 	dash.AddWidgets(
 		graph("Denied by rule", perRule(MetricDenied)),
 		graph("Allowed by rule", perRule(MetricAllowed)),
+	)
+	dash.AddWidgets(
+		graph("Shed by rule (503)", perRule(MetricShed)),
+		graph("Load shedder failures (fail open)", metric(MetricShedErrors, "Sum")),
 	)
 	dash.AddWidgets(
 		graph("Authorizer duration (ms)", fn.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})),

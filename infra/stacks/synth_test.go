@@ -22,10 +22,12 @@ import (
 // templates:
 //
 //   - "regional": testdata/regional.json, three regions, default (MREC)
-//     tables, serverless memcached, rules from a file;
+//     tables, serverless memcached, rules from a file, both load shedders
+//     on memcached;
 //   - "mrsc": testdata/mrsc.json with context overrides (account, regions,
 //     primary region, consistency=mrsc), node-based memcached, a rules
-//     table, authorizer-context headers, no HTTP API.
+//     table, authorizer-context headers, no HTTP API, the utilization
+//     shedder on the state table.
 
 const (
 	mrscAccount = "222222222222"
@@ -463,15 +465,47 @@ func TestGatewayResponses(t *testing.T) {
 			}
 		}
 
-		shed, ok := byType["AUTHORIZER_FAILURE"]
-		if !ok {
-			t.Fatalf("no AUTHORIZER_FAILURE gateway response")
+		// A shed request fails the authorizer. API Gateway documents
+		// AUTHORIZER_FAILURE for it, users see AUTHORIZER_CONFIGURATION_ERROR
+		// (AuthorizerConfigurationException): both must answer 503 JSON.
+		for _, typ := range []string{"AUTHORIZER_FAILURE", "AUTHORIZER_CONFIGURATION_ERROR"} {
+			shed, ok := byType[typ]
+			if !ok {
+				t.Errorf("no %s gateway response", typ)
+				continue
+			}
+			if shed.Properties["StatusCode"] != "503" {
+				t.Errorf("%s status %v, want 503", typ, shed.Properties["StatusCode"])
+			}
+			want := map[string]string{"Content-Type": "'application/json'", "Cache-Control": "'no-store'", "Retry-After": retryAfter}
+			if h := headers(shed); fmt.Sprint(h) != fmt.Sprint(want) {
+				t.Errorf("%s headers:\n got %v\nwant %v", typ, h, want)
+			}
+			tpl, _ := shed.Properties["ResponseTemplates"].(map[string]any)
+			if len(tpl) != 1 {
+				t.Errorf("%s templates %v, want application/json only", typ, tpl)
+			}
+			body := render(tpl["application/json"])
+			var parsed map[string]string
+			if err := json.Unmarshal([]byte(body), &parsed); err != nil {
+				t.Errorf("%s body template is not JSON: %v\n%s", typ, err, body)
+			}
+			if parsed["message"] != "Service Unavailable" || parsed["decision"] != "shed" ||
+				parsed["responseType"] != "$context.error.responseType" || parsed["requestId"] != "$context.requestId" {
+				t.Errorf("%s body %v", typ, parsed)
+			}
 		}
-		if shed.Properties["StatusCode"] != "503" {
-			t.Errorf("AUTHORIZER_FAILURE status %v, want 503", shed.Properties["StatusCode"])
+		// The CDK assertion API agrees.
+		for _, typ := range []string{"AUTHORIZER_FAILURE", "AUTHORIZER_CONFIGURATION_ERROR"} {
+			assertMatches(t, func() {
+				s.template.HasResourceProperties(jsii.String("AWS::ApiGateway::GatewayResponse"), map[string]any{
+					"ResponseType": typ,
+					"StatusCode":   "503",
+				})
+			})
 		}
-		if got := headers(shed)["Retry-After"]; got != retryAfter {
-			t.Errorf("503 Retry-After %q, want %q", got, retryAfter)
+		if n := len(byType); n != 4 {
+			t.Errorf("%d gateway responses (%v), want ACCESS_DENIED, the two authorizer errors and THROTTLED", n, slices.Collect(mapKeys(byType)))
 		}
 		if th, ok := byType["THROTTLED"]; !ok || th.Properties["StatusCode"] != "429" {
 			t.Errorf("THROTTLED response %v, want 429", th.Properties)
@@ -644,6 +678,38 @@ func TestAuthorizerFunction(t *testing.T) {
 		for _, k := range []string{EnvRulesYAML, EnvRulesFile, EnvRulesTable} {
 			if _, set := want[k]; !set && env[k] != "" {
 				t.Errorf("env %s = %q, want unset", k, env[k])
+			}
+		}
+		// Load shedding: what each test app's shedding section asks for,
+		// and no SLUICE_SHED_* variable beyond it.
+		wantShed := map[string]string{}
+		switch a.name {
+		case "regional": // fleet and utilization, on the serverless cache by default
+			wantShed = map[string]string{
+				EnvShedBackend:           "memcached",
+				EnvShedFleetCapacity:     "200",
+				EnvShedFleetReserve:      "0.2",
+				EnvShedFleetShares:       "low=0.5",
+				EnvShedFleetName:         "fleet-" + s.region,
+				EnvShedLeaseTTL:          "1s",
+				EnvShedUtilization:       "orders-fleet",
+				EnvShedUtilizationMaxAge: "30s",
+			}
+		case "mrsc": // utilization only, on the state table
+			wantShed = map[string]string{
+				EnvShedBackend:           "dynamo",
+				EnvShedUtilization:       "orders",
+				EnvShedUtilizationMaxAge: "2m",
+			}
+		}
+		for k, v := range env {
+			if strings.HasPrefix(k, "SLUICE_SHED_") && wantShed[k] != v {
+				t.Errorf("env %s = %q, want %q", k, v, wantShed[k])
+			}
+		}
+		for k, v := range wantShed {
+			if env[k] != v {
+				t.Errorf("env %s = %q, want %q", k, env[k], v)
 			}
 		}
 		if _, set := env["SLUICE_REGION"]; set {
@@ -900,7 +966,7 @@ func TestAlarms(t *testing.T) {
 		}
 		_, dash := s.one(t, "AWS::CloudWatch::Dashboard")
 		body := render(dash.Properties["DashboardBody"])
-		for _, m := range []string{MetricAllowed, MetricDenied, MetricShed, MetricFailOpen, MetricFailClosed, MetricBackendErrors, MetricBackendLatency} {
+		for _, m := range []string{MetricAllowed, MetricDenied, MetricShed, MetricFailOpen, MetricFailClosed, MetricBackendErrors, MetricShedErrors, MetricBackendLatency} {
 			if !strings.Contains(body, m) {
 				t.Errorf("dashboard does not show %s", m)
 			}

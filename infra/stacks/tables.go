@@ -13,10 +13,14 @@ const (
 	RulesPartitionKey = "name" // String
 )
 
-// Actions the authorizer performs, and nothing more.
+// Actions the authorizer performs, and nothing more: the methods of the
+// DynamoDB client interfaces it is written against (backends/dynamo's
+// Client, used by the rate-limit store and by the load shedders' lease and
+// gauge store alike; functions/authz's ScanAPI for the rules table).
+// TestIAMMatchesClientInterfaces reads those interfaces from the source.
 var (
-	stateTableActions = []string{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"}
-	rulesTableActions = []string{"dynamodb:Scan", "dynamodb:GetItem"}
+	stateTableActions = []string{"dynamodb:GetItem", "dynamodb:UpdateItem"}
+	rulesTableActions = []string{"dynamodb:Scan"}
 )
 
 // tables names the region's replicas of the state table and, optionally,
