@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 )
@@ -41,8 +42,7 @@ var errProtocol = errors.New("memcached: unexpected reply")
 
 // exec runs f on a connection to addr with a deadline of ctx's or the
 // pool's timeout from now, whichever is earlier; cancelling ctx interrupts
-// f. A
-// connection goes back to the pool only if f succeeded. If f fails because
+// f. A connection goes back to the pool only if f succeeded. If f fails because
 // a pooled connection turns out dead (the server restarted or dropped it),
 // the node's idle connections are dropped (they are most likely dead too)
 // and f runs once more on a new connection. f must be safe to run twice: a
@@ -130,6 +130,22 @@ func (p *pool) drop(addr string) {
 	delete(p.idle, addr)
 	p.mu.Unlock()
 	for _, c := range l {
+		c.nc.Close()
+	}
+}
+
+// retain closes the idle connections to nodes not in addrs.
+func (p *pool) retain(addrs []string) {
+	p.mu.Lock()
+	var gone []*pconn
+	for a, l := range p.idle {
+		if !slices.Contains(addrs, a) {
+			gone = append(gone, l...)
+			delete(p.idle, a)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range gone {
 		c.nc.Close()
 	}
 }

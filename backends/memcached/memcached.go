@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -129,6 +130,7 @@ type Store struct {
 		stop     context.CancelFunc
 		done     chan struct{}
 	}
+	closeOnce sync.Once
 }
 
 var (
@@ -141,23 +143,29 @@ type dialFunc func(ctx context.Context, network, address string) (net.Conn, erro
 
 // New returns a Store for the nodes in cfg. It does not connect to the nodes
 // (connections are made on first use), but with AutoDiscovery it asks the
-// configuration endpoint for them and fails if it cannot.
+// configuration endpoint for them and fails if it cannot. Configuration
+// errors wrap limiter.ErrInvalidConfig.
 func New(cfg Config) (*Store, error) {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: memcached: %s", limiter.ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
 	switch {
 	case len(cfg.Addrs) == 0 && cfg.AutoDiscovery == "":
-		return nil, fmt.Errorf("%w: memcached: no Addrs and no AutoDiscovery endpoint", limiter.ErrInvalidConfig)
+		return nil, invalid("no Addrs and no AutoDiscovery endpoint")
 	case len(cfg.Addrs) > 0 && cfg.AutoDiscovery != "":
-		return nil, fmt.Errorf("%w: memcached: Addrs and AutoDiscovery are exclusive", limiter.ErrInvalidConfig)
+		return nil, invalid("Addrs and AutoDiscovery are exclusive")
 	case cfg.MaxIdleConns < 0:
-		return nil, fmt.Errorf("%w: memcached: MaxIdleConns must not be negative, got %d", limiter.ErrInvalidConfig, cfg.MaxIdleConns)
+		return nil, invalid("MaxIdleConns must not be negative, got %d", cfg.MaxIdleConns)
 	case cfg.Timeout < 0:
-		return nil, fmt.Errorf("%w: memcached: Timeout must not be negative, got %v", limiter.ErrInvalidConfig, cfg.Timeout)
+		return nil, invalid("Timeout must not be negative, got %v", cfg.Timeout)
+	case cfg.MaxRetries < 0:
+		return nil, invalid("MaxRetries must not be negative, got %d", cfg.MaxRetries)
+	case cfg.RetryBackoff < 0:
+		return nil, invalid("RetryBackoff must not be negative, got %v", cfg.RetryBackoff)
 	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.MaxIdleConns == 0 {
-		cfg.MaxIdleConns = max(16, 4*runtime.GOMAXPROCS(0))
+	keys, err := newKeyer(cfg.KeyPrefix)
+	if err != nil {
+		return nil, err
 	}
 	ring := new(Ring)
 	if len(cfg.Addrs) > 0 {
@@ -165,20 +173,30 @@ func New(cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("%w: %w", limiter.ErrInvalidConfig, err)
 		}
 	} else if _, err := parseAddr(cfg.AutoDiscovery); err != nil {
-		return nil, fmt.Errorf("%w: memcached: AutoDiscovery: %w", limiter.ErrInvalidConfig, err)
+		return nil, invalid("AutoDiscovery: %v", err)
 	}
+	cfg.Timeout = orDefault(cfg.Timeout, DefaultTimeout)
+	cfg.MaxIdleConns = orDefault(cfg.MaxIdleConns, max(16, 4*runtime.GOMAXPROCS(0)))
 	dial := dialer(cfg)
 	mc := memcache.NewFromSelector(ring)
 	mc.Timeout = cfg.Timeout
 	mc.MaxIdleConns = cfg.MaxIdleConns
 	mc.DialContext = dial
-	s, err := newStore(mc, cfg)
-	if err != nil {
-		return nil, err
+	s := &Store{
+		mc:         mc,
+		ring:       ring,
+		keys:       keys,
+		timeout:    cfg.Timeout,
+		proxy:      cfg.Proxy,
+		pool:       newPool(dial, cfg.Timeout, cfg.MaxIdleConns),
+		jitter:     max(orDefault(cfg.Jitter, DefaultJitter), 0),
+		maxRetries: orDefault(cfg.MaxRetries, DefaultMaxRetries),
+		backoff:    orDefault(cfg.RetryBackoff, DefaultRetryBackoff),
+		now:        time.Now,
 	}
-	s.ring = ring
-	s.proxy = cfg.Proxy
-	s.pool = newPool(dial, cfg.Timeout, cfg.MaxIdleConns)
+	if size := orDefault(cfg.CacheSize, DefaultCacheSize); size > 0 {
+		s.cache = newItemCache(size)
+	}
 	if cfg.AutoDiscovery != "" {
 		s.discovery.endpoint, s.discovery.dial = cfg.AutoDiscovery, dial
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
@@ -188,40 +206,14 @@ func New(cfg Config) (*Store, error) {
 			return nil, err
 		}
 		if cfg.DiscoveryInterval >= 0 {
-			s.startDiscovery(cmp(cfg.DiscoveryInterval, DefaultDiscoveryInterval))
+			s.startDiscovery(orDefault(cfg.DiscoveryInterval, DefaultDiscoveryInterval))
 		}
 	}
 	return s, nil
 }
 
-func newStore(mc *memcache.Client, cfg Config) (*Store, error) {
-	keys, err := newKeyer(cfg.KeyPrefix)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.MaxRetries < 0 || cfg.RetryBackoff < 0 || cfg.Timeout < 0 {
-		return nil, fmt.Errorf("%w: memcached: MaxRetries, RetryBackoff and Timeout must not be negative", limiter.ErrInvalidConfig)
-	}
-	s := &Store{
-		mc:         mc,
-		keys:       keys,
-		timeout:    cmp(cfg.Timeout, DefaultTimeout),
-		jitter:     cmp(cfg.Jitter, DefaultJitter),
-		maxRetries: cmp(cfg.MaxRetries, DefaultMaxRetries),
-		backoff:    cmp(cfg.RetryBackoff, DefaultRetryBackoff),
-		now:        time.Now,
-	}
-	if s.jitter < 0 {
-		s.jitter = 0
-	}
-	if size := cmp(cfg.CacheSize, DefaultCacheSize); size > 0 {
-		s.cache = newItemCache(size)
-	}
-	return s, nil
-}
-
-// cmp returns v, or def when v is zero.
-func cmp[T comparable](v, def T) T {
+// orDefault returns v, or def when v is zero.
+func orDefault[T comparable](v, def T) T {
 	var zero T
 	if v == zero {
 		return def
@@ -277,10 +269,16 @@ func (s *Store) Refresh(ctx context.Context) error {
 	if version < s.discovery.version {
 		return nil
 	}
+	before := s.ring.Nodes()
 	if err := s.ring.SetNodes(nodes...); err != nil {
 		return fmt.Errorf("%w: %w", ErrDiscovery, err)
 	}
 	s.discovery.version = version
+	if after := s.ring.Nodes(); !slices.Equal(before, after) {
+		// Forget idle connections to nodes that left.
+		s.pool.retain(after)
+		s.mc.Close()
+	}
 	return nil
 }
 
@@ -309,11 +307,12 @@ func (s *Store) startDiscovery(every time.Duration) {
 // Close stops auto discovery and closes idle connections. A closed Store
 // still works (it dials again) but no longer refreshes its nodes.
 func (s *Store) Close() error {
-	if s.discovery.stop != nil {
-		s.discovery.stop()
-		<-s.discovery.done
-		s.discovery.stop = nil
-	}
+	s.closeOnce.Do(func() {
+		if s.discovery.stop != nil {
+			s.discovery.stop()
+			<-s.discovery.done
+		}
+	})
 	s.pool.close()
 	return s.mc.Close()
 }
