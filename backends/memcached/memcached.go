@@ -250,6 +250,12 @@ func dialer(cfg Config) dialFunc {
 	}
 }
 
+// Client returns the gomemcache client the Store uses for buckets and logs:
+// its nodes (the Store's [Ring], kept up to date by auto discovery), TLS
+// dialer, timeout and pool. Hand it to [NewLeases] to keep leases and
+// gauges on the same cluster and connections.
+func (s *Store) Client() *memcache.Client { return s.mc }
+
 // Nodes returns the nodes keys are spread over.
 func (s *Store) Nodes() []string { return s.ring.Nodes() }
 

@@ -143,3 +143,20 @@ func TestCounterView(t *testing.T) {
 		}
 	}
 }
+
+// TestLeasesOnStoreClient: a Store's client serves NewLeases, so one Store
+// configuration (nodes, TLS, discovery) covers every limiter.
+func TestLeasesOnStoreClient(t *testing.T) {
+	s := newStore(t, memcached.Config{})
+	l, err := memcached.NewLeases(s.Client(), memcached.Config{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := limiter.Key{Space: "gauge", Name: limitertestKey(t)}
+	if err := l.PutGauge(context.Background(), k, limiter.Gauge{Value: 0.5, At: 7}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if g, ok, err := l.GetGauge(context.Background(), k); err != nil || !ok || g.Value != 0.5 {
+		t.Fatalf("gauge through the Store's client: %+v %v %v", g, ok, err)
+	}
+}
