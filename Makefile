@@ -28,10 +28,12 @@ lint: node
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
 
-## fuzz: each fuzz target for FUZZTIME (rule parsing, event decoding)
+## fuzz: each fuzz target for FUZZTIME (rule parsing, event decoding, memcached keys and replies)
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s ./policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s ./functions/authz/
+	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME) ./backends/memcached/
+	$(GO) test -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(FUZZTIME) ./backends/memcached/
 
 ## bench: benchmarks against real servers (PKGS=..., BENCHFLAGS=...); figures go to docs/benchmarks.md
 bench:

@@ -51,9 +51,9 @@ import (
 // keys of [Store] ("k:" and "h:"), so one cluster and one KeyPrefix can
 // serve both.
 //
-// Leases works on any gomemcache client: build one client (for example
-// with [NewRing] and memcache.NewFromSelector) and hand it to both
-// [NewFromClient] and [NewLeases]. It is safe for concurrent use.
+// Leases works on any gomemcache client; to share the one a [Store] built
+// (its ring, TLS and auto discovery), pass [Store.Client] to [NewLeases]. It
+// is safe for concurrent use.
 type Leases struct {
 	mc         *memcache.Client
 	prefix     string
