@@ -152,11 +152,10 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	case env.Shed.Enabled():
 		store, backend := out.ShedStore, "injected"
 		if store == nil {
-			st, closeStore, err := newShedStore(env, ddb)
+			st, err := newShedStore(env, b.Stores, ddb)
 			if err != nil {
 				return fail(fmt.Errorf("authz: load shedder: %w", err))
 			}
-			b.closers = append(b.closers, closeStore)
 			store, backend = st, env.Shed.Backend
 			if backend == BackendMemcached {
 				warmShed(ctx, logger, store, env.Deadline)

@@ -2,19 +2,15 @@ package authz
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memcached"
@@ -296,56 +292,37 @@ func buildShedding(env ShedEnv, store ShedStore, backend string, clock limiter.C
 }
 
 // newShedStore builds the lease and gauge store of the network backend
-// env.Shed.Backend. For memcached it makes a gomemcache client of its own
-// (the counter store keeps its client private) on the same nodes, TLS and
-// timeout; close is its Close.
-func newShedStore(env Env, ddb *dynamodb.Client) (store ShedStore, close func(), err error) {
+// env.Shed.Backend, on the clients the counter stores already hold: the
+// memcached Store's gomemcache client (its nodes, TLS dialer, timeout and
+// pool), or the DynamoDB client and state table.
+func newShedStore(env Env, stores map[string]any, ddb *dynamodb.Client) (ShedStore, error) {
 	switch env.Shed.Backend {
 	case BackendMemcached:
-		ring, err := memcached.NewRing(env.MemcachedAddrs...)
+		mc, ok := stores[BackendMemcached].(*memcached.Store)
+		if !ok {
+			return nil, errors.New("SLUICE_SHED_BACKEND: memcached is not configured (set SLUICE_MEMCACHED_ADDRS)")
+		}
+		l, err := memcached.NewLeases(mc.Client(), memcached.Config{Timeout: env.Deadline})
 		if err != nil {
-			return nil, nil, fmt.Errorf("SLUICE_MEMCACHED_ADDRS: %w", err)
+			return nil, fmt.Errorf("SLUICE_MEMCACHED_ADDRS: %w", err)
 		}
-		mc := memcache.NewFromSelector(ring)
-		mc.Timeout = env.Deadline
-		mc.MaxIdleConns = max(16, 4*runtime.GOMAXPROCS(0))
-		if env.MemcachedTLS {
-			mc.DialContext = tlsDialer(env.Deadline)
-		}
-		l, err := memcached.NewLeases(mc, memcached.Config{Timeout: env.Deadline})
-		if err != nil {
-			mc.Close()
-			return nil, nil, err
-		}
-		return l, func() { mc.Close() }, nil
+		return l, nil
 	case BackendDynamo:
 		l, err := dynamo.NewLeases(ddb, dynamo.Config{Table: env.DynamoTable, Timeout: env.Deadline})
 		if err != nil {
-			return nil, nil, fmt.Errorf("SLUICE_DYNAMO_TABLE: %w", err)
+			return nil, fmt.Errorf("SLUICE_DYNAMO_TABLE: %w", err)
 		}
-		return l, func() {}, nil
+		return l, nil
 	case "":
-		return nil, nil, errors.New("SLUICE_SHED_BACKEND: the load shedders need a store shared by the fleet: set SLUICE_MEMCACHED_ADDRS or SLUICE_DYNAMO_TABLE")
+		return nil, errors.New("SLUICE_SHED_BACKEND: the load shedders need a store shared by the fleet: set SLUICE_MEMCACHED_ADDRS or SLUICE_DYNAMO_TABLE")
 	}
-	return nil, nil, fmt.Errorf("SLUICE_SHED_BACKEND: %q is not memcached or dynamo", env.Shed.Backend)
-}
-
-// tlsDialer dials TLS verifying each node's host name, as the memcached
-// backend does for SLUICE_MEMCACHED_TLS.
-func tlsDialer(timeout time.Duration) func(ctx context.Context, network, address string) (net.Conn, error) {
-	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
-	return func(ctx context.Context, network, address string) (net.Conn, error) {
-		host, _, err := net.SplitHostPort(address)
-		if err != nil {
-			host = address
-		}
-		d := &tls.Dialer{NetDialer: nd, Config: &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}}
-		return d.DialContext(ctx, network, address)
-	}
+	return nil, fmt.Errorf("SLUICE_SHED_BACKEND: %q is not memcached or dynamo", env.Shed.Backend)
 }
 
 // warmShed reads a gauge nobody publishes, to open the shed store's
-// connection at init rather than in the first decision. Best effort.
+// connection at init rather than in the first decision (the counter
+// store's warm-up opens its own pool, not the gomemcache client's). Best
+// effort.
 func warmShed(ctx context.Context, log *slog.Logger, store ShedStore, deadline time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()

@@ -523,3 +523,34 @@ func checkFleet(t *testing.T, b *Built, n int) {
 		}
 	}
 }
+
+// TestShedMemcachedStopped stops the memcached under a running authorizer:
+// the fleet shedder's store fails, requests go through within the
+// deadline, and the failure is counted.
+func TestShedMemcachedStopped(t *testing.T) {
+	srv := testserver.StartMemcached(t)
+	b, metrics, _ := buildShed(t, map[string]string{
+		"SLUICE_MEMCACHED_ADDRS":     srv.Addr(),
+		"SLUICE_RULES_YAML":          `rules: [{name: api, key: "{ip}", limits: [{algorithm: fixed_window, limit: 100, window: 1m, backend: memory}]}]`,
+		"SLUICE_SHED_FLEET_CAPACITY": "1",
+		"SLUICE_SHED_LEASE_TTL":      "1m",
+		"SLUICE_DEADLINE":            "250ms",
+	}, nil, nil)
+	var se *ShedError
+	if _, _, err := b.Handler.Decide(t.Context(), request("/a", "192.0.2.4")); err != nil {
+		t.Fatalf("first request: %v", err)
+	}
+	if _, _, err := b.Handler.Decide(t.Context(), request("/a", "192.0.2.4")); !errors.As(err, &se) {
+		t.Fatalf("second request at capacity 1: %v, want shed", err)
+	}
+	srv.Stop()
+	metrics.Reset()
+	start := time.Now()
+	_, res, err := b.Handler.Decide(t.Context(), request("/a", "192.0.2.4"))
+	if elapsed := time.Since(start); err != nil || res.Outcome != policy.Allow || res.ShedErr == nil || elapsed > 2*time.Second {
+		t.Fatalf("memcached stopped: %v %v shed error %v in %v; want allowed with the error, within the deadline", err, res.Outcome, res.ShedErr, elapsed)
+	}
+	if ms := metricLines(t, metrics); len(ms) != 1 || ms[0].ShedErrors != 1 || ms[0].Allowed != 1 {
+		t.Errorf("metric lines %+v, want one Allowed line with ShedErrors", ms)
+	}
+}
