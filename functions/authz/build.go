@@ -94,7 +94,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	}
 	b.Stores[BackendMemory] = mem
 	if len(env.MemcachedAddrs) > 0 {
-		cfg := memcached.Config{Addrs: env.MemcachedAddrs, Timeout: env.Deadline}
+		cfg := memcached.Config{Addrs: env.MemcachedAddrs, Timeout: env.Deadline, Proxy: env.MemcachedProxy}
 		if env.MemcachedTLS {
 			cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
 		}

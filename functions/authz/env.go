@@ -27,6 +27,7 @@ type Env struct {
 	DynamoTable    string   // SLUICE_DYNAMO_TABLE: state table (key "pk", TTL "ttl")
 	MemcachedAddrs []string // SLUICE_MEMCACHED_ADDRS: comma-separated host:port
 	MemcachedTLS   bool     // SLUICE_MEMCACHED_TLS: "true" for TLS, verifying each host
+	MemcachedProxy bool     // SLUICE_MEMCACHED_PROXY: "true" behind a proxy that may reorder a pipeline (ElastiCache Serverless)
 	DefaultBackend string   // SLUICE_DEFAULT_BACKEND: backend of limits naming none
 
 	Deadline         time.Duration // SLUICE_DEADLINE: bound of one decision (default 250ms)
@@ -100,6 +101,13 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 		e.MemcachedTLS = true
 	default:
 		return bad("SLUICE_MEMCACHED_TLS", "%q is not true or false", v)
+	}
+	switch v := strings.ToLower(strings.TrimSpace(getenv("SLUICE_MEMCACHED_PROXY"))); v {
+	case "", "false", "0", "no":
+	case "true", "1", "yes":
+		e.MemcachedProxy = true
+	default:
+		return bad("SLUICE_MEMCACHED_PROXY", "%q is not true or false", v)
 	}
 	switch e.DefaultBackend {
 	case "":

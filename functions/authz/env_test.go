@@ -19,13 +19,13 @@ func TestParseEnvDefaults(t *testing.T) {
 		t.Errorf("defaults %+v", e)
 	}
 	e, err = ParseEnv(envOf(map[string]string{
-		"SLUICE_MEMCACHED_ADDRS": " a:1, b:2 ,", "SLUICE_MEMCACHED_TLS": "true", "SLUICE_DYNAMO_TABLE": "t",
+		"SLUICE_MEMCACHED_ADDRS": " a:1, b:2 ,", "SLUICE_MEMCACHED_TLS": "true", "SLUICE_MEMCACHED_PROXY": "true", "SLUICE_DYNAMO_TABLE": "t",
 		"SLUICE_DEADLINE": "100ms", "SLUICE_RULES_TTL": "5m", "AWS_LAMBDA_LOG_LEVEL": "debug", "SLUICE_HTTP_RESPONSES": "iam",
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(e.MemcachedAddrs, ",") != "a:1,b:2" || !e.MemcachedTLS || e.DefaultBackend != BackendMemcached ||
+	if strings.Join(e.MemcachedAddrs, ",") != "a:1,b:2" || !e.MemcachedTLS || !e.MemcachedProxy || e.DefaultBackend != BackendMemcached ||
 		e.Deadline != 100*time.Millisecond || e.RulesTTL != 5*time.Minute || e.LogLevel != slog.LevelDebug || e.HTTPResponses != HTTPIAM {
 		t.Errorf("parsed %+v", e)
 	}
@@ -45,6 +45,7 @@ func TestParseEnvErrors(t *testing.T) {
 		{map[string]string{"SLUICE_DEADLINE": "1m"}, "SLUICE_DEADLINE"},
 		{map[string]string{"SLUICE_RULES_TTL": "0s"}, "SLUICE_RULES_TTL"},
 		{map[string]string{"SLUICE_MEMCACHED_TLS": "maybe"}, "SLUICE_MEMCACHED_TLS"},
+		{map[string]string{"SLUICE_MEMCACHED_PROXY": "maybe"}, "SLUICE_MEMCACHED_PROXY"},
 		{map[string]string{"SLUICE_DEFAULT_BACKEND": "redis"}, "SLUICE_DEFAULT_BACKEND"},
 		{map[string]string{"SLUICE_HTTP_RESPONSES": "xml"}, "SLUICE_HTTP_RESPONSES"},
 		{map[string]string{"SLUICE_LOG_LEVEL": "loud"}, "SLUICE_LOG_LEVEL"},

@@ -22,6 +22,7 @@ const (
 	EnvDynamoTable      = "SLUICE_DYNAMO_TABLE"
 	EnvMemcachedAddrs   = "SLUICE_MEMCACHED_ADDRS"
 	EnvMemcachedTLS     = "SLUICE_MEMCACHED_TLS"
+	EnvMemcachedProxy   = "SLUICE_MEMCACHED_PROXY"
 	EnvDeadline         = "SLUICE_DEADLINE"
 	EnvMetricsNamespace = "SLUICE_METRICS_NAMESPACE"
 
@@ -94,6 +95,7 @@ func newAuthorizer(s awscdk.Stack, p authorizerProps) awslambda.Function {
 	if p.cache != nil {
 		env[EnvMemcachedAddrs] = jsii.String(p.cache.addrs)
 		env[EnvMemcachedTLS] = jsii.String(strconv.FormatBool(p.cache.tls))
+		env[EnvMemcachedProxy] = jsii.String(strconv.FormatBool(p.cache.proxy))
 	}
 	switch {
 	case p.rulesYAML != "":

@@ -19,6 +19,7 @@ const serverlessPort = 11211
 type cache struct {
 	addrs string // SLUICE_MEMCACHED_ADDRS (may hold CloudFormation tokens)
 	tls   bool   // SLUICE_MEMCACHED_TLS
+	proxy bool   // SLUICE_MEMCACHED_PROXY: shards behind one endpoint may reorder a pipeline
 }
 
 // newCache builds the region's memcached in the isolated subnets, behind a
@@ -63,11 +64,12 @@ func newCache(s awscdk.Stack, c *Config, net *network) *cache {
 				},
 			},
 		})
-		// A serverless cache has one endpoint and shards behind it; it only
-		// accepts TLS.
+		// A serverless cache has one endpoint and shards behind it (a proxy
+		// that may reorder a pipelined request); it only accepts TLS.
 		return &cache{
 			addrs: *awscdk.Fn_Join(jsii.String(":"), &[]*string{sc.AttrEndpointAddress(), sc.AttrEndpointPort()}),
 			tls:   true,
+			proxy: true,
 		}
 	}
 

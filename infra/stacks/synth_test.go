@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -659,6 +660,9 @@ func TestAuthorizerFunction(t *testing.T) {
 			EnvDeadline:         a.cfg.Authorizer.Deadline,
 			EnvMetricsNamespace: a.cfg.Authorizer.MetricsNamespace,
 			EnvMemcachedTLS:     "true",
+			// Serverless shards sit behind a proxy that may reorder a
+			// pipeline: the backend must wait for the incr before reading.
+			EnvMemcachedProxy: strconv.FormatBool(a.cfg.Memcached.Mode == MemcachedServerless),
 		}
 		switch {
 		case a.cfg.Rules.File != "":
