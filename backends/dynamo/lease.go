@@ -99,33 +99,9 @@ const (
 // BackoffMax, Retryer and Clock of cfg are used, with the defaults of
 // [New].
 func NewLeases(client Client, cfg Config) (*Leases, error) {
-	switch {
-	case client == nil:
-		return nil, errors.New("dynamo: client must not be nil")
-	case cfg.Table == "":
-		return nil, errors.New("dynamo: Config.Table must not be empty")
-	case cfg.MaxAttempts < 0:
-		return nil, fmt.Errorf("dynamo: Config.MaxAttempts must not be negative, got %d", cfg.MaxAttempts)
-	case cfg.BackoffBase < 0 || cfg.BackoffMax < 0:
-		return nil, errors.New("dynamo: Config.BackoffBase and BackoffMax must not be negative")
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = DefaultMaxAttempts
-	}
-	if cfg.BackoffBase == 0 {
-		cfg.BackoffBase = DefaultBackoffBase
-	}
-	if cfg.BackoffMax == 0 {
-		cfg.BackoffMax = DefaultBackoffMax
-	}
-	if cfg.Retryer == nil {
-		cfg.Retryer = NewRetryer(RetryerConfig{})
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
+	cfg, err := cfg.withDefaults(client)
+	if err != nil {
+		return nil, err
 	}
 	retryer := cfg.Retryer
 	return &Leases{

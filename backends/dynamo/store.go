@@ -128,36 +128,12 @@ type Store struct {
 
 // New returns a store on client, or an error naming the bad Config field.
 func New(client Client, cfg Config) (*Store, error) {
-	switch {
-	case client == nil:
-		return nil, errors.New("dynamo: client must not be nil")
-	case cfg.Table == "":
-		return nil, errors.New("dynamo: Config.Table must not be empty")
-	case cfg.MaxAttempts < 0:
-		return nil, fmt.Errorf("dynamo: Config.MaxAttempts must not be negative, got %d", cfg.MaxAttempts)
-	case cfg.BackoffBase < 0 || cfg.BackoffMax < 0:
-		return nil, errors.New("dynamo: Config.BackoffBase and BackoffMax must not be negative")
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = DefaultMaxAttempts
-	}
-	if cfg.BackoffBase == 0 {
-		cfg.BackoffBase = DefaultBackoffBase
-	}
-	if cfg.BackoffMax == 0 {
-		cfg.BackoffMax = DefaultBackoffMax
+	cfg, err := cfg.withDefaults(client)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.CacheSize == 0 {
 		cfg.CacheSize = DefaultCacheSize
-	}
-	if cfg.Retryer == nil {
-		cfg.Retryer = NewRetryer(RetryerConfig{})
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
 	}
 	s := &Store{client: client, table: aws.String(cfg.Table), cfg: cfg, cache: newCache(cfg.CacheSize)}
 	retryer := cfg.Retryer
@@ -360,4 +336,38 @@ func typeName(av types.AttributeValue) string {
 		return "a Set"
 	}
 	return fmt.Sprintf("%T", av)
+}
+
+// withDefaults checks what New and NewLeases share of cfg and fills in the
+// defaults.
+func (cfg Config) withDefaults(client Client) (Config, error) {
+	switch {
+	case client == nil:
+		return cfg, errors.New("dynamo: client must not be nil")
+	case cfg.Table == "":
+		return cfg, errors.New("dynamo: Config.Table must not be empty")
+	case cfg.MaxAttempts < 0:
+		return cfg, fmt.Errorf("dynamo: Config.MaxAttempts must not be negative, got %d", cfg.MaxAttempts)
+	case cfg.BackoffBase < 0 || cfg.BackoffMax < 0:
+		return cfg, errors.New("dynamo: Config.BackoffBase and BackoffMax must not be negative")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.BackoffBase == 0 {
+		cfg.BackoffBase = DefaultBackoffBase
+	}
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMax = DefaultBackoffMax
+	}
+	if cfg.Retryer == nil {
+		cfg.Retryer = NewRetryer(RetryerConfig{})
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	return cfg, nil
 }
