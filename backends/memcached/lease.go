@@ -144,7 +144,7 @@ func (l *Leases) update(ctx context.Context, what, key string, now int64, apply 
 	defer cancel()
 	var buf []limiter.LeaseEntry
 	for lost := 0; ; {
-		it, err := leaseCall(ctx, func() (*memcache.Item, error) { return l.mc.Get(key) })
+		it, err := call(ctx, func() (*memcache.Item, error) { return l.mc.Get(key) })
 		found := err == nil
 		switch {
 		case errors.Is(err, memcache.ErrCacheMiss):
@@ -170,7 +170,7 @@ func (l *Leases) update(ctx context.Context, what, key string, now int64, apply 
 			exp = limiter.LeaseExpiry(next, now) + leaseMargin
 		}
 		w := &memcache.Item{Key: key, Value: limiter.AppendLeases([]byte{leaseFormat}, next), Expiration: l.expiry(exp)}
-		_, err = leaseCall(ctx, func() (struct{}, error) {
+		_, err = call(ctx, func() (struct{}, error) {
 			if found {
 				w.CasID = it.CasID
 				return struct{}{}, l.mc.CompareAndSwap(w)
@@ -203,7 +203,7 @@ func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, t
 	defer cancel()
 	v := binary.AppendVarint(binary.LittleEndian.AppendUint64([]byte{gaugeFormat}, math.Float64bits(g.Value)), g.At)
 	it := &memcache.Item{Key: l.key("g:", "G:", k), Value: v, Expiration: l.expiry(ttl)}
-	if _, err := leaseCall(ctx, func() (struct{}, error) { return struct{}{}, l.mc.Set(it) }); err != nil {
+	if _, err := call(ctx, func() (struct{}, error) { return struct{}{}, l.mc.Set(it) }); err != nil {
 		return leaseError("put gauge", err)
 	}
 	return nil
@@ -216,7 +216,7 @@ func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bo
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	it, err := leaseCall(ctx, func() (*memcache.Item, error) { return l.mc.Get(l.key("g:", "G:", k)) })
+	it, err := call(ctx, func() (*memcache.Item, error) { return l.mc.Get(l.key("g:", "G:", k)) })
 	switch {
 	case errors.Is(err, memcache.ErrCacheMiss):
 		return limiter.Gauge{}, false, nil
@@ -288,28 +288,6 @@ func (l *Leases) wait(ctx context.Context, attempt int) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	}
-}
-
-// leaseCall runs f in its own goroutine and waits for it or for ctx (a
-// gomemcache call takes no context; an abandoned one ends within the
-// client's socket timeout).
-func leaseCall[T any](ctx context.Context, f func() (T, error)) (T, error) {
-	type result struct {
-		v   T
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		v, err := f()
-		ch <- result{v, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.v, r.err
-	case <-ctx.Done():
-		var zero T
-		return zero, ctx.Err()
 	}
 }
 
