@@ -76,6 +76,7 @@ func BenchmarkLatency(b *testing.B) {
 		{"Sliding4", 4, false},
 		{"Sliding12", 12, false},
 		{"Sliding12/Proxy", 12, true},
+		{"Sliding20", 20, false}, // limiter.DefaultSubWindows
 		{"Sliding60", 60, false},
 		{"TokenBucket", -1, false},
 	} {
