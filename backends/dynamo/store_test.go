@@ -1,9 +1,6 @@
 package dynamo_test
 
 import (
-	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,41 +19,6 @@ func TestConformance(t *testing.T) {
 		r.load(), r.failed.Load(), st.Conflicts, st.Reads, st.Cleanups)
 }
 
-// storm runs workers goroutines, each calling l.AllowN(key, at, 1) tries
-// times, and returns the number allowed. Any error fails the test.
-func storm(t *testing.T, l limiter.Limiter, key string, at time.Time, workers, tries int) int64 {
-	t.Helper()
-	var allowed, failed atomic.Int64
-	var first atomic.Value
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			for range tries {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				d, err := l.AllowN(ctx, key, at, 1)
-				cancel()
-				switch {
-				case err != nil:
-					failed.Add(1)
-					first.CompareAndSwap(nil, err)
-				case d.Allowed:
-					allowed.Add(1)
-				}
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if n := failed.Load(); n > 0 {
-		t.Fatalf("%d of %d requests failed; first: %v", n, workers*tries, first.Load())
-	}
-	return allowed.Load()
-}
-
 // The acceptance: a bucket of 100 with a one-hour refill, 64
 // goroutines x 50 tries: exactly 100 allowed, and fewer than 1.5 requests
 // per decision (relative writes let concurrent takes that fit all succeed).
@@ -68,7 +30,7 @@ func TestBucketExactUnderContention(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := limitertest.Key(t)
-	if n := storm(t, b, key, base, workers, tries); n != 100 {
+	if n := limitertest.Hammer(t, b, key, base, workers, tries); n != 100 {
 		t.Fatalf("%d allowed, want exactly 100", n)
 	}
 	perDecision := float64(r.load()) / (workers * tries)
@@ -192,13 +154,13 @@ func TestWindowsAndLogUnderContention(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			key := limitertest.Key(t)
 			before := r.load()
-			n := storm(t, c.l, key, base.Add(30*time.Second), workers, int(c.tries))
+			n := limitertest.Hammer(t, c.l, key, base.Add(30*time.Second), workers, int(c.tries))
 			per := float64(r.load()-before) / float64(workers*c.tries)
 			t.Logf("%d allowed under contention, %.3f requests per decision", n, per)
 			if n > c.limit || (c.exact && n != c.limit) {
 				t.Fatalf("%d allowed, want at most %d (exactly for the log)", n, c.limit)
 			}
-			n += storm(t, c.l, key, base.Add(30*time.Second), 1, int(c.limit)+20)
+			n += limitertest.Hammer(t, c.l, key, base.Add(30*time.Second), 1, int(c.limit)+20)
 			if n != c.limit {
 				t.Fatalf("%d allowed in all, want exactly %d", n, c.limit)
 			}
@@ -220,7 +182,7 @@ func TestBucketExactWithRefills(t *testing.T) {
 		key := limitertest.Key(t)
 		var total int64
 		for step := range 4 {
-			total += storm(t, b, key, base.Add(time.Duration(step)*10*time.Millisecond), 64, 2)
+			total += limitertest.Hammer(t, b, key, base.Add(time.Duration(step)*10*time.Millisecond), 64, 2)
 		}
 		if total != 20+3*5 {
 			t.Fatalf("exact-only=%v: %d allowed, want exactly 35", exactOnly, total)

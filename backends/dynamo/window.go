@@ -129,15 +129,8 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		}
 	}
 	var expr strings.Builder
-	expr.WriteString("ADD #c :n SET #x = :x REMOVE ")
-	for i, name := range remove {
-		ph := "#r" + strconv.Itoa(i)
-		names[ph] = name
-		if i > 0 {
-			expr.WriteString(", ")
-		}
-		expr.WriteString(ph)
-	}
+	expr.WriteString("ADD #c :n SET #x = :x ")
+	writeRemove(&expr, names, remove)
 	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                s.table,
 		Key:                      keyAttr(pk),
@@ -211,15 +204,7 @@ func (s *Store) cleanup(ctx context.Context, pk string, stale []string) {
 	stale = stale[:min(len(stale), maxRemove)]
 	names := map[string]string{"#k": AttrPK}
 	var expr strings.Builder
-	expr.WriteString("REMOVE ")
-	for i, name := range stale {
-		ph := "#r" + strconv.Itoa(i)
-		names[ph] = name
-		if i > 0 {
-			expr.WriteString(", ")
-		}
-		expr.WriteString(ph)
-	}
+	writeRemove(&expr, names, stale)
 	_, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                s.table,
 		Key:                      keyAttr(pk),
@@ -369,4 +354,18 @@ func mod(a, b int64) int64 {
 		m += b
 	}
 	return m
+}
+
+// writeRemove appends "REMOVE #r0, #r1, ..." for the attribute names to
+// expr, registering the placeholders in names.
+func writeRemove(expr *strings.Builder, names map[string]string, attrs []string) {
+	expr.WriteString("REMOVE ")
+	for i, name := range attrs {
+		ph := "#r" + strconv.Itoa(i)
+		names[ph] = name
+		if i > 0 {
+			expr.WriteString(", ")
+		}
+		expr.WriteString(ph)
+	}
 }

@@ -18,13 +18,13 @@ func testConcurrency(t *testing.T, s Store) {
 	const workers = 64
 	t.Run("TokenBucket", func(t *testing.T) {
 		b := bucket(t, s, limiter.TokenBucketConfig{MaxAmount: 50, RefillTime: time.Hour})
-		if n := hammer(t, b, Key(t), Base, workers, 3); n != 50 {
+		if n := Hammer(t, b, Key(t), Base, workers, 3); n != 50 {
 			t.Fatalf("%d allowed, want exactly 50", n)
 		}
 	})
 	t.Run("SlidingLog", func(t *testing.T) {
 		l := slidingLog(t, s, limiter.SlidingLogConfig{Limit: 20, Window: time.Hour})
-		if n := hammer(t, l, Key(t), Base, workers, 2); n != 20 {
+		if n := Hammer(t, l, Key(t), Base, workers, 2); n != 20 {
 			t.Fatalf("%d allowed, want exactly 20", n)
 		}
 	})
@@ -36,7 +36,7 @@ func testConcurrency(t *testing.T, s Store) {
 	for name, w := range windows {
 		t.Run(name, func(t *testing.T) {
 			key := Key(t)
-			n := hammer(t, w, key, Base, workers, 3)
+			n := Hammer(t, w, key, Base, workers, 3)
 			if n > 50 || n == 0 {
 				t.Fatalf("%d allowed under contention, want 1..50", n)
 			}
@@ -54,7 +54,7 @@ func testConcurrency(t *testing.T, s Store) {
 			t.Fatal(err)
 		}
 		key := Key(t)
-		n := hammer(t, st, key, Base, workers, 2)
+		n := Hammer(t, st, key, Base, workers, 2)
 		n += int64(countAllowed(t, st, key, Base, 40))
 		if n != 30 {
 			t.Fatalf("%d allowed, want exactly 30", n)

@@ -145,9 +145,10 @@ func slidingLog(t testing.TB, s Store, cfg limiter.SlidingLogConfig) *limiter.Sl
 	return must[*limiter.SlidingLog](t)(limiter.NewSlidingLog(s, cfg))
 }
 
-// hammer runs workers goroutines, each making tries requests of cost 1 on key
-// at `at`, and returns how many were allowed.
-func hammer(t *testing.T, l limiter.Limiter, key string, at time.Time, workers, tries int) int64 {
+// Hammer runs workers goroutines, released together, each making tries
+// requests of cost 1 on key at `at`, and returns how many were allowed. Any
+// error fails the test. Backends use it for their own contention tests.
+func Hammer(t *testing.T, l limiter.Limiter, key string, at time.Time, workers, tries int) int64 {
 	t.Helper()
 	var allowed, failed atomic.Int64
 	var firstErr atomic.Value
