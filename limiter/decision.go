@@ -71,6 +71,16 @@ var (
 	// ErrRefund is wrapped when giving back units after a denial failed;
 	// the accompanying Decision is still valid.
 	ErrRefund = errors.New("limiter: refund failed")
+	// ErrUnavailable is what backends wrap when the store could not be
+	// reached or did not answer within the deadline (network errors,
+	// timeouts, server errors, a missing table): the cases where a rule's
+	// fail mode applies.
+	ErrUnavailable = errors.New("limiter: store unavailable")
+	// ErrThrottled is what backends wrap when the store refused the request
+	// for capacity (DynamoDB throttling) and retries within the deadline did
+	// not get through. Like every store error, it follows the rule's fail
+	// mode.
+	ErrThrottled = errors.New("limiter: store throttled")
 )
 
 // unixNano returns now in Unix nanoseconds, or an error if it does not fit.

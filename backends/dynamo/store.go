@@ -65,10 +65,10 @@ var (
 	// (ProvisionedThroughputExceededException, ThrottlingException,
 	// RequestLimitExceeded) and the SDK's retries within the deadline did
 	// not get through.
-	ErrThrottled = errors.New("dynamo: throttled")
+	ErrThrottled = fmt.Errorf("dynamo: throttled: %w", limiter.ErrThrottled)
 	// ErrUnavailable is wrapped when DynamoDB could not be reached or did
 	// not answer within the deadline (network errors, timeouts, 5xx).
-	ErrUnavailable = errors.New("dynamo: unavailable")
+	ErrUnavailable = fmt.Errorf("dynamo: unavailable: %w", limiter.ErrUnavailable)
 	// ErrItemTooLarge is wrapped when a write would make an item larger
 	// than ItemBudget (a sliding log with too many entries).
 	ErrItemTooLarge = errors.New("dynamo: item would exceed 1 KB")

@@ -39,7 +39,7 @@ const (
 // cancelled context): the cases where a rule's fail mode applies. The
 // underlying error is wrapped too, so errors.Is(err,
 // context.DeadlineExceeded) works.
-var ErrUnavailable = errors.New("memcached: unavailable")
+var ErrUnavailable = fmt.Errorf("memcached: unavailable: %w", limiter.ErrUnavailable)
 
 // Config configures a [Store]. Either Addrs or AutoDiscovery is required.
 type Config struct {
