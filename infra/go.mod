@@ -27,3 +27,7 @@ require (
 	golang.org/x/tools/cmd/godoc v0.1.0-deprecated // indirect
 	golang.org/x/tools/godoc v0.1.0-deprecated // indirect
 )
+
+require github.com/sluicehq/sluice v0.0.0-00010101000000-000000000000
+
+replace github.com/sluicehq/sluice => ../

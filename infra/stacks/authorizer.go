@@ -12,28 +12,31 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
+
+	"github.com/sluicehq/sluice/config"
 )
 
-// Environment variables read by the authorizer (functions/authorizer).
+// Environment variables read by the authorizer: the names of the
+// configuration contract (package config).
 const (
-	EnvRulesFile        = "SLUICE_RULES_FILE"
-	EnvRulesYAML        = "SLUICE_RULES_YAML"
-	EnvRulesTable       = "SLUICE_RULES_TABLE"
-	EnvDynamoTable      = "SLUICE_DYNAMO_TABLE"
-	EnvMemcachedAddrs   = "SLUICE_MEMCACHED_ADDRS"
-	EnvMemcachedTLS     = "SLUICE_MEMCACHED_TLS"
-	EnvMemcachedProxy   = "SLUICE_MEMCACHED_PROXY"
-	EnvDeadline         = "SLUICE_DEADLINE"
-	EnvMetricsNamespace = "SLUICE_METRICS_NAMESPACE"
+	EnvRulesFile        = config.EnvRulesFile
+	EnvRulesYAML        = config.EnvRulesYAML
+	EnvRulesTable       = config.EnvRulesTable
+	EnvDynamoTable      = config.EnvDynamoTable
+	EnvMemcachedAddrs   = config.EnvMemcachedAddrs
+	EnvMemcachedTLS     = config.EnvMemcachedTLS
+	EnvMemcachedProxy   = config.EnvMemcachedProxy
+	EnvDeadline         = config.EnvDeadline
+	EnvMetricsNamespace = config.EnvMetricsNamespace
 
-	EnvShedFleetCapacity     = "SLUICE_SHED_FLEET_CAPACITY"
-	EnvShedFleetReserve      = "SLUICE_SHED_FLEET_RESERVE"
-	EnvShedFleetShares       = "SLUICE_SHED_FLEET_SHARES"
-	EnvShedFleetName         = "SLUICE_SHED_FLEET_NAME"
-	EnvShedLeaseTTL          = "SLUICE_SHED_LEASE_TTL"
-	EnvShedUtilization       = "SLUICE_SHED_UTILIZATION"
-	EnvShedUtilizationMaxAge = "SLUICE_SHED_UTILIZATION_MAX_AGE"
-	EnvShedBackend           = "SLUICE_SHED_BACKEND"
+	EnvShedFleetCapacity     = config.EnvShedFleetCapacity
+	EnvShedFleetReserve      = config.EnvShedFleetReserve
+	EnvShedFleetShares       = config.EnvShedFleetShares
+	EnvShedFleetName         = config.EnvShedFleetName
+	EnvShedLeaseTTL          = config.EnvShedLeaseTTL
+	EnvShedUtilization       = config.EnvShedUtilization
+	EnvShedUtilizationMaxAge = config.EnvShedUtilizationMaxAge
+	EnvShedBackend           = config.EnvShedBackend
 )
 
 // lambdaTaskRoot is where Lambda unpacks the deployment package.

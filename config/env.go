@@ -1,0 +1,414 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Env is the authorizer's configuration, read from the environment by
+// [Parse]. docs/authorizer.md lists the variables.
+type Env struct {
+	RulesFile  string        // EnvRulesFile: path of a rules document
+	RulesYAML  string        // EnvRulesYAML: an inline rules document
+	RulesTable string        // EnvRulesTable: DynamoDB table of rules (key "name")
+	RulesTTL   time.Duration // EnvRulesTTL: cache time of table rules (DefaultRulesTTL)
+
+	DynamoTable    string   // EnvDynamoTable: state table (key "pk", TTL "ttl")
+	MemcachedAddrs []string // EnvMemcachedAddrs: comma-separated host:port
+	MemcachedTLS   bool     // EnvMemcachedTLS
+	MemcachedProxy bool     // EnvMemcachedProxy
+	DefaultBackend string   // EnvDefaultBackend: backend of limits naming none
+
+	Deadline         time.Duration // EnvDeadline: bound of one decision (DefaultDeadline)
+	MetricsNamespace string        // EnvMetricsNamespace (the metrics default to DefaultMetricsNamespace)
+	HTTPResponses    string        // EnvHTTPResponses: HTTPResponsesSimple (default) or HTTPResponsesIAM
+	LogLevel         slog.Level    // EnvLogLevel, else EnvLambdaLogLevel (default INFO)
+	LogKey           string        // EnvLogHashKey: HMAC key of hashed keys in logs
+
+	// Shed configures the load shedders (SLUICE_SHED_*); off unless
+	// EnvShedFleetCapacity or EnvShedUtilization is set.
+	Shed Shed
+
+	// TestClock, from EnvTestClock (RFC 3339), freezes the clock. It
+	// exists for the golden tests of the built binary; never set it in a
+	// deployment.
+	TestClock time.Time
+}
+
+// Shed configures the load shedders (Stripe's fleet-usage and
+// worker-utilization shedders, package limiter). Both are off by default.
+type Shed struct {
+	// FleetCapacity, from EnvShedFleetCapacity, is the number of requests
+	// the fleet behind the API serves at once (1 to MaxShedFleetCapacity);
+	// 0 turns the fleet-usage shedder off.
+	FleetCapacity int64
+	// FleetName, from EnvShedFleetName, names the fleet's one lease key in
+	// the store (DefaultShedFleetName): deployments that share a store but
+	// protect different fleets need different names.
+	FleetName string
+	// FleetReserve, from EnvShedFleetReserve, is the share of FleetCapacity
+	// kept for critical traffic, in [0, 1) (DefaultShedFleetReserve).
+	FleetReserve float64
+	// FleetShares, from EnvShedFleetShares ("low=0.5,normal=0.7"),
+	// optionally lowers the share of FleetCapacity a priority may fill, so
+	// that lower priorities are shed first.
+	FleetShares map[limiter.Priority]float64
+	// LeaseTTL, from EnvShedLeaseTTL, is how long a request let through by
+	// the fleet shedder holds its slot (DefaultShedLeaseTTL, at most
+	// MaxShedLeaseTTL).
+	LeaseTTL time.Duration
+	// Utilization, from EnvShedUtilization, names the utilization (0 to 1)
+	// the backend fleet publishes into the shed backend; empty turns the
+	// worker-utilization shedder off.
+	Utilization string
+	// UtilizationMaxAge, from EnvShedUtilizationMaxAge, is how old the
+	// published value may be (DefaultShedUtilizationMaxAge); an older one
+	// is ignored and the shedder recedes (fails open, slowly).
+	UtilizationMaxAge time.Duration
+	// Backend, from EnvShedBackend, holds the fleet's leases and the
+	// published utilization: BackendMemcached or BackendDynamo (default:
+	// memcached if configured, else dynamo if configured). Never memory: a
+	// memory store counts per Lambda container, not across the fleet.
+	Backend string
+}
+
+// Enabled reports whether any shedder is configured.
+func (s Shed) Enabled() bool { return s.FleetCapacity > 0 || s.Utilization != "" }
+
+// FleetConfig is the fleet-usage shedder's configuration.
+func (s Shed) FleetConfig() limiter.FleetShedderConfig {
+	return limiter.FleetShedderConfig{Name: s.FleetName, Capacity: s.FleetCapacity, Reserve: s.FleetReserve, Shares: s.FleetShares, LeaseTTL: s.LeaseTTL}
+}
+
+// Configured returns the network backends e configures (memcached with
+// addresses, dynamo with a state table).
+func (e Env) Configured() map[string]bool {
+	m := map[string]bool{}
+	if len(e.MemcachedAddrs) > 0 {
+		m[BackendMemcached] = true
+	}
+	if e.DynamoTable != "" {
+		m[BackendDynamo] = true
+	}
+	return m
+}
+
+// BackendVar names the variable that configures a network backend: the
+// one to set when an error says the backend is missing.
+func BackendVar(backend string) string {
+	switch backend {
+	case BackendMemcached:
+		return EnvMemcachedAddrs
+	case BackendDynamo:
+		return EnvDynamoTable
+	}
+	return EnvDefaultBackend
+}
+
+// Error is a variable that [Parse] refuses.
+type Error struct {
+	Name string // the variable, e.g. EnvDeadline
+	Msg  string // what is wrong with its value
+}
+
+func (e *Error) Error() string { return "config: " + e.Name + ": " + e.Msg }
+
+// Parse reads the configuration through getenv (os.Getenv in the
+// authorizer; the environment it is about to deploy in the construct).
+// Errors are an [*Error] naming the variable.
+func Parse(getenv func(string) string) (Env, error) {
+	e := Env{
+		RulesFile:        strings.TrimSpace(getenv(EnvRulesFile)),
+		RulesYAML:        getenv(EnvRulesYAML),
+		RulesTable:       strings.TrimSpace(getenv(EnvRulesTable)),
+		DynamoTable:      strings.TrimSpace(getenv(EnvDynamoTable)),
+		DefaultBackend:   strings.TrimSpace(getenv(EnvDefaultBackend)),
+		MetricsNamespace: strings.TrimSpace(getenv(EnvMetricsNamespace)),
+		HTTPResponses:    strings.TrimSpace(getenv(EnvHTTPResponses)),
+		LogKey:           getenv(EnvLogHashKey),
+		RulesTTL:         DefaultRulesTTL,
+		Deadline:         DefaultDeadline,
+		LogLevel:         slog.LevelInfo,
+	}
+	bad := func(name, format string, args ...any) (Env, error) {
+		return Env{}, &Error{Name: name, Msg: fmt.Sprintf(format, args...)}
+	}
+	sources := 0
+	for _, s := range []string{e.RulesFile, strings.TrimSpace(e.RulesYAML), e.RulesTable} {
+		if s != "" {
+			sources++
+		}
+	}
+	if sources > 1 {
+		return bad(EnvRulesFile+", "+EnvRulesYAML+", "+EnvRulesTable, "set at most one rules source")
+	}
+	if v := strings.TrimSpace(getenv(EnvRulesTTL)); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return bad(EnvRulesTTL, "%q is not a positive Go duration such as 60s", v)
+		}
+		e.RulesTTL = d
+	}
+	if v := strings.TrimSpace(getenv(EnvDeadline)); v != "" {
+		d, err := ParseDeadline(v)
+		if err != nil {
+			return bad(EnvDeadline, "%v", err)
+		}
+		e.Deadline = d
+	}
+	if v := strings.TrimSpace(getenv(EnvMemcachedAddrs)); v != "" {
+		for _, a := range strings.Split(v, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				e.MemcachedAddrs = append(e.MemcachedAddrs, a)
+			}
+		}
+	}
+	for _, b := range []struct {
+		name string
+		dst  *bool
+	}{{EnvMemcachedTLS, &e.MemcachedTLS}, {EnvMemcachedProxy, &e.MemcachedProxy}} {
+		switch v := strings.ToLower(strings.TrimSpace(getenv(b.name))); v {
+		case "", "false", "0", "no":
+		case "true", "1", "yes":
+			*b.dst = true
+		default:
+			return bad(b.name, "%q is not true or false", v)
+		}
+	}
+	switch e.DefaultBackend {
+	case "":
+		switch {
+		case len(e.MemcachedAddrs) > 0:
+			e.DefaultBackend = BackendMemcached
+		case e.DynamoTable != "":
+			e.DefaultBackend = BackendDynamo
+		default:
+			e.DefaultBackend = BackendMemory
+		}
+	case BackendMemory, BackendMemcached, BackendDynamo:
+	default:
+		return bad(EnvDefaultBackend, "%q is not memory, memcached or dynamo", e.DefaultBackend)
+	}
+	switch e.HTTPResponses {
+	case "":
+		e.HTTPResponses = DefaultHTTPResponses
+	case HTTPResponsesSimple, HTTPResponsesIAM:
+	default:
+		return bad(EnvHTTPResponses, "%q is not %s or %s", e.HTTPResponses, HTTPResponsesSimple, HTTPResponsesIAM)
+	}
+	level, name := strings.TrimSpace(getenv(EnvLogLevel)), EnvLogLevel
+	if level == "" {
+		level, name = strings.TrimSpace(getenv(EnvLambdaLogLevel)), EnvLambdaLogLevel
+	}
+	if level != "" {
+		switch strings.ToUpper(level) {
+		case "TRACE", "DEBUG":
+			e.LogLevel = slog.LevelDebug
+		case "INFO":
+			e.LogLevel = slog.LevelInfo
+		case "WARN":
+			e.LogLevel = slog.LevelWarn
+		case "ERROR", "FATAL":
+			e.LogLevel = slog.LevelError
+		default:
+			return bad(name, "%q is not DEBUG, INFO, WARN or ERROR", level)
+		}
+	}
+	shed, err := parseShed(getenv, e)
+	if err != nil {
+		return Env{}, err
+	}
+	e.Shed = shed
+	if v := strings.TrimSpace(getenv(EnvTestClock)); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return bad(EnvTestClock, "%q is not an RFC 3339 time", v)
+		}
+		e.TestClock = t
+	}
+	return e, nil
+}
+
+// ParseDeadline parses a value of EnvDeadline: a Go duration in
+// (0, MaxDeadline].
+func ParseDeadline(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 || d > MaxDeadline {
+		return 0, fmt.Errorf("%q is not a Go duration between 0 and %v such as %v", v, MaxDeadline, DefaultDeadline)
+	}
+	return d, nil
+}
+
+// parseShed reads the SLUICE_SHED_* variables; e holds the rest of the
+// configuration (the backends).
+func parseShed(getenv func(string) string, e Env) (Shed, error) {
+	s := Shed{
+		FleetReserve:      DefaultShedFleetReserve,
+		LeaseTTL:          DefaultShedLeaseTTL,
+		UtilizationMaxAge: DefaultShedUtilizationMaxAge,
+		FleetName:         strings.TrimSpace(getenv(EnvShedFleetName)),
+		Utilization:       strings.TrimSpace(getenv(EnvShedUtilization)),
+		Backend:           strings.TrimSpace(getenv(EnvShedBackend)),
+	}
+	bad := func(name, format string, args ...any) (Shed, error) {
+		return Shed{}, &Error{Name: name, Msg: fmt.Sprintf(format, args...)}
+	}
+	if v := strings.TrimSpace(getenv(EnvShedFleetCapacity)); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > MaxShedFleetCapacity {
+			return bad(EnvShedFleetCapacity, "%q is not a number of requests from 0 (off) to %d", v, MaxShedFleetCapacity)
+		}
+		s.FleetCapacity = n
+	}
+	if v := strings.TrimSpace(getenv(EnvShedFleetReserve)); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f >= 0 && f < 1) {
+			return bad(EnvShedFleetReserve, "%q is not a share in [0, 1) such as %g", v, DefaultShedFleetReserve)
+		}
+		s.FleetReserve = f
+	}
+	if v := strings.TrimSpace(getenv(EnvShedFleetShares)); v != "" {
+		shares, err := parseShares(v)
+		if err != nil {
+			return bad(EnvShedFleetShares, "%q: %v", v, err)
+		}
+		s.FleetShares = shares
+	}
+	if v := strings.TrimSpace(getenv(EnvShedLeaseTTL)); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > MaxShedLeaseTTL {
+			return bad(EnvShedLeaseTTL, "%q is not a Go duration between 0 and %v such as %v", v, MaxShedLeaseTTL, DefaultShedLeaseTTL)
+		}
+		s.LeaseTTL = d
+	}
+	if v := strings.TrimSpace(getenv(EnvShedUtilizationMaxAge)); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return bad(EnvShedUtilizationMaxAge, "%q is not a positive Go duration such as %v", v, DefaultShedUtilizationMaxAge)
+		}
+		s.UtilizationMaxAge = d
+	}
+	for _, n := range []struct{ name, v string }{{EnvShedUtilization, s.Utilization}, {EnvShedFleetName, s.FleetName}} {
+		if err := CheckStoreName(n.v); err != nil {
+			return bad(n.name, "%v", err)
+		}
+	}
+	if s.FleetName == "" {
+		s.FleetName = DefaultShedFleetName
+	}
+	if s.FleetCapacity > 0 {
+		// The limiter validates the reserve against the shares; a store
+		// that is never called is enough for that.
+		if _, err := limiter.NewFleetShedder(noLeases{}, s.FleetConfig()); err != nil {
+			name := EnvShedFleetShares
+			if s.FleetShares == nil {
+				name = EnvShedFleetReserve
+			}
+			return bad(name, "%v", err)
+		}
+	}
+	switch s.Backend {
+	case "":
+		switch {
+		case len(e.MemcachedAddrs) > 0:
+			s.Backend = BackendMemcached
+		case e.DynamoTable != "":
+			s.Backend = BackendDynamo
+		}
+		// Neither: the authorizer refuses to start a shedder without a
+		// store.
+	case BackendMemory:
+		return bad(EnvShedBackend, "memory counts per Lambda container, not across the fleet: use memcached or dynamo")
+	case BackendMemcached, BackendDynamo:
+		if s.Enabled() && !e.Configured()[s.Backend] {
+			return bad(EnvShedBackend, "%s is not configured (set %s)", s.Backend, BackendVar(s.Backend))
+		}
+	default:
+		return bad(EnvShedBackend, "%q is not memcached or dynamo", s.Backend)
+	}
+	return s, nil
+}
+
+// CheckStoreName checks a name of a key in the shed store
+// (EnvShedUtilization, EnvShedFleetName): printable ASCII without spaces,
+// at most MaxStoreName bytes. The empty name passes (it means the default
+// or off).
+func CheckStoreName(v string) error {
+	if len(v) > MaxStoreName || strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
+		return fmt.Errorf("%.80q is not a name of printable ASCII without spaces, at most %d bytes", v, MaxStoreName)
+	}
+	return nil
+}
+
+// parseShares parses "low=0.5,normal=0.7".
+func parseShares(v string) (map[limiter.Priority]float64, error) {
+	out := map[limiter.Priority]float64{}
+	for _, part := range strings.Split(v, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, val, ok := strings.Cut(part, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q is not priority=share", part)
+		}
+		p, err := limiter.ParsePriority(strings.TrimSpace(name))
+		if err != nil || p == limiter.PriorityCritical {
+			return nil, fmt.Errorf("%q is not low, normal or high (critical traffic is never shed)", strings.TrimSpace(name))
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil || math.IsNaN(f) {
+			return nil, fmt.Errorf("%q is not a share such as 0.5", strings.TrimSpace(val))
+		}
+		if _, dup := out[p]; dup {
+			return nil, fmt.Errorf("%s is given twice", p)
+		}
+		out[p] = f
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no priority=share pair")
+	}
+	return out, nil
+}
+
+// FormatShares writes shares by priority name ("low", "normal", "high") in
+// the EnvShedFleetShares syntax, in that order; any other name follows, in
+// sorted order, for [Parse] to refuse with its own message.
+func FormatShares(shares map[string]float64) string {
+	var parts []string
+	add := func(name string) {
+		parts = append(parts, name+"="+strconv.FormatFloat(shares[name], 'g', -1, 64))
+	}
+	known := []string{limiter.PriorityLow.String(), limiter.PriorityNormal.String(), limiter.PriorityHigh.String()}
+	for _, name := range known {
+		if _, ok := shares[name]; ok {
+			add(name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(shares)) {
+		if !slices.Contains(known, name) {
+			add(name)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// noLeases is a lease store that is never called (validation only).
+type noLeases struct{}
+
+func (noLeases) AcquireLease(context.Context, limiter.Key, limiter.LeaseOp) (limiter.Decision, error) {
+	return limiter.Decision{}, errors.New("not a store")
+}
+func (noLeases) ReleaseLease(context.Context, limiter.Key, limiter.ReleaseOp) error {
+	return errors.New("not a store")
+}

@@ -1,0 +1,134 @@
+package config
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Prefix begins the name of every variable of the contract.
+const Prefix = "SLUICE_"
+
+// Names of the environment variables the authorizer reads.
+const (
+	// EnvRulesFile is the path of a rules document.
+	EnvRulesFile = "SLUICE_RULES_FILE"
+	// EnvRulesYAML is an inline rules document.
+	EnvRulesYAML = "SLUICE_RULES_YAML"
+	// EnvRulesTable names a DynamoDB table of rules (partition key
+	// "name").
+	EnvRulesTable = "SLUICE_RULES_TABLE"
+	// EnvRulesTTL is how long rules read from the table are cached.
+	EnvRulesTTL = "SLUICE_RULES_TTL"
+
+	// EnvDynamoTable names the DynamoDB state table (partition key "pk",
+	// TTL attribute "ttl").
+	EnvDynamoTable = "SLUICE_DYNAMO_TABLE"
+	// EnvMemcachedAddrs lists memcached host:port addresses, comma-separated.
+	EnvMemcachedAddrs = "SLUICE_MEMCACHED_ADDRS"
+	// EnvMemcachedTLS is "true" for TLS, verifying each host.
+	EnvMemcachedTLS = "SLUICE_MEMCACHED_TLS"
+	// EnvMemcachedProxy is "true" behind a proxy that may reorder a
+	// pipeline (ElastiCache Serverless).
+	EnvMemcachedProxy = "SLUICE_MEMCACHED_PROXY"
+	// EnvDefaultBackend is the backend of limits that name none.
+	EnvDefaultBackend = "SLUICE_DEFAULT_BACKEND"
+
+	// EnvDeadline bounds one decision.
+	EnvDeadline = "SLUICE_DEADLINE"
+	// EnvMetricsNamespace is the CloudWatch namespace of the EMF metrics.
+	EnvMetricsNamespace = "SLUICE_METRICS_NAMESPACE"
+	// EnvHTTPResponses is HTTPResponsesSimple or HTTPResponsesIAM.
+	EnvHTTPResponses = "SLUICE_HTTP_RESPONSES"
+	// EnvLogLevel is DEBUG, INFO, WARN or ERROR; else EnvLambdaLogLevel.
+	EnvLogLevel = "SLUICE_LOG_LEVEL"
+	// EnvLogHashKey is the HMAC key of hashed keys in logs.
+	EnvLogHashKey = "SLUICE_LOG_HASH_KEY"
+	// EnvTestClock freezes the clock (RFC 3339): for the golden tests of
+	// the built binary only, never in a deployment.
+	EnvTestClock = "SLUICE_TEST_CLOCK"
+
+	// EnvShedFleetCapacity turns the fleet-usage shedder on.
+	EnvShedFleetCapacity = "SLUICE_SHED_FLEET_CAPACITY"
+	// EnvShedFleetReserve is the share of the capacity kept for critical
+	// traffic.
+	EnvShedFleetReserve = "SLUICE_SHED_FLEET_RESERVE"
+	// EnvShedFleetShares lowers the share a priority may fill
+	// ("low=0.5,normal=0.7").
+	EnvShedFleetShares = "SLUICE_SHED_FLEET_SHARES"
+	// EnvShedFleetName names the fleet's lease key.
+	EnvShedFleetName = "SLUICE_SHED_FLEET_NAME"
+	// EnvShedLeaseTTL is how long a request let through holds its slot.
+	EnvShedLeaseTTL = "SLUICE_SHED_LEASE_TTL"
+	// EnvShedUtilization turns the worker-utilization shedder on: the name
+	// of the utilization the backend fleet publishes.
+	EnvShedUtilization = "SLUICE_SHED_UTILIZATION"
+	// EnvShedUtilizationMaxAge is how old the published value may be.
+	EnvShedUtilizationMaxAge = "SLUICE_SHED_UTILIZATION_MAX_AGE"
+	// EnvShedBackend holds the leases and the utilization.
+	EnvShedBackend = "SLUICE_SHED_BACKEND"
+)
+
+// EnvLambdaLogLevel is Lambda's own log-level variable (advanced logging
+// controls), read when EnvLogLevel is unset.
+const EnvLambdaLogLevel = "AWS_LAMBDA_LOG_LEVEL"
+
+// Names lists every variable of the contract, in the order above.
+func Names() []string {
+	return []string{
+		EnvRulesFile, EnvRulesYAML, EnvRulesTable, EnvRulesTTL,
+		EnvDynamoTable, EnvMemcachedAddrs, EnvMemcachedTLS, EnvMemcachedProxy, EnvDefaultBackend,
+		EnvDeadline, EnvMetricsNamespace, EnvHTTPResponses, EnvLogLevel, EnvLogHashKey, EnvTestClock,
+		EnvShedFleetCapacity, EnvShedFleetReserve, EnvShedFleetShares, EnvShedFleetName,
+		EnvShedLeaseTTL, EnvShedUtilization, EnvShedUtilizationMaxAge, EnvShedBackend,
+	}
+}
+
+// Backend names, as rules, EnvDefaultBackend and EnvShedBackend spell them.
+const (
+	BackendMemory    = "memory"
+	BackendMemcached = "memcached"
+	BackendDynamo    = "dynamo"
+)
+
+// Values of EnvHTTPResponses: how the authorizer answers an HTTP API.
+const (
+	HTTPResponsesSimple = "simple" // {isAuthorized, context}: enableSimpleResponses
+	HTTPResponsesIAM    = "iam"    // an IAM policy, as for REST APIs
+)
+
+// Defaults and bounds.
+const (
+	// DefaultRulesTTL is how long rules read from a table are cached.
+	DefaultRulesTTL = 60 * time.Second
+	// DefaultDeadline bounds one decision.
+	DefaultDeadline = 250 * time.Millisecond
+	// MaxDeadline is the longest EnvDeadline: API Gateway waits at most
+	// 30 s for a Lambda authorizer (and for the integration after it).
+	MaxDeadline = 30 * time.Second
+	// DefaultMetricsNamespace is the namespace of the EMF metrics.
+	DefaultMetricsNamespace = "Sluice"
+	// DefaultHTTPResponses is how the authorizer answers an HTTP API.
+	DefaultHTTPResponses = HTTPResponsesSimple
+
+	// DefaultShedFleetReserve is the share of the fleet's capacity kept
+	// for critical traffic.
+	DefaultShedFleetReserve = 0.2
+	// MaxShedFleetCapacity is the largest EnvShedFleetCapacity: one stored
+	// value holds the fleet's leases (limiter.MaxLeases).
+	MaxShedFleetCapacity = limiter.MaxLeases
+	// DefaultShedFleetName names the fleet shedder's lease key.
+	DefaultShedFleetName = "fleet"
+	// DefaultShedLeaseTTL is how long a request let through by the fleet
+	// shedder counts as in flight: the authorizer cannot see a request
+	// end, so set it near the integration's typical latency.
+	DefaultShedLeaseTTL = time.Second
+	// MaxShedLeaseTTL bounds EnvShedLeaseTTL (a Lambda's longest run).
+	MaxShedLeaseTTL = 15 * time.Minute
+	// DefaultShedUtilizationMaxAge is how old a published utilization may
+	// be before it is ignored.
+	DefaultShedUtilizationMaxAge = 30 * time.Second
+	// MaxStoreName bounds EnvShedUtilization and EnvShedFleetName, names
+	// of keys in the shed store: printable ASCII without spaces.
+	MaxStoreName = 128
+)
