@@ -24,8 +24,9 @@ type SlidingLogConfig struct {
 // allowed in the last Window and allows a request if the units in
 // (now-Window, now] plus the request's fit within Limit. It is the accuracy
 // reference for the approximations, and practical for small limits (memory
-// and item size grow with Limit). Timestamps later than now (another
-// writer's clock is ahead) count in full. A decision is one
+// and item size grow with Limit: up to twice Limit entries are kept, for
+// callers whose clocks lag the newest writer's, see [LogOp.Apply]). A
+// decision is one
 // LogStore.UpdateLog; safe for concurrent use; exact on any store that
 // honours the LogStore contract.
 type SlidingLog struct {
@@ -80,7 +81,7 @@ func (l *SlidingLog) update(ctx context.Context, key string, now time.Time, n in
 		return Decision{}, err
 	}
 	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: n, mode: mode}
-	d, err := l.store.UpdateLog(ctx, Key{Space: l.space, Name: key}, op, l.cfg.Window)
+	d, err := l.store.UpdateLog(ctx, Key{Space: l.space, Name: key}, op, satMul(2, l.cfg.Window))
 	if err != nil {
 		return Decision{}, fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, err)
 	}
@@ -99,12 +100,28 @@ type LogOp struct {
 }
 
 // Apply computes the log after op from entries (ascending timestamps in Unix
-// nanoseconds; it may be nil). It drops entries that left the window, then
-// appends N entries at Now if they fit (or, for a refund, removes up to N
-// entries at Now). It reuses entries' storage. write reports whether the
-// result differs from entries.
+// nanoseconds; it may be nil). It reuses entries' storage. write reports
+// whether the result differs from entries.
+//
+// Out-of-order writers: entries are kept for one window plus a horizon of
+// one more window behind the newest entry (or Now, if newer), so a caller
+// whose clock is up to one window behind the newest writer's is judged
+// exactly: N units at Now are allowed if every window-length interval that
+// holds Now, including those reaching into newer entries, stays within
+// Limit. A caller further behind is judged, and recorded, at the oldest
+// time in the newest writer's window: counted, never free.
+// A refund removes up to N entries recorded at exactly Now.
 func (op LogOp) Apply(entries []int64) (next []int64, d Decision, write bool) {
-	cutoff := op.Now - int64(op.Window) // entries <= cutoff are out
+	w := int64(op.Window)
+	newest := op.Now
+	if len(entries) > 0 {
+		newest = max(newest, entries[len(entries)-1])
+	}
+	at := op.Now
+	if at < newest-w {
+		at = newest - w + 1 // past the horizon: the oldest time in newest's window
+	}
+	cutoff := newest - 2*w // entries <= cutoff are out of every view
 	drop := 0
 	for drop < len(entries) && entries[drop] <= cutoff {
 		drop++
@@ -115,6 +132,7 @@ func (op LogOp) Apply(entries []int64) (next []int64, d Decision, write bool) {
 		write = true
 	}
 	d = Decision{Limit: op.Limit}
+	used := maxInWindows(next, at, w)
 	switch op.mode {
 	case opRefund:
 		for i := len(next) - 1; i >= 0 && op.N > 0; i-- {
@@ -125,35 +143,70 @@ func (op LogOp) Apply(entries []int64) (next []int64, d Decision, write bool) {
 			}
 		}
 		d.Allowed = true
+		used = maxInWindows(next, at, w)
 	default:
-		if int64(len(next))+op.N <= op.Limit {
+		if used+op.N <= op.Limit {
 			// Keep the list sorted: a late clock inserts before newer entries.
-			at := len(next)
-			for at > 0 && next[at-1] > op.Now {
-				at--
+			i := len(next)
+			for i > 0 && next[i-1] > at {
+				i--
 			}
 			for range op.N {
-				next = slices.Insert(next, at, op.Now)
+				next = slices.Insert(next, i, at)
 			}
+			used += op.N
 			d.Allowed = true
 			write = true
 		}
 	}
-	used := int64(len(next))
 	d.Remaining = max(op.Limit-used, 0)
-	if used > 0 {
-		d.ResetAfter = time.Duration(max(next[len(next)-1]+int64(op.Window)-op.Now, 0))
+	if len(next) > 0 {
+		d.ResetAfter = time.Duration(max(next[len(next)-1]+w-op.Now, 0))
 	}
 	if !d.Allowed {
-		// The oldest (used+N-Limit) entries must leave the window.
-		m := used + op.N - op.Limit
-		if m >= 1 && m <= used {
-			d.RetryAfter = time.Duration(max(next[m-1]+int64(op.Window)-op.Now, 1))
+		// The oldest (used+N-Limit) entries of at's window must leave it.
+		first := len(next)
+		for first > 0 && next[first-1] > at-w {
+			first--
+		}
+		view := next[first:]
+		m := min(used, int64(len(view))) + op.N - op.Limit
+		if m >= 1 && m <= int64(len(view)) {
+			d.RetryAfter = time.Duration(max(view[m-1]+w-op.Now, 1))
 		} else {
 			d.RetryAfter = 1
 		}
 	}
 	return next, d, write
+}
+
+// maxInWindows returns the largest number of entries (ascending) in a
+// window-length interval (s-w, s] that holds at: s = at, or an entry newer
+// than at by less than w. In order (no entry newer than at) it is the count
+// in (at-w, at].
+func maxInWindows(entries []int64, at, w int64) int64 {
+	lo := 0 // first entry > s-w
+	best := int64(0)
+	for hi := 0; hi <= len(entries); hi++ {
+		// s is at when hi indexes the first entry newer than at, then
+		// each newer entry in turn.
+		if hi < len(entries) && entries[hi] <= at {
+			continue
+		}
+		s := at
+		end := hi // entries[:end] are <= s
+		if hi > 0 && entries[hi-1] > at {
+			s = entries[hi-1]
+		}
+		if s-at >= w {
+			break
+		}
+		for lo < end && entries[lo] <= s-w {
+			lo++
+		}
+		best = max(best, int64(end-lo))
+	}
+	return best
 }
 
 // AppendLog appends the binary encoding of entries (ascending Unix

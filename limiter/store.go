@@ -23,28 +23,77 @@ func (k Key) String() string { return k.Space + "/" + k.Name }
 // return: MaxSubWindows plus the partially visible oldest one.
 const MaxSpan = MaxSubWindows + 1
 
+// Horizon is how many sub-windows behind the newest sub-window written to a
+// key a [Counter.Add] of the given span may be and still be exact: span
+// sub-windows, one whole window plus one sub-window (for a fixed window,
+// span 1: one window). See [Counter] for what it promises.
+func Horizon(span int) int64 { return int64(span) }
+
+// Ahead is how many sub-windows newer than its own an Add of the given span
+// must see in [Counts.Later]: span-1, the newer part of every window-length
+// interval that holds the caller's sub-window (none for a fixed window,
+// which is exact per calendar window on its own counter).
+func Ahead(span int) int64 { return int64(span - 1) }
+
 // Counts is a window store's answer: the counters of the sub-windows in view,
 // newest first, as they were after the add.
 type Counts struct {
-	// C[j] is the count of sub-window cur-j, for j < span.
+	// C[j] is the count of sub-window At-j, for j < span.
 	C [MaxSpan]int64
-	// Later is the total count of sub-windows newer than cur that the store
-	// knows of (other writers' clocks are ahead of ours). Algorithms count
-	// it in full, so a late clock never sees less traffic than there was. A
-	// store that cannot tell reports 0 and documents how far back it looks.
+	// Later is the total count of the sub-windows At+1 to At+Ahead(span)
+	// (a store may count newer ones too: stricter, never laxer). Other
+	// writers' clocks are ahead of ours; algorithms count Later in full, so
+	// a late clock never sees less traffic than there was.
 	Later int64
+	// Moved reports that cur was past the horizon and the store counted
+	// the units in sub-window At instead (the oldest sub-window of the
+	// newest writer's view), reporting C as seen from At and Later as
+	// everything newer. A refund must then go to At.
+	Moved bool
+	// At is the sub-window the units were counted in, when Moved.
+	At int64
 }
 
 // Counter is the store the windows need: atomic counters per sub-window.
 //
 // Add adds n (n >= 0; n == 0 only reads) to sub-window cur of key and returns
-// the counts of sub-windows cur, cur-1, ..., cur-span+1 as seen after the
-// add. Sub-window counters must be kept for at least ttl after their last
-// write. A backend issues the add and the reads in one round trip of latency
-// (memcached: incr in parallel with get-multi; DynamoDB: one UpdateItem).
+// the counts of sub-windows cur, cur-1, ..., cur-span+1 and the total of the
+// Ahead(span) newer ones, as seen after the add, atomically: the add and the
+// reads are one linearizable step. A backend issues them in one round trip
+// of latency (memcached: add+incr+get pipelined; DynamoDB: one UpdateItem).
 //
-// Sub subtracts n (n > 0) from sub-window idx of key, never going below zero
-// (a refund after a denial).
+// Sub subtracts n (n > 0) from the counter of sub-window idx of key, never
+// going below zero (a refund after a denial), and from no other counter: a
+// counter the store no longer holds has nothing to give back.
+//
+// # Out-of-order writers
+//
+// A request is stamped before it travels, so a store sees Adds whose cur is
+// older than newest, the newest sub-window already written to the key.
+// A store must keep the counter of every sub-window from
+// newest-Horizon(span)-span+1 to newest, so that:
+//
+//   - Within the horizon (cur >= newest-Horizon(span)), Add counts n in
+//     exactly the counter of cur and reports exactly the counters of cur's
+//     view and Later; Sub(idx) with idx within the horizon takes from
+//     exactly the counter it added to. Reordered arrivals then decide as
+//     the same calls would in some serial order: the bounded sliding window
+//     never admits more than its limit in any window-length interval of
+//     stamps, and a fixed window never more than its limit per calendar
+//     window.
+//   - Past the horizon (cur < newest-Horizon(span)) the store no longer
+//     holds cur's view. Its units are counted, never free: the store either
+//     counts them in the oldest sub-window of the newest writer's view,
+//     newest-span+1, and reports Moved and At (the caller is then judged
+//     as a writer at At, against everything newer, and the newest writer
+//     sees its units), or, if it cannot tell, keeps counters long enough
+//     (below) that the case does not arise.
+//
+// A store that forgets counters by age instead of tracking newest
+// (memcached) keeps each counter at least ttl after its creation; the
+// windows pass ttl = 2*span sub-windows, which covers the horizon in real
+// time when callers' clocks agree within a sub-window and every call reaches
+// the store within one window of its stamp.
 type Counter interface {
 	Add(ctx context.Context, key Key, cur int64, span int, n int64, ttl time.Duration) (Counts, error)
 	Sub(ctx context.Context, key Key, idx int64, n int64) error

@@ -132,7 +132,7 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 		space: space,
 		sub:   int64(sub),
 		k:     cfg.SubWindows,
-		ttl:   cfg.Window + sub,
+		ttl:   windowTTL(int64(sub), cfg.SubWindows+1),
 	}, nil
 }
 
@@ -162,8 +162,14 @@ func (w *SlidingWindow) AllowN(ctx context.Context, key string, now time.Time, n
 		return Decision{}, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
 	}
 	sanitize(&c, w.k+1)
+	rem := w.sub - elapsed
+	if c.Moved {
+		// Counted in an older sub-window than ours: judge as a writer
+		// there, with the oldest sub-window fully in view (stricter).
+		idx, rem = c.At, w.sub
+	}
 	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.k+1)*w.sub - elapsed)}
-	if ok, remaining := w.estimate(&c, w.sub-elapsed, 0); ok {
+	if ok, remaining := w.estimate(&c, rem, 0); ok {
 		d.Allowed = true
 		d.Remaining = remaining
 		return d, nil
@@ -314,13 +320,16 @@ func (w *FixedWindow) AllowN(ctx context.Context, key string, now time.Time, n i
 	idx := floorDiv(t, win)
 	left := time.Duration(win - (t - idx*win))
 	k := Key{Space: w.space, Name: key}
-	c, err := w.store.Add(ctx, k, idx, 1, n, w.cfg.Window)
+	c, err := w.store.Add(ctx, k, idx, 1, n, windowTTL(win, 1))
 	if err != nil {
 		return Decision{}, fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
 	}
 	sanitize(&c, 1)
+	if c.Moved {
+		idx = c.At
+	}
 	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: left}
-	if used := satAdd(c.C[0], c.Later); used <= w.cfg.Limit {
+	if used := c.C[0]; used <= w.cfg.Limit {
 		d.Allowed = true
 		d.Remaining = w.cfg.Limit - used
 		return d, nil
@@ -348,6 +357,13 @@ func (w *FixedWindow) Refund(ctx context.Context, key string, now time.Time, n i
 		return fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
 	}
 	return nil
+}
+
+// windowTTL is how long a store must keep a sub-window counter of length sub
+// after creating it, for a view of span: the view and the horizon behind the
+// newest writer ([Horizon]), 2*span sub-windows.
+func windowTTL(sub int64, span int) time.Duration {
+	return satMul(time.Duration(sub), time.Duration(int64(span)+Horizon(span)))
 }
 
 // sanitize clears negative counts a store may report, so that a misbehaving

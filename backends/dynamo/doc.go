@@ -19,8 +19,8 @@
 // read is still a valid state (a bucket refills, old sub-windows are out of
 // view, old log entries are dropped). Items stay under 1 KB (one write
 // capacity unit): a bucket is about 50 bytes plus the key, a full window
-// view of 61 counters about 600, and a log is refused beyond 1 KB. (A window
-// written by clocks that disagree by up to a window can hold twice its view.)
+// view and horizon of 42 counters (the default 20 sub-windows) about 340,
+// and a log is refused beyond 1 KB.
 //
 // # Token buckets
 //
@@ -66,30 +66,48 @@
 // # Windows
 //
 // Item: one Number attribute per sub-window, named by its index modulo 2^30
-// in five base64url characters (so a 61-counter view stays far under 1 KB
-// and a name only recurs 2^30 sub-windows later). Add is ONE UpdateItem:
+// in five base64url characters (so a name only recurs 2^30 sub-windows
+// later). Add is ONE UpdateItem:
 //
-//	ADD <cur> :n  SET ttl = :ttl  REMOVE <cur-span>, <cur-span-1>, <stale names seen before>
+//	ADD <cur> :n  SET ttl = :ttl  REMOVE <cur-2span>, <cur-2span-1>, <stale names seen before>
 //	condition: attribute_not_exists(<cur>) OR attribute_type(<cur>, N)
 //	ReturnValues=ALL_NEW
 //
 // ADD is atomic, so concurrent adds never conflict and every caller sees a
-// count that includes its own add and every add before it: a window never
-// admits more than its estimator allows. The returned item gives the counts
-// of the view (cur, cur-1, ..., cur-span+1) and, as Counts.Later, of every
-// sub-window newer than cur (another writer's clock is ahead; those are
-// never removed, so a late clock never frees what others counted). Counters
-// older than the view are removed: the two just behind it by name in every
-// Add, others (left by gaps in traffic) by the names the last response
-// showed, in this process's next Add, or at once with a second UpdateItem
-// when there are eight or more of them. A writer whose sub-window is older
-// than the newest writer's whole view moves its add into the oldest
-// sub-window of that view (a second, conditional UpdateItem), as the memory
-// store does (a refund of such an add finds nothing at its own sub-window
-// and is dropped: the unit stays counted, never the other way round). Sub (a
-// refund) is one UpdateItem, ADD <idx> -n on condition <idx> >= n; if the
-// counter holds less, it is taken down to zero with a condition on the value
-// the failed write returned, so it never goes negative. An Add of 0 is a consistent GetItem.
+// count that includes its own add and every add before it, in one
+// linearizable step: a window never admits more than its estimator allows.
+// The returned item gives the counts of the view (cur, cur-1, ...,
+// cur-span+1) and, as Counts.Later, of the span-1 sub-windows after cur
+// (another writer's clock is ahead, or its request arrived first).
+//
+// Out-of-order writers ([limiter.Counter]): a writer removes only counters
+// more than 2*span-1 sub-windows behind its own, the view plus the horizon.
+// Since no writer's sub-window is newer than the newest, no counter that a
+// writer up to span sub-windows behind the newest needs is ever removed:
+// a late writer within the horizon finds its whole view, and its refund
+// lands on the counter it added to. Counters past that are removed: the two
+// just behind by name in every Add, others (left by gaps in traffic) by
+// the names the last response showed, in this process's next Add, or at
+// once with a second UpdateItem when there are eight or more of them. A
+// writer further behind than the horizon (the item holds a counter more
+// than span sub-windows newer than its own) moves its add into the oldest
+// sub-window of the newest writer's view with a second UpdateItem (ADD
+// <that> :n, ADD <cur> -n, on condition <cur> >= n), and is judged from
+// there against every newer counter (Counts.Moved); if the move fails,
+// its add sits in a counter no punctual writer reads, so it is denied.
+// Such a writer costs two requests (Stats.Moves counts them).
+//
+// Sub (a refund) is one UpdateItem, ADD <idx> -n on condition <idx> >= n; if
+// the counter holds less, it is taken down to zero with a condition on the
+// value the failed write returned, so it never goes negative; a counter
+// that is gone has nothing to give back. An Add of 0 is a consistent
+// GetItem.
+//
+// Size: a key with traffic in every sub-window holds 2*span counters, about
+// 8 bytes each for counts under 1000 (5-byte name, number): a 20-sub-window
+// window (the default) about 340 bytes plus the key, one write unit; 40
+// sub-windows about 660 bytes; at 60 sub-windows and large counts an item
+// can pass 1 KB and cost two write units.
 //
 // # Sliding logs
 //

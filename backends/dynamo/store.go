@@ -119,7 +119,7 @@ type Store struct {
 	cache   *cache
 	optFns  []func(*dynamodb.Options)
 	counter struct {
-		conflicts, reads, cleanups atomic.Int64
+		conflicts, reads, cleanups, moves atomic.Int64
 	}
 	// exactOnly turns off relative bucket writes (tests and benchmarks
 	// compare the two protocols).
@@ -152,6 +152,10 @@ type Stats struct {
 	// Cleanups counts extra requests that removed stale sub-window
 	// attributes from a window item.
 	Cleanups int64
+	// Moves counts window adds from past the horizon moved into it with a
+	// second request (a writer's clock more than a window behind the
+	// newest writer's).
+	Moves int64
 	// CachedKeys is the number of keys in the state cache.
 	CachedKeys int
 }
@@ -162,6 +166,7 @@ func (s *Store) Stats() Stats {
 		Conflicts:  s.counter.conflicts.Load(),
 		Reads:      s.counter.reads.Load(),
 		Cleanups:   s.counter.cleanups.Load(),
+		Moves:      s.counter.moves.Load(),
 		CachedKeys: s.cache.len(),
 	}
 }

@@ -29,9 +29,9 @@ const (
 )
 
 const (
-	// knownOld is how many sub-windows just behind the view every Add
-	// removes by name (cur-span, cur-span-1, ...): enough for a key with
-	// traffic in most sub-windows.
+	// knownOld is how many sub-windows just behind the view and the horizon
+	// every Add removes by name (cur-span-horizon, and the one before):
+	// enough for a key with traffic in most sub-windows.
 	knownOld = 2
 	// maxRemove bounds the names removed by one request.
 	maxRemove = 64
@@ -75,27 +75,40 @@ type windowState struct {
 	stale []string
 }
 
+// Positions of a counter relative to the writer's sub-window (position).
+const (
+	posLater = -1 // newer than cur
+	posStale = -2 // older than the view and the horizon: removable
+	posHeld  = -3 // older than the view, within the horizon: kept, not read
+)
+
 // position classifies slot relative to sub-window cur with a view of span:
-// 0 <= j < span for sub-window cur-j, -1 for a sub-window newer than cur
-// (counted in Counts.Later, never removed: a clock behind the others' never
-// frees what they counted), -2 for a stale one (older than the view). With
-// 30-bit slots, "newer" means by less than 2^29 sub-windows.
-func position(slot, cur int64, span int) int {
-	d := mod(mod(cur, slotModulus)-slot, slotModulus)
+// 0 <= j < span for sub-window cur-j, posLater for a sub-window newer than
+// cur (never removed: a clock behind the others' never frees what they
+// counted), posHeld for one a writer up to the horizon behind cur may still
+// need, posStale for an older one. With 30-bit slots, "newer" means by less
+// than 2^29 sub-windows. d is how many sub-windows slot is behind cur
+// (negative: ahead).
+func position(slot, cur int64, span int) (pos int, d int64) {
+	d = mod(mod(cur, slotModulus)-slot, slotModulus)
 	switch {
 	case d < int64(span):
-		return int(d)
+		return int(d), d
 	case d >= slotModulus/2:
-		return -1
+		return posLater, d - slotModulus
+	case d < int64(span)+limiter.Horizon(span):
+		return posHeld, d
 	}
-	return -2
+	return posStale, d
 }
 
 // Add implements [limiter.Counter]: one UpdateItem that adds n to the
-// counter of sub-window cur, removes counters that left the view, sets the
-// TTL and returns the whole item (ALL_NEW), from which the counts are read.
-// Sub-windows newer than cur by at most span count in Counts.Later. n == 0
-// is a consistent read.
+// counter of sub-window cur, removes counters that are past every writer's
+// view and horizon, sets the TTL and returns the whole item (ALL_NEW), from
+// which the counts are read. A writer past the horizon (the item holds a
+// counter more than limiter.Horizon(span) sub-windows newer than cur) moves
+// its add with a second UpdateItem (see moveBack). n == 0 is a consistent
+// read.
 func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
 	if span < 1 || span > limiter.MaxSpan || n < 0 {
 		return limiter.Counts{}, fmt.Errorf("dynamo: bad window add (span %d, n %d)", span, n)
@@ -115,16 +128,19 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		return ic.Counts, err
 	}
 
+	horizon := limiter.Horizon(span)
 	cname := slotName(cur)
 	names := map[string]string{"#c": cname, "#x": AttrTTL}
 	var remove []string
 	for i := int64(0); i < knownOld; i++ {
-		remove = append(remove, slotName(cur-int64(span)-i))
+		remove = append(remove, slotName(cur-int64(span)-horizon-i))
 	}
 	if v, ok := s.cache.get(pk); ok {
 		for _, name := range v.(windowState).stale {
-			if slot, ok := parseSlot(name); ok && position(slot, cur, span) == -2 && !contains(remove, name) && len(remove) < maxRemove {
-				remove = append(remove, name)
+			if slot, ok := parseSlot(name); ok && !contains(remove, name) && len(remove) < maxRemove {
+				if pos, _ := position(slot, cur, span); pos == posStale {
+					remove = append(remove, name)
+				}
 			}
 		}
 	}
@@ -159,13 +175,11 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		s.cache.remove(pk)
 		return limiter.Counts{}, err
 	}
-	if ic.ahead >= int64(span) {
-		// Our clock is so far behind the newest writer's that our
-		// sub-window is out of its view: like the memory store, count the
-		// add in the oldest sub-window of that view, so it is never free.
-		if moved, ok := s.moveBack(ctx, pk, cur, cur+ic.ahead-int64(span)+1, span, n); ok {
-			ic = moved
-		}
+	if ic.ahead > horizon {
+		// Our clock is so far behind the newest writer's that counters
+		// of our view may be gone: move the add to the oldest sub-window
+		// of the newest writer's view, so it is counted, never free.
+		ic = s.moveBack(ctx, pk, cur, cur+ic.ahead-int64(span)+1, span, n)
 	}
 	switch {
 	case len(ic.stale) == 0:
@@ -179,8 +193,15 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 }
 
 // moveBack moves n from the counter of sub-window from to that of to, on
-// condition that from still holds n, and returns the item as seen from from.
-func (s *Store) moveBack(ctx context.Context, pk string, from, to int64, span int, n int64) (itemCounts, bool) {
+// condition that from still holds n, and returns the item as seen from to,
+// with every newer counter in Later (a writer from past the horizon is
+// judged against all of it). If the move fails (another writer removed the
+// counter of from, or the request failed), what was added at from is
+// counted nowhere a punctual writer reads, so the call must not be
+// admitted: the counts returned then deny it (Later saturated).
+func (s *Store) moveBack(ctx context.Context, pk string, from, to int64, span int, n int64) itemCounts {
+	s.counter.moves.Add(1)
+	denied := itemCounts{Counts: limiter.Counts{Later: 1<<63 - 1, Moved: true, At: from}}
 	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 s.table,
 		Key:                       keyAttr(pk),
@@ -191,10 +212,15 @@ func (s *Store) moveBack(ctx context.Context, pk string, from, to int64, span in
 		ReturnValues:              types.ReturnValueAllNew,
 	}, s.optFns...)
 	if err != nil {
-		return itemCounts{}, false
+		return denied
 	}
-	ic, err := decodeCounts(pk, out.Attributes, from, span)
-	return ic, err == nil
+	ic, err := decodeCounts(pk, out.Attributes, to, span)
+	if err != nil {
+		return denied
+	}
+	ic.Later = ic.laterAll
+	ic.Moved, ic.At = true, to
+	return ic
 }
 
 // cleanup removes stale counters from an item at once. It is best effort:
@@ -222,17 +248,21 @@ func (s *Store) cleanup(ctx context.Context, pk string, stale []string) {
 // itemCounts is a window item as seen from one sub-window.
 type itemCounts struct {
 	limiter.Counts
-	// stale lists the counters older than the view.
+	// stale lists the counters older than the view and the horizon.
 	stale []string
 	// ahead is how many sub-windows the newest non-zero counter is ahead
 	// of cur (0 when none is).
 	ahead int64
+	// laterAll is the total of every counter newer than cur.
+	laterAll int64
 	// size is the item's size as DynamoDB counts it (about).
 	size int
 }
 
-// decodeCounts reads the counters of item as seen from sub-window cur.
+// decodeCounts reads the counters of item as seen from sub-window cur:
+// Counts.Later totals the limiter.Ahead(span) sub-windows after cur.
 func decodeCounts(pk string, item map[string]types.AttributeValue, cur int64, span int) (ic itemCounts, err error) {
+	ahead := limiter.Ahead(span)
 	for name, av := range item {
 		ic.size += len(name) + valueSize(av)
 		slot, ok := parseSlot(name)
@@ -247,21 +277,31 @@ func decodeCounts(pk string, item map[string]types.AttributeValue, cur int64, sp
 		if perr != nil || v < 0 {
 			return ic, corrupt(windowKind, pk, name, "want a count, got %q", nv.Value)
 		}
-		switch j := position(slot, cur, span); j {
-		case -1:
-			if ic.Later += v; ic.Later < 0 { // overflow
-				ic.Later = 1<<63 - 1
+		switch pos, d := position(slot, cur, span); pos {
+		case posLater:
+			ic.laterAll = satAdd(ic.laterAll, v)
+			if -d <= ahead {
+				ic.Later = satAdd(ic.Later, v)
 			}
 			if v > 0 {
-				ic.ahead = max(ic.ahead, slotModulus-mod(mod(cur, slotModulus)-slot, slotModulus))
+				ic.ahead = max(ic.ahead, -d)
 			}
-		case -2:
+		case posStale:
 			ic.stale = append(ic.stale, name)
+		case posHeld:
 		default:
-			ic.C[j] += v
+			ic.C[pos] += v
 		}
 	}
 	return ic, nil
+}
+
+// satAdd adds counts, saturating instead of overflowing.
+func satAdd(a, b int64) int64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return 1<<63 - 1
 }
 
 // Sub implements [limiter.Counter]: one UpdateItem that subtracts n from

@@ -27,8 +27,8 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	if span < 1 || span > limiter.MaxSpan || n < 0 {
 		return limiter.Counts{}, fmt.Errorf("memcached: bad window add (span %d, n %d)", span, n)
 	}
-	ahead := int64(max(span-1, 1))
-	if cur > math.MaxInt64-ahead || cur < math.MinInt64+int64(span) {
+	ahead := limiter.Ahead(span)
+	if cur > math.MaxInt64-ahead-1 || cur < math.MinInt64+int64(span) {
 		return limiter.Counts{}, fmt.Errorf("memcached: sub-window index %d out of range", cur)
 	}
 	if err := ctx.Err(); err != nil {
@@ -96,15 +96,20 @@ func (w *window) once(pc *pconn) (c limiter.Counts, vanished bool, err error) {
 			}
 		}
 	}
-	pc.w.WriteString("get")
-	for idx := w.cur + w.ahead; idx > w.cur-w.span; idx-- {
-		if idx == w.cur && w.n > 0 {
-			continue
+	// A fixed window (span 1, nothing ahead) reads only its own counter,
+	// which the incr returns: no get.
+	get := w.n == 0 || w.span > 1 || w.ahead > 0
+	if get {
+		pc.w.WriteString("get")
+		for idx := w.cur + w.ahead; idx > w.cur-w.span; idx-- {
+			if idx == w.cur && w.n > 0 {
+				continue
+			}
+			pc.w.WriteByte(' ')
+			w.key(pc, idx, &num)
 		}
-		pc.w.WriteByte(' ')
-		w.key(pc, idx, &num)
+		pc.w.WriteString("\r\n")
 	}
-	pc.w.WriteString("\r\n")
 	if err := pc.w.Flush(); err != nil {
 		return c, false, err
 	}
@@ -113,8 +118,10 @@ func (w *window) once(pc *pconn) (c limiter.Counts, vanished bool, err error) {
 			return c, false, err
 		}
 	}
-	if err := w.readGet(pc, &c); err != nil {
-		return c, false, err
+	if get {
+		if err := w.readGet(pc, &c); err != nil {
+			return c, false, err
+		}
 	}
 	return c, vanished, nil
 }

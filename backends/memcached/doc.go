@@ -102,11 +102,20 @@
 // more than two sequential ones on a busy host (see docs/benchmarks.md).
 //
 // Expiry: the add sets the counter's expiry to the TTL the limiter passes
-// (window plus one sub-window), rounded up to whole seconds, plus a random
-// 0..Jitter so that keys written together do not expire together. incr and
-// decr do not extend it: the counter of sub-window i is created during i and
-// read until the end of sub-window i+k, which is at most window plus one
-// sub-window after its creation. Buckets and logs get their TTL on every
+// (2*span sub-windows: the view and the out-of-order horizon of
+// [limiter.Counter]), rounded up to whole seconds, plus a random 0..Jitter
+// so that keys written together do not expire together. incr and decr do
+// not extend it: the counter of sub-window i is created during i, read by
+// punctual writers until the end of sub-window i+span-1, and by writers
+// whose requests arrive up to a horizon of span sub-windows late (stamped
+// before they travelled, or on a clock that lags) until the end of
+// sub-window i+2*span-1. Counters are never deleted, only expire, so a late
+// writer within that time finds exactly the counters it needs and its
+// refund (decr) lands on the counter it incremented. Memcached cannot tell
+// that a writer is later than that (it does not track the newest
+// sub-window): its counters may then be gone and it decides on what is
+// left; with clocks in sync and the call deadline shorter than a window
+// this does not arise. Buckets and logs get their TTL on every
 // write. Memcached reads expirations above 30 days as absolute Unix times,
 // so longer TTLs are sent as now+TTL (and as 0, no expiry, past 2038).
 //
@@ -175,9 +184,12 @@
 //   - Token bucket and sliding log: exact (every write is a cas or add on
 //     the state it was computed from); under heavy contention on one key a
 //     call can run out of retries or time and fail with ErrConflict.
-//   - The guarantees are on the timestamps callers pass. Later reaches
-//     span-1 sub-windows ahead, which covers every window-length interval
-//     that holds the caller's sub-window. In real time, callers whose clocks
+//   - The guarantees are on the timestamps callers pass, whatever order the
+//     requests arrive in within the horizon (above). Later reaches span-1
+//     sub-windows ahead, which covers every window-length interval that
+//     holds the caller's sub-window; a fixed window reads only its own
+//     counter (the incr's reply), exact per calendar window. In real time,
+//     callers whose clocks
 //     disagree by a good part of a window each count their traffic in
 //     different windows, and together admit more: keep clocks synchronized
 //     (Amazon Time Sync) well within a sub-window.

@@ -117,7 +117,7 @@ func TestCounterView(t *testing.T) {
 			}
 		}
 		wantLater := int64(0)
-		for j := 1; j <= max(span-1, 1); j++ {
+		for j := 1; j <= int(limiter.Ahead(span)); j++ {
 			wantLater += int64(100 + j)
 		}
 		if c.Later != wantLater {

@@ -7,8 +7,13 @@
 // Storage protocol: keys are spread over 64 shards by a seeded hash; each
 // shard is a map guarded by one mutex, so every decision's read-modify-write
 // happens under that lock and is exact. Window counters are a ring of
-// sub-window counts per key (the newest span sub-windows), buckets are the
-// stored state, logs a sorted slice reused in place. Every write sets an
+// sub-window counts per key holding the newest 2*span sub-windows written:
+// the view and the out-of-order horizon of [limiter.Counter], so a writer
+// up to span sub-windows behind the newest finds its whole view and its
+// refund lands on the counter it added to; a writer further behind is
+// counted in the oldest sub-window of the newest writer's view
+// (Counts.Moved). Reads never move the ring. Buckets are the stored state,
+// logs a sorted slice reused in place. Every write sets an
 // expiry (the TTL the limiter asks for); an expired key reads as absent.
 //
 // Memory is bounded: each shard holds at most MaxKeys/64 keys. When a new key

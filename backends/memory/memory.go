@@ -58,7 +58,8 @@ type entry struct {
 	prev, next *entry
 
 	// Window counters: slots[idx mod len(slots)] for idx in
-	// (newest-len(slots), newest].
+	// (newest-len(slots), newest], newest being the newest sub-window
+	// written.
 	slots  []int64
 	newest int64
 
@@ -195,9 +196,12 @@ func (s *Store) lock(ctx context.Context, k limiter.Key) (*shard, int64, error) 
 	return sh, s.now(), nil
 }
 
-// Add implements [limiter.Counter]. It reports as Later the counts of the
-// sub-windows newer than cur that it holds (the newest span sub-windows of the
-// key). A cur older than all of those is counted in the oldest one held.
+// Add implements [limiter.Counter]. A key's ring holds the newest
+// span+Horizon(span) sub-windows written to it, so a writer up to the
+// horizon behind the newest finds its whole view. A writer further behind
+// is counted in the oldest sub-window of the newest writer's view
+// (Counts.Moved), and judged against everything newer.
+// Reads (n == 0) never move the ring.
 func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
 	if span < 1 || span > limiter.MaxSpan || n < 0 {
 		return limiter.Counts{}, fmt.Errorf("memory: bad window add (span %d, n %d)", span, n)
@@ -208,38 +212,55 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	}
 	defer sh.mu.Unlock()
 	e := s.entry(sh, k, now)
-	if len(e.slots) != span {
-		e.slots = append(e.slots[:0], make([]int64, span)...)
-		e.newest = cur
-	}
-	size := int64(span)
-	if cur > e.newest {
-		for i := e.newest + 1; i <= cur && i <= e.newest+size; i++ {
-			e.slots[mod(i, size)] = 0
+	horizon := limiter.Horizon(span)
+	size := int64(span) + horizon
+	if int64(len(e.slots)) != size {
+		if n == 0 {
+			return limiter.Counts{}, nil
 		}
+		e.slots = append(e.slots[:0], make([]int64, size)...)
 		e.newest = cur
 	}
-	// A clock so far behind that its sub-window left the ring counts in
-	// the oldest sub-window held: never dropped, so never free.
-	oldest := e.newest - size + 1
-	if at := max(cur, oldest); n > 0 {
+	at := cur
+	if n > 0 {
+		if cur > e.newest {
+			for i := e.newest + 1; i <= cur && i <= e.newest+size; i++ {
+				e.slots[mod(i, size)] = 0
+			}
+			e.newest = cur
+		}
+		// Past the horizon: counted in the oldest sub-window of the
+		// newest writer's view, never dropped, so never free.
+		if at < e.newest-horizon {
+			at = e.newest - int64(span) + 1
+		}
 		i := mod(at, size)
 		if e.slots[i] += n; e.slots[i] < 0 { // overflow
 			e.slots[i] = 1<<63 - 1
 		}
+		e.expires = now + int64(ttl)
 	}
-	var c limiter.Counts
-	// Walk the ring from cur's slot: back over the view, forward over the
+	c := limiter.Counts{Moved: at != cur, At: at}
+	if !c.Moved {
+		c.At = 0
+	}
+	oldest := e.newest - size + 1
+	// Walk the ring from at's slot: back over the view, forward over the
 	// newer sub-windows (one division, not one per slot).
-	base := mod(cur, size)
-	for j, i := 0, base; j < span && cur-int64(j) >= oldest; j++ {
-		c.C[j] = e.slots[i]
+	base := mod(at, size)
+	for j, i := int64(0), base; j < int64(span); j++ {
+		if idx := at - j; idx >= oldest && idx <= e.newest {
+			c.C[j] = e.slots[i]
+		}
 		if i--; i < 0 {
 			i = size - 1
 		}
 	}
-	i := base
-	for idx := cur + 1; idx <= e.newest; idx++ {
+	last := min(e.newest, at+limiter.Ahead(span))
+	if c.Moved {
+		last = e.newest // a writer from past the horizon is judged against all of it
+	}
+	for idx, i := at+1, base; idx <= last; idx++ {
 		if i++; i == size {
 			i = 0
 		}
@@ -250,11 +271,11 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 			c.Later = 1<<63 - 1
 		}
 	}
-	e.expires = now + int64(ttl)
 	return c, nil
 }
 
-// Sub implements [limiter.Counter].
+// Sub implements [limiter.Counter]: it takes from the counter of idx if the
+// ring still holds it, and from no other.
 func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
 	if n < 0 {
 		return fmt.Errorf("memory: bad window sub (n %d)", n)
@@ -269,8 +290,8 @@ func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) erro
 		return nil
 	}
 	size := int64(len(e.slots))
-	if idx <= e.newest {
-		i := mod(max(idx, e.newest-size+1), size)
+	if idx <= e.newest && idx > e.newest-size {
+		i := mod(idx, size)
 		e.slots[i] = max(e.slots[i]-n, 0)
 	}
 	return nil
