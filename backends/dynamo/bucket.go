@@ -24,50 +24,68 @@ func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.Buck
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 
-	var cur limiter.BucketState
-	found := false      // cur is a stored bucket (else: assume none is stored)
-	fromServer := false // cur came from DynamoDB during this call
+	var (
+		cur        limiter.BucketState
+		found      bool // cur is a stored bucket (else: assume none is stored)
+		fromServer bool // cur came from DynamoDB during this call
+		next       limiter.BucketState
+		d          limiter.Decision
+		delta      int64 // of a relative write; 0 for an exact one
+	)
 	if v, ok := s.cache.get(pk); ok {
 		cur, found = v.(limiter.BucketState), true
 	}
-	for conflicts := 0; ; {
-		next, d, write := op.Apply(cur, found)
-		if !write {
-			// A denial (or a Get) is only as good as the state it was
-			// computed on: confirm a remembered state with a read.
-			if fromServer {
-				return d, nil
+	err := s.writer().conditional(ctx, bucketKind+" "+pk, condWrite{
+		next: func(ctx context.Context) (*dynamodb.UpdateItemInput, error) {
+			var write bool
+			next, d, write = op.Apply(cur, found)
+			if !write && !fromServer {
+				// A denial (or a Get) is only as good as the state it was
+				// computed on: confirm a remembered state with a read.
+				st, ok, err := s.readBucket(ctx, pk)
+				if err != nil {
+					return nil, err
+				}
+				cur, found, fromServer = st, ok, true
+				next, d, write = op.Apply(cur, found)
 			}
-			st, ok, err := s.readBucket(ctx, pk)
+			if !write {
+				return nil, nil
+			}
+			var in *dynamodb.UpdateItemInput
+			in, delta = s.bucketWrite(pk, op, cur, found, next, ttl)
+			return in, nil
+		},
+		written: func(out *dynamodb.UpdateItemOutput) error {
+			if delta == 0 {
+				s.cache.put(pk, next)
+				return nil
+			}
+			stored, err := decodeBucket(pk, out.Attributes)
 			if err != nil {
-				return limiter.Decision{}, err
+				s.cache.remove(pk)
+				return err
 			}
-			cur, found, fromServer = st, ok, true
-			continue
-		}
-		d, stored, err := s.writeBucket(ctx, pk, op, cur, found, next, d, ttl)
-		if err == nil {
+			// The decision of the op on the state it was applied to.
+			_, d, _ = op.Apply(limiter.BucketState{Tokens: stored.Tokens - delta, Updated: stored.Updated}, true)
 			s.cache.put(pk, stored)
-			return d, nil
-		}
-		old, lost := conditionFailed(err)
-		if !lost {
-			// The write may or may not have happened: what is remembered
-			// may be stale, which the next write's condition catches.
-			return limiter.Decision{}, err
-		}
-		// The condition failed: the item DynamoDB returned is the state
-		// that beat us; apply the op to it, without a read.
-		s.counter.conflicts.Add(1)
-		if cur, found, err = s.bucketFromItem(pk, old); err != nil {
-			return limiter.Decision{}, err
-		}
-		fromServer = true
-		conflicts++
-		if err := s.backoff(ctx, "token bucket "+pk, conflicts); err != nil {
-			return limiter.Decision{}, err
-		}
+			return nil
+		},
+		lost: func(item map[string]types.AttributeValue) (bool, error) {
+			// The item DynamoDB returned is the state that beat us: apply
+			// the op to it, without a read.
+			var err error
+			cur, found, err = s.bucketFromItem(pk, item)
+			fromServer = true
+			return err == nil, err
+		},
+	})
+	if err != nil {
+		// The write may or may not have happened: what is remembered may
+		// be stale, which the next write's condition catches.
+		return limiter.Decision{}, err
 	}
+	return d, nil
 }
 
 // bucketFromItem decodes item (nil: no bucket stored) and remembers it.
@@ -137,15 +155,14 @@ func deltaRange(op limiter.BucketOp, cur limiter.BucketState, found bool, next l
 	return 0, 0, 0, false
 }
 
-// writeBucket stores next, computed by op from cur, with one conditional
-// UpdateItem, and returns the decision and the stored state. A failed
-// condition returns the error with the current item.
-func (s *Store) writeBucket(ctx context.Context, pk string, op limiter.BucketOp, cur limiter.BucketState, found bool, next limiter.BucketState, d limiter.Decision, ttl time.Duration) (limiter.Decision, limiter.BucketState, error) {
+// bucketWrite is the conditional UpdateItem that stores next, computed by
+// op from cur, and the delta of a relative write (0 for a write of the
+// exact state).
+func (s *Store) bucketWrite(pk string, op limiter.BucketOp, cur limiter.BucketState, found bool, next limiter.BucketState, ttl time.Duration) (*dynamodb.UpdateItemInput, int64) {
 	in := &dynamodb.UpdateItemInput{
-		TableName:                           s.table,
-		Key:                                 keyAttr(pk),
-		ExpressionAttributeNames:            map[string]string{"#t": attrTokens, "#u": attrUpdated, "#x": AttrTTL},
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		TableName:                s.table,
+		Key:                      keyAttr(pk),
+		ExpressionAttributeNames: map[string]string{"#t": attrTokens, "#u": attrUpdated, "#x": AttrTTL},
 	}
 	if lo, hi, delta, ok := deltaRange(op, cur, found, next); ok && !s.exactOnly {
 		in.UpdateExpression = aws.String("SET #t = #t + :d, #x = :x")
@@ -155,20 +172,7 @@ func (s *Store) writeBucket(ctx context.Context, pk string, op limiter.BucketOp,
 			":lo": numAttr(lo), ":hi": numAttr(hi),
 		}
 		in.ReturnValues = types.ReturnValueAllNew
-		out, err := s.client.UpdateItem(ctx, in, s.optFns...)
-		if err != nil {
-			if _, lost := conditionFailed(err); lost {
-				return d, next, err
-			}
-			return d, next, mapError("token bucket write", err)
-		}
-		stored, err := decodeBucket(pk, out.Attributes)
-		if err != nil {
-			return d, next, err
-		}
-		// The decision of the op on the state it was applied to.
-		_, d, _ = op.Apply(limiter.BucketState{Tokens: stored.Tokens - delta, Updated: stored.Updated}, true)
-		return d, stored, nil
+		return in, delta
 	}
 	in.UpdateExpression = aws.String("SET #t = :t, #u = :u, #x = :x")
 	in.ExpressionAttributeValues = map[string]types.AttributeValue{
@@ -183,11 +187,5 @@ func (s *Store) writeBucket(ctx context.Context, pk string, op limiter.BucketOp,
 		in.ConditionExpression = aws.String("attribute_not_exists(#k)")
 		in.ExpressionAttributeNames["#k"] = AttrPK
 	}
-	if _, err := s.client.UpdateItem(ctx, in, s.optFns...); err != nil {
-		if _, lost := conditionFailed(err); lost {
-			return d, next, err
-		}
-		return d, next, mapError("token bucket write", err)
-	}
-	return d, next, nil
+	return in, 0
 }

@@ -5,14 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
-	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // conditionFailed returns the item DynamoDB returned with a failed
@@ -26,6 +26,10 @@ func conditionFailed(err error) (map[string]types.AttributeValue, bool) {
 	return nil, false
 }
 
+// throttleCodes are the error codes of a request DynamoDB refused for
+// capacity: its own (ProvisionedThroughputExceededException,
+// ThrottlingException, RequestLimitExceeded) and the generic AWS ones the
+// SDK's retryer also treats as throttling.
 var throttleCodes = map[string]bool{
 	"ProvisionedThroughputExceededException": true,
 	"ThrottlingException":                    true,
@@ -36,44 +40,74 @@ var throttleCodes = map[string]bool{
 	"TooManyRequestsException":               true,
 }
 
-var unavailableCodes = map[string]bool{
-	"InternalServerError":     true,
-	"InternalFailure":         true,
-	"ServiceUnavailable":      true,
-	"RequestTimeout":          true,
-	"RequestTimeoutException": true,
-}
-
-// mapError types an SDK error for the policy layer: throttling wraps
-// ErrThrottled, network errors, 5xx and timeouts wrap ErrUnavailable. The
-// original error stays in the chain.
+// mapError is the package's one error mapping: every DynamoDB request's
+// error goes through it (the conditional writes through
+// [writer.conditional]), so that the policy layer can tell the cases apart
+// with errors.Is. The original error stays in the chain.
+//
+//   - Throttling (throttleCodes, or a transaction cancelled for throttling)
+//     wraps ErrThrottled, and so limiter.ErrThrottled.
+//   - A failed condition, a transaction conflict or a multi-Region write
+//     conflict that reaches it (a lost race its caller does not retry)
+//     wraps limiter.ErrConflict.
+//   - Anything else wraps ErrUnavailable, and so limiter.ErrUnavailable:
+//     network errors, timeouts and cancelled contexts, 5xx, a missing table
+//     (ResourceNotFoundException), refused credentials or permissions, and
+//     any other request the service did not carry out. The store could not
+//     decide, so the rule's fail mode applies.
+//
+// Errors the store finds in what DynamoDB returned (an item it cannot
+// decode) are not DynamoDB errors: they wrap limiter.ErrCorruptState where
+// they are found and never pass through here.
 func mapError(op string, err error) error {
-	if throttled(err) {
+	switch {
+	case err == nil:
+		return nil
+	case throttled(err):
 		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrThrottled, err)
+	case lostRace(err):
+		return fmt.Errorf("dynamo: %s: %w: %w", op, limiter.ErrConflict, err)
 	}
-	var ae smithy.APIError
-	if errors.As(err, &ae) && unavailableCodes[ae.ErrorCode()] {
-		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrUnavailable, err)
-	}
-	var re *smithyhttp.ResponseError
-	if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
-		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrUnavailable, err)
-	}
-	var (
-		send     *smithyhttp.RequestSendError
-		canceled *aws.RequestCanceledError
-		netErr   net.Error
-	)
-	if errors.As(err, &send) || errors.As(err, &canceled) || errors.As(err, &netErr) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrUnavailable, err)
-	}
-	return fmt.Errorf("dynamo: %s: %w", op, err)
+	return fmt.Errorf("dynamo: %s: %w: %w", op, ErrUnavailable, err)
 }
 
+// throttled reports whether err is DynamoDB refusing a request for
+// capacity.
 func throttled(err error) bool {
 	var ae smithy.APIError
-	return errors.As(err, &ae) && throttleCodes[ae.ErrorCode()]
+	if errors.As(err, &ae) && throttleCodes[ae.ErrorCode()] {
+		return true
+	}
+	var tc *types.TransactionCanceledException
+	if errors.As(err, &tc) {
+		for _, r := range tc.CancellationReasons {
+			if code := aws.ToString(r.Code); code == "ThrottlingError" || code == "ProvisionedThroughputExceeded" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// lostRace reports whether err is a write that lost to another writer.
+func lostRace(err error) bool {
+	var (
+		cf *types.ConditionalCheckFailedException
+		tc *types.TransactionConflictException
+		rw *types.ReplicatedWriteConflictException
+		tx *types.TransactionCanceledException
+	)
+	if errors.As(err, &cf) || errors.As(err, &tc) || errors.As(err, &rw) {
+		return true
+	}
+	if errors.As(err, &tx) {
+		for _, r := range tx.CancellationReasons {
+			if code := aws.ToString(r.Code); code == "ConditionalCheckFailed" || code == "TransactionConflict" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // RetryerConfig configures [NewRetryer].

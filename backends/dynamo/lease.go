@@ -4,19 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
-	"net"
 	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/aws/smithy-go"
-	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -32,29 +27,37 @@ import (
 // UpdateItem in the common case, with no read first:
 //
 //	SET leases.<id> = :expires, ttl = :ttl  ADD lv :1
-//	condition: size(leases) < :capacity
+//	condition: size(leases) < :capacity AND attribute_type(leases, M) AND attribute_type(lv, N)
 //	ReturnValues=ALL_NEW, ReturnValuesOnConditionCheckFailure=ALL_OLD
 //
 // The condition counts every stored lease, expired or not, so it can only
 // be stricter than the limit: after the write at most Capacity leases are
 // stored, so at most Capacity are live. Concurrent acquires that all fit
 // all succeed without retrying. The decision is [limiter.LeaseOp.Apply] on
-// the returned item.
+// the returned item. (The type checks make a damaged item fail the
+// condition, so that it is read and reported as [limiter.ErrCorruptState],
+// instead of failing the request.)
 //
 // When the condition fails (the map is full, possibly of expired leases, or
 // the item does not exist) DynamoDB returns the current item; Apply on it
 // decides. A denial that drops nothing stands (the item is the server's
 // state at the failed condition). Otherwise the whole new map is written on
-// condition lv = :seen (attribute_not_exists(pk) for a new item), again with
-// ALL_OLD on failure; a lost race applies the op to the returned item and
+// condition lv = :seen (attribute_not_exists(pk) for a new item) by the
+// package's conditional-write loop, the one buckets and logs use: ALL_OLD
+// on failure, and a lost race applies the op to the returned item and
 // writes again, the first retry at once and later ones after a jittered,
-// growing pause, at most Config.MaxAttempts times, then fails with an error
-// wrapping [limiter.ErrConflict]. Every write bumps lv, so no update is
-// lost.
+// growing pause, at most Config.MaxAttempts times (or until the deadline),
+// then fails with an error wrapping [limiter.ErrConflict]. Every write
+// bumps lv, so no update is lost.
 //
 // A release is ONE UpdateItem that never conflicts with other writers:
-// REMOVE leases.<id> ADD lv :1, on condition attribute_exists(leases) only
-// so that a key without an item (nothing to release) is not created.
+// REMOVE leases.<id> ADD lv :1, on condition attribute_type(leases, M) AND
+// attribute_type(lv, N) only, so that a key without an item (nothing to
+// release) is not created; a failed condition on an item that exists is
+// reported as [limiter.ErrCorruptState].
+//
+// Errors are those of [Store]: throttling wraps [ErrThrottled], every other
+// DynamoDB error (network, timeout, 5xx, a missing table) [ErrUnavailable].
 //
 // The ttl attribute is the wall-clock time the last lease written expires,
 // plus a second (DynamoDB deletes expired items lazily; the leases' own
@@ -125,30 +128,35 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 		return limiter.Decision{}, fmt.Errorf("dynamo: bad lease capacity %d", op.Capacity)
 	}
 	if err := ctx.Err(); err != nil {
-		return limiter.Decision{}, leaseMapError("acquire lease", err)
+		return limiter.Decision{}, mapError("acquire lease", err)
 	}
 	ctx, cancel := l.deadline(ctx)
 	defer cancel()
 	pk := leaseKey("#L/", k)
+	what := "acquire lease " + pk
 	exp := op.Now + int64(op.TTL)
 	if op.TTL < 0 || exp < op.Now {
 		exp = math.MaxInt64
 	}
 
 	// Fast path: add the lease if the map has room, expired leases counted.
+	// Its failed condition is not a lost race (the set is full, or there
+	// is no item): the slow path starts from the item it returned.
 	out, err := l.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:           l.table,
 		Key:                 keyAttr(pk),
 		UpdateExpression:    aws.String("SET #ls.#id = :exp, #ttl = :ttl ADD #lv :one"),
-		ConditionExpression: aws.String("size(#ls) < :cap"),
+		ConditionExpression: aws.String("size(#ls) < :cap AND attribute_type(#ls, :M) AND attribute_type(#lv, :N)"),
 		ExpressionAttributeNames: map[string]string{
 			"#ls": attrLeases, "#id": op.ID, "#ttl": AttrTTL, "#lv": attrLeaseVersion,
 		},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":exp": leaseNum(exp),
+			":exp": numAttr(exp),
 			":ttl": l.ttlAttr(op.TTL),
-			":one": leaseNum(1),
-			":cap": leaseNum(op.Capacity),
+			":one": numAttr(1),
+			":cap": numAttr(op.Capacity),
+			":M":   &types.AttributeValueMemberS{Value: "M"},
+			":N":   &types.AttributeValueMemberS{Value: "N"},
 		},
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
@@ -156,67 +164,68 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 	if err == nil {
 		cur, _, err := parseLeaseItem(out.Attributes)
 		if err != nil {
-			return limiter.Decision{}, fmt.Errorf("dynamo: acquire lease %q: %w", pk, err)
+			return limiter.Decision{}, fmt.Errorf("dynamo: %s: %w", what, err)
 		}
 		_, d, _ := op.Apply(cur)
 		if !d.Allowed { // cannot happen: the item holds our lease
-			return limiter.Decision{}, fmt.Errorf("dynamo: acquire lease %q: %w: written lease missing", pk, limiter.ErrCorruptState)
+			return limiter.Decision{}, fmt.Errorf("dynamo: %s: %w: written lease missing", what, limiter.ErrCorruptState)
 		}
 		return d, nil
 	}
-	item, failed := leaseConditionFailed(err)
+	item, failed := conditionFailed(err)
 	if !failed {
-		return limiter.Decision{}, leaseMapError("acquire lease", err)
+		return limiter.Decision{}, mapError(what, err)
 	}
 
 	// Slow path: apply to the item DynamoDB returned, write it whole on
 	// condition that nothing changed since.
-	for conflicts := 0; ; {
-		cur, version, err := parseLeaseItem(item)
-		if err != nil {
-			return limiter.Decision{}, fmt.Errorf("dynamo: acquire lease %q: %w", pk, err)
-		}
-		next, d, write := op.Apply(cur)
-		if !write {
-			return d, nil
-		}
-		m := make(map[string]types.AttributeValue, len(next))
-		for _, e := range next {
-			m[e.ID] = leaseNum(e.Expires)
-		}
-		in := &dynamodb.UpdateItemInput{
-			TableName:        l.table,
-			Key:              keyAttr(pk),
-			UpdateExpression: aws.String("SET #ls = :m, #lv = :v, #ttl = :ttl"),
-			ExpressionAttributeNames: map[string]string{
-				"#ls": attrLeases, "#lv": attrLeaseVersion, "#ttl": AttrTTL,
-			},
-			ExpressionAttributeValues: map[string]types.AttributeValue{
-				":m":   &types.AttributeValueMemberM{Value: m},
-				":v":   leaseNum(version + 1),
-				":ttl": l.ttlAttr(limiter.LeaseExpiry(next, op.Now)),
-			},
-			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-		}
-		if item == nil {
-			in.ConditionExpression = aws.String("attribute_not_exists(#pk)")
-			in.ExpressionAttributeNames["#pk"] = AttrPK
-		} else {
-			in.ConditionExpression = aws.String("#lv = :seen")
-			in.ExpressionAttributeValues[":seen"] = leaseNum(version)
-		}
-		_, err = l.client.UpdateItem(ctx, in, l.optFns...)
-		if err == nil {
-			return d, nil
-		}
-		if item, failed = leaseConditionFailed(err); !failed {
-			return limiter.Decision{}, leaseMapError("acquire lease", err)
-		}
-		conflicts++
-		if err := l.backoff(ctx, conflicts); err != nil {
-			return limiter.Decision{}, fmt.Errorf("dynamo: acquire lease: %w", err)
-		}
+	var d limiter.Decision
+	err = l.writer().conditional(ctx, what, condWrite{
+		next: func(context.Context) (*dynamodb.UpdateItemInput, error) {
+			cur, version, err := parseLeaseItem(item)
+			if err != nil {
+				return nil, fmt.Errorf("dynamo: %s: %w", what, err)
+			}
+			next, dd, write := op.Apply(cur)
+			d = dd
+			if !write {
+				return nil, nil
+			}
+			m := make(map[string]types.AttributeValue, len(next))
+			for _, e := range next {
+				m[e.ID] = numAttr(e.Expires)
+			}
+			in := &dynamodb.UpdateItemInput{
+				TableName:        l.table,
+				Key:              keyAttr(pk),
+				UpdateExpression: aws.String("SET #ls = :m, #lv = :v, #ttl = :ttl"),
+				ExpressionAttributeNames: map[string]string{
+					"#ls": attrLeases, "#lv": attrLeaseVersion, "#ttl": AttrTTL,
+				},
+				ExpressionAttributeValues: map[string]types.AttributeValue{
+					":m":   &types.AttributeValueMemberM{Value: m},
+					":v":   numAttr(version + 1),
+					":ttl": l.ttlAttr(limiter.LeaseExpiry(next, op.Now)),
+				},
+			}
+			if item == nil {
+				in.ConditionExpression = aws.String("attribute_not_exists(#pk)")
+				in.ExpressionAttributeNames["#pk"] = AttrPK
+			} else {
+				in.ConditionExpression = aws.String("#lv = :seen")
+				in.ExpressionAttributeValues[":seen"] = numAttr(version)
+			}
+			return in, nil
+		},
+		lost: func(old map[string]types.AttributeValue) (bool, error) {
+			item = old
+			return true, nil
+		},
+	})
+	if err != nil {
+		return limiter.Decision{}, err
 	}
+	return d, nil
 }
 
 // ReleaseLease implements [limiter.LeaseStore]: one UpdateItem removing
@@ -224,31 +233,47 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 // next acquire to drop.
 func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.ReleaseOp) error {
 	if err := ctx.Err(); err != nil {
-		return leaseMapError("release lease", err)
+		return mapError("release lease", err)
 	}
 	ctx, cancel := l.deadline(ctx)
 	defer cancel()
-	_, err := l.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                 l.table,
-		Key:                       keyAttr(leaseKey("#L/", k)),
-		UpdateExpression:          aws.String("REMOVE #ls.#id ADD #lv :one"),
-		ConditionExpression:       aws.String("attribute_exists(#ls)"),
-		ExpressionAttributeNames:  map[string]string{"#ls": attrLeases, "#id": op.ID, "#lv": attrLeaseVersion},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":one": leaseNum(1)},
-	}, l.optFns...)
-	if _, failed := leaseConditionFailed(err); failed {
-		return nil // no item: nothing to release
-	}
-	if err != nil {
-		return leaseMapError("release lease", err)
-	}
-	return nil
+	pk := leaseKey("#L/", k)
+	what := "release lease " + pk
+	return l.writer().conditional(ctx, what, condWrite{
+		next: func(context.Context) (*dynamodb.UpdateItemInput, error) {
+			return &dynamodb.UpdateItemInput{
+				TableName:        l.table,
+				Key:              keyAttr(pk),
+				UpdateExpression: aws.String("REMOVE #ls.#id ADD #lv :one"),
+				// A key without an item has nothing to release: do not
+				// create one. The types are checked so that a damaged item
+				// fails the condition (and is reported) rather than the
+				// request.
+				ConditionExpression:      aws.String("attribute_type(#ls, :M) AND attribute_type(#lv, :N)"),
+				ExpressionAttributeNames: map[string]string{"#ls": attrLeases, "#id": op.ID, "#lv": attrLeaseVersion},
+				ExpressionAttributeValues: map[string]types.AttributeValue{
+					":one": numAttr(1),
+					":M":   &types.AttributeValueMemberS{Value: "M"},
+					":N":   &types.AttributeValueMemberS{Value: "N"},
+				},
+			}, nil
+		},
+		lost: func(item map[string]types.AttributeValue) (bool, error) {
+			if item == nil {
+				return false, nil // no item: nothing to release
+			}
+			if _, _, err := parseLeaseItem(item); err != nil {
+				return false, fmt.Errorf("dynamo: %s: %w", what, err)
+			}
+			return false, fmt.Errorf("dynamo: %s: %w: the item failed its type check", what, limiter.ErrCorruptState)
+		},
+	})
 }
 
 // PutGauge implements [limiter.GaugeStore] with one UpdateItem.
 func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
-		return leaseMapError("put gauge", err)
+		return mapError("put gauge", err)
 	}
 	if math.IsNaN(g.Value) || math.IsInf(g.Value, 0) {
 		return fmt.Errorf("dynamo: put gauge: %v is not a finite number", g.Value)
@@ -262,12 +287,12 @@ func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, t
 		ExpressionAttributeNames: map[string]string{"#gv": attrGaugeValue, "#ga": attrGaugeAt, "#ttl": AttrTTL},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":v":   &types.AttributeValueMemberN{Value: strconv.FormatFloat(g.Value, 'g', -1, 64)},
-			":at":  leaseNum(g.At),
+			":at":  numAttr(g.At),
 			":ttl": l.ttlAttr(ttl),
 		},
 	}, l.optFns...)
 	if err != nil {
-		return leaseMapError("put gauge", err)
+		return mapError("put gauge", err)
 	}
 	return nil
 }
@@ -275,7 +300,7 @@ func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, t
 // GetGauge implements [limiter.GaugeStore] with a consistent GetItem.
 func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return limiter.Gauge{}, false, leaseMapError("get gauge", err)
+		return limiter.Gauge{}, false, mapError("get gauge", err)
 	}
 	ctx, cancel := l.deadline(ctx)
 	defer cancel()
@@ -286,7 +311,7 @@ func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bo
 		ConsistentRead: aws.Bool(true),
 	}, l.optFns...)
 	if err != nil {
-		return limiter.Gauge{}, false, leaseMapError("get gauge", err)
+		return limiter.Gauge{}, false, mapError("get gauge", err)
 	}
 	if out.Item == nil {
 		return limiter.Gauge{}, false, nil
@@ -370,10 +395,6 @@ func leaseKey(tag string, k limiter.Key) string {
 	return tag + "#" + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
 }
 
-func leaseNum(v int64) types.AttributeValue {
-	return &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
-}
-
 // ttlAttr is the TTL attribute of state to be kept keep from now: Unix
 // seconds, rounded up, plus a second.
 func (l *Leases) ttlAttr(keep time.Duration) types.AttributeValue {
@@ -386,61 +407,5 @@ func (l *Leases) ttlAttr(keep time.Duration) types.AttributeValue {
 	if exp.Nanosecond() > 0 {
 		sec++
 	}
-	return leaseNum(sec)
-}
-
-// backoff sleeps before retry number conflicts (1-based), or returns an
-// error wrapping limiter.ErrConflict when retries are spent or the pause
-// would outlast ctx.
-func (l *Leases) backoff(ctx context.Context, conflicts int) error {
-	if conflicts >= l.cfg.MaxAttempts {
-		return fmt.Errorf("%w after %d attempts", limiter.ErrConflict, conflicts)
-	}
-	if conflicts == 1 {
-		return ctx.Err()
-	}
-	ceiling := min(l.cfg.BackoffBase<<min(conflicts-2, 20), l.cfg.BackoffMax)
-	pause := time.Duration(rand.Int64N(int64(ceiling) + 1))
-	if d, ok := ctx.Deadline(); ok && time.Until(d) < pause {
-		return fmt.Errorf("%w after %d attempts (deadline too close to retry)", limiter.ErrConflict, conflicts)
-	}
-	t := time.NewTimer(pause)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%w after %d attempts: %w", limiter.ErrConflict, conflicts, ctx.Err())
-	}
-}
-
-// leaseConditionFailed returns the item a failed condition returned (nil
-// when there is none) and true, or false for any other error.
-func leaseConditionFailed(err error) (map[string]types.AttributeValue, bool) {
-	var cf *types.ConditionalCheckFailedException
-	if errors.As(err, &cf) {
-		return cf.Item, true
-	}
-	return nil, false
-}
-
-// leaseMapError wraps throttling as ErrThrottled and network errors, 5xx
-// and timeouts as ErrUnavailable.
-func leaseMapError(op string, err error) error {
-	var (
-		ae   smithy.APIError
-		re   *smithyhttp.ResponseError
-		send *smithyhttp.RequestSendError
-		ne   net.Error
-	)
-	switch {
-	case errors.As(err, &ae) && (ae.ErrorCode() == "ProvisionedThroughputExceededException" ||
-		ae.ErrorCode() == "ThrottlingException" || ae.ErrorCode() == "RequestLimitExceeded"):
-		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrThrottled, err)
-	case errors.As(err, &re) && re.HTTPStatusCode() >= 500,
-		errors.As(err, &send), errors.As(err, &ne),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrUnavailable, err)
-	}
-	return fmt.Errorf("dynamo: %s: %w", op, err)
+	return numAttr(sec)
 }

@@ -31,56 +31,63 @@ func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, 
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 
-	var cur logState
-	found, fromServer := false, false
+	var (
+		cur               logState
+		found, fromServer bool
+		stored            logState
+		d                 limiter.Decision
+	)
 	if v, ok := s.cache.get(pk); ok {
 		cur, found = v.(logState), true
 	}
 	buf := make([]int64, 0, len(cur.entries)+int(min(op.N, limiter.MaxLogLimit)))
-	for conflicts := 0; ; {
-		next, d, write := op.Apply(append(buf[:0], cur.entries...))
-		if !write {
-			if fromServer {
-				return d, nil
+	err := s.writer().conditional(ctx, logKind+" "+pk, condWrite{
+		next: func(ctx context.Context) (*dynamodb.UpdateItemInput, error) {
+			next, dd, write := op.Apply(append(buf[:0], cur.entries...))
+			if !write && !fromServer {
+				// Confirm a decision made on a remembered log with a read.
+				st, ok, err := s.readLog(ctx, pk)
+				if err != nil {
+					return nil, err
+				}
+				cur, found, fromServer = st, ok, true
+				next, dd, write = op.Apply(append(buf[:0], cur.entries...))
 			}
-			st, ok, err := s.readLog(ctx, pk)
-			if err != nil {
-				return limiter.Decision{}, err
+			d = dd
+			if !write {
+				return nil, nil
 			}
-			cur, found, fromServer = st, ok, true
-			continue
-		}
-		stored := logState{entries: append([]int64(nil), next...), version: cur.version + 1}
-		err := s.writeLog(ctx, pk, cur, found, stored, ttl)
-		if err == nil {
+			stored = logState{entries: append([]int64(nil), next...), version: cur.version + 1}
+			return s.logWrite(pk, cur, found, stored, ttl)
+		},
+		written: func(*dynamodb.UpdateItemOutput) error {
 			s.cache.put(pk, stored)
-			return d, nil
-		}
-		old, lost := conditionFailed(err)
-		if !lost {
-			// The write may or may not have happened: what is remembered
-			// may be stale, which the next write's condition catches.
-			return limiter.Decision{}, err
-		}
-		s.counter.conflicts.Add(1)
-		if cur, found, err = s.logFromItem(pk, old); err != nil {
-			return limiter.Decision{}, err
-		}
-		fromServer = true
-		conflicts++
-		if err := s.backoff(ctx, "sliding log "+pk, conflicts); err != nil {
-			return limiter.Decision{}, err
-		}
+			return nil
+		},
+		lost: func(item map[string]types.AttributeValue) (bool, error) {
+			var err error
+			cur, found, err = s.logFromItem(pk, item)
+			fromServer = true
+			return err == nil, err
+		},
+	})
+	if err != nil {
+		// The write may or may not have happened: what is remembered may
+		// be stale, which the next write's condition catches.
+		return limiter.Decision{}, err
 	}
+	return d, nil
 }
 
-func (s *Store) writeLog(ctx context.Context, pk string, cur logState, found bool, next logState, ttl time.Duration) error {
+// logWrite is the conditional UpdateItem that replaces the log cur (absent
+// when !found) by next, or an error wrapping ErrItemTooLarge.
+func (s *Store) logWrite(pk string, cur logState, found bool, next logState, ttl time.Duration) (*dynamodb.UpdateItemInput, error) {
 	enc := limiter.AppendLog(nil, next.entries)
 	ttlv := s.ttlValue(ttl)
 	size := len(AttrPK) + len(pk) + len(attrLog) + len(enc) + len(attrVersion) + numberSize(next.version) +
 		len(AttrTTL) + len(ttlv.(*types.AttributeValueMemberN).Value)
 	if size > ItemBudget {
-		return fmt.Errorf("dynamo: sliding log %q: %w: %d entries take %d bytes; lower the limit (a log item holds roughly 300 entries a few ms apart) or use a sliding window",
+		return nil, fmt.Errorf("dynamo: sliding log %q: %w: %d entries take %d bytes; lower the limit (a log item holds roughly 300 entries a few ms apart) or use a sliding window",
 			pk, ErrItemTooLarge, len(next.entries), size)
 	}
 	in := &dynamodb.UpdateItemInput{
@@ -91,7 +98,6 @@ func (s *Store) writeLog(ctx context.Context, pk string, cur logState, found boo
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":l": &types.AttributeValueMemberB{Value: enc}, ":v": numAttr(next.version), ":x": ttlv,
 		},
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}
 	if found {
 		// The version alone would let an item rewritten outside this
@@ -104,13 +110,7 @@ func (s *Store) writeLog(ctx context.Context, pk string, cur logState, found boo
 		in.ConditionExpression = aws.String("attribute_not_exists(#k)")
 		in.ExpressionAttributeNames["#k"] = AttrPK
 	}
-	if _, err := s.client.UpdateItem(ctx, in, s.optFns...); err != nil {
-		if _, lost := conditionFailed(err); lost {
-			return err
-		}
-		return mapError("sliding log write", err)
-	}
-	return nil
+	return in, nil
 }
 
 func (s *Store) readLog(ctx context.Context, pk string) (logState, bool, error) {

@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -196,36 +195,6 @@ func (s *Store) ttlValue(ttl time.Duration) types.AttributeValue {
 		sec++
 	}
 	return &types.AttributeValueMemberN{Value: strconv.FormatInt(sec, 10)}
-}
-
-// backoff sleeps before retry number conflicts (1-based) of a lost race.
-// It returns an error wrapping limiter.ErrConflict when the retries are spent
-// or the pause would outlast ctx, and one wrapping ErrUnavailable and the
-// context's error when ctx is done.
-func (s *Store) backoff(ctx context.Context, what string, conflicts int) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dynamo: %s: %w after %d lost races: %w", what, ErrUnavailable, conflicts, err)
-	}
-	if conflicts >= s.cfg.MaxAttempts {
-		return fmt.Errorf("dynamo: %s: %w after %d attempts", what, limiter.ErrConflict, conflicts)
-	}
-	if conflicts == 1 {
-		return nil
-	}
-	ceiling := s.cfg.BackoffBase << min(conflicts-2, 20)
-	ceiling = min(ceiling, s.cfg.BackoffMax)
-	pause := time.Duration(rand.Int64N(int64(ceiling) + 1))
-	if d, ok := ctx.Deadline(); ok && time.Until(d) < pause {
-		return fmt.Errorf("dynamo: %s: %w after %d attempts (deadline too close to retry)", what, limiter.ErrConflict, conflicts)
-	}
-	t := time.NewTimer(pause)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("dynamo: %s: %w after %d lost races: %w", what, ErrUnavailable, conflicts, ctx.Err())
-	}
 }
 
 // maxKeyBytes bounds the partition key value, which counts towards every
