@@ -26,42 +26,42 @@ const (
 // new bucket), retrying on a lost race. The state's Version is the item's
 // CAS id.
 func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
-	return s.update(ctx, "bucket", bucketKey(s.keys.base(k)), ttl, func(val []byte, cas uint64, found bool) ([]byte, limiter.Decision, bool, error) {
+	return s.casLoop().update(ctx, "bucket", bucketKey(s.keys.base(k)), func(val []byte, cas uint64, found bool) (*memcache.Item, limiter.Decision, error) {
 		var cur limiter.BucketState
 		if found {
 			var err error
 			if cur, err = decodeBucket(val); err != nil {
-				return nil, limiter.Decision{}, false, err
+				return nil, limiter.Decision{}, err
 			}
 			cur.Version = cas
 		}
 		next, d, write := op.Apply(cur, found)
 		if !write {
-			return nil, d, false, nil
+			return nil, d, nil
 		}
-		return encodeBucket(next), d, true, nil
+		return &memcache.Item{Value: encodeBucket(next), Expiration: s.expiry(ttl)}, d, nil
 	})
 }
 
 // UpdateLog implements [limiter.LogStore] with gets and cas of the log
 // encoded by [limiter.AppendLog].
 func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
-	return s.update(ctx, "log", logKey(s.keys.base(k)), ttl, func(val []byte, _ uint64, found bool) ([]byte, limiter.Decision, bool, error) {
+	return s.casLoop().update(ctx, "log", logKey(s.keys.base(k)), func(val []byte, _ uint64, found bool) (*memcache.Item, limiter.Decision, error) {
 		var entries []int64
 		if found {
 			if len(val) == 0 || val[0] != formatLog {
-				return nil, limiter.Decision{}, false, fmt.Errorf("%w: not a sliding log value", limiter.ErrCorruptState)
+				return nil, limiter.Decision{}, fmt.Errorf("%w: not a sliding log value", limiter.ErrCorruptState)
 			}
 			var err error
 			if entries, err = limiter.ParseLog(val[1:], nil); err != nil {
-				return nil, limiter.Decision{}, false, err
+				return nil, limiter.Decision{}, err
 			}
 		}
 		next, d, write := op.Apply(entries)
 		if !write {
-			return nil, d, false, nil
+			return nil, d, nil
 		}
-		return limiter.AppendLog([]byte{formatLog}, next), d, true, nil
+		return &memcache.Item{Value: limiter.AppendLog([]byte{formatLog}, next), Expiration: s.expiry(ttl)}, d, nil
 	})
 }
 
@@ -90,11 +90,29 @@ func decodeBucket(v []byte) (limiter.BucketState, error) {
 	return b, nil
 }
 
-// applyFunc computes the next value from the current one (found is false
-// when the key holds none) and reports whether it must be written.
-type applyFunc func(val []byte, cas uint64, found bool) (next []byte, d limiter.Decision, write bool, err error)
+// applyFunc computes what to write from the value a key holds (found is
+// false when it holds none; cas is the item's CAS id): the item to write
+// (its Value and Expiration; the loop sets Key and CasID), or nil when
+// nothing is to be written, and the decision.
+type applyFunc func(val []byte, cas uint64, found bool) (write *memcache.Item, d limiter.Decision, err error)
 
-// update is the optimistic read-modify-write shared by buckets and logs:
+// casLoop is the optimistic read-modify-write of the package, shared by
+// [Store] (buckets, logs) and [Leases]: its client, the per-call timeout,
+// the retry budget (Config.MaxRetries, Config.RetryBackoff) and the item
+// cache (nil for none).
+type casLoop struct {
+	mc         *memcache.Client
+	cache      *itemCache
+	timeout    time.Duration
+	maxRetries int
+	backoff    time.Duration
+}
+
+func (s *Store) casLoop() casLoop {
+	return casLoop{mc: s.mc, cache: s.cache, timeout: s.timeout, maxRetries: s.maxRetries, backoff: s.backoff}
+}
+
+// update runs the loop on key:
 //
 //  1. Start from the item cached for key (value and CAS id from our last
 //     read), or read it with gets.
@@ -103,23 +121,27 @@ type applyFunc func(val []byte, cas uint64, found bool) (next []byte, d limiter.
 //     apply again.
 //  3. Write with cas on the item's CAS id, or add when there was none. A
 //     cas that finds the item changed (EXISTS) or gone (NOT_FOUND), or an
-//     add that finds it present (NOT_STORED), lost a race: read again,
-//     wait a random, growing time, and go to 2.
+//     add that finds it present (NOT_STORED), lost a race: wait a random,
+//     growing time (see wait), read again, and go to 2.
 //
 // No update is lost: every write is conditional on the state it was
-// computed from. Attempts stop after MaxRetries lost races or at the call's
-// deadline, with an error wrapping limiter.ErrConflict.
-func (s *Store) update(ctx context.Context, kind, key string, ttl time.Duration, apply applyFunc) (limiter.Decision, error) {
+// computed from. Attempts stop after maxRetries lost races (a stale cached
+// item is not counted), or at the call's deadline, with an error wrapping
+// limiter.ErrConflict (and the context's error). Every other failure goes
+// through errorf, the package's one error mapping. Reads and writes run
+// through call (so the call returns at its deadline) and retryDead (a
+// pooled connection the server closed is replaced once).
+func (c casLoop) update(ctx context.Context, kind, key string, apply applyFunc) (limiter.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return limiter.Decision{}, errorf(kind, err)
 	}
-	ctx, cancel := s.withDeadline(ctx)
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 
-	it, fresh := s.cache.get(key), false
+	it, fresh := c.cache.get(key), false
 	if it == nil {
 		var err error
-		if it, err = s.read(ctx, key); err != nil {
+		if it, err = c.read(ctx, key); err != nil {
 			return limiter.Decision{}, errorf(kind+": gets", err)
 		}
 		fresh = true
@@ -127,34 +149,34 @@ func (s *Store) update(ctx context.Context, kind, key string, ttl time.Duration,
 	lost := 0
 	for {
 		found := it.Key != ""
-		next, d, write, err := apply(it.Value, it.CasID, found)
-		if err != nil || !write {
+		w, d, err := apply(it.Value, it.CasID, found)
+		if err != nil || w == nil {
 			if fresh {
 				if err != nil {
-					s.cache.drop(key)
+					c.cache.drop(key)
 					return limiter.Decision{}, errorf(kind, err)
 				}
 				return d, nil
 			}
 			// Made on a cached item: confirm on a fresh read.
-			if it, err = s.read(ctx, key); err != nil {
+			if it, err = c.read(ctx, key); err != nil {
 				return limiter.Decision{}, errorf(kind+": gets", err)
 			}
 			fresh = true
 			continue
 		}
-		w := &memcache.Item{Key: key, Value: next, Expiration: s.expiry(ttl), CasID: it.CasID}
+		w.Key, w.CasID = key, it.CasID
 		_, err = call(ctx, func() (struct{}, error) {
-			return retryDead(s.mc, func() (struct{}, error) {
+			return retryDead(c.mc, func() (struct{}, error) {
 				if found {
-					return struct{}{}, s.mc.CompareAndSwap(w)
+					return struct{}{}, c.mc.CompareAndSwap(w)
 				}
-				return struct{}{}, s.mc.Add(w)
+				return struct{}{}, c.mc.Add(w)
 			})
 		})
 		// The text protocol does not return the new CAS id, so after a
 		// write (or a failed one) the cached item is of no use.
-		s.cache.drop(key)
+		c.cache.drop(key)
 		switch {
 		case err == nil:
 			return d, nil
@@ -165,14 +187,14 @@ func (s *Store) update(ctx context.Context, kind, key string, ttl time.Duration,
 		// Lost a race. A stale cached item does not count as a loss.
 		if fresh {
 			lost++
-			if lost > s.maxRetries {
+			if lost > c.maxRetries {
 				return limiter.Decision{}, errorf(kind, fmt.Errorf("%w: gave up after %d lost races", limiter.ErrConflict, lost))
 			}
-			if err := s.wait(ctx, lost); err != nil {
+			if err := wait(ctx, c.backoff, lost); err != nil {
 				return limiter.Decision{}, errorf(kind, fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err))
 			}
 		}
-		if it, err = s.read(ctx, key); err != nil {
+		if it, err = c.read(ctx, key); err != nil {
 			if lost > 0 && ctx.Err() != nil {
 				err = fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err)
 			}
@@ -183,25 +205,26 @@ func (s *Store) update(ctx context.Context, kind, key string, ttl time.Duration,
 }
 
 // read gets key with its CAS id and caches it. A miss gives an empty item.
-func (s *Store) read(ctx context.Context, key string) (*memcache.Item, error) {
+func (c casLoop) read(ctx context.Context, key string) (*memcache.Item, error) {
 	it, err := call(ctx, func() (*memcache.Item, error) {
-		return retryDead(s.mc, func() (*memcache.Item, error) { return s.mc.Get(key) })
+		return retryDead(c.mc, func() (*memcache.Item, error) { return c.mc.Get(key) })
 	})
 	switch {
 	case errors.Is(err, memcache.ErrCacheMiss):
-		s.cache.drop(key)
+		c.cache.drop(key)
 		return &memcache.Item{}, nil
 	case err != nil:
 		return nil, err
 	}
-	s.cache.put(it)
+	c.cache.put(it)
 	return it, nil
 }
 
-// wait sleeps a random time in [0, backoff*2^(attempt-1)), capped, or until
-// ctx is done.
-func (s *Store) wait(ctx context.Context, attempt int) error {
-	ceiling := s.backoff << min(attempt-1, 16)
+// wait sleeps before the retry after lost race number attempt (1-based): a
+// random time in (0, backoff*2^(attempt-1)], capped at maxRetryBackoff, or
+// until ctx is done.
+func wait(ctx context.Context, backoff time.Duration, attempt int) error {
+	ceiling := backoff << min(attempt-1, 16)
 	if ceiling <= 0 || ceiling > maxRetryBackoff {
 		ceiling = maxRetryBackoff
 	}

@@ -33,10 +33,14 @@ import (
 //     or NOT_FOUND on cas, or NOT_STORED on add, means another writer got
 //     there first: wait a random, growing pause and go to 1.
 //
-// Every write is conditional on the value it was computed from, so no
-// update is lost and a key never holds more than its capacity of live
-// leases. Attempts stop after MaxRetries lost races or at the call's
-// deadline, with an error wrapping [limiter.ErrConflict]. A set that
+// This is the package's one read-modify-write loop, the one [Store] runs
+// for buckets and logs (without the item cache: every decision is made on a
+// fresh gets). Every write is conditional on the value it was computed
+// from, so no update is lost and a key never holds more than its capacity
+// of live leases. Attempts stop after MaxRetries lost races or at the
+// call's deadline, with an error wrapping [limiter.ErrConflict]; errors are
+// typed as the Store's are (see "Connections and errors" in the package
+// documentation). A set that
 // becomes empty is written empty (with a short expiry) rather than deleted,
 // as a delete is not conditional. An item is kept until its last lease
 // expires, measured from the write (so the offset between the callers' and
@@ -74,8 +78,6 @@ const (
 	// leaseMargin is added to every lease item's expiry, beyond its last
 	// lease.
 	leaseMargin = 2 * time.Second
-	// leaseMaxBackoff caps the pause between two attempts.
-	leaseMaxBackoff = 20 * time.Millisecond
 	// leaseMaxKeyLen is memcached's key limit.
 	leaseMaxKeyLen = 250
 )
@@ -134,77 +136,49 @@ func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.Rel
 	return l.update(ctx, "release lease", l.key("l:", "L:", k), op.Now, op.Apply)
 }
 
-// update is the gets / apply / cas-or-add loop. now is the caller's time,
-// for the item's expiry.
+// update applies a lease op to key's set with the package's read-modify-write
+// loop ([casLoop.update], the one buckets and logs use; no item cache, so
+// every decision is made on a fresh gets). now is the caller's time, for the
+// item's expiry.
 func (l *Leases) update(ctx context.Context, what, key string, now int64, apply func([]limiter.LeaseEntry) ([]limiter.LeaseEntry, bool)) error {
-	if err := ctx.Err(); err != nil {
-		return leaseError(what, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
+	c := casLoop{mc: l.mc, timeout: l.timeout, maxRetries: l.maxRetries, backoff: l.backoff}
 	var buf []limiter.LeaseEntry
-	for lost := 0; ; {
-		it, err := call(ctx, func() (*memcache.Item, error) { return l.mc.Get(key) })
-		found := err == nil
-		switch {
-		case errors.Is(err, memcache.ErrCacheMiss):
-		case err != nil:
-			return leaseError(what+": gets", err)
-		}
+	_, err := c.update(ctx, what, key, func(val []byte, _ uint64, found bool) (*memcache.Item, limiter.Decision, error) {
 		cur := buf[:0]
 		if found {
-			if len(it.Value) == 0 || it.Value[0] != leaseFormat {
-				return leaseError(what, fmt.Errorf("%w: not a lease set value", limiter.ErrCorruptState))
+			if len(val) == 0 || val[0] != leaseFormat {
+				return nil, limiter.Decision{}, fmt.Errorf("%w: not a lease set value", limiter.ErrCorruptState)
 			}
-			if cur, err = limiter.ParseLeases(it.Value[1:], cur); err != nil {
-				return leaseError(what, err)
+			var err error
+			if cur, err = limiter.ParseLeases(val[1:], cur); err != nil {
+				return nil, limiter.Decision{}, err
 			}
 		}
 		next, write := apply(cur)
 		buf = next
 		if !write {
-			return nil
+			return nil, limiter.Decision{}, nil
 		}
 		exp := time.Second // an empty set: gone soon
 		if len(next) > 0 {
 			exp = limiter.LeaseExpiry(next, now) + leaseMargin
 		}
-		w := &memcache.Item{Key: key, Value: limiter.AppendLeases([]byte{leaseFormat}, next), Expiration: l.expiry(exp)}
-		_, err = call(ctx, func() (struct{}, error) {
-			if found {
-				w.CasID = it.CasID
-				return struct{}{}, l.mc.CompareAndSwap(w)
-			}
-			return struct{}{}, l.mc.Add(w)
-		})
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCacheMiss):
-		default:
-			return leaseError(what+": write", err)
-		}
-		lost++
-		if lost > l.maxRetries {
-			return leaseError(what, fmt.Errorf("%w: gave up after %d lost races", limiter.ErrConflict, lost))
-		}
-		if err := l.wait(ctx, lost); err != nil {
-			return leaseError(what, fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err))
-		}
-	}
+		return &memcache.Item{Value: limiter.AppendLeases([]byte{leaseFormat}, next), Expiration: l.expiry(exp)}, limiter.Decision{}, nil
+	})
+	return err
 }
 
 // PutGauge implements [limiter.GaugeStore] with set.
 func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
-		return leaseError("put gauge", err)
+		return errorf("put gauge", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	v := binary.AppendVarint(binary.LittleEndian.AppendUint64([]byte{gaugeFormat}, math.Float64bits(g.Value)), g.At)
 	it := &memcache.Item{Key: l.key("g:", "G:", k), Value: v, Expiration: l.expiry(ttl)}
 	if _, err := call(ctx, func() (struct{}, error) { return struct{}{}, l.mc.Set(it) }); err != nil {
-		return leaseError("put gauge", err)
+		return errorf("put gauge", err)
 	}
 	return nil
 }
@@ -212,7 +186,7 @@ func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, t
 // GetGauge implements [limiter.GaugeStore] with get.
 func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return limiter.Gauge{}, false, leaseError("get gauge", err)
+		return limiter.Gauge{}, false, errorf("get gauge", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
@@ -221,15 +195,15 @@ func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bo
 	case errors.Is(err, memcache.ErrCacheMiss):
 		return limiter.Gauge{}, false, nil
 	case err != nil:
-		return limiter.Gauge{}, false, leaseError("get gauge", err)
+		return limiter.Gauge{}, false, errorf("get gauge", err)
 	}
 	v := it.Value
 	if len(v) < 10 || v[0] != gaugeFormat {
-		return limiter.Gauge{}, false, leaseError("get gauge", fmt.Errorf("%w: not a gauge value", limiter.ErrCorruptState))
+		return limiter.Gauge{}, false, errorf("get gauge", fmt.Errorf("%w: not a gauge value", limiter.ErrCorruptState))
 	}
 	at, n := binary.Varint(v[9:])
 	if n <= 0 || 9+n != len(v) {
-		return limiter.Gauge{}, false, leaseError("get gauge", fmt.Errorf("%w: gauge time", limiter.ErrCorruptState))
+		return limiter.Gauge{}, false, errorf("get gauge", fmt.Errorf("%w: gauge time", limiter.ErrCorruptState))
 	}
 	return limiter.Gauge{Value: math.Float64frombits(binary.LittleEndian.Uint64(v[1:9])), At: at}, true, nil
 }
@@ -272,30 +246,4 @@ func (l *Leases) expiry(keep time.Duration) int32 {
 		return 0
 	}
 	return int32(max(secs, 1))
-}
-
-// wait sleeps a random time in [0, backoff*2^(attempt-1)), capped, or until
-// ctx is done.
-func (l *Leases) wait(ctx context.Context, attempt int) error {
-	ceiling := l.backoff << min(attempt-1, 16)
-	if ceiling <= 0 || ceiling > leaseMaxBackoff {
-		ceiling = leaseMaxBackoff
-	}
-	t := time.NewTimer(rand.N(ceiling) + 1)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// leaseError wraps a failure: corrupt state and lost races as they are,
-// anything else as ErrUnavailable.
-func leaseError(what string, err error) error {
-	if errors.Is(err, limiter.ErrCorruptState) || errors.Is(err, limiter.ErrConflict) {
-		return fmt.Errorf("memcached: %s: %w", what, err)
-	}
-	return fmt.Errorf("memcached: %s: %w: %w", what, ErrUnavailable, err)
 }
