@@ -1,6 +1,7 @@
 // Package authz is Sluice's API Gateway Lambda authorizer: it decodes the
-// three authorizer events (REST TOKEN, REST REQUEST and HTTP API payload
-// 2.0, told apart by sniffing the JSON), turns them into a
+// authorizer events (REST TOKEN, REST REQUEST, HTTP API payload 1.0 and
+// 2.0, told apart by their "version" and "type" fields and decoded with
+// aws-lambda-go's events types, one file per source), turns them into a
 // [policy.Request], asks the rules, and answers in the event's response
 // shape with the decision in the context (limit, remaining, reset,
 // retryAfter, rule, decision).

@@ -1,8 +1,10 @@
 package authz
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/sluicehq/sluice/policy"
@@ -13,14 +15,16 @@ type Kind uint8
 
 const (
 	// KindToken is a REST API TOKEN authorizer event
-	// (events.APIGatewayCustomAuthorizerRequest).
+	// (events.APIGatewayCustomAuthorizerRequest, event_token.go).
 	KindToken Kind = iota + 1
 	// KindRequest is a REST API REQUEST authorizer event
-	// (events.APIGatewayCustomAuthorizerRequestTypeRequest), or an HTTP API
-	// payload 1.0 event, which has the same shape.
+	// (events.APIGatewayCustomAuthorizerRequestTypeRequest,
+	// event_request.go), or an HTTP API payload 1.0 event
+	// (events.APIGatewayV2CustomAuthorizerV1Request, event_http1.go),
+	// which has the same shape.
 	KindRequest
 	// KindHTTP is an HTTP API payload 2.0 authorizer event
-	// (events.APIGatewayV2CustomAuthorizerV2Request).
+	// (events.APIGatewayV2CustomAuthorizerV2Request, event_http2.go).
 	KindHTTP
 )
 
@@ -38,7 +42,8 @@ func (k Kind) String() string {
 }
 
 // EventError is the error for an event that is not a valid authorizer
-// event: malformed JSON, an unknown type, a missing required field.
+// event: malformed JSON, an unknown type, a missing required field, a field
+// of the wrong JSON type, an ARN that is not an execute-api ARN.
 type EventError struct {
 	Kind   Kind // zero when the type could not be told
 	Reason string
@@ -58,120 +63,132 @@ var ErrUnauthorized = errors.New("Unauthorized")
 // Event is a decoded authorizer event.
 type Event struct {
 	Kind Kind
-	// ARN is the methodArn (REST) or routeArn (HTTP API) that an IAM
-	// policy response names.
+	// ARN is the methodArn (REST, HTTP API 1.0) or routeArn (HTTP API 2.0)
+	// that an IAM policy response names: always an execute-api ARN.
 	ARN string
 	// Request holds the attributes the rules see.
 	Request policy.Request
-
-	src            string // the event, which Request's strings point into
-	headers, query rawValues
 }
 
-// DecodeEvent tells the event's type from its JSON and decodes it. It
-// returns an *EventError for malformed JSON, an unknown type or a missing
-// required field, and ErrUnauthorized for a TOKEN event without a token.
+// DecodeEvent tells the event's type from its "version" and "type" fields
+// and decodes it into aws-lambda-go's type for that source (one file per
+// source: event_token.go, event_request.go, event_http1.go,
+// event_http2.go). It returns an *EventError for malformed JSON, an
+// unknown type, a missing required field, a field Sluice reads that has the
+// wrong JSON type, or an ARN that is not an execute-api ARN; and
+// ErrUnauthorized for a TOKEN event without a token.
 //
-// It reads only the fields Sluice uses, with encoding/json's semantics
-// (see jsonscan.go), and leaves headers and query parameters in the JSON
-// until a rule asks for one.
+// JSON has encoding/json's semantics: field names match exactly or else
+// ignoring case, a later duplicate wins, invalid UTF-8 becomes U+FFFD, the
+// nesting depth is bounded.
 func DecodeEvent(raw []byte) (*Event, error) {
-	ev := &Event{src: string(raw)}
-	var f eventFields
-	f.headers.watch = "Authorization"
-	if err := parseEvent(ev.src, &f); err != nil {
-		var se *syntaxError
-		if errors.As(err, &se) {
-			return nil, &EventError{Reason: fmt.Sprintf("malformed JSON at byte %d: %s", se.Offset, se.msg)}
-		}
-		return nil, &EventError{Reason: err.Error()}
+	var probe struct {
+		Version string `json:"version"`
+		Type    string `json:"type"`
 	}
-	p := parser{s: ev.src}
-	str := p.text
-	ev.headers = rawValues{src: ev.src, objs: f.headers, fold: true}
-	ev.query = rawValues{src: ev.src, objs: f.query}
-	req := &ev.Request
-	version, typ := str(f.version), str(f.typ)
-	switch {
-	case version == "2.0" && typ == "REQUEST":
-		ev.Kind = KindHTTP
-		ev.ARN = str(f.routeArn)
-		req.SourceIP = str(f.httpSourceIP)
-		req.Method = str(f.httpMethodV2)
-		req.Path = str(f.httpPath)
-		if req.Path == "" {
-			req.Path = str(f.rawPath)
-		}
-		req.RouteKey = str(f.routeKey)
-		if req.RouteKey == "" {
-			req.RouteKey = str(f.rcRouteKey)
-		}
-		req.Stage = str(f.rcStage)
-		req.Headers, req.Query = &ev.headers, &ev.query
-		req.Token, _ = req.Header("Authorization")
-		req.Absent = policy.AttrAPIKey // HTTP APIs have no API keys
-		switch {
-		case ev.ARN == "":
-			return nil, &EventError{Kind: ev.Kind, Reason: "missing routeArn"}
-		case req.Method == "":
-			return nil, &EventError{Kind: ev.Kind, Reason: "missing requestContext.http.method"}
-		case req.SourceIP == "":
-			return nil, &EventError{Kind: ev.Kind, Reason: "missing requestContext.http.sourceIp"}
-		}
-	case (version == "" || version == "1.0") && typ == "REQUEST":
-		ev.Kind = KindRequest
-		ev.ARN = str(f.methodArn)
-		req.SourceIP = str(f.idSourceIP)
-		req.Method = str(f.httpMethod)
-		if req.Method == "" {
-			req.Method = str(f.rcHTTPMethod)
-		}
-		req.Path = str(f.path)
-		if req.Path == "" {
-			req.Path = str(f.rcPath)
-		}
-		if resource := str(f.resource); resource != "" {
-			req.RouteKey = req.Method + " " + resource
-		}
-		req.Stage = str(f.rcStage)
-		req.Headers, req.Query = &ev.headers, &ev.query
-		req.APIKey = str(f.idAPIKey)
-		req.Token, _ = req.Header("Authorization")
-		if version == "1.0" {
-			req.Absent = policy.AttrAPIKey
-		}
-		switch {
-		case ev.ARN == "":
-			return nil, &EventError{Kind: ev.Kind, Reason: "missing methodArn"}
-		case req.Method == "":
-			return nil, &EventError{Kind: ev.Kind, Reason: "missing httpMethod"}
-		case req.SourceIP == "":
-			return nil, &EventError{Kind: ev.Kind, Reason: "missing requestContext.identity.sourceIp"}
-		}
-	case version == "" && typ == "TOKEN":
-		ev.Kind = KindToken
-		ev.ARN = str(f.methodArn)
-		req.Token = str(f.authorizationToken)
-		req.Absent = policy.AttrSourceIP | policy.AttrHeaders | policy.AttrQuery | policy.AttrAPIKey | policy.AttrRouteKey
-		if ev.ARN == "" {
-			return nil, &EventError{Kind: ev.Kind, Reason: "missing methodArn"}
-		}
-		var ok bool
-		if req.Stage, req.Method, req.Path, ok = parseMethodARN(ev.ARN); !ok {
-			return nil, &EventError{Kind: ev.Kind, Reason: "methodArn is not an execute-api method ARN"}
-		}
-		if req.Token == "" {
-			return nil, ErrUnauthorized
-		}
+	// This pass validates the whole document, so the decoders below see
+	// only type errors.
+	if err := json.Unmarshal(raw, &probe); err != nil {
+		return nil, jsonError(0, err)
+	}
+	switch v, t := probe.Version, probe.Type; {
+	case v == "2.0" && t == "REQUEST":
+		return decodeHTTP2(raw)
+	case v == "1.0" && t == "REQUEST":
+		return decodeHTTP1(raw)
+	case v == "" && t == "REQUEST":
+		return decodeRequest(raw)
+	case v == "" && t == "TOKEN":
+		return decodeToken(raw)
 	default:
-		return nil, &EventError{Reason: fmt.Sprintf("unknown event type %q (version %q): want a TOKEN or REQUEST authorizer event", clip(typ), clip(version))}
+		return nil, &EventError{Reason: fmt.Sprintf("unknown event type %q (version %q): want a TOKEN or REQUEST authorizer event", clip(t), clip(v))}
 	}
-	return ev, nil
+}
+
+// unmarshal decodes raw, a valid JSON document, into ev, a pointer to an
+// aws-lambda-go event type. Only the fields Sluice reads must have the
+// right JSON type: read points to a struct of those fields alone, and a
+// type error elsewhere in the event is ignored, so that a field AWS (or
+// aws-lambda-go) types differently one day cannot fail every request.
+// encoding/json reports only the first type error and decodes the rest, so
+// on a type error raw is decoded again into read, which tells whether a
+// field Sluice reads is wrong. The error does not name the kind
+// ("sluice: bad event: field ...").
+func unmarshal(raw []byte, ev, read any) error {
+	err := json.Unmarshal(raw, ev)
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		err = json.Unmarshal(raw, read)
+	}
+	return jsonError(0, err)
+}
+
+// jsonError turns an encoding/json error into an *EventError that names
+// the byte (malformed JSON) or the field (wrong type).
+func jsonError(kind Kind, err error) error {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		return &EventError{Kind: kind, Reason: fmt.Sprintf("malformed JSON at byte %d: %s", se.Offset, se.Error())}
+	case errors.As(err, &te) && te.Field == "":
+		return &EventError{Kind: kind, Reason: fmt.Sprintf("the event is a JSON %s, want an object", jsonValue(te.Value))}
+	case errors.As(err, &te):
+		return &EventError{Kind: kind, Reason: fmt.Sprintf("field %q: want %s, got JSON %s", te.Field, jsonType(te.Type), jsonValue(te.Value))}
+	}
+	return &EventError{Kind: kind, Reason: err.Error()}
+}
+
+// jsonType names the JSON type that decodes into t.
+func jsonType(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "bool"
+	case reflect.Map, reflect.Struct:
+		return "object"
+	case reflect.Slice, reflect.Array:
+		return "array"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64:
+		return "number"
+	}
+	return t.String()
+}
+
+// jsonValue is the JSON type of an UnmarshalTypeError's Value ("number",
+// or "number 1e400" for a number that overflows).
+func jsonValue(v string) string {
+	kind, _, _ := strings.Cut(v, " ")
+	return kind
+}
+
+// checkARN checks that arn, the event's field name, is an execute-api ARN
+// of an API, a stage and a method, so that an IAM response never names
+// anything else.
+func checkARN(kind Kind, name, arn string) error {
+	if arn == "" {
+		return &EventError{Kind: kind, Reason: "missing " + name}
+	}
+	if _, _, _, ok := parseMethodARN(arn); !ok {
+		return &EventError{Kind: kind, Reason: name + " is not an execute-api method ARN"}
+	}
+	return nil
 }
 
 // parseMethodARN splits
-// arn:aws:execute-api:REGION:ACCOUNT:API/STAGE/METHOD/PATH into its stage,
-// method and path ("/PATH").
+// arn:PARTITION:execute-api:REGION:ACCOUNT:API/STAGE/METHOD/PATH into its
+// stage, method and path ("/PATH").
 func parseMethodARN(arn string) (stage, method, path string, ok bool) {
 	rest := arn
 	for range 5 {
