@@ -3,7 +3,9 @@ package dynamo_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -241,5 +243,61 @@ func TestThrottling(t *testing.T) {
 	b, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1, RefillTime: time.Hour})
 	if _, err := b.Allow(context.Background(), "k", base); !errors.Is(err, dynamo.ErrThrottled) || th.attempts.Load() != 1 {
 		t.Fatalf("short deadline: %v after %d attempts, want ErrThrottled after 1", err, th.attempts.Load())
+	}
+}
+
+// A table that does not exist (ResourceNotFoundException from DynamoDB
+// Local): every kind of call, windows, buckets, logs, leases and gauges,
+// fails with an error wrapping ErrUnavailable (and so
+// limiter.ErrUnavailable), and nothing else.
+func TestMissingTable(t *testing.T) {
+	endpoint := sharedEndpoint(t)
+	table := fmt.Sprintf("sluice-no-such-table-%d-%d", os.Getpid(), time.Now().UnixNano())
+	cfg := dynamo.Config{Table: table, Timeout: 20 * time.Second}
+	s, err := dynamo.New(newClient(endpoint), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := dynamo.NewLeases(newClient(endpoint), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw, err1 := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 10, Window: time.Minute})
+	sw, err2 := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 10, Window: time.Minute})
+	tb, err3 := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 10, RefillTime: time.Minute})
+	sl, err4 := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Limit: 10, Window: time.Minute})
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	k := limiter.Key{Space: "missing", Name: "k"}
+	now := base.UnixNano()
+	calls := map[string]func() error{
+		"fixed window":     func() error { _, err := fw.Allow(ctx, "k", base); return err },
+		"sliding window":   func() error { _, err := sw.Allow(ctx, "k", base); return err },
+		"window read":      func() error { _, err := s.Add(ctx, k, 1, 4, 0, time.Minute); return err },
+		"window refund":    func() error { return s.Sub(ctx, k, 1, 1) },
+		"token bucket":     func() error { _, err := tb.Allow(ctx, "k", base); return err },
+		"token bucket get": func() error { _, err := tb.Get(ctx, "k", base); return err },
+		"sliding log":      func() error { _, err := sl.Allow(ctx, "k", base); return err },
+		"acquire lease": func() error {
+			_, err := l.AcquireLease(ctx, k, limiter.LeaseOp{Capacity: 2, Now: now, TTL: time.Minute, ID: "a"})
+			return err
+		},
+		"release lease": func() error { return l.ReleaseLease(ctx, k, limiter.ReleaseOp{ID: "a", Now: now}) },
+		"put gauge":     func() error { return l.PutGauge(ctx, k, limiter.Gauge{Value: 1, At: now}, time.Minute) },
+		"get gauge":     func() error { _, _, err := l.GetGauge(ctx, k); return err },
+	}
+	for name, call := range calls {
+		err := call()
+		var rnf *types.ResourceNotFoundException
+		if !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, dynamo.ErrUnavailable) || !errors.As(err, &rnf) {
+			t.Errorf("%s: %v, want ErrUnavailable wrapping ResourceNotFoundException", name, err)
+		}
+		for _, other := range []error{limiter.ErrThrottled, limiter.ErrConflict, limiter.ErrCorruptState} {
+			if errors.Is(err, other) {
+				t.Errorf("%s: %v also wraps %v", name, err, other)
+			}
+		}
 	}
 }

@@ -2,8 +2,14 @@ package dynamo_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"maps"
+	"net/http"
 	"os"
+	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +17,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
@@ -119,4 +126,156 @@ func TestLeaseRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// throttlingHTTP is the SDK client's HTTP client: it passes the first pass
+// requests to the server, then answers every request as DynamoDB answers a
+// throttled one (HTTP 400, the error code in the JSON body), so the SDK's
+// own deserializer and retryer see exactly what they would in AWS.
+type throttlingHTTP struct {
+	code      string
+	pass      atomic.Int64
+	throttled atomic.Int64
+}
+
+func (h *throttlingHTTP) Do(r *http.Request) (*http.Response, error) {
+	if h.pass.Add(-1) >= 0 {
+		return http.DefaultClient.Do(r)
+	}
+	h.throttled.Add(1)
+	if r.Body != nil {
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+	}
+	body := `{"__type":"com.amazonaws.dynamodb.v20120810#` + h.code + `","message":"Throughput exceeds the current capacity (injected)."}`
+	return &http.Response{
+		Status:        "400 Bad Request",
+		StatusCode:    http.StatusBadRequest,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        http.Header{"Content-Type": {"application/x-amz-json-1.0"}, "X-Amzn-Requestid": {"injected"}},
+		Body:          io.NopCloser(strings.NewReader(body)),
+		ContentLength: int64(len(body)),
+		Request:       r,
+	}, nil
+}
+
+// The issue's acceptance: a throttled lease call returns an error for which
+// errors.Is(err, limiter.ErrThrottled) and errors.Is(err,
+// dynamo.ErrThrottled) hold, for every throttling code the mapping knows,
+// on every lease and gauge request: an acquire's first write, the second
+// write of an acquire on a new key, a release, a gauge's put and get.
+func TestLeasesThrottled(t *testing.T) {
+	endpoint := testserver.DynamoDB(t)
+	newLeases(t) // creates the lease table
+	for _, code := range dynamo.ThrottleCodes() {
+		t.Run(code, func(t *testing.T) {
+			h := &throttlingHTTP{code: code}
+			h.pass.Store(1 << 30)
+			client := dynamodb.New(dynamodb.Options{
+				BaseEndpoint: aws.String(endpoint),
+				Region:       "us-east-1",
+				Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+					return aws.Credentials{AccessKeyID: "local", SecretAccessKey: "local", Source: "test"}, nil
+				}),
+				HTTPClient: h,
+			})
+			l, err := dynamo.NewLeases(client, dynamo.Config{Table: leaseTable, Timeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := testCtx(t)
+			now := limitertest.Base.UnixNano()
+			held := limiter.Key{Space: "throttled", Name: limitertest.Key(t)}
+			op := limiter.LeaseOp{Capacity: 3, Now: now, TTL: time.Minute, ID: "first"}
+			if d, err := l.AcquireLease(ctx, held, op); err != nil || !d.Allowed {
+				t.Fatalf("setup: %+v, %v", d, err)
+			}
+			calls := []struct {
+				name string
+				pass int64 // requests that get through before the throttling
+				call func() error
+			}{
+				{"acquire", 0, func() error {
+					op.ID = "second"
+					_, err := l.AcquireLease(ctx, held, op)
+					return err
+				}},
+				{"acquire on a new key (second write)", 1, func() error {
+					op.ID = "new"
+					_, err := l.AcquireLease(ctx, limiter.Key{Space: "throttled", Name: limitertest.Key(t) + "-new"}, op)
+					return err
+				}},
+				{"release", 0, func() error {
+					return l.ReleaseLease(ctx, held, limiter.ReleaseOp{ID: "first", Now: now})
+				}},
+				{"put gauge", 0, func() error {
+					return l.PutGauge(ctx, held, limiter.Gauge{Value: 0.5, At: now}, time.Minute)
+				}},
+				{"get gauge", 0, func() error {
+					_, _, err := l.GetGauge(ctx, held)
+					return err
+				}},
+			}
+			for _, c := range calls {
+				h.pass.Store(c.pass)
+				h.throttled.Store(0)
+				err := c.call()
+				if !errors.Is(err, limiter.ErrThrottled) || !errors.Is(err, dynamo.ErrThrottled) || errors.Is(err, limiter.ErrUnavailable) {
+					t.Errorf("%s: %v, want ErrThrottled (limiter and dynamo) only", c.name, err)
+				}
+				if h.throttled.Load() == 0 {
+					t.Errorf("%s: no request was throttled", c.name)
+				}
+			}
+		})
+	}
+}
+
+// A lease item whose leases or lv attribute has the wrong type is reported
+// as ErrCorruptState by an acquire and by a release (the types fail the
+// requests' conditions, so the item is read back and checked), never as a
+// failed request, and is left as it was. (A single lease entry of the wrong
+// type inside the map passes the conditions: an acquire reports it from the
+// item its write returns.)
+func TestCorruptLeaseItems(t *testing.T) {
+	newLeases(t) // creates the lease table
+	l, _ := newLeases(t)
+	raw := newClient(testserver.DynamoDB(t))
+	now := limitertest.Base.UnixNano()
+	cases := []struct {
+		name string
+		item map[string]types.AttributeValue
+	}{
+		{"leases not a map", map[string]types.AttributeValue{
+			"leases": &types.AttributeValueMemberS{Value: "x"}, "lv": &types.AttributeValueMemberN{Value: "1"}}},
+		{"lv not a number", map[string]types.AttributeValue{
+			"leases": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{}}, "lv": &types.AttributeValueMemberS{Value: "1"}}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			k := limiter.Key{Space: "corrupt", Name: fmt.Sprintf("%s-%d", limitertest.Key(t), i)}
+			it := maps.Clone(c.item)
+			it["pk"] = &types.AttributeValueMemberS{Value: "#L/" + k.Space + "/" + k.Name}
+			if _, err := raw.PutItem(testCtx(t), &dynamodb.PutItemInput{TableName: aws.String(leaseTable), Item: it}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := l.AcquireLease(testCtx(t), k, limiter.LeaseOp{Capacity: 5, Now: now, TTL: time.Minute, ID: "b"})
+			if !errors.Is(err, limiter.ErrCorruptState) || errors.Is(err, limiter.ErrUnavailable) {
+				t.Errorf("acquire: %v, want ErrCorruptState", err)
+			}
+			err = l.ReleaseLease(testCtx(t), k, limiter.ReleaseOp{ID: "a", Now: now})
+			if !errors.Is(err, limiter.ErrCorruptState) || errors.Is(err, limiter.ErrUnavailable) {
+				t.Errorf("release: %v, want ErrCorruptState", err)
+			}
+			out, err := raw.GetItem(testCtx(t), &dynamodb.GetItemInput{TableName: aws.String(leaseTable), Key: map[string]types.AttributeValue{"pk": it["pk"]}, ConsistentRead: aws.Bool(true)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(out.Item, it) {
+				t.Errorf("item changed: %v, was %v", out.Item, it)
+			}
+		})
+	}
 }
