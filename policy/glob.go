@@ -47,11 +47,22 @@ func compileGlob(p string) (glob, error) {
 	return glob{src: p, segs: segs}, nil
 }
 
-// match reports whether the path p matches. It runs in O(segments *
-// pattern segments) steps whatever the input: one backtracking point (the
-// last "**"), as in classic wildcard matching. The path "/a/" has the
-// segments "a" and "".
+// match reports whether the path p matches, as it is or cleaned
+// ([CleanPath]): "//demo/x" and "/a/..%2fdemo/x" match "/demo/**", which
+// a server that cleans paths would serve them as.
 func (g glob) match(p string) bool {
+	if g.matchRaw(p) {
+		return true
+	}
+	c := CleanPath(p)
+	return c != p && g.matchRaw(c)
+}
+
+// matchRaw reports whether the path p matches as it is. It runs in
+// O(segments * pattern segments) steps whatever the input: one
+// backtracking point (the last "**"), as in classic wildcard matching. The
+// path "/a/" has the segments "a" and "".
+func (g glob) matchRaw(p string) bool {
 	if p == "" || p[0] != '/' {
 		return false
 	}

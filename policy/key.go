@@ -149,7 +149,7 @@ func (c *compiledRule) value(p keyPart, req *Request) (string, bool) {
 	case kindMethod:
 		return req.Method, req.Method != ""
 	case kindPath:
-		return req.Path, req.Path != ""
+		return CleanPath(req.Path), req.Path != ""
 	case kindRoute:
 		return req.RouteKey, req.RouteKey != ""
 	case kindStage:

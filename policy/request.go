@@ -11,7 +11,9 @@ type Request struct {
 	SourceIP string
 	// Method is the HTTP method, upper case.
 	Method string
-	// Path is the request path (without query string).
+	// Path is the request path (without query string), as the event
+	// carries it. Rules match it as it is and cleaned ([CleanPath]); the
+	// {path} placeholder renders it cleaned.
 	Path string
 	// RouteKey is the route ("GET /pets/{id}", "$default"); for REST APIs
 	// the method and resource template.

@@ -314,6 +314,30 @@ func TestARNs(t *testing.T) {
 	}
 }
 
+// TestDemoPathSpellings: the embedded /demo/** rule (3 a minute) counts
+// every spelling of a /demo/ path that a server cleaning paths would serve
+// as one, from REST and HTTP API events alike (docs/rules.md, Paths).
+func TestDemoPathSpellings(t *testing.T) {
+	h := newTestHandler(t, string(DefaultRules), nil)
+	rest := `{"type":"REQUEST","methodArn":"arn:aws:execute-api:r:1:a/prod/GET/x","httpMethod":"GET","path":%q,"requestContext":{"identity":{"sourceIp":"192.0.2.1"}}}`
+	http := `{"version":"2.0","type":"REQUEST","routeArn":"arn:aws:execute-api:r:1:a/$default/GET/x","requestContext":{"http":{"method":"GET","path":%q,"sourceIp":"192.0.2.1"}}}`
+	for i, ev := range []string{
+		fmt.Sprintf(rest, "//demo/hello"),
+		fmt.Sprintf(http, "/pets/..%2fdemo/hello"),
+		fmt.Sprintf(rest, "/pets/%2e%2e/demo/./hello"),
+		fmt.Sprintf(http, "/demo/hello"),
+	} {
+		resp, _, err := h.Decide(t.Context(), []byte(ev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := resp.AuthContext()
+		if c.Rule != "demo" || resp.Allowed() != (i < 3) {
+			t.Errorf("request %d: allowed %v, %+v; want the demo rule to allow 3", i+1, resp.Allowed(), c)
+		}
+	}
+}
+
 func TestDenyAndContext(t *testing.T) {
 	h := newTestHandler(t, oneRule, nil)
 	ev := readEvent(t, "rest-request")
