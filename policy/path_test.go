@@ -20,7 +20,7 @@ func TestCleanPath(t *testing.T) {
 		{"/../../demo/hello", "/demo/hello"},
 		{"/demo/..", "/"},
 		{"/pets/%252e%252e/demo", "/pets/%2e%2e/demo"}, // decoded once
-		{"/a%zz/b%2", "/a%zz/b%2"},                      // invalid escapes stay
+		{"/a%zz/b%2", "/a%zz/b%2"},                     // invalid escapes stay
 		{"/a%00b", "/a\x00b"},
 		{"relative/../x", "relative/../x"}, // not a path an event carries
 		{"", ""},
