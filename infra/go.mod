@@ -10,7 +10,6 @@ require (
 
 require (
 	github.com/Masterminds/semver/v3 v3.5.0 // indirect
-	github.com/aws/constructs-go/constructs/v10 v10.6.0 // indirect
 	github.com/cdklabs/awscdk-asset-awscli-go/awscliv1/v2 v2.2.292 // indirect
 	github.com/cdklabs/awscdk-asset-node-proxy-agent-go/nodeproxyagentv6/v2 v2.1.2 // indirect
 	github.com/cdklabs/cloud-assembly-schema-go/awscdkcloudassemblyschema/v54 v54.11.0 // indirect
@@ -26,8 +25,12 @@ require (
 	golang.org/x/tools v0.48.0 // indirect
 	golang.org/x/tools/cmd/godoc v0.1.0-deprecated // indirect
 	golang.org/x/tools/godoc v0.1.0-deprecated // indirect
+	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
 
-require github.com/sluicehq/sluice v0.0.0-00010101000000-000000000000
+require (
+	github.com/aws/constructs-go/constructs/v10 v10.6.0
+	github.com/sluicehq/sluice v0.0.0-00010101000000-000000000000
+)
 
 replace github.com/sluicehq/sluice => ../

@@ -41,17 +41,13 @@ const (
 // Build reads the configuration (file and context), validates it, and adds
 // one stack per region to app, with the cdk-nag AwsSolutions checks as an
 // aspect. It returns the stacks, primary first.
-func Build(app awscdk.App) ([]awscdk.Stack, error) {
+func Build(app awscdk.App) ([]*RegionStack, error) {
 	cfg, err := configFromContext(app)
 	if err != nil {
 		return nil, err
 	}
 	dir := contextString(app, CtxBootstrapDir, DefaultBootstrapDir)
 	if err := checkBootstrap(dir); err != nil {
-		return nil, err
-	}
-	rulesYAML, err := cfg.RulesYAML()
-	if err != nil {
 		return nil, err
 	}
 
@@ -68,18 +64,17 @@ func Build(app awscdk.App) ([]awscdk.Stack, error) {
 	}
 
 	awscdk.Tags_Of(app).Add(jsii.String("project"), jsii.String("sluice"), nil)
-	var stacks []awscdk.Stack
+	var stacks []*RegionStack
 	regions := append([]string{cfg.PrimaryRegion}, cfg.ReplicaRegions()...)
 	for _, region := range regions {
 		s := NewRegionStack(app, RegionStackProps{
 			Config:       cfg,
 			Region:       region,
 			BootstrapDir: dir,
-			RulesYAML:    rulesYAML,
 		})
 		if len(stacks) > 0 {
 			// The primary stack creates the replicas this stack uses.
-			s.AddStackDependency(stacks[0], jsii.String("the primary region's stack creates the global table replicas"))
+			s.AddStackDependency(stacks[0].Stack, jsii.String("the primary region's stack creates the global table replicas"))
 		}
 		stacks = append(stacks, s)
 	}

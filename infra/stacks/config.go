@@ -11,6 +11,14 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/infra/sluice"
 )
 
 // Consistency modes of the DynamoDB state table.
@@ -47,10 +55,6 @@ var mrscRegionSets = map[string][]string{
 	"AP": {"ap-northeast-1", "ap-northeast-2", "ap-northeast-3"},
 }
 
-// Lambda limits the total size of a function's environment variables to
-// 4 KB; inline rules must leave room for the other variables.
-const maxInlineRulesBytes = 3072
-
 // Config is the deployment configuration, read from a JSON file (see
 // LoadConfig). Zero values mean "use the default"; ApplyDefaults fills them
 // in and Validate checks the result.
@@ -80,19 +84,20 @@ type Config struct {
 	VPC        VPCConfig        `json:"vpc"`
 }
 
-// RulesConfig says where the authorizer finds its rules. At most one source
-// may be set; with none, the authorizer uses its embedded rules.
+// RulesConfig says where the authorizer finds its rules: exactly one
+// source. A document (inline, file, bundlePath) is parsed at synth, so a
+// bad rule fails `cdk synth` naming the rule and the field.
 type RulesConfig struct {
-	// Inline YAML, passed as SLUICE_RULES_YAML.
+	// Inline YAML, passed inline.
 	Inline string `json:"inline,omitempty"`
 	// File is a YAML file (relative to the config file) read at synthesis
-	// and passed as SLUICE_RULES_YAML.
+	// and passed inline.
 	File string `json:"file,omitempty"`
 	// BundlePath is a file inside the deployed bundle (relative to its
-	// root, e.g. "rules.yaml"), passed as SLUICE_RULES_FILE=/var/task/<path>.
+	// root, e.g. "rules.yaml"), read from /var/task/<path>.
 	BundlePath string `json:"bundlePath,omitempty"`
-	// Table creates a rules table (partition key "name") and passes its
-	// name as SLUICE_RULES_TABLE.
+	// Table creates a rules table (partition key "name"), read by the
+	// authorizer at run time (api.retryAfterSeconds is then required).
 	Table bool `json:"table,omitempty"`
 }
 
@@ -123,10 +128,11 @@ type AuthorizerConfig struct {
 	MemoryMB int `json:"memoryMB,omitempty"`
 	// TimeoutSeconds default 3; must exceed Deadline.
 	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
-	// Deadline of one decision, a Go duration (SLUICE_DEADLINE). Default 250ms.
+	// Deadline of one decision, a Go duration. Default
+	// config.DefaultDeadline.
 	Deadline string `json:"deadline,omitempty"`
-	// MetricsNamespace of the EMF metrics (SLUICE_METRICS_NAMESPACE).
-	// Default "Sluice".
+	// MetricsNamespace of the EMF metrics. Default
+	// config.DefaultMetricsNamespace.
 	MetricsNamespace string `json:"metricsNamespace,omitempty"`
 	// LogRetentionDays of the function's log group. Default 30.
 	LogRetentionDays int `json:"logRetentionDays,omitempty"`
@@ -143,34 +149,32 @@ const (
 )
 
 // SheddingConfig turns on the authorizer's load shedders (Stripe's
-// fleet-usage and worker-utilization shedders, docs/shedding.md), passed as
-// the SLUICE_SHED_* variables. Off by default: with neither FleetCapacity
-// nor Utilization set, no variable is passed.
+// fleet-usage and worker-utilization shedders, docs/shedding.md): the
+// construct's Shedding props, with durations as Go duration strings. Off
+// by default. Bounds and defaults are the configuration contract's
+// (package config), checked by the authorizer's own parser.
 type SheddingConfig struct {
 	// FleetCapacity is the number of requests the fleet behind one
-	// region's API serves at once (SLUICE_SHED_FLEET_CAPACITY, 1..1000);
-	// 0 leaves the fleet-usage shedder off.
+	// region's API serves at once; 0 leaves the fleet-usage shedder off.
 	FleetCapacity int `json:"fleetCapacity,omitempty"`
 	// FleetReserve is the share of FleetCapacity kept for critical
-	// traffic, in [0, 1) (SLUICE_SHED_FLEET_RESERVE). Default 0.2.
+	// traffic, in [0, 1).
 	FleetReserve *float64 `json:"fleetReserve,omitempty"`
 	// FleetShares optionally lowers the share a priority ("low", "normal",
-	// "high") may fill before it is shed (SLUICE_SHED_FLEET_SHARES).
+	// "high") may fill before it is shed.
 	FleetShares map[string]float64 `json:"fleetShares,omitempty"`
 	// FleetName names the fleet's lease key; the stack appends the region
 	// (SLUICE_SHED_FLEET_NAME=<name>-<region>), so that each region counts
-	// its own fleet even on a global table. Default "fleet".
+	// its own fleet even on a global table.
 	FleetName string `json:"fleetName,omitempty"`
 	// LeaseTTL is how long a request let through counts as in flight, a
-	// Go duration near the integration's typical latency
-	// (SLUICE_SHED_LEASE_TTL). Default "1s".
+	// Go duration near the integration's typical latency.
 	LeaseTTL string `json:"leaseTtl,omitempty"`
-	// Utilization names the utilization the backend fleet publishes
-	// (SLUICE_SHED_UTILIZATION); empty leaves the worker-utilization
-	// shedder off.
+	// Utilization names the utilization the backend fleet publishes;
+	// empty leaves the worker-utilization shedder off.
 	Utilization string `json:"utilization,omitempty"`
 	// UtilizationMaxAge is how old the published value may be, a Go
-	// duration (SLUICE_SHED_UTILIZATION_MAX_AGE). Default "30s".
+	// duration.
 	UtilizationMaxAge string `json:"utilizationMaxAge,omitempty"`
 	// Backend holds the leases and the published utilization:
 	// ShedBackendMemcached (the default when the stack has a cache) or
@@ -180,10 +184,6 @@ type SheddingConfig struct {
 
 // Enabled reports whether any shedder is on.
 func (s SheddingConfig) Enabled() bool { return s.FleetCapacity > 0 || s.Utilization != "" }
-
-// maxFleetCapacity is the authorizer's bound (limiter.MaxLeases: one
-// stored value holds the fleet's leases).
-const maxFleetCapacity = 1000
 
 // APIConfig configures the APIs in front of the authorizer.
 type APIConfig struct {
@@ -195,8 +195,9 @@ type APIConfig struct {
 	UpstreamURL string `json:"upstreamUrl,omitempty"`
 	// HTTPAPI adds the HTTP API variant. Default true.
 	HTTPAPI *bool `json:"httpApi,omitempty"`
-	// RetryAfterSeconds is the static Retry-After of the 503 (load shed)
-	// response and, unless ContextHeaders is set, of the 429. Default 1.
+	// RetryAfterSeconds is the static Retry-After of the 429 (unless
+	// ContextHeaders) and 503 responses. Default: derived from the rules
+	// (sluice.DeriveRetryAfter); required with rules.table.
 	RetryAfterSeconds int `json:"retryAfterSeconds,omitempty"`
 	// ContextHeaders maps context.authorizer.* into the 429's headers
 	// (Retry-After, RateLimit-*). API Gateway documents only request
@@ -331,30 +332,13 @@ func (c *Config) ApplyDefaults() {
 	a := &c.Authorizer
 	defInt(&a.MemoryMB, 256)
 	defInt(&a.TimeoutSeconds, 3)
-	def(&a.Deadline, "250ms")
-	def(&a.MetricsNamespace, "Sluice")
+	def(&a.Deadline, config.DefaultDeadline.String())
+	def(&a.MetricsNamespace, config.DefaultMetricsNamespace)
 	defInt(&a.LogRetentionDays, 30)
-
-	sh := &c.Shedding
-	if sh.Enabled() {
-		if sh.FleetReserve == nil {
-			r := 0.2
-			sh.FleetReserve = &r
-		}
-		def(&sh.FleetName, "fleet")
-		def(&sh.LeaseTTL, "1s")
-		def(&sh.UtilizationMaxAge, "30s")
-		if c.Memcached.Mode == MemcachedNone {
-			def(&sh.Backend, ShedBackendDynamo)
-		} else {
-			def(&sh.Backend, ShedBackendMemcached)
-		}
-	}
 
 	p := &c.API
 	def(&p.StageName, "prod")
 	defBool(&p.HTTPAPI, true)
-	defInt(&p.RetryAfterSeconds, 1)
 	defBool(&p.CloudWatchRole, true)
 
 	if c.Alarms.DeniedRatio == 0 {
@@ -434,8 +418,8 @@ func (c *Config) Validate() error {
 			sources++
 		}
 	}
-	if sources > 1 {
-		bad("rules", "set at most one of inline, file, bundlePath, table")
+	if sources != 1 {
+		bad("rules", "set exactly one of inline, file, bundlePath, table")
 	}
 	if strings.HasPrefix(c.Rules.BundlePath, "/") || strings.Contains(c.Rules.BundlePath, "..") {
 		bad("rules.bundlePath", "%q must be a relative path inside the bundle", c.Rules.BundlePath)
@@ -472,8 +456,8 @@ func (c *Config) Validate() error {
 	if a.TimeoutSeconds < 1 || a.TimeoutSeconds > maxTimeoutSec {
 		bad("authorizer.timeoutSeconds", "%d is outside 1..%d", a.TimeoutSeconds, maxTimeoutSec)
 	}
-	if d, err := time.ParseDuration(a.Deadline); err != nil || d <= 0 {
-		bad("authorizer.deadline", "%q is not a positive Go duration", a.Deadline)
+	if d, err := config.ParseDeadline(a.Deadline); err != nil {
+		bad("authorizer.deadline", "%v", err)
 	} else if d >= time.Duration(a.TimeoutSeconds)*time.Second {
 		bad("authorizer.deadline", "%s must be shorter than the function timeout (%ds)", d, a.TimeoutSeconds)
 	}
@@ -496,8 +480,11 @@ func (c *Config) Validate() error {
 	if p.UpstreamURL != "" && !strings.HasPrefix(p.UpstreamURL, "https://") && !strings.HasPrefix(p.UpstreamURL, "http://") {
 		bad("api.upstreamUrl", "%q is not an http(s) URL", p.UpstreamURL)
 	}
-	if p.RetryAfterSeconds < 1 {
-		bad("api.retryAfterSeconds", "%d is below 1", p.RetryAfterSeconds)
+	if p.RetryAfterSeconds < 0 {
+		bad("api.retryAfterSeconds", "%d is negative", p.RetryAfterSeconds)
+	}
+	if p.RetryAfterSeconds == 0 && c.Rules.Table {
+		bad("api.retryAfterSeconds", "required with rules.table (the rules are not known at synth)")
 	}
 	for r := range p.WebACLArns {
 		if !seen[r] {
@@ -538,85 +525,126 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-var shedNameRE = regexp.MustCompile(`^[!-~]{1,100}$`) // printable ASCII, no spaces
-
-// validateShedding checks the shedding section as the authorizer would at
-// init (the same bounds), so that a bad value fails synthesis rather than
-// every cold start.
+// validateShedding checks the shedding section with the construct's own
+// check, the authorizer's parser, for every region's fleet name.
 func (c *Config) validateShedding(bad func(field, format string, args ...any)) {
-	sh := c.Shedding
-	if sh.FleetCapacity < 0 || sh.FleetCapacity > maxFleetCapacity {
-		bad("shedding.fleetCapacity", "%d is outside 0 (off)..%d", sh.FleetCapacity, maxFleetCapacity)
-	}
-	if sh.Utilization != "" && !shedNameRE.MatchString(sh.Utilization) {
-		bad("shedding.utilization", "%q must be 1 to 100 printable ASCII characters without spaces", sh.Utilization)
-	}
-	if !sh.Enabled() {
-		if sh.FleetReserve != nil || sh.FleetShares != nil || sh.FleetName != "" || sh.LeaseTTL != "" || sh.UtilizationMaxAge != "" || sh.Backend != "" {
-			bad("shedding", "settings without fleetCapacity or utilization turn nothing on")
+	for _, r := range c.Regions {
+		sh, err := c.Shedding.build(r)
+		if err == nil {
+			_, err = sh.Env(c.Memcached.Mode != MemcachedNone)
 		}
-		return
-	}
-	reserve := 0.2 // ApplyDefaults' value, should Validate see an undefaulted section
-	if sh.FleetReserve != nil {
-		reserve = *sh.FleetReserve
-	}
-	if !(reserve >= 0 && reserve < 1) {
-		bad("shedding.fleetReserve", "%g is outside [0, 1)", reserve)
-	}
-	prev := 0.0
-	for _, p := range []string{"low", "normal", "high"} {
-		v, ok := sh.FleetShares[p]
-		if !ok {
-			v = 1 - reserve
+		if err != nil {
+			field, msg, _ := strings.Cut(err.Error(), ": ")
+			bad(jsonField(field), "%s", msg)
+			return
 		}
-		if !(v > 0 && v <= 1-reserve+1e-12) || v < prev {
-			bad("shedding.fleetShares", "%s: %g; shares must be in (0, 1-fleetReserve = %g] and must not decrease from low to high", p, v, 1-reserve)
-		}
-		prev = v
-	}
-	for p := range sh.FleetShares {
-		if p != "low" && p != "normal" && p != "high" {
-			bad("shedding.fleetShares", "%q is not low, normal or high (critical traffic is never shed)", p)
-		}
-	}
-	if !shedNameRE.MatchString(sh.FleetName) || len(sh.FleetName) > 80 {
-		bad("shedding.fleetName", "%q must be 1 to 80 printable ASCII characters without spaces", sh.FleetName)
-	}
-	if d, err := time.ParseDuration(sh.LeaseTTL); err != nil || d <= 0 || d > 15*time.Minute {
-		bad("shedding.leaseTtl", "%q is not a Go duration between 0 and 15m", sh.LeaseTTL)
-	}
-	if d, err := time.ParseDuration(sh.UtilizationMaxAge); err != nil || d <= 0 {
-		bad("shedding.utilizationMaxAge", "%q is not a positive Go duration", sh.UtilizationMaxAge)
-	}
-	switch sh.Backend {
-	case ShedBackendMemcached:
-		if c.Memcached.Mode == MemcachedNone {
-			bad("shedding.backend", "memcached needs a cache (memcached.mode is none): use dynamo")
-		}
-	case ShedBackendDynamo:
-	case "memory":
-		bad("shedding.backend", "memory counts per Lambda container, not across the fleet: use memcached or dynamo")
-	default:
-		bad("shedding.backend", "%q is not %q or %q", sh.Backend, ShedBackendMemcached, ShedBackendDynamo)
 	}
 }
 
-// RulesYAML returns the YAML to pass inline (SLUICE_RULES_YAML), reading
-// rules.file if that is the source; "" when the rules come from elsewhere.
-func (c *Config) RulesYAML() (string, error) {
-	y := c.Rules.Inline
-	if c.Rules.File != "" {
-		b, err := os.ReadFile(c.Rules.File)
-		if err != nil {
-			return "", fmt.Errorf("config: rules.file: %w", err)
+// jsonField turns a construct prop path ("Shedding.FleetReserve") into
+// this file's field name ("shedding.fleetReserve").
+func jsonField(prop string) string {
+	parts := strings.Split(prop, ".")
+	for i, p := range parts {
+		if p != "" {
+			parts[i] = strings.ToLower(p[:1]) + p[1:]
 		}
-		y = string(b)
 	}
-	if len(y) > maxInlineRulesBytes {
-		return "", fmt.Errorf("config: rules: %d bytes of inline rules exceed %d (Lambda allows 4 KB of environment); use rules.bundlePath or rules.table", len(y), maxInlineRulesBytes)
+	return strings.NewReplacer("leaseTTL", "leaseTtl").Replace(strings.Join(parts, "."))
+}
+
+// build is the construct's Shedding of one region: the fleet name gets
+// the region, so that each region counts its own fleet.
+func (s SheddingConfig) build(region string) (sluice.Shedding, error) {
+	out := sluice.Shedding{
+		FleetCapacity: s.FleetCapacity,
+		FleetReserve:  s.FleetReserve,
+		FleetShares:   s.FleetShares,
+		FleetName:     s.FleetName,
+		Utilization:   s.Utilization,
+		Backend:       s.Backend,
 	}
-	return y, nil
+	if s.FleetCapacity > 0 {
+		out.FleetName = cmpOr(s.FleetName, config.DefaultShedFleetName) + "-" + region
+	}
+	for _, d := range []struct {
+		field string
+		v     string
+		dst   *time.Duration
+	}{{"shedding.leaseTtl", s.LeaseTTL, &out.LeaseTTL}, {"shedding.utilizationMaxAge", s.UtilizationMaxAge, &out.UtilizationMaxAge}} {
+		if d.v == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.v)
+		if err != nil {
+			return out, fmt.Errorf("%s: %q is not a Go duration", d.field, d.v)
+		}
+		*d.dst = v
+	}
+	return out, nil
+}
+
+// construct is build for a validated config.
+func (s SheddingConfig) construct(region string) sluice.Shedding {
+	out, _ := s.build(region)
+	return out
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// rules is the construct's Rules; a rules table is the region's replica,
+// by name.
+func (c *Config) rules(s awscdk.Stack) sluice.Rules {
+	r := c.Rules
+	switch {
+	case r.Inline != "":
+		return sluice.Rules{YAML: r.Inline}
+	case r.File != "":
+		return sluice.Rules{File: r.File}
+	case r.BundlePath != "":
+		return sluice.Rules{BundlePath: r.BundlePath}
+	case r.Table:
+		return sluice.Rules{Table: awsdynamodb.Table_FromTableName(s, jsii.String("RulesTableReplica"), jsii.String(c.RulesTableName()))}
+	}
+	return sluice.Rules{}
+}
+
+// construct is the construct's Cache.
+func (m MemcachedConfig) construct(prefix string) *sluice.Cache {
+	mode := m.Mode
+	if mode == MemcachedNone {
+		mode = sluice.CacheNone
+	}
+	return &sluice.Cache{
+		Mode:             mode,
+		Name:             strings.ToLower(prefix) + "-memcached",
+		MaxDataStorageGB: m.MaxDataStorageGB,
+		MaxECPUPerSecond: m.MaxECPUPerSecond,
+		NodeType:         m.NodeType,
+		Nodes:            m.Nodes,
+		EngineVersion:    m.EngineVersion,
+		Port:             m.Port,
+		TLS:              m.TLS,
+	}
+}
+
+// construct is the construct's Function.
+func (a AuthorizerConfig) construct(prefix string) sluice.Function {
+	d, _ := time.ParseDuration(a.Deadline)
+	return sluice.Function{
+		MemoryMB:            a.MemoryMB,
+		Timeout:             time.Duration(a.TimeoutSeconds) * time.Second,
+		Deadline:            d,
+		MetricsNamespace:    a.MetricsNamespace,
+		LogRetention:        retention(a.LogRetentionDays),
+		ReservedConcurrency: a.ReservedConcurrency,
+		AuthorizerName:      prefix + "RateLimiter",
+	}
 }
 
 // RulesTableName is the rules table's name ("<prefix>-rules").
@@ -666,3 +694,8 @@ var logRetentionDays = []int{1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400
 
 // retentionNames are the jsii enum names of logRetentionDays, in order.
 var retentionNames = []string{"ONE_DAY", "THREE_DAYS", "FIVE_DAYS", "ONE_WEEK", "TWO_WEEKS", "ONE_MONTH", "TWO_MONTHS", "THREE_MONTHS", "FOUR_MONTHS", "FIVE_MONTHS", "SIX_MONTHS", "ONE_YEAR", "THIRTEEN_MONTHS", "EIGHTEEN_MONTHS", "TWO_YEARS", "THREE_YEARS", "FIVE_YEARS", "SIX_YEARS", "SEVEN_YEARS", "EIGHT_YEARS", "NINE_YEARS", "TEN_YEARS"}
+
+// retention converts a validated number of days to the CDK enum.
+func retention(days int) awslogs.RetentionDays {
+	return awslogs.RetentionDays(retentionNames[slices.Index(logRetentionDays, days)])
+}

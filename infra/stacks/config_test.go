@@ -7,12 +7,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/config"
 )
 
 // validConfig is a defaulted config that passes Validate; each case below
 // breaks one thing.
 func validConfig() *Config {
-	c := &Config{Regions: []string{"us-east-1", "eu-west-1"}}
+	c := &Config{Regions: []string{"us-east-1", "eu-west-1"}, Rules: RulesConfig{Inline: "rules: []"}}
 	c.ApplyDefaults()
 	return c
 }
@@ -32,7 +34,7 @@ func TestShippedConfigIsValid(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	c := &Config{Regions: []string{"eu-west-1", "us-east-1"}}
+	c := &Config{Regions: []string{"eu-west-1", "us-east-1"}, Rules: RulesConfig{Table: true}, API: APIConfig{RetryAfterSeconds: 60}}
 	c.ApplyDefaults()
 	checks := []struct {
 		name      string
@@ -85,7 +87,9 @@ func TestValidateRejects(t *testing.T) {
 		{"bad account", func(c *Config) { c.Account = "1234" }, "account"},
 		{"long prefix", func(c *Config) { c.StackPrefix = strings.Repeat("S", 31) }, "up to 30"},
 		{"prefix hyphen", func(c *Config) { c.StackPrefix = "Sluice-" }, "must not end with '-'"},
-		{"two rule sources", func(c *Config) { c.Rules.Inline = "rules: []"; c.Rules.Table = true }, "at most one"},
+		{"two rule sources", func(c *Config) { c.Rules.Inline = "rules: []"; c.Rules.Table = true }, "exactly one"},
+		{"no rule source", func(c *Config) { c.Rules = RulesConfig{} }, "exactly one"},
+		{"table without retry-after", func(c *Config) { c.Rules = RulesConfig{Table: true} }, "api.retryAfterSeconds: required with rules.table"},
 		{"absolute bundle path", func(c *Config) { c.Rules.BundlePath = "/etc/rules.yaml" }, "rules.bundlePath"},
 		{"memcached mode", func(c *Config) { c.Memcached.Mode = "redis" }, "memcached.mode"},
 		{"too many nodes", func(c *Config) { c.Memcached.Mode = MemcachedNodes; c.Memcached.Nodes = 41 }, "memcached.nodes"},
@@ -141,12 +145,8 @@ func TestLoadConfigRejectsUnknownFields(t *testing.T) {
 	}
 }
 
-func TestRulesYAML(t *testing.T) {
+func TestRulesFileRelativeToConfig(t *testing.T) {
 	dir := t.TempDir()
-	rules := "rules:\n  - name: per-ip\n"
-	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), []byte(rules), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	cfgPath := filepath.Join(dir, "sluice.json")
 	if err := os.WriteFile(cfgPath, []byte(`{"regions": ["us-east-1"], "rules": {"file": "rules.yaml"}}`), 0o644); err != nil {
 		t.Fatal(err)
@@ -156,17 +156,8 @@ func TestRulesYAML(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A relative rules.file is relative to the config file, not the cwd.
-	if got, err := c.RulesYAML(); err != nil || got != rules {
-		t.Errorf("RulesYAML() = %q, %v; want %q", got, err, rules)
-	}
-
-	c.Rules = RulesConfig{Inline: strings.Repeat("#", maxInlineRulesBytes+1)}
-	if _, err := c.RulesYAML(); err == nil || !strings.Contains(err.Error(), "4 KB") {
-		t.Errorf("oversized inline rules: err = %v, want the 4 KB limit", err)
-	}
-	c.Rules = RulesConfig{BundlePath: "rules.yaml"}
-	if got, err := c.RulesYAML(); err != nil || got != "" {
-		t.Errorf("bundle rules: RulesYAML() = %q, %v; want none inline", got, err)
+	if got := c.rules(nil); got.File != filepath.Join(dir, "rules.yaml") || got.YAML != "" || got.Table != nil {
+		t.Errorf("rules() = %+v, want File %s", got, filepath.Join(dir, "rules.yaml"))
 	}
 }
 
@@ -191,6 +182,15 @@ func TestZones(t *testing.T) {
 	}
 }
 
+// shedEnv is the SLUICE_SHED_* environment of a region's authorizer.
+func shedEnv(c *Config, region string) map[string]string {
+	env, err := c.Shedding.construct(region).Env(c.Memcached.Mode != MemcachedNone)
+	if err != nil {
+		panic(err)
+	}
+	return env
+}
+
 func TestShedding(t *testing.T) {
 	// Off by default: no variable.
 	c := validConfig()
@@ -199,21 +199,21 @@ func TestShedding(t *testing.T) {
 	}
 
 	// Defaults once on: the cache when there is one, else the state table.
-	c = &Config{Regions: []string{"us-east-1"}, Shedding: SheddingConfig{FleetCapacity: 100}}
+	c = &Config{Regions: []string{"us-east-1"}, Rules: RulesConfig{Inline: "rules: []"}, Shedding: SheddingConfig{FleetCapacity: 100}}
 	c.ApplyDefaults()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		EnvShedBackend: "memcached", EnvShedFleetCapacity: "100", EnvShedFleetReserve: "0.2",
-		EnvShedFleetName: "fleet-eu-west-1", EnvShedLeaseTTL: "1s",
+		config.EnvShedBackend: "memcached", config.EnvShedFleetCapacity: "100", config.EnvShedFleetReserve: "0.2",
+		config.EnvShedFleetName: "fleet-eu-west-1", config.EnvShedLeaseTTL: "1s",
 	}
 	if got := shedEnv(c, "eu-west-1"); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("shedEnv:\n got %v\nwant %v", got, want)
 	}
 	c = &Config{Regions: []string{"us-east-1"}, Memcached: MemcachedConfig{Mode: MemcachedNone}, Shedding: SheddingConfig{Utilization: "u"}}
 	c.ApplyDefaults()
-	want = map[string]string{EnvShedBackend: "dynamo", EnvShedUtilization: "u", EnvShedUtilizationMaxAge: "30s"}
+	want = map[string]string{config.EnvShedBackend: "dynamo", config.EnvShedUtilization: "u", config.EnvShedUtilizationMaxAge: "30s"}
 	if got := shedEnv(c, "us-east-1"); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("shedEnv without a cache:\n got %v\nwant %v", got, want)
 	}
@@ -237,11 +237,11 @@ func TestShedding(t *testing.T) {
 		{"max age", SheddingConfig{Utilization: "u", UtilizationMaxAge: "old"}, "", "shedding.utilizationMaxAge"},
 		{"memory", SheddingConfig{FleetCapacity: 10, Backend: "memory"}, "", "memory counts per Lambda container"},
 		{"redis", SheddingConfig{FleetCapacity: 10, Backend: "redis"}, "", "shedding.backend"},
-		{"memcached without a cache", SheddingConfig{FleetCapacity: 10, Backend: "memcached"}, MemcachedNone, "memcached.mode is none"},
+		{"memcached without a cache", SheddingConfig{FleetCapacity: 10, Backend: "memcached"}, MemcachedNone, "shedding.backend: config: SLUICE_SHED_BACKEND: memcached is not configured"},
 		{"settings while off", SheddingConfig{Backend: "dynamo"}, "", "turn nothing on"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			c := &Config{Regions: []string{"us-east-1"}, Shedding: tt.sh, Memcached: MemcachedConfig{Mode: tt.mode}}
+			c := &Config{Regions: []string{"us-east-1"}, Rules: RulesConfig{Inline: "rules: []"}, Shedding: tt.sh, Memcached: MemcachedConfig{Mode: tt.mode}}
 			c.ApplyDefaults()
 			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("Validate() = %v, want %q", err, tt.want)

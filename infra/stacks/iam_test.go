@@ -4,26 +4,31 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/infra/sluice"
 )
 
 // TestIAMMatchesClientInterfaces keeps the DynamoDB grants equal to what the
 // authorizer can call: the methods of the client interfaces its code is
 // written against (the compiler holds the code to them). The rate-limit
 // store and the load shedders' lease and gauge store (backends/dynamo
-// Store and Leases) share Client; the rules table is read through
-// functions/authz's ScanAPI. A new call there fails this test until the
-// grant follows; a grant nothing calls fails it too.
+// Store and Leases) share Client; the rules table is read through the
+// rules loader's ScanAPI (found wherever it lives under functions/). A new
+// call there fails this test until the grant follows; a grant nothing
+// calls fails it too.
 func TestIAMMatchesClientInterfaces(t *testing.T) {
 	for _, tt := range []struct {
 		file, iface string
 		granted     []string
 	}{
-		{"../../backends/dynamo/store.go", "Client", stateTableActions},
-		{"../../functions/authz/rulestable.go", "ScanAPI", rulesTableActions},
+		{"../../backends/dynamo/store.go", "Client", sluice.StateTableActions},
+		{findDecl(t, "../../functions", "ScanAPI"), "ScanAPI", sluice.RulesTableActions},
 	} {
 		methods := interfaceMethods(t, tt.file, tt.iface)
 		var want []string
@@ -42,6 +47,91 @@ func TestIAMMatchesClientInterfaces(t *testing.T) {
 			t.Errorf("backends/dynamo %s does not call DynamoDB through Client: check its grants", typ)
 		}
 	}
+}
+
+// TestTableAttributesMatchAuthorizer keeps the key and TTL attributes of
+// the tables the construct creates equal to the ones the authorizer's
+// code reads (backends/dynamo; the rules loader).
+func TestTableAttributesMatchAuthorizer(t *testing.T) {
+	for _, tt := range []struct {
+		file, name, want string
+	}{
+		{"../../backends/dynamo/store.go", "AttrPK", sluice.StatePartitionKey},
+		{"../../backends/dynamo/store.go", "AttrTTL", sluice.StateTTLAttribute},
+		{findDecl(t, "../../functions", "RulesAttrName"), "RulesAttrName", sluice.RulesPartitionKey},
+	} {
+		if got := stringConst(t, tt.file, tt.name); got != tt.want {
+			t.Errorf("%s %s = %q; the construct uses %q", tt.file, tt.name, got, tt.want)
+		}
+	}
+}
+
+// findDecl returns the non-test Go file under dir that declares name.
+func findDecl(t *testing.T, dir, name string) string {
+	t.Helper()
+	var found string
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || found != "" || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil
+		}
+		for _, decl := range f.Decls {
+			if g, ok := decl.(*ast.GenDecl); ok {
+				for _, sp := range g.Specs {
+					switch sp := sp.(type) {
+					case *ast.TypeSpec:
+						if sp.Name.Name == name {
+							found = path
+						}
+					case *ast.ValueSpec:
+						for _, id := range sp.Names {
+							if id.Name == name {
+								found = path
+							}
+						}
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if found == "" {
+		t.Fatalf("no declaration of %s under %s", name, dir)
+	}
+	return found
+}
+
+func stringConst(t *testing.T, file, name string) string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatalf("reading the authorizer's source: %v", err)
+	}
+	for _, decl := range f.Decls {
+		g, ok := decl.(*ast.GenDecl)
+		if !ok {
+			continue
+		}
+		for _, sp := range g.Specs {
+			vs, ok := sp.(*ast.ValueSpec)
+			if !ok {
+				continue
+			}
+			for i, id := range vs.Names {
+				if id.Name == name && i < len(vs.Values) {
+					if lit, ok := vs.Values[i].(*ast.BasicLit); ok {
+						v, _ := strconv.Unquote(lit.Value)
+						return v
+					}
+				}
+			}
+		}
+	}
+	t.Fatalf("%s: no string constant %s", file, name)
+	return ""
 }
 
 func interfaceMethods(t *testing.T, file, name string) []string {
@@ -88,24 +178,22 @@ func structHasFieldOfType(t *testing.T, dir, typ, field string) bool {
 		if err != nil {
 			t.Fatal(err)
 		}
-		{
-			ast.Inspect(f, func(n ast.Node) bool {
-				ts, ok := n.(*ast.TypeSpec)
-				if !ok || ts.Name.Name != typ {
-					return true
-				}
-				st, ok := ts.Type.(*ast.StructType)
-				if !ok {
-					return false
-				}
-				for _, fl := range st.Fields.List {
-					if id, ok := fl.Type.(*ast.Ident); ok && id.Name == field {
-						found = true
-					}
-				}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok || ts.Name.Name != typ {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
 				return false
-			})
-		}
+			}
+			for _, fl := range st.Fields.List {
+				if id, ok := fl.Type.(*ast.Ident); ok && id.Name == field {
+					found = true
+				}
+			}
+			return false
+		})
 	}
 	return found
 }

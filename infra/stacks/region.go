@@ -2,9 +2,13 @@ package stacks
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
 	"github.com/aws/jsii-runtime-go"
+
+	"github.com/sluicehq/sluice/infra/sluice"
 )
 
 // AuthorizerLogicalID is the CloudFormation logical id of the authorizer
@@ -18,11 +22,19 @@ type RegionStackProps struct {
 	Config       *Config
 	Region       string
 	BootstrapDir string // directory holding the authorizer's bootstrap
-	RulesYAML    string // inline rules, "" for none
 }
 
-// NewRegionStack adds the stack of one region to scope.
-func NewRegionStack(scope awscdk.App, p RegionStackProps) awscdk.Stack {
+// RegionStack is one region's stack and what the example built in it.
+type RegionStack struct {
+	awscdk.Stack
+	Limiter *sluice.RateLimiter
+	API     *APIs
+}
+
+// NewRegionStack adds the stack of one region to scope: the region's APIs
+// (what a user of the construct already has) and the sluice construct in
+// front of them, on the region's replica of the global tables.
+func NewRegionStack(scope awscdk.App, p RegionStackProps) *RegionStack {
 	c := p.Config
 	primary := p.Region == c.PrimaryRegion
 	role := "replica region"
@@ -34,26 +46,40 @@ func NewRegionStack(scope awscdk.App, p RegionStackProps) awscdk.Stack {
 		Description: jsii.String(fmt.Sprintf("Sluice rate limiter, %s %s (%s tables)", role, p.Region, c.Consistency)),
 	})
 
-	tables := newTables(s, c, primary)
-	net := newNetwork(s, c, p.Region, tables)
-	cache := newCache(s, c, net)
-	fn := newAuthorizer(s, authorizerProps{
-		config:       c,
-		bootstrapDir: p.BootstrapDir,
-		rulesYAML:    p.RulesYAML,
-		net:          net,
-		cache:        cache,
-		tables:       tables,
-	})
-	rest := newRestAPI(s, c, p.Region, fn)
-	output(s, "RestApiUrl", rest.Url(), "REST API (429/503 gateway responses)")
-	if *c.API.HTTPAPI {
-		httpAPI := newHTTPAPI(s, c, fn)
-		output(s, "HttpApiUrl", httpAPI.Url(), "HTTP API (refusals are 403)")
+	globals := newGlobalTables(s, c, primary)
+	apis := newAPIs(s, c, p.Region)
+	props := &sluice.Props{
+		RestAPI:      apis.Rest,
+		HTTPAPI:      apis.HTTP,
+		BootstrapDir: p.BootstrapDir,
+		Rules:        c.rules(s),
+		VPCZones:     c.VPC.Zones(p.Region),
+		VPCCidr:      c.VPC.CIDR,
+		Cache:        c.Memcached.construct(c.StackPrefix),
+		// The replica of this region, by name: the same ARN string in
+		// every region, with no cross-stack reference.
+		Table:          awsdynamodb.Table_FromTableName(s, jsii.String("StateTableReplica"), jsii.String(c.TableName)),
+		Function:       c.Authorizer.construct(c.StackPrefix),
+		Shedding:       c.Shedding.construct(p.Region),
+		RetryAfter:     time.Duration(c.API.RetryAfterSeconds) * time.Second,
+		ContextHeaders: c.API.ContextHeaders,
 	}
-	output(s, "StateTableName", jsii.String(tables.stateName), "DynamoDB state table (this region's replica)")
-	newMonitoring(s, c, p.Region, fn)
-	return s
+	props.Function.LogicalID = AuthorizerLogicalID
+	limiter := sluice.New(s, "RateLimiter", props)
+	if fn := limiter.Function(); fn != nil {
+		for _, t := range globals {
+			// The policy names the tables by ARN, not by reference: make
+			// the primary region's function wait for them anyway.
+			fn.Node().AddDependency(t)
+		}
+		output(s, "RestApiUrl", apis.Rest.Url(), "REST API (429/503 gateway responses)")
+		if apis.HTTP != nil {
+			output(s, "HttpApiUrl", apis.HTTP.Url(), "HTTP API (refusals are 403)")
+		}
+		output(s, "StateTableName", jsii.String(c.TableName), "DynamoDB state table (this region's replica)")
+		newMonitoring(s, c, p.Region, limiter)
+	}
+	return &RegionStack{Stack: s, Limiter: limiter, API: apis}
 }
 
 func output(s awscdk.Stack, id string, value *string, desc string) {

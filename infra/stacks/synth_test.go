@@ -16,6 +16,9 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
 	"github.com/aws/jsii-runtime-go"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/infra/sluice"
 )
 
 // Synthesis goes through jsii and node (tens of seconds per app), so each
@@ -146,7 +149,8 @@ func synthesizeAll() (_ map[string]*synthApp, err error) {
 			return nil, fmt.Errorf("%s: %w", spec.name, err)
 		}
 		sa := &synthApp{name: spec.name, outdir: outdir, cfg: cfg}
-		for _, s := range stacks {
+		for _, rs := range stacks {
+			s := rs.Stack
 			tpl := assertions.Template_FromStack(s, nil) // synthesizes the app, once
 			ss := &synthStack{region: *s.Region(), stack: s, template: tpl}
 			b, err := json.Marshal(tpl.ToJSON())
@@ -376,8 +380,8 @@ func TestAuthorizerResultCacheOff(t *testing.T) {
 		if auth.Properties["Type"] != "REQUEST" {
 			t.Errorf("REST authorizer type %v, want REQUEST", auth.Properties["Type"])
 		}
-		if got := auth.Properties["IdentitySource"]; got != IdentitySource {
-			t.Errorf("REST identity source %v, want %s", got, IdentitySource)
+		if got := auth.Properties["IdentitySource"]; got != sluice.IdentitySource {
+			t.Errorf("REST identity source %v, want %s", got, sluice.IdentitySource)
 		}
 		if uri := render(auth.Properties["AuthorizerUri"]); !strings.Contains(uri, "${"+AuthorizerLogicalID+".Arn}") {
 			t.Errorf("REST authorizer invokes %s, want the %s function", uri, AuthorizerLogicalID)
@@ -401,8 +405,8 @@ func TestAuthorizerResultCacheOff(t *testing.T) {
 			if p["EnableSimpleResponses"] != true || p["AuthorizerPayloadFormatVersion"] != "2.0" {
 				t.Errorf("HTTP authorizer simple responses %v payload %v, want true and 2.0", p["EnableSimpleResponses"], p["AuthorizerPayloadFormatVersion"])
 			}
-			if got := sortedStrings(asList(p["IdentitySource"])); !slices.Equal(got, []string{HTTPIdentitySource}) {
-				t.Errorf("HTTP identity source %v, want [%s]", got, HTTPIdentitySource)
+			if got := sortedStrings(asList(p["IdentitySource"])); !slices.Equal(got, []string{sluice.HTTPIdentitySource}) {
+				t.Errorf("HTTP identity source %v, want [%s]", got, sluice.HTTPIdentitySource)
 			}
 		}
 		// The CDK assertion API agrees (and shows a mismatch in its own words).
@@ -460,7 +464,7 @@ func TestGatewayResponses(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &parsed); err != nil {
 			t.Errorf("429 body template is not JSON: %v\n%s", err, body)
 		}
-		for _, k := range contextKeys {
+		for _, k := range sluice.ContextKeys {
 			if parsed[k] != "$context.authorizer."+k {
 				t.Errorf("429 body %q = %q, want $context.authorizer.%s", k, parsed[k], k)
 			}
@@ -573,10 +577,10 @@ func TestGlobalTables(t *testing.T) {
 				t.Errorf("%s replicas in %v, want %v", name, regions, wantRegions)
 			}
 		}
-		check(a.cfg.TableName, StatePartitionKey, true, wantMode)
+		check(a.cfg.TableName, sluice.StatePartitionKey, true, wantMode)
 		wantTables := 1
 		if a.cfg.Rules.Table {
-			check(a.cfg.RulesTableName(), RulesPartitionKey, false, "EVENTUAL") // even with MRSC state
+			check(a.cfg.RulesTableName(), sluice.RulesPartitionKey, false, "EVENTUAL") // even with MRSC state
 			wantTables = 2
 		}
 		if len(tables) != wantTables {
@@ -656,13 +660,13 @@ func TestAuthorizerFunction(t *testing.T) {
 			}
 		}
 		want := map[string]string{
-			EnvDynamoTable:      a.cfg.TableName,
-			EnvDeadline:         a.cfg.Authorizer.Deadline,
-			EnvMetricsNamespace: a.cfg.Authorizer.MetricsNamespace,
-			EnvMemcachedTLS:     "true",
+			config.EnvDynamoTable:      a.cfg.TableName,
+			config.EnvDeadline:         a.cfg.Authorizer.Deadline,
+			config.EnvMetricsNamespace: a.cfg.Authorizer.MetricsNamespace,
+			config.EnvMemcachedTLS:     "true",
 			// Serverless shards sit behind a proxy that may reorder a
 			// pipeline: the backend must wait for the incr before reading.
-			EnvMemcachedProxy: strconv.FormatBool(a.cfg.Memcached.Mode == MemcachedServerless),
+			config.EnvMemcachedProxy: strconv.FormatBool(a.cfg.Memcached.Mode == MemcachedServerless),
 		}
 		switch {
 		case a.cfg.Rules.File != "":
@@ -670,16 +674,16 @@ func TestAuthorizerFunction(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want[EnvRulesYAML] = string(b)
+			want[config.EnvRulesYAML] = string(b)
 		case a.cfg.Rules.Table:
-			want[EnvRulesTable] = a.cfg.RulesTableName()
+			want[config.EnvRulesTable] = a.cfg.RulesTableName()
 		}
 		for k, v := range want {
 			if env[k] != v {
 				t.Errorf("env %s = %q, want %q", k, env[k], v)
 			}
 		}
-		for _, k := range []string{EnvRulesYAML, EnvRulesFile, EnvRulesTable} {
+		for _, k := range []string{config.EnvRulesYAML, config.EnvRulesFile, config.EnvRulesTable} {
 			if _, set := want[k]; !set && env[k] != "" {
 				t.Errorf("env %s = %q, want unset", k, env[k])
 			}
@@ -690,20 +694,20 @@ func TestAuthorizerFunction(t *testing.T) {
 		switch a.name {
 		case "regional": // fleet and utilization, on the serverless cache by default
 			wantShed = map[string]string{
-				EnvShedBackend:           "memcached",
-				EnvShedFleetCapacity:     "200",
-				EnvShedFleetReserve:      "0.2",
-				EnvShedFleetShares:       "low=0.5",
-				EnvShedFleetName:         "fleet-" + s.region,
-				EnvShedLeaseTTL:          "1s",
-				EnvShedUtilization:       "orders-fleet",
-				EnvShedUtilizationMaxAge: "30s",
+				config.EnvShedBackend:           "memcached",
+				config.EnvShedFleetCapacity:     "200",
+				config.EnvShedFleetReserve:      "0.2",
+				config.EnvShedFleetShares:       "low=0.5",
+				config.EnvShedFleetName:         "fleet-" + s.region,
+				config.EnvShedLeaseTTL:          "1s",
+				config.EnvShedUtilization:       "orders-fleet",
+				config.EnvShedUtilizationMaxAge: "30s",
 			}
 		case "mrsc": // utilization only, on the state table
 			wantShed = map[string]string{
-				EnvShedBackend:           "dynamo",
-				EnvShedUtilization:       "orders",
-				EnvShedUtilizationMaxAge: "2m",
+				config.EnvShedBackend:           "dynamo",
+				config.EnvShedUtilization:       "orders",
+				config.EnvShedUtilizationMaxAge: "2m0s",
 			}
 		}
 		for k, v := range env {
@@ -719,10 +723,11 @@ func TestAuthorizerFunction(t *testing.T) {
 		if _, set := env["SLUICE_REGION"]; set {
 			t.Errorf("SLUICE_REGION is set; AWS_REGION is enough")
 		}
-		addrs := strings.Split(env[EnvMemcachedAddrs], ",")
+		addrs := strings.Split(env[config.EnvMemcachedAddrs], ",")
 		switch a.cfg.Memcached.Mode {
 		case MemcachedServerless:
-			if len(addrs) != 1 || addrs[0] != "${Cache.Endpoint.Address}:${Cache.Endpoint.Port}" {
+			id, _ := s.one(t, "AWS::ElastiCache::ServerlessCache")
+			if len(addrs) != 1 || addrs[0] != "${"+id+".Endpoint.Address}:${"+id+".Endpoint.Port}" {
 				t.Errorf("memcached addrs %v, want the serverless endpoint", addrs)
 			}
 		case MemcachedNodes:
@@ -731,7 +736,8 @@ func TestAuthorizerFunction(t *testing.T) {
 			}
 			for i, ad := range addrs {
 				// <name>.<id>.cfg.<rest> -> <name>.<id>.000N.<rest>:<port>
-				want := fmt.Sprintf("select(0 split(.cfg. ${Cache.ConfigurationEndpoint.Address})).%04d.select(1 split(.cfg. ${Cache.ConfigurationEndpoint.Address})):%d", i+1, a.cfg.Memcached.Port)
+				id, _ := s.one(t, "AWS::ElastiCache::CacheCluster")
+				want := fmt.Sprintf("select(0 split(.cfg. ${%[3]s.ConfigurationEndpoint.Address})).%04[1]d.select(1 split(.cfg. ${%[3]s.ConfigurationEndpoint.Address})):%[2]d", i+1, a.cfg.Memcached.Port, id)
 				if ad != want {
 					t.Errorf("node %d address\n got %s\nwant %s", i+1, ad, want)
 				}
@@ -758,7 +764,7 @@ func TestMemcachedReachableOnlyFromAuthorizer(t *testing.T) {
 		authSG := refID(fnSGs[0])
 
 		var cacheSGs []any
-		port := float64(serverlessPort)
+		port := float64(11211)
 		switch a.cfg.Memcached.Mode {
 		case MemcachedServerless:
 			_, c := s.one(t, "AWS::ElastiCache::ServerlessCache")
@@ -834,7 +840,7 @@ func checkIsolated(t *testing.T, s *synthStack, subnets []any) {
 
 func TestIAMLeastPrivilege(t *testing.T) {
 	allowed := map[string]bool{}
-	for _, a := range append(slices.Clone(stateTableActions), rulesTableActions...) {
+	for _, a := range append(slices.Clone(sluice.StateTableActions), sluice.RulesTableActions...) {
 		allowed[a] = true
 	}
 	eachStack(t, func(t *testing.T, a *synthApp, s *synthStack) {
@@ -887,9 +893,9 @@ func TestIAMLeastPrivilege(t *testing.T) {
 				}
 			}
 		}
-		want := []grant{{sortedStrings(anySlice(stateTableActions)), []string{arn(a.cfg.TableName)}}}
+		want := []grant{{sortedStrings(anySlice(sluice.StateTableActions)), []string{arn(a.cfg.TableName)}}}
 		if a.cfg.Rules.Table {
-			want = append(want, grant{sortedStrings(anySlice(rulesTableActions)), []string{arn(a.cfg.RulesTableName())}})
+			want = append(want, grant{sortedStrings(anySlice(sluice.RulesTableActions)), []string{arn(a.cfg.RulesTableName())}})
 		}
 		sortGrants := func(gs []grant) string {
 			var ss []string
@@ -941,13 +947,13 @@ func TestAlarms(t *testing.T) {
 			}
 			metrics := render(p["Metrics"])
 			switch {
-			case p["MetricName"] == MetricFailOpen:
+			case p["MetricName"] == sluice.MetricFailOpen:
 				found["failopen"] = true
 				if p["Namespace"] != a.cfg.Authorizer.MetricsNamespace || p["Statistic"] != "Sum" || p["Threshold"] != float64(0) ||
 					p["ComparisonOperator"] != "GreaterThanThreshold" || p["Dimensions"] != nil {
 					t.Errorf("FailOpen alarm %v, want Sum > 0 in %s without dimensions", p, a.cfg.Authorizer.MetricsNamespace)
 				}
-			case p["MetricName"] == MetricBackendLatency:
+			case p["MetricName"] == sluice.MetricBackendLatency:
 				found["latency"] = true
 				if p["ExtendedStatistic"] != "p99" || p["Threshold"] != a.cfg.Alarms.BackendLatencyP99Ms || p["ComparisonOperator"] != "GreaterThanThreshold" {
 					t.Errorf("latency alarm %v, want p99 > %g", p, a.cfg.Alarms.BackendLatencyP99Ms)
@@ -970,7 +976,7 @@ func TestAlarms(t *testing.T) {
 		}
 		_, dash := s.one(t, "AWS::CloudWatch::Dashboard")
 		body := render(dash.Properties["DashboardBody"])
-		for _, m := range []string{MetricAllowed, MetricDenied, MetricShed, MetricFailOpen, MetricFailClosed, MetricBackendErrors, MetricShedErrors, MetricBackendLatency} {
+		for _, m := range []string{sluice.MetricAllowed, sluice.MetricDenied, sluice.MetricShed, sluice.MetricFailOpen, sluice.MetricFailClosed, sluice.MetricBackendErrors, sluice.MetricShedErrors, sluice.MetricBackendLatency} {
 			if !strings.Contains(body, m) {
 				t.Errorf("dashboard does not show %s", m)
 			}
