@@ -46,12 +46,16 @@
 //   - A key the store has not seen is written as a new full bucket on
 //     condition attribute_not_exists(pk).
 //
-// Every write asks for ReturnValuesOnConditionCheckFailure=ALL_OLD: when the
-// condition fails, DynamoDB returns the current item, and the store applies
-// the op to it and writes again, still without a read. The first retry is
-// immediate, later ones wait a jittered, growing pause; after
+// The write runs in the package's one conditional-write loop, the same for
+// buckets, logs and leases ([Leases]; window refunds use its backoff):
+// every write asks for ReturnValuesOnConditionCheckFailure=ALL_OLD, so when
+// the condition fails DynamoDB returns the current item, and the store
+// applies the op to it and writes again, still without a read. The first
+// retry is immediate, later ones wait a full-jitter pause of up to
+// Config.BackoffBase doubled per retry, capped at Config.BackoffMax; after
 // Config.MaxAttempts lost races, or when the next pause would outlast the
 // deadline, the call fails with an error wrapping [limiter.ErrConflict].
+// Each retried lost race is counted in Stats.Conflicts.
 //
 // A denial is never decided on a remembered state alone (another process
 // may have refunded tokens): when Apply on the remembered state writes
@@ -113,24 +117,43 @@
 //
 // Item: log (Binary, limiter.AppendLog), v (N, version). The log is written
 // with one UpdateItem on condition v = :remembered AND log = :remembered_log
-// (attribute_not_exists(pk) for a new key) and ALL_OLD on failure, with the same retry and denial
-// rules as buckets. Under contention on one key a log admits one writer per
-// round trip. A log whose item would exceed 1 KB is refused with an error
-// wrapping [ErrItemTooLarge] (a few hundred entries; use a sliding window
-// for larger limits).
+// (attribute_not_exists(pk) for a new key), in the same conditional-write
+// loop and with the same denial rules as buckets. Under contention on one
+// key a log admits one writer per round trip. A log whose item would
+// exceed 1 KB is refused with an error wrapping [ErrItemTooLarge] (a few
+// hundred entries; use a sliding window for larger limits).
 //
 // # Errors, deadlines and retries
 //
 // Every call runs under the caller's deadline (Config.Timeout when the
-// context has none). A
-// failed condition is never an error by itself; lost races that exhaust the
-// retries wrap [limiter.ErrConflict]. Throttling
-// (ProvisionedThroughputExceededException, ThrottlingException,
-// RequestLimitExceeded) wraps [ErrThrottled]; network errors, 5xx and
-// timeouts wrap [ErrUnavailable], so the policy layer can apply the rule's
-// fail mode. An item with a missing attribute or one of the wrong type gives
-// an error wrapping [limiter.ErrCorruptState] naming the key and attribute;
-// the store never resets it to a full bucket or an empty window.
+// context has none). A failed condition is never an error by itself. Every
+// error of a DynamoDB request, for [Store] and [Leases] alike, goes through
+// one mapping, so that the policy layer can apply the rule's fail mode and
+// count the cause with errors.Is:
+//
+//   - Throttling wraps [ErrThrottled] (and so [limiter.ErrThrottled]):
+//     ProvisionedThroughputExceededException, ThrottlingException,
+//     RequestLimitExceeded, and the generic Throttling, ThrottledException,
+//     RequestThrottledException and TooManyRequestsException, as the SDK's
+//     retryer classifies them, or a transaction cancelled for throttling.
+//   - Lost races wrap [limiter.ErrConflict]: retries spent or no time left
+//     for the next pause, as above (and a failed condition, transaction
+//     conflict or multi-Region write conflict no loop retries).
+//   - Every other DynamoDB error wraps [ErrUnavailable] (and so
+//     [limiter.ErrUnavailable]): network errors, timeouts and cancelled
+//     contexts (also a context that ends between lost races), 5xx, a missing
+//     table (ResourceNotFoundException), refused credentials or
+//     permissions, and any other request the service did not carry out.
+//   - An item with a missing attribute or one of the wrong type gives an
+//     error wrapping [limiter.ErrCorruptState] naming the key and attribute;
+//     the store never resets it to a full bucket or an empty window.
+//     Conditions check the types of what a write updates in place, so a
+//     damaged item fails the condition and is read back and reported,
+//     rather than failing the request.
+//
+// The original error stays in the chain (errors.As finds the SDK's types).
+// The only other errors are the caller's: an op with bad numbers, and a log
+// that would outgrow its item ([ErrItemTooLarge]).
 //
 // The store's requests use [NewRetryer] (Config.Retryer) instead of the
 // client's retryer: the SDK's standard retryer with 3 attempts, a 5-50 ms

@@ -62,11 +62,14 @@ const (
 var (
 	// ErrThrottled is wrapped when DynamoDB throttled the request
 	// (ProvisionedThroughputExceededException, ThrottlingException,
-	// RequestLimitExceeded) and the SDK's retries within the deadline did
-	// not get through.
+	// RequestLimitExceeded, or a generic throttling code; see the package
+	// documentation) and the SDK's retries within the deadline did not get
+	// through.
 	ErrThrottled = fmt.Errorf("dynamo: throttled: %w", limiter.ErrThrottled)
-	// ErrUnavailable is wrapped when DynamoDB could not be reached or did
-	// not answer within the deadline (network errors, timeouts, 5xx).
+	// ErrUnavailable is wrapped by every other error of a DynamoDB
+	// request: it could not be reached or did not answer within the
+	// deadline (network errors, timeouts, 5xx), or did not carry the
+	// request out (a missing table, refused credentials or permissions).
 	ErrUnavailable = fmt.Errorf("dynamo: unavailable: %w", limiter.ErrUnavailable)
 	// ErrItemTooLarge is wrapped when a write would make an item larger
 	// than ItemBudget (a sliding log with too many entries).

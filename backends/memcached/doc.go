@@ -119,9 +119,11 @@
 // write. Memcached reads expirations above 30 days as absolute Unix times,
 // so longer TTLs are sent as now+TTL (and as 0, no expiry, past 2038).
 //
-// # Buckets and logs: gets and cas
+// # Buckets, logs and leases: gets and cas
 //
-// UpdateBucket and UpdateLog are optimistic read-modify-writes:
+// UpdateBucket and UpdateLog are optimistic read-modify-writes, run by the
+// package's one loop, which [Leases] runs too (without the cache: every
+// lease decision is made on a fresh gets):
 //
 //  1. Take the item cached for the key (value and CAS id from this Store's
 //     last read of it), or read it with gets.
@@ -134,11 +136,15 @@
 //     wait a random, growing time, and go back to 2.
 //
 // Every write is conditional on the exact state it was computed from, so no
-// update is lost and the bucket and log are exact. Attempts stop after
-// Config.MaxRetries lost races or at the call's deadline, with an error
-// wrapping [limiter.ErrConflict]. The value is a format byte and the state
-// (varints; the log as [limiter.AppendLog] writes it); anything else under
-// the key is reported as [limiter.ErrCorruptState], never read as empty.
+// update is lost and the bucket, log and lease set are exact. The pause
+// before the retry after lost race i is random in (0, RetryBackoff*2^(i-1)],
+// capped at 20 ms. Attempts stop after Config.MaxRetries lost races (a
+// stale cached item is not counted) or at the call's deadline, with an
+// error wrapping [limiter.ErrConflict] (and context.DeadlineExceeded when
+// the deadline ended them). The value is a format byte and the state
+// (varints; the log as [limiter.AppendLog] writes it; the lease set as
+// [limiter.AppendLeases] does); anything else under the key is reported as
+// [limiter.ErrCorruptState], never read as empty.
 //
 // The cache saves a round trip only after a read that wrote nothing (a
 // peek, or a denial in non-strict mode): memcached's text protocol answers a
@@ -166,12 +172,16 @@
 // once more on a new connection. A retried incr that had in fact reached the
 // server counts a request twice, which errs on the strict side.
 //
-// Network and server failures, timeouts and cancelled contexts are returned
-// wrapping [ErrUnavailable] (and context.DeadlineExceeded for every
-// timeout), so the policy layer can apply a rule's fail mode; lost races
-// wrap [limiter.ErrConflict]; values that are not ours wrap
-// [limiter.ErrCorruptState]. On an error from Add the increment may or may
-// not have happened.
+// Every failure of a Store or Leases call goes through one mapping, so the
+// policy layer can apply a rule's fail mode and tell the causes apart with
+// errors.Is: network and server failures (SERVER_ERROR, an unexpected
+// reply), timeouts and cancelled contexts wrap [ErrUnavailable] (and so
+// [limiter.ErrUnavailable]; and context.DeadlineExceeded for every
+// timeout); lost races wrap [limiter.ErrConflict]; values that are not ours
+// (a foreign or damaged value, a CLIENT_ERROR to incr or decr) wrap
+// [limiter.ErrCorruptState]. Memcached never throttles, so nothing wraps
+// [limiter.ErrThrottled]. The original error stays in the chain. On an
+// error from Add the increment may or may not have happened.
 //
 // # What holds, and the limits of the approach
 //
