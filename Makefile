@@ -7,14 +7,18 @@ PKGS     ?= ./...
 BENCHFLAGS ?= -benchmem -count=1
 BOOTSTRAP = build/authorizer/bootstrap
 LOCAL_BOOTSTRAP = build/authorizer-local/bootstrap
+LOCALAPI  = build/localapi
 N        ?= 1
 CDK       = CDK_DISABLE_CLI_TELEMETRY=true npx --no-install cdk --no-notices
 
 .PHONY: run test lint fuzz bench accuracy build invoke golden synth deploy node clean
 
 ## run: a local API with the authorizer in front of an echo backend, on the embedded memory store
+# Built, then run, rather than `go run`: go run exits 1 when Ctrl-C reaches
+# it too, and make would report that as an error.
 run:
-	$(GO) run ./functions/localapi $(ARGS)
+	$(GO) build -o $(LOCALAPI) ./functions/localapi
+	$(LOCALAPI) $(ARGS)
 
 ## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra
 test: lint

@@ -63,6 +63,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // -h: the usage went to stderr
+		}
 		return 2
 	}
 	if fs.NArg() != 1 || *n < 1 {

@@ -94,4 +94,8 @@ func TestInvokeUsage(t *testing.T) {
 			t.Errorf("run(%q) = %d, want 2", args, code)
 		}
 	}
+	stderr.Reset()
+	if code := run([]string{"-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "usage: invoke") {
+		t.Errorf("run(-h) = %d, want 0 and the usage; stderr %s", code, stderr.String())
+	}
 }

@@ -10,6 +10,8 @@
 //
 // By default it uses the embedded rules and the in-process memory store.
 // The SLUICE_* environment variables of the Lambda apply too (flags win).
+// `localapi -h` prints the flags. Ctrl-C (SIGINT) or SIGTERM finishes the
+// requests in flight and exits 0.
 package main
 
 import (
@@ -27,15 +29,20 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/config"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/authz"
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		// -h: the usage went to stderr; asking for it is no failure.
+	case err != nil:
 		fmt.Fprintf(os.Stderr, "localapi: %v\n", err)
 		os.Exit(1)
 	}
@@ -44,15 +51,22 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("localapi", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "usage: localapi [flags]\n\n"+
+			"A local HTTP API that runs Sluice's authorizer for every request, in front of\n"+
+			"an echo upstream (`make run`). The authorizer's "+config.Prefix+"* variables apply too;\n"+
+			"flags win. Ctrl-C stops it.\n\n")
+		fs.PrintDefaults()
+	}
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address (keep it on loopback)")
-	rules := fs.String("rules", "", "rules file (default: the embedded rules, or SLUICE_RULES_*)")
+	rules := fs.String("rules", "", "rules file (default: the embedded rules, or "+config.Prefix+"RULES_*)")
 	kind := fs.String("event", kindREST, "authorizer event to emulate: rest (REQUEST), http (payload 2.0, simple responses) or token (TOKEN)")
 	stage := fs.String("stage", "local", "stage name of the emulated REST API")
-	mc := fs.String("memcached", "", "memcached address(es), comma-separated (SLUICE_MEMCACHED_ADDRS)")
-	ddbEndpoint := fs.String("dynamo-endpoint", "", "DynamoDB endpoint, e.g. DynamoDB Local's http://127.0.0.1:8000 (AWS_ENDPOINT_URL_DYNAMODB)")
-	ddbTable := fs.String("dynamo-table", "", "DynamoDB state table (SLUICE_DYNAMO_TABLE); created if missing when -dynamo-endpoint is set")
-	backend := fs.String("backend", "", "backend of limits that name none: memory, memcached or dynamo (SLUICE_DEFAULT_BACKEND)")
-	deadline := fs.String("deadline", "", "bound of one decision, a Go duration (SLUICE_DEADLINE; default 250ms; DynamoDB Local's cold start may want 2s)")
+	mc := fs.String("memcached", "", "memcached address(es), comma-separated ("+config.EnvMemcachedAddrs+")")
+	ddbEndpoint := fs.String("dynamo-endpoint", "", "DynamoDB endpoint, e.g. DynamoDB Local's http://127.0.0.1:8000 (AWS_ENDPOINT_URL_DYNAMODB); needs -dynamo-table")
+	ddbTable := fs.String("dynamo-table", "", "DynamoDB state table ("+config.EnvDynamoTable+"); created if missing when -dynamo-endpoint is set")
+	backend := fs.String("backend", "", "backend of limits that name none: memory, memcached or dynamo ("+config.EnvDefaultBackend+")")
+	deadline := fs.String("deadline", "", "bound of one decision, a Go duration ("+config.EnvDeadline+"; default 250ms; DynamoDB Local's cold start may want 2s)")
 	upstream := fs.String("upstream", "", "URL to proxy allowed requests to (default: a built-in echo)")
 	metrics := fs.Bool("metrics", false, "print the EMF metric lines to stdout")
 	if err := fs.Parse(args); err != nil {
@@ -77,30 +91,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 	overrides := map[string]string{}
 	if *rules != "" {
-		overrides["SLUICE_RULES_FILE"] = *rules
-		overrides["SLUICE_RULES_YAML"], overrides["SLUICE_RULES_TABLE"] = "", ""
+		overrides[config.EnvRulesFile] = *rules
+		overrides[config.EnvRulesYAML], overrides[config.EnvRulesTable] = "", ""
 	}
 	if *mc != "" {
-		overrides["SLUICE_MEMCACHED_ADDRS"] = *mc
+		overrides[config.EnvMemcachedAddrs] = *mc
 	}
 	if *ddbTable != "" {
-		overrides["SLUICE_DYNAMO_TABLE"] = *ddbTable
+		overrides[config.EnvDynamoTable] = *ddbTable
 	}
 	if *backend != "" {
-		overrides["SLUICE_DEFAULT_BACKEND"] = *backend
+		overrides[config.EnvDefaultBackend] = *backend
 	}
 	if *deadline != "" {
-		overrides["SLUICE_DEADLINE"] = *deadline
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if *ddbEndpoint != "" {
-		localAWS(*ddbEndpoint)
-		if *ddbTable != "" {
-			if err := createTable(ctx, *ddbTable); err != nil {
-				return err
-			}
-		}
+		overrides[config.EnvDeadline] = *deadline
 	}
 	env, err := authz.ParseEnv(func(k string) string {
 		if v, ok := overrides[k]; ok {
@@ -110,6 +114,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 	})
 	if err != nil {
 		return err
+	}
+	if err := checkBackends(env, *ddbEndpoint); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *ddbEndpoint != "" {
+		localAWS(*ddbEndpoint)
+		if err := createTable(ctx, env.DynamoTable); err != nil {
+			return err
+		}
 	}
 	out := authz.Outputs{Stdout: io.Discard, Stderr: stderr}
 	if *metrics {
@@ -148,10 +163,34 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	case <-ctx.Done():
 	}
+	// Ctrl-C or SIGTERM: finish the requests in flight, then exit 0.
+	stop() // a second Ctrl-C kills at once
 	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(shut); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
+	}
+	fmt.Fprintln(stderr, "localapi: stopped")
+	return nil
+}
+
+// checkBackends refuses, naming the flags to add, a configuration whose
+// default backend is a network backend that is not configured, or a
+// DynamoDB endpoint without a table (the authorizer's own message names
+// only its variables).
+func checkBackends(env authz.Env, ddbEndpoint string) error {
+	if ddbEndpoint != "" && env.DynamoTable == "" {
+		return fmt.Errorf("-dynamo-endpoint %s needs -dynamo-table NAME (the state table, created if missing)", ddbEndpoint)
+	}
+	if env.Configured()[env.DefaultBackend] || env.DefaultBackend == authz.BackendMemory {
+		return nil
+	}
+	switch env.DefaultBackend {
+	case authz.BackendDynamo:
+		return fmt.Errorf("-backend dynamo: DynamoDB is not configured: add -dynamo-table NAME, and -dynamo-endpoint URL for DynamoDB Local (%s, %s)",
+			config.EnvDynamoTable, "AWS_ENDPOINT_URL_DYNAMODB")
+	case authz.BackendMemcached:
+		return fmt.Errorf("-backend memcached: memcached is not configured: add -memcached HOST:PORT (%s)", config.EnvMemcachedAddrs)
 	}
 	return nil
 }
@@ -178,7 +217,7 @@ func localAWS(endpoint string) {
 }
 
 func createTable(ctx context.Context, table string) error {
-	cfg, err := config.LoadDefaultConfig(ctx)
+	cfg, err := awsconfig.LoadDefaultConfig(ctx)
 	if err != nil {
 		return err
 	}

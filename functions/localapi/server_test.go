@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -236,5 +238,31 @@ func TestRunFlags(t *testing.T) {
 	}
 	if err := run([]string{"-rules", "/does/not/exist"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "SLUICE_RULES_FILE") {
 		t.Errorf("missing rules file: %v", err)
+	}
+	if err := run([]string{"-h"}, &out, &errb); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v, want flag.ErrHelp (main exits 0 on it)", err)
+	}
+}
+
+// TestRunNamesFlags: a backend that is asked for but not configured is
+// refused with the flags that configure it, not only the variables. The
+// first case is the README's DynamoDB command before it gained
+// -dynamo-table.
+func TestRunNamesFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-backend", "dynamo", "-dynamo-endpoint", "http://127.0.0.1:1"}, "needs -dynamo-table NAME"},
+		{[]string{"-backend", "dynamo"}, "-backend dynamo: DynamoDB is not configured: add -dynamo-table NAME, and -dynamo-endpoint URL"},
+		{[]string{"-backend", "memcached"}, "-backend memcached: memcached is not configured: add -memcached HOST:PORT"},
+	} {
+		for _, k := range []string{"SLUICE_DYNAMO_TABLE", "SLUICE_MEMCACHED_ADDRS", "SLUICE_DEFAULT_BACKEND"} {
+			t.Setenv(k, "")
+		}
+		err := run(tt.args, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("run(%q) = %v, want %q", tt.args, err, tt.want)
+		}
 	}
 }
