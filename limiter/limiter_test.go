@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,15 +120,51 @@ func TestBucketExtremes(t *testing.T) {
 
 // TestImportsStandardLibraryOnly keeps the dependency direction honest:
 // limiter never imports a backend, the AWS SDK, gomemcache or aws-lambda-go.
+// limiter and every package under it import the standard library and each
+// other only, with one exception: limiter/limitertest may also import
+// porcupine, the linearizability checker its history check (RunHistory)
+// runs token-bucket histories through; writing our own would be a second,
+// unproven checker. limitertest is test support, imported by _test.go files
+// only, and the second half of this test keeps it so: no other package's
+// build imports limitertest or porcupine, so neither reaches a Lambda
+// binary.
 func TestImportsStandardLibraryOnly(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "./...").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
+	const (
+		module    = "github.com/sluicehq/sluice/"
+		test      = module + "limiter/limitertest"
+		porcupine = "github.com/anishathalye/porcupine"
+	)
+	extra := map[string][]string{test: {porcupine}}
+	goList := func(args ...string) []string {
+		t.Helper()
+		out, err := exec.Command("go", append([]string{"list"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %v: %v\n%s", args, err, out)
+		}
+		return strings.Split(strings.TrimSpace(string(out)), "\n")
 	}
-	for _, pkg := range strings.Fields(string(out)) {
-		first, _, _ := strings.Cut(pkg, "/")
-		if strings.Contains(first, ".") && !strings.HasPrefix(pkg, "github.com/sluicehq/sluice/limiter") {
-			t.Errorf("limiter depends on %s", pkg)
+	within := func(pkg, root string) bool { return pkg == root || strings.HasPrefix(pkg, root+"/") }
+	for _, pkg := range goList("./...") {
+		for _, dep := range goList("-deps", pkg) {
+			first, _, _ := strings.Cut(dep, "/")
+			if !strings.Contains(first, ".") || within(dep, module+"limiter") {
+				continue // the standard library, or limiter itself
+			}
+			if slices.ContainsFunc(extra[pkg], func(root string) bool { return within(dep, root) }) {
+				continue
+			}
+			t.Errorf("%s depends on %s", pkg, dep)
+		}
+	}
+	for _, line := range goList("-f", "{{.ImportPath}} {{join .Deps \" \"}}", module+"...") {
+		pkg, deps, _ := strings.Cut(line, " ")
+		if within(pkg, test) {
+			continue
+		}
+		for _, dep := range strings.Fields(deps) {
+			if within(dep, test) || within(dep, porcupine) {
+				t.Errorf("%s (not a test) depends on %s: test support would reach a binary", pkg, dep)
+			}
 		}
 	}
 }

@@ -1,0 +1,492 @@
+package limitertest
+
+// The history checker, Jepsen and Porcupine style. RunHistory runs, for each
+// algorithm and each of two stamp sources, many goroutines on a few hot keys
+// through a DelayStore (random delays reorder arrivals on purpose, on top of
+// real concurrency), records every call (key, stamp, cost, real start and
+// end, decision, error) and checks the history against the exact model:
+//
+//   - FixedWindow: units admitted per calendar window of stamps <= limit
+//     (CheckFixedWindow);
+//   - SlidingWindow (Bounded) and SlidingLog: units admitted in every
+//     window-length interval of stamps <= limit (CheckTrailingWindow);
+//   - TokenBucket, plain and strict: the decisions (allowed, remaining) are
+//     linearizable against a serialized Smyte bucket written here from the
+//     documentation (CheckTokenBucket, with porcupine).
+//
+// A run also fails when it proves nothing: no late arrival (a call whose
+// sub-window or stamp is older than one that already reached the store), the
+// limit never reached, no window boundary crossed, or a linearizability
+// check without a verdict in time. Calls past the store contract's horizon
+// are counted and printed.
+//
+// Seeds change every run; each (sub)test logs its seed first, and every
+// failure repeats it. SLUICE_HISTORY_SEED=<seed> replays the same random
+// draws (keys, costs, delays, pauses); the interleaving itself still depends
+// on the scheduler, so a failure reproduces in kind, not call for call.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// SeedEnv names the environment variable that fixes the seed of
+// [RunHistory].
+const SeedEnv = "SLUICE_HISTORY_SEED"
+
+// Clock is a stamp source of a history run.
+type Clock uint8
+
+const (
+	// WallClock stamps each call with time.Now(), read by its goroutine
+	// before the call (and before its delay).
+	WallClock Clock = iota
+	// SharedClock stamps each call from one clock shared by all
+	// goroutines, strictly increasing (the wall clock, bumped by 1 ns when
+	// it would repeat or go back): stamps are then in the order the calls
+	// started, and disorder comes only from delays and scheduling.
+	SharedClock
+)
+
+func (c Clock) String() string {
+	switch c {
+	case WallClock:
+		return "wall"
+	case SharedClock:
+		return "shared"
+	}
+	return "clock(" + strconv.Itoa(int(c)) + ")"
+}
+
+// Scenario is one algorithm's history run. Exactly one of Fixed, Sliding,
+// Log and Bucket is set.
+type Scenario struct {
+	Name    string
+	Fixed   *limiter.FixedWindowConfig
+	Sliding *limiter.SlidingWindowConfig // Bounded: Interpolated is not exact, and is refused
+	Log     *limiter.SlidingLogConfig
+	Bucket  *limiter.TokenBucketConfig
+	// Duration is how long the goroutines keep calling.
+	Duration time.Duration
+	// MaxDelay bounds the DelayStore's random delays.
+	MaxDelay time.Duration
+	// MaxPause, when positive, makes each goroutine wait a random time
+	// below it between two calls (outside the calls).
+	MaxPause time.Duration
+	// MaxCost is the largest cost: one call in four costs 2..MaxCost, the
+	// others 1. Zero or one means every call costs 1.
+	MaxCost int64
+}
+
+// DefaultScenarios returns the scenarios RunHistory runs by default, sized so
+// that the limit is reached and window boundaries are crossed many times
+// while every delay stays well inside the store contract's horizon:
+//
+//   - FixedWindow: 200 per 200 ms window, delays below 50 ms, 3 s;
+//   - SlidingWindow: 200 per 1 s, 20 sub-windows of 50 ms (the defaults),
+//     delays below one sub-window, 3 s;
+//   - SlidingLog: 50 per 200 ms, delays below 20 ms, 1 s;
+//   - TokenBucket: 50 tokens, 1 every 5 ms, delays below 5 ms, 1 s;
+//   - TokenBucketStrict: the same in strict mode, with pauses below 20 ms
+//     between a goroutine's calls so that refills happen at all.
+func DefaultScenarios() []Scenario {
+	return []Scenario{
+		{Name: "FixedWindow", Fixed: &limiter.FixedWindowConfig{Name: "history-fixed", Limit: 200, Window: 200 * time.Millisecond},
+			Duration: 3 * time.Second, MaxDelay: 50 * time.Millisecond, MaxCost: 3},
+		{Name: "SlidingWindow", Sliding: &limiter.SlidingWindowConfig{Name: "history-sliding", Limit: 200, Window: time.Second},
+			Duration: 3 * time.Second, MaxDelay: 50 * time.Millisecond, MaxCost: 3},
+		{Name: "SlidingLog", Log: &limiter.SlidingLogConfig{Name: "history-log", Limit: 50, Window: 200 * time.Millisecond},
+			Duration: time.Second, MaxDelay: 20 * time.Millisecond, MaxCost: 3},
+		{Name: "TokenBucket", Bucket: &limiter.TokenBucketConfig{Name: "history-bucket", MaxAmount: 50, RefillTime: 5 * time.Millisecond},
+			Duration: time.Second, MaxDelay: 5 * time.Millisecond, MaxPause: 20 * time.Millisecond, MaxCost: 3},
+		{Name: "TokenBucketStrict", Bucket: &limiter.TokenBucketConfig{Name: "history-strict", MaxAmount: 50, RefillTime: 5 * time.Millisecond, Strict: true},
+			Duration: time.Second, MaxDelay: 5 * time.Millisecond, MaxPause: 20 * time.Millisecond, MaxCost: 3},
+	}
+}
+
+// HistoryOptions configures [RunHistory] and [RunScenario]. The zero value
+// runs the defaults.
+type HistoryOptions struct {
+	// Workers is the number of goroutines; zero means 64.
+	Workers int
+	// Keys is the number of hot keys they share; zero means 2.
+	Keys int
+	// Seed seeds every random draw. Zero means the value of
+	// SLUICE_HISTORY_SEED, or one derived from the time.
+	Seed uint64
+	// Scenarios to run; nil means DefaultScenarios().
+	Scenarios []Scenario
+	// Clocks to run each scenario with; nil means WallClock and
+	// SharedClock.
+	Clocks []Clock
+	// CheckTimeout bounds each linearizability check; zero means 60 s.
+	CheckTimeout time.Duration
+}
+
+func (o HistoryOptions) withDefaults() HistoryOptions {
+	if o.Workers == 0 {
+		o.Workers = 64
+	}
+	if o.Keys == 0 {
+		o.Keys = 2
+	}
+	if o.Scenarios == nil {
+		o.Scenarios = DefaultScenarios()
+	}
+	if o.Clocks == nil {
+		o.Clocks = []Clock{WallClock, SharedClock}
+	}
+	if o.CheckTimeout == 0 {
+		o.CheckTimeout = 60 * time.Second
+	}
+	return o
+}
+
+// HistorySeed returns the seed a history run uses when none is given:
+// SLUICE_HISTORY_SEED if set (an error if it does not parse), else one
+// derived from the time, so that every run draws differently.
+func HistorySeed() (uint64, error) {
+	if v := os.Getenv(SeedEnv); v != "" {
+		seed, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || seed == 0 {
+			return 0, fmt.Errorf("limitertest: %s=%q: want a positive integer", SeedEnv, v)
+		}
+		return seed, nil
+	}
+	return uint64(time.Now().UnixNano())&(1<<53-1) | 1, nil
+}
+
+// RunHistory runs every scenario of opt under every clock against s, each
+// as a subtest named Scenario/clock, logs each run's summary (with the count
+// of late arrivals) and fails the subtest when its history violates the
+// model or proves nothing. See the comment at the top of this file.
+func RunHistory(t *testing.T, s Store, opt HistoryOptions) {
+	t.Helper()
+	opt = opt.withDefaults()
+	if opt.Seed == 0 {
+		seed, err := HistorySeed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt.Seed = seed
+	}
+	t.Logf("history seed %d (reproduce the draws with %s=%d)", opt.Seed, SeedEnv, opt.Seed)
+	for i, sc := range opt.Scenarios {
+		for _, clock := range opt.Clocks {
+			t.Run(sc.Name+"/"+clock.String(), func(t *testing.T) {
+				o := opt
+				o.Seed = subSeed(opt.Seed, i, clock)
+				t.Logf("seed %d: scenario %s, clock %s, %d goroutines on %d keys for %v", opt.Seed, sc.Name, clock, o.Workers, o.Keys, sc.Duration)
+				rep, err := RunScenario(context.Background(), s, sc, clock, o)
+				if err != nil {
+					t.Fatalf("seed %d: %v", opt.Seed, err)
+				}
+				rep.Seed = opt.Seed // the seed to set to replay, not the derived one
+				t.Log(rep.Summary())
+				if err := rep.Err(); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+}
+
+// subSeed derives a scenario's seed from the run's.
+func subSeed(seed uint64, i int, c Clock) uint64 {
+	return mrand.New(mrand.NewPCG(seed, uint64(i)<<8|uint64(c))).Uint64() | 1
+}
+
+// HistoryReport is what one scenario run recorded and found.
+type HistoryReport struct {
+	Scenario string
+	Clock    Clock
+	Seed     uint64
+	// Calls is the history, in no particular order.
+	Calls    []Call
+	Arrivals ArrivalStats
+	// Allowed, Denied and Failed count the calls; AllowedUnits sums the
+	// allowed calls' costs.
+	Allowed, Denied, Failed int
+	AllowedUnits            int64
+	// Boundaries counts, over all keys, the (sub-)window boundaries the
+	// stamps crossed (refill periods for a bucket); AtLimit counts the
+	// (key, window or period) pairs in which a call was denied.
+	Boundaries, AtLimit int
+	// Violations are the windows of stamps over the limit; Excused those
+	// over the limit that hold an admitted call past the store contract's
+	// horizon (where it promises no exactness): printed, not failed.
+	Violations, Excused []Violation
+	// CheckTime is how long the linearizability check took (buckets).
+	CheckTime time.Duration
+	// Problems lists every reason the run fails, in words; empty when it
+	// passes.
+	Problems []string
+}
+
+// Err returns nil when the run passed, otherwise an error listing its
+// problems and the seed.
+func (r *HistoryReport) Err() error {
+	if len(r.Problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("history %s/%s (seed %d, %s=%d to replay the draws) failed:\n\t%s",
+		r.Scenario, r.Clock, r.Seed, SeedEnv, r.Seed, strings.Join(r.Problems, "\n\t"))
+}
+
+// Summary is one line on the run: calls, decisions, late arrivals.
+func (r *HistoryReport) Summary() string {
+	a := r.Arrivals
+	behind := fmt.Sprintf("at most %d sub-windows behind", a.MaxBehind)
+	if a.MaxBehind == 0 {
+		behind = fmt.Sprintf("at most %v behind", a.MaxBehindTime)
+	}
+	check := ""
+	if r.CheckTime > 0 {
+		check = fmt.Sprintf("; linearizability checked in %v", r.CheckTime.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%s/%s: %d calls (%d allowed for %d units, %d denied, %d failed); %d boundaries crossed, limit reached in %d windows; "+
+		"late arrivals: %d (%s), late refunds: %d, past the horizon: %d, after an idle TTL/2: %d; %d windows over the limit (%d more holding calls past the horizon)%s",
+		r.Scenario, r.Clock, len(r.Calls), r.Allowed, r.AllowedUnits, r.Denied, r.Failed, r.Boundaries, r.AtLimit,
+		a.Late, behind, a.LateRefunds, a.PastHorizon, a.Idle, len(r.Violations), len(r.Excused), check)
+}
+
+// sharedClock is a strictly increasing clock shared by goroutines.
+//
+// why hand-written: a few lines of compare-and-swap.
+type sharedClock struct{ last atomic.Int64 }
+
+func (c *sharedClock) now() time.Time {
+	for {
+		last := c.last.Load()
+		next := max(time.Now().UnixNano(), last+1)
+		if c.last.CompareAndSwap(last, next) {
+			return time.Unix(0, next)
+		}
+	}
+}
+
+// RunScenario runs one scenario against s with one clock and checks the
+// history; the report says what was recorded and found (see
+// [HistoryReport.Err]). It returns an error only when the scenario cannot
+// run (a bad configuration). opt.Seed must be set (see [HistorySeed]).
+func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt HistoryOptions) (*HistoryReport, error) {
+	opt = opt.withDefaults()
+	if opt.Seed == 0 {
+		return nil, errors.New("limitertest: RunScenario needs a seed")
+	}
+	if sc.Duration <= 0 {
+		return nil, fmt.Errorf("limitertest: scenario %s: duration %v", sc.Name, sc.Duration)
+	}
+	ds := NewDelayStore(s, sc.MaxDelay, opt.Seed)
+	var (
+		lim      limiter.Limiter
+		err      error
+		boundary time.Duration // for Boundaries and AtLimit
+		kinds    int
+	)
+	if c := sc.Fixed; c != nil {
+		kinds++
+		lim, err = limiter.NewFixedWindow(ds, *c)
+		boundary = c.Window
+	}
+	if c := sc.Sliding; c != nil {
+		kinds++
+		if c.Estimator != limiter.Bounded {
+			return nil, fmt.Errorf("limitertest: scenario %s: the %v estimator is not exact; only Bounded is checked", sc.Name, c.Estimator)
+		}
+		var w *limiter.SlidingWindow
+		if w, err = limiter.NewSlidingWindow(ds, *c); err == nil {
+			lim = w
+			cfg := w.Config()
+			boundary = cfg.Window / time.Duration(cfg.SubWindows)
+		}
+	}
+	if c := sc.Log; c != nil {
+		kinds++
+		lim, err = limiter.NewSlidingLog(ds, *c)
+		boundary = c.Window
+	}
+	if c := sc.Bucket; c != nil {
+		kinds++
+		lim, err = limiter.NewTokenBucket(ds, *c)
+		boundary = c.RefillTime
+	}
+	if kinds != 1 {
+		return nil, fmt.Errorf("limitertest: scenario %s: set exactly one of Fixed, Sliding, Log and Bucket (%d set)", sc.Name, kinds)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("limitertest: scenario %s: %w", sc.Name, err)
+	}
+
+	keys := make([]string, opt.Keys)
+	for i := range keys {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, err
+		}
+		keys[i] = "history." + sc.Name + "." + clock.String() + "." + strconv.Itoa(i) + "." + hex.EncodeToString(b[:])
+	}
+	var shared sharedClock
+	stamp := time.Now
+	if clock == SharedClock {
+		stamp = shared.now
+	}
+
+	// Each goroutine records into its own slice: no lock on the hot path.
+	perWorker := make([][]Call, opt.Workers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	origin := time.Now()
+	for w := range opt.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := mrand.New(mrand.NewPCG(opt.Seed, uint64(w)+1))
+			<-start
+			for time.Since(origin) < sc.Duration {
+				if sc.MaxPause > 0 {
+					time.Sleep(time.Duration(r.Int64N(int64(sc.MaxPause))))
+				}
+				key := keys[r.IntN(len(keys))]
+				cost := int64(1)
+				if sc.MaxCost > 1 && r.IntN(4) == 0 {
+					cost = 2 + r.Int64N(sc.MaxCost-1)
+				}
+				var tr Trace
+				cctx, cancel := context.WithTimeout(WithTrace(WithDelayRand(ctx, r), &tr), opTimeout)
+				c := Call{Worker: w, Key: key, Cost: cost}
+				c.Start = time.Since(origin)
+				c.Stamp = stamp()
+				d, err := lim.AllowN(cctx, key, c.Stamp, cost)
+				c.End = time.Since(origin)
+				cancel()
+				c.Allowed, c.Remaining, c.Err = d.Allowed && err == nil, d.Remaining, err
+				c.Reached, c.Late, c.PastHorizon, c.Idle = tr.Reached, tr.Late, tr.PastHorizon, tr.Idle
+				if tr.Reached {
+					c.Arrived, c.Returned = tr.Arrived.Sub(origin), tr.Returned.Sub(origin)
+				}
+				perWorker[w] = append(perWorker[w], c)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+
+	rep := &HistoryReport{Scenario: sc.Name, Clock: clock, Seed: opt.Seed, Arrivals: ds.Arrivals()}
+	for _, cs := range perWorker {
+		rep.Calls = append(rep.Calls, cs...)
+	}
+	rep.tally(boundary)
+
+	var firstErr error
+	for _, c := range rep.Calls {
+		if c.Err != nil {
+			firstErr = c.Err
+			break
+		}
+	}
+	if rep.Failed > 0 {
+		rep.problem("%d of %d calls failed; first error: %v", rep.Failed, len(rep.Calls), firstErr)
+	}
+	switch {
+	case sc.Fixed != nil:
+		rep.Violations = CheckFixedWindow(rep.Calls, sc.Fixed.Limit, sc.Fixed.Window)
+	case sc.Sliding != nil:
+		rep.Violations = CheckTrailingWindow(rep.Calls, sc.Sliding.Limit, sc.Sliding.Window)
+	case sc.Log != nil:
+		rep.Violations = CheckTrailingWindow(rep.Calls, sc.Log.Limit, sc.Log.Window)
+	case sc.Bucket != nil:
+		t0 := time.Now()
+		if err := CheckTokenBucket(rep.Calls, *sc.Bucket, opt.CheckTimeout); err != nil {
+			rep.problem("%v", err)
+		}
+		rep.CheckTime = time.Since(t0)
+	}
+	// The contract promises exactness within the horizon only: a window
+	// over the limit that holds an admitted call past the horizon is
+	// reported, not failed.
+	var failing []Violation
+	for _, v := range rep.Violations {
+		if v.PastHorizon > 0 {
+			rep.Excused = append(rep.Excused, v)
+		} else {
+			failing = append(failing, v)
+		}
+	}
+	rep.Violations = failing
+	if n := len(failing); n > 0 {
+		worst := failing[0]
+		for _, v := range failing {
+			if v.Units-v.Limit > worst.Units-worst.Limit {
+				worst = v
+			}
+		}
+		rep.problem("the store over-admitted in %d windows of stamps; worst: %v", n, worst)
+		for i, v := range failing {
+			if i == 5 {
+				rep.problem("... and %d more windows over the limit", n-5)
+				break
+			}
+			rep.problem("over the limit: %v", v)
+		}
+	}
+	if rep.Arrivals.Late == 0 {
+		rep.problem("no late arrivals (%d calls reached the store, none stamped older than one before it): a run without late arrivals checks nothing", rep.Arrivals.Arrivals)
+	}
+	if rep.Denied == 0 {
+		rep.problem("the limit was never reached (no call denied): the run checks nothing")
+	}
+	if rep.Boundaries == 0 {
+		rep.problem("the stamps crossed no window boundary: the run checks nothing across boundaries")
+	}
+	return rep, nil
+}
+
+func (r *HistoryReport) problem(format string, args ...any) {
+	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+}
+
+// tally counts decisions, boundaries crossed and windows at the limit.
+func (r *HistoryReport) tally(boundary time.Duration) {
+	type win struct {
+		key string
+		idx int64
+	}
+	seen := map[win]bool{}
+	denied := map[win]bool{}
+	perKey := map[string]int{}
+	for _, c := range r.Calls {
+		w := win{c.Key, floorDiv(c.Stamp.UnixNano(), int64(boundary))}
+		if !seen[w] {
+			seen[w] = true
+			perKey[c.Key]++
+		}
+		switch {
+		case c.Err != nil:
+			r.Failed++
+		case c.Allowed:
+			r.Allowed++
+			r.AllowedUnits += c.Cost
+		default:
+			r.Denied++
+			denied[w] = true
+		}
+	}
+	for _, n := range perKey {
+		r.Boundaries += n - 1
+	}
+	r.AtLimit = len(denied)
+}

@@ -1,0 +1,258 @@
+package limitertest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// DelayStore wraps a [Store] and holds each call back for a random time
+// before handing it to the inner store, so that calls stamped earlier reach
+// the store after calls stamped later (the disorder a request stamped before
+// it travels meets in production). It also records, per key, the order in
+// which calls were handed to the inner store, and counts the late ones; see
+// [ArrivalStats].
+//
+// Half of the calls go through at once, the other half wait a uniform random
+// time in [0, MaxDelay). A call's delays are drawn from the *rand.Rand that
+// [WithDelayRand] put in its context (one goroutine's, so a seed reproduces
+// the draws), else from the store's own. A DelayStore is safe for
+// concurrent use.
+//
+// why hand-written: no library injects delays into a store interface, and
+// the arrival bookkeeping needs the store's own arguments (sub-window, span,
+// stamp, window).
+type DelayStore struct {
+	inner    Store
+	maxDelay time.Duration
+
+	rmu sync.Mutex
+	rnd *rand.Rand
+
+	mu    sync.Mutex
+	keys  map[limiter.Key]*arrival
+	stats ArrivalStats
+}
+
+var _ Store = (*DelayStore)(nil)
+
+// arrival is what has reached the inner store for one key.
+type arrival struct {
+	seen   bool
+	newest int64     // newest sub-window (windows) or stamp (buckets, logs)
+	span   int64     // the span of the last window add, for refunds
+	last   time.Time // when the last call was handed over
+}
+
+// ArrivalStats counts what reached the inner store of a [DelayStore], in
+// the order calls were handed to it.
+type ArrivalStats struct {
+	// Arrivals is the number of calls handed to the inner store.
+	Arrivals int64
+	// Late counts window adds whose sub-window (a fixed window's window)
+	// is older than one already handed over for the same key, and bucket or
+	// log updates whose stamp is older than one already handed over.
+	Late int64
+	// LateRefunds counts window refunds (Sub) into a sub-window older than
+	// the newest one already added to for the key: refunds after a roll.
+	LateRefunds int64
+	// PastHorizon counts window calls more than span sub-windows behind
+	// the newest sub-window of their key (the store contract's horizon: one
+	// window plus one sub-window; one window for a fixed window), and log
+	// updates more than one window behind the newest stamp. Buckets have no
+	// horizon: a late stamp only refills nothing.
+	PastHorizon int64
+	// Idle counts bucket updates that reached a key no call had reached
+	// for at least half the bucket's TTL: the store may have let the
+	// bucket expire, so that it starts again full at the call's stamp (see
+	// [CheckTokenBucket]).
+	Idle int64
+	// MaxBehind is the most sub-windows a window call was behind.
+	MaxBehind int64
+	// MaxBehindTime is the most a bucket or log stamp was behind.
+	MaxBehindTime time.Duration
+}
+
+// NewDelayStore returns inner wrapped with random delays below maxDelay;
+// seed seeds the draws of calls whose context carries no rand.
+func NewDelayStore(inner Store, maxDelay time.Duration, seed uint64) *DelayStore {
+	return &DelayStore{
+		inner:    inner,
+		maxDelay: maxDelay,
+		rnd:      rand.New(rand.NewPCG(seed, 0x5eed)),
+		keys:     map[limiter.Key]*arrival{},
+	}
+}
+
+type delayRandKey struct{}
+
+type traceKey struct{}
+
+// Trace is what a [DelayStore] tells the caller about one limiter call:
+// when it was first handed to the inner store (the earliest moment it can
+// take effect) and when the inner store last returned (the latest), and
+// whether one of its store calls arrived late or past the horizon (see
+// [ArrivalStats]).
+type Trace struct {
+	// Reached is set when a store call was handed to the inner store, at
+	// time Arrived (the first one's); Returned is when the last one
+	// returned.
+	Reached           bool
+	Arrived, Returned time.Time
+	Late              bool
+	PastHorizon       bool
+	// Idle: a bucket update reached a key idle for half its TTL or more.
+	Idle bool
+}
+
+// WithTrace returns ctx carrying tr: a [DelayStore] fills tr in for the
+// store calls made with the returned context. Use it for one limiter call
+// at a time.
+func WithTrace(ctx context.Context, tr *Trace) context.Context {
+	return context.WithValue(ctx, traceKey{}, tr)
+}
+
+// WithDelayRand returns ctx carrying r: a [DelayStore] draws the delays of
+// calls made with the returned context from r. r is not locked: use it from
+// one goroutine only.
+func WithDelayRand(ctx context.Context, r *rand.Rand) context.Context {
+	return context.WithValue(ctx, delayRandKey{}, r)
+}
+
+// Arrivals returns the counts so far.
+func (s *DelayStore) Arrivals() ArrivalStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+func (s *DelayStore) delay(ctx context.Context) error {
+	if s.maxDelay <= 0 {
+		return ctx.Err()
+	}
+	var d time.Duration
+	if r, ok := ctx.Value(delayRandKey{}).(*rand.Rand); ok {
+		if r.IntN(2) == 0 {
+			d = time.Duration(r.Int64N(int64(s.maxDelay)))
+		}
+	} else {
+		s.rmu.Lock()
+		if s.rnd.IntN(2) == 0 {
+			d = time.Duration(s.rnd.Int64N(int64(s.maxDelay)))
+		}
+		s.rmu.Unlock()
+	}
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// arrive records that a call on k at position at (sub-window or stamp) is
+// handed to the inner store now. window tells sub-windows from stamps;
+// refund marks a window Sub; horizon is how far behind (in the same unit)
+// a call may be.
+func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window, refund bool, horizon int64, idleAfter time.Duration) *Trace {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tr, _ := ctx.Value(traceKey{}).(*Trace)
+	if tr == nil {
+		tr = &Trace{}
+	}
+	now := time.Now()
+	if !tr.Reached {
+		tr.Reached, tr.Arrived = true, now
+	}
+	s.stats.Arrivals++
+	a := s.keys[k]
+	if a == nil {
+		a = &arrival{}
+		s.keys[k] = a
+	}
+	if idleAfter > 0 && a.seen && now.Sub(a.last) >= idleAfter {
+		s.stats.Idle++
+		tr.Idle = true
+	}
+	a.last = now
+	if window && !refund {
+		a.span = horizon
+	}
+	if window && refund {
+		horizon = a.span
+	}
+	if a.seen && at < a.newest {
+		behind := a.newest - at
+		if refund {
+			s.stats.LateRefunds++
+		} else {
+			s.stats.Late++
+		}
+		tr.Late = true
+		if horizon > 0 && behind > horizon {
+			s.stats.PastHorizon++
+			tr.PastHorizon = true
+		}
+		if window {
+			s.stats.MaxBehind = max(s.stats.MaxBehind, behind)
+		} else {
+			s.stats.MaxBehindTime = max(s.stats.MaxBehindTime, time.Duration(behind))
+		}
+	}
+	if !refund && (!a.seen || at > a.newest) {
+		a.newest, a.seen = at, true
+	}
+	return tr
+}
+
+// returned notes in tr that an inner call returned.
+func returned(tr *Trace) { tr.Returned = time.Now() }
+
+// Add implements [limiter.Counter].
+func (s *DelayStore) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+	if err := s.delay(ctx); err != nil {
+		return limiter.Counts{}, fmt.Errorf("limitertest: delay: %w", err)
+	}
+	if n == 0 {
+		return s.inner.Add(ctx, k, cur, span, n, ttl)
+	}
+	defer returned(s.arrive(ctx, k, cur, true, false, int64(span), 0))
+	return s.inner.Add(ctx, k, cur, span, n, ttl)
+}
+
+// Sub implements [limiter.Counter].
+func (s *DelayStore) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+	if err := s.delay(ctx); err != nil {
+		return fmt.Errorf("limitertest: delay: %w", err)
+	}
+	defer returned(s.arrive(ctx, k, idx, true, true, 0, 0))
+	return s.inner.Sub(ctx, k, idx, n)
+}
+
+// UpdateBucket implements [limiter.BucketStore].
+func (s *DelayStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+	if err := s.delay(ctx); err != nil {
+		return limiter.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
+	}
+	defer returned(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2))
+	return s.inner.UpdateBucket(ctx, k, op, ttl)
+}
+
+// UpdateLog implements [limiter.LogStore].
+func (s *DelayStore) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+	if err := s.delay(ctx); err != nil {
+		return limiter.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
+	}
+	defer returned(s.arrive(ctx, k, op.Now, false, false, int64(op.Window), 0))
+	return s.inner.UpdateLog(ctx, k, op, ttl)
+}
