@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -69,12 +70,21 @@ type Config struct {
 	// Authenticate, when not nil, is called before the rules; an error
 	// makes the response the "Unauthorized" error (401).
 	Authenticate func(ctx context.Context, ev *Event) error
+	// ClientIP is where the client address ({ip}) comes from:
+	// ClientIPSourceIP (the default) or ClientIPViewerAddress (behind the
+	// CloudFront edge front door; needs EdgeSecret). See clientip.go.
+	ClientIP string
+	// EdgeSecret is the value of the EdgeSecretHeader that the CloudFront
+	// distribution adds to its origin requests: with ClientIPViewerAddress,
+	// only requests that carry it are keyed by CloudFront-Viewer-Address.
+	EdgeSecret string
 }
 
 // Handler is the authorizer. Safe for concurrent use.
 type Handler struct {
-	cfg Config
-	log *slog.Logger
+	cfg          Config
+	log          *slog.Logger
+	warnedViewer atomic.Bool
 }
 
 // New returns a handler, or an error for an invalid Config.
@@ -97,6 +107,9 @@ func New(cfg Config) (*Handler, error) {
 	case HTTPSimple, HTTPIAM:
 	default:
 		return nil, fmt.Errorf("authz: HTTPResponses %q is not %s or %s", cfg.HTTPResponses, HTTPSimple, HTTPIAM)
+	}
+	if err := checkClientIP(&cfg); err != nil {
+		return nil, err
 	}
 	if cfg.LogKey == nil {
 		cfg.LogKey = make([]byte, 32)
@@ -143,6 +156,10 @@ func (h *Handler) Decide(ctx context.Context, event []byte) (Response, policy.Re
 			h.log.LogAttrs(ctx, slog.LevelWarn, "bad event", slog.String("error", err.Error()))
 		}
 		return nil, policy.Result{}, err
+	}
+	if h.cfg.ClientIP == ClientIPViewerAddress && h.viewerAddress(&ev.Request) && !h.warnedViewer.Swap(true) {
+		h.log.LogAttrs(ctx, slog.LevelWarn, "a request through the edge carries no valid "+ViewerAddressHeader+
+			" header: keyed by its source IP (the CloudFront server); add the header to the origin request policy (logged once)")
 	}
 	if h.cfg.Authenticate != nil {
 		if err := h.cfg.Authenticate(ctx, ev); err != nil {
