@@ -95,7 +95,9 @@ func (a *restAspect) Visit(node constructs.IConstruct) {
 		return // CORS preflight stays open
 	}
 	if msg := a.r.attachMethod(cfn); msg != "" {
-		awscdk.Annotations_Of(node).AddError(jsii.String("sluice: RestAPI: " + msg))
+		// Aspects run before validation: the construct's validation
+		// reports it, and synthesis fails.
+		a.r.fail("RestAPI: %s", msg)
 	}
 }
 
@@ -157,9 +159,10 @@ var gatewayResponseTypes = []string{"ACCESS_DENIED", "AUTHORIZER_FAILURE", "AUTH
 // Gateway documents. The authorizer's context is documented for the body
 // template ($context.authorizer.<key>), so the 429 body always carries it,
 // and its Retry-After is static: Props.RetryAfter, else derived from the
-// rules (docs/infra.md).
+// rules; the 503's is Props.ShedRetryAfter (docs/infra.md).
 func (r *RateLimiter) addGatewayResponses(api awsapigateway.RestApi) {
 	retryAfter := "'" + strconv.Itoa(int(r.retryAfter.Seconds())) + "'"
+	shedRetryAfter := "'" + strconv.Itoa(int(r.shedRetryAfter.Seconds())) + "'"
 	denied := map[string]*string{
 		"Content-Type":  jsii.String("'application/json'"),
 		"Cache-Control": jsii.String("'no-store'"),
@@ -200,20 +203,20 @@ func (r *RateLimiter) addGatewayResponses(api awsapigateway.RestApi) {
 			ResponseHeaders: &map[string]*string{
 				"Content-Type":  jsii.String("'application/json'"),
 				"Cache-Control": jsii.String("'no-store'"),
-				"Retry-After":   jsii.String(retryAfter),
+				"Retry-After":   jsii.String(shedRetryAfter),
 			},
 			Templates: &map[string]*string{"application/json": jsii.String(ShedBody)},
 		})
 	}
 
-	// API Gateway's own throttling (stage or account limits) is a 429 too;
-	// give it the same Retry-After.
+	// API Gateway's own throttling (stage or account limits, a rate per
+	// second with a burst) is a 429 too.
 	api.AddGatewayResponse(jsii.String("SluiceThrottled"), &awsapigateway.GatewayResponseOptions{
 		Type:       awsapigateway.ResponseType_THROTTLED(),
 		StatusCode: jsii.String("429"),
 		ResponseHeaders: &map[string]*string{
 			"Content-Type": jsii.String("'application/json'"),
-			"Retry-After":  jsii.String(retryAfter),
+			"Retry-After":  jsii.String("'1'"),
 		},
 		Templates: &map[string]*string{"application/json": jsii.String(ThrottledBody)},
 	})
@@ -276,7 +279,7 @@ type httpAspect struct{ r *RateLimiter }
 func (a *httpAspect) Visit(node constructs.IConstruct) {
 	if cfn, ok := node.(awsapigatewayv2.CfnRoute); ok {
 		if msg := a.r.attachRoute(cfn); msg != "" {
-			awscdk.Annotations_Of(node).AddError(jsii.String("sluice: HTTPAPI: " + msg))
+			a.r.fail("HTTPAPI: %s", msg)
 		}
 	}
 }

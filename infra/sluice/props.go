@@ -69,13 +69,19 @@ type Props struct {
 	// Shedding turns on the authorizer's load shedders (off by default).
 	Shedding Shedding
 
-	// RetryAfter is the Retry-After of the REST API's 429 (rate limited)
-	// and 503 (shed) responses. API Gateway's gateway responses take static
-	// header values (see docs/infra.md), so the per-request value is in
-	// the 429's JSON body only. Zero: derived from the rules at synth (the
-	// longest time any limit can make a client wait for one request, see
+	// RetryAfter is the Retry-After of the REST API's 429 (rate limited).
+	// API Gateway's gateway responses take static header values (see
+	// docs/infra.md), so the per-request value is in the 429's JSON body
+	// only. Zero: derived from the rules at synth (the longest time any
+	// limit can make a client wait for one request, see
 	// [DeriveRetryAfter]); required with rules from a table.
 	RetryAfter time.Duration
+	// ShedRetryAfter is the Retry-After of the REST API's 503 (shed).
+	// Zero: the fleet shedder's lease TTL rounded up to a second, at least
+	// one second (a shed request waits for a slot to free). API Gateway's
+	// own throttling (THROTTLED, a per-second rate) gets 429 with
+	// Retry-After 1.
+	ShedRetryAfter time.Duration
 	// ContextHeaders maps context.authorizer.* into the 429's Retry-After
 	// and RateLimit-* headers. API Gateway documents only request
 	// parameters and static values for gateway-response headers; this is

@@ -85,6 +85,8 @@ type RateLimiter struct {
 	env        map[string]string
 	retryAfter time.Duration
 	retrySrc   string
+	// shedRetryAfter is the 503's Retry-After.
+	shedRetryAfter time.Duration
 	rules      *rulesSource
 
 	errs  []string
@@ -171,9 +173,12 @@ func (r *RateLimiter) HTTPAuthorizer() awsapigatewayv2.HttpAuthorizer { return r
 // Metrics are the authorizer's CloudWatch metrics.
 func (r *RateLimiter) Metrics() *Metrics { return r.metrics }
 
-// RetryAfter is the static Retry-After of the 429 and 503 responses, and
+// RetryAfter is the static Retry-After of the 429 (rate limited), and
 // where it comes from (the prop, or the limit it was derived from).
 func (r *RateLimiter) RetryAfter() (time.Duration, string) { return r.retryAfter, r.retrySrc }
+
+// ShedRetryAfter is the static Retry-After of the 503 (shed).
+func (r *RateLimiter) ShedRetryAfter() time.Duration { return r.shedRetryAfter }
 
 // Environment is the function's environment (values may hold tokens).
 func (r *RateLimiter) Environment() map[string]string { return r.env }
@@ -295,6 +300,9 @@ func (r *RateLimiter) checkFunction() {
 	if p.RetryAfter < 0 || p.RetryAfter%time.Second != 0 {
 		r.fail("RetryAfter: %v is not a whole, positive number of seconds", p.RetryAfter)
 	}
+	if p.ShedRetryAfter < 0 || p.ShedRetryAfter%time.Second != 0 {
+		r.fail("ShedRetryAfter: %v is not a whole, positive number of seconds", p.ShedRetryAfter)
+	}
 	c := p.Cache
 	switch c.Mode {
 	case CacheServerless:
@@ -330,9 +338,14 @@ func (r *RateLimiter) checkFunction() {
 	}
 }
 
-// deriveRetryAfter sets the static Retry-After.
+// deriveRetryAfter sets the static Retry-After values.
 func (r *RateLimiter) deriveRetryAfter() {
 	p := &r.props
+	r.shedRetryAfter = p.ShedRetryAfter
+	if r.shedRetryAfter == 0 {
+		lease := durationOr(p.Shedding.LeaseTTL, config.DefaultShedLeaseTTL)
+		r.shedRetryAfter = max((lease+time.Second-1)/time.Second, 1) * time.Second
+	}
 	switch {
 	case p.RetryAfter > 0:
 		r.retryAfter, r.retrySrc = p.RetryAfter, "Props.RetryAfter"

@@ -196,8 +196,9 @@ type APIConfig struct {
 	// HTTPAPI adds the HTTP API variant. Default true.
 	HTTPAPI *bool `json:"httpApi,omitempty"`
 	// RetryAfterSeconds is the static Retry-After of the 429 (unless
-	// ContextHeaders) and 503 responses. Default: derived from the rules
-	// (sluice.DeriveRetryAfter); required with rules.table.
+	// ContextHeaders). Default: derived from the rules
+	// (sluice.DeriveRetryAfter); required with rules.table. (The 503 of a
+	// shed request says the lease TTL, rounded up.)
 	RetryAfterSeconds int `json:"retryAfterSeconds,omitempty"`
 	// ContextHeaders maps context.authorizer.* into the 429's headers
 	// (Retry-After, RateLimit-*). API Gateway documents only request

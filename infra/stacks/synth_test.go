@@ -482,7 +482,8 @@ func TestGatewayResponses(t *testing.T) {
 			if shed.Properties["StatusCode"] != "503" {
 				t.Errorf("%s status %v, want 503", typ, shed.Properties["StatusCode"])
 			}
-			want := map[string]string{"Content-Type": "'application/json'", "Cache-Control": "'no-store'", "Retry-After": retryAfter}
+			// A shed request waits for a fleet slot: the lease TTL (1s).
+			want := map[string]string{"Content-Type": "'application/json'", "Cache-Control": "'no-store'", "Retry-After": "'1'"}
 			if h := headers(shed); fmt.Sprint(h) != fmt.Sprint(want) {
 				t.Errorf("%s headers:\n got %v\nwant %v", typ, h, want)
 			}
@@ -512,8 +513,8 @@ func TestGatewayResponses(t *testing.T) {
 		if n := len(byType); n != 4 {
 			t.Errorf("%d gateway responses (%v), want ACCESS_DENIED, the two authorizer errors and THROTTLED", n, slices.Collect(mapKeys(byType)))
 		}
-		if th, ok := byType["THROTTLED"]; !ok || th.Properties["StatusCode"] != "429" {
-			t.Errorf("THROTTLED response %v, want 429", th.Properties)
+		if th, ok := byType["THROTTLED"]; !ok || th.Properties["StatusCode"] != "429" || headers(th)["Retry-After"] != "'1'" {
+			t.Errorf("THROTTLED response %v, want 429 with Retry-After 1 (API Gateway throttles per second)", th.Properties)
 		}
 	})
 }
