@@ -559,7 +559,7 @@ func (r *Report) writeMethod(pf func(string, ...any)) {
 	pf("statistics under `make test`. Keys and values are as `backends/memcached` writes them: `k:<space>/<name>|c<sub-window index>`, ")
 	pf("a counter's value its decimal digits (the most it reached: memcached keeps the longest number an incr wrote). ")
 	pf("The key name is %q (%d bytes); bytes/key is the number of items times the chunk of the longest key and value seen. ", SimKey, len(SimKey))
-	pf("Items are those a decision reads; with the TTL of a window plus one sub-window (and up to 1 s of jitter) a key may hold one or two more ")
-	pf("until they expire. The hash table adds about 8 bytes per item.\n\n")
+	pf("Items are those a decision reads. Counters live 2(k+1) sub-windows (the out-of-order horizon of `limiter.Counter`, docs/consistency.md, plus up to 1 s of jitter), ")
+	pf("so a key with steady traffic holds up to k+1 more until they expire: up to twice the figure. The hash table adds about 8 bytes per item.\n\n")
 	pf("**Reproducibility.** Fixed seeds, no wall clock, no map iteration in the output: `TestReportIsReproducible` writes the report twice and compares the bytes.\n")
 }

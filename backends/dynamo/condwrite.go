@@ -136,9 +136,3 @@ func (w writer) backoff(ctx context.Context, what string, lost int) error {
 		return fmt.Errorf("dynamo: %s: %w after %d lost races: %w", what, ErrUnavailable, lost, ctx.Err())
 	}
 }
-
-// backoff is [writer.backoff] for the window's refund loop in window.go,
-// until that loop runs on [writer.conditional] too.
-func (s *Store) backoff(ctx context.Context, what string, conflicts int) error {
-	return s.writer().backoff(ctx, what, conflicts)
-}

@@ -47,7 +47,7 @@
 //     condition attribute_not_exists(pk).
 //
 // The write runs in the package's one conditional-write loop, the same for
-// buckets, logs and leases ([Leases]; window refunds use its backoff):
+// buckets, logs, window refunds and leases ([Leases]):
 // every write asks for ReturnValuesOnConditionCheckFailure=ALL_OLD, so when
 // the condition fails DynamoDB returns the current item, and the store
 // applies the op to it and writes again, still without a read. The first

@@ -320,49 +320,41 @@ func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) erro
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 	take, cond := n, "#c >= :n"
-	for conflicts := 0; ; {
-		_, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-			TableName:                           s.table,
-			Key:                                 keyAttr(pk),
-			UpdateExpression:                    aws.String("ADD #c :d"),
-			ConditionExpression:                 aws.String(cond),
-			ExpressionAttributeNames:            map[string]string{"#c": name},
-			ExpressionAttributeValues:           map[string]types.AttributeValue{":d": numAttr(-take), ":n": numAttr(take)},
-			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-		}, s.optFns...)
-		if err == nil {
-			return nil
-		}
-		old, lost := conditionFailed(err)
-		if !lost {
-			return mapError("window sub", err)
-		}
-		av, ok := old[name]
-		if !ok {
-			return nil // nothing counted there (expired, or never written)
-		}
-		nv, ok := av.(*types.AttributeValueMemberN)
-		if !ok {
-			return corrupt(windowKind, pk, name, "want a Number, got %s", typeName(av))
-		}
-		v, perr := strconv.ParseInt(nv.Value, 10, 64)
-		if perr != nil || v < 0 {
-			return corrupt(windowKind, pk, name, "want a count, got %q", nv.Value)
-		}
-		if v == 0 {
-			return nil
-		}
-		// Take what is there, on condition that it is still there.
-		s.counter.conflicts.Add(1)
-		take, cond = min(n, v), "#c = :n"
-		if take == n {
-			cond = "#c >= :n"
-		}
-		conflicts++
-		if err := s.backoff(ctx, "window sub "+pk, conflicts); err != nil {
-			return err
-		}
-	}
+	return s.writer().conditional(ctx, "window sub "+pk, condWrite{
+		next: func(context.Context) (*dynamodb.UpdateItemInput, error) {
+			return &dynamodb.UpdateItemInput{
+				TableName:                 s.table,
+				Key:                       keyAttr(pk),
+				UpdateExpression:          aws.String("ADD #c :d"),
+				ConditionExpression:       aws.String(cond),
+				ExpressionAttributeNames:  map[string]string{"#c": name},
+				ExpressionAttributeValues: map[string]types.AttributeValue{":d": numAttr(-take), ":n": numAttr(take)},
+			}, nil
+		},
+		lost: func(old map[string]types.AttributeValue) (bool, error) {
+			av, ok := old[name]
+			if !ok {
+				return false, nil // nothing counted there (expired, or never written)
+			}
+			nv, ok := av.(*types.AttributeValueMemberN)
+			if !ok {
+				return false, corrupt(windowKind, pk, name, "want a Number, got %s", typeName(av))
+			}
+			v, perr := strconv.ParseInt(nv.Value, 10, 64)
+			if perr != nil || v < 0 {
+				return false, corrupt(windowKind, pk, name, "want a count, got %q", nv.Value)
+			}
+			if v == 0 {
+				return false, nil
+			}
+			// Take what is there, on condition that it is still there.
+			take, cond = min(n, v), "#c = :n"
+			if take == n {
+				cond = "#c >= :n"
+			}
+			return true, nil
+		},
+	})
 }
 
 // valueSize is the size DynamoDB counts for a value (roughly, for the
