@@ -17,7 +17,7 @@ CDK       = CDK_DISABLE_CLI_TELEMETRY=true npx --no-install cdk --no-notices
 # Built, then run, rather than `go run`: go run exits 1 when Ctrl-C reaches
 # it too, and make would report that as an error.
 run:
-	$(GO) build -o $(LOCALAPI) ./functions/localapi
+	$(GO) build -o $(LOCALAPI) ./functions/dev/localapi
 	$(LOCALAPI) $(ARGS)
 
 ## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra
@@ -60,7 +60,7 @@ invoke:
 		sam local invoke -t functions/authorizer/template.yaml -e $(EVENT) \
 			--parameter-overrides Arch=$$([ "$$($(GO) env GOARCH)" = arm64 ] && echo arm64 || echo x86_64) Authorizer; \
 	else \
-		$(GO) run ./functions/invoke -bootstrap $(LOCAL_BOOTSTRAP) -n $(N) $(EVENT); \
+		$(GO) run ./functions/dev/invoke -bootstrap $(LOCAL_BOOTSTRAP) -n $(N) $(EVENT); \
 	fi
 
 ## golden: rewrite events/golden/*.json after a deliberate change (review the diff)

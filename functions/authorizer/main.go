@@ -4,7 +4,8 @@
 //	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build -tags lambda.norpc -trimpath -ldflags="-s -w" -o build/authorizer/bootstrap ./functions/authorizer
 //
 // It reads its configuration from environment variables (docs/authorizer.md),
-// builds its clients once, and serves authorizer events with lambda.Start.
+// builds its clients once (package wiring), and serves authorizer events with
+// lambda.Start (the handler, package authz).
 // A configuration error (an invalid rule) is reported to the Runtime API as
 // an init error and exits non-zero.
 package main
@@ -17,10 +18,11 @@ import (
 	"github.com/aws/aws-lambda-go/lambda"
 
 	"github.com/sluicehq/sluice/functions/authz"
+	"github.com/sluicehq/sluice/functions/wiring"
 )
 
 func main() {
-	built, err := authz.FromEnv(context.Background(), os.Getenv, authz.Outputs{})
+	built, err := wiring.FromEnv(context.Background(), os.Getenv, wiring.Outputs{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, `{"level":"ERROR","msg":"init failed","error":%q}`+"\n", err.Error())
 		authz.ReportInitError(err)

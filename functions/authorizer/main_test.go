@@ -14,8 +14,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
-	"github.com/sluicehq/sluice/functions/internal/golden"
-	"github.com/sluicehq/sluice/functions/internal/runtimeapi"
+	"github.com/sluicehq/sluice/functions/dev/golden"
+	"github.com/sluicehq/sluice/functions/dev/runtimeapi"
 	"github.com/sluicehq/sluice/internal/testserver"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/backends/memory"
-	"github.com/sluicehq/sluice/functions/internal/golden"
+	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
 )

@@ -15,8 +15,10 @@
 // Every decision prints CloudWatch Embedded Metric Format lines to stdout
 // (see [Metrics]) and logs with log/slog, keys hashed.
 //
-// functions/authorizer wraps [Handler.Handle] in lambda.Start after
-// [FromEnv] built it; functions/localapi serves the same handler over HTTP.
+// The package imports no backend and no AWS SDK: package wiring
+// (functions/wiring) builds the stores, the rules and the [Handler] from the
+// environment; functions/authorizer hands the handler to lambda.Start, and
+// the local API (functions/dev/localapi) serves it over HTTP.
 // docs/authorizer.md describes events, responses, environment variables and
 // metrics.
 package authz

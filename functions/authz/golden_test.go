@@ -7,31 +7,41 @@ import (
 	"flag"
 	"io"
 	"testing"
+	"time"
 
-	"github.com/sluicehq/sluice/functions/internal/golden"
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/functions/dev/golden"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/policy"
 )
 
 var update = flag.Bool("update", false, "rewrite events/golden/*.json from the handler's results")
 
 // newGoldenHandler is the handler golden runs use: the embedded rules, the
-// memory store, the clock frozen at golden.Clock.
+// memory store, the clock frozen at golden.Clock, metrics to stdout. It is
+// built here, not by package wiring (which functions/authorizer's
+// TestBootstrapGolden exercises through the built binary), so that this
+// package's tests need no backend but memory.
 func newGoldenHandler(t testing.TB, stdout io.Writer) *Handler {
 	t.Helper()
-	env, err := ParseEnv(func(k string) string {
-		if k == "SLUICE_TEST_CLOCK" {
-			return golden.Clock.Format("2006-01-02T15:04:05Z07:00")
-		}
-		return ""
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Load(DefaultRules, policy.Options{Stores: map[string]any{"memory": mem}, DefaultBackend: "memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := golden.Clock
+	h, err := New(Config{
+		Policy:  p,
+		Clock:   limiter.ClockFunc(func() time.Time { return now }),
+		Metrics: NewMetrics(stdout, ""),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Build(context.Background(), env, Outputs{Stdout: stdout, Stderr: io.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	return b.Handler
+	return h
 }
 
 // invoke runs the event through h as lambda.Start would: the response

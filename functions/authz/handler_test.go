@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -16,7 +15,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/sluicehq/sluice/backends/memory"
-	"github.com/sluicehq/sluice/functions/internal/golden"
+	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
 )
@@ -749,39 +748,4 @@ func jsonEqual(a, b []byte) bool {
 	xa, _ := json.Marshal(x)
 	ya, _ := json.Marshal(y)
 	return bytes.Equal(xa, ya)
-}
-
-// TestBuildShedderHook checks the hook that issue 7's shedders plug into.
-func TestBuildShedderHook(t *testing.T) {
-	env, err := ParseEnv(func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	var metrics bytes.Buffer
-	var gotStores []string
-	b, err := Build(t.Context(), env, Outputs{Stdout: &metrics, Stderr: io.Discard,
-		Shedder: func(_ context.Context, _ Env, stores map[string]any) (policy.Shedder, error) {
-			for k := range stores {
-				gotStores = append(gotStores, k)
-			}
-			return shedAll{}, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	var se *ShedError
-	if _, err := b.Handler.Handle(t.Context(), readEvent(t, "rest-request")); !errors.As(err, &se) {
-		t.Fatalf("err = %v, want a ShedError", err)
-	}
-	if strings.Join(gotStores, ",") != "memory" {
-		t.Errorf("the hook saw stores %v", gotStores)
-	}
-	if _, err := Build(t.Context(), env, Outputs{Stdout: io.Discard, Stderr: io.Discard,
-		Shedder: func(context.Context, Env, map[string]any) (policy.Shedder, error) {
-			return nil, errors.New("no lease store")
-		}}); err == nil ||
-		!strings.Contains(err.Error(), "load shedder: no lease store") {
-		t.Errorf("a failing hook: %v", err)
-	}
 }

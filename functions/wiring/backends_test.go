@@ -1,4 +1,4 @@
-package authz
+package wiring
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
@@ -88,8 +89,8 @@ func checkFailModes(t *testing.T, b *Built, metrics *bytes.Buffer, wantErr error
 		decision string
 		metric   emfLine
 	}{
-		{"/open", true, DecisionAllow, emfLine{Rule: "open", Allowed: 1, FailOpen: 1, BackendErrors: 1}},
-		{"/closed", false, DecisionDeny, emfLine{Rule: "closed", Denied: 1, FailClosed: 1, BackendErrors: 1}},
+		{"/open", true, authz.DecisionAllow, emfLine{Rule: "open", Allowed: 1, FailOpen: 1, BackendErrors: 1}},
+		{"/closed", false, authz.DecisionDeny, emfLine{Rule: "closed", Denied: 1, FailClosed: 1, BackendErrors: 1}},
 	} {
 		start := time.Now()
 		resp, res, err := b.Handler.Decide(ctx, requestTo(tt.path))
@@ -251,7 +252,7 @@ func dynamoEnv(t *testing.T) *dynamodb.Client {
 
 func TestDynamoBackend(t *testing.T) {
 	client := dynamoEnv(t)
-	table := fmt.Sprintf("sluice-authz-state-%d", time.Now().UnixNano())
+	table := fmt.Sprintf("sluice-wiring-state-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	if err := dynamo.CreateTable(ctx, client, table); err != nil {
@@ -267,7 +268,7 @@ func TestDynamoBackend(t *testing.T) {
 
 func createRulesTable(t *testing.T, client *dynamodb.Client) string {
 	t.Helper()
-	table := fmt.Sprintf("sluice-authz-rules-%d", time.Now().UnixNano())
+	table := fmt.Sprintf("sluice-wiring-rules-%d", time.Now().UnixNano())
 	_, err := client.CreateTable(t.Context(), &dynamodb.CreateTableInput{
 		TableName:            aws.String(table),
 		BillingMode:          types.BillingModePayPerRequest,

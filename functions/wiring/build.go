@@ -1,4 +1,4 @@
-package authz
+package wiring
 
 import (
 	"context"
@@ -10,12 +10,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/config"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
 )
@@ -38,11 +40,15 @@ type Outputs struct {
 	// Clock, when not nil, is the handler's and the shedders' time (tests:
 	// a fake clock). It takes precedence over SLUICE_TEST_CLOCK.
 	Clock limiter.Clock
+	// CreateTable, when true, creates the DynamoDB state table if it is
+	// missing (the local API on DynamoDB Local); a deployed authorizer's
+	// table belongs to the infrastructure.
+	CreateTable bool
 }
 
 // Built is a handler with what was built for it.
 type Built struct {
-	Handler *Handler
+	Handler *authz.Handler
 	Env     Env
 	// Stores are the configured backends by name.
 	Stores map[string]any
@@ -90,7 +96,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 
 	mem, err := memory.New(memory.Config{})
 	if err != nil {
-		return fail(fmt.Errorf("authz: memory store: %w", err))
+		return fail(fmt.Errorf("wiring: memory store: %w", err))
 	}
 	b.Stores[BackendMemory] = mem
 	if len(env.MemcachedAddrs) > 0 {
@@ -100,23 +106,31 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		}
 		mc, err := memcached.New(cfg)
 		if err != nil {
-			return fail(fmt.Errorf("authz: SLUICE_MEMCACHED_ADDRS: %w", err))
+			return fail(fmt.Errorf("wiring: %s: %w", config.EnvMemcachedAddrs, err))
 		}
 		b.Stores[BackendMemcached] = mc
 		b.closers = append(b.closers, func() { mc.Close() })
 	}
 	var ddb *dynamodb.Client
 	if env.DynamoTable != "" || env.RulesTable != "" {
-		awsCfg, err := config.LoadDefaultConfig(ctx)
+		awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
 		if err != nil {
-			return fail(fmt.Errorf("authz: AWS configuration: %w", err))
+			return fail(fmt.Errorf("wiring: AWS configuration: %w", err))
 		}
 		ddb = dynamodb.NewFromConfig(awsCfg)
+	}
+	if env.DynamoTable != "" && out.CreateTable {
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := dynamo.CreateTable(cctx, ddb, env.DynamoTable)
+		cancel()
+		if err != nil {
+			return fail(fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err))
+		}
 	}
 	if env.DynamoTable != "" {
 		st, err := dynamo.New(ddb, dynamo.Config{Table: env.DynamoTable, Timeout: env.Deadline})
 		if err != nil {
-			return fail(fmt.Errorf("authz: SLUICE_DYNAMO_TABLE: %w", err))
+			return fail(fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err))
 		}
 		b.Stores[BackendDynamo] = st
 	}
@@ -129,13 +143,13 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		}
 	}
 	if _, ok := b.Stores[env.DefaultBackend]; !ok {
-		return fail(fmt.Errorf("authz: SLUICE_DEFAULT_BACKEND: %s is not configured (set %s)", env.DefaultBackend, backendVar(env.DefaultBackend)))
+		return fail(fmt.Errorf("wiring: %s: %s is not configured (set %s)", config.EnvDefaultBackend, env.DefaultBackend, config.BackendVar(env.DefaultBackend)))
 	}
 	clock := out.Clock
 	if clock == nil && !env.TestClock.IsZero() {
 		t := env.TestClock
 		clock = limiter.ClockFunc(func() time.Time { return t })
-		logger.Warn("SLUICE_TEST_CLOCK is set: the clock is frozen; this is for tests only", "time", t.Format(time.RFC3339Nano))
+		logger.Warn(config.EnvTestClock+" is set: the clock is frozen; this is for tests only", "time", t.Format(time.RFC3339Nano))
 	}
 	if clock == nil {
 		clock = limiter.SystemClock
@@ -146,7 +160,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	case out.Shedder != nil:
 		shedder, err := out.Shedder(ctx, env, b.Stores)
 		if err != nil {
-			return fail(fmt.Errorf("authz: load shedder: %w", err))
+			return fail(fmt.Errorf("wiring: load shedder: %w", err))
 		}
 		opts.Shedder = shedder
 	case env.Shed.Enabled():
@@ -154,7 +168,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		if store == nil {
 			st, err := newShedStore(env, b.Stores, ddb)
 			if err != nil {
-				return fail(fmt.Errorf("authz: load shedder: %w", err))
+				return fail(fmt.Errorf("wiring: load shedder: %w", err))
 			}
 			store, backend = st, env.Shed.Backend
 			if backend == BackendMemcached {
@@ -163,7 +177,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		}
 		sh, err := buildShedding(env.Shed, store, backend, clock)
 		if err != nil {
-			return fail(fmt.Errorf("authz: load shedder: %w", err))
+			return fail(fmt.Errorf("wiring: load shedder: %w", err))
 		}
 		b.Shedding = sh
 		opts.Shedder = sh.Shedder()
@@ -190,32 +204,32 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 			},
 		})
 		if err != nil {
-			return fail(fmt.Errorf("authz: SLUICE_RULES_TABLE: %w", hint(err)))
+			return fail(fmt.Errorf("wiring: %s: %w", config.EnvRulesTable, hint(err)))
 		}
 		source = cache
 	case env.RulesFile != "":
 		b.Rules = "file " + env.RulesFile
 		data, err := os.ReadFile(env.RulesFile)
 		if err != nil {
-			return fail(fmt.Errorf("authz: SLUICE_RULES_FILE: %w", err))
+			return fail(fmt.Errorf("wiring: %s: %w", config.EnvRulesFile, err))
 		}
 		p, err := policy.Load(data, opts)
 		if err != nil {
-			return fail(fmt.Errorf("authz: SLUICE_RULES_FILE %s: %w", env.RulesFile, hint(err)))
+			return fail(fmt.Errorf("wiring: %s %s: %w", config.EnvRulesFile, env.RulesFile, hint(err)))
 		}
 		source = p
 	case env.RulesYAML != "":
-		b.Rules = "SLUICE_RULES_YAML"
+		b.Rules = config.EnvRulesYAML
 		p, err := policy.Load([]byte(env.RulesYAML), opts)
 		if err != nil {
-			return fail(fmt.Errorf("authz: SLUICE_RULES_YAML: %w", hint(err)))
+			return fail(fmt.Errorf("wiring: %s: %w", config.EnvRulesYAML, hint(err)))
 		}
 		source = p
 	default:
 		b.Rules = "embedded"
-		p, err := policy.Load(DefaultRules, opts)
+		p, err := policy.Load(authz.DefaultRules, opts)
 		if err != nil {
-			return fail(fmt.Errorf("authz: embedded rules: %w", hint(err)))
+			return fail(fmt.Errorf("wiring: embedded rules: %w", hint(err)))
 		}
 		source = p
 	}
@@ -224,11 +238,11 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	if env.LogKey != "" {
 		logKey = []byte(env.LogKey)
 	}
-	h, err := New(Config{
+	h, err := authz.New(authz.Config{
 		Policy:        source,
 		Deadline:      env.Deadline,
 		Clock:         clock,
-		Metrics:       NewMetrics(out.Stdout, env.MetricsNamespace),
+		Metrics:       authz.NewMetrics(out.Stdout, env.MetricsNamespace),
 		Logger:        logger,
 		HTTPResponses: env.HTTPResponses,
 		LogKey:        logKey,
@@ -258,15 +272,5 @@ func hint(err error) error {
 	if !strings.Contains(err.Error(), "is not configured") {
 		return err
 	}
-	return fmt.Errorf("%w (memory is built in; SLUICE_MEMCACHED_ADDRS adds memcached, SLUICE_DYNAMO_TABLE adds dynamo)", err)
-}
-
-func backendVar(name string) string {
-	switch name {
-	case BackendMemcached:
-		return "SLUICE_MEMCACHED_ADDRS"
-	case BackendDynamo:
-		return "SLUICE_DYNAMO_TABLE"
-	}
-	return "nothing: it is built in"
+	return fmt.Errorf("%w (memory is built in; %s adds memcached, %s adds dynamo)", err, config.EnvMemcachedAddrs, config.EnvDynamoTable)
 }

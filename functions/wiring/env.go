@@ -1,15 +1,8 @@
-package authz
+package wiring
 
 import (
-	_ "embed"
-
 	"github.com/sluicehq/sluice/config"
 )
-
-// DefaultRules is the embedded default rules document (rules.yaml).
-//
-//go:embed rules.yaml
-var DefaultRules []byte
 
 // DefaultRulesTTL is how long rules read from a table are cached.
 const DefaultRulesTTL = config.DefaultRulesTTL

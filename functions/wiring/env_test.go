@@ -1,10 +1,12 @@
-package authz
+package wiring
 
 import (
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/functions/authz"
 )
 
 func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -15,7 +17,7 @@ func TestParseEnvDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if e.Deadline != 250*time.Millisecond || e.RulesTTL != time.Minute || e.DefaultBackend != BackendMemory ||
-		e.HTTPResponses != HTTPSimple || e.LogLevel != slog.LevelInfo || !e.TestClock.IsZero() {
+		e.HTTPResponses != authz.HTTPSimple || e.LogLevel != slog.LevelInfo || !e.TestClock.IsZero() {
 		t.Errorf("defaults %+v", e)
 	}
 	e, err = ParseEnv(envOf(map[string]string{
@@ -26,7 +28,7 @@ func TestParseEnvDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if strings.Join(e.MemcachedAddrs, ",") != "a:1,b:2" || !e.MemcachedTLS || !e.MemcachedProxy || e.DefaultBackend != BackendMemcached ||
-		e.Deadline != 100*time.Millisecond || e.RulesTTL != 5*time.Minute || e.LogLevel != slog.LevelDebug || e.HTTPResponses != HTTPIAM {
+		e.Deadline != 100*time.Millisecond || e.RulesTTL != 5*time.Minute || e.LogLevel != slog.LevelDebug || e.HTTPResponses != authz.HTTPIAM {
 		t.Errorf("parsed %+v", e)
 	}
 	if e, _ := ParseEnv(envOf(map[string]string{"SLUICE_DYNAMO_TABLE": "t"})); e.DefaultBackend != BackendDynamo {

@@ -1,4 +1,4 @@
-package authz
+package wiring
 
 import (
 	"bytes"
@@ -14,7 +14,8 @@ import (
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memory"
-	"github.com/sluicehq/sluice/functions/internal/golden"
+	"github.com/sluicehq/sluice/functions/authz"
+	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
@@ -123,7 +124,7 @@ type emfShedLine struct {
 
 // TestShedFleetSaturated saturates the fleet shedder (capacity 10, reserve
 // 0.2: non-critical traffic may hold 8 slots) with non-critical traffic:
-// the 9th non-critical request fails the invocation with the ShedError the
+// the 9th non-critical request fails the invocation with the authz.ShedError the
 // infra maps to 503, counted and logged, while critical requests keep
 // passing.
 func TestShedFleetSaturated(t *testing.T) {
@@ -150,18 +151,18 @@ func TestShedFleetSaturated(t *testing.T) {
 		metrics.Reset()
 		logs.Reset()
 		_, err := b.Handler.Handle(t.Context(), request(p, "192.0.2.1"))
-		var se *ShedError
-		if !errors.As(err, &se) || err.Error() != "sluice: load shed, retry later" || ErrorType(err) != "ShedError" {
-			t.Fatalf("%s past the fleet's share: err %v (%T), want the ShedError", p, err, err)
+		var se *authz.ShedError
+		if !errors.As(err, &se) || err.Error() != "sluice: load shed, retry later" || authz.ErrorType(err) != "ShedError" {
+			t.Fatalf("%s past the fleet's share: err %v (%T), want the authz.ShedError", p, err, err)
 		}
 		if se.Shedder != "fleet" || se.RetryAfter != time.Second {
-			t.Errorf("%s: ShedError %+v, want shedder fleet, retry after 1s", p, se)
+			t.Errorf("%s: authz.ShedError %+v, want shedder fleet, retry after 1s", p, se)
 		}
 		ms := metricLines(t, metrics)
 		if len(ms) != 1 || ms[0].Shed != 1 || ms[0].Allowed+ms[0].Denied != 0 {
 			t.Errorf("%s: metric lines %+v, want one Shed line", p, ms)
 		}
-		if p == "/unmatched" && ms[0].Rule != NoRule {
+		if p == "/unmatched" && ms[0].Rule != authz.NoRule {
 			t.Errorf("unmatched request's metric line is for rule %q", ms[0].Rule)
 		}
 		if !strings.Contains(logs.String(), `"decision":"shed"`) || !strings.Contains(logs.String(), `"shedder":"fleet"`) {
@@ -200,7 +201,7 @@ func TestShedFleetConcurrent(t *testing.T) {
 					path = "/health"
 				}
 				_, res, err := b.Handler.Decide(t.Context(), request(path, ip))
-				var se *ShedError
+				var se *authz.ShedError
 				switch {
 				case path == "/health":
 					if err != nil {
@@ -257,7 +258,7 @@ func TestShedUtilizationPinned(t *testing.T) {
 		}
 		for _, path := range []string{"/reports", "/api/x", "/health"} {
 			_, res, err := b.Handler.Decide(t.Context(), request(path, "192.0.2.7"))
-			var se *ShedError
+			var se *authz.ShedError
 			switch {
 			case errors.As(err, &se):
 				if se.Shedder != "utilization" {
@@ -477,7 +478,7 @@ func TestShedMemcached(t *testing.T) {
 // TestShedDynamo runs both shedders on DynamoDB Local.
 func TestShedDynamo(t *testing.T) {
 	client := dynamoEnv(t)
-	table := fmt.Sprintf("sluice-authz-shed-%d", time.Now().UnixNano())
+	table := fmt.Sprintf("sluice-wiring-shed-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	if err := dynamo.CreateTable(ctx, client, table); err != nil {
@@ -513,9 +514,9 @@ func checkFleet(t *testing.T, b *Built, n int) {
 			t.Fatalf("non-critical request %d: %v %v", i+1, err, res.Outcome)
 		}
 	}
-	var se *ShedError
+	var se *authz.ShedError
 	if _, _, err := b.Handler.Decide(t.Context(), request("/reports", "192.0.2.3")); !errors.As(err, &se) {
-		t.Fatalf("past the share: %v, want a ShedError", err)
+		t.Fatalf("past the share: %v, want a authz.ShedError", err)
 	}
 	for range 3 {
 		if _, res, err := b.Handler.Decide(t.Context(), request("/health", "192.0.2.3")); err != nil || res.Outcome != policy.Allow {
@@ -536,7 +537,7 @@ func TestShedMemcachedStopped(t *testing.T) {
 		"SLUICE_SHED_LEASE_TTL":      "1m",
 		"SLUICE_DEADLINE":            "250ms",
 	}, nil, nil)
-	var se *ShedError
+	var se *authz.ShedError
 	if _, _, err := b.Handler.Decide(t.Context(), request("/a", "192.0.2.4")); err != nil {
 		t.Fatalf("first request: %v", err)
 	}

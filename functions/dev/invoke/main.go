@@ -1,5 +1,5 @@
 // Command invoke runs a Lambda bootstrap binary locally under the Lambda
-// Runtime API (functions/internal/runtimeapi), feeds it an event file and
+// Runtime API (functions/dev/runtimeapi), feeds it an event file and
 // prints the response. It is what `make invoke EVENT=events/...` uses when
 // SAM is not installed.
 //
@@ -30,7 +30,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/functions/internal/runtimeapi"
+	"github.com/sluicehq/sluice/functions/dev/runtimeapi"
 )
 
 type envFlags []string

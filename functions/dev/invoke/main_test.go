@@ -17,7 +17,7 @@ func buildAuthorizer(t *testing.T) string {
 		t.Fatalf("the go tool is needed: %v", err)
 	}
 	out := filepath.Join(t.TempDir(), "bootstrap")
-	cmd := exec.Command(goTool, "build", "-tags", "lambda.norpc", "-o", out, "../authorizer")
+	cmd := exec.Command(goTool, "build", "-tags", "lambda.norpc", "-o", out, "../../authorizer")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
@@ -52,7 +52,7 @@ func TestInvoke(t *testing.T) {
 	t.Setenv("SLUICE_DYNAMO_TABLE", "")
 
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"-bootstrap", bin, "-q", "../../events/rest-request.json"}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"-bootstrap", bin, "-q", "../../../events/rest-request.json"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr.String())
 	}
 	docs := responses(t, stdout.Bytes())
@@ -62,7 +62,7 @@ func TestInvoke(t *testing.T) {
 
 	stdout.Reset()
 	stderr.Reset()
-	if code := run([]string{"-bootstrap", bin, "-q", "-n", "4", "../../events/http-request-denied.json"}, &stdout, &stderr); code != 0 {
+	if code := run([]string{"-bootstrap", bin, "-q", "-n", "4", "../../../events/http-request-denied.json"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr.String())
 	}
 	docs = responses(t, stdout.Bytes())
@@ -72,7 +72,7 @@ func TestInvoke(t *testing.T) {
 
 	stdout.Reset()
 	stderr.Reset()
-	if code := run([]string{"-bootstrap", bin, "-q", "../../events/rest-token-empty.json"}, &stdout, &stderr); code != 1 {
+	if code := run([]string{"-bootstrap", bin, "-q", "../../../events/rest-token-empty.json"}, &stdout, &stderr); code != 1 {
 		t.Fatalf("an Unauthorized error: exit %d, want 1", code)
 	}
 	if docs = responses(t, stdout.Bytes()); len(docs) != 1 || docs[0]["errorMessage"] != "Unauthorized" {
@@ -81,7 +81,7 @@ func TestInvoke(t *testing.T) {
 
 	stdout.Reset()
 	stderr.Reset()
-	if code := run([]string{"-bootstrap", bin, "-q", "-env", "SLUICE_RULES_YAML=rules: [x]", "../../events/rest-token.json"}, &stdout, &stderr); code != 1 ||
+	if code := run([]string{"-bootstrap", bin, "-q", "-env", "SLUICE_RULES_YAML=rules: [x]", "../../../events/rest-token.json"}, &stdout, &stderr); code != 1 ||
 		!strings.Contains(stderr.String(), "init error") {
 		t.Errorf("invalid rules: exit %d, stderr %s", code, stderr.String())
 	}
@@ -89,7 +89,7 @@ func TestInvoke(t *testing.T) {
 
 func TestInvokeUsage(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	for _, args := range [][]string{{}, {"a.json", "b.json"}, {"-n", "0", "x.json"}, {"-bootstrap", "/does/not/exist", "../../events/rest-token.json"}, {"/no/such/event.json"}, {"-env", "NOEQUALS", "x.json"}} {
+	for _, args := range [][]string{{}, {"a.json", "b.json"}, {"-n", "0", "x.json"}, {"-bootstrap", "/does/not/exist", "../../../events/rest-token.json"}, {"/no/such/event.json"}, {"-env", "NOEQUALS", "x.json"}} {
 		if code := run(args, &stdout, &stderr); code != 2 {
 			t.Errorf("run(%q) = %d, want 2", args, code)
 		}

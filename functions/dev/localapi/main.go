@@ -25,16 +25,11 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-
-	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/config"
-	"github.com/sluicehq/sluice/functions/authz"
+	"github.com/sluicehq/sluice/functions/wiring"
 )
 
 func main() {
@@ -106,7 +101,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *deadline != "" {
 		overrides[config.EnvDeadline] = *deadline
 	}
-	env, err := authz.ParseEnv(func(k string) string {
+	env, err := wiring.ParseEnv(func(k string) string {
 		if v, ok := overrides[k]; ok {
 			return v
 		}
@@ -120,17 +115,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	out := wiring.Outputs{Stdout: io.Discard, Stderr: stderr}
 	if *ddbEndpoint != "" {
 		localAWS(*ddbEndpoint)
-		if err := createTable(ctx, env.DynamoTable); err != nil {
-			return err
-		}
+		out.CreateTable = true
 	}
-	out := authz.Outputs{Stdout: io.Discard, Stderr: stderr}
 	if *metrics {
 		out.Stdout = stdout
 	}
-	built, err := authz.Build(ctx, env, out)
+	built, err := wiring.Build(ctx, env, out)
 	if err != nil {
 		return err
 	}
@@ -178,18 +171,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 // default backend is a network backend that is not configured, or a
 // DynamoDB endpoint without a table (the authorizer's own message names
 // only its variables).
-func checkBackends(env authz.Env, ddbEndpoint string) error {
+func checkBackends(env wiring.Env, ddbEndpoint string) error {
 	if ddbEndpoint != "" && env.DynamoTable == "" {
 		return fmt.Errorf("-dynamo-endpoint %s needs -dynamo-table NAME (the state table, created if missing)", ddbEndpoint)
 	}
-	if env.Configured()[env.DefaultBackend] || env.DefaultBackend == authz.BackendMemory {
+	if env.Configured()[env.DefaultBackend] || env.DefaultBackend == wiring.BackendMemory {
 		return nil
 	}
 	switch env.DefaultBackend {
-	case authz.BackendDynamo:
+	case wiring.BackendDynamo:
 		return fmt.Errorf("-backend dynamo: DynamoDB is not configured: add -dynamo-table NAME, and -dynamo-endpoint URL for DynamoDB Local (%s, %s)",
 			config.EnvDynamoTable, "AWS_ENDPOINT_URL_DYNAMODB")
-	case authz.BackendMemcached:
+	case wiring.BackendMemcached:
 		return fmt.Errorf("-backend memcached: memcached is not configured: add -memcached HOST:PORT (%s)", config.EnvMemcachedAddrs)
 	}
 	return nil
@@ -214,17 +207,4 @@ func localAWS(endpoint string) {
 			os.Setenv(k, v)
 		}
 	}
-}
-
-func createTable(ctx context.Context, table string) error {
-	cfg, err := awsconfig.LoadDefaultConfig(ctx)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := dynamo.CreateTable(ctx, dynamodb.NewFromConfig(cfg), table); err != nil && !strings.Contains(err.Error(), "already") {
-		return err
-	}
-	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/functions/authz"
+	"github.com/sluicehq/sluice/functions/wiring"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
 )
@@ -179,7 +180,7 @@ rules:
 				"SLUICE_SHED_FLEET_CAPACITY": "4",
 				"SLUICE_SHED_FLEET_RESERVE":  "0.5",
 			}
-			env, err := authz.ParseEnv(func(k string) string { return vars[k] })
+			env, err := wiring.ParseEnv(func(k string) string { return vars[k] })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +188,7 @@ rules:
 			if err != nil {
 				t.Fatal(err)
 			}
-			built, err := authz.Build(t.Context(), env, authz.Outputs{Stdout: io.Discard, Stderr: io.Discard, ShedStore: leases,
+			built, err := wiring.Build(t.Context(), env, wiring.Outputs{Stdout: io.Discard, Stderr: io.Discard, ShedStore: leases,
 				Clock: limiter.ClockFunc(func() time.Time { return now })})
 			if err != nil {
 				t.Fatal(err)

@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/config"
 )
 
 // Config configures a [Run].
@@ -260,7 +262,7 @@ func lambdaEnv(api string) []string {
 	region := false
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "SLUICE_") || strings.HasPrefix(k, "AWS_") && k != "AWS_LAMBDA_RUNTIME_API" && !strings.HasPrefix(k, "AWS_LAMBDA_FUNCTION_") {
+		if strings.HasPrefix(k, config.Prefix) || strings.HasPrefix(k, "AWS_") && k != "AWS_LAMBDA_RUNTIME_API" && !strings.HasPrefix(k, "AWS_LAMBDA_FUNCTION_") {
 			env = append(env, kv)
 			region = region || k == "AWS_REGION"
 		}
