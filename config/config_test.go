@@ -34,6 +34,32 @@ func TestParseDefaults(t *testing.T) {
 	}
 }
 
+func TestParseClientIP(t *testing.T) {
+	secret := strings.Repeat("s", MinEdgeSecret)
+	e, err := Parse(envOf(map[string]string{EnvClientIP: ClientIPViewerAddress, EnvEdgeSecret: secret}))
+	if err != nil || e.ClientIP != ClientIPViewerAddress || e.EdgeSecret != secret {
+		t.Errorf("viewer address: %+v %v", e, err)
+	}
+	for _, tt := range []struct {
+		env  map[string]string
+		name string
+	}{
+		{map[string]string{EnvClientIP: ClientIPViewerAddress}, EnvEdgeSecret},
+		{map[string]string{EnvClientIP: "x-forwarded-for"}, EnvClientIP},
+		{map[string]string{EnvEdgeSecret: secret[1:]}, EnvEdgeSecret},
+		{map[string]string{EnvEdgeSecret: strings.Repeat("s", MaxEdgeSecret+1)}, EnvEdgeSecret},
+		{map[string]string{EnvEdgeSecret: secret + " x"}, EnvEdgeSecret},
+	} {
+		var ce *Error
+		if _, err := Parse(envOf(tt.env)); !errors.As(err, &ce) || ce.Name != tt.name {
+			t.Errorf("%v: %v, want an error naming %s", tt.env, err, tt.name)
+		}
+	}
+	if e, _ := Parse(envOf(nil)); e.ClientIP != ClientIPSourceIP {
+		t.Errorf("default client IP %q", e.ClientIP)
+	}
+}
+
 // TestParseBounds walks each bound of the contract from both sides.
 func TestParseBounds(t *testing.T) {
 	long := strings.Repeat("n", MaxStoreName)
@@ -103,17 +129,6 @@ func TestNamesComplete(t *testing.T) {
 	}
 }
 
-// pending are files, outside the packages this contract was introduced
-// with, that still spell SLUICE_* names out, each at the path it had then.
-// They are tolerated only at that path: a file that moves (the authorizer's
-// wiring, the dev tools) must use the constants of this package. Remove an
-// entry when its file stops needing it.
-var pending = map[string]string{
-	"functions/authz/build.go":                    "wiring: error messages naming the backend variables",
-	"functions/localapi/main.go":                  "dev tool: flag help and overrides",
-	"functions/internal/runtimeapi/runtimeapi.go": "dev tool: the variables passed to a bootstrap",
-}
-
 var nameRE = regexp.MustCompile(`SLUICE_[A-Z0-9_]*`)
 
 // testSupport are packages of test tooling whose own variables
@@ -135,7 +150,6 @@ func TestNamesLiveHere(t *testing.T) {
 	for _, n := range Names() {
 		contract[n] = true
 	}
-	seen := map[string]bool{}
 	files := 0
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -179,10 +193,6 @@ func TestNamesLiveHere(t *testing.T) {
 				if !contract[name] && slices.ContainsFunc(testSupport, func(dir string) bool { return strings.HasPrefix(rel, dir) }) {
 					continue
 				}
-				if _, ok := pending[rel]; ok {
-					seen[rel] = true
-					continue
-				}
 				t.Errorf("%s:%d: %q spells %s: use the constant of package config (config.Env..., config.Prefix)", rel, fset.Position(lit.Pos()).Line, v, name)
 			}
 			return true
@@ -194,10 +204,5 @@ func TestNamesLiveHere(t *testing.T) {
 	}
 	if files < 50 {
 		t.Fatalf("scanned %d Go files under %s; the walk is broken", files, root)
-	}
-	for rel, why := range pending {
-		if seen[rel] {
-			t.Logf("pending: %s still spells SLUICE_* names (%s)", rel, why)
-		}
 	}
 }

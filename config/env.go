@@ -35,6 +35,12 @@ type Env struct {
 	LogLevel         slog.Level    // EnvLogLevel, else EnvLambdaLogLevel (default INFO)
 	LogKey           string        // EnvLogHashKey: HMAC key of hashed keys in logs
 
+	// ClientIP, from EnvClientIP, is ClientIPSourceIP (default) or
+	// ClientIPViewerAddress; EdgeSecret, from EnvEdgeSecret, is required
+	// with the latter.
+	ClientIP   string
+	EdgeSecret string
+
 	// Shed configures the load shedders (SLUICE_SHED_*); off unless
 	// EnvShedFleetCapacity or EnvShedUtilization is set.
 	Shed Shed
@@ -223,6 +229,22 @@ func Parse(getenv func(string) string) (Env, error) {
 		default:
 			return bad(name, "%q is not DEBUG, INFO, WARN or ERROR", level)
 		}
+	}
+	e.ClientIP = strings.TrimSpace(getenv(EnvClientIP))
+	e.EdgeSecret = strings.TrimSpace(getenv(EnvEdgeSecret))
+	switch e.ClientIP {
+	case "":
+		e.ClientIP = ClientIPSourceIP
+	case ClientIPSourceIP:
+	case ClientIPViewerAddress:
+		if e.EdgeSecret == "" {
+			return bad(EnvEdgeSecret, "required with %s=%s: without it, any caller that reaches the API directly picks its own address", EnvClientIP, ClientIPViewerAddress)
+		}
+	default:
+		return bad(EnvClientIP, "%q is not %s or %s", e.ClientIP, ClientIPSourceIP, ClientIPViewerAddress)
+	}
+	if v := e.EdgeSecret; v != "" && (len(v) < MinEdgeSecret || len(v) > MaxEdgeSecret || strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f })) {
+		return bad(EnvEdgeSecret, "is not %d to %d printable ASCII characters without spaces", MinEdgeSecret, MaxEdgeSecret)
 	}
 	shed, err := parseShed(getenv, e)
 	if err != nil {

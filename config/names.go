@@ -48,6 +48,14 @@ const (
 	// the built binary only, never in a deployment.
 	EnvTestClock = "SLUICE_TEST_CLOCK"
 
+	// EnvClientIP says where the rules' {ip} comes from: ClientIPSourceIP
+	// (the default) or ClientIPViewerAddress (behind the edge front door).
+	EnvClientIP = "SLUICE_CLIENT_IP"
+	// EnvEdgeSecret is the value the edge's CloudFront distribution sends
+	// in EdgeSecretHeader: a request that carries it came through
+	// CloudFront, and only then is its CloudFront-Viewer-Address trusted.
+	EnvEdgeSecret = "SLUICE_EDGE_SECRET"
+
 	// EnvShedFleetCapacity turns the fleet-usage shedder on.
 	EnvShedFleetCapacity = "SLUICE_SHED_FLEET_CAPACITY"
 	// EnvShedFleetReserve is the share of the capacity kept for critical
@@ -79,6 +87,7 @@ func Names() []string {
 		EnvRulesFile, EnvRulesYAML, EnvRulesTable, EnvRulesTTL,
 		EnvDynamoTable, EnvMemcachedAddrs, EnvMemcachedTLS, EnvMemcachedProxy, EnvDefaultBackend,
 		EnvDeadline, EnvMetricsNamespace, EnvHTTPResponses, EnvLogLevel, EnvLogHashKey, EnvTestClock,
+		EnvClientIP, EnvEdgeSecret,
 		EnvShedFleetCapacity, EnvShedFleetReserve, EnvShedFleetShares, EnvShedFleetName,
 		EnvShedLeaseTTL, EnvShedUtilization, EnvShedUtilizationMaxAge, EnvShedBackend,
 	}
@@ -95,6 +104,24 @@ const (
 const (
 	HTTPResponsesSimple = "simple" // {isAuthorized, context}: enableSimpleResponses
 	HTTPResponsesIAM    = "iam"    // an IAM policy, as for REST APIs
+)
+
+// Values of EnvClientIP.
+const (
+	// ClientIPSourceIP is the request context's source IP: the address
+	// that connected to API Gateway.
+	ClientIPSourceIP = "source-ip"
+	// ClientIPViewerAddress is the address in the CloudFront-Viewer-Address
+	// header of a request that carries the edge secret (EdgeSecretHeader).
+	ClientIPViewerAddress = "cloudfront-viewer-address"
+)
+
+// Headers of the edge front door: CloudFront sets the first to the
+// viewer's address and port when the origin request policy includes it,
+// and adds the second, with the secret, as an origin custom header.
+const (
+	ViewerAddressHeader = "CloudFront-Viewer-Address"
+	EdgeSecretHeader    = "X-Sluice-Edge-Secret"
 )
 
 // Defaults and bounds.
@@ -131,4 +158,10 @@ const (
 	// MaxStoreName bounds EnvShedUtilization and EnvShedFleetName, names
 	// of keys in the shed store: printable ASCII without spaces.
 	MaxStoreName = 128
+
+	// MinEdgeSecret and MaxEdgeSecret bound EnvEdgeSecret: printable
+	// ASCII without spaces, long enough not to be guessed, short enough
+	// for a CloudFront origin custom header.
+	MinEdgeSecret = 16
+	MaxEdgeSecret = 256
 )

@@ -10,8 +10,14 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 )
 
+// ContextBootstrapDir is the context key of BootstrapDir's default.
+const ContextBootstrapDir = "sluice:bootstrapDir"
+
+// DefaultBootstrapDir is BootstrapDir's default without the context key.
+const DefaultBootstrapDir = "build/authorizer"
+
 // Props configures a [RateLimiter]. The zero value of every field but the
-// API, BootstrapDir and Rules means its default.
+// API and Rules means its default.
 type Props struct {
 	// RestAPI is a REST API to protect with a REQUEST authorizer. At least
 	// one of RestAPI and HTTPAPI is required; both may be set (one function,
@@ -31,7 +37,9 @@ type Props struct {
 
 	// BootstrapDir is the directory holding the authorizer's `bootstrap`
 	// for provided.al2023 on arm64 (`make build` writes
-	// build/authorizer/bootstrap). Required.
+	// build/authorizer/bootstrap). Default: the context value
+	// ContextBootstrapDir (`cdk synth -c sluice:bootstrapDir=DIR`), else
+	// "build/authorizer", relative to the directory cdk runs in.
 	BootstrapDir string
 
 	// Rules says where the authorizer finds its rules. Required.

@@ -87,7 +87,7 @@ type RateLimiter struct {
 	retrySrc   string
 	// shedRetryAfter is the 503's Retry-After.
 	shedRetryAfter time.Duration
-	rules      *rulesSource
+	rules          *rulesSource
 
 	errs  []string
 	lazy  []func() []string // checks that need the whole tree (synth time)
@@ -118,9 +118,13 @@ func New(scope constructs.Construct, id string, props *Props) *RateLimiter {
 		r.fail("Routes: set HTTPAPI")
 	}
 	if p.BootstrapDir == "" {
-		r.fail("BootstrapDir: required: the directory holding the authorizer's bootstrap (`make build` writes build/authorizer)")
-	} else if err := checkBootstrap(p.BootstrapDir); err != nil {
-		r.fail("BootstrapDir: %v", err)
+		p.BootstrapDir = DefaultBootstrapDir
+		if v, ok := r.Node().TryGetContext(jsii.String(ContextBootstrapDir)).(string); ok && v != "" {
+			p.BootstrapDir = v
+		}
+	}
+	if err := checkBootstrap(p.BootstrapDir); err != nil {
+		r.fail("BootstrapDir: %v (build it with `make build`, or pass -c %s=<dir holding bootstrap>)", err, ContextBootstrapDir)
 	}
 	r.checkFunction()
 	rules, err := loadRules(p.Rules, p.BootstrapDir)
@@ -364,7 +368,7 @@ func checkBootstrap(dir string) error {
 	fi, err := osStat(dir + "/bootstrap")
 	switch {
 	case err != nil:
-		return fmt.Errorf("no authorizer binary at %s/bootstrap (run `make build`): %v", dir, err)
+		return fmt.Errorf("no authorizer binary at %s/bootstrap: %v", dir, err)
 	case fi.IsDir():
 		return fmt.Errorf("%s/bootstrap is a directory, not the authorizer binary", dir)
 	}
