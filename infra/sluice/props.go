@@ -95,6 +95,12 @@ type Props struct {
 	// parameters and static values for gateway-response headers; this is
 	// off by default and untested against AWS (docs/infra.md).
 	ContextHeaders bool
+	// EdgeSecret puts the API behind the edge front door ([NewEdge]):
+	// the rules' {ip} is the CloudFront-Viewer-Address of a request that
+	// carries this secret in config.EdgeSecretHeader (the distribution's
+	// EdgeProps.Secret), the source IP otherwise
+	// (SLUICE_CLIENT_IP=cloudfront-viewer-address, SLUICE_EDGE_SECRET).
+	EdgeSecret string
 	// GatewayResponses, false, leaves the REST API's gateway responses
 	// alone (a Deny is then API Gateway's default 403). Default true.
 	GatewayResponses *bool

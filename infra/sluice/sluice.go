@@ -438,6 +438,10 @@ func (r *RateLimiter) buildEnv() {
 			env[config.EnvRulesTTL] = p.Rules.TableTTL.String()
 		}
 	}
+	if p.EdgeSecret != "" {
+		env[config.EnvClientIP] = config.ClientIPViewerAddress
+		env[config.EnvEdgeSecret] = p.EdgeSecret
+	}
 	shed, err := p.Shedding.Env(r.cache != nil)
 	if err != nil {
 		r.fail("%v", err)
@@ -463,6 +467,8 @@ func propOf(err error) string {
 		return "Function.MetricsNamespace"
 	case config.EnvRulesTTL:
 		return "Rules.TableTTL"
+	case config.EnvEdgeSecret, config.EnvClientIP:
+		return "EdgeSecret"
 	case config.EnvMemcachedAddrs, config.EnvMemcachedTLS, config.EnvMemcachedProxy:
 		return "Cache"
 	case config.EnvShedFleetCapacity:

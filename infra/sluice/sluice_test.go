@@ -753,6 +753,7 @@ func TestPropErrors(t *testing.T) {
 			"sluice: Function.Deadline: config: SLUICE_DEADLINE: \"-1ms\" is not a Go duration between 0 and 30s"},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, Function: sluice.Function{Deadline: 3 * time.Second}}, "sluice: Function.Deadline: 3s must be shorter than Function.Timeout (3s)"},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, Cache: &sluice.Cache{Mode: "redis"}}, "sluice: Cache.Mode:"},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, EdgeSecret: "short"}, "sluice: EdgeSecret: config: SLUICE_EDGE_SECRET: is not 16 to 256"},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: strings.Repeat("#", sluice.MaxInlineRules) + "\nrules: []\n"}}, "bytes of rules exceed 3072 to pass inline"},
 	} {
 		s := awscdk.NewStack(app, jsii.String(fmt.Sprintf("S%d", i)), &awscdk.StackProps{Env: env})

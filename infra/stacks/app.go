@@ -29,6 +29,8 @@ const (
 	CtxPrimaryRegion = "primaryRegion"
 	// CtxConsistency overrides Config.Consistency.
 	CtxConsistency = "consistency"
+	// CtxEdgeSecret is the edge front door's shared secret (Config.Edge).
+	CtxEdgeSecret = "edgeSecret"
 )
 
 // Defaults of the context keys, relative to the directory `cdk` runs in
@@ -78,6 +80,13 @@ func Build(app awscdk.App) ([]*RegionStack, error) {
 		}
 		stacks = append(stacks, s)
 	}
+	if cfg.Edge != nil {
+		edge := NewEdgeStack(app, cfg)
+		for _, s := range stacks {
+			// The origins (custom domains, latency records) first.
+			edge.AddStackDependency(s.Stack, jsii.String("the regions' origins exist before the distribution points at them"))
+		}
+	}
 	awscdk.Aspects_Of(app).Add(cdknag.NewAwsSolutionsChecks(&cdknag.NagPackProps{Verbose: jsii.Bool(true)}), nil)
 	return stacks, nil
 }
@@ -103,6 +112,9 @@ func configFromContext(app awscdk.App) (*Config, error) {
 	}
 	if v := contextString(app, CtxConsistency, ""); v != "" {
 		cfg.Consistency = v
+	}
+	if cfg.Edge != nil {
+		cfg.Edge.Secret = contextString(app, CtxEdgeSecret, "")
 	}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {

@@ -82,6 +82,31 @@ type Config struct {
 	API        APIConfig        `json:"api"`
 	Alarms     AlarmsConfig     `json:"alarms"`
 	VPC        VPCConfig        `json:"vpc"`
+	// Edge adds the edge front door (optional).
+	Edge *EdgeConfig `json:"edge,omitempty"`
+}
+
+// EdgeConfig adds the edge front door: one CloudFront distribution (in a
+// stack of its own, <prefix>-edge in us-east-1) for DomainName, whose
+// origin OriginName resolves, by Route 53 latency records with health
+// checks, to the nearest healthy region's REST API. The shared secret that
+// lets the authorizers trust CloudFront-Viewer-Address is not in the file:
+// pass it with -c edgeSecret=... (16 to 256 printable characters, e.g.
+// `openssl rand -hex 32`), the same on every synth.
+type EdgeConfig struct {
+	// DomainName is the public name, e.g. "api.example.com".
+	DomainName string `json:"domainName"`
+	// OriginName defaults to "origin.<domainName>".
+	OriginName string `json:"originName,omitempty"`
+	// HostedZoneID and ZoneName name the public hosted zone of both
+	// names (no lookup at synth).
+	HostedZoneID string `json:"hostedZoneId"`
+	ZoneName     string `json:"zoneName"`
+	// HealthCheckPath is probed in every region (see
+	// sluice.EdgeOriginProps). Default "/".
+	HealthCheckPath string `json:"healthCheckPath,omitempty"`
+	// Secret comes from the context (CtxEdgeSecret), never the file.
+	Secret string `json:"-"`
 }
 
 // RulesConfig says where the authorizer finds its rules: exactly one
@@ -360,6 +385,8 @@ var (
 	tableNameRE  = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,200}$`)
 	cacheNameRE  = regexp.MustCompile(`^[a-z][a-z0-9]*(-[a-z0-9]+)*$`) // ElastiCache: no "--", no trailing "-"
 	stageNameRE  = regexp.MustCompile(`^[A-Za-z0-9_]{1,128}$`)
+	hostRE       = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$`)
+	zoneIDRE     = regexp.MustCompile(`^Z[A-Z0-9]{1,31}$`)
 	errNoRegions = errors.New("config: regions: at least one region is required")
 )
 
@@ -521,6 +548,20 @@ func (c *Config) Validate() error {
 	for r := range c.VPC.AvailabilityZones {
 		if !seen[r] {
 			bad("vpc.availabilityZones", "region %q is not one of regions", r)
+		}
+	}
+	if e := c.Edge; e != nil {
+		if !hostRE.MatchString(e.DomainName) || !strings.HasSuffix(e.DomainName, "."+strings.TrimSuffix(e.ZoneName, ".")) {
+			bad("edge.domainName", "%q is not a host name in the zone %q", e.DomainName, e.ZoneName)
+		}
+		if e.OriginName != "" && (!hostRE.MatchString(e.OriginName) || !strings.HasSuffix(e.OriginName, "."+strings.TrimSuffix(e.ZoneName, "."))) {
+			bad("edge.originName", "%q is not a host name in the zone %q", e.OriginName, e.ZoneName)
+		}
+		if !zoneIDRE.MatchString(e.HostedZoneID) {
+			bad("edge.hostedZoneId", "%q is not a Route 53 hosted zone id", e.HostedZoneID)
+		}
+		if e.Secret == "" {
+			bad("edge", "the secret shared by CloudFront and the authorizers is missing: pass -c %s=<16 to 256 printable characters>", CtxEdgeSecret)
 		}
 	}
 	return errors.Join(errs...)

@@ -103,6 +103,15 @@ func TestValidateRejects(t *testing.T) {
 		{"denied ratio", func(c *Config) { c.Alarms.DeniedRatio = 1.5 }, "alarms.deniedRatio"},
 		{"topic region", func(c *Config) { c.Alarms.TopicArns = map[string]string{"sa-east-1": "arn"} }, "alarms.topicArns"},
 		{"one zone", func(c *Config) { c.VPC.AvailabilityZones = map[string][]string{"us-east-1": {"us-east-1a"}} }, "at least 2 zones"},
+		{"edge without a secret", func(c *Config) {
+			c.Edge = &EdgeConfig{DomainName: "api.example.com", HostedZoneID: "Z0123", ZoneName: "example.com"}
+		}, "edge: the secret shared by CloudFront and the authorizers is missing"},
+		{"edge outside its zone", func(c *Config) {
+			c.Edge = &EdgeConfig{DomainName: "api.example.org", HostedZoneID: "Z0123", ZoneName: "example.com", Secret: "s"}
+		}, "edge.domainName"},
+		{"edge zone id", func(c *Config) {
+			c.Edge = &EdgeConfig{DomainName: "api.example.com", HostedZoneID: "example.com", ZoneName: "example.com", Secret: "s"}
+		}, "edge.hostedZoneId"},
 		{"foreign zone", func(c *Config) {
 			c.VPC.AvailabilityZones = map[string][]string{"us-east-1": {"us-east-1a", "us-east-2b"}}
 		}, `"us-east-2b" is not a zone of us-east-1`},

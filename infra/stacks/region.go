@@ -6,6 +6,7 @@ import (
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsroute53"
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/sluicehq/sluice/infra/sluice"
@@ -65,6 +66,9 @@ func NewRegionStack(scope awscdk.App, p RegionStackProps) *RegionStack {
 		ContextHeaders: c.API.ContextHeaders,
 	}
 	props.Function.LogicalID = AuthorizerLogicalID
+	if c.Edge != nil {
+		props.EdgeSecret = c.Edge.Secret
+	}
 	limiter := sluice.New(s, "RateLimiter", props)
 	if fn := limiter.Function(); fn != nil {
 		for _, t := range globals {
@@ -78,10 +82,48 @@ func NewRegionStack(scope awscdk.App, p RegionStackProps) *RegionStack {
 		}
 		output(s, "StateTableName", jsii.String(c.TableName), "DynamoDB state table (this region's replica)")
 		newMonitoring(s, c, p.Region, limiter)
+		if e := c.Edge; e != nil {
+			sluice.NewEdgeOrigin(s, "EdgeOrigin", &sluice.EdgeOriginProps{
+				RestAPI:         apis.Rest,
+				DomainName:      e.DomainName,
+				OriginName:      e.OriginName,
+				Zone:            e.zone(s),
+				HealthCheckPath: e.HealthCheckPath,
+			})
+		}
 	}
 	return &RegionStack{Stack: s, Limiter: limiter, API: apis}
 }
 
 func output(s awscdk.Stack, id string, value *string, desc string) {
 	awscdk.NewCfnOutput(s, jsii.String(id), &awscdk.CfnOutputProps{Value: value, Description: jsii.String(desc)})
+}
+
+// EdgeRegion is the region of the edge stack: CloudFront's certificates
+// live in us-east-1.
+const EdgeRegion = "us-east-1"
+
+// NewEdgeStack adds the edge front door's stack (<prefix>-edge, in
+// us-east-1): the CloudFront distribution and its alias records.
+func NewEdgeStack(scope awscdk.App, c *Config) awscdk.Stack {
+	s := awscdk.NewStack(scope, jsii.String(c.StackPrefix+"-edge"), &awscdk.StackProps{
+		Env:         &awscdk.Environment{Account: jsii.String(c.Account), Region: jsii.String(EdgeRegion)},
+		Description: jsii.String("Sluice edge front door: CloudFront to the nearest healthy region"),
+	})
+	e := c.Edge
+	sluice.NewEdge(s, "Edge", &sluice.EdgeProps{
+		DomainName: e.DomainName,
+		OriginName: e.OriginName,
+		Zone:       e.zone(s),
+		Secret:     e.Secret,
+	})
+	output(s, "EdgeUrl", jsii.String("https://"+e.DomainName+"/"), "the edge front door (CloudFront)")
+	return s
+}
+
+func (e *EdgeConfig) zone(s awscdk.Stack) awsroute53.IHostedZone {
+	return awsroute53.HostedZone_FromHostedZoneAttributes(s, jsii.String("Zone"), &awsroute53.HostedZoneAttributes{
+		HostedZoneId: jsii.String(e.HostedZoneID),
+		ZoneName:     jsii.String(e.ZoneName),
+	})
 }
