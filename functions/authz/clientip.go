@@ -7,33 +7,35 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/policy"
 )
 
-// Sources of the client address, the {ip} of the rules (Config.ClientIP).
+// Sources of the client address, the {ip} of the rules (Config.ClientIP):
+// the values of SLUICE_CLIENT_IP in the configuration contract.
 const (
 	// ClientIPSourceIP is the request context's source IP: the address
 	// that connected to API Gateway. The default.
-	ClientIPSourceIP = "source-ip"
+	ClientIPSourceIP = config.ClientIPSourceIP
 	// ClientIPViewerAddress is the address in the CloudFront-Viewer-Address
 	// header, for an API behind a CloudFront distribution (the edge front
 	// door), whose source IP is a CloudFront server's. It is trusted only
 	// in requests that carry the distribution's secret ([EdgeSecretHeader]).
-	ClientIPViewerAddress = "cloudfront-viewer-address"
+	ClientIPViewerAddress = config.ClientIPViewerAddress
 )
 
 // ViewerAddressHeader is the header CloudFront sets to the viewer's
 // address and port when the distribution's origin request policy
 // includes it: "198.51.100.7:443", "2001:db8::1:443" (IPv6 without
 // brackets).
-const ViewerAddressHeader = "CloudFront-Viewer-Address"
+const ViewerAddressHeader = config.ViewerAddressHeader
 
 // EdgeSecretHeader is the origin custom header the CloudFront distribution
 // adds to every request it sends to the API, with Config.EdgeSecret as its
 // value: it tells a request that came through CloudFront from one that
 // reached the API directly, whose CloudFront-Viewer-Address would be the
 // caller's to forge.
-const EdgeSecretHeader = "X-Sluice-Edge-Secret"
+const EdgeSecretHeader = config.EdgeSecretHeader
 
 // checkClientIP validates Config.ClientIP and Config.EdgeSecret.
 func checkClientIP(cfg *Config) error {

@@ -246,6 +246,8 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		Logger:        logger,
 		HTTPResponses: env.HTTPResponses,
 		LogKey:        logKey,
+		ClientIP:      env.ClientIP,
+		EdgeSecret:    env.EdgeSecret,
 	})
 	if err != nil {
 		return fail(err)
