@@ -1,4 +1,5 @@
-// Command infra is Sluice's CDK app: `cdk synth` (run from this directory,
+// Command infra is Sluice's multi-region example app, built on the sluice
+// construct (package sluice): `cdk synth` (run from this directory,
 // see cdk.json) writes one CloudFormation template per configured region to
 // cdk.out/. See docs/infra.md.
 package main
