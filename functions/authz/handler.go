@@ -15,18 +15,20 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
 )
 
 // DefaultDeadline bounds one decision (every backend call of it), well
-// inside API Gateway's authorizer timeout.
-const DefaultDeadline = 250 * time.Millisecond
+// inside API Gateway's authorizer timeout: config.DefaultDeadline, the one
+// definition the construct reads too.
+const DefaultDeadline = config.DefaultDeadline
 
-// HTTP API response formats (Config.HTTPResponses).
+// HTTP API response formats (Config.HTTPResponses), as config names them.
 const (
-	HTTPSimple = "simple" // {isAuthorized, context}: enableSimpleResponses
-	HTTPIAM    = "iam"    // an IAM policy, as for REST APIs
+	HTTPSimple = config.HTTPResponsesSimple // {isAuthorized, context}: enableSimpleResponses
+	HTTPIAM    = config.HTTPResponsesIAM    // an IAM policy, as for REST APIs
 )
 
 // ShedError fails an invocation whose request is load-shed. API Gateway
