@@ -219,6 +219,37 @@ func TestWindowItemStaysSmall(t *testing.T) {
 	}
 }
 
+// The default window (20 sub-windows) with traffic in every sub-window and a
+// writer one window late now and then: the item holds the view and the
+// horizon, 2*21 counters, one write unit.
+func TestWindowItemSizeDefault(t *testing.T) {
+	s, r, c := newStore(t, dynamo.Config{})
+	const k = limiter.DefaultSubWindows
+	w, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1 << 40, Window: time.Minute})
+	key := limitertest.Key(t)
+	pk := spacePK(fmt.Sprintf("sw:%d:1m0s:%d", int64(1<<40), k))(key)
+	maxSize, maxCounters := 0, 0
+	for i := range 3 * k {
+		at := base.Add(time.Duration(i) * 3 * time.Second)
+		if i%5 == 4 {
+			at = at.Add(-time.Minute) // a writer a window late
+		}
+		if _, err := w.AllowN(testCtx(t), key, at, 100+int64(i)); err != nil {
+			t.Fatal(err)
+		}
+		it := get(t, c, pk)
+		maxSize = max(maxSize, itemSize(it))
+		maxCounters = max(maxCounters, counters(it))
+	}
+	t.Logf("default window: largest item %d bytes with %d counters (key %d bytes); %d requests for %d adds", maxSize, maxCounters, len(pk), r.update.Load(), 3*k)
+	if maxSize > dynamo.ItemBudget || maxCounters > 2*(k+1)+2 || maxCounters <= k+1 {
+		t.Fatalf("item reached %d bytes and %d counters, want at most %d bytes and about %d counters", maxSize, maxCounters, dynamo.ItemBudget, 2*(k+1))
+	}
+	if got := r.update.Load(); got != 3*k {
+		t.Fatalf("%d UpdateItems for %d adds within the horizon, want one each", got, 3*k)
+	}
+}
+
 // A window's refund never takes a counter below zero.
 func TestSubNeverNegative(t *testing.T) {
 	s, _, c := newStore(t, dynamo.Config{})
