@@ -29,14 +29,16 @@ type Call struct {
 	// Reached tells that the call was handed to the store under test, at
 	// Arrived (since the run began; after Start, once its delay was over),
 	// and that the store last returned at Returned (before End): the call
-	// took effect in between. A call that failed without reaching the store
-	// had no effect.
+	// took effect in between. When the store reported its requests (see
+	// [Narrow]), they bound its last request instead. A call that failed
+	// without reaching the store had no effect.
 	Reached           bool
 	Arrived, Returned time.Duration
-	// Late and PastHorizon tell that one of the call's store calls arrived
-	// after one stamped newer, and more than the store contract's horizon
-	// behind it; Idle that a bucket call reached a key idle for half its
-	// TTL or more (see [ArrivalStats]).
+	// Late tells that one of the call's store calls arrived after one
+	// stamped newer; PastHorizon that one may have taken effect more than
+	// the store contract's horizon behind the newest; Idle that a bucket
+	// call reached a key idle for half its TTL or more (see
+	// [ArrivalStats]).
 	Late, PastHorizon, Idle bool
 	// Allowed and Remaining are the decision's.
 	Allowed   bool

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"sync"
 	"time"
 
@@ -46,6 +47,23 @@ type arrival struct {
 	newest int64     // newest sub-window (windows) or stamp (buckets, logs)
 	span   int64     // the span of the last window add, for refunds
 	last   time.Time // when the last call was handed over
+	// marks records when newest grew, in order: the newest handed over by
+	// any time.
+	marks []mark
+}
+
+type mark struct {
+	t      time.Time
+	newest int64
+}
+
+// newestBy returns the newest sub-window or stamp handed over by t.
+func (a *arrival) newestBy(t time.Time) int64 {
+	i := sort.Search(len(a.marks), func(i int) bool { return a.marks[i].t.After(t) })
+	if i == 0 {
+		return a.newest // no add yet (a refund first), or t before the first
+	}
+	return a.marks[i-1].newest
 }
 
 // ArrivalStats counts what reached the inner store of a [DelayStore], in
@@ -60,10 +78,13 @@ type ArrivalStats struct {
 	// LateRefunds counts window refunds (Sub) into a sub-window older than
 	// the newest one already added to for the key: refunds after a roll.
 	LateRefunds int64
-	// PastHorizon counts window calls more than span sub-windows behind
-	// the newest sub-window of their key (the store contract's horizon: one
-	// window plus one sub-window; one window for a fixed window), and log
-	// updates more than one window behind the newest stamp. Buckets have no
+	// PastHorizon counts window calls that may have reached the store more
+	// than span sub-windows behind the newest sub-window of their key (the
+	// store contract's horizon, limiter.Horizon: one window plus one
+	// sub-window; one window for a fixed window), and log updates more than
+	// one window behind the newest stamp: those behind by that much when
+	// they returned, against every call handed over before (a store that
+	// retries may apply a call long after it arrived). Buckets have no
 	// horizon: a late stamp only refills nothing.
 	PastHorizon int64
 	// Idle counts bucket updates that reached a key no call had reached
@@ -107,6 +128,24 @@ type Trace struct {
 	PastHorizon       bool
 	// Idle: a bucket update reached a key idle for half its TTL or more.
 	Idle bool
+	// Narrowed is set when the store reported its last request's bounds,
+	// From and To (see [Narrow]).
+	Narrowed bool
+	From, To time.Time
+}
+
+// Narrow tells the [Trace] in ctx, if any, that the request a store just
+// made for the call ran from start to end. A store (or its test, through a
+// client hook) that calls it after each request to its server narrows the
+// call's interval in the history to that of its last request: the one whose
+// answer decided the call (a conditional write that succeeded, or the read
+// a denial was confirmed by), so the effect lies within it. Narrower
+// intervals leave a linearizability check fewer orders to try; call it from
+// the goroutine that made the store call.
+func Narrow(ctx context.Context, start, end time.Time) {
+	if tr, ok := ctx.Value(traceKey{}).(*Trace); ok {
+		tr.Narrowed, tr.From, tr.To = true, start, end
+	}
 }
 
 // WithTrace returns ctx carrying tr: a [DelayStore] fills tr in for the
@@ -159,11 +198,20 @@ func (s *DelayStore) delay(ctx context.Context) error {
 	}
 }
 
-// arrive records that a call on k at position at (sub-window or stamp) is
-// handed to the inner store now. window tells sub-windows from stamps;
-// refund marks a window Sub; horizon is how far behind (in the same unit)
-// a call may be.
-func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window, refund bool, horizon int64, idleAfter time.Duration) *Trace {
+// storeCall is one store call handed to the inner store.
+type storeCall struct {
+	tr      *Trace
+	a       *arrival
+	at      int64 // sub-window or stamp
+	horizon int64 // how far behind (in the same unit) it may be; 0: no horizon
+	arrived time.Time
+}
+
+// arrive records that a store call on k at position at (sub-window or
+// stamp) is handed to the inner store now. window tells sub-windows from
+// stamps; refund marks a window Sub; horizon is how far behind (in the same
+// unit) a call may be; a bucket call after idleAfter without calls is idle.
+func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window, refund bool, horizon int64, idleAfter time.Duration) storeCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tr, _ := ctx.Value(traceKey{}).(*Trace)
@@ -199,10 +247,6 @@ func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window
 			s.stats.Late++
 		}
 		tr.Late = true
-		if horizon > 0 && behind > horizon {
-			s.stats.PastHorizon++
-			tr.PastHorizon = true
-		}
 		if window {
 			s.stats.MaxBehind = max(s.stats.MaxBehind, behind)
 		} else {
@@ -211,12 +255,30 @@ func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window
 	}
 	if !refund && (!a.seen || at > a.newest) {
 		a.newest, a.seen = at, true
+		a.marks = append(a.marks, mark{now, at})
 	}
-	return tr
+	return storeCall{tr: tr, a: a, at: at, horizon: horizon, arrived: now}
 }
 
-// returned notes in tr that an inner call returned.
-func returned(tr *Trace) { tr.Returned = time.Now() }
+// leave records that the inner store returned c. The call took effect at
+// some point before, perhaps well after it arrived (a store that retries
+// holds it back too): it may have been past the horizon if, by then, a call
+// far enough ahead had been handed over. "Then" is when the store returned,
+// or the end of the last request it reported for the call (see [Narrow]).
+func (s *DelayStore) leave(c storeCall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	c.tr.Returned = now
+	by := now
+	if c.tr.Narrowed && c.tr.From.After(c.arrived) {
+		by = c.tr.To
+	}
+	if c.horizon > 0 && c.a.newestBy(by)-c.at > c.horizon {
+		s.stats.PastHorizon++
+		c.tr.PastHorizon = true
+	}
+}
 
 // Add implements [limiter.Counter].
 func (s *DelayStore) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
@@ -226,7 +288,7 @@ func (s *DelayStore) Add(ctx context.Context, k limiter.Key, cur int64, span int
 	if n == 0 {
 		return s.inner.Add(ctx, k, cur, span, n, ttl)
 	}
-	defer returned(s.arrive(ctx, k, cur, true, false, int64(span), 0))
+	defer s.leave(s.arrive(ctx, k, cur, true, false, int64(span), 0))
 	return s.inner.Add(ctx, k, cur, span, n, ttl)
 }
 
@@ -235,7 +297,7 @@ func (s *DelayStore) Sub(ctx context.Context, k limiter.Key, idx int64, n int64)
 	if err := s.delay(ctx); err != nil {
 		return fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer returned(s.arrive(ctx, k, idx, true, true, 0, 0))
+	defer s.leave(s.arrive(ctx, k, idx, true, true, 0, 0))
 	return s.inner.Sub(ctx, k, idx, n)
 }
 
@@ -244,7 +306,7 @@ func (s *DelayStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter
 	if err := s.delay(ctx); err != nil {
 		return limiter.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer returned(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2))
+	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2))
 	return s.inner.UpdateBucket(ctx, k, op, ttl)
 }
 
@@ -253,6 +315,6 @@ func (s *DelayStore) UpdateLog(ctx context.Context, k limiter.Key, op limiter.Lo
 	if err := s.delay(ctx); err != nil {
 		return limiter.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer returned(s.arrive(ctx, k, op.Now, false, false, int64(op.Window), 0))
+	defer s.leave(s.arrive(ctx, k, op.Now, false, false, int64(op.Window), 0))
 	return s.inner.UpdateLog(ctx, k, op, ttl)
 }

@@ -1,0 +1,76 @@
+package dynamo_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+)
+
+// TestHistory runs the history checker (limitertest.RunHistory) on the
+// shared DynamoDB Local: 64 goroutines on hot keys with arrivals reordered
+// on purpose, every algorithm, wall-clock and shared-clock stamps, checked
+// against the exact model.
+func TestHistory(t *testing.T) {
+	r := &requests{}
+	s, err := dynamo.New(newClient(sharedEndpoint(t), r.middleware, narrow), dynamo.Config{Table: tableName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// DynamoDB Local answers slowly until its JIT has warmed up; calls held
+	// back that long would reach it past the horizon. A second of traffic
+	// first, not checked.
+	warm := historyScenarios()[0]
+	warm.Duration = time.Second
+	if _, err := limitertest.RunScenario(context.Background(), s, warm, limitertest.SharedClock, limitertest.HistoryOptions{Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: historyScenarios()})
+	st := s.Stats()
+	t.Logf("%d requests (%d failed: lost races); %d conflicts, %d reads, %d cleanups",
+		r.load(), r.failed.Load(), st.Conflicts, st.Reads, st.Cleanups)
+}
+
+// narrow reports every request's bounds to the history (limitertest.Narrow),
+// from a Finalize step after the retry middleware: a call's last request
+// (the conditional write that succeeded, or the read that confirmed a
+// denial) is where it took effect. Under 64-way contention a call may lose
+// many races over hundreds of milliseconds; its last request is a few.
+func narrow(st *middleware.Stack) error {
+	return st.Finalize.Add(middleware.FinalizeMiddlewareFunc("historyNarrow",
+		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+			start := time.Now()
+			out, md, err := next.HandleFinalize(ctx, in)
+			limitertest.Narrow(ctx, start, time.Now())
+			return out, md, err
+		}), middleware.After)
+}
+
+// historyScenarios are limitertest's defaults with lower limits: DynamoDB
+// Local serves 64 goroutines on hot keys a few hundred conditional writes a
+// second (they conflict and back off), too few to reach the defaults'
+// limits, and a run that never denies checks nothing. Its requests queue for
+// tens of milliseconds each, so nearly every call on a key is open at once:
+// the buckets run on 8 keys, 8 goroutines' calls open on each, or the
+// linearizability check may not finish.
+func historyScenarios() []limitertest.Scenario {
+	scs := limitertest.DefaultScenarios()
+	for i := range scs {
+		switch sc := &scs[i]; {
+		case sc.Fixed != nil:
+			sc.Fixed.Limit = 20 // per 200 ms
+		case sc.Sliding != nil:
+			sc.Sliding.Limit = 60 // per second
+		case sc.Log != nil:
+			sc.Log.Limit = 5 // per 200 ms
+		case sc.Bucket != nil:
+			sc.Keys = 8
+			sc.Bucket.MaxAmount, sc.Bucket.RefillTime = 10, 50*time.Millisecond
+		}
+	}
+	return scs
+}

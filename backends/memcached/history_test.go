@@ -1,0 +1,32 @@
+package memcached_test
+
+import (
+	"testing"
+
+	"github.com/sluicehq/sluice/backends/memcached"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+)
+
+// TestHistory runs the history checker (limitertest.RunHistory) on the
+// shared test memcached: 64 goroutines on hot keys with arrivals reordered
+// on purpose, every algorithm, wall-clock and shared-clock stamps, checked
+// against the exact model.
+func TestHistory(t *testing.T) {
+	limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history:"}), limitertest.HistoryOptions{})
+}
+
+// TestHistoryProxy runs the window scenarios in the pipeline-safe mode for
+// proxies (Config.Proxy: the get is sent after the incr's reply), which
+// changes how a window's add and reads interleave with other writers'.
+func TestHistoryProxy(t *testing.T) {
+	var windows []limitertest.Scenario
+	for _, sc := range limitertest.DefaultScenarios() {
+		if sc.Fixed != nil || sc.Sliding != nil {
+			windows = append(windows, sc)
+		}
+	}
+	limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history-proxy:", Proxy: true}), limitertest.HistoryOptions{
+		Scenarios: windows,
+		Clocks:    []limitertest.Clock{limitertest.WallClock},
+	})
+}
