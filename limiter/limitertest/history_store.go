@@ -14,12 +14,13 @@ import (
 // DelayStore wraps a [Store] and holds each call back for a random time
 // before handing it to the inner store, so that calls stamped earlier reach
 // the store after calls stamped later (the disorder a request stamped before
-// it travels meets in production). It also records, per key, the order in
-// which calls were handed to the inner store, and counts the late ones; see
-// [ArrivalStats].
+// it travels meets in production). It watches, per key, the calls in the
+// order it hands them to the inner store (the newest sub-window or stamp so
+// far, and when it grew), counts the late ones (see [ArrivalStats]) and
+// tells each limiter call what happened to it (see [Trace]).
 //
 // Half of the calls go through at once, the other half wait a uniform random
-// time in [0, MaxDelay). A call's delays are drawn from the *rand.Rand that
+// time below the maximum delay. A call's delays are drawn from the *rand.Rand that
 // [WithDelayRand] put in its context (one goroutine's, so a seed reproduces
 // the draws), else from the store's own. A DelayStore is safe for
 // concurrent use.

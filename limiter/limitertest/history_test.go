@@ -445,7 +445,7 @@ func TestHistoryPassesExactStore(t *testing.T) {
 	seed := historySeed(t)
 	var scs []Scenario
 	for _, sc := range DefaultScenarios() {
-		sc.Duration = min(sc.Duration, time.Second)
+		sc.Duration = min(sc.Duration, 600*ms)
 		scs = append(scs, sc)
 	}
 	RunHistory(t, newExactStore(), HistoryOptions{Seed: seed, Scenarios: scs, Clocks: []Clock{WallClock}})
