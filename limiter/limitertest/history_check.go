@@ -424,6 +424,9 @@ func bucketVerdict(res porcupine.CheckResult, explain func() string, n int, time
 
 // explainBucket finds, key by key, the first that is not linearizable and
 // describes its longest explainable prefix and the calls that follow it.
+//
+// why hand-written: porcupine reports an illegal history as an HTML
+// visualization; a test log needs a few lines of words.
 func explainBucket(model porcupine.Model, ops []porcupine.Operation, timeout time.Duration) string {
 	for _, part := range model.Partition(ops) {
 		res, info := porcupine.CheckOperationsVerbose(model, part, timeout)

@@ -464,3 +464,26 @@ func TestHistoryWithoutLateArrivalsFails(t *testing.T) {
 		t.Fatalf("one goroutine, no delays, one clock: %v", err)
 	}
 }
+
+// SLUICE_HISTORY_SEED fixes the seed; without it, seeds change every run.
+func TestHistorySeed(t *testing.T) {
+	t.Setenv(SeedEnv, "")
+	a, err := HistorySeed()
+	if err != nil || a == 0 {
+		t.Fatalf("derived seed %d, %v", a, err)
+	}
+	time.Sleep(time.Microsecond)
+	if b, _ := HistorySeed(); b == a {
+		t.Fatalf("the same seed %d twice", a)
+	}
+	t.Setenv(SeedEnv, "12345")
+	if s, err := HistorySeed(); err != nil || s != 12345 {
+		t.Fatalf("%s=12345: %d, %v", SeedEnv, s, err)
+	}
+	for _, bad := range []string{"0", "-1", "x"} {
+		t.Setenv(SeedEnv, bad)
+		if _, err := HistorySeed(); err == nil {
+			t.Errorf("%s=%q accepted", SeedEnv, bad)
+		}
+	}
+}
