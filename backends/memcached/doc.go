@@ -103,8 +103,10 @@
 //
 // Expiry: the add sets the counter's expiry to the TTL the limiter passes
 // (2*span sub-windows: the view and the out-of-order horizon of
-// [limiter.Counter]), rounded up to whole seconds, plus a random 0..Jitter
-// so that keys written together do not expire together. incr and decr do
+// [limiter.Counter]), rounded up to whole seconds plus one (memcached's
+// clock ticks once a second, so an expiry of N seconds lives between N-1
+// and N), plus a random 0..Jitter so that keys written together do not
+// expire together. incr and decr do
 // not extend it: the counter of sub-window i is created during i, read by
 // punctual writers until the end of sub-window i+span-1, and by writers
 // whose requests arrive up to a horizon of span sub-windows late (stamped

@@ -90,15 +90,16 @@ func TestExpiry(t *testing.T) {
 		ttl  time.Duration
 		want int64
 	}{
+		// Rounded up, plus the second memcached's clock may lose.
 		{0, 1},
-		{time.Millisecond, 1},
-		{time.Second, 1},
-		{time.Second + time.Nanosecond, 2},
-		{66 * time.Second, 66},
-		{month * time.Second, month},
+		{time.Millisecond, 2},
+		{time.Second, 2},
+		{time.Second + time.Nanosecond, 3},
+		{66 * time.Second, 67},
+		{(month - 1) * time.Second, month},
 		// Beyond 30 days memcached wants an absolute Unix time.
-		{(month + 1) * time.Second, now.Unix() + month + 1},
-		{400 * 24 * time.Hour, now.Add(400 * 24 * time.Hour).Unix()},
+		{month * time.Second, now.Unix() + month + 1},
+		{400 * 24 * time.Hour, now.Add(400*24*time.Hour).Unix() + 1},
 		// Past 2038 an int32 cannot hold it: no expiry.
 		{20 * 365 * 24 * time.Hour, 0},
 		{math.MaxInt64, 0},
@@ -110,7 +111,7 @@ func TestExpiry(t *testing.T) {
 	// Jitter only ever adds, by at most Jitter (rounded up to a second).
 	s.jitter = 3 * time.Second
 	for range 1000 {
-		if got := s.expiry(10 * time.Second); got < 10 || got > 13 {
+		if got := s.expiry(10 * time.Second); got < 11 || got > 14 {
 			t.Fatalf("expiry(10s) with 3s jitter = %d", got)
 		}
 	}
