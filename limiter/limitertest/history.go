@@ -42,6 +42,11 @@ const (
 	// it would repeat or go back): stamps are then in the order the calls
 	// started, and disorder comes only from delays and scheduling.
 	SharedClock
+	// SkewedClock stamps each call with the wall clock plus an offset
+	// fixed per goroutine, drawn uniformly in [-Skew, +Skew] (the
+	// scenario's, or one sub-window of a sliding window, or a tenth of a
+	// fixed window or log): hosts whose clocks disagree.
+	SkewedClock
 )
 
 func (c Clock) String() string {
@@ -50,6 +55,8 @@ func (c Clock) String() string {
 		return "wall"
 	case SharedClock:
 		return "shared"
+	case SkewedClock:
+		return "skewed"
 	}
 	return "clock(" + strconv.Itoa(int(c)) + ")"
 }
@@ -69,6 +76,10 @@ type Scenario struct {
 	// MaxPause, when positive, makes each goroutine wait a random time
 	// below it between two calls (outside the calls).
 	MaxPause time.Duration
+	// Skew bounds the offsets of SkewedClock; zero means one sub-window
+	// of a sliding window, a tenth of a fixed window or log, 5 ms for a
+	// bucket.
+	Skew time.Duration
 	// MaxCost is the largest cost: one call in four costs 2..MaxCost, the
 	// others 1. Zero or one means every call costs 1.
 	MaxCost int64
@@ -94,6 +105,10 @@ type Scenario struct {
 //     the orders the linearizability check must try;
 //   - TokenBucketStrict: the same in strict mode (where the pauses also let
 //     refills happen at all).
+//
+// The buckets run on 4 keys (16 goroutines each), the others on
+// HistoryOptions.Keys. The windows also run with SkewedClock (callers whose
+// clocks disagree by up to one sub-window, a tenth of a fixed window).
 func DefaultScenarios() []Scenario {
 	return []Scenario{
 		{Name: "FixedWindow", Fixed: &limiter.FixedWindowConfig{Name: "history-fixed", Limit: 200, Window: 200 * time.Millisecond},
@@ -103,10 +118,29 @@ func DefaultScenarios() []Scenario {
 		{Name: "SlidingLog", Log: &limiter.SlidingLogConfig{Name: "history-log", Limit: 50, Window: 200 * time.Millisecond},
 			Duration: time.Second, MaxDelay: 20 * time.Millisecond, MaxCost: 3},
 		{Name: "TokenBucket", Bucket: &limiter.TokenBucketConfig{Name: "history-bucket", MaxAmount: 50, RefillTime: 5 * time.Millisecond},
-			Duration: time.Second, MaxDelay: 5 * time.Millisecond, MaxPause: 20 * time.Millisecond, MaxCost: 3},
+			Keys: 4, Duration: time.Second, MaxDelay: 5 * time.Millisecond, MaxPause: 20 * time.Millisecond, MaxCost: 3},
 		{Name: "TokenBucketStrict", Bucket: &limiter.TokenBucketConfig{Name: "history-strict", MaxAmount: 50, RefillTime: 5 * time.Millisecond, Strict: true},
-			Duration: time.Second, MaxDelay: 5 * time.Millisecond, MaxPause: 20 * time.Millisecond, MaxCost: 3},
+			Keys: 4, Duration: time.Second, MaxDelay: 5 * time.Millisecond, MaxPause: 20 * time.Millisecond, MaxCost: 3},
 	}
+}
+
+// skew is the bound of SkewedClock's offsets.
+func (sc Scenario) skew() time.Duration {
+	switch {
+	case sc.Skew > 0:
+		return sc.Skew
+	case sc.Sliding != nil:
+		k := sc.Sliding.SubWindows
+		if k == 0 {
+			k = limiter.DefaultSubWindows
+		}
+		return sc.Sliding.Window / time.Duration(k)
+	case sc.Fixed != nil:
+		return sc.Fixed.Window / 10
+	case sc.Log != nil:
+		return sc.Log.Window / 10
+	}
+	return 5 * time.Millisecond
 }
 
 // HistoryOptions configures [RunHistory] and [RunScenario]. The zero value
@@ -121,8 +155,8 @@ type HistoryOptions struct {
 	Seed uint64
 	// Scenarios to run; nil means DefaultScenarios().
 	Scenarios []Scenario
-	// Clocks to run each scenario with; nil means WallClock and
-	// SharedClock.
+	// Clocks to run each scenario with; nil means WallClock, SharedClock
+	// and SkewedClock.
 	Clocks []Clock
 	// CheckTimeout bounds each linearizability check; zero means 30 s.
 	CheckTimeout time.Duration
@@ -139,7 +173,7 @@ func (o HistoryOptions) withDefaults() HistoryOptions {
 		o.Scenarios = DefaultScenarios()
 	}
 	if o.Clocks == nil {
-		o.Clocks = []Clock{WallClock, SharedClock}
+		o.Clocks = []Clock{WallClock, SharedClock, SkewedClock}
 	}
 	if o.CheckTimeout == 0 {
 		o.CheckTimeout = 30 * time.Second
@@ -216,6 +250,9 @@ func RunHistory(t *testing.T, s Store, opt HistoryOptions) {
 	t.Logf("history seed %d (reproduce the draws with %s=%d)", opt.Seed, SeedEnv, opt.Seed)
 	for i, sc := range opt.Scenarios {
 		for _, clock := range opt.Clocks {
+			if clock == SkewedClock && sc.Sliding == nil && sc.Fixed == nil {
+				continue // skew is checked on the windows
+			}
 			t.Run(sc.Name+"/"+clock.String(), func(t *testing.T) {
 				o := opt
 				o.Seed = subSeed(opt.Seed, i, clock)
@@ -390,9 +427,18 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 		keys[i] = "history." + sc.Name + "." + clock.String() + "." + strconv.Itoa(i) + "." + hex.EncodeToString(b[:])
 	}
 	var shared sharedClock
-	stamp := time.Now
-	if clock == SharedClock {
-		stamp = shared.now
+	stamp := func(int) time.Time { return time.Now() }
+	switch clock {
+	case SharedClock:
+		stamp = func(int) time.Time { return shared.now() }
+	case SkewedClock:
+		skew := sc.skew()
+		offsets := make([]time.Duration, opt.Workers)
+		r := mrand.New(mrand.NewPCG(opt.Seed, 0))
+		for w := range offsets {
+			offsets[w] = time.Duration(r.Int64N(2*int64(skew)+1)) - skew
+		}
+		stamp = func(w int) time.Time { return time.Now().Add(offsets[w]) }
 	}
 
 	// Each goroutine records into its own slice: no lock on the hot path.
@@ -419,7 +465,7 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 				cctx, cancel := context.WithTimeout(WithTrace(WithDelayRand(ctx, r), &tr), opTimeout)
 				c := Call{Worker: w, Key: key, Cost: cost}
 				c.Start = time.Since(origin)
-				c.Stamp = stamp()
+				c.Stamp = stamp(w)
 				d, err := lim.AllowN(cctx, key, c.Stamp, cost)
 				c.End = time.Since(origin)
 				cancel()

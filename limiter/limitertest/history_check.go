@@ -1,6 +1,7 @@
 package limitertest
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -98,7 +99,10 @@ func admitted(calls []Call) map[string][]Call {
 		}
 	}
 	for _, cs := range m {
-		slices.SortStableFunc(cs, func(a, b Call) int { return a.Stamp.Compare(b.Stamp) })
+		// By UnixNano, the limiter's time base: Time.Compare would use the
+		// monotonic reading, which can order two wall-clock stamps
+		// differently from their Unix times while the clock is slewed.
+		slices.SortStableFunc(cs, func(a, b Call) int { return cmp.Compare(a.Stamp.UnixNano(), b.Stamp.UnixNano()) })
 	}
 	return m
 }

@@ -4,8 +4,16 @@
 //
 // It covers every algorithm's semantics on the store (the seeds' worked
 // examples), concurrency on one hot key, expiry, time going backwards,
-// hostile keys and bad arguments. Each subtest uses fresh random keys, so the
-// suite can run against a long-lived server and run twice.
+// hostile keys and bad arguments, and requests that reach the store out of
+// order. Each subtest uses fresh random keys, so the suite can run against a
+// long-lived server and run twice.
+//
+// RunHistory is the history checker: many goroutines on hot keys, arrivals
+// reordered on purpose by a DelayStore, every call recorded and checked
+// against the exact model (admitted units per window of stamps for the
+// windows and the log; linearizability, with porcupine, against a
+// serialized Smyte bucket for buckets). It fails a run without late
+// arrivals, and SLUICE_HISTORY_SEED replays a seed's draws.
 package limitertest
 
 import (
