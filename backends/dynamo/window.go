@@ -269,13 +269,9 @@ func decodeCounts(pk string, item map[string]types.AttributeValue, cur int64, sp
 		if !ok {
 			continue
 		}
-		nv, ok := av.(*types.AttributeValueMemberN)
-		if !ok {
-			return ic, corrupt(windowKind, pk, name, "want a Number, got %s", typeName(av))
-		}
-		v, perr := strconv.ParseInt(nv.Value, 10, 64)
-		if perr != nil || v < 0 {
-			return ic, corrupt(windowKind, pk, name, "want a count, got %q", nv.Value)
+		v, err := slotCount(pk, name, av)
+		if err != nil {
+			return ic, err
 		}
 		switch pos, d := position(slot, cur, span); pos {
 		case posLater:
@@ -294,6 +290,20 @@ func decodeCounts(pk string, item map[string]types.AttributeValue, cur int64, sp
 		}
 	}
 	return ic, nil
+}
+
+// slotCount reads the count of the counter attribute name, or an error
+// wrapping limiter.ErrCorruptState when it is not a non-negative Number.
+func slotCount(pk, name string, av types.AttributeValue) (int64, error) {
+	nv, ok := av.(*types.AttributeValueMemberN)
+	if !ok {
+		return 0, corrupt(windowKind, pk, name, "want a Number, got %s", typeName(av))
+	}
+	v, err := strconv.ParseInt(nv.Value, 10, 64)
+	if err != nil || v < 0 {
+		return 0, corrupt(windowKind, pk, name, "want a count, got %q", nv.Value)
+	}
+	return v, nil
 }
 
 // satAdd adds counts, saturating instead of overflowing.
@@ -336,13 +346,9 @@ func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) erro
 			if !ok {
 				return false, nil // nothing counted there (expired, or never written)
 			}
-			nv, ok := av.(*types.AttributeValueMemberN)
-			if !ok {
-				return false, corrupt(windowKind, pk, name, "want a Number, got %s", typeName(av))
-			}
-			v, perr := strconv.ParseInt(nv.Value, 10, 64)
-			if perr != nil || v < 0 {
-				return false, corrupt(windowKind, pk, name, "want a count, got %q", nv.Value)
+			v, err := slotCount(pk, name, av)
+			if err != nil {
+				return false, err
 			}
 			if v == 0 {
 				return false, nil
