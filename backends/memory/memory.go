@@ -240,9 +240,9 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		}
 		e.expires = now + int64(ttl)
 	}
-	c := limiter.Counts{Moved: at != cur, At: at}
-	if !c.Moved {
-		c.At = 0
+	var c limiter.Counts
+	if at != cur {
+		c.Moved, c.At = true, at
 	}
 	oldest := e.newest - size + 1
 	// Walk the ring from at's slot: back over the view, forward over the
