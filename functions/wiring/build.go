@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
@@ -113,7 +112,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	}
 	var ddb *dynamodb.Client
 	if env.DynamoTable != "" || env.RulesTable != "" {
-		awsCfg, err := awsconfig.LoadDefaultConfig(ctx)
+		awsCfg, err := loadAWSConfig(ctx, env, logger)
 		if err != nil {
 			return fail(fmt.Errorf("wiring: AWS configuration: %w", err))
 		}
