@@ -1,0 +1,334 @@
+package breaker_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/breaker"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// fakeStore answers every call with err() (nil: an empty success), after
+// block returns when it is set; calls counts the calls that reached it.
+type fakeStore struct {
+	calls atomic.Int64
+	err   func() error
+	block func(ctx context.Context)
+}
+
+func (f *fakeStore) answer(ctx context.Context) error {
+	f.calls.Add(1)
+	if f.block != nil {
+		f.block(ctx)
+	}
+	if f.err == nil {
+		return nil
+	}
+	return f.err()
+}
+
+func (f *fakeStore) Add(ctx context.Context, _ limiter.Key, _ int64, _ int, _ int64, _ time.Duration) (limiter.Counts, error) {
+	return limiter.Counts{}, f.answer(ctx)
+}
+func (f *fakeStore) Sub(ctx context.Context, _ limiter.Key, _, _ int64) error { return f.answer(ctx) }
+func (f *fakeStore) UpdateBucket(ctx context.Context, _ limiter.Key, _ limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
+	return limiter.Decision{Allowed: true}, f.answer(ctx)
+}
+func (f *fakeStore) UpdateLog(ctx context.Context, _ limiter.Key, _ limiter.LogOp, _ time.Duration) (limiter.Decision, error) {
+	return limiter.Decision{Allowed: true}, f.answer(ctx)
+}
+
+var (
+	down      = fmt.Errorf("store: connection refused: %w", limiter.ErrUnavailable)
+	throttled = fmt.Errorf("store: slow down: %w", limiter.ErrThrottled)
+	key       = limiter.Key{Space: "s", Name: "k"}
+)
+
+// errOf returns a fake store error function reading *e.
+func errOf(mu *sync.Mutex, e *error) func() error {
+	return func() error { mu.Lock(); defer mu.Unlock(); return *e }
+}
+
+func wrap(t *testing.T, f *fakeStore, cfg breaker.Config) *breaker.Store {
+	t.Helper()
+	s, err := breaker.Wrap(f, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// call makes one call of each kind in turn (by i) and returns its error.
+func call(s *breaker.Store, i int) error {
+	ctx := context.Background()
+	switch i % 4 {
+	case 0:
+		_, err := s.Add(ctx, key, 1, 2, 1, time.Minute)
+		return err
+	case 1:
+		return s.Sub(ctx, key, 1, 1)
+	case 2:
+		_, err := s.UpdateBucket(ctx, key, limiter.BucketOp{}, time.Minute)
+		return err
+	default:
+		_, err := s.UpdateLog(ctx, key, limiter.LogOp{}, time.Minute)
+		return err
+	}
+}
+
+// Failures in a row open the breaker, through every method; then calls
+// fail at once, without reaching the store, with an error wrapping
+// ErrOpen and limiter.ErrUnavailable.
+func TestOpensAfterFailures(t *testing.T) {
+	for _, cause := range []error{down, throttled} {
+		t.Run(cause.Error(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := &fakeStore{err: func() error { return cause }}
+				s := wrap(t, f, breaker.Config{Name: "mc", Failures: 4, OpenFor: time.Second})
+				for i := range 4 {
+					if s.Breaker().State() != breaker.Closed {
+						t.Fatalf("open after %d failures", i)
+					}
+					if err := call(s, i); !errors.Is(err, cause) || errors.Is(err, breaker.ErrOpen) {
+						t.Fatalf("call %d: %v, want the store's error", i, err)
+					}
+				}
+				if s.Breaker().State() != breaker.Open {
+					t.Fatalf("state %v after 4 failures", s.Breaker().State())
+				}
+				for i := range 8 {
+					err := call(s, i)
+					if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "mc") {
+						t.Errorf("open, call %d: %v", i, err)
+					}
+				}
+				if n := f.calls.Load(); n != 4 {
+					t.Errorf("the store got %d calls, want the 4 before the breaker opened", n)
+				}
+				st := s.Breaker().Stats()
+				if st != (breaker.Stats{State: breaker.Open, Opens: 1, Rejected: 8, Failures: 4}) {
+					t.Errorf("stats %+v", st)
+				}
+			})
+		})
+	}
+}
+
+// Only failures in a row count: an answer from the store (a success, a
+// lost race, corrupt state) resets the count; a caller's error neither
+// counts nor resets.
+func TestWhatCounts(t *testing.T) {
+	for _, tt := range []struct {
+		between error
+		open    bool // after 2 failures, the in-between error, 2 failures
+	}{
+		{nil, false},
+		{fmt.Errorf("x: %w", limiter.ErrConflict), false},
+		{fmt.Errorf("x: %w", limiter.ErrCorruptState), false},
+		{fmt.Errorf("x: %w", limiter.ErrInvalidCost), true},
+		{errors.New("an error of no kind"), true},
+		{down, true},
+	} {
+		t.Run(fmt.Sprint(tt.between), func(t *testing.T) {
+			var mu sync.Mutex
+			cur := down
+			f := &fakeStore{err: errOf(&mu, &cur)}
+			s := wrap(t, f, breaker.Config{Failures: 4})
+			set := func(e error) { mu.Lock(); cur = e; mu.Unlock() }
+			call(s, 0)
+			call(s, 1)
+			set(tt.between)
+			call(s, 2)
+			set(down)
+			call(s, 3)
+			if s.Breaker().State() != breaker.Closed && tt.between != down {
+				t.Fatalf("open too early")
+			}
+			call(s, 0)
+			if got := s.Breaker().State() == breaker.Open; got != tt.open {
+				t.Errorf("open = %v, want %v", got, tt.open)
+			}
+		})
+	}
+}
+
+// After OpenFor, one probe at a time goes through; calls during it fail at
+// once; its success closes the breaker. The backend's return is noticed
+// within one OpenFor: traffic every 10 ms, the backend back 300 ms after
+// the breaker opened, the breaker closed at OpenFor after it opened.
+func TestProbeClosesWithinOpenFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const openFor = time.Second
+		var mu sync.Mutex
+		cur := down
+		release := make(chan struct{})
+		var holdProbe atomic.Bool
+		f := &fakeStore{err: errOf(&mu, &cur), block: func(ctx context.Context) {
+			if holdProbe.Load() {
+				<-release
+			}
+		}}
+		var changes []string
+		s := wrap(t, f, breaker.Config{Name: "ddb", Failures: 3, OpenFor: openFor, OnChange: func(name string, from, to breaker.State) {
+			changes = append(changes, name+":"+from.String()+">"+to.String())
+		}})
+		for i := 0; ; i++ {
+			call(s, i)
+			if s.Breaker().State() == breaker.Open {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		opened := time.Now()
+		time.Sleep(10 * time.Millisecond)
+		storeCalls := f.calls.Load()
+
+		// Traffic every 10 ms; the backend comes back 300 ms later.
+		var closedAt time.Time
+		for i := 0; closedAt.IsZero(); i++ {
+			if time.Since(opened) >= 300*time.Millisecond {
+				mu.Lock()
+				cur = nil
+				mu.Unlock()
+			}
+			if time.Since(opened) == openFor {
+				// The probe: hold it in the store while others call.
+				holdProbe.Store(true)
+				done := make(chan error)
+				go func() { done <- call(s, i) }()
+				synctest.Wait()
+				if s.Breaker().State() != breaker.HalfOpen {
+					t.Fatalf("state %v during the probe", s.Breaker().State())
+				}
+				for j := range 5 {
+					if err := call(s, j); !errors.Is(err, breaker.ErrOpen) {
+						t.Errorf("call during the probe: %v, want ErrOpen", err)
+					}
+				}
+				holdProbe.Store(false)
+				close(release)
+				if err := <-done; err != nil {
+					t.Fatalf("probe: %v", err)
+				}
+			} else if err := call(s, i); err == nil && s.Breaker().State() != breaker.Closed {
+				t.Fatalf("a call succeeded with the breaker %v", s.Breaker().State())
+			}
+			if s.Breaker().State() == breaker.Closed {
+				closedAt = time.Now()
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := closedAt.Sub(opened); got != openFor {
+			t.Errorf("closed %v after opening, want %v (one probe interval)", got, openFor)
+		}
+		if n := f.calls.Load() - storeCalls; n != 1 {
+			t.Errorf("%d store calls while open, want the one probe", n)
+		}
+		for i := range 4 {
+			if err := call(s, i); err != nil {
+				t.Errorf("closed, call %d: %v", i, err)
+			}
+		}
+		want := []string{"ddb:closed>open", "ddb:open>half-open", "ddb:half-open>closed"}
+		if fmt.Sprint(changes) != fmt.Sprint(want) {
+			t.Errorf("changes %v, want %v", changes, want)
+		}
+		if st := s.Breaker().Stats(); st.Opens != 1 || st.Closes != 1 || st.Probes != 1 || st.State != breaker.Closed {
+			t.Errorf("stats %+v", st)
+		}
+	})
+}
+
+// A failed probe opens the breaker for another OpenFor; a probe whose
+// caller never reports lets another through after OpenFor.
+func TestFailedAndLostProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeStore{err: func() error { return down }}
+		s := wrap(t, f, breaker.Config{Failures: 1, OpenFor: time.Second})
+		b := s.Breaker()
+		call(s, 0)
+		time.Sleep(time.Second)
+		if err := call(s, 0); !errors.Is(err, down) || errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("probe: %v, want the store's error", err)
+		}
+		if b.State() != breaker.Open {
+			t.Fatalf("state %v after a failed probe", b.State())
+		}
+		time.Sleep(time.Second - time.Nanosecond)
+		if err := call(s, 0); !errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("before OpenFor after a failed probe: %v", err)
+		}
+		time.Sleep(time.Nanosecond)
+		probe, err := b.Allow() // a probe that is never reported
+		if !probe || err != nil {
+			t.Fatalf("Allow = %v, %v; want a probe", probe, err)
+		}
+		if p, err := b.Allow(); p || !errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("second Allow during a probe = %v, %v", p, err)
+		}
+		time.Sleep(time.Second)
+		if p, err := b.Allow(); !p || err != nil {
+			t.Fatalf("Allow after a lost probe = %v, %v; want another probe", p, err)
+		}
+		b.Done(true, nil)
+		if b.State() != breaker.Closed {
+			t.Errorf("state %v after a successful probe", b.State())
+		}
+		if st := b.Stats(); st.Opens != 2 || st.Closes != 1 || st.Probes != 3 {
+			t.Errorf("stats %+v", st)
+		}
+	})
+}
+
+// Transitions are logged.
+func TestLogs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		var fail atomic.Bool
+		fail.Store(true)
+		f := &fakeStore{err: func() error {
+			if fail.Load() {
+				return down
+			}
+			return nil
+		}}
+		s := wrap(t, f, breaker.Config{Name: "memcached", Failures: 1, Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+		call(s, 0)
+		time.Sleep(breaker.DefaultOpenFor)
+		call(s, 0)
+		time.Sleep(breaker.DefaultOpenFor)
+		fail.Store(false)
+		call(s, 0)
+		out := buf.String()
+		for _, want := range []string{
+			`"level":"WARN","msg":"circuit breaker open","backend":"memcached","failures":1,"open_for":"1s","error":"store: connection refused: limiter: store unavailable"`,
+			`"level":"WARN","msg":"circuit breaker probe failed; open again","backend":"memcached"`,
+			`"level":"INFO","msg":"circuit breaker closed","backend":"memcached"`,
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("log lacks %s:\n%s", want, out)
+			}
+		}
+	})
+}
+
+func TestConfig(t *testing.T) {
+	if _, err := breaker.Wrap(nil, breaker.Config{}); !errors.Is(err, limiter.ErrInvalidConfig) {
+		t.Errorf("nil store: %v", err)
+	}
+	if _, err := breaker.New(breaker.Config{Failures: -1}); !errors.Is(err, limiter.ErrInvalidConfig) {
+		t.Errorf("negative failures: %v", err)
+	}
+	if _, err := breaker.New(breaker.Config{OpenFor: -1}); !errors.Is(err, limiter.ErrInvalidConfig) {
+		t.Errorf("negative OpenFor: %v", err)
+	}
+}

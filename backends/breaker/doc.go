@@ -1,0 +1,35 @@
+// Package breaker is a circuit breaker in front of a limiter store: while
+// a backend is down, decisions follow each rule's fail mode at once
+// instead of each waiting for the deadline.
+//
+// A [Breaker] counts consecutive store failures that say the backend is
+// unreachable or overloaded (errors wrapping [limiter.ErrUnavailable] or
+// [limiter.ErrThrottled]). It has three states:
+//
+//   - Closed: every call goes to the store. Config.Failures such failures
+//     in a row open it; a call that reached the store and got an answer
+//     (success, [limiter.ErrConflict], [limiter.ErrCorruptState]) resets
+//     the count; other errors (the caller's: a bad cost, a time out of
+//     range, an item too large) neither count nor reset.
+//   - Open: every call fails at once, without reaching the store, with an
+//     error wrapping [limiter.ErrBreakerOpen] and [limiter.ErrUnavailable]
+//     (so the rule's fail mode applies), for Config.OpenFor.
+//   - Half-open: after OpenFor, the next call is let through as the one
+//     probe; calls while it runs fail at once as in Open. A probe that
+//     reaches the store closes the breaker; one that fails with
+//     ErrUnavailable or ErrThrottled opens it again for OpenFor.
+//
+// No timer runs: the state advances when a call arrives, on the
+// configured clock. Transitions are counted ([Breaker.Stats]), logged
+// (log/slog: "circuit breaker open" at WARN, "circuit breaker closed" at
+// INFO, a failed probe at WARN) and reported to Config.OnChange (the
+// authorizer's metrics).
+//
+// [Store] wraps a store implementing [limiter.Counter],
+// [limiter.BucketStore] and [limiter.LogStore] (memcached, DynamoDB) with
+// one breaker for the whole backend: every key and, for memcached, every
+// node share it. A breaker per memcached node would keep the healthy nodes'
+// keys on the store while one node is down; it is not built.
+//
+// This package imports only the limiter package and the standard library.
+package breaker

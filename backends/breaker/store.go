@@ -1,0 +1,89 @@
+package breaker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Backend is a store of every kind the policy's algorithms use: memcached
+// and DynamoDB stores are.
+type Backend interface {
+	limiter.Counter
+	limiter.BucketStore
+	limiter.LogStore
+}
+
+var _ Backend = (*Store)(nil)
+
+// Store is a [Backend] behind a [Breaker]: each call asks the breaker,
+// goes to the backend if allowed and reports its error. Safe for
+// concurrent use if the backend is.
+type Store struct {
+	s Backend
+	b *Breaker
+}
+
+// Wrap returns s behind a new breaker configured by cfg.
+func Wrap(s Backend, cfg Config) (*Store, error) {
+	if s == nil {
+		return nil, fmt.Errorf("%w: breaker %q: nil store", limiter.ErrInvalidConfig, cfg.Name)
+	}
+	b, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{s: s, b: b}, nil
+}
+
+// Breaker returns the store's breaker.
+func (s *Store) Breaker() *Breaker { return s.b }
+
+// Unwrap returns the wrapped store.
+func (s *Store) Unwrap() Backend { return s.s }
+
+// Add implements [limiter.Counter].
+func (s *Store) Add(ctx context.Context, key limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+	probe, err := s.b.Allow()
+	if err != nil {
+		return limiter.Counts{}, err
+	}
+	c, err := s.s.Add(ctx, key, cur, span, n, ttl)
+	s.b.Done(probe, err)
+	return c, err
+}
+
+// Sub implements [limiter.Counter].
+func (s *Store) Sub(ctx context.Context, key limiter.Key, idx int64, n int64) error {
+	probe, err := s.b.Allow()
+	if err != nil {
+		return err
+	}
+	err = s.s.Sub(ctx, key, idx, n)
+	s.b.Done(probe, err)
+	return err
+}
+
+// UpdateBucket implements [limiter.BucketStore].
+func (s *Store) UpdateBucket(ctx context.Context, key limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+	probe, err := s.b.Allow()
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	d, err := s.s.UpdateBucket(ctx, key, op, ttl)
+	s.b.Done(probe, err)
+	return d, err
+}
+
+// UpdateLog implements [limiter.LogStore].
+func (s *Store) UpdateLog(ctx context.Context, key limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+	probe, err := s.b.Allow()
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	d, err := s.s.UpdateLog(ctx, key, op, ttl)
+	s.b.Done(probe, err)
+	return d, err
+}
