@@ -29,7 +29,8 @@ func TestParseDefaults(t *testing.T) {
 	if e.Deadline != DefaultDeadline || e.RulesTTL != DefaultRulesTTL || e.DefaultBackend != BackendMemory ||
 		e.HTTPResponses != DefaultHTTPResponses || e.LogLevel != slog.LevelInfo || e.Shed.Enabled() ||
 		e.Shed.FleetReserve != DefaultShedFleetReserve || e.Shed.LeaseTTL != DefaultShedLeaseTTL ||
-		e.Shed.FleetName != DefaultShedFleetName || e.Shed.UtilizationMaxAge != DefaultShedUtilizationMaxAge {
+		e.Shed.FleetName != DefaultShedFleetName || e.Shed.UtilizationMaxAge != DefaultShedUtilizationMaxAge ||
+		e.Breaker != (Breaker{Failures: DefaultBreakerFailures, OpenFor: DefaultBreakerOpenFor}) || !e.Breaker.Enabled() {
 		t.Errorf("defaults %+v", e)
 	}
 }
@@ -72,6 +73,10 @@ func TestParseBounds(t *testing.T) {
 		{EnvShedFleetName, long, long + "n"},
 		{EnvShedUtilization, long, long + "n"},
 		{EnvShedFleetReserve, "0.99", "1"},
+		{EnvBreakerFailures, strconv.Itoa(MaxBreakerFailures), strconv.Itoa(MaxBreakerFailures + 1)},
+		{EnvBreakerFailures, "0", "-1"},
+		{EnvBreakerOpenFor, MaxBreakerOpenFor.String(), (MaxBreakerOpenFor + time.Second).String()},
+		{EnvBreakerOpenFor, "1ns", "0s"},
 	} {
 		on := map[string]string{EnvMemcachedAddrs: "a:1", EnvShedFleetCapacity: "10"}
 		on[tt.name] = tt.ok
@@ -204,5 +209,12 @@ func TestNamesLiveHere(t *testing.T) {
 	}
 	if files < 50 {
 		t.Fatalf("scanned %d Go files under %s; the walk is broken", files, root)
+	}
+}
+
+func TestParseBreakerOff(t *testing.T) {
+	e, err := Parse(envOf(map[string]string{EnvBreakerFailures: "0", EnvBreakerOpenFor: "250ms"}))
+	if err != nil || e.Breaker.Enabled() || e.Breaker.OpenFor != 250*time.Millisecond {
+		t.Errorf("breaker %+v, %v; want off", e.Breaker, err)
 	}
 }

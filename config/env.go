@@ -45,11 +45,31 @@ type Env struct {
 	// EnvShedFleetCapacity or EnvShedUtilization is set.
 	Shed Shed
 
+	// Breaker configures the circuit breaker of each network backend
+	// (memcached, dynamo; never memory): on by default.
+	Breaker Breaker
+
 	// TestClock, from EnvTestClock (RFC 3339), freezes the clock. It
 	// exists for the golden tests of the built binary; never set it in a
 	// deployment.
 	TestClock time.Time
 }
+
+// Breaker configures the circuit breakers of the network backends
+// (package backends/breaker): one per backend.
+type Breaker struct {
+	// Failures, from EnvBreakerFailures, is how many store failures in a
+	// row (unavailable or throttled) open a breaker (DefaultBreakerFailures,
+	// at most MaxBreakerFailures); 0 turns the breakers off.
+	Failures int
+	// OpenFor, from EnvBreakerOpenFor, is how long an open breaker fails
+	// calls at once before it lets one probe through
+	// (DefaultBreakerOpenFor, at most MaxBreakerOpenFor).
+	OpenFor time.Duration
+}
+
+// Enabled reports whether the breakers are on.
+func (b Breaker) Enabled() bool { return b.Failures > 0 }
 
 // Shed configures the load shedders (Stripe's fleet-usage and
 // worker-utilization shedders, package limiter). Both are off by default.
@@ -245,6 +265,21 @@ func Parse(getenv func(string) string) (Env, error) {
 	}
 	if v := e.EdgeSecret; v != "" && (len(v) < MinEdgeSecret || len(v) > MaxEdgeSecret || strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f })) {
 		return bad(EnvEdgeSecret, "is not %d to %d printable ASCII characters without spaces", MinEdgeSecret, MaxEdgeSecret)
+	}
+	e.Breaker = Breaker{Failures: DefaultBreakerFailures, OpenFor: DefaultBreakerOpenFor}
+	if v := strings.TrimSpace(getenv(EnvBreakerFailures)); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > MaxBreakerFailures {
+			return bad(EnvBreakerFailures, "%q is not a number of failures from 0 (off) to %d", v, MaxBreakerFailures)
+		}
+		e.Breaker.Failures = n
+	}
+	if v := strings.TrimSpace(getenv(EnvBreakerOpenFor)); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > MaxBreakerOpenFor {
+			return bad(EnvBreakerOpenFor, "%q is not a Go duration between 0 and %v such as %v", v, MaxBreakerOpenFor, DefaultBreakerOpenFor)
+		}
+		e.Breaker.OpenFor = d
 	}
 	shed, err := parseShed(getenv, e)
 	if err != nil {

@@ -75,6 +75,13 @@ const (
 	EnvShedUtilizationMaxAge = "SLUICE_SHED_UTILIZATION_MAX_AGE"
 	// EnvShedBackend holds the leases and the utilization.
 	EnvShedBackend = "SLUICE_SHED_BACKEND"
+
+	// EnvBreakerFailures is how many store failures in a row open a
+	// network backend's circuit breaker; 0 turns the breakers off.
+	EnvBreakerFailures = "SLUICE_BREAKER_FAILURES"
+	// EnvBreakerOpenFor is how long an open breaker fails calls at once
+	// before it lets one probe through.
+	EnvBreakerOpenFor = "SLUICE_BREAKER_OPEN_FOR"
 )
 
 // EnvLambdaLogLevel is Lambda's own log-level variable (advanced logging
@@ -90,6 +97,7 @@ func Names() []string {
 		EnvClientIP, EnvEdgeSecret,
 		EnvShedFleetCapacity, EnvShedFleetReserve, EnvShedFleetShares, EnvShedFleetName,
 		EnvShedLeaseTTL, EnvShedUtilization, EnvShedUtilizationMaxAge, EnvShedBackend,
+		EnvBreakerFailures, EnvBreakerOpenFor,
 	}
 }
 
@@ -158,6 +166,17 @@ const (
 	// MaxStoreName bounds EnvShedUtilization and EnvShedFleetName, names
 	// of keys in the shed store: printable ASCII without spaces.
 	MaxStoreName = 128
+
+	// DefaultBreakerFailures is how many store failures in a row
+	// (unavailable or throttled) open a network backend's breaker.
+	DefaultBreakerFailures = 5
+	// MaxBreakerFailures bounds EnvBreakerFailures.
+	MaxBreakerFailures = 1000
+	// DefaultBreakerOpenFor is how long an open breaker fails calls at
+	// once before one probe: a backend's return is noticed within it.
+	DefaultBreakerOpenFor = time.Second
+	// MaxBreakerOpenFor bounds EnvBreakerOpenFor.
+	MaxBreakerOpenFor = 5 * time.Minute
 
 	// MinEdgeSecret and MaxEdgeSecret bound EnvEdgeSecret: printable
 	// ASCII without spaces, long enough not to be guessed, short enough

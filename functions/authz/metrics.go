@@ -29,6 +29,7 @@ const NoRule = "(none)"
 // Write.
 type Metrics struct {
 	w      io.Writer
+	ns     string
 	prefix []byte // {"_aws":{"Timestamp":
 	middle []byte // ,"CloudWatchMetrics":[...]},"Rule":
 	mu     sync.Mutex
@@ -41,7 +42,7 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 	if ns == "" {
 		ns = DefaultNamespace
 	}
-	m := &Metrics{w: w}
+	m := &Metrics{w: w, ns: ns}
 	m.prefix = []byte(`{"_aws":{"Timestamp":`)
 	mid := []byte(`,"CloudWatchMetrics":[{"Namespace":`)
 	mid = appendJSONString(mid, ns)

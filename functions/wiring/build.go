@@ -12,6 +12,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"github.com/sluicehq/sluice/backends/breaker"
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/backends/memory"
@@ -56,6 +57,9 @@ type Built struct {
 	// Shedding holds the load shedders of the SLUICE_SHED_* variables; nil
 	// when none is configured (or Outputs.Shedder replaced them).
 	Shedding *Shedding
+	// Breakers are the network backends' circuit breakers by backend
+	// name; nil when SLUICE_BREAKER_FAILURES is 0.
+	Breakers map[string]*breaker.Breaker
 	// Logger is the handler's logger.
 	Logger  *slog.Logger
 	closers []func()
@@ -132,6 +136,10 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 			return fail(fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err))
 		}
 		b.Stores[BackendDynamo] = st
+	}
+	metrics := authz.NewMetrics(out.Stdout, env.MetricsNamespace)
+	if b.Breakers, err = wrapBreakers(env, b.Stores, logger, metrics); err != nil {
+		return fail(err)
 	}
 	// Open the network backends' connections now, at init, rather than in
 	// the first decision, whose deadline a TLS handshake to DynamoDB or a
@@ -241,7 +249,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		Policy:        source,
 		Deadline:      env.Deadline,
 		Clock:         clock,
-		Metrics:       authz.NewMetrics(out.Stdout, env.MetricsNamespace),
+		Metrics:       metrics,
 		Logger:        logger,
 		HTTPResponses: env.HTTPResponses,
 		LogKey:        logKey,

@@ -106,7 +106,7 @@ func buildShedding(env ShedEnv, store ShedStore, backend string, clock limiter.C
 func newShedStore(env Env, stores map[string]any, ddb *dynamodb.Client) (ShedStore, error) {
 	switch env.Shed.Backend {
 	case BackendMemcached:
-		mc, ok := stores[BackendMemcached].(*memcached.Store)
+		mc, ok := unwrap(stores[BackendMemcached]).(*memcached.Store)
 		if !ok {
 			return nil, fmt.Errorf("%s: memcached is not configured (set %s)", config.EnvShedBackend, config.EnvMemcachedAddrs)
 		}

@@ -72,7 +72,10 @@ func TestDynamoStallBoundsConnections(t *testing.T) {
 	vars := map[string]string{
 		"SLUICE_DYNAMO_TABLE": "stall",
 		"SLUICE_DEADLINE":     deadline.String(),
-		"SLUICE_RULES_YAML":   `rules: [{name: open, key: "{ip}", fail: open, limits: [{algorithm: token_bucket, max_amount: 1000000, refill_time: 1s, backend: dynamo}]}]`,
+		// The breaker would stop the calls after 5 failures: this test is
+		// about the transport under a stream of calls.
+		"SLUICE_BREAKER_FAILURES": "0",
+		"SLUICE_RULES_YAML":       `rules: [{name: open, key: "{ip}", fail: open, limits: [{algorithm: token_bucket, max_amount: 1000000, refill_time: 1s, backend: dynamo}]}]`,
 	}
 	env, err := ParseEnv(func(k string) string { return vars[k] })
 	if err != nil {
