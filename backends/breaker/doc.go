@@ -29,7 +29,10 @@
 // [limiter.BucketStore] and [limiter.LogStore] (memcached, DynamoDB) with
 // one breaker for the whole backend: every key and, for memcached, every
 // node share it. A breaker per memcached node would keep the healthy nodes'
-// keys on the store while one node is down; it is not built.
+// keys on the store while one node is down; it is not built. [Leases]
+// puts the load shedders' store ([limiter.LeaseStore],
+// [limiter.GaugeStore]) behind the same breaker as the counters of its
+// backend.
 //
 // This package imports only the limiter package and the standard library.
 package breaker

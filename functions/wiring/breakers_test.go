@@ -165,3 +165,28 @@ func BenchmarkDecisionBreakerOpen(b *testing.B) {
 		}
 	}
 }
+
+// The fleet shedder's store shares the backend's breaker: once it opened,
+// the shedder's error wraps limiter.ErrBreakerOpen too (and the request
+// goes on: shedding fails open).
+func TestBreakerShedStore(t *testing.T) {
+	b, _ := buildEnv(t, map[string]string{
+		"SLUICE_MEMCACHED_ADDRS":     hungListener(t),
+		"SLUICE_RULES_YAML":          failModeRules,
+		"SLUICE_DEADLINE":            "50ms",
+		"SLUICE_SHED_FLEET_CAPACITY": "10",
+		"SLUICE_BREAKER_FAILURES":    "2",
+		"SLUICE_BREAKER_OPEN_FOR":    "5m",
+	})
+	br := b.Breakers[BackendMemcached]
+	for i := 0; br.State() != breaker.Open; i++ {
+		if i == 3 {
+			t.Fatalf("breaker %v after %d decisions", br.State(), i)
+		}
+		b.Handler.Decide(t.Context(), requestTo("/open"))
+	}
+	resp, res, err := b.Handler.Decide(t.Context(), requestTo("/open"))
+	if err != nil || !resp.Allowed() || !errors.Is(res.ShedErr, limiter.ErrBreakerOpen) || !errors.Is(res.Evals[0].Err, limiter.ErrBreakerOpen) {
+		t.Errorf("with the breaker open: %+v shed error %v, evals %+v, %v", resp, res.ShedErr, res.Evals, err)
+	}
+}

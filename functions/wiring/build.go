@@ -177,6 +177,11 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 			if err != nil {
 				return fail(fmt.Errorf("wiring: load shedder: %w", err))
 			}
+			if br := b.Breakers[env.Shed.Backend]; br != nil {
+				if st, err = breaker.WrapLeases(st, br); err != nil {
+					return fail(fmt.Errorf("wiring: load shedder: %w", err))
+				}
+			}
 			store, backend = st, env.Shed.Backend
 			if backend == BackendMemcached {
 				warmShed(ctx, logger, store, env.Deadline)
