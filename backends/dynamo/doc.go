@@ -162,6 +162,16 @@
 // throttled request fails with its throttling error well within the
 // deadline.
 //
+// The client's HTTP transport is the caller's; [NewHTTPClient] builds one
+// bounded by the deadline (the authorizer uses it): connect and TLS
+// handshake timeouts of the deadline, at most [MaxConnsPerHost] connections
+// to the endpoint (dialing, in use and idle together), idle ones closed
+// after [IdleConnTimeout]. With the SDK's default transport (30 s connect
+// timeout, no useful per-host bound) a stalled endpoint makes the open
+// connections grow with the request rate: each request whose deadline
+// passes leaves its dial running. A circuit breaker in front of the store
+// (backends/breaker) stops the calls altogether during an outage.
+//
 // # Regions
 //
 // Conditional writes and ADD are atomic within one region. With a global
