@@ -1,0 +1,109 @@
+//go:build linux
+
+package wiring
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/breaker"
+	"github.com/sluicehq/sluice/internal/testserver"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// TestDynamoStallBreaker stalls a private DynamoDB Local (SIGSTOP) under
+// an authorizer with its default-on breaker (3 failures, 500 ms open):
+// after the failures that open it, decisions follow the fail mode without
+// a DynamoDB request (the breaker refuses them; its failure count stands
+// still); after SIGCONT, the first decision past the open interval probes
+// and closes it (a probe that the waking server answers too late reopens
+// it for another interval: the test allows five and logs how many it
+// took).
+func TestDynamoStallBreaker(t *testing.T) {
+	srv := testserver.StartDynamoDBLocal(t)
+	t.Setenv("AWS_ENDPOINT_URL_DYNAMODB", srv.Endpoint())
+	t.Setenv("AWS_ACCESS_KEY_ID", "local")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "local")
+	t.Setenv("AWS_SESSION_TOKEN", "")
+	t.Setenv("AWS_REGION", "us-east-1")
+	t.Setenv("AWS_PROFILE", "")
+	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)
+	const openFor = 500 * time.Millisecond
+	vars := map[string]string{
+		"SLUICE_DYNAMO_TABLE":     "stall",
+		"SLUICE_DEADLINE":         "250ms",
+		"SLUICE_BREAKER_FAILURES": "3",
+		"SLUICE_BREAKER_OPEN_FOR": openFor.String(),
+		"SLUICE_RULES_YAML":       `rules: [{name: closed, key: "{ip}", fail: closed, limits: [{algorithm: sliding_window, limit: 1000000, window: 1m, backend: dynamo}]}]`,
+	}
+	env, err := ParseEnv(func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Build(t.Context(), env, Outputs{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}, CreateTable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	br := b.Breakers[BackendDynamo]
+	if br == nil {
+		t.Fatal("no breaker on dynamo")
+	}
+	decide := func() (allowed bool, err error) {
+		resp, res, herr := b.Handler.Decide(t.Context(), requestTo("/x"))
+		if herr != nil {
+			t.Fatal(herr)
+		}
+		return resp.Allowed(), res.Evals[0].Err
+	}
+	if ok, err := decide(); !ok || err != nil {
+		t.Fatalf("before the stall: allowed=%v %v", ok, err)
+	}
+
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	for i := 0; br.State() != breaker.Open; i++ {
+		if i == 3 {
+			t.Fatalf("breaker %v after 3 failed decisions", br.State())
+		}
+		if ok, err := decide(); ok || !errors.Is(err, limiter.ErrUnavailable) {
+			t.Fatalf("stalled: allowed=%v %v", ok, err)
+		}
+	}
+	before := br.Stats()
+	for range 50 {
+		if ok, err := decide(); ok || !errors.Is(err, limiter.ErrBreakerOpen) {
+			t.Fatalf("breaker open: allowed=%v %v", ok, err)
+		}
+	}
+	if st := br.Stats(); st.Rejected-before.Rejected != 50 || st.Failures != before.Failures {
+		t.Errorf("stats %+v after %+v: want 50 refused, no store call", st, before)
+	}
+
+	srv.Resume()
+	resumed = true
+	probes := br.Stats().Probes
+	for interval := 1; ; interval++ {
+		time.Sleep(openFor)
+		ok, err := decide()
+		if ok && err == nil {
+			break
+		}
+		if interval == 5 {
+			t.Fatalf("breaker %v after %d open intervals with the server back; last %v", br.State(), interval, err)
+		}
+	}
+	if br.State() != breaker.Closed {
+		t.Errorf("breaker %v after a decision reached the store", br.State())
+	}
+	t.Logf("closed by probe %d after SIGCONT (open interval %v)", br.Stats().Probes-probes, openFor)
+}
