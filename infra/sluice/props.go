@@ -183,6 +183,14 @@ type Function struct {
 	// MetricsNamespace of the EMF metrics (SLUICE_METRICS_NAMESPACE).
 	// Default config.DefaultMetricsNamespace.
 	MetricsNamespace string
+	// BreakerFailures (SLUICE_BREAKER_FAILURES) is how many store
+	// failures in a row open a network backend's circuit breaker. Default
+	// config.DefaultBreakerFailures; negative turns the breakers off.
+	BreakerFailures int
+	// BreakerOpenFor (SLUICE_BREAKER_OPEN_FOR) is how long an open
+	// breaker answers at once before one probe. Default
+	// config.DefaultBreakerOpenFor.
+	BreakerOpenFor time.Duration
 	// LogRetention of the function's log group. Default one month.
 	LogRetention awslogs.RetentionDays
 	// ReservedConcurrency, 0 for none.

@@ -422,6 +422,12 @@ func (r *RateLimiter) buildEnv() {
 		config.EnvDeadline:         p.Function.Deadline.String(),
 		config.EnvMetricsNamespace: p.Function.MetricsNamespace,
 	}
+	if n := p.Function.BreakerFailures; n != 0 {
+		env[config.EnvBreakerFailures] = strconv.Itoa(max(n, 0))
+	}
+	if d := p.Function.BreakerOpenFor; d != 0 {
+		env[config.EnvBreakerOpenFor] = d.String()
+	}
 	if c := r.cache; c != nil {
 		env[config.EnvMemcachedAddrs] = c.addrs
 		env[config.EnvMemcachedTLS] = strconv.FormatBool(c.tls)
@@ -465,6 +471,10 @@ func propOf(err error) string {
 		return "Function.Deadline"
 	case config.EnvMetricsNamespace:
 		return "Function.MetricsNamespace"
+	case config.EnvBreakerFailures:
+		return "Function.BreakerFailures"
+	case config.EnvBreakerOpenFor:
+		return "Function.BreakerOpenFor"
 	case config.EnvRulesTTL:
 		return "Rules.TableTTL"
 	case config.EnvEdgeSecret, config.EnvClientIP:
