@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -125,33 +124,9 @@ func TestServerStoppedMidRun(t *testing.T) {
 // A server that accepts connections and never answers: calls end at the
 // deadline with ErrUnavailable wrapping context.DeadlineExceeded.
 func TestServerHangs(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
+	addr := testserver.Hung(t)
 	const timeout = 200 * time.Millisecond
-	s, err := dynamo.New(newClient("http://"+ln.Addr().String()), dynamo.Config{Table: "hang", Timeout: timeout})
+	s, err := dynamo.New(newClient("http://"+addr), dynamo.Config{Table: "hang", Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}

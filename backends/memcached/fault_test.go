@@ -168,36 +168,9 @@ func TestDeadPooledConnections(t *testing.T) {
 // Calls fail with ErrUnavailable wrapping context.DeadlineExceeded at the
 // Store's Timeout or the caller's earlier deadline.
 func TestHungServer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	var mu sync.Mutex
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
+	addr := testserver.Hung(t)
 	const timeout = 200 * time.Millisecond
-	s := newStore(t, memcached.Config{Addrs: []string{ln.Addr().String()}, Timeout: timeout})
+	s := newStore(t, memcached.Config{Addrs: []string{addr}, Timeout: timeout})
 	for name, l := range limiters(t, s) {
 		for _, c := range []struct {
 			deadline time.Duration // the caller's; 0: none

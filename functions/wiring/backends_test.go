@@ -151,33 +151,8 @@ func TestFailModesMemcachedStopped(t *testing.T) {
 // connections and never answers: the deadline, not the backend, ends the
 // decision.
 func TestFailModesHungBackend(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c) // hold it open, say nothing
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
 	b, metrics := buildEnv(t, map[string]string{
-		"SLUICE_MEMCACHED_ADDRS": ln.Addr().String(),
+		"SLUICE_MEMCACHED_ADDRS": testserver.Hung(t),
 		"SLUICE_RULES_YAML":      failModeRules,
 		"SLUICE_DEADLINE":        "100ms",
 	})

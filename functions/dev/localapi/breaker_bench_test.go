@@ -2,14 +2,13 @@ package main
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 
 	"github.com/sluicehq/sluice/backends/breaker"
 	"github.com/sluicehq/sluice/functions/wiring"
+	"github.com/sluicehq/sluice/internal/testserver"
 )
 
 // BenchmarkOutageBreakerOpen is one request through the local API (HTTP
@@ -24,33 +23,8 @@ func BenchmarkOutage(b *testing.B) {
 }
 
 func benchOutage(b *testing.B, withBreaker bool) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c) // hold it open, say nothing
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
 	vars := map[string]string{
-		"SLUICE_MEMCACHED_ADDRS":  ln.Addr().String(),
+		"SLUICE_MEMCACHED_ADDRS":  testserver.Hung(b),
 		"SLUICE_RULES_YAML":       `rules: [{name: open, key: "{ip}", fail: open, limits: [{algorithm: token_bucket, max_amount: 100, refill_time: 1s}]}]`,
 		"SLUICE_DEADLINE":         "250ms",
 		"SLUICE_BREAKER_OPEN_FOR": "5m",
