@@ -198,35 +198,8 @@ func TestHungServer(t *testing.T) {
 // TestCancelInterrupts: cancelling the caller's context interrupts a call
 // blocked on a server that does not answer.
 func TestCancelInterrupts(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	var mu sync.Mutex
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	s := newStore(t, memcached.Config{Addrs: []string{ln.Addr().String()}, Timeout: time.Minute})
+	addr := testserver.Hung(t)
+	s := newStore(t, memcached.Config{Addrs: []string{addr}, Timeout: time.Minute})
 	for name, l := range limiters(t, s) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(50*time.Millisecond, cancel)

@@ -209,7 +209,18 @@ func checkNPlusOne(t *testing.T, b *Built, n int) {
 // dynamoEnv points the AWS SDK at the shared DynamoDB Local.
 func dynamoEnv(t *testing.T) *dynamodb.Client {
 	t.Helper()
-	endpoint := testserver.DynamoDB(t)
+	sdkEnv(t, testserver.DynamoDB(t))
+	cfg, err := config.LoadDefaultConfig(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dynamodb.NewFromConfig(cfg)
+}
+
+// sdkEnv points the AWS SDK, as the authorizer loads it, at the DynamoDB
+// Local at endpoint, with dummy credentials and no shared config files.
+func sdkEnv(t *testing.T, endpoint string) {
+	t.Helper()
 	t.Setenv("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
 	t.Setenv("AWS_ACCESS_KEY_ID", "local")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "local")
@@ -218,11 +229,6 @@ func dynamoEnv(t *testing.T) *dynamodb.Client {
 	t.Setenv("AWS_PROFILE", "")
 	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)
-	cfg, err := config.LoadDefaultConfig(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dynamodb.NewFromConfig(cfg)
 }
 
 func TestDynamoBackend(t *testing.T) {

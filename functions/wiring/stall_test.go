@@ -62,14 +62,7 @@ func TestDynamoStallBoundsConnections(t *testing.T) {
 		t.Skip("a 12 s stall")
 	}
 	srv := testserver.StartDynamoDBLocal(t)
-	t.Setenv("AWS_ENDPOINT_URL_DYNAMODB", srv.Endpoint())
-	t.Setenv("AWS_ACCESS_KEY_ID", "local")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "local")
-	t.Setenv("AWS_SESSION_TOKEN", "")
-	t.Setenv("AWS_REGION", "us-east-1")
-	t.Setenv("AWS_PROFILE", "")
-	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)
+	sdkEnv(t, srv.Endpoint())
 	const deadline = 250 * time.Millisecond
 	vars := map[string]string{
 		"SLUICE_DYNAMO_TABLE": "stall",
