@@ -26,53 +26,145 @@ const MaxDocumentSize = 1 << 20
 //
 // Anchors and aliases are refused, unknown fields are errors, and a field
 // of another algorithm than the limit's is an error.
+//
+// Parse returns the rules only; [ParseDocument] returns the allow and deny
+// lists too.
 func Parse(data []byte) ([]Rule, error) {
+	doc, err := ParseDocument(data)
+	return doc.Rules, err
+}
+
+// Document is a parsed rules document.
+type Document struct {
+	// Rules are the rules, in order.
+	Rules []Rule
+	// Lists are the document's allow and deny lists.
+	Lists Lists
+}
+
+// ParseDocument parses and validates a rules document, as [Parse] does,
+// with its top-level allow and deny lists:
+//
+//	deny:
+//	  cidrs: ["203.0.113.0/24"]
+//	  keys: {api_key: [leaked-key]}
+//	allow:
+//	  cidrs: ["10.0.0.0/8"]
+func ParseDocument(data []byte) (Document, error) {
+	var out Document
 	root, err := parseYAML(data)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
 	doc, err := asMapping(root, "document", -1, "")
 	if err != nil {
-		return nil, err
+		return out, err
 	}
-	if err := doc.only("version", "rules"); err != nil {
-		return nil, err
+	if err := doc.only("version", "rules", "allow", "deny"); err != nil {
+		return out, err
 	}
 	if v, ok, err := doc.integer("version"); err != nil {
-		return nil, err
+		return out, err
 	} else if ok && v != 1 {
-		return nil, fmt.Errorf("%w: version: %d is not a supported version (1)", ErrInvalidRule, v)
+		return out, fmt.Errorf("%w: version: %d is not a supported version (1)", ErrInvalidRule, v)
+	}
+	if out.Lists.Allow, err = decodeList(doc, "allow"); err != nil {
+		return out, err
+	}
+	if out.Lists.Deny, err = decodeList(doc, "deny"); err != nil {
+		return out, err
+	}
+	if _, _, err := compileLists(&out.Lists); err != nil {
+		return out, err
 	}
 	list, ok := doc.fields["rules"]
 	if !ok {
-		return nil, fmt.Errorf("%w: document: a top-level \"rules\" list is required", ErrInvalidRule)
+		return out, fmt.Errorf("%w: document: a top-level \"rules\" list is required", ErrInvalidRule)
 	}
 	if list.Kind != yaml.SequenceNode {
 		if list.Tag == "!!null" {
-			return nil, nil
+			return out, nil
 		}
-		return nil, fmt.Errorf("%w: rules: want a list of rules, got %s (line %d)", ErrInvalidRule, kindName(list), list.Line)
+		return out, fmt.Errorf("%w: rules: want a list of rules, got %s (line %d)", ErrInvalidRule, kindName(list), list.Line)
 	}
 	if len(list.Content) > MaxRules {
-		return nil, fmt.Errorf("%w: rules: %d rules; at most %d", ErrInvalidRule, len(list.Content), MaxRules)
+		return out, fmt.Errorf("%w: rules: %d rules; at most %d", ErrInvalidRule, len(list.Content), MaxRules)
 	}
 	rules := make([]Rule, 0, len(list.Content))
 	seen := make(map[string]int, len(list.Content))
 	for i, n := range list.Content {
 		r, err := decodeRule(n, i)
 		if err != nil {
-			return nil, err
+			return out, err
 		}
 		if _, err := compile(r, i); err != nil {
-			return nil, err
+			return out, err
 		}
 		if j, dup := seen[r.Name]; dup {
-			return nil, ruleError(r.Name, i, "name", "already used by rules[%d]", j)
+			return out, ruleError(r.Name, i, "name", "already used by rules[%d]", j)
 		}
 		seen[r.Name] = i
 		rules = append(rules, r)
 	}
-	return rules, nil
+	out.Rules = rules
+	return out, nil
+}
+
+// ParseLists parses a mapping with "allow" and/or "deny" lists (as at the
+// top of a rules document), as stored in a rules table's lists item.
+func ParseLists(data []byte) (Lists, error) {
+	var l Lists
+	root, err := parseYAML(data)
+	if err != nil {
+		return l, err
+	}
+	m, err := asMapping(root, "lists", -1, "")
+	if err != nil {
+		return l, err
+	}
+	if err := m.only("allow", "deny"); err != nil {
+		return l, err
+	}
+	if l.Allow, err = decodeList(m, "allow"); err != nil {
+		return l, err
+	}
+	if l.Deny, err = decodeList(m, "deny"); err != nil {
+		return l, err
+	}
+	_, _, err = compileLists(&l)
+	return l, err
+}
+
+// decodeList decodes the list named name of the document mapping doc.
+func decodeList(doc *mapping, name string) (List, error) {
+	var l List
+	m, ok, err := doc.mapping(name)
+	if err != nil || !ok {
+		return l, err
+	}
+	if err := m.only("cidrs", "keys"); err != nil {
+		return l, err
+	}
+	if l.CIDRs, _, err = m.strsMax("cidrs", MaxListEntries); err != nil {
+		return l, err
+	}
+	km, ok, err := m.mapping("keys")
+	if err != nil || !ok {
+		return l, err
+	}
+	attrs := make([]string, 0, len(km.fields))
+	for k := range km.fields {
+		attrs = append(attrs, k)
+	}
+	slices.Sort(attrs)
+	for _, a := range attrs {
+		vals, _, err := km.strsMax(a, MaxListEntries)
+		if err != nil {
+			return l, err
+		}
+		l.Keys = append(l.Keys, ListKey{Attribute: a, Values: vals})
+	}
+	return l, nil
 }
 
 // ParseRule parses and validates one rule (a YAML or JSON mapping with the
@@ -156,7 +248,8 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 	if err != nil {
 		return r, err
 	}
-	if err := m.only("name", "description", "match", "key", "skip_if_missing", "client_ip", "limits", "cost", "priority", "fail", "require"); err != nil {
+	if err := m.only("name", "description", "match", "key", "skip_if_missing", "client_ip", "limits", "cost", "priority", "fail", "require",
+		"shadow", "tier", "tier_lookup", "tiers", "concurrency"); err != nil {
 		return r, err
 	}
 	if r.Name, _, err = m.str("name"); err != nil {
@@ -176,6 +269,68 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 	}
 	if r.Require, _, err = m.strs("require"); err != nil {
 		return r, err
+	}
+	if r.Shadow, _, err = m.boolean("shadow"); err != nil {
+		return r, err
+	}
+	if r.Tier, _, err = m.str("tier"); err != nil {
+		return r, err
+	}
+	if r.TierLookup, _, err = m.boolean("tier_lookup"); err != nil {
+		return r, err
+	}
+	if cm, ok, err := m.mapping("concurrency"); err != nil {
+		return r, err
+	} else if ok {
+		if err := cm.only("name", "limit", "lease_ttl"); err != nil {
+			return r, err
+		}
+		cc := &ConcurrencyLimit{}
+		if cc.Name, _, err = cm.str("name"); err != nil {
+			return r, err
+		}
+		if cc.Limit, _, err = cm.integer("limit"); err != nil {
+			return r, err
+		}
+		if cc.LeaseTTL, _, err = cm.duration("lease_ttl"); err != nil {
+			return r, err
+		}
+		r.Concurrency = cc
+	}
+	if tn, ok := m.fields["tiers"]; ok && tn.Tag != "!!null" {
+		if tn.Kind != yaml.MappingNode {
+			return r, m.errorf("tiers", "want a mapping of tier names to lists of limits, got %s (line %d)", kindName(tn), tn.Line)
+		}
+		if len(tn.Content)/2 > MaxTiers {
+			return r, m.errorf("tiers", "%d tiers; at most %d per rule", len(tn.Content)/2, MaxTiers)
+		}
+		seenTier := map[string]bool{}
+		for i := 0; i+1 < len(tn.Content); i += 2 {
+			k, v := tn.Content[i], tn.Content[i+1]
+			if k.Kind != yaml.ScalarNode {
+				return r, m.errorf("tiers", "a tier name must be a string (line %d)", k.Line)
+			}
+			field := "tiers." + clip(k.Value)
+			if seenTier[k.Value] {
+				return r, m.errorf(field, "given twice (line %d)", k.Line)
+			}
+			seenTier[k.Value] = true
+			if v.Kind != yaml.SequenceNode {
+				return r, m.errorf(field, "want a list of limits, got %s (line %d)", kindName(v), v.Line)
+			}
+			if len(v.Content) > MaxLimitsPerRule {
+				return r, m.errorf(field, "%d limits; at most %d per tier", len(v.Content), MaxLimitsPerRule)
+			}
+			t := Tier{Name: k.Value}
+			for j, ln := range v.Content {
+				l, err := decodeLimit(ln, fmt.Sprintf("%s[%d]", field, j), index, r.Name)
+				if err != nil {
+					return r, err
+				}
+				t.Limits = append(t.Limits, l)
+			}
+			r.Tiers = append(r.Tiers, t)
+		}
 	}
 	if s, ok, err := m.str("priority"); err != nil {
 		return r, err
@@ -461,8 +616,15 @@ func (m *mapping) duration(name string) (time.Duration, bool, error) {
 	return d, true, nil
 }
 
-// strs reads a list of strings; a single value is a list of one.
+// strs reads a list of at most 256 strings; a single value is a list of
+// one.
 func (m *mapping) strs(name string) ([]string, bool, error) {
+	return m.strsMax(name, 256)
+}
+
+// strsMax reads a list of at most max strings; a single value is a list
+// of one.
+func (m *mapping) strsMax(name string, max int) ([]string, bool, error) {
 	n, ok := m.fields[name]
 	if !ok || n.Tag == "!!null" {
 		return nil, false, nil
@@ -473,8 +635,8 @@ func (m *mapping) strs(name string) ([]string, bool, error) {
 	if n.Kind != yaml.SequenceNode {
 		return nil, false, m.errorf(name, "want a list, got %s (line %d)", kindName(n), n.Line)
 	}
-	if len(n.Content) > 256 {
-		return nil, false, m.errorf(name, "more than 256 entries")
+	if len(n.Content) > max {
+		return nil, false, m.errorf(name, "more than %d entries", max)
 	}
 	out := make([]string, 0, len(n.Content))
 	for i, c := range n.Content {

@@ -238,13 +238,30 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"rules":[{"name":"a","key":"{header:x}","limits":[{"algorithm":"sliding_log","limit":2,"window":"1s"}]}]}`))
 	f.Add([]byte("rules:\n  - name: a\n    key: '{ip}:{query:q}'\n    match: {paths: ['/**/x/*']}\n    limits: [{algorithm: sliding_window, limit: 3, window: 3s, sub_windows: 3}]\n"))
 	f.Add([]byte("rules: [{name: a, key: '{ip}', limits: [{algorithm: token_bucket, max_amount: 1e3, refill_time: 1s}]}]"))
+	f.Add([]byte(tiersDoc))
+	f.Add([]byte(listsDoc))
+	f.Add([]byte(`{"deny":{"cidrs":["::ffff:10.0.0.0/104"],"keys":{"query:k":["v"]}},"rules":[{"name":"a","key":"{ip}","tier":"{api_key}","tier_lookup":true,"tiers":{"p":[{"algorithm":"fixed_window","limit":2,"window":"1s"}]},"limits":[{"algorithm":"fixed_window","limit":1,"window":"1s"}]}]}`))
 	f.Fuzz(func(t *testing.T, doc []byte) {
-		rules, err := Parse(doc)
+		d, err := ParseDocument(doc)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidRule) {
 				t.Fatalf("error %v does not wrap ErrInvalidRule", err)
 			}
 			return
+		}
+		rules := d.Rules
+		allow, deny, err := compileLists(&d.Lists)
+		if err != nil {
+			t.Fatalf("ParseDocument accepted lists that do not compile: %v", err)
+		}
+		ls := lists{allow: allow, deny: deny}
+		ls.check(&Request{SourceIP: "10.0.0.1", APIKey: "k", Headers: Header{"x": "\x00"}, Query: Query{"k": "v"}})
+		for i, r := range rules {
+			c, err := compile(r, i)
+			if err != nil {
+				t.Fatalf("ParseDocument accepted a rule compile refuses: %v", err)
+			}
+			c.tierIndex(&Request{APIKey: "p", Headers: Header{"x-plan": "p"}}, Tiers{"p": "p"}.Lookup)
 		}
 		p, err := New(rules, Options{Stores: memStores(t)})
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,9 @@ const (
 	MaxWindow = 30 * 24 * time.Hour
 	// MaxXFFHops is the largest client_ip.hops.
 	MaxXFFHops = 16
+	// MaxLeaseTTL is the longest concurrency.lease_ttl (a Lambda's longest
+	// run).
+	MaxLeaseTTL = 15 * time.Minute
 )
 
 // ErrInvalidRule is wrapped by every error about a rule or a rules document.
@@ -68,7 +72,64 @@ type Rule struct {
 	// carry; a request without one gets an authentication failure rather
 	// than a rate-limit decision.
 	Require []string
+	// Shadow evaluates the rule without enforcing it: its limits are
+	// checked and counted, a would-be denial is reported (Eval.Shadow,
+	// the ShadowDenied metric, a log line) and the request goes on. A
+	// shadow rule takes no capacity from the enforcing rules.
+	Shadow bool
+	// Tier is a template of one placeholder, e.g. "{header:X-Plan}", whose
+	// value picks the rule's limits per request among Tiers; a request
+	// whose value is missing or names no tier gets Limits (the default
+	// tier). With TierLookup the value is first mapped to a tier name by
+	// Options.TierOf (the rules table's tier items).
+	Tier string
+	// TierLookup maps the Tier value through Options.TierOf instead of
+	// taking it as a tier name (for values that are secrets or too many to
+	// list, such as API keys).
+	TierLookup bool
+	// Tiers are the rule's limits per tier, besides the default tier
+	// (Limits). Only with Tier.
+	Tiers []Tier
+	// Concurrency, when not nil, is Stripe's concurrent-requests limit on
+	// the rule's key: at most Concurrency.Limit requests of one key in
+	// flight. The authorizer acquires a lease and passes it on in its
+	// context; the integration releases it (lambdawrap).
+	Concurrency *ConcurrencyLimit
 }
+
+// Tier is one named set of a rule's limits.
+type Tier struct {
+	// Name is the tier's name, as the Tier attribute gives it: 1 to 64
+	// letters, digits, '.', '_' or '-'; "default" is the name of the
+	// rule's own Limits and cannot be used.
+	Name string
+	// Limits are the tier's limits (as a rule's Limits).
+	Limits []Limit
+}
+
+// DefaultTier is the name of a rule's own limits in decisions and metrics.
+const DefaultTier = "default"
+
+// MaxTiers is the largest number of tiers of a rule, besides the default.
+const MaxTiers = 16
+
+// ConcurrencyLimit is a rule's concurrent-requests limit.
+type ConcurrencyLimit struct {
+	// Name identifies the limit (it is part of the stored key); default
+	// "<rule>.concurrency".
+	Name string
+	// Limit is the number of requests of one key in flight, 1 to
+	// limiter.MaxLeases.
+	Limit int64
+	// LeaseTTL bounds how long a lease whose release was lost holds its
+	// slot: set it above the integration's timeout. Zero means
+	// DefaultLeaseTTL.
+	LeaseTTL time.Duration
+}
+
+// DefaultLeaseTTL is a concurrency limit's lease TTL when the rule gives
+// none: API Gateway's longest integration timeout (29 s) and a margin.
+const DefaultLeaseTTL = 30 * time.Second
 
 // Match selects requests. Each non-empty list must contain the request's
 // value; empty lists match everything.
@@ -172,6 +233,7 @@ type compiledRule struct {
 	methods []string // upper case; nil matches any
 	require []keyPart
 	cost    int64
+	tier    *keyPart // nil without tiers
 }
 
 // compile validates r (rules[index]) and returns it compiled, with defaults
@@ -270,6 +332,75 @@ func compile(r Rule, index int) (*compiledRule, error) {
 		names[l.Name] = true
 		minCap = min(minCap, l.Capacity())
 		c.Limits[i] = l
+	}
+
+	tierNames := map[string]bool{DefaultTier: true}
+	switch {
+	case r.Tier == "" && len(r.Tiers) > 0:
+		return nil, bad("tier", `required with tiers (for example "{header:X-Plan}")`)
+	case r.Tier == "" && r.TierLookup:
+		return nil, bad("tier_lookup", "only applies with tier")
+	case r.Tier != "":
+		p, err := compileTier(r.Tier)
+		if err != nil {
+			return nil, bad("tier", "%v", err)
+		}
+		c.tier = &p
+	}
+	if len(r.Tiers) > MaxTiers {
+		return nil, bad("tiers", "%d tiers; at most %d per rule", len(r.Tiers), MaxTiers)
+	}
+	c.Tiers = slices.Clone(r.Tiers)
+	for ti, t := range r.Tiers {
+		tfield := fmt.Sprintf("tiers.%s", t.Name)
+		if !nameRE.MatchString(t.Name) {
+			return nil, bad(fmt.Sprintf("tiers[%d]", ti), "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", t.Name)
+		}
+		if tierNames[t.Name] {
+			if t.Name == DefaultTier {
+				return nil, bad(tfield, "%q is the rule's own limits: give them under limits", t.Name)
+			}
+			return nil, bad(tfield, "given twice")
+		}
+		tierNames[t.Name] = true
+		if len(t.Limits) == 0 {
+			return nil, bad(tfield, "at least one limit is required")
+		}
+		if len(t.Limits) > MaxLimitsPerRule {
+			return nil, bad(tfield, "%d limits; at most %d per tier", len(t.Limits), MaxLimitsPerRule)
+		}
+		limits := make([]Limit, len(t.Limits))
+		for i, l := range t.Limits {
+			field := fmt.Sprintf("%s[%d]", tfield, i)
+			if err := checkLimit(&l, r.Name+"/"+t.Name, i); err != nil {
+				return nil, bad(field, "%v", err)
+			}
+			if names[l.Name] {
+				return nil, bad(field+".name", "%q is used twice in this rule (limit names are unique across its tiers)", l.Name)
+			}
+			names[l.Name] = true
+			minCap = min(minCap, l.Capacity())
+			limits[i] = l
+		}
+		c.Tiers[ti] = Tier{Name: t.Name, Limits: limits}
+	}
+	if r.Concurrency != nil {
+		cc := *r.Concurrency
+		if cc.Name == "" {
+			cc.Name = r.Name + ".concurrency"
+		} else if !nameRE.MatchString(cc.Name) {
+			return nil, bad("concurrency.name", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", cc.Name)
+		}
+		if cc.Limit < 1 || cc.Limit > limiter.MaxLeases {
+			return nil, bad("concurrency.limit", "%d is outside 1..%d", cc.Limit, limiter.MaxLeases)
+		}
+		if cc.LeaseTTL == 0 {
+			cc.LeaseTTL = DefaultLeaseTTL
+		}
+		if cc.LeaseTTL < time.Millisecond || cc.LeaseTTL > MaxLeaseTTL {
+			return nil, bad("concurrency.lease_ttl", "%v is outside 1ms..%v", cc.LeaseTTL, MaxLeaseTTL)
+		}
+		c.Concurrency = &cc
 	}
 
 	c.cost = r.Cost
