@@ -121,7 +121,10 @@ func ConcurrencyWith[In, Out any](h func(context.Context, In) (Out, error), l Le
 }
 
 // LeaseContextKey is the authorizer context key under which an authorizer
-// passes a lease (limiter.Lease.String) to the integration. API Gateway
+// passes its leases to the integration: Sluice's authorizer writes
+// [FormatLeases] (read them with [LeasesFromContext] and release them with
+// [ReleaseLeases]); a single bare lease (limiter.Lease.String) is read by
+// [LeaseFromContext]. API Gateway
 // hands it to a Lambda proxy integration as
 // requestContext.authorizer.sluiceLease (REST APIs) or
 // requestContext.authorizer.lambda.sluiceLease (HTTP APIs).
