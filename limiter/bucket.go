@@ -21,6 +21,10 @@ type TokenBucketConfig struct {
 	// Strict keeps a bucket blocked while traffic continues: a denied
 	// request restarts the refill timer (Smyte's STRICT).
 	Strict bool
+	// NoDenyCache turns off the limit's deny cache (see [DenyCache]),
+	// which is on by default (not for a Strict bucket, whose denials move its refill time): a key the store denied is denied again
+	// without a store request until the denial's RetryAfter has passed.
+	NoDenyCache bool
 }
 
 // TokenBucket is Smyte's token bucket. A bucket holds up to MaxAmount tokens
@@ -38,6 +42,7 @@ type TokenBucket struct {
 	store BucketStore
 	space string
 	ttl   time.Duration
+	cache *DenyCache
 }
 
 // NewTokenBucket returns a token bucket on store, or an error wrapping
@@ -65,6 +70,7 @@ func NewTokenBucket(store BucketStore, cfg TokenBucketConfig) (*TokenBucket, err
 		store: store,
 		space: "tb:" + strconv.FormatInt(cfg.MaxAmount, 10) + ":" + cfg.RefillTime.String() + ":" + strconv.FormatInt(cfg.RefillAmount, 10),
 		ttl:   ttl,
+		cache: newDenyCache(cfg.NoDenyCache, cfg.Strict),
 	}, nil
 }
 
@@ -81,10 +87,7 @@ func (b *TokenBucket) Allow(ctx context.Context, key string, now time.Time) (Dec
 
 // AllowN is Smyte's reduce(n): it takes n tokens if the bucket holds them.
 func (b *TokenBucket) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
-	if n <= 0 || n > b.cfg.MaxAmount {
-		return Decision{}, costError(b.cfg.Name, n, b.cfg.MaxAmount)
-	}
-	return b.update(ctx, key, now, n, opTake)
+	return decideOne(ctx, b, key, now, n)
 }
 
 // Get is Smyte's get(): the bucket's state at now, without taking anything.
@@ -96,6 +99,7 @@ func (b *TokenBucket) Get(ctx context.Context, key string, now time.Time) (Decis
 
 // Refund puts n tokens back (capped at MaxAmount).
 func (b *TokenBucket) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	b.cache.forget(key)
 	if n <= 0 || n > b.cfg.MaxAmount {
 		return costError(b.cfg.Name, n, b.cfg.MaxAmount)
 	}

@@ -18,6 +18,10 @@ type SlidingLogConfig struct {
 	Name   string
 	Limit  int64
 	Window time.Duration
+	// NoDenyCache turns off the limit's deny cache (see [DenyCache]),
+	// which is on by default: a key the store denied is denied again
+	// without a store request until the denial's RetryAfter has passed.
+	NoDenyCache bool
 }
 
 // SlidingLog is the exact sliding window: it keeps the time of every unit
@@ -33,6 +37,7 @@ type SlidingLog struct {
 	cfg   SlidingLogConfig
 	store LogStore
 	space string
+	cache *DenyCache
 }
 
 // NewSlidingLog returns a sliding log on store, or an error wrapping
@@ -47,7 +52,7 @@ func NewSlidingLog(store LogStore, cfg SlidingLogConfig) (*SlidingLog, error) {
 	case cfg.Window <= 0:
 		return nil, configError(kind, cfg.Name, "window", "must be positive, got %v", cfg.Window)
 	}
-	return &SlidingLog{cfg: cfg, store: store, space: "sl:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String()}, nil
+	return &SlidingLog{cfg: cfg, store: store, space: "sl:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String(), cache: newDenyCache(cfg.NoDenyCache, false)}, nil
 }
 
 // Config returns the log's configuration.
@@ -60,14 +65,12 @@ func (l *SlidingLog) Allow(ctx context.Context, key string, now time.Time) (Deci
 
 // AllowN records n units at now if they fit in the window.
 func (l *SlidingLog) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
-	if n <= 0 || n > l.cfg.Limit {
-		return Decision{}, costError(l.cfg.Name, n, l.cfg.Limit)
-	}
-	return l.update(ctx, key, now, n, opTake)
+	return decideOne(ctx, l, key, now, n)
 }
 
 // Refund removes up to n timestamps recorded at now.
 func (l *SlidingLog) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	l.cache.forget(key)
 	if n <= 0 || n > l.cfg.Limit {
 		return costError(l.cfg.Name, n, l.cfg.Limit)
 	}

@@ -34,30 +34,35 @@ func (s *Stack) Allow(ctx context.Context, key string, now time.Time) (Decision,
 	return s.AllowN(ctx, key, now, 1)
 }
 
-// AllowN asks every limit in turn. The decision is the first denial, or when
-// all allow, the allowing decision with the least remaining. When a limit
-// errs, what the earlier ones took is given back and the error returned. If
-// giving back fails, the decision is still returned, with an error wrapping
-// [ErrRefund].
+// AllowN asks every limit, as one batch ([Decide]): the limits on the same
+// store go to it in one round trip where the store batches. The decision is
+// the first denial in the stack's order, or when all allow, the allowing
+// decision with the least remaining. On a denial what the other limits took
+// is given back. When a limit errs, what the others took is given back and
+// the error returned. If giving back fails, the decision is still returned,
+// with an error wrapping [ErrRefund].
 func (s *Stack) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
-	var best Decision
-	for i, l := range s.limits {
-		d, err := l.AllowN(ctx, key, now, n)
-		if err != nil && !errors.Is(err, ErrRefund) {
-			if rerr := s.refund(ctx, key, now, n, i); rerr != nil {
-				err = errors.Join(err, rerr)
-			}
-			return Decision{}, err
-		}
-		if !d.Allowed {
-			rerr := s.refund(ctx, key, now, n, i)
-			return d, errors.Join(err, rerr)
-		}
-		if i == 0 || d.Remaining < best.Remaining || d.Remaining == best.Remaining && d.ResetAfter > best.ResetAfter {
-			best = d
+	var ibuf [8]Item
+	var obuf [8]Outcome
+	items, out := ibuf[:0], obuf[:0]
+	if len(s.limits) > len(ibuf) {
+		items, out = make([]Item, 0, len(s.limits)), make([]Outcome, 0, len(s.limits))
+	}
+	for _, l := range s.limits {
+		items = append(items, Item{Limit: l, Key: key, N: n})
+	}
+	out = out[:len(items)]
+	i, err := Decide(ctx, now, items, out)
+	if err != nil {
+		return Decision{}, err
+	}
+	var errs []error
+	for j := range out {
+		if out[j].Err != nil {
+			errs = append(errs, out[j].Err)
 		}
 	}
-	return best, nil
+	return out[i].Decision, errors.Join(errs...)
 }
 
 // Refund gives back n units to every limit.

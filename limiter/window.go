@@ -73,8 +73,12 @@ type SlidingWindowConfig struct {
 	Estimator Estimator
 	// CountDenied keeps denied requests in the counters (ClassDojo's
 	// behaviour: a client that keeps hammering stays blocked). By default a
-	// denied request is refunded.
+	// denied request is refunded. Such a window has no deny cache.
 	CountDenied bool
+	// NoDenyCache turns off the limit's deny cache (see [DenyCache]),
+	// which is on by default: a key the store denied is denied again
+	// without a store request until the denial's RetryAfter has passed.
+	NoDenyCache bool
 }
 
 // SlidingWindow is the approximated sliding window: time is cut into
@@ -96,6 +100,7 @@ type SlidingWindow struct {
 	sub   int64 // sub-window length in ns
 	k     int
 	ttl   time.Duration
+	cache *DenyCache
 }
 
 // NewSlidingWindow returns a sliding window on store, or an error wrapping
@@ -133,6 +138,7 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 		sub:   int64(sub),
 		k:     cfg.SubWindows,
 		ttl:   windowTTL(int64(sub), cfg.SubWindows+1),
+		cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied),
 	}, nil
 }
 
@@ -145,47 +151,16 @@ func (w *SlidingWindow) Allow(ctx context.Context, key string, now time.Time) (D
 }
 
 // AllowN counts n units for key at now and reports whether the estimate over
-// the last window stays within the limit.
+// the last window stays within the limit: one Counter.Add, and a
+// Counter.Sub giving back a denied request (unless CountDenied). A key
+// denied earlier is answered from the deny cache until its RetryAfter.
 func (w *SlidingWindow) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
-	if n <= 0 || n > w.cfg.Limit {
-		return Decision{}, costError(w.cfg.Name, n, w.cfg.Limit)
-	}
-	t, err := unixNano(w.cfg.Name, now)
-	if err != nil {
-		return Decision{}, err
-	}
-	idx := floorDiv(t, w.sub)
-	elapsed := t - idx*w.sub
-	k := Key{Space: w.space, Name: key}
-	c, err := w.store.Add(ctx, k, idx, w.k+1, n, w.ttl)
-	if err != nil {
-		return Decision{}, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
-	}
-	sanitize(&c, w.k+1)
-	rem := w.sub - elapsed
-	if c.Moved {
-		// Counted in an older sub-window than ours: judge as a writer
-		// there, with the oldest sub-window fully in view (stricter).
-		idx, rem = c.At, w.sub
-	}
-	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.k+1)*w.sub - elapsed)}
-	if ok, remaining := w.estimate(&c, rem, 0); ok {
-		d.Allowed = true
-		d.Remaining = remaining
-		return d, nil
-	}
-	if !w.cfg.CountDenied {
-		if err := w.store.Sub(ctx, k, idx, n); err != nil {
-			return d, fmt.Errorf("limiter: sliding window %q: %w: %w", w.cfg.Name, ErrRefund, err)
-		}
-		c.C[0] = max(c.C[0]-n, 0)
-	}
-	d.RetryAfter = max(w.retryAfter(&c, elapsed, n), 1)
-	return d, nil
+	return decideOne(ctx, w, key, now, n)
 }
 
 // Refund gives back n units counted by an allowed AllowN at now.
 func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	w.cache.forget(key)
 	if n <= 0 || n > w.cfg.Limit {
 		return costError(w.cfg.Name, n, w.cfg.Limit)
 	}
@@ -268,6 +243,10 @@ type FixedWindowConfig struct {
 	Limit       int64
 	Window      time.Duration
 	CountDenied bool
+	// NoDenyCache turns off the limit's deny cache (see [DenyCache]),
+	// which is on by default: a key the store denied is denied again
+	// without a store request until the denial's RetryAfter has passed.
+	NoDenyCache bool
 }
 
 // FixedWindow allows Limit units per calendar window (time cut into windows
@@ -278,6 +257,7 @@ type FixedWindow struct {
 	cfg   FixedWindowConfig
 	store Counter
 	space string
+	cache *DenyCache
 }
 
 // NewFixedWindow returns a fixed window on store, or an error wrapping
@@ -296,7 +276,7 @@ func NewFixedWindow(store Counter, cfg FixedWindowConfig) (*FixedWindow, error) 
 	if cfg.CountDenied {
 		space += ":d"
 	}
-	return &FixedWindow{cfg: cfg, store: store, space: space}, nil
+	return &FixedWindow{cfg: cfg, store: store, space: space, cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied)}, nil
 }
 
 // Config returns the window's configuration.
@@ -307,44 +287,15 @@ func (w *FixedWindow) Allow(ctx context.Context, key string, now time.Time) (Dec
 	return w.AllowN(ctx, key, now, 1)
 }
 
-// AllowN counts n units in the current window of key.
+// AllowN counts n units in the current window of key (see
+// SlidingWindow.AllowN for refunds and the deny cache).
 func (w *FixedWindow) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
-	if n <= 0 || n > w.cfg.Limit {
-		return Decision{}, costError(w.cfg.Name, n, w.cfg.Limit)
-	}
-	win := int64(w.cfg.Window)
-	t, err := unixNano(w.cfg.Name, now)
-	if err != nil {
-		return Decision{}, err
-	}
-	idx := floorDiv(t, win)
-	left := time.Duration(win - (t - idx*win))
-	k := Key{Space: w.space, Name: key}
-	c, err := w.store.Add(ctx, k, idx, 1, n, windowTTL(win, 1))
-	if err != nil {
-		return Decision{}, fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
-	}
-	sanitize(&c, 1)
-	if c.Moved {
-		idx = c.At
-	}
-	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: left}
-	if used := c.C[0]; used <= w.cfg.Limit {
-		d.Allowed = true
-		d.Remaining = w.cfg.Limit - used
-		return d, nil
-	}
-	d.RetryAfter = left
-	if !w.cfg.CountDenied {
-		if err := w.store.Sub(ctx, k, idx, n); err != nil {
-			return d, fmt.Errorf("limiter: fixed window %q: %w: %w", w.cfg.Name, ErrRefund, err)
-		}
-	}
-	return d, nil
+	return decideOne(ctx, w, key, now, n)
 }
 
 // Refund gives back n units counted by an allowed AllowN at now.
 func (w *FixedWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	w.cache.forget(key)
 	if n <= 0 || n > w.cfg.Limit {
 		return costError(w.cfg.Name, n, w.cfg.Limit)
 	}

@@ -33,7 +33,9 @@ func (c *clock) Now() time.Time { return c.now }
 func TestExpiry(t *testing.T) {
 	c := &clock{now: time.Unix(1_700_000_000, 0)}
 	s := newStore(t, memory.Config{Clock: c.Now})
-	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1, RefillTime: time.Hour})
+	// No deny cache: the same caller time is replayed to see the store's
+	// own state, which a cached denial would hide.
+	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1, RefillTime: time.Hour, NoDenyCache: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -473,6 +473,8 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 				cancel()
 				c.Allowed, c.Remaining, c.Err = d.Allowed && err == nil, d.Remaining, err
 				c.Reached, c.Late, c.PastHorizon, c.Idle = tr.Reached, tr.Late, tr.PastHorizon, tr.Idle
+				// Answered without reaching the store: the deny cache.
+				c.Cached = err == nil && !tr.Reached && !d.Allowed
 				if tr.Reached {
 					c.Arrived, c.Returned = tr.Arrived.Sub(origin), tr.Returned.Sub(origin)
 					if tr.Narrowed && err == nil { // a failed call may have taken effect in an earlier request

@@ -44,6 +44,11 @@ type Call struct {
 	// Allowed and Remaining are the decision's.
 	Allowed   bool
 	Remaining int64
+	// Cached marks a denial answered by the limit's deny cache, without a
+	// store request: the model must deny the call too, at a point between
+	// Start and End, and it changes nothing; its Remaining is not the
+	// store's and is not checked.
+	Cached bool
 	// Err is the call's error; a call that failed was not admitted, but
 	// may or may not have changed the store.
 	Err error
@@ -218,6 +223,7 @@ type bucketInput struct {
 	n       int64
 	unknown bool
 	idle    bool
+	cached  bool
 }
 
 type bucketOutput struct {
@@ -303,6 +309,9 @@ func bucketModel(cfg limiter.TokenBucketConfig, choices bool) porcupine.Model {
 		if i.unknown {
 			return fmt.Sprintf("AllowN(stamp %d, n %d) -> failed", i.stamp, i.n)
 		}
+		if i.cached {
+			return fmt.Sprintf("AllowN(stamp %d, n %d) -> allowed %v from the deny cache", i.stamp, i.n, o.allowed)
+		}
 		return fmt.Sprintf("AllowN(stamp %d, n %d) -> allowed %v, remaining %d", i.stamp, i.n, o.allowed, o.remaining)
 	}
 	describeState := func(st any) string {
@@ -319,6 +328,9 @@ func bucketModel(cfg limiter.TokenBucketConfig, choices bool) porcupine.Model {
 			Step: func(st, in, out any) (bool, any) {
 				i := in.(bucketInput)
 				next, o := bucketStep(cfg, st.(bucketModelState), i.stamp, i.n)
+				if i.cached { // the model must deny it too; nothing changed
+					return !o.allowed && !out.(bucketOutput).allowed, st
+				}
 				return o == out.(bucketOutput), next
 			},
 			Hash:              hash,
@@ -339,6 +351,10 @@ func bucketModel(cfg limiter.TokenBucketConfig, choices bool) porcupine.Model {
 			for _, from := range starts {
 				n, o := bucketStep(cfg, from, i.stamp, i.n)
 				switch {
+				case i.cached:
+					if !o.allowed && !out.(bucketOutput).allowed {
+						next = append(next, from)
+					}
 				case i.unknown:
 					next = append(next, n, from)
 				case o == out.(bucketOutput):
@@ -392,6 +408,10 @@ func CheckTokenBucket(calls []Call, cfg limiter.TokenBucketConfig, timeout time.
 		}
 		if c.Reached {
 			op.Call, op.Return = int64(c.Arrived), int64(c.Returned)
+		}
+		if c.Cached && c.Err == nil {
+			op.Input = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, cached: true}
+			op.Output = bucketOutput{allowed: c.Allowed}
 		}
 		if c.Err != nil {
 			op.Input = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, unknown: true, idle: c.Idle}

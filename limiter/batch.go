@@ -1,0 +1,498 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+)
+
+// StepKind names the operation of a [Step].
+type StepKind uint8
+
+const (
+	// StepAdd is [Counter.Add](Key, Idx, Span, N, TTL): a window's take.
+	StepAdd StepKind = iota + 1
+	// StepSub is [Counter.Sub](Key, Idx, N): a window's refund. A store may
+	// send it without waiting for the answer (StepResult.Err then reports
+	// only a failure to send).
+	StepSub
+	// StepBucket is [BucketStore.UpdateBucket](Key, Bucket, TTL).
+	StepBucket
+	// StepLog is [LogStore.UpdateLog](Key, Log, TTL).
+	StepLog
+)
+
+// String returns "add", "sub", "bucket" or "log".
+func (k StepKind) String() string {
+	switch k {
+	case StepAdd:
+		return "add"
+	case StepSub:
+		return "sub"
+	case StepBucket:
+		return "bucket"
+	case StepLog:
+		return "log"
+	}
+	return fmt.Sprintf("step(%d)", uint8(k))
+}
+
+// Step is one limit's storage step in a batch: what one call of the
+// single-step interfaces ([Counter], [BucketStore], [LogStore]) would do.
+// The fields a kind does not use are zero.
+type Step struct {
+	Kind StepKind
+	Key  Key
+	// Idx is the sub-window of StepAdd (cur) and StepSub.
+	Idx int64
+	// Span is StepAdd's view.
+	Span int
+	// N is the units of StepAdd and StepSub.
+	N int64
+	// TTL is how long the state must be kept (StepAdd, StepBucket, StepLog).
+	TTL    time.Duration
+	Bucket BucketOp
+	Log    LogOp
+}
+
+// StepResult is a store's answer to one [Step].
+type StepResult struct {
+	// Counts answers StepAdd.
+	Counts Counts
+	// Decision answers StepBucket and StepLog.
+	Decision Decision
+	// Err is the step's error: the same errors the single-step method
+	// returns.
+	Err error
+}
+
+// Batcher is a store that performs several steps (on any keys, of any
+// kinds it serves) in one round trip of latency: memcached pipelines them
+// per node, DynamoDB sends them at once, memory takes its locks once.
+//
+// Do performs steps[i] and writes its answer to out[i] (len(out) >=
+// len(steps)). Each step is exactly as atomic as the single-step method it
+// stands for; the batch as a whole need not be (a store that makes it
+// all-or-nothing says so). Do returns when every step that waits for an
+// answer has one, or at ctx's deadline with errors in the unanswered ones.
+type Batcher interface {
+	Do(ctx context.Context, steps []Step, out []StepResult)
+}
+
+// Item is one limit's part in a [Decide] batch.
+type Item struct {
+	// Limit is the limit to check. The package's limiters (*SlidingWindow,
+	// *FixedWindow, *TokenBucket, *SlidingLog) are batched with the other
+	// items on the same store; any other Limiter is asked with AllowN, in
+	// parallel with the batch.
+	Limit Limiter
+	// Key is the caller's key.
+	Key string
+	// N is the cost (units).
+	N int64
+	// Shadow items are decided, counted and refunded like the others, but
+	// their denial does not deny the batch, and they never decide it.
+	Shadow bool
+	// Fail is the decision to use when the store fails for this item (a
+	// rule's fail mode): the failure is then reported in Outcome.Err and
+	// Outcome.Failed and the batch goes on. With Fail nil a store failure
+	// fails the whole batch: Decide refunds what was taken and returns the
+	// error.
+	Fail *Decision
+}
+
+// Outcome is what became of one [Item].
+type Outcome struct {
+	// Decision is the item's decision (zero when Skipped).
+	Decision Decision
+	// Err is the store's error (Failed reports whether Fail decided), or an
+	// error wrapping ErrRefund when giving back failed (the decision stands).
+	Err error
+	// Failed reports that the store failed and the item's Fail decided.
+	Failed bool
+	// Cached reports a denial from the deny cache: no store request was
+	// made for the batch.
+	Cached bool
+	// Skipped reports an item not checked because a cached denial decided
+	// the batch.
+	Skipped bool
+	// Refunded reports that what the item took was given back because the
+	// batch was denied.
+	Refunded bool
+}
+
+// stepper is implemented by the package's limiters: how they turn a call
+// into a Step and a Step's answer into a decision.
+type stepper interface {
+	// plan returns the step of taking n units for key at now, and the
+	// store to send it to.
+	plan(key string, now time.Time, n int64) (Step, any, error)
+	// judge turns the answer into a decision. undo is the step that gives
+	// back what was taken (Kind 0: nothing). When the item was denied,
+	// undoNow reports that undo must be sent anyway (a window refunding its
+	// own denied take); otherwise undo is sent only if the batch is denied.
+	// t is now in Unix nanoseconds.
+	judge(st *Step, r *StepResult, t int64) (d Decision, undo Step, undoNow bool, err error)
+	// denyCache returns the limit's deny cache, nil for none.
+	denyCache() *DenyCache
+}
+
+// Decide checks every item at now, as one batch: the steps bound for the
+// same store go in one [Batcher.Do] (stores without one get one call per
+// step), stores in parallel. It is the one place that refunds and picks the
+// deciding item:
+//
+//   - The batch is denied when an item that is not Shadow is denied (by the
+//     store, by its Fail decision, or by the deny cache). Every item that
+//     took units then gives them back, in one more batch per store.
+//   - The decider is the first denied item that is not Shadow; when none is
+//     denied, the allowing item with the least Remaining (the longer
+//     ResetAfter on a tie), preferring items whose store answered over
+//     Failed ones. It is -1 when no item is enforcing.
+//   - Before any store request, each enforcing item's deny cache is asked:
+//     a key its store denied at or before now, with a RetryAfter not yet
+//     passed, denies the whole batch at once (Outcome.Cached; the others
+//     Skipped). Denials are then remembered.
+//
+// out must hold len(items) outcomes. err is non-nil only when an item
+// without Fail failed: everything taken was then given back and err wraps
+// the store's error.
+func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (int, error) {
+	out = out[:len(items)]
+	clear(out)
+	if len(items) == 0 {
+		return -1, nil
+	}
+	t, terr := unixNano("", now) // on error, plan reports it per item
+	// The deny cache: one cached denial decides.
+	for i, it := range items {
+		s, ok := it.Limit.(stepper)
+		if !ok || it.Shadow || terr != nil {
+			continue
+		}
+		if d, hit := s.denyCache().denied(it.Key, t, it.N); hit {
+			for j := range out {
+				out[j].Skipped = true
+			}
+			out[i] = Outcome{Decision: d, Cached: true}
+			return i, nil
+		}
+	}
+
+	var buf [8]entry
+	es := buf[:0]
+	if len(items) > len(buf) {
+		es = make([]entry, 0, len(items))
+	}
+	for i, it := range items {
+		e := entry{item: i}
+		if s, ok := it.Limit.(stepper); ok {
+			e.s = s
+			e.step, e.store, e.err = s.plan(it.Key, now, it.N)
+		} else if it.Limit == nil {
+			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
+		}
+		es = append(es, e)
+	}
+	run(ctx, es, func(e *entry) {
+		// Not one of ours: its own AllowN.
+		e.res.Decision, e.res.Err = items[e.item].Limit.AllowN(ctx, items[e.item].Key, now, items[e.item].N)
+	})
+
+	var failErr error
+	denied := false
+	for i := range es {
+		e := &es[i]
+		it, o := &items[i], &out[i]
+		err := e.err
+		if err == nil {
+			if e.s != nil {
+				o.Decision, e.undo, e.undoNow, err = e.s.judge(&e.step, &e.res, t)
+			} else {
+				o.Decision, err = e.res.Decision, e.res.Err
+				if errors.Is(err, ErrRefund) && o.Decision.Limit != 0 {
+					o.Err, err = err, nil // its own refund failed; the decision stands
+				}
+			}
+		}
+		if err != nil {
+			o.Err = err
+			e.undo = Step{}
+			if it.Fail == nil {
+				if failErr == nil {
+					failErr = err
+				}
+				continue
+			}
+			o.Failed = true
+			o.Decision = *it.Fail
+		}
+		if !o.Decision.Allowed && !it.Shadow {
+			denied = true
+		}
+	}
+
+	// Give back: a denied window's own take always, and every take when
+	// the batch is denied or failed.
+	refunding := false
+	for i := range es {
+		e, o := &es[i], &out[i]
+		batchUndo := (denied || failErr != nil) && o.Decision.Allowed && !o.Failed && o.Err == nil
+		switch {
+		case e.s == nil:
+			e.fallbackUndo = batchUndo
+			o.Refunded = batchUndo
+		case e.undo.Kind == 0:
+		case e.undoNow:
+			e.refund = true
+		case batchUndo:
+			e.refund = true
+			o.Refunded = true
+			e.s.denyCache().forget(items[i].Key)
+		}
+		if e.refund || e.fallbackUndo {
+			e.refund = true
+			e.step, e.res = e.undo, StepResult{}
+			refunding = true
+		}
+	}
+	if refunding {
+		run(ctx, es, func(e *entry) {
+			it := &items[e.item]
+			e.res.Err = it.Limit.Refund(ctx, it.Key, now, it.N)
+		})
+		for i := range es {
+			e := &es[i]
+			if !e.refund {
+				continue
+			}
+			if err := e.res.Err; err != nil {
+				out[i].Refunded = false
+				if !errors.Is(err, ErrRefund) {
+					err = fmt.Errorf("limiter: %q: %w: %w", out[i].Decision.Name, ErrRefund, err)
+				}
+				out[i].Err = errors.Join(out[i].Err, err)
+			}
+		}
+	}
+
+	// Remember the store's denials.
+	for i, it := range items {
+		o := &out[i]
+		if es[i].s == nil || o.Failed || o.Decision.Allowed || o.Decision.RetryAfter <= 0 || terr != nil {
+			continue
+		}
+		es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision)
+	}
+
+	if failErr != nil {
+		return -1, failErr
+	}
+	return decider(items, out), nil
+}
+
+// decider picks the deciding item (see Decide).
+func decider(items []Item, out []Outcome) int {
+	best := -1
+	for i := range out {
+		if items[i].Shadow {
+			continue
+		}
+		o := &out[i]
+		if !o.Decision.Allowed {
+			return i
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := &out[best]
+		switch {
+		case b.Failed && !o.Failed:
+			best = i
+		case o.Failed && !b.Failed:
+		case o.Decision.Remaining < b.Decision.Remaining,
+			o.Decision.Remaining == b.Decision.Remaining && o.Decision.ResetAfter > b.Decision.ResetAfter:
+			best = i
+		}
+	}
+	return best
+}
+
+// entry is one item on its way through Decide.
+type entry struct {
+	item         int
+	s            stepper
+	store        any
+	step         Step
+	res          StepResult
+	err          error // from plan
+	undo         Step
+	undoNow      bool
+	refund       bool // this round sends undo
+	fallbackUndo bool // a foreign limiter's Refund
+}
+
+// run performs the steps of es (those with a Kind, or, in a refund round,
+// those marked refund) grouped by store, stores in parallel, and calls
+// other for the entries of foreign limiters.
+func run(ctx context.Context, es []entry, other func(*entry)) {
+	refundRound := false
+	for i := range es {
+		if es[i].refund {
+			refundRound = true
+			break
+		}
+	}
+	active := func(e *entry) bool {
+		if refundRound {
+			return e.refund
+		}
+		return e.err == nil
+	}
+	var groups [8][]int
+	var gs [][]int = groups[:0]
+	var stores [8]any
+	var ss []any = stores[:0]
+	var foreign []int
+	for i := range es {
+		e := &es[i]
+		if !active(e) {
+			continue
+		}
+		if e.s == nil {
+			foreign = append(foreign, i)
+			continue
+		}
+		g := -1
+		for j, s := range ss {
+			if sameStore(s, e.store) {
+				g = j
+				break
+			}
+		}
+		if g < 0 {
+			ss = append(ss, e.store)
+			gs = append(gs, nil)
+			g = len(gs) - 1
+		}
+		gs[g] = append(gs[g], i)
+	}
+	jobs := len(gs) + len(foreign)
+	if jobs == 0 {
+		return
+	}
+	do := func(j int) {
+		if j >= len(gs) {
+			other(&es[foreign[j-len(gs)]])
+			return
+		}
+		runGroup(ctx, ss[j], es, gs[j])
+	}
+	if jobs == 1 {
+		do(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for j := 1; j < jobs; j++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			do(j)
+		}()
+	}
+	do(0)
+	wg.Wait()
+}
+
+// runGroup sends the steps of es[idx...] to store.
+func runGroup(ctx context.Context, store any, es []entry, idx []int) {
+	if b, ok := store.(Batcher); ok {
+		var sbuf [8]Step
+		var rbuf [8]StepResult
+		steps, res := sbuf[:0], rbuf[:0]
+		if len(idx) > len(sbuf) {
+			steps, res = make([]Step, 0, len(idx)), make([]StepResult, 0, len(idx))
+		}
+		for _, i := range idx {
+			steps = append(steps, es[i].step)
+		}
+		res = res[:len(steps)]
+		b.Do(ctx, steps, res)
+		for j, i := range idx {
+			es[i].res = res[j]
+		}
+		return
+	}
+	for _, i := range idx {
+		es[i].res = DoStep(ctx, store, &es[i].step)
+	}
+}
+
+// DoStep performs one step on store with the single-step interfaces: the
+// fallback for stores that are not a [Batcher], and a building block for
+// those that batch only some kinds.
+func DoStep(ctx context.Context, store any, st *Step) StepResult {
+	var r StepResult
+	unsupported := func() StepResult {
+		r.Err = fmt.Errorf("%w: store %T does not serve %s steps", ErrInvalidConfig, store, st.Kind)
+		return r
+	}
+	switch st.Kind {
+	case StepAdd:
+		c, ok := store.(Counter)
+		if !ok {
+			return unsupported()
+		}
+		r.Counts, r.Err = c.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
+	case StepSub:
+		c, ok := store.(Counter)
+		if !ok {
+			return unsupported()
+		}
+		r.Err = c.Sub(ctx, st.Key, st.Idx, st.N)
+	case StepBucket:
+		b, ok := store.(BucketStore)
+		if !ok {
+			return unsupported()
+		}
+		r.Decision, r.Err = b.UpdateBucket(ctx, st.Key, st.Bucket, st.TTL)
+	case StepLog:
+		l, ok := store.(LogStore)
+		if !ok {
+			return unsupported()
+		}
+		r.Decision, r.Err = l.UpdateLog(ctx, st.Key, st.Log, st.TTL)
+	default:
+		return unsupported()
+	}
+	return r
+}
+
+// sameStore reports whether a and b are the same store value. Values of
+// types that cannot be compared are never the same (each gets its own
+// group).
+func sameStore(a, b any) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	if ta != tb || !ta.Comparable() {
+		return false
+	}
+	return a == b
+}
+
+// decideOne is a batch of one: the single-limit AllowN of the package's
+// limiters.
+func decideOne(ctx context.Context, l Limiter, key string, now time.Time, n int64) (Decision, error) {
+	var out [1]Outcome
+	items := [1]Item{{Limit: l, Key: key, N: n}}
+	if _, err := Decide(ctx, now, items[:], out[:]); err != nil {
+		return Decision{}, err
+	}
+	return out[0].Decision, out[0].Err
+}

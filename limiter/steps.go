@@ -1,0 +1,174 @@
+package limiter
+
+import (
+	"fmt"
+	"time"
+)
+
+// The package's limiters as batch items (see [Decide]): each turns a call
+// into one store Step and the Step's answer into a decision.
+
+var (
+	_ stepper = (*SlidingWindow)(nil)
+	_ stepper = (*FixedWindow)(nil)
+	_ stepper = (*TokenBucket)(nil)
+	_ stepper = (*SlidingLog)(nil)
+)
+
+// newDenyCache returns the cache of a limit: none when off, or when the
+// limit's denials change what the store holds (then a cached denial would
+// hide them from it).
+func newDenyCache(off, denialsWrite bool) *DenyCache {
+	if off || denialsWrite {
+		return nil
+	}
+	return NewDenyCache(DefaultDenyCacheSize)
+}
+
+func (w *SlidingWindow) denyCache() *DenyCache { return w.cache }
+
+func (w *SlidingWindow) plan(key string, now time.Time, n int64) (Step, any, error) {
+	if n <= 0 || n > w.cfg.Limit {
+		return Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
+	}
+	t, err := unixNano(w.cfg.Name, now)
+	if err != nil {
+		return Step{}, nil, err
+	}
+	return Step{Kind: StepAdd, Key: Key{Space: w.space, Name: key}, Idx: floorDiv(t, w.sub), Span: w.k + 1, N: n, TTL: w.ttl}, w.store, nil
+}
+
+func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+	if r.Err != nil {
+		return Decision{}, Step{}, false, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, r.Err)
+	}
+	c := r.Counts
+	sanitize(&c, w.k+1)
+	idx := st.Idx
+	elapsed := t - idx*w.sub
+	rem := w.sub - elapsed
+	if c.Moved {
+		// Counted in an older sub-window than ours: judge as a writer
+		// there, with the oldest sub-window fully in view (stricter).
+		idx, rem = c.At, w.sub
+	}
+	undo := Step{Kind: StepSub, Key: st.Key, Idx: idx, N: st.N}
+	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.k+1)*w.sub - elapsed)}
+	if ok, remaining := w.estimate(&c, rem, 0); ok {
+		d.Allowed = true
+		d.Remaining = remaining
+		return d, undo, false, nil
+	}
+	if w.cfg.CountDenied {
+		undo = Step{}
+	} else {
+		c.C[0] = max(c.C[0]-st.N, 0)
+	}
+	d.RetryAfter = max(w.retryAfter(&c, elapsed, st.N), 1)
+	return d, undo, undo.Kind != 0, nil
+}
+
+func (w *FixedWindow) denyCache() *DenyCache { return w.cache }
+
+func (w *FixedWindow) plan(key string, now time.Time, n int64) (Step, any, error) {
+	if n <= 0 || n > w.cfg.Limit {
+		return Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
+	}
+	t, err := unixNano(w.cfg.Name, now)
+	if err != nil {
+		return Step{}, nil, err
+	}
+	win := int64(w.cfg.Window)
+	return Step{Kind: StepAdd, Key: Key{Space: w.space, Name: key}, Idx: floorDiv(t, win), Span: 1, N: n, TTL: windowTTL(win, 1)}, w.store, nil
+}
+
+func (w *FixedWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+	if r.Err != nil {
+		return Decision{}, Step{}, false, fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, r.Err)
+	}
+	c := r.Counts
+	sanitize(&c, 1)
+	win := int64(w.cfg.Window)
+	idx := st.Idx
+	left := time.Duration(win - (t - idx*win))
+	if c.Moved {
+		idx = c.At
+	}
+	undo := Step{Kind: StepSub, Key: st.Key, Idx: idx, N: st.N}
+	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: left}
+	if used := c.C[0]; used <= w.cfg.Limit {
+		d.Allowed = true
+		d.Remaining = w.cfg.Limit - used
+		return d, undo, false, nil
+	}
+	d.RetryAfter = left
+	if w.cfg.CountDenied {
+		return d, Step{}, false, nil
+	}
+	return d, undo, true, nil
+}
+
+func (b *TokenBucket) denyCache() *DenyCache { return b.cache }
+
+func (b *TokenBucket) op(t, n int64, mode opMode) BucketOp {
+	return BucketOp{
+		MaxAmount:    b.cfg.MaxAmount,
+		RefillTime:   b.cfg.RefillTime,
+		RefillAmount: b.cfg.RefillAmount,
+		Strict:       b.cfg.Strict,
+		Now:          t,
+		N:            n,
+		mode:         mode,
+	}
+}
+
+func (b *TokenBucket) plan(key string, now time.Time, n int64) (Step, any, error) {
+	if n <= 0 || n > b.cfg.MaxAmount {
+		return Step{}, nil, costError(b.cfg.Name, n, b.cfg.MaxAmount)
+	}
+	t, err := unixNano(b.cfg.Name, now)
+	if err != nil {
+		return Step{}, nil, err
+	}
+	return Step{Kind: StepBucket, Key: Key{Space: b.space, Name: key}, Bucket: b.op(t, n, opTake), TTL: b.ttl}, b.store, nil
+}
+
+func (b *TokenBucket) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+	if r.Err != nil {
+		return Decision{}, Step{}, false, fmt.Errorf("limiter: token bucket %q: %w", b.cfg.Name, r.Err)
+	}
+	d := r.Decision
+	d.Name = b.cfg.Name
+	if !d.Allowed {
+		return d, Step{}, false, nil
+	}
+	return d, Step{Kind: StepBucket, Key: st.Key, Bucket: b.op(t, st.Bucket.N, opRefund), TTL: st.TTL}, false, nil
+}
+
+func (l *SlidingLog) denyCache() *DenyCache { return l.cache }
+
+func (l *SlidingLog) plan(key string, now time.Time, n int64) (Step, any, error) {
+	if n <= 0 || n > l.cfg.Limit {
+		return Step{}, nil, costError(l.cfg.Name, n, l.cfg.Limit)
+	}
+	t, err := unixNano(l.cfg.Name, now)
+	if err != nil {
+		return Step{}, nil, err
+	}
+	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: n, mode: opTake}
+	return Step{Kind: StepLog, Key: Key{Space: l.space, Name: key}, Log: op, TTL: satMul(2, l.cfg.Window)}, l.store, nil
+}
+
+func (l *SlidingLog) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+	if r.Err != nil {
+		return Decision{}, Step{}, false, fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, r.Err)
+	}
+	d := r.Decision
+	d.Name = l.cfg.Name
+	if !d.Allowed {
+		return d, Step{}, false, nil
+	}
+	op := st.Log
+	op.mode = opRefund
+	return d, Step{Kind: StepLog, Key: st.Key, Log: op, TTL: st.TTL}, false, nil
+}
