@@ -49,6 +49,9 @@ type Env struct {
 	// (memcached, dynamo; never memory): on by default.
 	Breaker Breaker
 
+	// Shadow, from EnvShadow, runs every rule in shadow mode.
+	Shadow bool
+
 	// TestClock, from EnvTestClock (RFC 3339), freezes the clock. It
 	// exists for the golden tests of the built binary; never set it in a
 	// deployment.
@@ -202,7 +205,7 @@ func Parse(getenv func(string) string) (Env, error) {
 	for _, b := range []struct {
 		name string
 		dst  *bool
-	}{{EnvMemcachedTLS, &e.MemcachedTLS}, {EnvMemcachedProxy, &e.MemcachedProxy}} {
+	}{{EnvMemcachedTLS, &e.MemcachedTLS}, {EnvMemcachedProxy, &e.MemcachedProxy}, {EnvShadow, &e.Shadow}} {
 		switch v := strings.ToLower(strings.TrimSpace(getenv(b.name))); v {
 		case "", "false", "0", "no":
 		case "true", "1", "yes":

@@ -56,6 +56,26 @@ const (
 	// CloudFront, and only then is its CloudFront-Viewer-Address trusted.
 	EnvEdgeSecret = "SLUICE_EDGE_SECRET"
 
+	// EnvShadow is "true" to run every rule in shadow mode (evaluated and
+	// counted, never denying): the global switch of the rules' shadow.
+	EnvShadow = "SLUICE_SHADOW"
+
+	// EnvPublishNamespace is the CloudWatch namespace of the metric the
+	// utilization publisher reads (functions/publisher).
+	EnvPublishNamespace = "SLUICE_PUBLISH_NAMESPACE"
+	// EnvPublishMetric is the name of that metric.
+	EnvPublishMetric = "SLUICE_PUBLISH_METRIC"
+	// EnvPublishDimensions are its dimensions, "Name=Value,Name=Value".
+	EnvPublishDimensions = "SLUICE_PUBLISH_DIMENSIONS"
+	// EnvPublishStatistic is the statistic read (Maximum, Average, ...).
+	EnvPublishStatistic = "SLUICE_PUBLISH_STATISTIC"
+	// EnvPublishDivisor divides the metric into a utilization in [0, 1]
+	// (a reserved concurrency, 100 for a percentage).
+	EnvPublishDivisor = "SLUICE_PUBLISH_DIVISOR"
+	// EnvPublishPeriod is the metric's period, and the publisher's
+	// schedule.
+	EnvPublishPeriod = "SLUICE_PUBLISH_PERIOD"
+
 	// EnvShedFleetCapacity turns the fleet-usage shedder on.
 	EnvShedFleetCapacity = "SLUICE_SHED_FLEET_CAPACITY"
 	// EnvShedFleetReserve is the share of the capacity kept for critical
@@ -94,7 +114,8 @@ func Names() []string {
 		EnvRulesFile, EnvRulesYAML, EnvRulesTable, EnvRulesTTL,
 		EnvDynamoTable, EnvMemcachedAddrs, EnvMemcachedTLS, EnvMemcachedProxy, EnvDefaultBackend,
 		EnvDeadline, EnvMetricsNamespace, EnvHTTPResponses, EnvLogLevel, EnvLogHashKey, EnvTestClock,
-		EnvClientIP, EnvEdgeSecret,
+		EnvClientIP, EnvEdgeSecret, EnvShadow,
+		EnvPublishNamespace, EnvPublishMetric, EnvPublishDimensions, EnvPublishStatistic, EnvPublishDivisor, EnvPublishPeriod,
 		EnvShedFleetCapacity, EnvShedFleetReserve, EnvShedFleetShares, EnvShedFleetName,
 		EnvShedLeaseTTL, EnvShedUtilization, EnvShedUtilizationMaxAge, EnvShedBackend,
 		EnvBreakerFailures, EnvBreakerOpenFor,

@@ -1,0 +1,242 @@
+package publish
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
+	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
+
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// readerFunc is a MetricReader made of a function.
+type readerFunc func(*cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error)
+
+func (f readerFunc) GetMetricData(_ context.Context, in *cloudwatch.GetMetricDataInput, _ ...func(*cloudwatch.Options)) (*cloudwatch.GetMetricDataOutput, error) {
+	return f(in)
+}
+
+// points answers with the given (age, value) data points, newest first.
+func points(now *time.Time, pts ...float64) readerFunc {
+	return func(in *cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) {
+		r := types.MetricDataResult{StatusCode: types.StatusCodeComplete}
+		for i := 0; i+1 < len(pts); i += 2 {
+			r.Timestamps = append(r.Timestamps, now.Add(-time.Duration(pts[i])*time.Minute))
+			r.Values = append(r.Values, pts[i+1])
+		}
+		return &cloudwatch.GetMetricDataOutput{MetricDataResults: []types.MetricDataResult{r}}, nil
+	}
+}
+
+type gaugeStore struct {
+	limiter.GaugeStore
+	err error
+}
+
+func (g gaugeStore) PutGauge(ctx context.Context, k limiter.Key, v limiter.Gauge, ttl time.Duration) error {
+	if g.err != nil {
+		return g.err
+	}
+	return g.GaugeStore.PutGauge(ctx, k, v, ttl)
+}
+
+type fixture struct {
+	now     time.Time
+	store   *memory.Leases
+	gauge   *limiter.PublishedUtilization
+	metrics bytes.Buffer
+	logs    bytes.Buffer
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{now: t0}
+	s, err := memory.NewLeases(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.store = s
+	clock := limiter.ClockFunc(func() time.Time { return f.now })
+	f.gauge = &limiter.PublishedUtilization{Store: s, Name: "orders-fleet", MaxAge: 150 * time.Second, Clock: clock}
+	return f
+}
+
+func (f *fixture) publisher(t *testing.T, cw MetricReader, store limiter.GaugeStore) *Publisher {
+	t.Helper()
+	m, err := config.ParsePublish(func(k string) string {
+		return map[string]string{config.EnvPublishNamespace: "AWS/Lambda", config.EnvPublishMetric: "ConcurrentExecutions",
+			config.EnvPublishDimensions: "FunctionName=orders", config.EnvPublishDivisor: "200"}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := *f.gauge
+	if store != nil {
+		g.Store = store
+	}
+	p, err := New(Config{Metric: m, Gauge: &g, CloudWatch: cw, Clock: limiter.ClockFunc(func() time.Time { return f.now }),
+		Metrics: &f.metrics, Logger: slogJSON(&f.logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestPublish(t *testing.T) {
+	f := newFixture(t)
+	var asked *cloudwatch.GetMetricDataInput
+	cw := readerFunc(func(in *cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) {
+		asked = in
+		return points(&f.now, 3, 20, 2, 150, 4, 10)(in) // the newest (2 min old): 150 of 200
+	})
+	p := f.publisher(t, cw, nil)
+	res, err := p.Run(context.Background())
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Utilization != 0.75 || res.Raw != 150 {
+		t.Errorf("result %+v, want utilization 0.75 (150/200)", res)
+	}
+	q := asked.MetricDataQueries[0].MetricStat
+	if *q.Metric.Namespace != "AWS/Lambda" || *q.Metric.MetricName != "ConcurrentExecutions" || *q.Metric.Dimensions[0].Value != "orders" || *q.Stat != "Maximum" || *q.Period != 60 {
+		t.Errorf("query %+v", q)
+	}
+	if got, err := f.gauge.Utilization(context.Background()); err != nil || got != 0.75 {
+		t.Errorf("published %v, %v; want 0.75", got, err)
+	}
+	var line map[string]any
+	if err := json.Unmarshal(f.metrics.Bytes(), &line); err != nil || line["Published"] != 1.0 || line["UtilizationValue"] != 0.75 || line["Utilization"] != "orders-fleet" {
+		t.Errorf("metric line %s (%v)", f.metrics.String(), err)
+	}
+	// Above the divisor: clamped to 1.
+	cw = points(&f.now, 1, 900)
+	if res, err := f.publisher(t, cw, nil).Run(context.Background()); err != nil || res.Utilization != 1 {
+		t.Errorf("clamp: %+v, %v", res, err)
+	}
+}
+
+// TestPublishFailures: every failure publishes nothing and says why.
+func TestPublishFailures(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	down := errors.New("cloudwatch: throttled")
+	tests := []struct {
+		name  string
+		cw    MetricReader
+		store limiter.GaugeStore
+		want  error
+		msg   string
+	}{
+		{name: "cloudwatch error", cw: readerFunc(func(*cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) { return nil, down }), want: down},
+		{name: "no result", cw: readerFunc(func(*cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) {
+			return &cloudwatch.GetMetricDataOutput{}, nil
+		}), want: ErrNoData},
+		{name: "no data point", cw: points(&f.now), want: ErrNoData},
+		{name: "stale data point", cw: points(&f.now, 6, 100), want: ErrStaleData, msg: "6m0s old"},
+		{name: "NaN", cw: points(&f.now, 1, math.NaN()), want: ErrBadValue},
+		{name: "store down", cw: points(&f.now, 1, 100), store: gaugeStore{f.store, limiter.ErrUnavailable}, want: limiter.ErrUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f.metrics.Reset()
+			_, err := f.publisher(t, tt.cw, tt.store).Run(ctx)
+			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("Run: %v, want %v", err, tt.want)
+			}
+			if _, err := f.gauge.Utilization(ctx); !errors.Is(err, limiter.ErrStaleUtilization) {
+				t.Errorf("something was published: %v", err)
+			}
+			if !strings.Contains(f.metrics.String(), `"PublishErrors":1`) {
+				t.Errorf("metric line %s", f.metrics.String())
+			}
+		})
+	}
+	if !strings.Contains(f.logs.String(), "utilization not published") {
+		t.Errorf("no error log line: %s", f.logs.String())
+	}
+}
+
+// TestStaleGaugeRecedes: a publisher that stops (its runs fail) leaves a
+// gauge that goes stale after MaxAge; the authorizer's shedder then gets
+// ErrNoUtilization and recedes as configured, rather than shedding on the
+// last value forever.
+func TestStaleGaugeRecedes(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	shedder, err := limiter.NewUtilizationShedder(limiter.UtilizationShedderConfig{Utilization: f.gauge})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saturated := f.publisher(t, points(&f.now, 1, 200), nil)
+	// Saturated for 4 minutes, published every minute: shedding ramps up.
+	for range 240 {
+		if f.now.Sub(t0)%time.Minute == 0 {
+			if _, err := saturated.Run(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := shedder.Check(ctx, limiter.PriorityNormal, f.now); err != nil {
+			t.Fatalf("check at %v: %v", f.now.Sub(t0), err)
+		}
+		f.now = f.now.Add(time.Second)
+	}
+	high := shedder.State()
+	if !(high.Amount > 0.9) {
+		t.Fatalf("after 4 saturated minutes the shed amount is %v", high.Amount)
+	}
+	// CloudWatch fails from now on: nothing is published.
+	broken := f.publisher(t, readerFunc(func(*cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) {
+		return nil, errors.New("AccessDenied")
+	}), nil)
+	var stale bool
+	for i := range 300 {
+		if f.now.Sub(t0)%time.Minute == 0 {
+			if _, err := broken.Run(ctx); err == nil {
+				t.Fatal("a broken run succeeded")
+			}
+		}
+		_, err := shedder.Check(ctx, limiter.PriorityNormal, f.now)
+		// The last publish was at 180 s (the loop above ended at 240 s):
+		// the gauge is stale from 330 s on, 90 s into this loop.
+		if i <= 90 && err != nil {
+			t.Fatalf("the gauge went stale %d s into the outage (the last value is 150 s old at 90 s): %v", i, err)
+		}
+		if i > 91 && err == nil {
+			t.Fatalf("the gauge is still fresh %d s into the outage", i)
+		}
+		if err != nil {
+			if !errors.Is(err, limiter.ErrNoUtilization) || !errors.Is(err, limiter.ErrStaleUtilization) {
+				t.Fatalf("err = %v", err)
+			}
+			stale = true
+		}
+		f.now = f.now.Add(time.Second)
+	}
+	if !stale {
+		t.Fatal("the gauge never went stale")
+	}
+	if low := shedder.State(); !(low.Amount < high.Amount-1) {
+		t.Errorf("the shed amount went from %v to %v in 208 s of stale signal; it should recede (1/120 per second)", high.Amount, low.Amount)
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	f := newFixture(t)
+	if _, err := New(Config{}); err == nil {
+		t.Error("empty config accepted")
+	}
+	if _, err := New(Config{Gauge: f.gauge, CloudWatch: points(&f.now)}); err == nil {
+		t.Error("config without a metric accepted")
+	}
+}
