@@ -52,10 +52,11 @@ bench:
 accuracy:
 	$(GO) run ./cmd/accuracy -out docs
 
-## build: the authorizer's bootstrap for provided.al2023 on arm64
+## build: the authorizer's and the utilization publisher's bootstraps for provided.al2023 on arm64
 build:
-	mkdir -p $(dir $(BOOTSTRAP))
+	mkdir -p $(dir $(BOOTSTRAP)) build/publisher
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o $(BOOTSTRAP) ./functions/authorizer
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o build/publisher/bootstrap ./functions/publisher
 
 ## invoke: run the authorizer on EVENT, N times (sam local invoke when SAM exists, else the Runtime API harness)
 invoke:

@@ -235,6 +235,10 @@ type Shedding struct {
 	// default with a cache) or "dynamo" (the state table; the default
 	// without a cache) (SLUICE_SHED_BACKEND).
 	Backend string
+	// Publisher, with Utilization, deploys the utilization publisher
+	// (publisher.go); UtilizationMaxAge then defaults to
+	// config.PublishMaxAgePeriods of its period.
+	Publisher *Publisher
 }
 
 // Enabled reports whether a shedder is on.

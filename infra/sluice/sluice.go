@@ -82,6 +82,7 @@ type RateLimiter struct {
 	rest       awsapigateway.CfnAuthorizer
 	http       awsapigatewayv2.HttpAuthorizer
 	metrics    *Metrics
+	publisher  awslambda.Function
 	env        map[string]string
 	retryAfter time.Duration
 	retrySrc   string
@@ -143,6 +144,7 @@ func New(scope constructs.Construct, id string, props *Props) *RateLimiter {
 	r.buildCache()
 	r.buildEnv()
 	r.buildFunction(id)
+	r.buildPublisher()
 	if p.RestAPI != nil {
 		r.protectREST()
 	}
@@ -600,7 +602,7 @@ func (s Shedding) Env(cache bool) (map[string]string, error) {
 		if s.FleetCapacity < 0 {
 			return nil, fmt.Errorf("Shedding.FleetCapacity: %d is negative", s.FleetCapacity)
 		}
-		if s.FleetReserve != nil || s.FleetShares != nil || s.FleetName != "" || s.LeaseTTL != 0 || s.UtilizationMaxAge != 0 || s.Backend != "" {
+		if s.FleetReserve != nil || s.FleetShares != nil || s.FleetName != "" || s.LeaseTTL != 0 || s.UtilizationMaxAge != 0 || s.Backend != "" || s.Publisher != nil {
 			return nil, errors.New("Shedding: settings without FleetCapacity or Utilization turn nothing on")
 		}
 		return env, nil
@@ -628,7 +630,11 @@ func (s Shedding) Env(cache bool) (map[string]string, error) {
 	}
 	if s.Utilization != "" {
 		env[config.EnvShedUtilization] = s.Utilization
-		env[config.EnvShedUtilizationMaxAge] = durationOr(s.UtilizationMaxAge, config.DefaultShedUtilizationMaxAge).String()
+		maxAge := config.DefaultShedUtilizationMaxAge
+		if s.Publisher != nil {
+			maxAge = s.publisherMaxAge()
+		}
+		env[config.EnvShedUtilizationMaxAge] = durationOr(s.UtilizationMaxAge, maxAge).String()
 	}
 	// The backend's own variable, so that the parser sees it configured.
 	probe := maps.Clone(env)
