@@ -52,6 +52,11 @@ type Env struct {
 	// Shadow, from EnvShadow, runs every rule in shadow mode.
 	Shadow bool
 
+	// NoDenyCache, from EnvDenyCache=false, turns off the deny cache (on
+	// by default): a key a store denied is denied again in this process,
+	// without a store request, until the denial's RetryAfter has passed.
+	NoDenyCache bool
+
 	// TestClock, from EnvTestClock (RFC 3339), freezes the clock. It
 	// exists for the golden tests of the built binary; never set it in a
 	// deployment.
@@ -213,6 +218,13 @@ func Parse(getenv func(string) string) (Env, error) {
 		default:
 			return bad(b.name, "%q is not true or false", v)
 		}
+	}
+	switch v := strings.ToLower(strings.TrimSpace(getenv(EnvDenyCache))); v {
+	case "", "true", "1", "yes":
+	case "false", "0", "no":
+		e.NoDenyCache = true
+	default:
+		return bad(EnvDenyCache, "%q is not true or false", v)
 	}
 	switch e.DefaultBackend {
 	case "":

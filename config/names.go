@@ -96,6 +96,9 @@ const (
 	// EnvShedBackend holds the leases and the utilization.
 	EnvShedBackend = "SLUICE_SHED_BACKEND"
 
+	// EnvDenyCache is "false" to turn off the deny cache (on by default).
+	EnvDenyCache = "SLUICE_DENY_CACHE"
+
 	// EnvBreakerFailures is how many store failures in a row open a
 	// network backend's circuit breaker; 0 turns the breakers off.
 	EnvBreakerFailures = "SLUICE_BREAKER_FAILURES"
@@ -118,7 +121,7 @@ func Names() []string {
 		EnvPublishNamespace, EnvPublishMetric, EnvPublishDimensions, EnvPublishStatistic, EnvPublishDivisor, EnvPublishPeriod,
 		EnvShedFleetCapacity, EnvShedFleetReserve, EnvShedFleetShares, EnvShedFleetName,
 		EnvShedLeaseTTL, EnvShedUtilization, EnvShedUtilizationMaxAge, EnvShedBackend,
-		EnvBreakerFailures, EnvBreakerOpenFor,
+		EnvBreakerFailures, EnvBreakerOpenFor, EnvDenyCache,
 	}
 }
 

@@ -33,6 +33,10 @@ type Options struct {
 	// Shedder, when not nil, is asked before any limit whether to shed the
 	// request (the load shedders of package limiter).
 	Shedder Shedder
+	// NoDenyCache turns off every limit's deny cache (limiter.DenyCache):
+	// by default a key a store denied is denied again in this process,
+	// without a store request, until the denial's RetryAfter has passed.
+	NoDenyCache bool
 }
 
 // Shedder decides whether to shed a request of priority p (the highest
@@ -58,8 +62,10 @@ type Policy struct {
 // boundRule is a compiled rule with its limits built on stores.
 type boundRule struct {
 	*compiledRule
-	stack    *limiter.Stack
-	capacity int64 // the first limit's capacity, reported when a backend fails
+	limits []limiter.Limiter
+	// failed is the decision of a limit whose backend failed: the fail
+	// mode's, with the first limit's capacity.
+	failed limiter.Decision
 }
 
 // Source supplies the current Policy: a *Policy supplies itself, a *Cache
@@ -100,17 +106,21 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 			if backend == "" {
 				backend = def
 			}
-			lim, err := build(l, backend, opts.Stores)
+			lim, err := build(l, backend, opts.Stores, opts.NoDenyCache)
 			if err != nil {
 				return nil, ruleError(c.Name, i, fmt.Sprintf("limits[%d].backend", j), "%v", err)
 			}
 			limits[j] = lim
 		}
-		stack, err := limiter.NewStack(limits...)
-		if err != nil {
-			return nil, ruleError(c.Name, i, "limits", "%v", err)
+		if len(limits) == 0 {
+			return nil, ruleError(c.Name, i, "limits", "needs at least one limit")
 		}
-		p.rules = append(p.rules, &boundRule{compiledRule: c, stack: stack, capacity: c.Limits[0].Capacity()})
+		capacity := c.Limits[0].Capacity()
+		failed := limiter.Decision{Allowed: true, Limit: capacity, Remaining: capacity}
+		if c.Fail != FailOpen {
+			failed = limiter.Decision{Limit: capacity, ResetAfter: FailClosedRetryAfter, RetryAfter: FailClosedRetryAfter}
+		}
+		p.rules = append(p.rules, &boundRule{compiledRule: c, limits: limits, failed: failed})
 	}
 	return p, nil
 }
@@ -156,7 +166,7 @@ func (p *Policy) Backends(opts Options) []string {
 }
 
 // build makes the limiter of l on the store named backend.
-func build(l *Limit, backend string, stores map[string]any) (limiter.Limiter, error) {
+func build(l *Limit, backend string, stores map[string]any, noDenyCache bool) (limiter.Limiter, error) {
 	store, ok := stores[backend]
 	if !ok || store == nil {
 		names := make([]string, 0, len(stores))
@@ -177,6 +187,7 @@ func build(l *Limit, backend string, stores map[string]any) (limiter.Limiter, er
 		}
 		return limiter.NewTokenBucket(s, limiter.TokenBucketConfig{
 			Name: l.Name, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: l.RefillAmount, Strict: l.Strict,
+			NoDenyCache: noDenyCache,
 		})
 	case SlidingWindow:
 		s, ok := store.(limiter.Counter)
@@ -185,6 +196,7 @@ func build(l *Limit, backend string, stores map[string]any) (limiter.Limiter, er
 		}
 		return limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, SubWindows: l.SubWindows, Estimator: l.Estimator, CountDenied: l.CountDenied,
+			NoDenyCache: noDenyCache,
 		})
 	case FixedWindow:
 		s, ok := store.(limiter.Counter)
@@ -193,13 +205,14 @@ func build(l *Limit, backend string, stores map[string]any) (limiter.Limiter, er
 		}
 		return limiter.NewFixedWindow(s, limiter.FixedWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, CountDenied: l.CountDenied,
+			NoDenyCache: noDenyCache,
 		})
 	case SlidingLog:
 		s, ok := store.(limiter.LogStore)
 		if !ok {
 			return nil, unsupported
 		}
-		return limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Name: l.Name, Limit: l.Limit, Window: l.Window})
+		return limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Name: l.Name, Limit: l.Limit, Window: l.Window, NoDenyCache: noDenyCache})
 	}
 	return nil, fmt.Errorf("unknown algorithm %d", l.Algorithm)
 }
@@ -238,6 +251,33 @@ func (o Outcome) String() string {
 	return "outcome(" + fmt.Sprint(uint8(o)) + ")"
 }
 
+// Reason says why a request got its outcome: in the authorizer's response
+// context, its log line and its metrics.
+type Reason string
+
+const (
+	// ReasonNone: no rule matched (the request is allowed).
+	ReasonNone Reason = "none"
+	// ReasonLimit: the stores answered; the limits decided.
+	ReasonLimit Reason = "limit"
+	// ReasonCache: denied by the deny cache (a store denied the key
+	// earlier and its RetryAfter has not passed): no store request.
+	ReasonCache Reason = "cache"
+	// ReasonDenyList: the request is on a deny list: no store request.
+	ReasonDenyList Reason = "deny_list"
+	// ReasonAllowList: the request is on an allow list: no store request.
+	ReasonAllowList Reason = "allow_list"
+	// ReasonFailOpen: a backend failed and a fail-open rule let the request
+	// through (no answering limit was tighter).
+	ReasonFailOpen Reason = "fail_open"
+	// ReasonFailClosed: a backend failed and a fail-closed rule denied.
+	ReasonFailClosed Reason = "fail_closed"
+	// ReasonShed: a load shedder refused the request.
+	ReasonShed Reason = "shed"
+	// ReasonUnauthenticated: a required credential is missing.
+	ReasonUnauthenticated Reason = "unauthenticated"
+)
+
 // Result is the evaluation of one request.
 type Result struct {
 	// Outcome is the request's fate.
@@ -254,6 +294,8 @@ type Result struct {
 	// ShedErr is the shedder's error, if any (the request was then let
 	// through by the shedder, or its decision stood).
 	ShedErr error
+	// Reason says why: see [Reason].
+	Reason Reason
 	// Evals has one entry per matching rule, in rule order.
 	Evals []Eval
 }
@@ -276,18 +318,24 @@ type Eval struct {
 	Failed bool
 	// Fail is the rule's fail mode.
 	Fail FailMode
-	// Latency is the time spent in the rule's backend calls.
+	// Latency is the time spent in the request's backend calls: the rules
+	// of a request are decided in one batch, so they share it.
 	Latency time.Duration
-	// Refunded reports that what the rule took was given back because a
-	// later rule denied.
+	// Refunded reports that what the rule took was given back because
+	// another rule (or another limit of the rule) denied.
 	Refunded bool
+	// Cached reports that the rule was denied from the deny cache.
+	Cached bool
+	// Reason says why the rule had its outcome (ReasonLimit, ReasonCache,
+	// ReasonFailOpen, ReasonFailClosed, ...).
+	Reason Reason
 }
 
 // Evaluate checks req against every matching rule at time now, under ctx
 // (whose deadline bounds every backend call). It never fails: backend errors
 // are resolved by each rule's fail mode and reported in the Evals.
 func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Result {
-	res := Result{Outcome: Allow}
+	res := Result{Outcome: Allow, Reason: ReasonNone}
 	var matched []*boundRule
 	var buf [8]*boundRule
 	matched = buf[:0]
@@ -307,7 +355,7 @@ func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Resu
 		for i, r := range matched {
 			for _, q := range r.require {
 				if v, _ := r.value(q, req); v == "" {
-					res.Outcome, res.Rule = Unauthenticated, r.Name
+					res.Outcome, res.Rule, res.Reason = Unauthenticated, r.Name, ReasonUnauthenticated
 					res.Evals[i].Outcome = Unauthenticated
 					return res
 				}
@@ -321,7 +369,7 @@ func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Resu
 		d, err := p.shedder.Check(ctx, res.Priority, now)
 		res.ShedErr = err
 		if !d.Allowed && (err == nil || d.RetryAfter > 0) {
-			res.Outcome, res.Decision = Shed, d
+			res.Outcome, res.Decision, res.Reason = Shed, d, ReasonShed
 			if len(matched) > 0 {
 				res.Rule = matched[0].Name
 			}
@@ -335,61 +383,107 @@ func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Resu
 		return res
 	}
 
+	p.decide(ctx, req, now, matched, &res)
+	return res
+}
+
+// decide checks the limits of the matched rules as one batch
+// ([limiter.Decide]): one round trip per store where the store batches, one
+// place that refunds and picks the deciding limit.
+func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matched []*boundRule, res *Result) {
 	var keyBuf [MaxKeyLen + hashLen + 64]byte
+	var ibuf [16]limiter.Item
+	var obuf [16]limiter.Outcome
+	var rbuf [16]int // the rule (index in matched) of each item
+	items, owner := ibuf[:0], rbuf[:0]
 	for i, r := range matched {
 		ev := &res.Evals[i]
 		ev.Key = string(r.renderKey(keyBuf[:0], req))
-		start := time.Now() // a duration measurement, not algorithm time
-		d, err := r.stack.AllowN(ctx, ev.Key, now, r.cost)
-		ev.Latency = time.Since(start)
-		switch {
-		case err == nil || errors.Is(err, limiter.ErrRefund) && d.Limit != 0:
-			ev.Err = err
-			ev.Decision = d
-		case r.Fail == FailOpen:
-			ev.Err, ev.Failed = err, true
-			ev.Decision = limiter.Decision{Allowed: true, Limit: r.capacity, Remaining: r.capacity}
-		default:
-			ev.Err, ev.Failed = err, true
-			ev.Decision = limiter.Decision{Limit: r.capacity, ResetAfter: FailClosedRetryAfter, RetryAfter: FailClosedRetryAfter}
+		for _, l := range r.limits {
+			items = append(items, limiter.Item{Limit: l, Key: ev.Key, N: r.cost, Fail: &r.failed, Shadow: r.Shadow})
+			owner = append(owner, i)
 		}
-		if ev.Decision.Allowed {
-			ev.Outcome = Allow
+	}
+	out := obuf[:0]
+	if len(items) > len(obuf) {
+		out = make([]limiter.Outcome, len(items))
+	}
+	out = out[:len(items)]
+	start := time.Now() // a duration measurement, not algorithm time
+	decider, err := limiter.Decide(ctx, now, items, out)
+	latency := time.Since(start)
+	if err != nil {
+		// Every item has a Fail decision, so Decide cannot fail; if it
+		// does, deny as a fail-closed rule would, and say why.
+		res.Outcome, res.Reason = Deny, ReasonFailClosed
+		res.Rule, res.Decision = matched[0].Name, limiter.Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter}
+		for i := range res.Evals {
+			res.Evals[i].Err, res.Evals[i].Failed, res.Evals[i].Outcome = err, true, Deny
+		}
+		return
+	}
+
+	// Each rule's part: its first denied limit, else its tightest.
+	best := make([]int, len(matched))
+	for i := range best {
+		best[i] = -1
+	}
+	for j, o := range out {
+		i, ev := owner[j], &res.Evals[owner[j]]
+		if o.Skipped {
 			continue
 		}
-		ev.Outcome = Deny
-		res.Outcome, res.Rule, res.Decision = Deny, r.Name, ev.Decision
-		// Give back what the earlier rules took.
-		for j := 0; j < i; j++ {
-			prev := &res.Evals[j]
-			if prev.Failed {
-				continue
-			}
-			start := time.Now()
-			rerr := matched[j].stack.Refund(ctx, prev.Key, now, matched[j].cost)
-			prev.Latency += time.Since(start)
-			prev.Refunded = rerr == nil
-			if rerr != nil {
-				prev.Err = errors.Join(prev.Err, rerr)
-			}
+		ev.Latency = latency
+		if o.Err != nil {
+			ev.Err = errors.Join(ev.Err, o.Err)
 		}
-		return res
-	}
-	// Every rule allowed: report the tightest.
-	best := -1
-	for i := range res.Evals {
-		ev := &res.Evals[i]
+		ev.Failed = ev.Failed || o.Failed
+		ev.Refunded = ev.Refunded || o.Refunded
+		b := best[i]
 		switch {
-		case best < 0:
-			best = i
-		case res.Evals[best].Failed && !ev.Failed:
-			best = i
-		case ev.Failed:
-		case ev.Decision.Remaining < res.Evals[best].Decision.Remaining,
-			ev.Decision.Remaining == res.Evals[best].Decision.Remaining && ev.Decision.ResetAfter > res.Evals[best].Decision.ResetAfter:
-			best = i
+		case b < 0:
+			best[i] = j
+		case !out[b].Decision.Allowed:
+		case !o.Decision.Allowed:
+			best[i] = j
+		case out[b].Failed && !o.Failed:
+			best[i] = j
+		case o.Failed && !out[b].Failed:
+		case o.Decision.Remaining < out[b].Decision.Remaining,
+			o.Decision.Remaining == out[b].Decision.Remaining && o.Decision.ResetAfter > out[b].Decision.ResetAfter:
+			best[i] = j
 		}
 	}
-	res.Rule, res.Decision = res.Evals[best].Rule, res.Evals[best].Decision
-	return res
+	for i := range matched {
+		ev, j := &res.Evals[i], best[i]
+		if j < 0 {
+			continue // skipped: a cached denial decided
+		}
+		o := &out[j]
+		ev.Decision, ev.Cached = o.Decision, o.Cached
+		ev.Outcome, ev.Reason = Allow, ReasonLimit
+		if !o.Decision.Allowed {
+			ev.Outcome = Deny
+		}
+		switch {
+		case o.Cached:
+			ev.Reason = ReasonCache
+		case o.Failed && matched[i].Fail == FailOpen:
+			ev.Reason = ReasonFailOpen
+		case o.Failed:
+			ev.Reason = ReasonFailClosed
+		}
+		if ev.Refunded && ev.Outcome == Deny {
+			ev.Refunded = false // its own denial: nothing was taken
+		}
+	}
+	if decider < 0 {
+		return
+	}
+	i := owner[decider]
+	ev := &res.Evals[i]
+	res.Rule, res.Decision, res.Reason = ev.Rule, out[decider].Decision, ev.Reason
+	if !out[decider].Decision.Allowed {
+		res.Outcome = Deny
+	}
 }

@@ -446,10 +446,11 @@ func TestMetricLines(t *testing.T) {
 	}
 	h.Handle(t.Context(), []byte(`{"type":"TOKEN","authorizationToken":"x","methodArn":"arn:aws:execute-api:r:1:a/s/GET/x"}`)) // per-token only
 	lines := strings.Split(strings.TrimSpace(h.metrics.String()), "\n")
-	// Request 1 and 2: per-ip and per-token allow; request 3: per-ip
-	// denies, per-token skipped; request 4: per-token.
-	if len(lines) != 6 {
-		t.Fatalf("%d metric lines, want 6:\n%s", len(lines), h.metrics.String())
+	// Request 1 and 2: per-ip and per-token allow; request 3: both rules
+	// are at their limit of 2 and, decided in one batch, both deny;
+	// request 4: per-token (another token).
+	if len(lines) != 7 {
+		t.Fatalf("%d metric lines, want 7:\n%s", len(lines), h.metrics.String())
 	}
 	type emf struct {
 		AWS struct {
@@ -471,7 +472,7 @@ func TestMetricLines(t *testing.T) {
 			t.Fatalf("line %s: %v", l, err)
 		}
 		d := m.AWS.CloudWatchMetrics[0]
-		if m.AWS.Timestamp != golden.Clock.UnixMilli() || d.Namespace != "Test" || len(d.Dimensions) != 2 || d.Dimensions[0][0] != "Rule" || len(d.Dimensions[1]) != 0 || len(d.Metrics) != 8 {
+		if m.AWS.Timestamp != golden.Clock.UnixMilli() || d.Namespace != "Test" || len(d.Dimensions) != 2 || d.Dimensions[0][0] != "Rule" || len(d.Dimensions[1]) != 0 || len(d.Metrics) != 9 {
 			t.Errorf("bad EMF metadata: %s", l)
 		}
 		if m.Allowed+m.Denied+m.Shed != 1 {
@@ -479,8 +480,8 @@ func TestMetricLines(t *testing.T) {
 		}
 		denied += m.Denied
 	}
-	if denied != 1 {
-		t.Errorf("%d denials counted, want 1", denied)
+	if denied != 2 {
+		t.Errorf("%d denials counted, want 2", denied)
 	}
 }
 
@@ -748,4 +749,19 @@ func jsonEqual(a, b []byte) bool {
 	xa, _ := json.Marshal(x)
 	ya, _ := json.Marshal(y)
 	return bytes.Equal(xa, ya)
+}
+
+// TestMetricCacheDenied checks the CacheDenied metric: after the store
+// denies a key, the next denials of it come from the deny cache and say so.
+func TestMetricCacheDenied(t *testing.T) {
+	h := newTestHandler(t, oneRule, nil)
+	for range 5 {
+		h.Handle(t.Context(), readEvent(t, "rest-request"))
+	}
+	// Requests 1-2 allowed, 3 denied by the store (both rules), 4-5 denied
+	// from the cache (one line each: the other rule is skipped).
+	got := strings.Count(h.metrics.String(), `"CacheDenied":1`)
+	if got != 2 {
+		t.Errorf("%d CacheDenied lines, want 2:\n%s", got, h.metrics.String())
+	}
 }

@@ -19,7 +19,9 @@ const NoRule = "(none)"
 
 // Metrics writes CloudWatch Embedded Metric Format lines: one JSON object
 // per line, with the dimension sets [["Rule"], []] and the metrics Allowed,
-// Denied, Shed, FailOpen, FailClosed, BackendErrors, ShedErrors (Count) and
+// Denied, Shed, FailOpen, FailClosed, BackendErrors, ShedErrors,
+// CacheDenied (Count: denials answered by the deny cache, without a store
+// request; they are in Denied too) and
 // BackendLatency (Milliseconds). A request gets one line per matching rule
 // that was checked (or shed); a request no rule matched gets one line with
 // Rule "(none)". The dimensionless metrics therefore count rule checks,
@@ -49,7 +51,7 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 	mid = append(mid, `,"Dimensions":[["Rule"],[]],"Metrics":[`+
 		`{"Name":"Allowed","Unit":"Count"},{"Name":"Denied","Unit":"Count"},{"Name":"Shed","Unit":"Count"},`+
 		`{"Name":"FailOpen","Unit":"Count"},{"Name":"FailClosed","Unit":"Count"},{"Name":"BackendErrors","Unit":"Count"},`+
-		`{"Name":"ShedErrors","Unit":"Count"},`+
+		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},`+
 		`{"Name":"BackendLatency","Unit":"Milliseconds"}]}]},"Rule":`...)
 	m.middle = mid
 	return m
@@ -59,6 +61,7 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 type Line struct {
 	Rule                                                                string
 	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors int
+	CacheDenied                                                         int
 	BackendLatency                                                      time.Duration
 }
 
@@ -107,6 +110,9 @@ func (m *Metrics) Record(now time.Time, res *policy.Result) {
 		if ev.Err != nil {
 			l.BackendErr = 1
 		}
+		if ev.Cached {
+			l.CacheDenied = 1
+		}
 		l.ShedErrors, shedErr = shedErr, 0
 		m.write(now, &l)
 	}
@@ -125,6 +131,7 @@ func (m *Metrics) write(now time.Time, l *Line) {
 	b = appendField(b, "FailClosed", l.FailClosed)
 	b = appendField(b, "BackendErrors", l.BackendErr)
 	b = appendField(b, "ShedErrors", l.ShedErrors)
+	b = appendField(b, "CacheDenied", l.CacheDenied)
 	b = append(b, `,"BackendLatency":`...)
 	b = strconv.AppendFloat(b, float64(l.BackendLatency.Microseconds())/1000, 'f', -1, 64)
 	b = append(b, "}\n"...)

@@ -162,7 +162,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		clock = limiter.SystemClock
 	}
 
-	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend}
+	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend, NoDenyCache: env.NoDenyCache}
 	switch {
 	case out.Shedder != nil:
 		shedder, err := out.Shedder(ctx, env, b.Stores)
