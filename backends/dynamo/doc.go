@@ -24,27 +24,68 @@
 //
 // # Token buckets
 //
-// Item: tokens (N), updated (N, Unix ns of the last refill accounting). The
-// store remembers the last state it saw per key in a bounded in-process LRU
-// (the warm Lambda), applies the op (limiter.BucketOp.Apply, pure) to it
-// and writes the result with ONE UpdateItem, no read first:
+// Item: base (N, Unix ns) and tat (N, tokens): GCRA's "theoretical arrival
+// time" counted in refill tokens on a refill grid. The grid is base,
+// base+RefillTime, base+2*RefillTime, ...; an op stamped now is in step
+// k = floor((now-base)/RefillTime) and sees min(max, RefillAmount*k - tat)
+// tokens. A take of n adds n to tat; a refund subtracts it; a bucket full
+// at k (tat below level-max, level = RefillAmount*k) is first brought to
+// level-max, which is the cap. The refills are in the formula, not in the
+// item, so nothing has to move when a refill is due: concurrent takes
+// conflict over nothing but the tokens themselves, whatever the refill
+// rate. The store remembers the last item it saw per key in a bounded
+// in-process LRU (the warm Lambda) and sends ONE UpdateItem per decision,
+// no read first; every condition includes base = :base (the grid only
+// moves for a strict denial):
 //
-//   - When no refill is due on the remembered state and the op takes N
-//     tokens and is allowed (or refunds N without reaching the cap), the
-//     write is relative: SET tokens = tokens + :delta, on condition
-//     updated = :updated AND tokens BETWEEN :lo AND :hi ([N, max] for a take,
-//     [0, max-N] for a refund). For every stored state meeting the condition,
-//     Apply computes exactly that update, so the write is exact even if the
-//     remembered token count is stale, and concurrent takes that all fit all
-//     succeed without retrying. The decision is recomputed from the new
-//     state the write returns (ReturnValues=ALL_NEW).
-//   - Otherwise (a refill is due, strict mode restarts the timer, a refund
-//     reaches the cap) the new state is written on condition that the item
-//     holds exactly the remembered values (tokens = :t0 AND updated = :u0).
-//     No version number is needed: Apply is a pure function of (tokens,
-//     updated), so an ABA change is harmless.
-//   - A key the store has not seen is written as a new full bucket on
-//     condition attribute_not_exists(pk).
+//   - A take: SET tat = tat + :n on condition tat BETWEEN :level-max AND
+//     :level-n, for the op's own step. Every stored tat in the range
+//     allows the take and gets the same update, so concurrent takers all
+//     succeed without knowing the exact value; the decision is recomputed
+//     from the new item (ReturnValues=ALL_NEW). A take the remembered item
+//     says is denied is sent all the same: if the condition fails, the
+//     item it returns (below) is the server's state and decides the
+//     denial, with no second request.
+//   - A take on a full bucket (the idle case): SET tat = :level-max+n on
+//     condition tat < :level-max.
+//   - A refund: SET tat = tat - :n on condition tat >= :level-max+n, or,
+//     when it reaches the cap, SET tat = :level-max on condition
+//     tat < :level-max+n.
+//   - A strict denial off the grid (now > base + k*RefillTime): SET
+//     base = :now, tat = tat - :level on condition tat > :level-n: the grid
+//     restarts at now holding the tokens the op saw, as Smyte's strict mode
+//     restarts the refill timer.
+//   - A key the store has not seen: a new full bucket (base = now) on
+//     condition attribute_not_exists(pk). An item in the earlier layout
+//     (tokens, updated) is read as base = updated, tat = -tokens and
+//     replaced by an exact write conditioned on its old attributes.
+//
+// Each op is decided by [limiter.BucketOp.Apply] on the bucket at its own
+// step (tokens as above, Updated = base + k*RefillTime), so Smyte's
+// semantics hold exactly (steps of RefillAmount every RefillTime, the
+// leftover time kept, strict mode, Get, refunds capped at max, caller
+// timestamps) whenever ops reach the table in the order of their stamps.
+// Where they do not, the difference is this: an op stamped in an earlier
+// step than one that already reached the bucket is judged at its own step,
+// so it does not see the refills of the later steps (Apply on the stored
+// state would judge it at the newest refill), and a strict denial among
+// them restarts the grid at its own stamp. It sees fewer tokens, never
+// more, and in any interval of stamps the bucket admits at most max plus
+// the refills of the interval, whatever the arrival order (Apply in arrival
+// order can admit more: a late op gets refills stamped after it). Seeing
+// the newest step would take a condition on it, and moving it a write by
+// every op of a new step: the contention this layout removes.
+// limitertest.BucketsAtStamp states this semantics for the conformance
+// suite and the history checker.
+//
+// Size: about 40 bytes plus the key. With a tiny RefillTime and a large
+// RefillAmount, a key busy for decades would make RefillAmount*k leave
+// 2^61; the grid is then moved forward by an exact write (same phase).
+//
+// With Config.CacheSize < 0 nothing is remembered, and every decision on
+// a key costs two requests (the guess that it is absent, then the write on
+// the returned item). Tests can force exact writes (conditioned on the
+// whole old item) instead of the ranges.
 //
 // The write runs in the package's one conditional-write loop, the same for
 // buckets, logs, window refunds and leases ([Leases]):
@@ -58,14 +99,10 @@
 // Each retried lost race is counted in Stats.Conflicts.
 //
 // A denial is never decided on a remembered state alone (another process
-// may have refunded tokens): when Apply on the remembered state writes
-// nothing (a plain denial, or a Get), the store confirms with a strongly
-// consistent GetItem and applies the op to what it reads; a denial that
-// writes (strict mode) is confirmed by its conditional write succeeding, and
-// a denial computed on the item a failed condition returned is the server's
-// state. So a warm key costs one request per decision, allowed or denied,
-// and a key new to the process two (the guess that it is absent, then the
-// write on the returned item).
+// may have refunded tokens): it is the failed condition of the take, on
+// the item DynamoDB returns, that decides it. A Get is a strongly
+// consistent GetItem. So a warm key costs one request per decision,
+// allowed or denied, and a key new to the process two.
 //
 // # Windows
 //

@@ -29,7 +29,7 @@ func TestHistory(t *testing.T) {
 	if _, err := limitertest.RunScenario(context.Background(), s, warm, limitertest.SharedClock, limitertest.HistoryOptions{Seed: 1}); err != nil {
 		t.Fatal(err)
 	}
-	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: historyScenarios()})
+	limitertest.RunHistory(t, limitertest.BucketsAtStamp(s), limitertest.HistoryOptions{Scenarios: historyScenarios()})
 	st := s.Stats()
 	t.Logf("%d requests (%d failed: lost races); %d conflicts, %d reads, %d cleanups",
 		r.load(), r.failed.Load(), st.Conflicts, st.Reads, st.Cleanups)

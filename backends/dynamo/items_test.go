@@ -60,11 +60,14 @@ func TestCorruptItems(t *testing.T) {
 		want string // in the error
 	}{
 		{"bucket tokens a string", b, bucketPK(b), item{"tokens": str("7"), "updated": n("0")}, `"tokens": want a Number, got a String`},
-		{"bucket tokens missing", b, bucketPK(b), item{"updated": n("0")}, `"tokens": missing`},
+		{"bucket tokens missing", b, bucketPK(b), item{"updated": n("0")}, `"tat": missing`},
 		{"bucket updated missing", b, bucketPK(b), item{"tokens": n("3")}, `"updated": missing`},
 		{"bucket tokens negative", b, bucketPK(b), item{"tokens": n("-3"), "updated": n("0")}, `"tokens": negative`},
 		{"bucket tokens fractional", b, bucketPK(b), item{"tokens": n("2.5"), "updated": n("0")}, `"tokens": not an int64`},
-		{"bucket only a ttl", b, bucketPK(b), item{"ttl": n("1")}, `"tokens": missing`},
+		{"bucket only a ttl", b, bucketPK(b), item{"ttl": n("1")}, `"tat": missing`},
+		{"bucket tat a string", b, bucketPK(b), item{"tat": str("7"), "base": n("0")}, `"tat": want a Number, got a String`},
+		{"bucket base missing", b, bucketPK(b), item{"tat": n("-3")}, `"base": missing`},
+		{"bucket tat fractional", b, bucketPK(b), item{"tat": n("2.5"), "base": n("0")}, `"tat": not an int64`},
 		{"window current counter a string", fw, spacePK("fw:10:1h0m0s"), item{cur: str("x")}, cur},
 		{"window counter a list", fw, spacePK("fw:10:1h0m0s"), item{cur: &types.AttributeValueMemberL{}}, "want a Number, got a List"},
 		{"window counter negative", fw, spacePK("fw:10:1h0m0s"), item{cur: n("-5")}, "want a count"},

@@ -513,7 +513,7 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 		rep.Violations = CheckTrailingWindow(rep.Calls, sc.Log.Limit, sc.Log.Window)
 	case sc.Bucket != nil:
 		t0 := time.Now()
-		if err := CheckTokenBucket(rep.Calls, *sc.Bucket, opt.CheckTimeout); err != nil {
+		if err := checkBucketHistory(s, rep.Calls, *sc.Bucket, opt.CheckTimeout); err != nil {
 			rep.problem("%v", err)
 		}
 		rep.CheckTime = time.Since(t0)
