@@ -26,7 +26,7 @@ func TestDocsExamples(t *testing.T) {
 		}
 		stores := memStores(t)
 		stores["memcached"], stores["dynamo"] = stores["memory"], stores["memory"]
-		if _, err := Load([]byte(doc), Options{Stores: stores}); err != nil {
+		if _, err := Load([]byte(doc), Options{Stores: stores, Leases: memLeases(t)}); err != nil {
 			t.Errorf("example %d:\n%s\n%v", i, doc, err)
 		}
 		checked++

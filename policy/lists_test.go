@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/backends/memory"
 )
 
 const listsDoc = `
@@ -123,6 +125,15 @@ func TestListsErrors(t *testing.T) {
 	if _, err := ParseDocument([]byte(b.String())); err == nil || !strings.Contains(err.Error(), "more than") {
 		t.Errorf("too many entries: err = %v", err)
 	}
+}
+
+func memLeases(t testing.TB) *memory.Leases {
+	t.Helper()
+	l, err := memory.NewLeases(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // BenchmarkListsMatch: a request against lists of 5000 prefixes.

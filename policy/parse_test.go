@@ -263,7 +263,7 @@ func FuzzParse(f *testing.F) {
 			}
 			c.tierIndex(&Request{APIKey: "p", Headers: Header{"x-plan": "p"}}, Tiers{"p": "p"}.Lookup)
 		}
-		p, err := New(rules, Options{Stores: memStores(t)})
+		p, err := New(rules, Options{Stores: memStores(t), Leases: memLeases(t), Lists: d.Lists})
 		if err != nil {
 			if strings.Contains(err.Error(), "not configured") {
 				return // a backend this test does not provide

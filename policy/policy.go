@@ -37,6 +37,18 @@ type Options struct {
 	// by default a key a store denied is denied again in this process,
 	// without a store request, until the denial's RetryAfter has passed.
 	NoDenyCache bool
+	// Lists are the rule set's allow and deny lists ([Load] takes them
+	// from the document when this is empty).
+	Lists Lists
+	// Shadow runs every rule in shadow mode (SLUICE_SHADOW): evaluated and
+	// counted, never denying. The deny list still denies.
+	Shadow bool
+	// TierOf maps tier values for rules with tier_lookup (the rules
+	// table's tier items); nil: such rules use their default tier.
+	TierOf TierOf
+	// Leases holds the rules' concurrency limits' leases (the shed store);
+	// required when a rule has a concurrency limit.
+	Leases limiter.LeaseStore
 }
 
 // Shedder decides whether to shed a request of priority p (the highest
@@ -57,6 +69,9 @@ type Shedder interface {
 type Policy struct {
 	rules   []*boundRule
 	shedder Shedder
+	lists   lists
+	shadow  bool
+	tierOf  TierOf
 }
 
 // boundRule is a compiled rule with its limits built on stores.
@@ -66,6 +81,8 @@ type boundRule struct {
 	// failed is the decision of a limit whose backend failed: the fail
 	// mode's, with the first limit's capacity.
 	failed limiter.Decision
+	tiers  [][]limiter.Limiter  // by index in Tiers
+	cc     *limiter.Concurrency // nil without a concurrency limit
 }
 
 // Source supplies the current Policy: a *Policy supplies itself, a *Cache
@@ -88,7 +105,11 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 	if def == "" {
 		def = DefaultBackend
 	}
-	p := &Policy{shedder: opts.Shedder}
+	p := &Policy{shedder: opts.Shedder, shadow: opts.Shadow, tierOf: opts.TierOf}
+	var err error
+	if p.lists.allow, p.lists.deny, err = compileLists(&opts.Lists); err != nil {
+		return nil, err
+	}
 	seen := make(map[string]int, len(rules))
 	for i, r := range rules {
 		c, err := compile(r, i)
@@ -120,18 +141,25 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 		if c.Fail != FailOpen {
 			failed = limiter.Decision{Limit: capacity, ResetAfter: FailClosedRetryAfter, RetryAfter: FailClosedRetryAfter}
 		}
-		p.rules = append(p.rules, &boundRule{compiledRule: c, limits: limits, failed: failed})
+		tiers, cc, err := bindExtras(c, i, opts, def)
+		if err != nil {
+			return nil, err
+		}
+		p.rules = append(p.rules, &boundRule{compiledRule: c, limits: limits, failed: failed, tiers: tiers, cc: cc})
 	}
 	return p, nil
 }
 
 // Load parses a rules document and builds it: [Parse] then [New].
 func Load(data []byte, opts Options) (*Policy, error) {
-	rules, err := Parse(data)
+	doc, err := ParseDocument(data)
 	if err != nil {
 		return nil, err
 	}
-	return New(rules, opts)
+	if opts.Lists.Empty() {
+		opts.Lists = doc.Lists
+	}
+	return New(doc.Rules, opts)
 }
 
 // Rules returns the names of the policy's rules, in order.
@@ -296,6 +324,12 @@ type Result struct {
 	ShedErr error
 	// Reason says why: see [Reason].
 	Reason Reason
+	// List says which list decided (Reason deny_list or allow_list).
+	List ListMatch
+	// Leases are the concurrency leases an allowed request holds: pass
+	// them to the code that sees the request end (the authorizer puts
+	// them in its context), which releases them.
+	Leases []Lease
 	// Evals has one entry per matching rule, in rule order.
 	Evals []Eval
 }
@@ -329,6 +363,12 @@ type Eval struct {
 	// Reason says why the rule had its outcome (ReasonLimit, ReasonCache,
 	// ReasonFailOpen, ReasonFailClosed, ...).
 	Reason Reason
+	// Tier is the tier whose limits were checked (DefaultTier for the
+	// rule's own).
+	Tier string
+	// Shadow reports a rule in shadow mode; ShadowDenied that it would have
+	// denied the request (its Outcome is then Allow).
+	Shadow, ShadowDenied bool
 }
 
 // Evaluate checks req against every matching rule at time now, under ctx
@@ -336,6 +376,15 @@ type Eval struct {
 // are resolved by each rule's fail mode and reported in the Evals.
 func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Result {
 	res := Result{Outcome: Allow, Reason: ReasonNone}
+	// The lists first, in memory: no store request either way.
+	if res.List = p.lists.check(req); res.List.List == "deny" {
+		d := limiter.Decision{RetryAfter: DenyListRetryAfter, ResetAfter: DenyListRetryAfter}
+		res.Outcome, res.Reason, res.Decision = Deny, ReasonDenyList, d
+		return res
+	} else if res.List.List == "allow" {
+		res.Reason = ReasonAllowList
+		return res
+	}
 	var matched []*boundRule
 	var buf [8]*boundRule
 	matched = buf[:0]
@@ -399,8 +448,21 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	for i, r := range matched {
 		ev := &res.Evals[i]
 		ev.Key = string(r.renderKey(keyBuf[:0], req))
-		for _, l := range r.limits {
-			items = append(items, limiter.Item{Limit: l, Key: ev.Key, N: r.cost, Fail: &r.failed, Shadow: r.Shadow})
+		ev.Shadow = r.Shadow || p.shadow
+	}
+	if !p.acquireLeases(ctx, now, matched, res) {
+		return
+	}
+	for i, r := range matched {
+		ev := &res.Evals[i]
+		limits := r.limits
+		ti, tier := r.tierIndex(req, p.tierOf)
+		if ti >= 0 {
+			limits = r.tiers[ti]
+		}
+		ev.Tier = tier
+		for _, l := range limits {
+			items = append(items, limiter.Item{Limit: l, Key: ev.Key, N: r.cost, Fail: &r.failed, Shadow: ev.Shadow})
 			owner = append(owner, i)
 		}
 	}
@@ -417,6 +479,7 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		// does, deny as a fail-closed rule would, and say why.
 		res.Outcome, res.Reason = Deny, ReasonFailClosed
 		res.Rule, res.Decision = matched[0].Name, limiter.Decision{RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter}
+		p.releaseLeases(ctx, res)
 		for i := range res.Evals {
 			res.Evals[i].Err, res.Evals[i].Failed, res.Evals[i].Outcome = err, true, Deny
 		}
@@ -476,6 +539,9 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		if ev.Refunded && ev.Outcome == Deny {
 			ev.Refunded = false // its own denial: nothing was taken
 		}
+		if ev.Shadow && ev.Outcome == Deny {
+			ev.Outcome, ev.ShadowDenied = Allow, true // would deny; never does
+		}
 	}
 	if decider < 0 {
 		return
@@ -485,5 +551,6 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	res.Rule, res.Decision, res.Reason = ev.Rule, out[decider].Decision, ev.Reason
 	if !out[decider].Decision.Allowed {
 		res.Outcome = Deny
+		p.releaseLeases(ctx, res)
 	}
 }

@@ -1,0 +1,135 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// DenyListRetryAfter is the RetryAfter of a deny-listed request's denial:
+// the list does not lapse, so a client is told to stay away for an hour.
+const DenyListRetryAfter = time.Hour
+
+// Lease is a concurrency lease a request holds: Limit names the rule's
+// concurrency limit (its stored key space), Lease the slot. Pass it to the
+// code that sees the request end (lambdawrap.NamedLease has the same
+// fields), or give it back with [Policy.Release].
+type Lease struct {
+	Limit string
+	Lease limiter.Lease
+}
+
+// ErrNoLeaseStore is wrapped by New's error for a rule with a concurrency
+// limit when Options.Leases is nil.
+var ErrNoLeaseStore = errors.New("policy: a concurrency limit needs Options.Leases")
+
+// bindExtras builds the limiters of a rule's tiers and its concurrency
+// limit, as New builds its own limits.
+func bindExtras(c *compiledRule, index int, opts Options, def string) ([][]limiter.Limiter, *limiter.Concurrency, error) {
+	var tiers [][]limiter.Limiter
+	for ti, t := range c.Tiers {
+		lims := make([]limiter.Limiter, len(t.Limits))
+		for j := range t.Limits {
+			l := &c.Tiers[ti].Limits[j]
+			backend := l.Backend
+			if backend == "" {
+				backend = def
+			}
+			lim, err := build(l, backend, opts.Stores, opts.NoDenyCache)
+			if err != nil {
+				return nil, nil, ruleError(c.Name, index, fmt.Sprintf("tiers.%s[%d].backend", t.Name, j), "%v", err)
+			}
+			lims[j] = lim
+		}
+		tiers = append(tiers, lims)
+	}
+	if c.Concurrency == nil {
+		return tiers, nil, nil
+	}
+	if opts.Leases == nil {
+		return nil, nil, ruleError(c.Name, index, "concurrency", "%v (the shed store: memcached or dynamo)", ErrNoLeaseStore)
+	}
+	cc, err := limiter.NewConcurrency(opts.Leases, limiter.ConcurrencyConfig{
+		Name: c.Concurrency.Name, Capacity: c.Concurrency.Limit, LeaseTTL: c.Concurrency.LeaseTTL,
+	})
+	if err != nil {
+		return nil, nil, ruleError(c.Name, index, "concurrency", "%v", err)
+	}
+	return tiers, cc, nil
+}
+
+// acquireLeases takes a lease on every matched rule's concurrency limit,
+// before the rate limits. It reports false when the request is denied (a
+// full enforcing limit, or a fail-closed store failure): res then holds the
+// denial, and the leases taken so far are given back.
+func (p *Policy) acquireLeases(ctx context.Context, now time.Time, matched []*boundRule, res *Result) bool {
+	for i, r := range matched {
+		if r.cc == nil {
+			continue
+		}
+		ev := &res.Evals[i]
+		shadow := r.Shadow || p.shadow
+		start := time.Now() // a duration measurement
+		l, d, err := r.cc.Acquire(ctx, ev.Key, now)
+		ev.Latency += time.Since(start)
+		switch {
+		case err != nil:
+			ev.Err = errors.Join(ev.Err, err)
+			if r.Fail == FailOpen || shadow {
+				ev.Failed = true
+				continue
+			}
+			d = limiter.Decision{Name: r.Concurrency.Name, Limit: r.Concurrency.Limit, RetryAfter: FailClosedRetryAfter, ResetAfter: FailClosedRetryAfter}
+			ev.Failed, ev.Reason = true, ReasonFailClosed
+		case d.Allowed:
+			res.Leases = append(res.Leases, Lease{Limit: r.Concurrency.Name, Lease: l})
+			continue
+		case shadow:
+			ev.ShadowDenied = true
+			continue
+		default:
+			ev.Reason = ReasonLimit
+		}
+		ev.Outcome, ev.Decision = Deny, d
+		res.Outcome, res.Rule, res.Decision, res.Reason = Deny, r.Name, d, ev.Reason
+		p.releaseLeases(ctx, res)
+		return false
+	}
+	return true
+}
+
+// releaseLeases gives back res.Leases (a denied request's) and forgets them.
+func (p *Policy) releaseLeases(ctx context.Context, res *Result) {
+	if len(res.Leases) == 0 {
+		return
+	}
+	p.Release(ctx, res.Leases...) //nolint:errcheck // a lost release lapses after the lease TTL
+	res.Leases = nil
+}
+
+// Release gives back leases a request held (Result.Leases), for callers
+// that see the request end themselves. A lease of a limit this policy does
+// not have is an error; a lost release lapses after the limit's lease TTL.
+func (p *Policy) Release(ctx context.Context, leases ...Lease) error {
+	var errs []error
+	for _, l := range leases {
+		var cc *limiter.Concurrency
+		for _, r := range p.rules {
+			if r.cc != nil && r.Concurrency.Name == l.Limit {
+				cc = r.cc
+				break
+			}
+		}
+		if cc == nil {
+			errs = append(errs, fmt.Errorf("policy: release: no concurrency limit %q", l.Limit))
+			continue
+		}
+		if err := cc.Release(ctx, l.Lease); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
