@@ -26,7 +26,12 @@ const (
 // new bucket), retrying on a lost race. The state's Version is the item's
 // CAS id.
 func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
-	return s.casLoop().update(ctx, "bucket", bucketKey(s.keys.base(k)), func(val []byte, cas uint64, found bool) (*memcache.Item, limiter.Decision, error) {
+	return s.casLoop().update(ctx, "bucket", bucketKey(s.keys.base(k)), s.bucketApply(op, ttl))
+}
+
+// bucketApply is op as an applyFunc on a bucket value.
+func (s *Store) bucketApply(op limiter.BucketOp, ttl time.Duration) applyFunc {
+	return func(val []byte, cas uint64, found bool) (*memcache.Item, limiter.Decision, error) {
 		var cur limiter.BucketState
 		if found {
 			var err error
@@ -40,13 +45,18 @@ func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.Buck
 			return nil, d, nil
 		}
 		return &memcache.Item{Value: encodeBucket(next), Expiration: s.expiry(ttl)}, d, nil
-	})
+	}
 }
 
 // UpdateLog implements [limiter.LogStore] with gets and cas of the log
 // encoded by [limiter.AppendLog].
 func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
-	return s.casLoop().update(ctx, "log", logKey(s.keys.base(k)), func(val []byte, _ uint64, found bool) (*memcache.Item, limiter.Decision, error) {
+	return s.casLoop().update(ctx, "log", logKey(s.keys.base(k)), s.logApply(op, ttl))
+}
+
+// logApply is op as an applyFunc on a log value.
+func (s *Store) logApply(op limiter.LogOp, ttl time.Duration) applyFunc {
+	return func(val []byte, _ uint64, found bool) (*memcache.Item, limiter.Decision, error) {
 		var entries []int64
 		if found {
 			if len(val) == 0 || val[0] != formatLog {
@@ -62,7 +72,7 @@ func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, 
 			return nil, d, nil
 		}
 		return &memcache.Item{Value: limiter.AppendLog([]byte{formatLog}, next), Expiration: s.expiry(ttl)}, d, nil
-	})
+	}
 }
 
 func encodeBucket(b limiter.BucketState) []byte {

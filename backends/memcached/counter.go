@@ -76,49 +76,81 @@ func (w *window) run(pc *pconn) (limiter.Counts, error) {
 }
 
 func (w *window) once(pc *pconn) (c limiter.Counts, vanished bool, err error) {
-	var num [24]byte
-	if w.n > 0 {
-		pc.w.WriteString("add ")
-		w.key(pc, w.cur, &num)
-		pc.w.WriteString(" 0 ")
-		pc.w.Write(strconv.AppendInt(num[:0], int64(w.exp), 10))
-		pc.w.WriteString(" 1\r\n0\r\nincr ")
-		w.key(pc, w.cur, &num)
-		pc.w.WriteByte(' ')
-		pc.w.Write(strconv.AppendInt(num[:0], w.n, 10))
-		pc.w.WriteString("\r\n")
-		if w.proxy {
+	if w.proxy && w.n > 0 {
+		// The get only after the incr's reply.
+		var num [24]byte
+		w.writeIncr(pc, &num)
+		if err := pc.w.Flush(); err != nil {
+			return c, false, err
+		}
+		if c.C[0], vanished, err = w.readIncr(pc); err != nil {
+			return c, false, err
+		}
+		if w.get() {
+			w.writeGet(pc, &num)
 			if err := pc.w.Flush(); err != nil {
 				return c, false, err
 			}
-			if c.C[0], vanished, err = w.readIncr(pc); err != nil {
+			if err := w.readGet(pc, &c); err != nil {
 				return c, false, err
 			}
 		}
+		return c, vanished, nil
 	}
-	// A fixed window (span 1, nothing ahead) reads only its own counter,
-	// which the incr returns: no get.
-	get := w.n == 0 || w.span > 1 || w.ahead > 0
-	if get {
-		pc.w.WriteString("get")
-		for idx := w.cur + w.ahead; idx > w.cur-w.span; idx-- {
-			if idx == w.cur && w.n > 0 {
-				continue
-			}
-			pc.w.WriteByte(' ')
-			w.key(pc, idx, &num)
-		}
-		pc.w.WriteString("\r\n")
-	}
+	var num [24]byte
+	w.write(pc, &num)
 	if err := pc.w.Flush(); err != nil {
 		return c, false, err
 	}
-	if w.n > 0 && !w.proxy {
+	return w.read(pc)
+}
+
+// get reports whether the request reads other counters: a fixed window
+// (span 1, nothing ahead) reads only its own, which the incr returns.
+func (w *window) get() bool { return w.n == 0 || w.span > 1 || w.ahead > 0 }
+
+// write buffers the request's commands (add, incr, get) without flushing.
+func (w *window) write(pc *pconn, num *[24]byte) {
+	if w.n > 0 {
+		w.writeIncr(pc, num)
+	}
+	if w.get() {
+		w.writeGet(pc, num)
+	}
+}
+
+func (w *window) writeIncr(pc *pconn, num *[24]byte) {
+	pc.w.WriteString("add ")
+	w.key(pc, w.cur, num)
+	pc.w.WriteString(" 0 ")
+	pc.w.Write(strconv.AppendInt(num[:0], int64(w.exp), 10))
+	pc.w.WriteString(" 1\r\n0\r\nincr ")
+	w.key(pc, w.cur, num)
+	pc.w.WriteByte(' ')
+	pc.w.Write(strconv.AppendInt(num[:0], w.n, 10))
+	pc.w.WriteString("\r\n")
+}
+
+func (w *window) writeGet(pc *pconn, num *[24]byte) {
+	pc.w.WriteString("get")
+	for idx := w.cur + w.ahead; idx > w.cur-w.span; idx-- {
+		if idx == w.cur && w.n > 0 {
+			continue
+		}
+		pc.w.WriteByte(' ')
+		w.key(pc, idx, num)
+	}
+	pc.w.WriteString("\r\n")
+}
+
+// read reads the replies to what write sent.
+func (w *window) read(pc *pconn) (c limiter.Counts, vanished bool, err error) {
+	if w.n > 0 {
 		if c.C[0], vanished, err = w.readIncr(pc); err != nil {
 			return c, false, err
 		}
 	}
-	if get {
+	if w.get() {
 		if err := w.readGet(pc, &c); err != nil {
 			return c, false, err
 		}

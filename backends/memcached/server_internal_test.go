@@ -178,7 +178,8 @@ func TestCASConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	b, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Minute})
+	// UpdateBucket's own loop (the batch path's fallback), not Do.
+	b, _ := limiter.NewTokenBucket(singleStep{s}, limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Minute})
 	_, err = b.Allow(context.Background(), "k", time.Unix(100, 0))
 	if !errors.Is(err, limiter.ErrConflict) || errors.Is(err, ErrUnavailable) {
 		t.Fatalf("endless CAS conflicts: %v, want ErrConflict", err)
@@ -228,8 +229,9 @@ func TestCachedItemSkipsTheRead(t *testing.T) {
 	s := testStore(t, Config{Addrs: []string{proxy}})
 	other := testStore(t, Config{Addrs: []string{addr}})
 	cfg := limiter.TokenBucketConfig{MaxAmount: 10, RefillTime: time.Hour}
-	b, _ := limiter.NewTokenBucket(s, cfg)
-	ob, _ := limiter.NewTokenBucket(other, cfg)
+	// UpdateBucket's own loop (the batch path's fallback), not Do.
+	b, _ := limiter.NewTokenBucket(singleStep{s}, cfg)
+	ob, _ := limiter.NewTokenBucket(singleStep{other}, cfg)
 	ctx, now, key := context.Background(), time.Now(), uniqueName(t)
 
 	if d, err := b.Allow(ctx, key, now); err != nil || !d.Allowed {
@@ -402,3 +404,9 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 		})
 	}
 }
+
+// singleStep hides the Store's Do: the limiters then use UpdateBucket and
+// UpdateLog, one call per step.
+type singleStep struct{ *Store }
+
+func (singleStep) Do() {} // shadows Store.Do: not a limiter.Batcher

@@ -1,0 +1,368 @@
+package memcached
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"strconv"
+	"sync"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+var _ limiter.Batcher = (*Store)(nil)
+
+// Do implements [limiter.Batcher]: the steps of a request go to their nodes
+// (all of a key's items live on one node), and each node gets one pipelined
+// write on one connection, nodes in parallel; the replies are then read in
+// order. One round trip per node. Per step:
+//
+//   - StepAdd: the window's add, incr and get, as [Store.Add].
+//   - StepSub: decr <key> <n> noreply. Memcached sends no reply, so a
+//     refund costs no wait; StepResult.Err reports only a failure to send.
+//   - StepBucket, StepLog: a speculative conditional write followed by a
+//     gets of the same item. With a cached item (value and CAS id from an
+//     earlier gets), the op is applied to it and sent as cas; with none,
+//     it is applied to an empty key and sent as add (a new key). If the
+//     write is STORED, the op's decision stands, and the gets reply (the
+//     item after it, with its new CAS id) is cached for the next call. If
+//     it lost (EXISTS, NOT_FOUND, NOT_STORED), the gets reply is cached and
+//     the step goes on as [Store.UpdateBucket] does, from that item: more
+//     round trips, only on a lost race or a cold cache on an existing key.
+//     When the op on the cached item would write nothing (a denial), only
+//     the gets is sent and the op is applied to its fresh reply.
+//
+// A step whose window counter vanished between add and incr (evicted) is
+// sent again on its own, as Add does.
+func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+	if err := ctx.Err(); err != nil {
+		for i := range steps {
+			out[i] = limiter.StepResult{Err: errorf("batch", err)}
+		}
+		return
+	}
+	if s.proxy {
+		// A proxy may not keep a pipeline's order: one step at a time.
+		for i := range steps {
+			out[i] = limiter.DoStep(ctx, s, &steps[i])
+		}
+		return
+	}
+	bs := make([]bstep, len(steps))
+	type node struct {
+		addr net.Addr
+		idx  []int
+	}
+	var nodes []node
+	for i := range steps {
+		b := &bs[i]
+		if err := s.prepare(&steps[i], b); err != nil {
+			out[i] = limiter.StepResult{Err: err}
+			b.done = true
+			continue
+		}
+		addr, err := s.ring.pickTag(b.base)
+		if err != nil {
+			out[i] = limiter.StepResult{Err: errorf("batch", err)}
+			b.done = true
+			continue
+		}
+		j := 0
+		for j < len(nodes) && nodes[j].addr.String() != addr.String() {
+			j++
+		}
+		if j == len(nodes) {
+			nodes = append(nodes, node{addr: addr})
+		}
+		nodes[j].idx = append(nodes[j].idx, i)
+	}
+	send := func(n node) {
+		err := s.pool.exec(ctx, n.addr, func(pc *pconn) error { return s.pipeline(pc, bs, n.idx) })
+		for _, i := range n.idx {
+			if err != nil {
+				out[i] = limiter.StepResult{Err: errorf("batch", err)}
+				bs[i].done = true
+				continue
+			}
+			out[i] = bs[i].res
+		}
+	}
+	if len(nodes) == 1 {
+		send(nodes[0])
+	} else {
+		var wg sync.WaitGroup
+		for _, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				send(n)
+			}()
+		}
+		wg.Wait()
+	}
+	// The rare second round: a lost race, a cold cache, a vanished counter.
+	for i := range steps {
+		b, st := &bs[i], &steps[i]
+		if b.done || !b.again {
+			continue
+		}
+		switch st.Kind {
+		case limiter.StepAdd:
+			out[i].Counts, out[i].Err = s.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
+		case limiter.StepBucket:
+			out[i].Decision, out[i].Err = s.casLoop().update(ctx, "bucket", b.key, b.apply)
+		case limiter.StepLog:
+			out[i].Decision, out[i].Err = s.casLoop().update(ctx, "log", b.key, b.apply)
+		}
+	}
+}
+
+// bstep is one step of a batch on its way.
+type bstep struct {
+	kind limiter.StepKind
+	base string // the key's tag: its node
+	key  string // the item (sub, bucket, log)
+	w    window // StepAdd
+	n    int64  // StepSub
+
+	apply applyFunc      // StepBucket, StepLog
+	write *memcache.Item // the speculative write; nil: gets only
+	found bool           // write is a cas (else an add)
+	d     limiter.Decision
+
+	res   limiter.StepResult
+	done  bool // answered before the pipeline (an error)
+	again bool // to be sent again on its own
+}
+
+// prepare fills b for st.
+func (s *Store) prepare(st *limiter.Step, b *bstep) error {
+	b.kind = st.Kind
+	b.base = s.keys.base(st.Key)
+	switch st.Kind {
+	case limiter.StepAdd:
+		span, n, cur := st.Span, st.N, st.Idx
+		if span < 1 || span > limiter.MaxSpan || n < 0 {
+			return fmt.Errorf("memcached: bad window add (span %d, n %d)", span, n)
+		}
+		ahead := limiter.Ahead(span)
+		if cur > math.MaxInt64-ahead-1 || cur < math.MinInt64+int64(span) {
+			return fmt.Errorf("memcached: sub-window index %d out of range", cur)
+		}
+		b.w = window{base: b.base, cur: cur, span: int64(span), ahead: ahead, n: n}
+		if n > 0 {
+			b.w.exp = s.expiry(st.TTL)
+		}
+	case limiter.StepSub:
+		if st.N < 0 {
+			return fmt.Errorf("memcached: bad window sub (n %d)", st.N)
+		}
+		b.key, b.n = counterKey(b.base, st.Idx), st.N
+	case limiter.StepBucket:
+		b.key, b.apply = bucketKey(b.base), s.bucketApply(st.Bucket, st.TTL)
+		s.speculate(b)
+	case limiter.StepLog:
+		b.key, b.apply = logKey(b.base), s.logApply(st.Log, st.TTL)
+		s.speculate(b)
+	default:
+		return fmt.Errorf("%w: memcached: cannot batch a %s step", limiter.ErrInvalidConfig, st.Kind)
+	}
+	return nil
+}
+
+// speculate picks the conditional write of a bucket or log step: cas on the
+// cached item, or add on an empty key; none when the op writes nothing.
+func (s *Store) speculate(b *bstep) {
+	it := s.cache.get(b.key)
+	var (
+		w   *memcache.Item
+		d   limiter.Decision
+		err error
+	)
+	if it != nil {
+		w, d, err = b.apply(it.Value, it.CasID, true)
+		if err != nil {
+			s.cache.drop(b.key)
+			w = nil
+		} else if w != nil {
+			w.CasID, b.found = it.CasID, true
+		}
+	} else {
+		w, d, err = b.apply(nil, 0, false)
+		if err != nil {
+			w = nil
+		}
+	}
+	b.write, b.d = w, d
+}
+
+// pipeline writes the steps of bs[idx...] on pc, flushes once and reads
+// every reply in order.
+func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
+	var num [24]byte
+	for _, i := range idx {
+		b := &bs[i]
+		b.res, b.again = limiter.StepResult{}, false
+		switch b.kind {
+		case limiter.StepAdd:
+			b.w.write(pc, &num)
+		case limiter.StepSub:
+			if b.n == 0 {
+				continue
+			}
+			pc.w.WriteString("decr ")
+			pc.w.WriteString(b.key)
+			pc.w.WriteByte(' ')
+			pc.w.Write(strconv.AppendInt(num[:0], b.n, 10))
+			pc.w.WriteString(" noreply\r\n")
+		default:
+			if w := b.write; w != nil {
+				if b.found {
+					pc.w.WriteString("cas ")
+				} else {
+					pc.w.WriteString("add ")
+				}
+				pc.w.WriteString(b.key)
+				pc.w.WriteString(" 0 ")
+				pc.w.Write(strconv.AppendInt(num[:0], int64(w.Expiration), 10))
+				pc.w.WriteByte(' ')
+				pc.w.Write(strconv.AppendInt(num[:0], int64(len(w.Value)), 10))
+				if b.found {
+					pc.w.WriteByte(' ')
+					pc.w.Write(strconv.AppendUint(num[:0], w.CasID, 10))
+				}
+				pc.w.WriteString("\r\n")
+				pc.w.Write(w.Value)
+				pc.w.WriteString("\r\n")
+			}
+			pc.w.WriteString("gets ")
+			pc.w.WriteString(b.key)
+			pc.w.WriteString("\r\n")
+		}
+	}
+	if err := pc.w.Flush(); err != nil {
+		return err
+	}
+	for _, i := range idx {
+		b := &bs[i]
+		switch b.kind {
+		case limiter.StepAdd:
+			c, vanished, err := b.w.read(pc)
+			if err != nil {
+				return err
+			}
+			b.res.Counts, b.again = c, vanished
+		case limiter.StepSub:
+			// noreply: nothing to read.
+		default:
+			if err := s.readCAS(pc, b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readCAS reads the replies of a bucket or log step and decides it, or
+// marks it to go on as a cas loop.
+func (s *Store) readCAS(pc *pconn, b *bstep) error {
+	stored := false
+	if b.write != nil {
+		line, err := pc.r.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		switch string(line) {
+		case "STORED\r\n":
+			stored = true
+		case "EXISTS\r\n", "NOT_FOUND\r\n", "NOT_STORED\r\n":
+		default:
+			if b.found {
+				return replyError("cas", line)
+			}
+			return replyError("add", line)
+		}
+	}
+	it, err := readGets(pc, b.key)
+	if err != nil {
+		return err
+	}
+	if it != nil {
+		s.cache.put(it)
+	} else {
+		s.cache.drop(b.key)
+	}
+	switch {
+	case stored:
+		b.res.Decision = b.d
+	case b.write == nil && it != nil:
+		// A decision that writes nothing, made on the fresh item.
+		w, d, err := b.apply(it.Value, it.CasID, true)
+		if err != nil {
+			s.cache.drop(b.key)
+			b.res.Err = errorf(b.kind.String(), err)
+		} else if w == nil {
+			b.res.Decision = d
+		} else {
+			b.again = true
+		}
+	default:
+		b.again = true
+	}
+	return nil
+}
+
+// readGets reads a gets reply for key: the item with its CAS id, or nil.
+func readGets(pc *pconn, key string) (*memcache.Item, error) {
+	line, err := pc.r.ReadSlice('\n')
+	if err != nil {
+		return nil, err
+	}
+	if string(line) == "END\r\n" {
+		return nil, nil
+	}
+	k, size, cas, ok := parseGetsLine(line)
+	if !ok || string(k) != key || size > maxValueLen {
+		return nil, replyError("gets", line)
+	}
+	val := make([]byte, size+2)
+	if _, err := io.ReadFull(pc.r, val); err != nil {
+		return nil, err
+	}
+	if !bytes.HasSuffix(val, []byte("\r\n")) {
+		return nil, fmt.Errorf("%w: gets value not terminated by CRLF", errProtocol)
+	}
+	if line, err = pc.r.ReadSlice('\n'); err != nil {
+		return nil, err
+	}
+	if string(line) != "END\r\n" {
+		return nil, replyError("gets", line)
+	}
+	return &memcache.Item{Key: key, Value: val[:size], CasID: cas}, nil
+}
+
+// maxValueLen bounds a bucket or log value: memcached's default item size.
+const maxValueLen = 1 << 20
+
+// parseGetsLine parses "VALUE <key> <flags> <bytes> <cas>\r\n".
+func parseGetsLine(line []byte) (key []byte, size int, cas uint64, ok bool) {
+	key, size, ok = parseValueLine(line)
+	if !ok {
+		return nil, 0, 0, false
+	}
+	rest, _ := bytes.CutSuffix(line, []byte("\r\n"))
+	f := bytes.Fields(rest)
+	if len(f) != 5 {
+		return nil, 0, 0, false
+	}
+	cas, err := strconv.ParseUint(string(f[4]), 10, 64)
+	if err != nil {
+		return nil, 0, 0, false
+	}
+	return key, size, cas, true
+}
