@@ -215,8 +215,21 @@ func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) 
 		}
 		h.log.LogAttrs(ctx, slog.LevelWarn, msg, slog.String("priority", res.Priority.String()), slog.String("error", res.ShedErr.Error()))
 	}
+	for i := range res.Evals {
+		e := &res.Evals[i]
+		if e.ShadowDenied && h.log.Enabled(ctx, slog.LevelInfo) {
+			h.log.LogAttrs(ctx, slog.LevelInfo, "would deny",
+				slog.String("rule", e.Rule),
+				slog.String("key", h.hashKey(e.Key)),
+				slog.String("tier", e.Tier),
+				slog.String("limit_name", e.Decision.Name),
+				slog.Int64("limit", e.Decision.Limit),
+				slog.String("retry_after", e.Decision.RetryAfter.String()),
+				slog.String("kind", ev.Kind.String()))
+		}
+	}
 	level := slog.LevelDebug
-	if res.Outcome != policy.Allow {
+	if res.Outcome != policy.Allow || res.Reason == policy.ReasonAllowList {
 		level = slog.LevelInfo
 	}
 	if !h.log.Enabled(ctx, level) {
@@ -231,6 +244,7 @@ func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) 
 	if res.Outcome == policy.Shed {
 		h.log.LogAttrs(ctx, level, "decision",
 			slog.String("decision", res.Outcome.String()),
+			slog.String("reason", string(res.Reason)),
 			slog.String("kind", ev.Kind.String()),
 			slog.String("rule", res.Rule),
 			slog.String("shedder", res.Decision.Name),
@@ -239,10 +253,28 @@ func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) 
 			slog.Int("rules", len(res.Evals)))
 		return
 	}
+	if res.List.List != "" {
+		h.log.LogAttrs(ctx, level, "decision",
+			slog.String("decision", res.Outcome.String()),
+			slog.String("reason", string(res.Reason)),
+			slog.String("kind", ev.Kind.String()),
+			slog.String("list_match", res.List.By))
+		return
+	}
+	tier := ""
+	for i := range res.Evals {
+		if res.Evals[i].Rule == res.Rule {
+			tier = res.Evals[i].Tier
+		}
+	}
 	h.log.LogAttrs(ctx, level, "decision",
 		slog.String("decision", res.Outcome.String()),
+		slog.String("reason", string(res.Reason)),
 		slog.String("kind", ev.Kind.String()),
 		slog.String("rule", res.Rule),
+		slog.String("tier", tier),
+		slog.String("limit_name", res.Decision.Name),
+		slog.Int("leases", len(res.Leases)),
 		slog.String("key", key),
 		slog.Int64("limit", res.Decision.Limit),
 		slog.Int64("remaining", res.Decision.Remaining),

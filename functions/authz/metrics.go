@@ -21,8 +21,13 @@ const NoRule = "(none)"
 // per line, with the dimension sets [["Rule"], []] and the metrics Allowed,
 // Denied, Shed, FailOpen, FailClosed, BackendErrors, ShedErrors,
 // CacheDenied (Count: denials answered by the deny cache, without a store
-// request; they are in Denied too) and
-// BackendLatency (Milliseconds). A request gets one line per matching rule
+// request; they are in Denied too), ShadowDenied (a shadow rule's
+// would-be denials; the line counts Allowed), DenyListed and AllowListed
+// (requests the lists decided, without a store request: one "(none)" line
+// each, counted in Denied or Allowed too) and BackendLatency
+// (Milliseconds). Every line carries the property Reason (the rule's, or
+// the request's on a "(none)" line: policy.Reason), which Logs Insights
+// can group by without another dimension. A request gets one line per matching rule
 // that was checked (or shed); a request no rule matched gets one line with
 // Rule "(none)". The dimensionless metrics therefore count rule checks,
 // except ShedErrors, which only the first line of a request carries: it
@@ -52,6 +57,7 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 		`{"Name":"Allowed","Unit":"Count"},{"Name":"Denied","Unit":"Count"},{"Name":"Shed","Unit":"Count"},`+
 		`{"Name":"FailOpen","Unit":"Count"},{"Name":"FailClosed","Unit":"Count"},{"Name":"BackendErrors","Unit":"Count"},`+
 		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},`+
+		`{"Name":"ShadowDenied","Unit":"Count"},{"Name":"DenyListed","Unit":"Count"},{"Name":"AllowListed","Unit":"Count"},`+
 		`{"Name":"BackendLatency","Unit":"Milliseconds"}]}]},"Rule":`...)
 	m.middle = mid
 	return m
@@ -61,8 +67,9 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 type Line struct {
 	Rule                                                                string
 	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors int
-	CacheDenied                                                         int
+	CacheDenied, ShadowDenied, DenyListed, AllowListed                  int
 	BackendLatency                                                      time.Duration
+	Reason                                                              policy.Reason
 }
 
 // Record writes the lines of one evaluated request.
@@ -77,19 +84,30 @@ func (m *Metrics) Record(now time.Time, res *policy.Result) {
 		shedErr = 1
 	}
 	if len(res.Evals) == 0 {
-		l := Line{Rule: NoRule, ShedErrors: shedErr}
+		l := Line{Rule: NoRule, ShedErrors: shedErr, Reason: res.Reason}
 		switch res.Outcome {
 		case policy.Allow:
 			l.Allowed = 1
+		case policy.Deny:
+			l.Denied = 1
 		case policy.Shed:
 			l.Shed = 1
+		}
+		switch res.Reason {
+		case policy.ReasonDenyList:
+			l.DenyListed = 1
+		case policy.ReasonAllowList:
+			l.AllowListed = 1
 		}
 		m.write(now, &l)
 		return
 	}
 	for i := range res.Evals {
 		ev := &res.Evals[i]
-		l := Line{Rule: ev.Rule, BackendLatency: ev.Latency}
+		l := Line{Rule: ev.Rule, BackendLatency: ev.Latency, Reason: ev.Reason}
+		if ev.Outcome == policy.Shed {
+			l.Reason = policy.ReasonShed
+		}
 		switch ev.Outcome {
 		case policy.Allow:
 			l.Allowed = 1
@@ -113,6 +131,9 @@ func (m *Metrics) Record(now time.Time, res *policy.Result) {
 		if ev.Cached {
 			l.CacheDenied = 1
 		}
+		if ev.ShadowDenied {
+			l.ShadowDenied = 1
+		}
 		l.ShedErrors, shedErr = shedErr, 0
 		m.write(now, &l)
 	}
@@ -132,6 +153,11 @@ func (m *Metrics) write(now time.Time, l *Line) {
 	b = appendField(b, "BackendErrors", l.BackendErr)
 	b = appendField(b, "ShedErrors", l.ShedErrors)
 	b = appendField(b, "CacheDenied", l.CacheDenied)
+	b = appendField(b, "ShadowDenied", l.ShadowDenied)
+	b = appendField(b, "DenyListed", l.DenyListed)
+	b = appendField(b, "AllowListed", l.AllowListed)
+	b = append(b, `,"Reason":`...)
+	b = appendJSONString(b, string(l.Reason))
 	b = append(b, `,"BackendLatency":`...)
 	b = strconv.AppendFloat(b, float64(l.BackendLatency.Microseconds())/1000, 'f', -1, 64)
 	b = append(b, "}\n"...)

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicehq/sluice/lambdawrap"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -34,6 +35,13 @@ type Context struct {
 	Rule string `json:"rule"`
 	// Decision is allow, deny or shed.
 	Decision string `json:"decision"`
+	// Reason says why (policy.Reason): limit, cache, deny_list,
+	// allow_list, fail_open, fail_closed, shed or none.
+	Reason string `json:"reason"`
+	// Leases are the concurrency leases the request holds, for the
+	// integration to release (lambdawrap.LeasesFromContext under
+	// lambdawrap.LeaseContextKey); empty (and left out) when none.
+	Leases string `json:"sluiceLease,omitempty"`
 }
 
 // Response is what Handle returns on success: an *IAMResponse or a
@@ -96,6 +104,14 @@ func contextOf(res *policy.Result) Context {
 		Reset:     seconds(res.Decision.ResetAfter),
 		Rule:      res.Rule,
 		Decision:  DecisionAllow,
+		Reason:    string(res.Reason),
+	}
+	if len(res.Leases) > 0 && res.Outcome == policy.Allow {
+		named := make([]lambdawrap.NamedLease, len(res.Leases))
+		for i, l := range res.Leases {
+			named[i] = lambdawrap.NamedLease{Limit: l.Limit, Lease: l.Lease}
+		}
+		c.Leases = lambdawrap.FormatLeases(named)
 	}
 	switch res.Outcome {
 	case policy.Deny:
@@ -182,5 +198,11 @@ func (c *Context) appendJSON(b []byte) []byte {
 	b = appendJSONString(b, c.Rule)
 	b = append(b, `,"decision":`...)
 	b = appendJSONString(b, c.Decision)
+	b = append(b, `,"reason":`...)
+	b = appendJSONString(b, c.Reason)
+	if c.Leases != "" {
+		b = append(b, `,"`+lambdawrap.LeaseContextKey+`":`...)
+		b = appendJSONString(b, c.Leases)
+	}
 	return append(b, '}')
 }
