@@ -25,7 +25,10 @@ var _ limiter.Batcher = (*Store)(nil)
 //   - StepAdd: the window's add, incr and get, as [Store.Add].
 //   - StepSub: decr <key> <n> noreply. Memcached sends no reply, so a
 //     refund costs no wait; StepResult.Err reports only a failure to send.
-//   - StepBucket, StepLog: a speculative conditional write followed by a
+//   - StepBucket, StepLog refunds, with a cached item: cas noreply on it
+//     (no wait; a refund that loses a race is dropped: stricter, never
+//     laxer).
+//   - Other StepBucket, StepLog: a speculative conditional write followed by a
 //     gets of the same item. With a cached item (value and CAS id from an
 //     earlier gets), the op is applied to it and sent as cas; with none,
 //     it is applied to an empty key and sent as add (a new key). If the
@@ -133,6 +136,7 @@ type bstep struct {
 	apply applyFunc      // StepBucket, StepLog
 	write *memcache.Item // the speculative write; nil: gets only
 	found bool           // write is a cas (else an add)
+	quiet bool           // write is a cas noreply, with no gets: a refund
 	d     limiter.Decision
 
 	res   limiter.StepResult
@@ -165,10 +169,10 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 		b.key, b.n = counterKey(b.base, st.Idx), st.N
 	case limiter.StepBucket:
 		b.key, b.apply = bucketKey(b.base), s.bucketApply(st.Bucket, st.TTL)
-		s.speculate(b)
+		s.speculate(b, st.Bucket.Refund())
 	case limiter.StepLog:
 		b.key, b.apply = logKey(b.base), s.logApply(st.Log, st.TTL)
-		s.speculate(b)
+		s.speculate(b, st.Log.Refund())
 	default:
 		return fmt.Errorf("%w: memcached: cannot batch a %s step", limiter.ErrInvalidConfig, st.Kind)
 	}
@@ -176,8 +180,11 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 }
 
 // speculate picks the conditional write of a bucket or log step: cas on the
-// cached item, or add on an empty key; none when the op writes nothing.
-func (s *Store) speculate(b *bstep) {
+// cached item, or add on an empty key; none when the op writes nothing. A
+// refund on a cached item is sent as cas noreply, without a gets: nothing
+// to wait for; if it loses a race it is lost, which leaves the limit
+// stricter, never laxer.
+func (s *Store) speculate(b *bstep, refund bool) {
 	it := s.cache.get(b.key)
 	var (
 		w   *memcache.Item
@@ -191,6 +198,10 @@ func (s *Store) speculate(b *bstep) {
 			w = nil
 		} else if w != nil {
 			w.CasID, b.found = it.CasID, true
+			if refund {
+				b.quiet = true
+				s.cache.drop(b.key) // its CAS id changes with the write
+			}
 		}
 	} else {
 		w, d, err = b.apply(nil, 0, false)
@@ -236,9 +247,15 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 					pc.w.WriteByte(' ')
 					pc.w.Write(strconv.AppendUint(num[:0], w.CasID, 10))
 				}
+				if b.quiet {
+					pc.w.WriteString(" noreply")
+				}
 				pc.w.WriteString("\r\n")
 				pc.w.Write(w.Value)
 				pc.w.WriteString("\r\n")
+				if b.quiet {
+					continue
+				}
 			}
 			pc.w.WriteString("gets ")
 			pc.w.WriteString(b.key)
@@ -260,6 +277,10 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 		case limiter.StepSub:
 			// noreply: nothing to read.
 		default:
+			if b.quiet {
+				b.res.Decision = b.d // noreply: nothing to read
+				continue
+			}
 			if err := s.readCAS(pc, b); err != nil {
 				return err
 			}

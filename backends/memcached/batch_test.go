@@ -67,4 +67,17 @@ func TestBatchOneRoundTrip(t *testing.T) {
 	if err != nil || c.C[0] != 3 {
 		t.Fatalf("fixed window holds %d (%v), want 3: a refund was lost or doubled", c.C[0], err)
 	}
+
+	// A bucket refunded by another limit's denial: cas noreply on the item
+	// the take cached, and the token is back.
+	bucket2, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b2", MaxAmount: 10, RefillTime: time.Hour})
+	fixed2, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f2", Limit: 1, Window: time.Minute})
+	stack, _ = limiter.NewStack(bucket2, fixed2)
+	step("bucket then fixed, allowed", true, 1, 0)
+	if d := step("fixed denies, bucket refunded", false, 1, 1); d.Name != "f2" {
+		t.Fatalf("denial by %q, want f2", d.Name)
+	}
+	if d, err := bucket2.Get(ctx, key, now); err != nil || d.Remaining != 9 {
+		t.Fatalf("bucket after the refund: %+v, %v; want 9 left (one take, one refund)", d, err)
+	}
 }

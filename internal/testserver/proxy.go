@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,15 +111,31 @@ func (p *Proxy) serve(c net.Conn) {
 	c.Close()
 }
 
-// onlyNoReply reports whether every line of b is a command ending in
-// " noreply" (memcached's text protocol; values never follow such a line
-// here: only decr/incr/delete/touch are sent with noreply).
+// onlyNoReply reports whether every command in b (memcached's text
+// protocol) is sent with noreply; a storage command's data block is
+// skipped.
 func onlyNoReply(b []byte) bool {
-	lines := bytes.Split(bytes.TrimSuffix(b, []byte("\r\n")), []byte("\r\n"))
-	for _, l := range lines {
-		if !bytes.HasSuffix(l, []byte(" noreply")) {
+	if len(b) == 0 {
+		return false
+	}
+	for len(b) > 0 {
+		line, rest, ok := bytes.Cut(b, []byte("\r\n"))
+		if !ok || !bytes.HasSuffix(line, []byte(" noreply")) {
 			return false
 		}
+		f := bytes.Fields(line)
+		switch string(f[0]) {
+		case "set", "add", "replace", "append", "prepend", "cas":
+			if len(f) < 5 {
+				return false
+			}
+			n, err := strconv.Atoi(string(f[4]))
+			if err != nil || n < 0 || len(rest) < n+2 {
+				return false
+			}
+			rest = rest[n+2:]
+		}
+		b = rest
 	}
-	return len(lines) > 0
+	return true
 }
