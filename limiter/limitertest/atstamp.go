@@ -184,3 +184,20 @@ func checkBucketHistory(s Store, calls []Call, cfg limiter.TokenBucketConfig, ti
 	}
 	return CheckTokenBucket(calls, cfg, timeout)
 }
+
+// HotBucketScenario is issue 16's contention for the history checker: every
+// goroutine on ONE key of a bucket of 100 refilled one token per
+// millisecond, no pauses, costs 1 to 3, delays below 2 ms (two refill
+// steps, so late arrivals cross steps all the time), for d. A refill is due
+// on nearly every call: the case where a store that moves the refill time
+// on every write conflicts on every write.
+func HotBucketScenario(d time.Duration) Scenario {
+	return Scenario{
+		Name:     "HotBucket",
+		Bucket:   &limiter.TokenBucketConfig{Name: "history-hot", MaxAmount: 100, RefillTime: time.Millisecond},
+		Keys:     1,
+		Duration: d,
+		MaxDelay: 2 * time.Millisecond,
+		MaxCost:  3,
+	}
+}
