@@ -46,7 +46,7 @@ func (s *syncBuffer) String() string {
 
 // TestDynamoStallBoundsConnections stalls a private DynamoDB Local
 // (SIGSTOP) under an authorizer built as a deployed one is, and drives
-// fail-open decisions at it from 16 goroutines for 12 s (about 60 a
+// fail-open decisions at it from 16 goroutines for 20 s (about 60 a
 // second): the process's open file descriptors stay within
 // dynamo.MaxConnsPerHost (plus slack) of their count before the stall,
 // its heap within 64 MiB, and no decision takes longer than the deadline
@@ -59,7 +59,7 @@ func (s *syncBuffer) String() string {
 // again.
 func TestDynamoStallBoundsConnections(t *testing.T) {
 	if testing.Short() {
-		t.Skip("a 12 s stall")
+		t.Skip("a 20 s stall")
 	}
 	srv := testserver.StartDynamoDBLocal(t)
 	sdkEnv(t, srv.Endpoint())
@@ -125,7 +125,7 @@ func TestDynamoStallBoundsConnections(t *testing.T) {
 		maxFDs                     = baseFDs
 		maxHeap                    = baseHeap
 		slack                      = 2 * time.Second
-		stall                      = 12 * time.Second
+		stall                      = 20 * time.Second
 		workers                    = 16
 		samplePeriod               = 100 * time.Millisecond
 		fdBound                    = dynamo.MaxConnsPerHost + 16
