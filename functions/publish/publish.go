@@ -11,20 +11,30 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
-	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
-
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// MetricReader is the part of the CloudWatch API the publisher uses.
-type MetricReader interface {
-	GetMetricData(ctx context.Context, in *cloudwatch.GetMetricDataInput, optFns ...func(*cloudwatch.Options)) (*cloudwatch.GetMetricDataOutput, error)
+// Point is one data point of the metric.
+type Point struct {
+	At    time.Time
+	Value float64
 }
 
-var _ MetricReader = (*cloudwatch.Client)(nil)
+// MetricReader reads the data points of the metric m between start and
+// end, in any order: wiring.CloudWatchReader (GetMetricData), or a fake in
+// tests. This package imports no AWS SDK (functions/wiring builds it).
+type MetricReader interface {
+	ReadMetric(ctx context.Context, m config.Publish, start, end time.Time) ([]Point, error)
+}
+
+// ReaderFunc adapts a function to MetricReader.
+type ReaderFunc func(ctx context.Context, m config.Publish, start, end time.Time) ([]Point, error)
+
+// ReadMetric returns f(ctx, m, start, end).
+func (f ReaderFunc) ReadMetric(ctx context.Context, m config.Publish, start, end time.Time) ([]Point, error) {
+	return f(ctx, m, start, end)
+}
 
 // Errors of a run that published nothing.
 var (
@@ -40,7 +50,7 @@ type Config struct {
 	// Gauge is where the utilization goes: Name is the utilization's name
 	// (SLUICE_SHED_UTILIZATION), Store the shed store.
 	Gauge *limiter.PublishedUtilization
-	// CloudWatch reads the metric.
+	// CloudWatch reads the metric (wiring.CloudWatchReader).
 	CloudWatch MetricReader
 	// MaxDataAge is how old the newest data point may be (CloudWatch
 	// delivers a minute's data a minute or two late). Zero means five
@@ -108,44 +118,21 @@ func (p *Publisher) Run(ctx context.Context) (Result, error) {
 
 func (p *Publisher) run(ctx context.Context, now time.Time) (Result, error) {
 	m := p.cfg.Metric
-	dims := make([]types.Dimension, len(m.Dimensions))
-	for i, d := range m.Dimensions {
-		dims[i] = types.Dimension{Name: aws.String(d.Name), Value: aws.String(d.Value)}
-	}
-	period := int32(m.Period / time.Second)
-	out, err := p.cfg.CloudWatch.GetMetricData(ctx, &cloudwatch.GetMetricDataInput{
-		StartTime:     aws.Time(now.Add(-p.cfg.MaxDataAge)),
-		EndTime:       aws.Time(now),
-		ScanBy:        types.ScanByTimestampDescending,
-		MaxDatapoints: aws.Int32(int32(p.cfg.MaxDataAge/m.Period) + 2),
-		MetricDataQueries: []types.MetricDataQuery{{
-			Id: aws.String("u"),
-			MetricStat: &types.MetricStat{
-				Metric: &types.Metric{Namespace: aws.String(m.Namespace), MetricName: aws.String(m.Metric), Dimensions: dims},
-				Period: aws.Int32(period),
-				Stat:   aws.String(m.Statistic),
-			},
-			ReturnData: aws.Bool(true),
-		}},
-	})
+	points, err := p.cfg.CloudWatch.ReadMetric(ctx, m, now.Add(-p.cfg.MaxDataAge), now)
 	if err != nil {
 		return Result{}, fmt.Errorf("publish: reading %s %s: %w", m.Namespace, m.Metric, err)
 	}
-	if out == nil || len(out.MetricDataResults) == 0 {
-		return Result{}, fmt.Errorf("%w: %s %s returned no result", ErrNoData, m.Namespace, m.Metric)
-	}
-	r := out.MetricDataResults[0]
-	if len(r.Values) == 0 || len(r.Values) != len(r.Timestamps) {
-		return Result{}, fmt.Errorf("%w: %s %s has no data point in the last %v (status %s)", ErrNoData, m.Namespace, m.Metric, p.cfg.MaxDataAge, r.StatusCode)
+	if len(points) == 0 {
+		return Result{}, fmt.Errorf("%w: %s %s has no data point in the last %v", ErrNoData, m.Namespace, m.Metric, p.cfg.MaxDataAge)
 	}
 	// The newest point, whatever order the answer is in.
 	best := 0
-	for i := range r.Timestamps {
-		if r.Timestamps[i].After(r.Timestamps[best]) {
+	for i := range points {
+		if points[i].At.After(points[best].At) {
 			best = i
 		}
 	}
-	res := Result{Raw: r.Values[best], At: r.Timestamps[best]}
+	res := Result{Raw: points[best].Value, At: points[best].At}
 	if age := now.Sub(res.At); age > p.cfg.MaxDataAge {
 		return res, fmt.Errorf("%w: %v old (at most %v)", ErrStaleData, age.Round(time.Second), p.cfg.MaxDataAge)
 	}

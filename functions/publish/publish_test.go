@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/cloudwatch"
-	"github.com/aws/aws-sdk-go-v2/service/cloudwatch/types"
-
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
@@ -20,23 +17,19 @@ import (
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// readerFunc is a MetricReader made of a function.
-type readerFunc func(*cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error)
-
-func (f readerFunc) GetMetricData(_ context.Context, in *cloudwatch.GetMetricDataInput, _ ...func(*cloudwatch.Options)) (*cloudwatch.GetMetricDataOutput, error) {
-	return f(in)
+// points answers with the given (age in minutes, value) data points.
+func points(now *time.Time, pts ...float64) ReaderFunc {
+	return func(context.Context, config.Publish, time.Time, time.Time) ([]Point, error) {
+		var out []Point
+		for i := 0; i+1 < len(pts); i += 2 {
+			out = append(out, Point{At: now.Add(-time.Duration(pts[i]) * time.Minute), Value: pts[i+1]})
+		}
+		return out, nil
+	}
 }
 
-// points answers with the given (age, value) data points, newest first.
-func points(now *time.Time, pts ...float64) readerFunc {
-	return func(in *cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) {
-		r := types.MetricDataResult{StatusCode: types.StatusCodeComplete}
-		for i := 0; i+1 < len(pts); i += 2 {
-			r.Timestamps = append(r.Timestamps, now.Add(-time.Duration(pts[i])*time.Minute))
-			r.Values = append(r.Values, pts[i+1])
-		}
-		return &cloudwatch.GetMetricDataOutput{MetricDataResults: []types.MetricDataResult{r}}, nil
-	}
+func failing(err error) ReaderFunc {
+	return func(context.Context, config.Publish, time.Time, time.Time) ([]Point, error) { return nil, err }
 }
 
 type gaugeStore struct {
@@ -95,10 +88,11 @@ func (f *fixture) publisher(t *testing.T, cw MetricReader, store limiter.GaugeSt
 
 func TestPublish(t *testing.T) {
 	f := newFixture(t)
-	var asked *cloudwatch.GetMetricDataInput
-	cw := readerFunc(func(in *cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) {
-		asked = in
-		return points(&f.now, 3, 20, 2, 150, 4, 10)(in) // the newest (2 min old): 150 of 200
+	var asked config.Publish
+	var from, to time.Time
+	cw := ReaderFunc(func(ctx context.Context, m config.Publish, start, end time.Time) ([]Point, error) {
+		asked, from, to = m, start, end
+		return points(&f.now, 3, 20, 2, 150, 4, 10)(ctx, m, start, end) // the newest (2 min old): 150 of 200
 	})
 	p := f.publisher(t, cw, nil)
 	res, err := p.Run(context.Background())
@@ -108,9 +102,9 @@ func TestPublish(t *testing.T) {
 	if res.Utilization != 0.75 || res.Raw != 150 {
 		t.Errorf("result %+v, want utilization 0.75 (150/200)", res)
 	}
-	q := asked.MetricDataQueries[0].MetricStat
-	if *q.Metric.Namespace != "AWS/Lambda" || *q.Metric.MetricName != "ConcurrentExecutions" || *q.Metric.Dimensions[0].Value != "orders" || *q.Stat != "Maximum" || *q.Period != 60 {
-		t.Errorf("query %+v", q)
+	if asked.Namespace != "AWS/Lambda" || asked.Metric != "ConcurrentExecutions" || asked.Dimensions[0].Value != "orders" || asked.Statistic != "Maximum" ||
+		!to.Equal(f.now) || to.Sub(from) != 5*time.Minute {
+		t.Errorf("asked for %+v from %v to %v (want the last 5 periods)", asked, from, to)
 	}
 	if got, err := f.gauge.Utilization(context.Background()); err != nil || got != 0.75 {
 		t.Errorf("published %v, %v; want 0.75", got, err)
@@ -138,10 +132,7 @@ func TestPublishFailures(t *testing.T) {
 		want  error
 		msg   string
 	}{
-		{name: "cloudwatch error", cw: readerFunc(func(*cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) { return nil, down }), want: down},
-		{name: "no result", cw: readerFunc(func(*cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) {
-			return &cloudwatch.GetMetricDataOutput{}, nil
-		}), want: ErrNoData},
+		{name: "cloudwatch error", cw: failing(down), want: down},
 		{name: "no data point", cw: points(&f.now), want: ErrNoData},
 		{name: "stale data point", cw: points(&f.now, 6, 100), want: ErrStaleData, msg: "6m0s old"},
 		{name: "NaN", cw: points(&f.now, 1, math.NaN()), want: ErrBadValue},
@@ -196,9 +187,7 @@ func TestStaleGaugeRecedes(t *testing.T) {
 		t.Fatalf("after 4 saturated minutes the shed amount is %v", high.Amount)
 	}
 	// CloudWatch fails from now on: nothing is published.
-	broken := f.publisher(t, readerFunc(func(*cloudwatch.GetMetricDataInput) (*cloudwatch.GetMetricDataOutput, error) {
-		return nil, errors.New("AccessDenied")
-	}), nil)
+	broken := f.publisher(t, failing(errors.New("AccessDenied")), nil)
 	var stale bool
 	for i := range 300 {
 		if f.now.Sub(t0)%time.Minute == 0 {

@@ -60,6 +60,11 @@ type Built struct {
 	// Breakers are the network backends' circuit breakers by backend
 	// name; nil when SLUICE_BREAKER_FAILURES is 0.
 	Breakers map[string]*breaker.Breaker
+	// Leases holds the rules' concurrency leases: the shed store when the
+	// shedders are on, else a lease store on the default backend (memory:
+	// per process, for the local API). An integration releases them there
+	// (lambdawrap.NewStoreReleaser).
+	Leases limiter.LeaseStore
 	// Logger is the handler's logger.
 	Logger  *slog.Logger
 	closers []func()
@@ -162,7 +167,10 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		clock = limiter.SystemClock
 	}
 
-	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend, NoDenyCache: env.NoDenyCache}
+	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend, NoDenyCache: env.NoDenyCache, Shadow: env.Shadow}
+	if env.Shadow {
+		logger.Warn(config.EnvShadow + " is set: every rule runs in shadow mode and nothing is rate limited (the deny list still denies)")
+	}
 	switch {
 	case out.Shedder != nil:
 		shedder, err := out.Shedder(ctx, env, b.Stores)
@@ -193,21 +201,31 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		}
 		b.Shedding = sh
 		opts.Shedder = sh.Shedder()
+		b.Leases = store
 		logger.Info("load shedding on", "backend", backend,
 			"fleet_capacity", env.Shed.FleetCapacity, "fleet_reserve", env.Shed.FleetReserve, "lease_ttl", env.Shed.LeaseTTL.String(),
 			"utilization", env.Shed.Utilization)
 	}
+
+	if b.Leases == nil {
+		if b.Leases, err = leaseStore(env, b.Stores, ddb, out.ShedStore); err != nil {
+			return fail(fmt.Errorf("wiring: concurrency leases: %w", err))
+		}
+	}
+	opts.Leases = b.Leases
 
 	var source policy.Source
 	switch {
 	case env.RulesTable != "":
 		b.Rules = "table " + env.RulesTable
 		load := func(ctx context.Context) (*policy.Policy, error) {
-			rules, err := LoadRulesTable(ctx, ddb, env.RulesTable)
+			doc, tiers, err := LoadRulesDocument(ctx, ddb, env.RulesTable)
 			if err != nil {
 				return nil, err
 			}
-			return policy.New(rules, opts)
+			o := opts
+			o.Lists, o.TierOf = doc.Lists, tiers.Lookup
+			return policy.New(doc.Rules, o)
 		}
 		cache, err := policy.NewCache(ctx, load, policy.CacheConfig{
 			TTL: env.RulesTTL,

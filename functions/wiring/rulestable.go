@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -22,6 +23,17 @@ const (
 	RulesAttrName  = "name"
 	RulesAttrRule  = "rule"
 	RulesAttrOrder = "order"
+	// RulesAttrTier holds a tier item's tier name.
+	RulesAttrTier = "tier"
+)
+
+// Names of the items that are not rules (a rule's name cannot start with
+// '#'): the allow and deny lists (RulesAttrRule holds them as YAML or JSON,
+// as at the top of a rules document), and the tier items of rules with
+// tier_lookup ("#tier:<value>", RulesAttrTier naming the tier).
+const (
+	RulesListsItem  = "#lists"
+	RulesTierPrefix = "#tier:"
 )
 
 // ScanAPI is the part of the DynamoDB API LoadRulesTable uses.
@@ -36,6 +48,26 @@ var _ ScanAPI = (*dynamodb.Client)(nil)
 // load with an error naming the item and the field, so that a bad edit
 // never half-applies.
 func LoadRulesTable(ctx context.Context, client ScanAPI, table string) ([]policy.Rule, error) {
+	doc, _, err := LoadRulesDocument(ctx, client, table)
+	return doc.Rules, err
+}
+
+// LoadRulesDocument reads a rules table as LoadRulesTable does, with its
+// lists item (RulesListsItem) and its tier items (RulesTierPrefix), so
+// that they reload with the rules.
+func LoadRulesDocument(ctx context.Context, client ScanAPI, table string) (policy.Document, policy.Tiers, error) {
+	var doc policy.Document
+	tiers := policy.Tiers{}
+	rules, err := loadRulesTable(ctx, client, table, &doc.Lists, tiers)
+	doc.Rules = rules
+	return doc, tiers, err
+}
+
+// maxTierItems bounds the tier items of a rules table (they are held in
+// memory by every authorizer instance).
+const maxTierItems = 100000
+
+func loadRulesTable(ctx context.Context, client ScanAPI, table string, lists *policy.Lists, tiers policy.Tiers) ([]policy.Rule, error) {
 	type entry struct {
 		rule     policy.Rule
 		order    float64
@@ -53,9 +85,26 @@ func LoadRulesTable(ctx context.Context, client ScanAPI, table string) ([]policy
 			if !ok || name.Value == "" {
 				return nil, fmt.Errorf("rules table %s: an item has no string %q attribute", table, RulesAttrName)
 			}
+			if value, ok := strings.CutPrefix(name.Value, RulesTierPrefix); ok {
+				tier, ok := item[RulesAttrTier].(*types.AttributeValueMemberS)
+				if !ok || value == "" || tier.Value == "" {
+					return nil, fmt.Errorf("rules table %s: item %q: a tier item needs a value after %q and a string attribute %q naming the tier", table, name.Value, RulesTierPrefix, RulesAttrTier)
+				}
+				if len(tiers) >= maxTierItems {
+					return nil, fmt.Errorf("rules table %s: more than %d tier items", table, maxTierItems)
+				}
+				tiers[value] = tier.Value
+				continue
+			}
 			body, ok := item[RulesAttrRule].(*types.AttributeValueMemberS)
 			if !ok {
 				return nil, fmt.Errorf("rules table %s: item %q: want a string attribute %q holding the rule as YAML or JSON", table, name.Value, RulesAttrRule)
+			}
+			if name.Value == RulesListsItem {
+				if *lists, err = policy.ParseLists([]byte(body.Value)); err != nil {
+					return nil, fmt.Errorf("rules table %s: item %q: %w", table, name.Value, err)
+				}
+				continue
 			}
 			r, err := policy.ParseRule([]byte(body.Value), name.Value)
 			if err != nil {

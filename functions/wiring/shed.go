@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memcached"
+	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
@@ -140,4 +141,23 @@ func warmShed(ctx context.Context, log *slog.Logger, store ShedStore, deadline t
 		return
 	}
 	log.Debug("shed store warm", "latency", time.Since(start).String())
+}
+
+// leaseStore is the store of the rules' concurrency leases when the
+// shedders are off: injected (tests), or a lease store on the default
+// backend's clients (memcached, DynamoDB), or memory.Leases, which counts
+// per process (the local API, where the integration runs in the same
+// process; a deployed authorizer should keep its limits on a network
+// backend).
+func leaseStore(env Env, stores map[string]any, ddb *dynamodb.Client, injected ShedStore) (limiter.LeaseStore, error) {
+	if injected != nil {
+		return injected, nil
+	}
+	switch env.DefaultBackend {
+	case BackendMemcached, BackendDynamo:
+		e := env
+		e.Shed.Backend = env.DefaultBackend
+		return newShedStore(e, stores, ddb)
+	}
+	return memory.NewLeases(memory.Config{})
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/wiring"
+	"github.com/sluicehq/sluice/lambdawrap"
 )
 
 func main() {
@@ -63,6 +64,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	backend := fs.String("backend", "", "backend of limits that name none: memory, memcached or dynamo ("+config.EnvDefaultBackend+")")
 	deadline := fs.String("deadline", "", "bound of one decision, a Go duration ("+config.EnvDeadline+"; default 250ms; DynamoDB Local's cold start may want 2s)")
 	upstream := fs.String("upstream", "", "URL to proxy allowed requests to (default: a built-in echo)")
+	echoDelay := fs.Duration("echo-delay", 0, "how long the built-in echo takes to answer (a slow backend, to watch concurrency limits)")
 	metrics := fs.Bool("metrics", false, "print the EMF metric lines to stdout")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -133,7 +135,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w (is another `make run` running? try -addr 127.0.0.1:0)", err)
 	}
-	srv := &http.Server{Handler: newServer(built.Handler, *kind, *stage, up), ReadHeaderTimeout: 10 * time.Second}
+	api := newServer(built.Handler, *kind, *stage, up)
+	if up == nil {
+		api.upstream = echoAfter(*echoDelay)
+	}
+	// The integration's half of the concurrency limits: leases are
+	// released when the upstream has answered.
+	api.releaser = lambdawrap.NewStoreReleaser(built.Leases)
+	api.onReleaseError = func(_ context.Context, err error) {
+		built.Logger.Warn("releasing a lease failed; it lapses at its TTL", "error", err.Error())
+	}
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
 	base := "http://" + ln.Addr().String()
 	to := "the built-in echo upstream"
 	if up != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net"
@@ -11,10 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/sluicehq/sluice/functions/authz"
+	"github.com/sluicehq/sluice/lambdawrap"
 )
 
 // Event kinds the local API can emulate.
@@ -34,12 +37,23 @@ const (
 //	"Unauthorized" -> 401
 //	load shed      -> 503 with Retry-After (HTTP API: 500, it has no gateway responses)
 //	other errors   -> 500
+//
+// An allowed request is the integration's: it runs wrapped with
+// lambdawrap.ReleaseLeases, as a backend Lambda would be, so the
+// concurrency leases the authorizer passed in its context are released
+// when the upstream has answered (or failed, or panicked), not at their
+// TTL.
 type server struct {
 	h        *authz.Handler
 	kind     string
 	stage    string
 	upstream http.Handler
 	seq      atomic.Int64
+	// releaser releases the authorizer's leases at the request's end; nil
+	// leaves them to their TTL.
+	releaser *lambdawrap.StoreReleaser
+	// onReleaseError is told of a failed release.
+	onReleaseError func(context.Context, error)
 }
 
 func newServer(h *authz.Handler, kind, stage string, upstream *url.URL) *server {
@@ -48,6 +62,35 @@ func newServer(h *authz.Handler, kind, stage string, upstream *url.URL) *server 
 		s.upstream = httputil.NewSingleHostReverseProxy(upstream)
 	}
 	return s
+}
+
+// authorizerKey carries the authorizer context to the echo upstream.
+type authorizerKey struct{}
+
+// integrate serves an allowed request as the integration: the upstream
+// runs inside a handler wrapped with lambdawrap.ReleaseLeases, whose event
+// carries the authorizer context as API Gateway's Lambda proxy integration
+// gets it (requestContext.authorizer).
+func (s *server) integrate(w http.ResponseWriter, r *http.Request, c authz.Context) {
+	auth := map[string]any{
+		"rule": c.Rule, "decision": c.Decision, "reason": c.Reason,
+		"limit": strconv.FormatInt(c.Limit, 10), "remaining": strconv.FormatInt(c.Remaining, 10),
+	}
+	if c.Leases != "" {
+		auth[lambdawrap.LeaseContextKey] = c.Leases
+	}
+	backend := func(ctx context.Context, _ events.APIGatewayProxyRequest) (struct{}, error) {
+		s.upstream.ServeHTTP(w, r.WithContext(context.WithValue(ctx, authorizerKey{}, auth)))
+		return struct{}{}, nil
+	}
+	if s.releaser != nil {
+		backend = lambdawrap.ReleaseLeases(backend, s.releaser,
+			func(ev events.APIGatewayProxyRequest) map[string]any { return ev.RequestContext.Authorizer },
+			lambdawrap.ReleaseConfig{OnError: s.onReleaseError})
+	}
+	ev := events.APIGatewayProxyRequest{HTTPMethod: r.Method, Path: r.URL.Path}
+	ev.RequestContext.Authorizer = auth
+	backend(r.Context(), ev) //nolint:errcheck // the upstream wrote the response
 }
 
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -88,7 +131,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.Set("Retry-After", strconv.FormatInt(c.RetryAfter, 10))
 		setRateLimit(h, c)
 		writeJSON(w, http.StatusTooManyRequests, map[string]any{
-			"message": "Too Many Requests", "decision": c.Decision, "rule": c.Rule,
+			"message": "Too Many Requests", "decision": c.Decision, "rule": c.Rule, "reason": c.Reason,
 			"limit": strconv.FormatInt(c.Limit, 10), "remaining": strconv.FormatInt(c.Remaining, 10),
 			"reset": strconv.FormatInt(c.Reset, 10), "retryAfter": strconv.FormatInt(c.RetryAfter, 10),
 			"requestId": requestID,
@@ -100,10 +143,11 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Set("X-Sluice-Limit", strconv.FormatInt(c.Limit, 10))
 	r.Header.Set("X-Sluice-Remaining", strconv.FormatInt(c.Remaining, 10))
 	r.Header.Set("X-Sluice-Reset", strconv.FormatInt(c.Reset, 10))
+	r.Header.Set("X-Sluice-Reason", c.Reason)
 	if c.Rule != "" {
 		setRateLimit(w.Header(), c)
 	}
-	s.upstream.ServeHTTP(w, r)
+	s.integrate(w, r, c)
 }
 
 // setRateLimit sets the RateLimit header fields of
@@ -197,6 +241,26 @@ func (s *server) event(r *http.Request, requestID string) ([]byte, bool) {
 
 // echo is the default upstream: it answers with what it received.
 func echo(w http.ResponseWriter, r *http.Request) {
+	echoAfter(0)(w, r)
+}
+
+// echoAfter is echo answering after delay (a slow backend: -echo-delay),
+// or when the client is gone.
+func echoAfter(delay time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+			}
+		}
+		echoNow(w, r)
+	}
+}
+
+func echoNow(w http.ResponseWriter, r *http.Request) {
 	h := map[string]string{}
 	keys := make([]string, 0, len(r.Header))
 	for k := range r.Header {
@@ -216,6 +280,9 @@ func echo(w http.ResponseWriter, r *http.Request) {
 		"path":    r.URL.Path,
 		"query":   r.URL.RawQuery,
 		"headers": h,
+		// What a Lambda proxy integration finds in
+		// requestContext.authorizer (the lease, for lambdawrap).
+		"authorizer": r.Context().Value(authorizerKey{}),
 	})
 }
 
