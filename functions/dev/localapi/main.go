@@ -6,7 +6,11 @@
 //
 //	localapi [-addr 127.0.0.1:8080] [-rules rules.yaml] [-event rest|http|token]
 //	         [-memcached host:port] [-dynamo-endpoint http://127.0.0.1:8000 -dynamo-table t]
-//	         [-backend memory|memcached|dynamo] [-deadline 250ms] [-upstream URL] [-metrics]
+//	         [-backend memory|memcached|dynamo] [-deadline 250ms] [-upstream URL] [-echo-delay 0s] [-metrics]
+//
+// Allowed requests reach the upstream as a Lambda integration would: inside
+// lambdawrap.ReleaseLeases, so the concurrency leases the authorizer passed
+// in its context are released when the upstream has answered.
 //
 // By default it uses the embedded rules and the in-process memory store.
 // The SLUICE_* environment variables of the Lambda apply too (flags win).
