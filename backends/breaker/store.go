@@ -2,6 +2,7 @@ package breaker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -86,4 +87,56 @@ func (s *Store) UpdateLog(ctx context.Context, key limiter.Key, op limiter.LogOp
 	d, err := s.s.UpdateLog(ctx, key, op, ttl)
 	s.b.Done(probe, err)
 	return d, err
+}
+
+var _ limiter.Batcher = (*Store)(nil)
+
+// Do implements [limiter.Batcher], so that wrapping a batching backend
+// keeps its batches: the batch is one call to the breaker (one Allow; one
+// Done with the batch's error, see batchErr), sent to the backend's Do when
+// it has one, else step by step through its single-step methods. When the
+// breaker refuses, every step gets its error.
+func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+	probe, err := s.b.Allow()
+	if err != nil {
+		for i := range steps {
+			out[i] = limiter.StepResult{Err: err}
+		}
+		return
+	}
+	if b, ok := s.s.(limiter.Batcher); ok {
+		b.Do(ctx, steps, out)
+	} else {
+		for i := range steps {
+			out[i] = limiter.DoStep(ctx, s.s, &steps[i])
+		}
+	}
+	s.b.Done(probe, batchErr(out[:len(steps)]))
+}
+
+// batchErr is what a batch tells the breaker: the first step error that
+// counts as a failure (the backend unavailable or throttled), else nil
+// when some step was answered (a conflict or corrupt state is an answer),
+// else the first error (only a wrapped store's own open breaker).
+func batchErr(out []limiter.StepResult) error {
+	var first error
+	answered := false
+	for _, r := range out {
+		switch err := r.Err; {
+		case err == nil:
+			answered = true
+		case errors.Is(err, limiter.ErrBreakerOpen):
+			if first == nil {
+				first = err
+			}
+		case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, limiter.ErrThrottled):
+			return err
+		default:
+			answered = true
+		}
+	}
+	if answered {
+		return nil
+	}
+	return first
 }

@@ -107,6 +107,13 @@ type Config struct {
 	// algorithms, which get their time from the caller). Nil means
 	// time.Now.
 	Clock func() time.Time
+	// WaitRefunds makes [Store.Do] wait for the refunds of a batch (window
+	// Subs, bucket and log refunds) like its other steps. By default they
+	// are sent without waiting (see Do and the package documentation).
+	WaitRefunds bool
+	// MaxDetached bounds the refunds in flight without a waiter; a refund
+	// over the bound is waited for. Zero means DefaultMaxDetached.
+	MaxDetached int
 }
 
 // Store keeps limiter state in one DynamoDB table. It implements
@@ -121,8 +128,11 @@ type Store struct {
 	cache   *cache
 	optFns  []func(*dynamodb.Options)
 	counter struct {
-		conflicts, reads, cleanups, moves atomic.Int64
+		conflicts, reads, cleanups, moves, lostRefunds atomic.Int64
 	}
+	// refunds and detached: the refunds Do sends without waiting (batch.go).
+	refunds  pendingRefunds
+	detached chan struct{}
 	// exactOnly turns off relative bucket writes (tests and benchmarks
 	// compare the two protocols).
 	exactOnly bool
@@ -137,7 +147,14 @@ func New(client Client, cfg Config) (*Store, error) {
 	if cfg.CacheSize == 0 {
 		cfg.CacheSize = DefaultCacheSize
 	}
-	s := &Store{client: client, table: aws.String(cfg.Table), cfg: cfg, cache: newCache(cfg.CacheSize)}
+	if cfg.MaxDetached < 0 {
+		return nil, fmt.Errorf("dynamo: Config.MaxDetached must not be negative, got %d", cfg.MaxDetached)
+	}
+	if cfg.MaxDetached == 0 {
+		cfg.MaxDetached = DefaultMaxDetached
+	}
+	s := &Store{client: client, table: aws.String(cfg.Table), cfg: cfg, cache: newCache(cfg.CacheSize),
+		detached: make(chan struct{}, cfg.MaxDetached)}
 	retryer := cfg.Retryer
 	s.optFns = []func(*dynamodb.Options){func(o *dynamodb.Options) { o.Retryer = retryer }}
 	return s, nil
@@ -158,6 +175,9 @@ type Stats struct {
 	// second request (a writer's clock more than a window behind the
 	// newest writer's).
 	Moves int64
+	// LostRefunds counts refunds sent without waiting (see [Store.Do])
+	// that failed: their units stay counted.
+	LostRefunds int64
 	// CachedKeys is the number of keys in the state cache.
 	CachedKeys int
 }
@@ -165,11 +185,12 @@ type Stats struct {
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
 	return Stats{
-		Conflicts:  s.counter.conflicts.Load(),
-		Reads:      s.counter.reads.Load(),
-		Cleanups:   s.counter.cleanups.Load(),
-		Moves:      s.counter.moves.Load(),
-		CachedKeys: s.cache.len(),
+		Conflicts:   s.counter.conflicts.Load(),
+		Reads:       s.counter.reads.Load(),
+		Cleanups:    s.counter.cleanups.Load(),
+		Moves:       s.counter.moves.Load(),
+		LostRefunds: s.counter.lostRefunds.Load(),
+		CachedKeys:  s.cache.len(),
 	}
 }
 

@@ -1,0 +1,112 @@
+package limitertest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+var _ limiter.Batcher = (*DelayStore)(nil)
+
+// Do implements [limiter.Batcher], so that a history on a batching store
+// goes through the store's batch path: each step is held back on its own
+// random delay, as a single-step call is, then handed to the inner store's
+// Do as a batch of one (to its single-step method when the inner store does
+// not batch), the steps of a batch concurrently. The delays are drawn before
+// the steps start, on the caller's goroutine (see [WithDelayRand]).
+func (s *DelayStore) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+	if len(steps) == 1 {
+		out[0] = s.doStep(ctx, &steps[0], s.draw(ctx))
+		return
+	}
+	delays := make([]time.Duration, len(steps))
+	for i := range delays {
+		delays[i] = s.draw(ctx)
+	}
+	var wg sync.WaitGroup
+	for i := 1; i < len(steps); i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = s.doStep(ctx, &steps[i], delays[i])
+		}()
+	}
+	out[0] = s.doStep(ctx, &steps[0], delays[0])
+	wg.Wait()
+}
+
+// draw draws one call's delay as delay does: zero for half of the calls,
+// else uniform below the maximum.
+func (s *DelayStore) draw(ctx context.Context) time.Duration {
+	if s.maxDelay <= 0 {
+		return 0
+	}
+	pick := func(r *rand.Rand) time.Duration {
+		if r.IntN(2) == 0 {
+			return time.Duration(r.Int64N(int64(s.maxDelay)))
+		}
+		return 0
+	}
+	if r, ok := ctx.Value(delayRandKey{}).(*rand.Rand); ok {
+		return pick(r)
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	return pick(s.rnd)
+}
+
+// doStep holds st back for d, then hands it to the inner store with the
+// arrival bookkeeping of its single-step method.
+func (s *DelayStore) doStep(ctx context.Context, st *limiter.Step, d time.Duration) limiter.StepResult {
+	if err := sleepCtx(ctx, d); err != nil {
+		return limiter.StepResult{Err: fmt.Errorf("limitertest: delay: %w", err)}
+	}
+	var c storeCall
+	switch st.Kind {
+	case limiter.StepAdd:
+		if st.N == 0 {
+			return s.forward(ctx, st)
+		}
+		c = s.arrive(ctx, st.Key, st.Idx, true, false, int64(st.Span), 0)
+	case limiter.StepSub:
+		c = s.arrive(ctx, st.Key, st.Idx, true, true, 0, 0)
+	case limiter.StepBucket:
+		c = s.arrive(ctx, st.Key, st.Bucket.Now, false, false, 0, st.TTL/2)
+	case limiter.StepLog:
+		c = s.arrive(ctx, st.Key, st.Log.Now, false, false, int64(st.Log.Window), 0)
+	default:
+		return s.forward(ctx, st)
+	}
+	defer s.leave(c)
+	return s.forward(ctx, st)
+}
+
+// forward hands st to the inner store: to its Do as a batch of one, or to
+// its single-step method when it does not batch.
+func (s *DelayStore) forward(ctx context.Context, st *limiter.Step) limiter.StepResult {
+	b, ok := s.inner.(limiter.Batcher)
+	if !ok {
+		return limiter.DoStep(ctx, s.inner, st)
+	}
+	var out [1]limiter.StepResult
+	b.Do(ctx, []limiter.Step{*st}, out[:])
+	return out[0]
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
