@@ -1,0 +1,110 @@
+package testserver
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// HTTPProxy is a reverse proxy in front of an HTTP server (DynamoDB Local)
+// that records every request the server receives: the operation (the
+// suffix of X-Amz-Target, e.g. "UpdateItem"), when it arrived and when the
+// server's answer was passed back. It counts at the wire, not in the code:
+// SDK retries and lost conditional writes are requests too. It closes when
+// the test ends.
+type HTTPProxy struct {
+	srv *httptest.Server
+
+	mu   sync.Mutex
+	reqs []HTTPRequest
+}
+
+// HTTPRequest is one request an [HTTPProxy] passed on.
+type HTTPRequest struct {
+	// Op is the operation: X-Amz-Target after its last '.'.
+	Op         string
+	Start, End time.Time
+	// Status is the server's HTTP status (0 when it did not answer).
+	Status int
+}
+
+// NewHTTPProxy starts a proxy in front of target (an http:// URL).
+func NewHTTPProxy(t testing.TB, target string) *HTTPProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatalf("testserver: proxy target %q: %v", target, err)
+	}
+	p := &HTTPProxy{}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		op := r.Header.Get("X-Amz-Target")
+		if i := strings.LastIndexByte(op, '.'); i >= 0 {
+			op = op[i+1:]
+		}
+		rec := &statusWriter{ResponseWriter: w}
+		start := time.Now()
+		rp.ServeHTTP(rec, r)
+		p.mu.Lock()
+		p.reqs = append(p.reqs, HTTPRequest{Op: op, Start: start, End: time.Now(), Status: rec.status})
+		p.mu.Unlock()
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+// URL returns the proxy's endpoint URL.
+func (p *HTTPProxy) URL() string { return p.srv.URL }
+
+// Len returns the number of requests recorded so far (a mark for Since).
+func (p *HTTPProxy) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.reqs)
+}
+
+// Since returns the requests recorded after mark (a Len), in the order
+// their answers were passed back.
+func (p *HTTPProxy) Since(mark int) []HTTPRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]HTTPRequest(nil), p.reqs[min(mark, len(p.reqs)):]...)
+}
+
+// Waves returns how many round trips of latency reqs took one after
+// another: requests that overlap in time are one wave, a request that
+// starts after every earlier one has ended starts a new one.
+func Waves(reqs []HTTPRequest) int {
+	rs := append([]HTTPRequest(nil), reqs...)
+	for i := 1; i < len(rs); i++ { // by start; a few requests
+		for j := i; j > 0 && rs[j].Start.Before(rs[j-1].Start); j-- {
+			rs[j], rs[j-1] = rs[j-1], rs[j]
+		}
+	}
+	waves := 0
+	var end time.Time
+	for _, r := range rs {
+		if waves == 0 || r.Start.After(end) {
+			waves++
+		}
+		if r.End.After(end) {
+			end = r.End
+		}
+	}
+	return waves
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
