@@ -110,9 +110,10 @@ func (p *Policy) releaseLeases(ctx context.Context, res *Result) {
 	res.Leases = nil
 }
 
-// Release gives back leases a request held (Result.Leases), for callers
-// that see the request end themselves. A lease of a limit this policy does
-// not have is an error; a lost release lapses after the limit's lease TTL.
+// Release gives back leases a request held (Result.Leases: the rules'
+// concurrency leases and a LeasingShedder's), for callers that see the
+// request end themselves. A lease of a limit this policy does not have is
+// an error; a lost release lapses after the limit's lease TTL.
 func (p *Policy) Release(ctx context.Context, leases ...Lease) error {
 	var errs []error
 	for _, l := range leases {
@@ -124,6 +125,10 @@ func (p *Policy) Release(ctx context.Context, leases ...Lease) error {
 			}
 		}
 		if cc == nil {
+			if ls, ok := p.shedder.(LeasingShedder); ok {
+				errs = append(errs, ls.ReleaseLease(ctx, l))
+				continue
+			}
 			errs = append(errs, fmt.Errorf("policy: release: no concurrency limit %q", l.Limit))
 			continue
 		}
@@ -132,4 +137,33 @@ func (p *Policy) Release(ctx context.Context, leases ...Lease) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// LeasingShedder is a Shedder that holds a slot for each request it lets
+// through (the fleet-usage shedder) and hands the lease out, so that the
+// code that sees the request end can release it instead of leaving the
+// slot to its lease TTL. Evaluate calls CheckLease instead of Check, puts
+// the lease in Result.Leases, and gives it back with ReleaseLease when the
+// rules deny the request.
+type LeasingShedder interface {
+	Shedder
+	// CheckLease is Check, with the lease of an allowed request (the
+	// zero Lease when none was taken: critical traffic, an error).
+	CheckLease(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, Lease, error)
+	// ReleaseLease gives back a lease CheckLease returned; a lease of
+	// another limit is an error.
+	ReleaseLease(ctx context.Context, l Lease) error
+}
+
+// checkShedder asks the shedder, keeping a LeasingShedder's lease in res.
+func (p *Policy) checkShedder(ctx context.Context, prio limiter.Priority, now time.Time, res *Result) (limiter.Decision, error) {
+	ls, ok := p.shedder.(LeasingShedder)
+	if !ok {
+		return p.shedder.Check(ctx, prio, now)
+	}
+	d, l, err := ls.CheckLease(ctx, prio, now)
+	if d.Allowed && l.Lease.Held() {
+		res.Leases = append(res.Leases, l)
+	}
+	return d, err
 }

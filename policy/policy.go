@@ -415,7 +415,7 @@ func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Resu
 	// critical, matched by a rule or not (then it is normal traffic): the
 	// shedders protect the fleet from all of it.
 	if p.shedder != nil && res.Priority < limiter.PriorityCritical {
-		d, err := p.shedder.Check(ctx, res.Priority, now)
+		d, err := p.checkShedder(ctx, res.Priority, now, &res)
 		res.ShedErr = err
 		if !d.Allowed && (err == nil || d.RetryAfter > 0) {
 			res.Outcome, res.Decision, res.Reason = Shed, d, ReasonShed

@@ -1,7 +1,9 @@
 package wiring
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -58,23 +60,82 @@ type Shedding struct {
 	// Backend names the store holding both ("memcached", "dynamo", or
 	// "injected" for Outputs.ShedStore).
 	Backend string
+	// FleetName is the fleet shedder's name: the limit of its leases
+	// (lambdawrap.NamedLease.Limit).
+	FleetName string
 }
 
 // Shedder returns the shedders in the order the policy asks them: the
 // utilization shedder first (it reads a cached value), then the fleet
-// shedder (a write to the store). Nil when none is configured.
+// shedder (a write to the store). Nil when none is configured. With the
+// fleet shedder it is a policy.LeasingShedder: the fleet lease of an
+// allowed request goes into the authorizer context (sluiceLease) for the
+// integration to release (lambdawrap.ReleaseLeases), and a request the
+// rules deny gives it back at once; a lease nobody releases lapses after
+// SLUICE_SHED_LEASE_TTL, as before.
 func (s *Shedding) Shedder() policy.Shedder {
-	var sh limiter.Shedders
-	if s.Utilization != nil {
-		sh = append(sh, s.Utilization)
-	}
 	if s.Fleet != nil {
-		sh = append(sh, s.Fleet)
+		return &fleetShedders{util: s.Utilization, fleet: s.Fleet, name: s.FleetName}
 	}
-	if len(sh) == 0 {
-		return nil
+	if s.Utilization != nil {
+		return limiter.Shedders{s.Utilization}
 	}
-	return sh
+	return nil
+}
+
+// fleetShedders is limiter.Shedders{utilization, fleet} that keeps the
+// fleet shedder's lease.
+type fleetShedders struct {
+	util  *limiter.UtilizationShedder // nil when off
+	fleet *limiter.FleetShedder
+	name  string // the fleet shedder's name: its leases' limit
+}
+
+var _ policy.LeasingShedder = (*fleetShedders)(nil)
+
+// Check implements policy.Shedder (the lease, if any, is held until its
+// TTL: use CheckLease).
+func (f *fleetShedders) Check(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, error) {
+	d, _, err := f.CheckLease(ctx, p, now)
+	return d, err
+}
+
+// CheckLease asks the utilization shedder, then the fleet shedder, as
+// limiter.Shedders does: the first that sheds decides; an error without a
+// shedding decision lets the request past that shedder.
+func (f *fleetShedders) CheckLease(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, policy.Lease, error) {
+	if p >= limiter.PriorityCritical {
+		return limiter.Decision{Allowed: true}, policy.Lease{}, nil
+	}
+	var errs []error
+	if f.util != nil {
+		d, err := f.util.Check(ctx, p, now)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if !d.Allowed && (err == nil || d.RetryAfter > 0) {
+			return d, policy.Lease{}, errors.Join(errs...)
+		}
+	}
+	var lease policy.Lease
+	l, d, err := f.fleet.Acquire(ctx, p, now)
+	switch {
+	case err != nil:
+		errs = append(errs, err)
+	case !d.Allowed:
+		return d, policy.Lease{}, errors.Join(errs...)
+	case l.Held():
+		lease = policy.Lease{Limit: f.name, Lease: l}
+	}
+	return limiter.Decision{Allowed: true}, lease, errors.Join(errs...)
+}
+
+// ReleaseLease implements policy.LeasingShedder.
+func (f *fleetShedders) ReleaseLease(ctx context.Context, l policy.Lease) error {
+	if l.Limit != f.name {
+		return fmt.Errorf("wiring: release: %q is not the fleet shedder %q", l.Limit, f.name)
+	}
+	return f.fleet.Release(ctx, l.Lease)
 }
 
 // buildShedding builds the shedders of env on store, at clock's time.
@@ -96,6 +157,7 @@ func buildShedding(env ShedEnv, store ShedStore, backend string, clock limiter.C
 			return nil, fmt.Errorf("%s: %w", config.EnvShedFleetCapacity, err)
 		}
 		s.Fleet = f
+		s.FleetName = cmp.Or(env.FleetName, "fleet") // limiter.FleetShedderConfig's default
 	}
 	return s, nil
 }
