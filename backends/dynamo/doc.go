@@ -160,6 +160,38 @@
 // exceed 1 KB is refused with an error wrapping [ErrItemTooLarge] (a few
 // hundred entries; use a sliding window for larger limits).
 //
+// # Batches
+//
+// A [Store] is a limiter.Batcher: limiter.Decide hands it every step of a
+// request bound for it in one [Store.Do]. Do sends the steps at once, each
+// as the request (or conditional-write loop) of its single-step method
+// (Add, Sub, UpdateBucket, UpdateLog), one goroutine per step, under one
+// deadline, so a batch costs one round trip of latency and exactly the
+// requests and write units of its steps (1 WCU per limit when nothing
+// conflicts). Each step is exactly as atomic, and as exact under
+// out-of-order arrivals, as its single-step method; the batch is not
+// all-or-nothing: Decide refunds the takes of a denied batch, in a second
+// Do.
+//
+// Refunds (window Subs, bucket and log refund ops: BucketOp.Refund,
+// LogOp.Refund) are sent without waiting unless Config.WaitRefunds: Do
+// returns at once for them and they run detached from the caller's context
+// under Config.Timeout, at most Config.MaxDetached in flight (a refund over
+// the bound is waited for). A later step of the store on the same key waits
+// for that key's detached refunds, so a process reads its own refunds. A
+// refund lost (failed, or frozen with a Lambda past its deadline) leaves
+// its units counted: stricter, never free (Stats.LostRefunds). Refunds are
+// safe to delay: a window Sub takes from the counter its add went to, or
+// from nothing if that counter is gone; a bucket refund and a log refund
+// are conditional writes like any other.
+//
+// All-or-nothing batches with TransactWriteItems were measured and not
+// built (docs/benchmarks.md, "One batch per request: DynamoDB"): condition
+// expressions have no arithmetic, so a window's decision must be a
+// condition on the whole item the process last saw (a version), which
+// turns every concurrent add on a hot key into a lost race; and a
+// transaction costs 2 WCU per item.
+//
 // # Errors, deadlines and retries
 //
 // Every call runs under the caller's deadline (Config.Timeout when the
