@@ -20,6 +20,12 @@
 // shedder counts requests in flight exactly instead of letting each slot
 // lapse after the lease TTL.
 //
+// Sluice's authorizer passes every lease it took (a rule's concurrency
+// limit, the fleet shedder's slot) as [FormatLeases] under
+// [LeaseContextKey]; [ReleaseLeases] wraps the integration's handler and
+// releases them all, by limit name, on one lease store
+// ([NewStoreReleaser]).
+//
 // The package imports only the limiter and the standard library; it works
 // with any event types, aws-lambda-go's or your own.
 package lambdawrap

@@ -18,6 +18,14 @@
 // earlier rules took is refunded. When a backend errs (or the deadline in
 // ctx expires) the rule's fail mode decides: open allows, closed denies.
 //
+// A rules document may carry allow and deny lists ([Lists]: CIDRs and exact
+// attribute values), decided in memory before anything else. A rule may be
+// in shadow mode (checked and counted, never denying), pick its limits per
+// request from a tier attribute ([Tier]), and hold a concurrent-requests
+// limit whose leases an allowed request carries in Result.Leases for the
+// code that sees the request end ([Policy.Release], lambdawrap). Every
+// [Result] says why with a [Reason].
+//
 // Keys are hostile-input safe: every attribute value is bounded and
 // percent-escaped, values longer than [MaxValueLen] are replaced by a hash,
 // tokens and API keys are always hashed, and the whole key is bounded by
