@@ -191,6 +191,10 @@ type Function struct {
 	// breaker answers at once before one probe. Default
 	// config.DefaultBreakerOpenFor.
 	BreakerOpenFor time.Duration
+	// Shadow (SLUICE_SHADOW) runs every rule in shadow mode: checked and
+	// counted (ShadowDenied), never denying; the deny list still denies.
+	// For rolling a new rule set out.
+	Shadow bool
 	// LogRetention of the function's log group. Default one month.
 	LogRetention awslogs.RetentionDays
 	// ReservedConcurrency, 0 for none.

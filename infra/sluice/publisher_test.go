@@ -153,3 +153,24 @@ func TestPublisherPropErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestShadowProp: Function.Shadow sets SLUICE_SHADOW=true on the authorizer.
+func TestShadowProp(t *testing.T) {
+	app := awscdk.NewApp(nil)
+	s := awscdk.NewStack(app, jsii.String("Shadow"), &awscdk.StackProps{Env: env})
+	api := awsapigatewayv2.NewHttpApi(s, jsii.String("Api"), nil)
+	rl := sluice.New(s, "RateLimit", &sluice.Props{HTTPAPI: api, BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML},
+		Cache: &sluice.Cache{Mode: sluice.CacheNone}, Function: sluice.Function{Shadow: true}})
+	if errs := rl.Errors(); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if got := rl.Environment()[config.EnvShadow]; got != "true" {
+		t.Errorf("%s = %q, want true", config.EnvShadow, got)
+	}
+	s2 := awscdk.NewStack(app, jsii.String("NoShadow"), &awscdk.StackProps{Env: env})
+	rl = sluice.New(s2, "RateLimit", &sluice.Props{HTTPAPI: awsapigatewayv2.NewHttpApi(s2, jsii.String("Api"), nil), BootstrapDir: bootDir,
+		Rules: sluice.Rules{YAML: rulesYAML}, Cache: &sluice.Cache{Mode: sluice.CacheNone}})
+	if _, ok := rl.Environment()[config.EnvShadow]; ok {
+		t.Errorf("%s set without Function.Shadow", config.EnvShadow)
+	}
+}

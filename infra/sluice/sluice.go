@@ -430,6 +430,9 @@ func (r *RateLimiter) buildEnv() {
 	if d := p.Function.BreakerOpenFor; d != 0 {
 		env[config.EnvBreakerOpenFor] = d.String()
 	}
+	if p.Function.Shadow {
+		env[config.EnvShadow] = "true"
+	}
 	if c := r.cache; c != nil {
 		env[config.EnvMemcachedAddrs] = c.addrs
 		env[config.EnvMemcachedTLS] = strconv.FormatBool(c.tls)
