@@ -182,15 +182,12 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 	}
 
-	var buf [8]entry
-	es := buf[:0]
-	if len(items) > len(buf) {
-		es = make([]entry, 0, len(items))
-	}
+	es := make([]entry, 0, len(items))
 	for i, it := range items {
 		e := entry{item: i}
 		if s, ok := it.Limit.(stepper); ok {
 			e.s = s
+			e.gen = s.denyCache().generation()
 			e.step, e.store, e.err = s.plan(it.Key, now, it.N)
 		} else if it.Limit == nil {
 			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
@@ -235,6 +232,16 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 	}
 
+	// Remember the store's denials, before anything is given back (a
+	// give-back bumps the cache's generation).
+	for i, it := range items {
+		o := &out[i]
+		if es[i].s == nil || o.Failed || o.Decision.Allowed || o.Decision.RetryAfter <= 0 || terr != nil {
+			continue
+		}
+		es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision, es[i].gen)
+	}
+
 	// Give back: a denied window's own take always, and every take when
 	// the batch is denied or failed.
 	refunding := false
@@ -251,7 +258,6 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		case batchUndo:
 			e.refund = true
 			o.Refunded = true
-			e.s.denyCache().forget(items[i].Key)
 		}
 		if e.refund || e.fallbackUndo {
 			e.refund = true
@@ -276,16 +282,20 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 				}
 				out[i].Err = errors.Join(out[i].Err, err)
 			}
+			switch {
+			case e.s == nil || e.res.Err != nil:
+			case out[i].Refunded:
+				// A batch's take given back (or sent): a denial of this
+				// limit decided meanwhile may have seen it, so it is not
+				// kept, nor one cached since.
+				e.s.denyCache().forget(items[i].Key)
+			default:
+				// A denied window's own take: the same for the others'
+				// denials in flight, but this denial, made without it,
+				// stands.
+				e.s.denyCache().bump()
+			}
 		}
-	}
-
-	// Remember the store's denials.
-	for i, it := range items {
-		o := &out[i]
-		if es[i].s == nil || o.Failed || o.Decision.Allowed || o.Decision.RetryAfter <= 0 || terr != nil {
-			continue
-		}
-		es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision)
 	}
 
 	if failErr != nil {
@@ -334,6 +344,7 @@ type entry struct {
 	undoNow      bool
 	refund       bool // this round sends undo
 	fallbackUndo bool // a foreign limiter's Refund
+	gen          uint64
 }
 
 // run performs the steps of es (those with a Kind, or, in a refund round,
@@ -411,16 +422,10 @@ func run(ctx context.Context, es []entry, other func(*entry)) {
 // runGroup sends the steps of es[idx...] to store.
 func runGroup(ctx context.Context, store any, es []entry, idx []int) {
 	if b, ok := store.(Batcher); ok {
-		var sbuf [8]Step
-		var rbuf [8]StepResult
-		steps, res := sbuf[:0], rbuf[:0]
-		if len(idx) > len(sbuf) {
-			steps, res = make([]Step, 0, len(idx)), make([]StepResult, 0, len(idx))
-		}
+		steps, res := make([]Step, 0, len(idx)), make([]StepResult, len(idx))
 		for _, i := range idx {
 			steps = append(steps, es[i].step)
 		}
-		res = res[:len(steps)]
 		b.Do(ctx, steps, res)
 		for j, i := range idx {
 			es[i].res = res[j]

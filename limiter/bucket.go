@@ -99,7 +99,7 @@ func (b *TokenBucket) Get(ctx context.Context, key string, now time.Time) (Decis
 
 // Refund puts n tokens back (capped at MaxAmount).
 func (b *TokenBucket) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	b.cache.forget(key)
+	defer b.cache.forget(key) // after the give-back: see DenyCache.gen
 	if n <= 0 || n > b.cfg.MaxAmount {
 		return costError(b.cfg.Name, n, b.cfg.MaxAmount)
 	}

@@ -3,6 +3,7 @@ package limiter
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,6 +38,12 @@ var denySeed = maphash.MakeSeed()
 type DenyCache struct {
 	shards [denyShards]denyShard
 	max    int // per shard
+	// gen counts the units given back through the limit in this process.
+	// A denial is remembered only if none was given back while it was
+	// being decided: it may have been caused by a take that was then
+	// refunded (another limit of a stack denied), and would otherwise stay
+	// cached for its whole RetryAfter.
+	gen atomic.Uint64
 }
 
 type denyShard struct {
@@ -84,8 +91,17 @@ func (c *DenyCache) denied(key string, t, n int64) (Decision, bool) {
 	return Decision{Limit: e.limit, Name: e.name, RetryAfter: retry, ResetAfter: max(time.Duration(e.reset-t), retry)}, true
 }
 
-// remember records a store's denial d of n units of key at t.
-func (c *DenyCache) remember(key string, t, n int64, d Decision) {
+// generation returns the count of give-backs so far (0 for a nil cache).
+func (c *DenyCache) generation() uint64 {
+	if c == nil {
+		return 0
+	}
+	return c.gen.Load()
+}
+
+// remember records a store's denial d of n units of key at t, unless units
+// were given back through the limit since gen (see DenyCache.gen).
+func (c *DenyCache) remember(key string, t, n int64, d Decision, gen uint64) {
 	if c == nil || d.Allowed || d.RetryAfter <= 0 {
 		return
 	}
@@ -93,6 +109,9 @@ func (c *DenyCache) remember(key string, t, n int64, d Decision) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if c.gen.Load() != gen {
+		return // a give-back raced the decision: it may be stale
+	}
 	if old, ok := sh.m[key]; ok {
 		// Keep the earliest start and the latest end of overlapping denials.
 		if old.until >= e.from && old.from <= e.until && old.n == e.n {
@@ -116,15 +135,25 @@ func (c *DenyCache) remember(key string, t, n int64, d Decision) {
 	sh.m[key] = e
 }
 
-// forget drops key: units were given back to it through this limit.
+// forget drops key: units were given back to it through this limit. It
+// also makes every denial being decided at this moment unrememberable.
 func (c *DenyCache) forget(key string) {
 	if c == nil {
 		return
 	}
+	c.gen.Add(1)
 	sh := c.shard(key)
 	sh.mu.Lock()
 	delete(sh.m, key)
 	sh.mu.Unlock()
+}
+
+// bump makes every denial being decided at this moment unrememberable
+// (units were given back through the limit), without forgetting any.
+func (c *DenyCache) bump() {
+	if c != nil {
+		c.gen.Add(1)
+	}
 }
 
 // Len returns the number of keys held (expired ones included until they

@@ -70,7 +70,7 @@ func (l *SlidingLog) AllowN(ctx context.Context, key string, now time.Time, n in
 
 // Refund removes up to n timestamps recorded at now.
 func (l *SlidingLog) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	l.cache.forget(key)
+	defer l.cache.forget(key) // after the give-back: see DenyCache.gen
 	if n <= 0 || n > l.cfg.Limit {
 		return costError(l.cfg.Name, n, l.cfg.Limit)
 	}

@@ -160,7 +160,7 @@ func (w *SlidingWindow) AllowN(ctx context.Context, key string, now time.Time, n
 
 // Refund gives back n units counted by an allowed AllowN at now.
 func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	w.cache.forget(key)
+	defer w.cache.forget(key) // after the give-back: see DenyCache.gen
 	if n <= 0 || n > w.cfg.Limit {
 		return costError(w.cfg.Name, n, w.cfg.Limit)
 	}
@@ -295,7 +295,7 @@ func (w *FixedWindow) AllowN(ctx context.Context, key string, now time.Time, n i
 
 // Refund gives back n units counted by an allowed AllowN at now.
 func (w *FixedWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	w.cache.forget(key)
+	defer w.cache.forget(key) // after the give-back: see DenyCache.gen
 	if n <= 0 || n > w.cfg.Limit {
 		return costError(w.cfg.Name, n, w.cfg.Limit)
 	}

@@ -35,7 +35,7 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 	first := -1
 	for i := range steps {
 		st := &steps[i]
-		if !s.cfg.WaitRefunds && isRefund(st) && s.detach(ctx, st) {
+		if !s.cfg.WaitRefunds && isRefund(st) && s.detach(st) {
 			out[i] = limiter.StepResult{}
 			continue
 		}
@@ -58,11 +58,6 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 // doStep runs one step with its single-step method, once the detached
 // refunds on its key have landed.
 func (s *Store) doStep(ctx context.Context, st *limiter.Step) limiter.StepResult {
-	if !isRefund(st) {
-		if err := s.refunds.wait(ctx, itemKey(st.Key)); err != nil {
-			return limiter.StepResult{Err: mapError(st.Kind.String()+" waiting for a refund", err)}
-		}
-	}
 	return limiter.DoStep(ctx, s, st)
 }
 
@@ -81,115 +76,37 @@ func isRefund(st *limiter.Step) bool {
 
 // detach sends the refund st without waiting, and reports false (send it
 // yourself) when MaxDetached refunds are already in flight.
-func (s *Store) detach(ctx context.Context, st *limiter.Step) bool {
-	select {
-	case s.detached <- struct{}{}:
-	default:
-		return false
-	}
+func (s *Store) detach(st *limiter.Step) bool {
 	step := *st
-	pk := itemKey(step.Key)
-	s.refunds.add(pk)
 	timeout := s.cfg.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	// Nothing of the caller's context applies: the request outlives the
-	// call (its deadline, cancellation and values, such as a trace that
-	// the caller reads once the call returns).
-	dctx, cancel := context.WithTimeout(context.Background(), timeout)
-	go func() {
-		defer func() {
-			cancel()
-			s.refunds.done(pk)
-			<-s.detached
-		}()
-		if r := limiter.DoStep(dctx, s, &step); r.Err != nil {
-			s.counter.lostRefunds.Add(1)
-		}
-	}()
-	return true
+	return s.refunds.Go(itemKey(step.Key), timeout, func(ctx context.Context) error {
+		return limiter.DoStep(context.WithValue(ctx, detachedRefund{}, true), s, &step).Err
+	}, func() { s.counter.lostRefunds.Add(1) })
+}
+
+// detachedRefund marks the context of a refund sent without waiting: it
+// does not wait for the refunds on its own key (itself among them).
+type detachedRefund struct{}
+
+// waitRefunds waits for the refunds sent without waiting on pk, so that a
+// process reads its own refunds (Add, UpdateBucket, UpdateLog, whether
+// called by Do or directly).
+func (s *Store) waitRefunds(ctx context.Context, pk string) error {
+	if ctx.Value(detachedRefund{}) != nil {
+		return nil
+	}
+	if err := s.refunds.Wait(ctx, pk); err != nil {
+		return mapError("waiting for a refund", err)
+	}
+	return nil
 }
 
 // WaitRefunds waits until every refund sent without waiting has landed (or
 // failed), or ctx is done. A Lambda handler need not call it (see the
 // package documentation); tests and a process about to exit may.
 func (s *Store) WaitRefunds(ctx context.Context) error {
-	return s.refunds.waitAll(ctx)
-}
-
-// pendingRefunds tracks the detached refunds per partition key.
-type pendingRefunds struct {
-	mu   sync.Mutex
-	keys map[string]*pendingKey
-	all  int
-	idle chan struct{} // closed when all drops to 0; nil when all == 0
-}
-
-type pendingKey struct {
-	n    int
-	done chan struct{} // closed when n drops to 0
-}
-
-func (p *pendingRefunds) add(pk string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.keys == nil {
-		p.keys = map[string]*pendingKey{}
-	}
-	k := p.keys[pk]
-	if k == nil {
-		k = &pendingKey{done: make(chan struct{})}
-		p.keys[pk] = k
-	}
-	k.n++
-	if p.all == 0 {
-		p.idle = make(chan struct{})
-	}
-	p.all++
-}
-
-func (p *pendingRefunds) done(pk string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if k := p.keys[pk]; k != nil {
-		if k.n--; k.n == 0 {
-			close(k.done)
-			delete(p.keys, pk)
-		}
-	}
-	if p.all--; p.all == 0 {
-		close(p.idle)
-		p.idle = nil
-	}
-}
-
-// wait waits for the detached refunds on pk, if any.
-func (p *pendingRefunds) wait(ctx context.Context, pk string) error {
-	p.mu.Lock()
-	var ch chan struct{}
-	if k := p.keys[pk]; k != nil {
-		ch = k.done
-	}
-	p.mu.Unlock()
-	return waitChan(ctx, ch)
-}
-
-func (p *pendingRefunds) waitAll(ctx context.Context) error {
-	p.mu.Lock()
-	ch := p.idle
-	p.mu.Unlock()
-	return waitChan(ctx, ch)
-}
-
-func waitChan(ctx context.Context, ch chan struct{}) error {
-	if ch == nil {
-		return nil
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return s.refunds.WaitAll(ctx)
 }

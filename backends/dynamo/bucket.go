@@ -88,6 +88,9 @@ func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.Buck
 	pk := itemKey(k)
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
+	if err := s.waitRefunds(ctx, pk); err != nil {
+		return limiter.Decision{}, err
+	}
 
 	var (
 		cur        bucketItem

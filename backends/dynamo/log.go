@@ -30,6 +30,9 @@ func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, 
 	pk := itemKey(k)
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
+	if err := s.waitRefunds(ctx, pk); err != nil {
+		return limiter.Decision{}, err
+	}
 
 	var (
 		cur               logState

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/sluicehq/sluice/internal/pending"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -130,9 +131,8 @@ type Store struct {
 	counter struct {
 		conflicts, reads, cleanups, moves, lostRefunds atomic.Int64
 	}
-	// refunds and detached: the refunds Do sends without waiting (batch.go).
-	refunds  pendingRefunds
-	detached chan struct{}
+	// refunds: the refunds Do sends without waiting (batch.go).
+	refunds *pending.Refunds
 	// exactOnly turns off relative bucket writes (tests and benchmarks
 	// compare the two protocols).
 	exactOnly bool
@@ -154,7 +154,7 @@ func New(client Client, cfg Config) (*Store, error) {
 		cfg.MaxDetached = DefaultMaxDetached
 	}
 	s := &Store{client: client, table: aws.String(cfg.Table), cfg: cfg, cache: newCache(cfg.CacheSize),
-		detached: make(chan struct{}, cfg.MaxDetached)}
+		refunds: pending.New(cfg.MaxDetached)}
 	retryer := cfg.Retryer
 	s.optFns = []func(*dynamodb.Options){func(o *dynamodb.Options) { o.Retryer = retryer }}
 	return s, nil

@@ -116,6 +116,9 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	pk := itemKey(k)
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
+	if err := s.waitRefunds(ctx, pk); err != nil {
+		return limiter.Counts{}, err
+	}
 	if n == 0 {
 		s.counter.reads.Add(1)
 		out, err := s.client.GetItem(ctx, &dynamodb.GetItemInput{

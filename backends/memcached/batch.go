@@ -25,9 +25,15 @@ var _ limiter.Batcher = (*Store)(nil)
 //   - StepAdd: the window's add, incr and get, as [Store.Add].
 //   - StepSub: decr <key> <n> noreply. Memcached sends no reply, so a
 //     refund costs no wait; StepResult.Err reports only a failure to send.
-//   - StepBucket, StepLog refunds, with a cached item: cas noreply on it
-//     (no wait; a refund that loses a race is dropped: stricter, never
-//     laxer).
+//   - StepBucket, StepLog refunds: sent without waiting, on their own
+//     goroutine, as [Store.UpdateBucket] does (a cas on the item the take
+//     cached, the cas loop after a lost race), under the store's timeout
+//     and detached from ctx; at most maxDetached at once (more are sent
+//     in the pipeline and waited for). A later bucket or log step of this
+//     store on the same key waits for them, so a process reads its own
+//     refunds. One that fails is lost (its units stay counted, stricter,
+//     never laxer) and counted in Stats.LostRefunds. [Store.WaitRefunds]
+//     waits for them all.
 //   - Other StepBucket, StepLog: a speculative conditional write followed by a
 //     gets of the same item. With a cached item (value and CAS id from an
 //     earlier gets), the op is applied to it and sent as cas; with none,
@@ -64,6 +70,11 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 	var nodes []node
 	for i := range steps {
 		b := &bs[i]
+		if s.detach(ctx, &steps[i]) {
+			b.done = true
+			out[i] = limiter.StepResult{}
+			continue
+		}
 		if err := s.prepare(&steps[i], b); err != nil {
 			out[i] = limiter.StepResult{Err: err}
 			b.done = true
@@ -125,6 +136,54 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 	}
 }
 
+// maxDetached bounds the refunds in flight without a waiter, per store.
+const maxDetached = 64
+
+// detach sends a bucket or log refund on its own goroutine and reports
+// true, or reports false for other steps (and when maxDetached refunds are
+// in flight, or ctx is done). Other bucket and log steps first wait for
+// the refunds in flight on their key.
+func (s *Store) detach(ctx context.Context, st *limiter.Step) bool {
+	var (
+		key, kind string
+		apply     applyFunc
+	)
+	switch {
+	case st.Kind == limiter.StepBucket:
+		key, kind = bucketKey(s.keys.base(st.Key)), "bucket"
+		if !st.Bucket.Refund() {
+			s.refunds.Wait(ctx, key) //nolint:errcheck // ctx's end is reported by the step itself
+			return false
+		}
+		apply = s.bucketApply(st.Bucket, st.TTL)
+	case st.Kind == limiter.StepLog:
+		key, kind = logKey(s.keys.base(st.Key)), "log"
+		if !st.Log.Refund() {
+			s.refunds.Wait(ctx, key) //nolint:errcheck // as above
+			return false
+		}
+		apply = s.logApply(st.Log, st.TTL)
+	default:
+		return false
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	return s.refunds.Go(key, s.timeout, func(ctx context.Context) error {
+		_, err := s.casLoop().update(ctx, kind, key, apply)
+		return err
+	}, func() { s.lostRefunds.Add(1) })
+}
+
+// WaitRefunds waits until every refund Do sent without waiting has landed
+// (or failed), or ctx is done. A Lambda handler need not call it; tests and
+// a process about to exit may.
+func (s *Store) WaitRefunds(ctx context.Context) error { return s.refunds.WaitAll(ctx) }
+
+// LostRefunds returns how many refunds sent without waiting failed (their
+// units stay counted).
+func (s *Store) LostRefunds() int64 { return s.lostRefunds.Load() }
+
 // bstep is one step of a batch on its way.
 type bstep struct {
 	kind limiter.StepKind
@@ -136,7 +195,6 @@ type bstep struct {
 	apply applyFunc      // StepBucket, StepLog
 	write *memcache.Item // the speculative write; nil: gets only
 	found bool           // write is a cas (else an add)
-	quiet bool           // write is a cas noreply, with no gets: a refund
 	d     limiter.Decision
 
 	res   limiter.StepResult
@@ -169,10 +227,10 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 		b.key, b.n = counterKey(b.base, st.Idx), st.N
 	case limiter.StepBucket:
 		b.key, b.apply = bucketKey(b.base), s.bucketApply(st.Bucket, st.TTL)
-		s.speculate(b, st.Bucket.Refund())
+		s.speculate(b)
 	case limiter.StepLog:
 		b.key, b.apply = logKey(b.base), s.logApply(st.Log, st.TTL)
-		s.speculate(b, st.Log.Refund())
+		s.speculate(b)
 	default:
 		return fmt.Errorf("%w: memcached: cannot batch a %s step", limiter.ErrInvalidConfig, st.Kind)
 	}
@@ -180,11 +238,8 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 }
 
 // speculate picks the conditional write of a bucket or log step: cas on the
-// cached item, or add on an empty key; none when the op writes nothing. A
-// refund on a cached item is sent as cas noreply, without a gets: nothing
-// to wait for; if it loses a race it is lost, which leaves the limit
-// stricter, never laxer.
-func (s *Store) speculate(b *bstep, refund bool) {
+// cached item, or add on an empty key; none when the op writes nothing.
+func (s *Store) speculate(b *bstep) {
 	it := s.cache.get(b.key)
 	var (
 		w   *memcache.Item
@@ -198,10 +253,6 @@ func (s *Store) speculate(b *bstep, refund bool) {
 			w = nil
 		} else if w != nil {
 			w.CasID, b.found = it.CasID, true
-			if refund {
-				b.quiet = true
-				s.cache.drop(b.key) // its CAS id changes with the write
-			}
 		}
 	} else {
 		w, d, err = b.apply(nil, 0, false)
@@ -247,15 +298,9 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 					pc.w.WriteByte(' ')
 					pc.w.Write(strconv.AppendUint(num[:0], w.CasID, 10))
 				}
-				if b.quiet {
-					pc.w.WriteString(" noreply")
-				}
 				pc.w.WriteString("\r\n")
 				pc.w.Write(w.Value)
 				pc.w.WriteString("\r\n")
-				if b.quiet {
-					continue
-				}
 			}
 			pc.w.WriteString("gets ")
 			pc.w.WriteString(b.key)
@@ -277,10 +322,6 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 		case limiter.StepSub:
 			// noreply: nothing to read.
 		default:
-			if b.quiet {
-				b.res.Decision = b.d // noreply: nothing to read
-				continue
-			}
 			if err := s.readCAS(pc, b); err != nil {
 				return err
 			}

@@ -142,7 +142,7 @@ func runConcurrently(b *testing.B, g int, f func(i int) error) {
 	b.Helper()
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	var failed atomic.Value
+	var failed atomic.Pointer[error]
 	b.ResetTimer()
 	for range g {
 		wg.Add(1)
@@ -154,7 +154,7 @@ func runConcurrently(b *testing.B, g int, f func(i int) error) {
 					return
 				}
 				if err := f(i); err != nil {
-					failed.CompareAndSwap(nil, err)
+					failed.CompareAndSwap(nil, &err)
 					return
 				}
 			}
@@ -163,7 +163,7 @@ func runConcurrently(b *testing.B, g int, f func(i int) error) {
 	wg.Wait()
 	b.StopTimer()
 	if err := failed.Load(); err != nil {
-		b.Fatal(err)
+		b.Fatal(*err)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 }

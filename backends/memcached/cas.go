@@ -26,7 +26,9 @@ const (
 // new bucket), retrying on a lost race. The state's Version is the item's
 // CAS id.
 func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
-	return s.casLoop().update(ctx, "bucket", bucketKey(s.keys.base(k)), s.bucketApply(op, ttl))
+	key := bucketKey(s.keys.base(k))
+	s.refunds.Wait(ctx, key) //nolint:errcheck // the loop reports ctx's end
+	return s.casLoop().update(ctx, "bucket", key, s.bucketApply(op, ttl))
 }
 
 // bucketApply is op as an applyFunc on a bucket value.
@@ -51,7 +53,9 @@ func (s *Store) bucketApply(op limiter.BucketOp, ttl time.Duration) applyFunc {
 // UpdateLog implements [limiter.LogStore] with gets and cas of the log
 // encoded by [limiter.AppendLog].
 func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
-	return s.casLoop().update(ctx, "log", logKey(s.keys.base(k)), s.logApply(op, ttl))
+	key := logKey(s.keys.base(k))
+	s.refunds.Wait(ctx, key) //nolint:errcheck // the loop reports ctx's end
+	return s.casLoop().update(ctx, "log", key, s.logApply(op, ttl))
 }
 
 // logApply is op as an applyFunc on a log value.

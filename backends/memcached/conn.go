@@ -37,6 +37,9 @@ func newPool(dial dialFunc, timeout time.Duration, maxIdle int) *pool {
 	return &pool{dial: dial, timeout: timeout, maxIdle: maxIdle, idle: make(map[string][]*pconn)}
 }
 
+// writeBuffer is the write buffer of a pooled connection.
+const writeBuffer = 32 << 10
+
 // errProtocol is wrapped when a server's reply does not follow the protocol.
 var errProtocol = errors.New("memcached: unexpected reply")
 
@@ -110,7 +113,9 @@ func (p *pool) get(ctx context.Context, deadline time.Time, addr net.Addr, fresh
 	if err != nil {
 		return nil, false, err
 	}
-	return &pconn{nc: nc, r: bufio.NewReaderSize(nc, 4096), w: bufio.NewWriterSize(nc, 4096), addr: key}, false, nil
+	// A batch's pipeline goes out in one write: several windows' gets of
+	// up to 2*20 keys each exceed 4 KB.
+	return &pconn{nc: nc, r: bufio.NewReaderSize(nc, 4096), w: bufio.NewWriterSize(nc, writeBuffer), addr: key}, false, nil
 }
 
 func (p *pool) put(c *pconn) {

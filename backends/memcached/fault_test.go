@@ -176,13 +176,16 @@ func TestHungServer(t *testing.T) {
 			deadline time.Duration // the caller's; 0: none
 			want     time.Duration
 		}{{0, timeout}, {50 * time.Millisecond, 50 * time.Millisecond}} {
+			// start before the deadline is set: a goroutine descheduled
+			// between the two (a loaded machine) must not make the call
+			// look early.
+			start := time.Now()
 			ctx := context.Background()
 			if c.deadline > 0 {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, c.deadline)
 				defer cancel()
 			}
-			start := time.Now()
 			_, err := l.AllowN(ctx, "k", time.Now(), 1)
 			el := time.Since(start)
 			if !errors.Is(err, memcached.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {

@@ -14,11 +14,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/sluicehq/sluice/internal/pending"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -121,6 +123,9 @@ type Store struct {
 	backoff    time.Duration
 	cache      *itemCache
 	now        func() time.Time
+	// refunds: bucket and log refunds Do sends without waiting (batch.go).
+	refunds     *pending.Refunds
+	lostRefunds atomic.Int64
 
 	discovery struct {
 		endpoint string
@@ -193,6 +198,7 @@ func New(cfg Config) (*Store, error) {
 		maxRetries: orDefault(cfg.MaxRetries, DefaultMaxRetries),
 		backoff:    orDefault(cfg.RetryBackoff, DefaultRetryBackoff),
 		now:        time.Now,
+		refunds:    pending.New(maxDetached),
 	}
 	if size := orDefault(cfg.CacheSize, DefaultCacheSize); size > 0 {
 		s.cache = newItemCache(size)

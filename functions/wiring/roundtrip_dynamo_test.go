@@ -144,6 +144,11 @@ func TestRoundTripsDynamo(t *testing.T) {
 			t.Errorf("%s: %d round trips of latency, want 1", what, w)
 		}
 	}
+	// A warm process: the SDK's connections are open (a cold client dials
+	// one connection per parallel request, which can serialize them).
+	for i := range 3 {
+		decideCounted(t, b, proxy, st, roundTripEvent("/pets", fmt.Sprintf("192.0.2.%d", 200+i), ""))
+	}
 	ip := "192.0.2.78"
 	decide("allowed, no token (cold key)", roundTripEvent("/pets", ip, ""), true, 2, 0)
 	decide("allowed, no token (warm key)", roundTripEvent("/pets", ip, ""), true, 2, 0)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,7 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	conns []net.Conn
+	log   []string // each segment's commands, for failure messages
 }
 
 // ProxyCounts is what a Proxy counted.
@@ -68,6 +70,34 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	return p
 }
 
+// Log returns the commands of each segment from the i-th on (see Len), a
+// segment's commands joined by "+".
+func (p *Proxy) Log(i int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.log[min(i, len(p.log)):]...)
+}
+
+// Len returns the number of segments so far (both kinds).
+func (p *Proxy) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.log)
+}
+
+// commands lists the command names of a segment (the first word of each
+// line that starts with a lower-case letter), joined by "+".
+func commands(b []byte) string {
+	var out []string
+	for _, l := range bytes.Split(b, []byte("\r\n")) {
+		if len(l) > 0 && l[0] >= 'a' && l[0] <= 'z' {
+			f := bytes.Fields(l)
+			out = append(out, string(f[0]))
+		}
+	}
+	return strings.Join(out, "+")
+}
+
 // Addr returns the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
@@ -94,6 +124,9 @@ func (p *Proxy) serve(c net.Conn) {
 		n, err := c.Read(buf)
 		if n > 0 {
 			p.bytes.Add(int64(n))
+			p.mu.Lock()
+			p.log = append(p.log, commands(buf[:n]))
+			p.mu.Unlock()
 			if onlyNoReply(buf[:n]) {
 				p.noreply.Add(1)
 			} else {

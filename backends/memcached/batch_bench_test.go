@@ -1,0 +1,131 @@
+package memcached_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/sluicehq/sluice/backends/memcached"
+	"github.com/sluicehq/sluice/internal/testserver"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// BenchmarkFlood: 64 goroutines on one key far over its limit (a sliding
+// window of 100 per minute and a token bucket of 50, stacked), next to raw
+// incrs at the same concurrency in the same run. Once the store has denied
+// the key, the deny cache answers without a round trip. Reports decisions/s,
+// incr/s, their ratio, and the units admitted (never above 100: a fresh key,
+// and a run far shorter than the window).
+func BenchmarkFlood(b *testing.B) {
+	addr := testserver.Memcached(b)
+	mc, _ := rawClient(b, addr)
+	s := benchStore(b, addr, memcached.Config{})
+	w, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "w", Limit: 100, Window: time.Minute})
+	tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 50, RefillTime: time.Hour})
+	stack, _ := limiter.NewStack(w, tb)
+	ctx := context.Background()
+	rawKey := fmt.Sprint("flood-raw-", time.Now().UnixNano())
+	if err := mc.Set(&memcache.Item{Key: rawKey, Value: []byte("0"), Expiration: 600}); err != nil {
+		b.Fatal(err)
+	}
+	key := fmt.Sprint("flood-", time.Now().UnixNano())
+	const g = 64
+	// Far over the limit: the bucket's 50 tokens are gone and the store
+	// has said so once.
+	var allowed atomic.Int64
+	for {
+		d, err := stack.Allow(ctx, key, time.Now())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !d.Allowed {
+			break
+		}
+		allowed.Add(1)
+	}
+
+	rawRate := concurrentRate(b, g, func() error { _, err := mc.Increment(rawKey, 1); return err })
+	rate := concurrentRate(b, g, func() error {
+		d, err := stack.Allow(ctx, key, time.Now())
+		if d.Allowed {
+			allowed.Add(1)
+		}
+		return err
+	})
+	b.ReportMetric(rate, "decisions/s")
+	b.ReportMetric(rawRate, "incr/s")
+	b.ReportMetric(rate/rawRate, "x-incr")
+	b.ReportMetric(float64(allowed.Load()), "admitted")
+	if allowed.Load() > 50 {
+		b.Fatalf("%d admitted, over the bucket's 50", allowed.Load())
+	}
+}
+
+// BenchmarkThreeLimits: the latency of one allowed decision with three
+// limits on one key (a sliding window, a token bucket and a fixed window,
+// never reached), next to one raw get in the same loop: one pipelined
+// round trip against one.
+func BenchmarkThreeLimits(b *testing.B) {
+	addr := testserver.Memcached(b)
+	mc, rawKey := rawClient(b, addr)
+	s := benchStore(b, addr, memcached.Config{})
+	for _, k := range []int{limiter.DefaultSubWindows, 4} {
+		b.Run(fmt.Sprintf("Sliding%d+Bucket+Fixed", k), func(b *testing.B) {
+			w, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "w", Limit: 1 << 40, Window: time.Minute, SubWindows: k})
+			tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 1 << 40, RefillTime: time.Hour})
+			f, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f", Limit: 1 << 40, Window: time.Minute})
+			stack, _ := limiter.NewStack(w, tb, f)
+			latency(b, stack, mc, rawKey, 1)
+		})
+	}
+	b.Run("EmbeddedRules", func(b *testing.B) {
+		// The embedded rules' limits of a request with a token: per-ip
+		// (a sliding window and a token bucket) and per-token (a window).
+		ip, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "per-minute", Limit: 1 << 40, Window: time.Minute})
+		tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "burst", MaxAmount: 1 << 40, RefillTime: 100 * time.Millisecond})
+		tok, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "per-token", Limit: 1<<40 + 1, Window: time.Minute})
+		stack, _ := limiter.NewStack(ip, tb, tok)
+		latency(b, stack, mc, rawKey, 1)
+	})
+	b.Run("Fixed+Fixed+Fixed", func(b *testing.B) {
+		var ls []limiter.Limiter
+		for i := range 3 {
+			f, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f", Limit: 1<<40 + int64(i), Window: time.Minute})
+			ls = append(ls, f)
+		}
+		stack, _ := limiter.NewStack(ls...)
+		latency(b, stack, mc, rawKey, 1)
+	})
+}
+
+// concurrentRate runs f b.N times over g goroutines and returns the calls
+// per second.
+func concurrentRate(b *testing.B, g int, f func() error) float64 {
+	b.Helper()
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				if err := f(); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		b.Fatal(*err)
+	}
+	return float64(b.N) / time.Since(start).Seconds()
+}
