@@ -154,6 +154,42 @@
 // Store does not know the item's CAS id and drops its cache entry. (The
 // meta protocol's "ms ... c" returns it, but gomemcache does not speak it.)
 //
+// # Batches: a request's steps in one pipeline per node
+//
+// The Store is a [limiter.Batcher]: [limiter.Decide] (and so a Stack and the
+// policy's rules) hands it every step of a request at once, and Do writes
+// the steps bound for one node in one pipelined write on one connection,
+// nodes in parallel, then reads the replies in order: one round trip per
+// node (a connection's write buffer is 32 KB, so a batch is one write).
+//
+//	window take      add <key|c cur> ... / incr <key|c cur> n / get <view and ahead>   (as Add)
+//	window refund    decr <key|c idx> n noreply                                        no reply: nothing to wait for
+//	bucket or log    cas <key|b> 0 <exp> <len> <cas id>  (the item cached from an earlier gets), or
+//	                 add <key|b> 0 <exp> <len>           (no cached item: a new key)
+//	                 gets <key|b>                        the item after the write, with its new CAS id
+//
+// A bucket or log step is applied to the item the store cached (value and
+// CAS id from the last gets of the key) and sent as a speculative cas (or
+// add, for a key it has not seen): STORED confirms the decision, and the
+// gets that follows in the same pipeline caches the item, with its new CAS
+// id, for the next call. A write that lost (EXISTS, NOT_FOUND, NOT_STORED)
+// leaves the fresh item in the cache and the step goes on as the cas loop
+// below, from it: more round trips only after a lost race or on a process's
+// first call on an existing key. When the op on the cached item would write
+// nothing (a denial), only the gets is sent, and the op is applied to its
+// fresh reply.
+//
+// Refunds are sent without waiting. A window's is a decr noreply in the
+// pipeline (memcached sends no reply). A bucket's or a log's runs on its own
+// goroutine as the cas loop (exact: it never loses a race, it retries),
+// under the store's timeout and detached from the caller's context, at most
+// 64 in flight (more are sent in the pipeline and waited for); a later bucket
+// or log call of the store on that key waits for them, so a process reads
+// its own refunds. One that fails leaves its units counted (stricter, never
+// laxer) and is counted by LostRefunds; WaitRefunds waits for them all. With
+// Config.Proxy (a proxy may not keep a pipeline's order) Do sends one step
+// at a time.
+//
 // # Connections and errors
 //
 // Window counters use the Store's own small connection pool (gomemcache
