@@ -20,6 +20,9 @@ type pool struct {
 	dial    dialFunc
 	timeout time.Duration
 	maxIdle int
+	// breakers, when not nil, holds a circuit breaker per node (see
+	// breaker.go): exec asks the node's before running and reports to it.
+	breakers *nodeBreakers
 
 	mu   sync.Mutex
 	idle map[string][]*pconn
@@ -43,7 +46,26 @@ const writeBuffer = 32 << 10
 // errProtocol is wrapped when a server's reply does not follow the protocol.
 var errProtocol = errors.New("memcached: unexpected reply")
 
-// exec runs f on a connection to addr with a deadline of ctx's or the
+// exec runs f on a connection to addr (see run) behind the node's circuit
+// breaker, if the pool has breakers: while the breaker refuses, exec
+// fails at once with its error (wrapping limiter.ErrBreakerOpen and
+// limiter.ErrUnavailable); otherwise it runs f and reports the outcome
+// (execErr).
+func (p *pool) exec(ctx context.Context, addr net.Addr, f func(c *pconn) error) error {
+	b := p.breakers.get(addr.String())
+	if b == nil {
+		return p.run(ctx, addr, f)
+	}
+	probe, err := b.Allow()
+	if err != nil {
+		return err
+	}
+	err = p.run(ctx, addr, f)
+	b.Done(probe, execErr(ctx, err))
+	return err
+}
+
+// run runs f on a connection to addr with a deadline of ctx's or the
 // pool's timeout from now, whichever is earlier; cancelling ctx interrupts
 // f. A connection goes back to the pool only if f succeeded. If f fails because
 // a pooled connection turns out dead (the server restarted or dropped it),
@@ -51,7 +73,7 @@ var errProtocol = errors.New("memcached: unexpected reply")
 // and f runs once more on a new connection. f must be safe to run twice: a
 // command that reached a server just before it died may count twice, which
 // makes a limit stricter, never laxer.
-func (p *pool) exec(ctx context.Context, addr net.Addr, f func(c *pconn) error) error {
+func (p *pool) run(ctx context.Context, addr net.Addr, f func(c *pconn) error) error {
 	deadline := time.Now().Add(p.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -115,7 +137,7 @@ func (p *pool) get(ctx context.Context, deadline time.Time, addr net.Addr, fresh
 	}
 	// A batch's pipeline goes out in one write: several windows' gets of
 	// up to 2*20 keys each exceed 4 KB.
-	return &pconn{nc: nc, r: bufio.NewReaderSize(nc, 4096), w: bufio.NewWriterSize(nc, writeBuffer), addr: key}, false, nil
+	return &pconn{nc: nc, r: bufio.NewReaderSize(nc, writeBuffer), w: bufio.NewWriterSize(nc, writeBuffer), addr: key}, false, nil
 }
 
 func (p *pool) put(c *pconn) {

@@ -104,6 +104,13 @@ type Config struct {
 	// id) a Store remembers, so a warm key can write without reading
 	// first. Zero means DefaultCacheSize; negative turns the cache off.
 	CacheSize int
+
+	// Breaker, when not nil, puts each node behind its own circuit
+	// breaker (see [BreakerConfig] and the package comment): after
+	// Breaker.Failures unavailable failures in a row on a node, calls
+	// for its keys fail at once, for Breaker.OpenFor, then one probe at a
+	// time; the other nodes are not affected. Nil: no breakers.
+	Breaker *BreakerConfig
 }
 
 // Store keeps limiter state in memcached: sub-window counters for the
@@ -182,11 +189,15 @@ func New(cfg Config) (*Store, error) {
 	}
 	cfg.Timeout = orDefault(cfg.Timeout, DefaultTimeout)
 	cfg.MaxIdleConns = orDefault(cfg.MaxIdleConns, max(16, 4*runtime.GOMAXPROCS(0)))
+	breakers, err := newNodeBreakers(cfg.Breaker)
+	if err != nil {
+		return nil, err
+	}
 	dial := dialer(cfg)
-	mc := memcache.NewFromSelector(ring)
+	mc := memcache.NewFromSelector(breakers.clientSelector(ring))
 	mc.Timeout = cfg.Timeout
 	mc.MaxIdleConns = cfg.MaxIdleConns
-	mc.DialContext = dial
+	mc.DialContext = breakers.clientDialer(dial)
 	s := &Store{
 		mc:         mc,
 		ring:       ring,
@@ -200,6 +211,7 @@ func New(cfg Config) (*Store, error) {
 		now:        time.Now,
 		refunds:    pending.New(maxDetached),
 	}
+	s.pool.breakers = breakers
 	if size := orDefault(cfg.CacheSize, DefaultCacheSize); size > 0 {
 		s.cache = newItemCache(size)
 	}
