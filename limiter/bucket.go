@@ -112,16 +112,7 @@ func (b *TokenBucket) update(ctx context.Context, key string, now time.Time, n i
 	if err != nil {
 		return Decision{}, err
 	}
-	op := BucketOp{
-		MaxAmount:    b.cfg.MaxAmount,
-		RefillTime:   b.cfg.RefillTime,
-		RefillAmount: b.cfg.RefillAmount,
-		Strict:       b.cfg.Strict,
-		Now:          t,
-		N:            n,
-		mode:         mode,
-	}
-	d, err := b.store.UpdateBucket(ctx, Key{Space: b.space, Name: key}, op, b.ttl)
+	d, err := b.store.UpdateBucket(ctx, Key{Space: b.space, Name: key}, b.op(t, n, mode), b.ttl)
 	if err != nil {
 		return Decision{}, fmt.Errorf("limiter: token bucket %q: %w", b.cfg.Name, err)
 	}
