@@ -36,7 +36,13 @@
 // storage step, so that a backend can answer in one network round trip:
 // [Counter] for the windows, [BucketStore] for the token bucket, [LogStore]
 // for the sliding log, [LeaseStore] for concurrency leases and [GaugeStore]
-// for published values such as the fleet's utilization. The in-process store is in backends/memory; memcached
+// for published values such as the fleet's utilization. [Decide] checks a
+// request's limits as one batch of [Item]s: each becomes a [Step], the
+// steps bound for one store go to it at once ([Batcher], or one call per
+// step for a store without it), one place refunds a denied batch and picks
+// the deciding limit, and each limit's [DenyCache] answers a key its store
+// denied until the denial's RetryAfter, without a store request. The
+// limiters' AllowN and [Stack] use it. The in-process store is in backends/memory; memcached
 // and DynamoDB live in backends/memcached and backends/dynamo. This package
 // imports the standard library only.
 package limiter
