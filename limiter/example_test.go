@@ -80,3 +80,33 @@ func ExampleStack() {
 	// allowed=false by=2/s remaining=0
 	// per-minute remaining: 97
 }
+
+// ExampleDecide checks two rules' limits for one request as one batch: a
+// per-client bucket and a per-route window. The window denies the third
+// request, so the bucket's token is given back; the fourth is denied by the
+// deny cache, without asking the store.
+func ExampleDecide() {
+	store, _ := memory.New(memory.Config{})
+	perClient, _ := limiter.NewTokenBucket(store, limiter.TokenBucketConfig{Name: "client", MaxAmount: 10, RefillTime: time.Minute})
+	perRoute, _ := limiter.NewFixedWindow(store, limiter.FixedWindowConfig{Name: "route", Limit: 2, Window: time.Minute})
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	ctx := context.Background()
+	for i := range 4 {
+		items := []limiter.Item{
+			{Limit: perClient, Key: "client-42", N: 1},
+			{Limit: perRoute, Key: "GET /pets", N: 1},
+		}
+		out := make([]limiter.Outcome, len(items))
+		d, _ := limiter.Decide(ctx, now, items, out)
+		fmt.Printf("request %d: allowed=%v by %s, client refunded=%v, cached=%v\n",
+			i+1, out[d].Decision.Allowed, out[d].Decision.Name, out[0].Refunded, out[d].Cached)
+	}
+	left, _ := perClient.Get(ctx, "client-42", now)
+	fmt.Println("client tokens left:", left.Remaining)
+	// Output:
+	// request 1: allowed=true by route, client refunded=false, cached=false
+	// request 2: allowed=true by route, client refunded=false, cached=false
+	// request 3: allowed=false by route, client refunded=true, cached=false
+	// request 4: allowed=false by route, client refunded=false, cached=true
+	// client tokens left: 8
+}
