@@ -153,6 +153,18 @@ func TestCheckTokenBucket(t *testing.T) {
 			bcall(0, 2, 0, 1, true, 0),
 			{Key: "k", Stamp: Base.Add(61 * sec), Cost: 1, Start: 2 * ms, End: 3 * ms, Allowed: true, Remaining: 1},
 		}, want: `not linearizable`},
+		{name: "a cached denial the model also makes", cfg: smyte, calls: []Call{
+			bcall(0, 2, 0, 1, true, 0), bcall(10*sec, 1, 2, 3, false, 0),
+			{Key: "k", Stamp: Base.Add(30 * sec), Cost: 1, Start: 4 * ms, End: 5 * ms, Cached: true},
+			bcall(60*sec, 1, 6, 7, true, 0), // the cached denial took nothing
+		}},
+		{name: "a cached denial after capacity came back (a stale deny cache)", cfg: smyte, calls: []Call{
+			bcall(0, 2, 0, 1, true, 0), bcall(10*sec, 1, 2, 3, false, 0),
+			{Key: "k", Stamp: Base.Add(70 * sec), Cost: 1, Start: 4 * ms, End: 5 * ms, Cached: true},
+		}, want: `from the deny cache`},
+		{name: "a cached call that was allowed (a cache never admits)", cfg: smyte, calls: []Call{
+			{Key: "k", Stamp: Base, Cost: 1, Start: 0, End: 1 * ms, Allowed: true, Cached: true},
+		}, want: `not linearizable`},
 		{name: "keys are separate buckets", cfg: smyte, calls: []Call{
 			bcall(0, 2, 0, 1, true, 0),
 			{Key: "other", Stamp: Base, Cost: 2, Start: 2 * ms, End: 3 * ms, Allowed: true},
