@@ -20,3 +20,24 @@ func ExactAdmits(times []int64, limit int64, w time.Duration) []int64 {
 	}
 	return admits
 }
+
+// ExactUnits is ExactAdmits for a trace with costs: a request of n units at
+// t is admitted when the admitted units in (t-w, t] plus n stay within
+// limit. It returns the admitted requests and units.
+func ExactUnits(tr Trace, limit int64, w time.Duration) (requests int, units int64) {
+	var ts, ns []int64
+	var inView int64
+	head := 0
+	for i, t := range tr.Times {
+		for head < len(ts) && ts[head] <= t-int64(w) {
+			inView -= ns[head]
+			head++
+		}
+		if n := tr.cost(i); inView+n <= limit {
+			ts, ns = append(ts, t), append(ns, n)
+			inView += n
+			units += n
+		}
+	}
+	return len(ts), units
+}

@@ -21,14 +21,17 @@ type Result struct {
 	// Requests is the number of requests in the trace; Admitted how many
 	// the configuration allowed.
 	Requests, Admitted int
-	// WorstWindow is the largest number of admitted requests within any
+	// AdmittedUnits is the cost of the admitted requests (Admitted when
+	// every request costs 1).
+	AdmittedUnits int64
+	// WorstWindow is the largest number of admitted units within any
 	// window-length interval (t-W, t]. WorstWindow/Limit is the overshoot.
 	WorstWindow int64
 	// Excess counts admissions that took the admitted requests of the
 	// trailing window above the limit.
 	Excess int
-	// Needless counts denials made while the trailing window held fewer
-	// than Limit admitted requests (an exact limiter would have allowed).
+	// Needless counts denials made while the trailing window had room for
+	// the request (an exact limiter would have allowed it).
 	Needless int
 	// StoreCalls counts calls to the store (Add and Sub for the windows,
 	// UpdateBucket, UpdateLog).
@@ -157,13 +160,16 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 	w := int64(p.Window)
 	res := Result{Config: c, Requests: len(tr.Times)}
 	head := 0 // res.Admits[head:] are the admissions in the trailing window
+	var costs []int64 // the admissions' costs, when the trace has costs
+	var units int64   // the admitted units in the trailing window
 	// The length of limiter.AppendLog of the log's entries (the admissions
 	// in view), kept up to date: the count, the first entry, and the
 	// deltas between consecutive entries, whose lengths are summed here.
 	deltas, maxLogBytes := 0, 0
-	for _, t := range tr.Times {
+	for i, t := range tr.Times {
 		clock.t = t
-		d, err := lim.AllowN(ctx, SimKey, time.Unix(0, t), 1)
+		n := tr.cost(i)
+		d, err := lim.AllowN(ctx, SimKey, time.Unix(0, t), n)
 		if err != nil {
 			return Result{}, fmt.Errorf("accuracy: %s at %v: %w", c.Name(), time.Unix(0, t).UTC(), err)
 		}
@@ -171,11 +177,16 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 			if head+1 < len(res.Admits) {
 				deltas -= varintLen(res.Admits[head+1] - res.Admits[head])
 			}
+			if costs != nil {
+				units -= costs[head]
+			} else {
+				units--
+			}
 			head++
 		}
 		inView := int64(len(res.Admits) - head)
 		if !d.Allowed {
-			if inView < p.Limit {
+			if units+n <= p.Limit {
 				res.Needless++
 			}
 			continue
@@ -184,9 +195,14 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 			deltas += varintLen(t - res.Admits[len(res.Admits)-1])
 		}
 		res.Admits = append(res.Admits, t)
+		if tr.Costs != nil {
+			costs = append(costs, n)
+		}
 		inView++
-		res.WorstWindow = max(res.WorstWindow, inView)
-		if inView > p.Limit {
+		units += n
+		res.AdmittedUnits += n
+		res.WorstWindow = max(res.WorstWindow, units)
+		if units > p.Limit {
 			res.Excess++
 		}
 		if c.Algorithm == Log {

@@ -19,7 +19,8 @@ import (
 var Epoch = time.Unix(1_800_000_000, 0).UTC()
 
 // Trace is a sequence of request times (Unix nanoseconds, ascending; equal
-// times are several requests at once), each a request of cost 1 by one key.
+// times are several requests at once) by one key, each of cost 1 unless
+// Costs says otherwise.
 type Trace struct {
 	// Name is short and unique within a report ("bursty").
 	Name string
@@ -27,6 +28,29 @@ type Trace struct {
 	About string
 	// Times are the request times, ascending.
 	Times []int64
+	// Costs, when not nil, are the requests' costs (units), one per time;
+	// nil means every request costs 1.
+	Costs []int64
+}
+
+// cost is the cost of request i.
+func (t Trace) cost(i int) int64 {
+	if t.Costs == nil {
+		return 1
+	}
+	return t.Costs[i]
+}
+
+// Units is the total cost of the trace's requests.
+func (t Trace) Units() int64 {
+	if t.Costs == nil {
+		return int64(len(t.Times))
+	}
+	var n int64
+	for _, c := range t.Costs {
+		n += c
+	}
+	return n
 }
 
 // Start and End return the first and last request times (zero for an empty
