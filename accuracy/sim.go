@@ -159,7 +159,7 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 	ctx := context.Background()
 	w := int64(p.Window)
 	res := Result{Config: c, Requests: len(tr.Times)}
-	head := 0 // res.Admits[head:] are the admissions in the trailing window
+	head := 0         // res.Admits[head:] are the admissions in the trailing window
 	var costs []int64 // the admissions' costs, when the trace has costs
 	var units int64   // the admitted units in the trailing window
 	// The length of limiter.AppendLog of the log's entries (the admissions
