@@ -165,6 +165,13 @@ func (r *Report) figures() []captioned {
 			"line it let more than the limit through some window), against what it admitted on the bursty trace relative to the "+
 			"exact sliding log. The acceptable region is on the red line, right of the green one (%.0f%%). Configurations with the same point share a label.", 100*r.Options.Target)})
 
+	if r.Shapes != nil {
+		out = append(out, captioned{"shapes-frontier", r.shapesFigure, "Issue 13's frontier: worst shape against keys read",
+			fmt.Sprintf("Left: each representation's share of the exact log on its worst shape, limit and seed, against the keys "+
+				"one memcached decision names, at every resolution of the shape matrix (the cached line is its cold, worst-case "+
+				"figure, today's bounded one). Right: each shape's worst share (over the %d limits and %d seeds) against the "+
+				"resolution r; the red line is the %.0f%% target.", len(r.Shapes.Options.Limits), r.Shapes.Options.Seeds, 100*r.Shapes.Options.Target)})
+	}
 	out = append(out, captioned{"frontier", r.frontierFigure, "The frontier: accuracy against memcached items",
 		fmt.Sprintf("Left: the share of the exact log's admissions on the worst of the %d bursty seeds, against the number of "+
 			"counters a key keeps in view (k+1), for every k up to %d that divides the window. Right: the worst overshoot "+
@@ -197,6 +204,7 @@ func (r *Report) markdown(w io.Writer, figs []captioned) error {
 	pf("and is compared with the exact sliding log. ")
 	pf("The window of %v is split into whole nanoseconds by every sub-window count used here.\n\n", p.Window)
 
+	r.writeShapes(pf)
 	r.writeRecommendation(pf)
 	r.writeSummary(pf)
 
@@ -216,7 +224,10 @@ func (r *Report) markdown(w io.Writer, figs []captioned) error {
 
 func (r *Report) writeRecommendation(pf func(string, ...any)) {
 	o := r.Options
-	pf("## Recommendation\n\n")
+	pf("## Recommendation for today's `limiter.SlidingWindow` (bursty traces)\n\n")
+	if r.Shapes != nil {
+		pf("_Chosen on the bursty traces, as before issue 13; on the worst shape of the matrix above no bounded k <= 60 reaches the target._\n\n")
+	}
 	ch := r.Choice
 	nTraces := fmt.Sprintf("steady, %d bursty seeds, edge-start, edge-end", o.Seeds)
 	if n := len(o.Files); n > 0 {

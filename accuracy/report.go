@@ -42,6 +42,8 @@ type Options struct {
 	// Draft draws small, low-resolution figures of a few windows (for
 	// tests and quick looks); the numbers do not change.
 	Draft bool
+	// Shapes is issue 13's shape matrix (no limits: not run).
+	Shapes ShapeOptions
 }
 
 // DefaultOptions are the options of `make accuracy`.
@@ -58,6 +60,7 @@ func DefaultOptions() Options {
 		MaxChoice:    31,
 		MaxSweep:     60,
 		Sensitivity:  []Params{{Limit: 2, Window: time.Second}, {Limit: 10, Window: time.Minute}, {Limit: 1000, Window: time.Minute}},
+		Shapes:       DefaultShapeOptions(),
 	}
 }
 
@@ -80,6 +83,9 @@ type Report struct {
 	// Sensitivity checks the choice on the other limits of
 	// Options.Sensitivity.
 	Sensitivity []SensitivityRow
+	// Shapes is issue 13's shape matrix (nil when Options.Shapes has no
+	// limits).
+	Shapes *ShapeMatrix
 }
 
 // SensitivityRow is the choice checked on another limit.
@@ -212,6 +218,11 @@ func Run(o Options) (*Report, error) {
 			return nil, err
 		}
 	}
+	if len(o.Shapes.Limits) > 0 {
+		if r.Shapes, err = RunShapes(o.Shapes); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 
@@ -219,6 +230,7 @@ func Run(o Options) (*Report, error) {
 func (o Options) scaled(p Params) Options {
 	q := o
 	q.Params, q.Files, q.Sensitivity = p, nil, nil
+	q.Shapes = ShapeOptions{}
 	return q
 }
 

@@ -23,6 +23,7 @@ func testOptions() Options {
 	o.EdgeCycles = 3
 	o.MaxSweep = 31
 	o.Sensitivity = []Params{{Limit: 10, Window: 30 * time.Second}}
+	o.Shapes = shortShapes()
 	return o
 }
 

@@ -46,6 +46,8 @@ func run(args []string) error {
 	fs.IntVar(&o.Bursty, "bursty", o.Bursty, "length of each bursty trace, in windows")
 	fs.IntVar(&o.Steady, "steady", o.Steady, "length of the steady trace, in windows")
 	fs.IntVar(&o.EdgeCycles, "edge-cycles", o.EdgeCycles, "cycles of the edge traces")
+	fs.IntVar(&o.Shapes.Windows, "shape-windows", o.Shapes.Windows, "length of each shape trace, in windows")
+	fs.IntVar(&o.Shapes.Seeds, "shape-seeds", o.Shapes.Seeds, "seeds per shape")
 	fs.BoolVar(&o.Draft, "draft", false, "small, low-resolution figures (a quick look; the numbers do not change)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -8,7 +8,7 @@ import (
 )
 
 // quick are flags for a short run: short traces, draft figures.
-var quick = []string{"-bursty", "10", "-steady", "5", "-seeds", "1", "-edge-cycles", "2", "-draft"}
+var quick = []string{"-bursty", "10", "-steady", "5", "-seeds", "1", "-edge-cycles", "2", "-shape-windows", "2", "-shape-seeds", "1", "-draft"}
 
 func TestRunWritesReport(t *testing.T) {
 	dir := t.TempDir()
@@ -20,7 +20,7 @@ func TestRunWritesReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"# Accuracy of Sluice's limiters", "## Recommendation", "### sample.txt", "accuracy/tradeoff.png"} {
+	for _, want := range []string{"# Accuracy of Sluice's limiters", "## Recommendation", "### sample.txt", "accuracy/tradeoff.png", "## Traffic shapes", "accuracy/shapes-frontier.png"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("accuracy.md lacks %q", want)
 		}

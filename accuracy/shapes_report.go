@@ -1,0 +1,290 @@
+package accuracy
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"slices"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// This file writes the shape matrix's part of the report: issue 13's
+// frontier of accuracy against keys read, and the recommendation for the
+// stores.
+
+// todayK is limiter.DefaultSubWindows, the configuration the matrix
+// compares with (TestDefaultNeverOvershootsAndAdmits97 keeps them equal).
+const todayK = 20
+
+func limitName(p Params) string { return fmt.Sprintf("%d per %v", p.Limit, p.Window) }
+
+// where names a cell of the matrix.
+func (m *ShapeMatrix) where(w Worst) string {
+	return fmt.Sprintf("%s, %s", m.Shapes[w.Shape].Name, limitName(m.Options.Limits[w.Limit]))
+}
+
+// cheapest returns the point of the frontier with the fewest keys that
+// reaches the target without overshooting, over every representation.
+func (m *ShapeMatrix) cheapest() (RepPoint, bool) {
+	var best RepPoint
+	found := false
+	for _, rep := range Representations {
+		pt, ok := m.Best(rep)
+		if ok && (!found || pt.Keys < best.Keys || pt.Keys == best.Keys && pt.Rep.Writes() < best.Rep.Writes()) {
+			best, found = pt, true
+		}
+	}
+	return best, found
+}
+
+func (r *Report) writeShapes(pf func(string, ...any)) {
+	m := r.Shapes
+	if m == nil {
+		return
+	}
+	o := m.Options
+	pf("## Traffic shapes and the window's representation (issue 13)\n\n")
+	pf("Every shape below is replayed on %d limits (", len(o.Limits))
+	for i, p := range o.Limits {
+		if i > 0 {
+			pf(", ")
+		}
+		pf("%s", limitName(p))
+	}
+	pf("), %d seeds each (%d to %d), traces of %d windows, through the Bounded sliding window at every resolution r "+
+		"(slots per window) from %d to %d, and through the exact sliding log. Shapes aligned to sub-windows land on the "+
+		"configuration's own grid (W/r), its worst case. The share of a configuration is what it admitted over what the "+
+		"exact log admitted, in requests and in units; a cell's figure is the smaller of the two on its worst seed, and a "+
+		"configuration's figure the worst cell over every shape and limit: **the default is chosen on the worst shape, not "+
+		"the average**. Overshoot is the most units admitted within any window-length interval over the limit.\n\n",
+		o.Seeds, o.Seed, o.Seed+uint64(o.Seeds)-1, o.Windows, o.Resolutions[0], o.Resolutions[len(o.Resolutions)-1])
+
+	pf("Every representation compared here is exact at its resolution r (it decides as Bounded with r sub-windows, " +
+		"never above the limit), so one replay per r measures them all; they differ in what one memcached decision names " +
+		"(keys incr'ed or read, worst case over the offsets in a slot) and how many counters it writes:\n\n")
+	pf("- **bounded (today)**: one counter per sub-window, r = k <= 60; a decision incrs its own and gets k in view and " +
+		"k ahead (`limiter.Ahead`): 2k+1 keys, 1 write.\n")
+	pf("- **cached closed sub-windows**: bounded with the closed sub-windows' counts kept in the process. A count in view " +
+		"can still rise (a writer up to a window late, the out-of-order horizon) and fall (refunds): a cached count is " +
+		"only an upper bound once no writer can add to it, which today's horizon never gives within the view. So today " +
+		"it reads 2k+1 keys, like bounded. If the horizon were cut to one sub-window (writers later than that restamped " +
+		"to their send time, and clocks within that bound), a warm decision would read 4 keys (its own, one ahead, the " +
+		"previous one, and a late-units counter that late writers incr after their sub-window and readers add since " +
+		"they cached); a cold key, the common case with many keys spread over many Lambda processes, still reads 2k+1. " +
+		"It does not meet the 12-key bound in the worst case.\n")
+	pf("- **packed, L levels**: counters of 4 fields of 16 bits (limit below 2^15, and 2^15 more units in flight " +
+		"before a carry), level l's fields each the total of 4^(l-1) slots of W/r. A decision incrs its counter at every " +
+		"level (one packed delta n<<(16*field) each, pipelined with the get: one round trip), then reads, climbing from " +
+		"the oldest slot in view, one counter per level holding the slots still in view and the top-level counters up " +
+		"to r slots ahead (`Later`). L = 1 is the sliced prototype with 4 slices. Refunds decr the same packed deltas " +
+		"at every level. `TestPackedKeysCoverTheView` checks that the fields read cover exactly the slots Bounded " +
+		"counts.\n\n")
+
+	best, found := m.cheapest()
+	pf("### Recommendation for the stores\n\n")
+	if i, ok := m.resolutionIndex(todayK); ok {
+		w := m.WorstAt(i)
+		pf("- Today's default, bounded k=%d, names %d keys per memcached decision and admits %s of the exact log on its "+
+			"worst shape (%s): it misses the 97%% target on the worst shape.\n", todayK, 2*todayK+1, pct(w.Share), m.where(w))
+	}
+	if pt, ok := m.Best(Representation{Kind: RepBounded}); !ok {
+		pf("- No bounded k <= 60 reaches %s on every shape; within %d keys (k <= %d) the best is %s: %s on %s.\n",
+			pct(o.Target), o.MaxKeys, (o.MaxKeys-1)/2, pt.Rep.Name(pt.Resolution), pct(pt.Worst.Share), m.where(pt.Worst))
+	}
+	if found {
+		pf("- **Implement %s**: %s, %d keys per decision (%d incrs and one get), worst shape %s (%s), never above "+
+			"the limit (overshoot %s). Its items per key with steady traffic: %d.\n",
+			best.Rep, best.Rep.Name(best.Resolution), best.Keys, best.Rep.Writes(), pct(best.Worst.Share), m.where(best.Worst),
+			times(best.Worst.Overshoot), best.Items)
+		for _, rep := range Representations {
+			if rep == best.Rep || rep.Kind != RepPacked {
+				continue
+			}
+			if pt, ok := m.Best(rep); ok {
+				pf("- Alternatives at the same resolution: %s names %d keys with %d incrs.\n", rep, pt.Keys, rep.Writes())
+			}
+		}
+	} else {
+		pf("- No representation reaches %s on every shape within the resolutions measured.\n", pct(o.Target))
+	}
+	pf("- Resolution, not the estimator, is what the worst shapes ask for: at a resolution of r slots the loss on a " +
+		"flood is about 1/(r+1), and bursts landing on slot boundaries lose one slot's traffic each time one arrives " +
+		"exactly a window after another. Fewer than about 160 slots per window stays under 97%% on some shape; the " +
+		"packed counters buy that resolution without reading r counters.\n")
+	pf("- The figures on costed, aligned shapes with small limits are not monotone in r (the request share of the " +
+		"exact log depends on which requests of a burst fit, a path effect): see the frontier table. The unit share " +
+		"is monotone within a point or two.\n\n")
+
+	pf("### The frontier\n\n")
+	pf("Worst-shape share (the smaller of requests and units, worst seed) and keys per memcached decision at each " +
+		"resolution; \"-\" where the representation cannot have it (bounded and cached stop at 60). Overshoot is the worst over every shape, limit and seed.\n\n")
+	pf("| r | worst share | worst shape | overshoot | bounded | cached (warm) | packed L=1 | L=2 | L=3 | L=4 |\n")
+	pf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i, res := range o.Resolutions {
+		w := m.WorstAt(i)
+		mark := ""
+		if found && res == best.Resolution {
+			mark = " **(recommended)**"
+		}
+		pf("| %d%s | %s | %s | %s |", res, mark, pct(w.Share), m.where(w), times(w.Overshoot))
+		for _, rep := range Representations {
+			if !rep.valid(res) {
+				pf(" - |")
+				continue
+			}
+			keys, warm := rep.KeysRead(res)
+			if rep.Kind == RepCached {
+				pf(" %d (%d) |", keys, warm)
+			} else {
+				pf(" %d |", keys)
+			}
+		}
+		pf("\n")
+	}
+	pf("\n")
+
+	cols := []int{}
+	for _, res := range []int{(o.MaxKeys - 1) / 2, todayK} {
+		if _, ok := m.resolutionIndex(res); ok && !slices.Contains(cols, res) {
+			cols = append(cols, res)
+		}
+	}
+	if found && !slices.Contains(cols, best.Resolution) {
+		cols = append(cols, best.Resolution)
+	}
+	pf("### Per shape\n\n")
+	pf("Share of the exact log per shape and limit: requests worst seed / mean, then units worst seed / mean")
+	pf(" (units only differ on the costed shapes). Columns: ")
+	for j, res := range cols {
+		if j > 0 {
+			pf(", ")
+		}
+		pf("r = %d", res)
+	}
+	pf(" (bounded k = %d is the most sub-windows within %d keys today; k = %d is today's default).\n\n", (o.MaxKeys-1)/2, o.MaxKeys, todayK)
+	pf("| limit | shape |")
+	for _, res := range cols {
+		pf(" r = %d |", res)
+	}
+	pf("\n|---|---|")
+	for range cols {
+		pf("---:|")
+	}
+	pf("\n")
+	for l, p := range o.Limits {
+		for s, sh := range m.Shapes {
+			pf("| %s | %s |", limitName(p), sh.Name)
+			for _, res := range cols {
+				i, _ := m.resolutionIndex(res)
+				c := m.Cells[l][s][i]
+				pf(" %s / %s, %s / %s |", pct(slices.Min(c.Shares)), pct(c.Mean()), pct(slices.Min(c.UnitShares)), pct(c.MeanUnits()))
+			}
+			pf("\n")
+		}
+	}
+	pf("\n**Shapes.** ")
+	for i, sh := range m.Shapes {
+		if i > 0 {
+			pf(" ")
+		}
+		pf("`%s`: %s.", sh.Name, sh.About)
+	}
+	pf(" L is the limit; rates are multiples of the limit's rate (L per window). Seeds feed PCG (`math/rand/v2`) with the shape, the limit and, for aligned shapes, r.\n\n")
+
+	pf("### What the stores need (next session)\n\n")
+	pf("- **memcached**: per level, a key family `k:<space>/<name>|p<level>:<index>`; a decision pipelines one `add` " +
+		"(create at 0) and one `incr` of the packed delta per level, then one `get` of the counters read: one round trip, " +
+		"as today. `incr` is atomic on the 64-bit value, so packed fields need no CAS as long as no field carries: the " +
+		"field width (16 bits) bounds the limit (below 2^15) and the denied units in flight per slot (below 2^15). A " +
+		"refund `decr`s the same packed delta at every level; memcached clamps a `decr` at 0 for the whole value, which " +
+		"only matters after an eviction (as today). Values are decimal up to 20 digits. The ordering argument of today's " +
+		"window carries over: each writer's incrs precede its get on its connection, so of two writers the later get " +
+		"sees the other's every level. A CAS on a packed non-numeric value would need a read first (two round trips " +
+		"when the cached CAS id is stale) and contends on hot keys: not needed.\n")
+	pf("- **DynamoDB**: one item per key already; the item holds the counters of every level as number attributes, " +
+		"`ADD` to one attribute per level in the one UpdateItem, `ALL_NEW` returns them: the item read is 1 whatever r. " +
+		"The gain there is item size (counters of level 2 and up instead of r slots; keep it under 1 KB).\n")
+	pf("- **memory**: a ring of r slot counts per key is enough (no keys to save); or the same levels, so that the " +
+		"conformance suite and the history checker exercise one protocol.\n")
+	pf("- **limiter**: a resolution (slots per window) separate from the items a decision reads; `Counts` returns the " +
+		"in-view total with the oldest slot exact and `Later`; the out-of-order contract, `Moved`/`At`, and refunds are " +
+		"per slot. The history checker must run with arrivals reordered across slot and level boundaries.\n\n")
+}
+
+// shapesFigure plots the frontier of the shape matrix: worst-shape share
+// against keys per memcached decision for each representation, and each
+// shape's worst share against r.
+func (r *Report) shapesFigure() (*figure, error) {
+	m := r.Shapes
+	f := newFigure("shapes-frontier", 1, 2, vg.Points(960), vg.Points(440))
+	left := newPlot("Worst shape against keys read per memcached decision", "keys per decision (log scale)", "% of the exact log, worst shape and seed")
+	left.X.Scale = plot.LogScale{}
+	left.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	left.Legend.Left, left.Legend.Top = false, false
+	right := newPlot("Each shape's worst share against the resolution", "slots per window r (log scale)", "% of the exact log, worst limit and seed")
+	right.X.Scale = plot.LogScale{}
+	right.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	right.Legend.Left, right.Legend.Top = false, false
+	cols := []color.Color{blue, grey, green, color.RGBA{R: 20, G: 90, B: 40, A: 255}, purple, orange}
+	minY, maxKeys := 100.0, 1.0
+	for j, rep := range Representations {
+		var xys plotter.XYs
+		for _, pt := range m.Frontier() {
+			if pt.Rep == rep {
+				xys = append(xys, plotter.XY{X: float64(pt.Keys), Y: 100 * pt.Worst.Share})
+				minY, maxKeys = min(minY, 100*pt.Worst.Share), max(maxKeys, float64(pt.Keys))
+			}
+		}
+		if len(xys) == 0 {
+			continue
+		}
+		l, pts, err := plotter.NewLinePoints(xys)
+		if err != nil {
+			return nil, err
+		}
+		l.Color, pts.Color = cols[j%len(cols)], cols[j%len(cols)]
+		pts.Shape = draw.CircleGlyph{}
+		if rep.Kind == RepCached {
+			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		}
+		left.Add(l, pts)
+		left.Legend.Add(rep.String(), l, pts)
+	}
+	target := 100 * m.Options.Target
+	left.Add(hline(target, 1, maxKeys*1.2, red), vline(float64(m.Options.MaxKeys), minY-2, 101, grey))
+	left.Legend.Add(fmt.Sprintf("target %.0f%%", target), hline(target, 1, 2, red))
+	left.Legend.Add(fmt.Sprintf("%d keys", m.Options.MaxKeys), vline(1, 0, 1, grey))
+	left.Y.Min, left.Y.Max = math.Floor(minY-2), 101
+
+	palette := []color.Color{blue, orange, green, purple, red, black, grey,
+		color.RGBA{R: 20, G: 90, B: 40, A: 255}, color.RGBA{R: 160, G: 110, B: 0, A: 255}, color.RGBA{R: 0, G: 150, B: 170, A: 255},
+		color.RGBA{R: 220, G: 80, B: 160, A: 255}, color.RGBA{R: 90, G: 90, B: 20, A: 255}, color.RGBA{R: 100, G: 60, B: 20, A: 255}, color.RGBA{R: 60, G: 60, B: 160, A: 255}}
+	minR := 100.0
+	for s, sh := range m.Shapes {
+		var xys plotter.XYs
+		for i, res := range m.Options.Resolutions {
+			w := 2.0
+			for l := range m.Cells {
+				w = min(w, m.Cells[l][s][i].Worst())
+			}
+			xys = append(xys, plotter.XY{X: float64(res), Y: 100 * w})
+			minR = min(minR, 100*w)
+		}
+		ln := line(xys, palette[s%len(palette)], vg.Points(1.2))
+		if s >= len(palette)/2 {
+			ln.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
+		}
+		right.Add(ln)
+		right.Legend.Add(sh.Name, ln)
+	}
+	res := m.Options.Resolutions
+	right.Add(hline(target, float64(res[0]), float64(res[len(res)-1]), red))
+	right.Y.Min, right.Y.Max = math.Floor(minR-2), 101
+	f.set(0, left)
+	f.set(1, right)
+	return f, nil
+}
