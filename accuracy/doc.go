@@ -22,6 +22,13 @@
 // admit more than the Bounded estimator with the same counters. They are
 // here to be measured, not used: limiter/ is unchanged.
 //
+// [RunShapes] replays issue 13's traffic shapes ([Shapes]: bursts aligned
+// to sub-window starts and ends, costs 1..10, Poisson 0.5x-10x, heavy-tailed
+// on/off) on several limits and seeds through a fast model of the Bounded
+// window at many resolutions (checked against the real type), and compares
+// window representations ([Representation]) by the keys one memcached
+// decision names: the frontier and the recommendation for the stores.
+//
 // Simulations are sequential and deterministic; Run spreads independent
 // simulations over GOMAXPROCS goroutines. Nothing here is meant for the
 // request path.
