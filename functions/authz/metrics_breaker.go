@@ -13,6 +13,16 @@ import (
 // 1 open, 0.5 half-open (probing), 0 closed. The line also carries the
 // state by name ("BreakerState"). Safe for concurrent use.
 func (m *Metrics) Breaker(now time.Time, backend, from, to string) {
+	m.NodeBreaker(now, backend, "", from, to)
+}
+
+// NodeBreaker writes the metric line of a transition of the breaker of
+// one node of backend (a memcached node; see backends/memcached): the
+// line of Breaker, under the same dimension (Backend), with the node's
+// address as the property "Node" (not a dimension: nodes come and go with
+// auto discovery, and an alarm per backend sees every node's). An empty
+// node writes Breaker's line.
+func (m *Metrics) NodeBreaker(now time.Time, backend, node, from, to string) {
 	if m == nil {
 		return
 	}
@@ -36,6 +46,10 @@ func (m *Metrics) Breaker(now time.Time, backend, from, to string) {
 	b = append(b, `,"Dimensions":[["Backend"]],"Metrics":[`+
 		`{"Name":"BreakerOpened","Unit":"Count"},{"Name":"BreakerClosed","Unit":"Count"},{"Name":"BreakerOpen","Unit":"None"}]}]},"Backend":`...)
 	b = appendJSONString(b, backend)
+	if node != "" {
+		b = append(b, `,"Node":`...)
+		b = appendJSONString(b, node)
+	}
 	b = append(b, `,"BreakerState":`...)
 	b = appendJSONString(b, to)
 	b = appendField(b, "BreakerOpened", opened)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/backends/breaker"
+	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -40,31 +41,41 @@ func TestBreakerOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
-	br := b.Breakers[BackendMemcached]
-	if br == nil || b.Breakers[BackendMemory] != nil {
-		t.Fatalf("breakers %v: want memcached's only", b.Breakers)
+	if b.Breakers[BackendMemcached] != nil || b.Breakers[BackendMemory] != nil {
+		t.Fatalf("whole-backend breakers %v: want none (memcached's are per node)", b.Breakers)
 	}
-	if _, ok := b.Stores[BackendMemcached].(*breaker.Store); !ok {
-		t.Fatalf("memcached store %T is not behind its breaker", b.Stores[BackendMemcached])
+	if _, ok := b.Stores[BackendMemcached].(*memcached.Store); !ok {
+		t.Fatalf("memcached store %T: want the bare store (node breakers inside)", b.Stores[BackendMemcached])
+	}
+	node := func() memcached.BreakerState {
+		if l := b.memcachedBreakers(); len(l) == 1 {
+			return l[0]
+		}
+		t.Fatalf("node breakers %+v: want one", b.memcachedBreakers())
+		return memcached.BreakerState{}
 	}
 	srv.Stop()
-	for i := 0; br.State() == breaker.Closed; i++ {
+	for i := 0; i == 0 || node().State == "closed"; i++ {
 		if i == 3 {
-			t.Fatalf("breaker %v after 3 failed decisions", br.State())
+			t.Fatalf("node breaker %s after 3 failed decisions", node().State)
 		}
 		_, res, err := b.Handler.Decide(t.Context(), requestTo("/open"))
 		if err != nil || !res.Evals[0].Failed || errors.Is(res.Evals[0].Err, limiter.ErrBreakerOpen) {
 			t.Fatalf("decision %d: %+v %v; want a failure of the store", i, res.Evals, err)
 		}
 	}
-	before := br.Stats()
+	if got := b.BreakerStates(); got["memcached "+srv.Addr()] != "open" || len(got) != 1 {
+		t.Errorf("BreakerStates() = %v", got)
+	}
+	before := node()
 	metrics.Reset()
 	checkFailModes(t, b, &metrics, limiter.ErrBreakerOpen)
-	if st := br.Stats(); st.Rejected != before.Rejected+2 || st.Failures != before.Failures {
+	if st := node(); st.Rejected != before.Rejected+2 || st.Failures != before.Failures {
 		t.Errorf("stats %+v after %+v: want 2 more refused, no more failures", st, before)
 	}
 	out := logs.String()
-	for _, want := range []string{`"msg":"circuit breaker on","backend":"memcached","failures":3,"open_for":"300ms"`, `"msg":"circuit breaker open","backend":"memcached"`} {
+	for _, want := range []string{`"msg":"circuit breaker on","backend":"memcached","per":"node","failures":3,"open_for":"300ms"`,
+		`"msg":"circuit breaker open","node":"` + srv.Addr() + `","backend":"memcached"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %s", want)
 		}
@@ -77,11 +88,12 @@ func TestBreakerOutage(t *testing.T) {
 	if err != nil || !resp.Allowed() || res.Evals[0].Failed {
 		t.Fatalf("first decision after OpenFor with the server back: %+v %+v %v", resp, res.Evals, err)
 	}
-	if br.State() != breaker.Closed {
-		t.Errorf("breaker %v after a successful probe", br.State())
+	if st := node().State; st != "closed" {
+		t.Errorf("node breaker %s after a successful probe", st)
 	}
 	lines := metrics.String()
-	for _, want := range []string{`"Backend":"memcached","BreakerState":"half-open"`, `"Backend":"memcached","BreakerState":"closed","BreakerOpened":0,"BreakerClosed":1`} {
+	at := `"Backend":"memcached","Node":"` + srv.Addr() + `"`
+	for _, want := range []string{at + `,"BreakerState":"half-open"`, at + `,"BreakerState":"closed","BreakerOpened":0,"BreakerClosed":1`} {
 		if !strings.Contains(lines, want) {
 			t.Errorf("metrics lack %s:\n%s", want, lines)
 		}
@@ -96,6 +108,9 @@ func TestBreakerOff(t *testing.T) {
 	}
 	if _, ok := b.Stores[BackendMemcached].(*breaker.Store); ok {
 		t.Errorf("memcached behind a breaker")
+	}
+	if l := b.memcachedBreakers(); l != nil {
+		t.Errorf("memcached node breakers %+v", l)
 	}
 }
 
@@ -120,7 +135,7 @@ func BenchmarkDecisionBreakerOpen(b *testing.B) {
 	}
 	defer built.Close()
 	ev := requestTo("/open")
-	for built.Breakers[BackendMemcached].State() != breaker.Open {
+	for built.BreakerStates()[BackendMemcached+" "+built.Env.MemcachedAddrs[0]] != "open" {
 		built.Handler.Decide(b.Context(), ev)
 	}
 	b.ReportAllocs()
@@ -133,7 +148,8 @@ func BenchmarkDecisionBreakerOpen(b *testing.B) {
 	}
 }
 
-// The fleet shedder's store shares the backend's breaker: once it opened,
+// The fleet shedder's store (memcached leases, on the store's client)
+// shares the node's breaker: once it opened,
 // the shedder's error wraps limiter.ErrBreakerOpen too (and the request
 // goes on: shedding fails open).
 func TestBreakerShedStore(t *testing.T) {
@@ -145,10 +161,10 @@ func TestBreakerShedStore(t *testing.T) {
 		"SLUICE_BREAKER_FAILURES":    "2",
 		"SLUICE_BREAKER_OPEN_FOR":    "5m",
 	})
-	br := b.Breakers[BackendMemcached]
-	for i := 0; br.State() != breaker.Open; i++ {
+	open := func() bool { l := b.memcachedBreakers(); return len(l) == 1 && l[0].State == "open" }
+	for i := 0; !open(); i++ {
 		if i == 3 {
-			t.Fatalf("breaker %v after %d decisions", br.State(), i)
+			t.Fatalf("node breakers %+v after %d decisions", b.memcachedBreakers(), i)
 		}
 		b.Handler.Decide(t.Context(), requestTo("/open"))
 	}

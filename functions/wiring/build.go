@@ -57,8 +57,9 @@ type Built struct {
 	// Shedding holds the load shedders of the SLUICE_SHED_* variables; nil
 	// when none is configured (or Outputs.Shedder replaced them).
 	Shedding *Shedding
-	// Breakers are the network backends' circuit breakers by backend
-	// name; nil when SLUICE_BREAKER_FAILURES is 0.
+	// Breakers are the whole-backend circuit breakers by backend name
+	// (DynamoDB's; memcached has one per node inside its store, see
+	// BreakerStates); nil when SLUICE_BREAKER_FAILURES is 0.
 	Breakers map[string]*breaker.Breaker
 	// Leases holds the rules' concurrency leases: the shed store when the
 	// shedders are on, else a lease store on the default backend (memory:
@@ -102,13 +103,15 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		return nil, err
 	}
 
+	metrics := authz.NewMetrics(out.Stdout, env.MetricsNamespace)
 	mem, err := memory.New(memory.Config{})
 	if err != nil {
 		return fail(fmt.Errorf("wiring: memory store: %w", err))
 	}
 	b.Stores[BackendMemory] = mem
 	if len(env.MemcachedAddrs) > 0 {
-		cfg := memcached.Config{Addrs: env.MemcachedAddrs, Timeout: env.Deadline, Proxy: env.MemcachedProxy}
+		cfg := memcached.Config{Addrs: env.MemcachedAddrs, Timeout: env.Deadline, Proxy: env.MemcachedProxy,
+			Breaker: memcachedBreaker(env, logger, metrics)}
 		if env.MemcachedTLS {
 			cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
@@ -142,7 +145,6 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		}
 		b.Stores[BackendDynamo] = st
 	}
-	metrics := authz.NewMetrics(out.Stdout, env.MetricsNamespace)
 	if b.Breakers, err = wrapBreakers(env, b.Stores, logger, metrics); err != nil {
 		return fail(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/sluicehq/sluice/backends/breaker"
+	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/functions/wiring"
 	"github.com/sluicehq/sluice/internal/testserver"
 )
@@ -52,8 +52,8 @@ func benchOutage(b *testing.B, withBreaker bool) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	br := built.Breakers[wiring.BackendMemcached]
-	for withBreaker && br.State() != breaker.Open {
+	node := wiring.BackendMemcached + " " + built.Env.MemcachedAddrs[0]
+	for withBreaker && built.BreakerStates()[node] != "open" {
 		get()
 	}
 	b.ReportAllocs()
@@ -67,7 +67,8 @@ func benchOutage(b *testing.B, withBreaker bool) {
 	if !withBreaker {
 		return
 	}
-	if st := br.Stats(); st.State != breaker.Open || st.Rejected < int64(b.N) {
-		b.Fatalf("breaker %+v after %d requests", st, b.N)
+	mc := built.Stores[wiring.BackendMemcached].(*memcached.Store)
+	if st := mc.Breakers(); len(st) != 1 || st[0].State != "open" || st[0].Rejected < int64(b.N) {
+		b.Fatalf("node breakers %+v after %d requests", st, b.N)
 	}
 }
