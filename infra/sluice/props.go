@@ -77,6 +77,11 @@ type Props struct {
 	// Shedding turns on the authorizer's load shedders (off by default).
 	Shedding Shedding
 
+	// Alarms configures the CloudWatch alarms on the circuit breakers (one
+	// per network backend, see [RateLimiter.BreakerAlarms]); on by
+	// default.
+	Alarms Alarms
+
 	// RetryAfter is the Retry-After of the REST API's 429 (rate limited).
 	// API Gateway's gateway responses take static header values (see
 	// docs/infra.md), so the per-request value is in the 429's JSON body

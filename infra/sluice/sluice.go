@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigateway"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
@@ -82,6 +83,7 @@ type RateLimiter struct {
 	rest       awsapigateway.CfnAuthorizer
 	http       awsapigatewayv2.HttpAuthorizer
 	metrics    *Metrics
+	alarms     map[string]awscloudwatch.Alarm
 	publisher  awslambda.Function
 	env        map[string]string
 	retryAfter time.Duration
@@ -152,6 +154,7 @@ func New(scope constructs.Construct, id string, props *Props) *RateLimiter {
 		r.protectHTTP()
 	}
 	r.metrics = newMetrics(p.Function.MetricsNamespace)
+	r.buildAlarms()
 	return r
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsapigatewayv2integrations"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/sluicehq/sluice/config"
@@ -195,6 +196,7 @@ func synthesize() (_ map[string]*stack, err error) {
 		Cache:        &sluice.Cache{Mode: sluice.CacheExisting, Addrs: "mc1.internal:11211,mc2.internal:11211", SecurityGroup: cacheSG, TLS: jsii.Bool(false)},
 		RetryAfter:   5 * time.Second,
 		Function:     sluice.Function{Deadline: 400 * time.Millisecond, MetricsNamespace: "Pets", LogicalID: "PetsLimiter"},
+		Alarms:       sluice.Alarms{Topic: awssns.NewTopic(s, jsii.String("Ops"), nil)},
 	})
 	out["RestExplicit"] = &stack{stack: s, limiter: rl}
 

@@ -46,6 +46,10 @@ func newMonitoring(s awscdk.Stack, c *Config, region string, limiter *sluice.Rat
 			TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 		}),
 	}
+	// The construct's alarms on the circuit breakers (one per backend).
+	for _, a := range limiter.BreakerAlarms() {
+		alarms = append(alarms, a)
+	}
 	if arn, ok := c.Alarms.TopicArns[region]; ok {
 		topic := awssns.Topic_FromTopicArn(s, jsii.String("AlarmTopic"), jsii.String(arn))
 		for _, a := range alarms {

@@ -983,6 +983,12 @@ func TestAlarms(t *testing.T) {
 				if p["ExtendedStatistic"] != "p99" || p["Threshold"] != a.cfg.Alarms.BackendLatencyP99Ms || p["ComparisonOperator"] != "GreaterThanThreshold" {
 					t.Errorf("latency alarm %v, want p99 > %g", p, a.cfg.Alarms.BackendLatencyP99Ms)
 				}
+			case p["MetricName"] == sluice.MetricBreakerOpened:
+				found["breaker"] = true
+				if p["Namespace"] != a.cfg.Authorizer.MetricsNamespace || p["Statistic"] != "Sum" || p["Threshold"] != float64(1) ||
+					p["ComparisonOperator"] != "GreaterThanOrEqualToThreshold" || !strings.Contains(render(p["Dimensions"]), sluice.DimensionBackend) {
+					t.Errorf("breaker alarm %v, want Sum >= 1 per Backend in %s", p, a.cfg.Authorizer.MetricsNamespace)
+				}
 			case strings.Contains(metrics, "denied / (allowed + denied)"):
 				found["denied"] = true
 				if p["Threshold"] != a.cfg.Alarms.DeniedRatio ||
@@ -994,7 +1000,7 @@ func TestAlarms(t *testing.T) {
 				t.Errorf("unexpected alarm %s: %s", id, desc)
 			}
 		}
-		for _, k := range []string{"failopen", "latency", "denied"} {
+		for _, k := range []string{"failopen", "latency", "denied", "breaker"} {
 			if !found[k] {
 				t.Errorf("no %s alarm", k)
 			}
