@@ -27,12 +27,18 @@
 //
 // [Store] wraps a store implementing [limiter.Counter],
 // [limiter.BucketStore] and [limiter.LogStore] (memcached, DynamoDB) with
-// one breaker for the whole backend: every key and, for memcached, every
-// node share it. A breaker per memcached node would keep the healthy nodes'
-// keys on the store while one node is down; it is not built. [Leases]
+// one breaker for the whole backend: every key shares it. The memcached
+// store has its own breakers per node (memcached.Config.Breaker, on the
+// same state machine, internal/circuit), which keep the healthy nodes'
+// keys on the store while one node is down; the authorizer uses those for
+// memcached and this package for DynamoDB. [Leases]
 // puts the load shedders' store ([limiter.LeaseStore],
 // [limiter.GaugeStore]) behind the same breaker as the counters of its
 // backend.
 //
-// This package imports only the limiter package and the standard library.
+// The state machine lives in internal/circuit; [Breaker], [Config],
+// [State] and [Stats] name its types.
+//
+// This package imports only the limiter package, internal/circuit and the
+// standard library.
 package breaker

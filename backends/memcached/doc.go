@@ -190,6 +190,34 @@
 // Config.Proxy (a proxy may not keep a pipeline's order) Do sends one step
 // at a time.
 //
+// # Circuit breakers per node
+//
+// With Config.Breaker, each node has its own circuit breaker
+// (internal/circuit, the state machine of backends/breaker): after
+// Breaker.Failures calls in a row that found the node unavailable (a
+// refused, reset or dropped connection, a dial or socket timeout, the
+// caller's deadline while waiting for it; not a reply that breaks the
+// protocol, a corrupt value or a lost race, which are answers, nor the
+// caller's cancellation) calls for its keys fail at once with an error
+// wrapping limiter.ErrBreakerOpen and limiter.ErrUnavailable, for
+// Breaker.OpenFor; then one call at a time probes it, and one the node
+// answers closes the breaker. The other nodes' keys are not affected, in
+// the same batch too. Two places see a node:
+//
+//   - The Store's pool (windows, refunds, every batch's pipeline): exec asks
+//     the node's breaker before it dials and reports the call's outcome.
+//   - gomemcache (the cas loop of buckets and logs, [Leases] on
+//     [Store.Client]): the client picks a node through a selector that asks
+//     its breaker, and since its calls end inside gomemcache, its
+//     connections report instead: a failed dial, read or write counts as a
+//     failure, the first bytes of a reply as an answer; a report while the
+//     breaker is half-open decides its probe.
+//
+// Breakers are made on a node's first call and kept while the Store lives
+// (a node that left the ring keeps an idle one). [Store.Breakers] returns
+// their states; Breaker.OnChange and Breaker.Logger see each transition
+// with the node's address.
+//
 // # Connections and errors
 //
 // Window counters use the Store's own small connection pool (gomemcache
