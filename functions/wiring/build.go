@@ -78,6 +78,16 @@ func (b *Built) Close() {
 	}
 }
 
+// waitRefunds lets the refunds a store sent without waiting land before the
+// process goes (the local API's exit, a test's end), for at most twice the
+// deadline. A Lambda environment is frozen, not closed, after a response:
+// there they land at the next invocation.
+func waitRefunds(s interface{ WaitRefunds(context.Context) error }, deadline time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*deadline)
+	defer cancel()
+	s.WaitRefunds(ctx) //nolint:errcheck // best effort: a lost refund stays counted
+}
+
 // FromEnv reads the environment and builds the handler: it is all a Lambda
 // main needs. Clients are built here, once.
 func FromEnv(ctx context.Context, getenv func(string) string, out Outputs) (*Built, error) {
@@ -120,7 +130,10 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 			return fail(fmt.Errorf("wiring: %s: %w", config.EnvMemcachedAddrs, err))
 		}
 		b.Stores[BackendMemcached] = mc
-		b.closers = append(b.closers, func() { mc.Close() })
+		b.closers = append(b.closers, func() {
+			waitRefunds(mc, env.Deadline)
+			mc.Close()
+		})
 	}
 	var ddb *dynamodb.Client
 	if env.DynamoTable != "" || env.RulesTable != "" {
@@ -144,6 +157,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 			return fail(fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err))
 		}
 		b.Stores[BackendDynamo] = st
+		b.closers = append(b.closers, func() { waitRefunds(st, env.Deadline) })
 	}
 	if b.Breakers, err = wrapBreakers(env, b.Stores, logger, metrics); err != nil {
 		return fail(err)
