@@ -149,6 +149,11 @@ func TestRoundTripsDynamo(t *testing.T) {
 	for i := range 3 {
 		decideCounted(t, b, proxy, st, roundTripEvent("/pets", fmt.Sprintf("192.0.2.%d", 200+i), ""))
 	}
+	// 50 ms of network latency per request: requests sent at once overlap
+	// by that much at the proxy even when a loaded machine schedules their
+	// goroutines a few ms apart (one wave); requests sent one after another
+	// are 50 ms apart at least (a wave each).
+	proxy.SetDelay(50 * time.Millisecond)
 	ip := "192.0.2.78"
 	decide("allowed, no token (cold key)", roundTripEvent("/pets", ip, ""), true, 2, 0)
 	decide("allowed, no token (warm key)", roundTripEvent("/pets", ip, ""), true, 2, 0)

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -18,7 +19,8 @@ import (
 // SDK retries and lost conditional writes are requests too. It closes when
 // the test ends.
 type HTTPProxy struct {
-	srv *httptest.Server
+	srv   *httptest.Server
+	delay atomic.Int64 // ns each request is held before it is passed on
 
 	mu   sync.Mutex
 	reqs []HTTPRequest
@@ -49,6 +51,9 @@ func NewHTTPProxy(t testing.TB, target string) *HTTPProxy {
 		}
 		rec := &statusWriter{ResponseWriter: w}
 		start := time.Now()
+		if d := p.delay.Load(); d > 0 {
+			time.Sleep(time.Duration(d))
+		}
 		rp.ServeHTTP(rec, r)
 		p.mu.Lock()
 		p.reqs = append(p.reqs, HTTPRequest{Op: op, Start: start, End: time.Now(), Status: rec.status})
@@ -57,6 +62,12 @@ func NewHTTPProxy(t testing.TB, target string) *HTTPProxy {
 	t.Cleanup(p.srv.Close)
 	return p
 }
+
+// SetDelay holds every request d before passing it on, as a network's
+// latency would: requests sent at once then overlap at the proxy by d,
+// whatever the scheduling of a loaded machine, and requests sent one after
+// another cannot (see Waves).
+func (p *HTTPProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // URL returns the proxy's endpoint URL.
 func (p *HTTPProxy) URL() string { return p.srv.URL }
