@@ -144,8 +144,11 @@ func CheckTokenBucketAtStamp(calls []Call, cfg limiter.TokenBucketConfig, timeou
 	return bucketVerdict(res, func() string { return explainBucket(model, ops, timeout) }, len(ops), timeout)
 }
 
-// bucketOps turns a bucket history into porcupine operations, as
-// CheckTokenBucket does.
+// bucketOps turns a bucket history into porcupine operations: a call is
+// placed between its arrival at the store and its return (when Reached),
+// a failed call that reached the store is open until the end and may or may
+// not have happened, one that did not is left out, and a cached denial
+// (Call.Cached) is checked as a denial that changes nothing.
 func bucketOps(calls []Call) []porcupine.Operation {
 	ops := make([]porcupine.Operation, 0, len(calls))
 	for id, c := range calls {

@@ -392,34 +392,10 @@ var errCheckTimeout = errors.New("limitertest: the linearizability check timed o
 // and the longest explainable prefix otherwise. A check that finds no
 // verdict within timeout is an error too: it proves nothing.
 func CheckTokenBucket(calls []Call, cfg limiter.TokenBucketConfig, timeout time.Duration) error {
-	ops := make([]porcupine.Operation, 0, len(calls))
+	ops := bucketOps(calls)
 	choices := false
-	for id, c := range calls {
-		if c.Err != nil && !c.Reached {
-			continue // failed before it reached the store: no effect
-		}
-		op := porcupine.Operation{
-			ClientId: c.Worker,
-			Input:    bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, idle: c.Idle},
-			Call:     int64(c.Start),
-			Output:   bucketOutput{allowed: c.Allowed, remaining: c.Remaining},
-			Return:   int64(c.End),
-			Metadata: callRef{key: c.Key, id: id},
-		}
-		if c.Reached {
-			op.Call, op.Return = int64(c.Arrived), int64(c.Returned)
-		}
-		if c.Cached && c.Err == nil {
-			op.Input = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, cached: true}
-			op.Output = bucketOutput{allowed: c.Allowed}
-		}
-		if c.Err != nil {
-			op.Input = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, unknown: true, idle: c.Idle}
-			op.Output = bucketOutput{}
-			op.Return = math.MaxInt64
-		}
-		choices = choices || c.Err != nil || c.Idle
-		ops = append(ops, op)
+	for _, c := range calls {
+		choices = choices || (c.Err == nil || c.Reached) && (c.Err != nil || c.Idle) // as bucketOps keeps it
 	}
 	model := bucketModel(cfg, choices)
 	res := porcupine.CheckOperationsTimeout(model, ops, timeout)
