@@ -93,26 +93,8 @@ func stampModel(cfg limiter.TokenBucketConfig) porcupine.Model {
 		Partition: base.Partition,
 		Init:      func() []any { return []any{StampBucket{}} },
 		Step: func(st, in, out any) []any {
-			s, i := st.(StampBucket), in.(bucketInput)
-			var next []any
-			starts := []StampBucket{s}
-			if i.idle && s.Exists {
-				starts = append(starts, StampBucket{}) // expired
-			}
-			for _, from := range starts {
-				n, o := step(from, i)
-				switch {
-				case i.cached:
-					if !o.allowed && !out.(bucketOutput).allowed {
-						next = append(next, from)
-					}
-				case i.unknown:
-					next = append(next, n, from)
-				case o == out.(bucketOutput):
-					next = append(next, n)
-				}
-			}
-			return next
+			s := st.(StampBucket)
+			return bucketChoices(s, s.Exists, StampBucket{}, in.(bucketInput), out.(bucketOutput), step)
 		},
 		Equal: func(a, b any) bool { return a == b },
 		Hash: func(st any) uint64 {

@@ -342,26 +342,11 @@ func bucketModel(cfg limiter.TokenBucketConfig, choices bool) porcupine.Model {
 		Partition: partition,
 		Init:      func() []any { return []any{bucketModelState{}} },
 		Step: func(st, in, out any) []any {
-			s, i := st.(bucketModelState), in.(bucketInput)
-			var next []any
-			starts := []bucketModelState{s}
-			if i.idle && s.exists {
-				starts = append(starts, bucketModelState{}) // expired
-			}
-			for _, from := range starts {
-				n, o := bucketStep(cfg, from, i.stamp, i.n)
-				switch {
-				case i.cached:
-					if !o.allowed && !out.(bucketOutput).allowed {
-						next = append(next, from)
-					}
-				case i.unknown:
-					next = append(next, n, from)
-				case o == out.(bucketOutput):
-					next = append(next, n)
-				}
-			}
-			return next
+			s := st.(bucketModelState)
+			return bucketChoices(s, s.exists, bucketModelState{}, in.(bucketInput), out.(bucketOutput),
+				func(from bucketModelState, i bucketInput) (bucketModelState, bucketOutput) {
+					return bucketStep(cfg, from, i.stamp, i.n)
+				})
 		},
 		Equal:             func(a, b any) bool { return a == b },
 		Hash:              hash,
@@ -369,6 +354,33 @@ func bucketModel(cfg limiter.TokenBucketConfig, choices bool) porcupine.Model {
 		DescribeState:     describeState,
 	}
 	return nm.ToModel()
+}
+
+// bucketChoices is the nondeterministic step of a bucket model from state s
+// (exists: it holds a bucket; expired: the state of a key that holds none):
+// an idle call may also start from expired, a failed one may or may not
+// have happened, a cached denial must be a denial of the model that changes
+// nothing, and any other call must give its output.
+func bucketChoices[S any](s S, exists bool, expired S, i bucketInput, out bucketOutput, step func(S, bucketInput) (S, bucketOutput)) []any {
+	var next []any
+	starts := []S{s}
+	if i.idle && exists {
+		starts = append(starts, expired)
+	}
+	for _, from := range starts {
+		n, o := step(from, i)
+		switch {
+		case i.cached:
+			if !o.allowed && !out.allowed {
+				next = append(next, from)
+			}
+		case i.unknown:
+			next = append(next, n, from)
+		case o == out:
+			next = append(next, n)
+		}
+	}
+	return next
 }
 
 // errCheckTimeout is wrapped when the linearizability check found no
