@@ -23,9 +23,18 @@ const (
 	StepBucket
 	// StepLog is [LogStore.UpdateLog](Key, Log, TTL).
 	StepLog
+	// StepPackedAdd is [PackedCounter.AddPacked](Key, &Packed): a packed
+	// window's take. N is the units (for the limiter; the store uses
+	// Packed only).
+	StepPackedAdd
+	// StepPackedSub is [PackedCounter.SubPacked](Key, &Packed): a packed
+	// window's refund. A store may send it without waiting for the answer,
+	// as StepSub.
+	StepPackedSub
 )
 
-// String returns "add", "sub", "bucket" or "log".
+// String returns "add", "sub", "bucket", "log", "packed-add" or
+// "packed-sub".
 func (k StepKind) String() string {
 	switch k {
 	case StepAdd:
@@ -36,12 +45,17 @@ func (k StepKind) String() string {
 		return "bucket"
 	case StepLog:
 		return "log"
+	case StepPackedAdd:
+		return "packed-add"
+	case StepPackedSub:
+		return "packed-sub"
 	}
 	return fmt.Sprintf("step(%d)", uint8(k))
 }
 
 // Step is one limit's storage step in a batch: what one call of the
-// single-step interfaces ([Counter], [BucketStore], [LogStore]) would do.
+// single-step interfaces ([Counter], [BucketStore], [LogStore],
+// [PackedCounter]) would do.
 // The fields a kind does not use are zero.
 type Step struct {
 	Kind StepKind
@@ -56,6 +70,8 @@ type Step struct {
 	TTL    time.Duration
 	Bucket BucketOp
 	Log    LogOp
+	// Packed is the op of StepPackedAdd and StepPackedSub.
+	Packed PackedOp
 }
 
 // StepResult is a store's answer to one [Step].
@@ -64,6 +80,8 @@ type StepResult struct {
 	Counts Counts
 	// Decision answers StepBucket and StepLog.
 	Decision Decision
+	// Packed answers StepPackedAdd.
+	Packed PackedCounts
 	// Err is the step's error: the same errors the single-step method
 	// returns.
 	Err error
@@ -471,6 +489,18 @@ func DoStep(ctx context.Context, store any, st *Step) StepResult {
 			return unsupported()
 		}
 		r.Decision, r.Err = l.UpdateLog(ctx, st.Key, st.Log, st.TTL)
+	case StepPackedAdd:
+		p, ok := store.(PackedCounter)
+		if !ok {
+			return unsupported()
+		}
+		r.Packed, r.Err = p.AddPacked(ctx, st.Key, &st.Packed)
+	case StepPackedSub:
+		p, ok := store.(PackedCounter)
+		if !ok {
+			return unsupported()
+		}
+		r.Err = p.SubPacked(ctx, st.Key, &st.Packed)
 	default:
 		return unsupported()
 	}

@@ -35,10 +35,18 @@ func (w *SlidingWindow) plan(key string, now time.Time, n int64) (Step, any, err
 	if err != nil {
 		return Step{}, nil, err
 	}
-	return Step{Kind: StepAdd, Key: Key{Space: w.space, Name: key}, Idx: floorDiv(t, w.sub), Span: w.k + 1, N: n, TTL: w.ttl}, w.store, nil
+	k := Key{Space: w.space, Name: key}
+	if w.packed != nil {
+		p := planPacked(floorDiv(t, w.sub), w.r, n, time.Duration(w.sub))
+		return Step{Kind: StepPackedAdd, Key: k, N: n, Packed: p.op}, w.packed, nil
+	}
+	return Step{Kind: StepAdd, Key: k, Idx: floorDiv(t, w.sub), Span: w.k + 1, N: n, TTL: w.ttl}, w.store, nil
 }
 
 func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+	if w.packed != nil {
+		return w.judgePacked(st, r, t)
+	}
 	if r.Err != nil {
 		return Decision{}, Step{}, false, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, r.Err)
 	}

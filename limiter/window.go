@@ -79,6 +79,17 @@ type SlidingWindowConfig struct {
 	// which is on by default: a key the store denied is denied again
 	// without a store request until the denial's RetryAfter has passed.
 	NoDenyCache bool
+	// Representation chooses how the counts are stored: SubWindowCounters
+	// (the zero value, every store) or Packed (a store implementing
+	// [PackedCounter]; NewSlidingWindow refuses a store without it, and
+	// limits above MaxPackedLimit, CountDenied and Interpolated). The
+	// default stays SubWindowCounters until every store implements
+	// PackedCounter.
+	Representation Representation
+	// Slots is the resolution of a Packed window, slots per window (r),
+	// between MinSlots and MaxSlots; it must divide Window exactly. Zero
+	// means DefaultSlots. SubWindows is not used by a Packed window.
+	Slots int
 }
 
 // SlidingWindow is the approximated sliding window: time is cut into
@@ -89,7 +100,10 @@ type SlidingWindowConfig struct {
 // inside the window, weighted by the Estimator.
 //
 // A decision is one Counter.Add (one round trip) plus a Counter.Sub when a
-// denied request is refunded. A SlidingWindow is safe for concurrent use.
+// denied request is refunded. With the Packed representation, time is cut
+// into Slots slots per window and a decision is one
+// PackedCounter.AddPacked (and a SubPacked for a refund): the same
+// decisions as Bounded with Slots sub-windows, reading a few counters. A SlidingWindow is safe for concurrent use.
 // With the Bounded estimator it never over-admits, provided the store's Add
 // is atomic and callers' clocks agree; concurrent denials may briefly
 // under-admit while their refunds are in flight.
@@ -101,14 +115,15 @@ type SlidingWindow struct {
 	k     int
 	ttl   time.Duration
 	cache *DenyCache
+	// Packed: the store, and the slots per window (sub is the slot
+	// length).
+	packed PackedCounter
+	r      int
 }
 
 // NewSlidingWindow returns a sliding window on store, or an error wrapping
 // [ErrInvalidConfig] naming the bad field.
 func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, error) {
-	if cfg.SubWindows == 0 {
-		cfg.SubWindows = DefaultSubWindows
-	}
 	const kind = "sliding window"
 	switch {
 	case store == nil:
@@ -117,14 +132,26 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 		return nil, configError(kind, cfg.Name, "limit", "must be positive, got %d", cfg.Limit)
 	case cfg.Window <= 0:
 		return nil, configError(kind, cfg.Name, "window", "must be positive, got %v", cfg.Window)
+	case cfg.Estimator > Interpolated:
+		return nil, configError(kind, cfg.Name, "estimator", "unknown estimator %d", cfg.Estimator)
+	case cfg.Representation > Packed:
+		return nil, configError(kind, cfg.Name, "representation", "unknown representation %d", cfg.Representation)
+	}
+	if cfg.Representation == Packed {
+		return newPackedWindow(store, cfg)
+	}
+	if cfg.SubWindows == 0 {
+		cfg.SubWindows = DefaultSubWindows
+	}
+	switch {
+	case cfg.Slots != 0:
+		return nil, configError(kind, cfg.Name, "slots", "only a packed window has slots, got %d", cfg.Slots)
 	case cfg.SubWindows < 0 || cfg.SubWindows > MaxSubWindows:
 		return nil, configError(kind, cfg.Name, "sub-windows", "must be between 1 and %d, got %d", MaxSubWindows, cfg.SubWindows)
 	case cfg.Window%time.Duration(cfg.SubWindows) != 0:
 		return nil, configError(kind, cfg.Name, "sub-windows", "%d does not divide the window %v into whole nanoseconds", cfg.SubWindows, cfg.Window)
 	case cfg.Window/time.Duration(cfg.SubWindows) < time.Millisecond:
 		return nil, configError(kind, cfg.Name, "sub-windows", "sub-window %v is shorter than 1ms", cfg.Window/time.Duration(cfg.SubWindows))
-	case cfg.Estimator > Interpolated:
-		return nil, configError(kind, cfg.Name, "estimator", "unknown estimator %d", cfg.Estimator)
 	}
 	sub := cfg.Window / time.Duration(cfg.SubWindows)
 	space := "sw:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + ":" + strconv.Itoa(cfg.SubWindows)
@@ -139,6 +166,42 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 		k:     cfg.SubWindows,
 		ttl:   windowTTL(int64(sub), cfg.SubWindows+1),
 		cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied),
+	}, nil
+}
+
+// newPackedWindow is NewSlidingWindow for the Packed representation.
+func newPackedWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, error) {
+	const kind = "sliding window"
+	if cfg.Slots == 0 {
+		cfg.Slots = DefaultSlots
+	}
+	ps, ok := store.(PackedCounter)
+	switch {
+	case !ok:
+		return nil, configError(kind, cfg.Name, "representation", "packed needs a store implementing limiter.PackedCounter; %T does not (use subwindows)", store)
+	case cfg.Limit > MaxPackedLimit:
+		return nil, configError(kind, cfg.Name, "limit", "%d is above %d, the largest a packed window's 16-bit fields hold (use subwindows)", cfg.Limit, MaxPackedLimit)
+	case cfg.Estimator != Bounded:
+		return nil, configError(kind, cfg.Name, "estimator", "a packed window is bounded, got %v", cfg.Estimator)
+	case cfg.CountDenied:
+		return nil, configError(kind, cfg.Name, "count-denied", "a packed window cannot count denied requests (its 16-bit fields would overflow under a flood)")
+	case cfg.Slots < MinSlots || cfg.Slots > MaxSlots:
+		return nil, configError(kind, cfg.Name, "slots", "must be between %d and %d, got %d", MinSlots, MaxSlots, cfg.Slots)
+	case cfg.Window%time.Duration(cfg.Slots) != 0:
+		return nil, configError(kind, cfg.Name, "slots", "%d does not divide the window %v into whole nanoseconds", cfg.Slots, cfg.Window)
+	case cfg.Window/time.Duration(cfg.Slots) < 100*time.Microsecond:
+		return nil, configError(kind, cfg.Name, "slots", "slot %v is shorter than 100us", cfg.Window/time.Duration(cfg.Slots))
+	}
+	slot := cfg.Window / time.Duration(cfg.Slots)
+	space := "swp:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + ":" + strconv.Itoa(cfg.Slots) + ":" + strconv.Itoa(PackedLevels)
+	return &SlidingWindow{
+		cfg:    cfg,
+		store:  store,
+		space:  space,
+		sub:    int64(slot),
+		cache:  newDenyCache(cfg.NoDenyCache, false),
+		packed: ps,
+		r:      cfg.Slots,
 	}, nil
 }
 
@@ -169,7 +232,14 @@ func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n
 		return err
 	}
 	idx := floorDiv(t, w.sub)
-	if err := w.store.Sub(ctx, Key{Space: w.space, Name: key}, idx, n); err != nil {
+	k := Key{Space: w.space, Name: key}
+	if w.packed != nil {
+		op := packedSub(idx, w.r, n, time.Duration(w.sub))
+		err = w.packed.SubPacked(ctx, k, &op)
+	} else {
+		err = w.store.Sub(ctx, k, idx, n)
+	}
+	if err != nil {
 		return fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
 	}
 	return nil

@@ -1,0 +1,396 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// The packed representation of a sliding window (issue 13): the window is
+// cut into r slots, and the slot counts are kept in counters of 4 fields of
+// 16 bits at 4 levels. Level l's counter of index i covers slots
+// [i*4^l, (i+1)*4^l); its field j is the total of the 4^(l-1) slots from
+// i*4^l + j*4^(l-1). A decision adds its packed delta n<<(16*field) to its
+// counter at every level, and reads, climbing from the oldest slot in view,
+// one counter per level holding the slots still in view, then the top-level
+// counters up to r slots ahead: it decides exactly as the Bounded
+// estimator with r sub-windows, reading at most 8 counters at r = 160.
+
+// Representation selects how a [SlidingWindow] keeps its counts in the
+// store.
+type Representation uint8
+
+const (
+	// SubWindowCounters is one counter per sub-window (SubWindows of
+	// them, read all at once): every store implements it ([Counter]). It
+	// is the zero value.
+	SubWindowCounters Representation = iota
+	// Packed is the packed multi-level representation at a resolution of
+	// Slots slots per window: it decides as Bounded with Slots
+	// sub-windows, reading a few counters ([PackedCounter]). It needs a
+	// store that implements PackedCounter, a limit of at most
+	// MaxPackedLimit, the Bounded estimator and no CountDenied.
+	Packed
+)
+
+// String returns "subwindows" or "packed".
+func (r Representation) String() string {
+	switch r {
+	case SubWindowCounters:
+		return "subwindows"
+	case Packed:
+		return "packed"
+	}
+	return "representation(" + strconv.Itoa(int(r)) + ")"
+}
+
+// ParseRepresentation parses the names String returns ("" is
+// SubWindowCounters).
+func ParseRepresentation(s string) (Representation, error) {
+	switch s {
+	case "subwindows", "":
+		return SubWindowCounters, nil
+	case "packed":
+		return Packed, nil
+	}
+	return 0, fmt.Errorf("%w: unknown representation %q (want subwindows or packed)", ErrInvalidConfig, s)
+}
+
+const (
+	// PackedLevels is the number of levels of a packed window.
+	PackedLevels = 4
+	// PackedFieldBits is the width of one field; a counter (64 bits) packs
+	// 64/PackedFieldBits = 4 fields.
+	PackedFieldBits = 16
+	// MaxPackedLimit is the largest limit of a packed window: a field holds
+	// at most the limit of admitted units (a field never spans more than a
+	// window), and the other half of its range is left to the units of
+	// denied requests in flight (added, not yet refunded). Larger limits
+	// use SubWindowCounters (NewSlidingWindow refuses them with Packed).
+	MaxPackedLimit = 1<<(PackedFieldBits-1) - 1
+	// DefaultSlots is the resolution of a packed window when none is
+	// given: the fewest slots per window that admit at least 97% of the
+	// exact log on every traffic shape of docs/accuracy.md.
+	DefaultSlots = 160
+	// MinSlots is the smallest resolution: a top-level field (4^3 slots)
+	// must fit in a window, so that it never holds more admitted units
+	// than the limit.
+	MinSlots = 64
+	// MaxSlots is the largest resolution.
+	MaxSlots = 512
+	// MaxPackedReads is the most counters a [PackedOp] reads.
+	MaxPackedReads = 10
+)
+
+// PackedCell names one counter of a packed window: Level (1 to
+// PackedLevels) and Index (the counter covers slots
+// [Index*4^Level, (Index+1)*4^Level)).
+type PackedCell struct {
+	Level uint8
+	Index int64
+}
+
+// First is the first slot the counter covers, Last its last.
+func (c PackedCell) First() int64 { return c.Index << (2 * c.Level) }
+
+// Last is the last slot the counter covers.
+func (c PackedCell) Last() int64 { return (c.Index+1)<<(2*c.Level) - 1 }
+
+// PackedDelta is a packed amount for one counter: each 16-bit field of
+// Delta is added to (subtracted from) the same field of the counter. TTL is
+// how long a store that forgets by age must keep the counter after creating
+// it.
+type PackedDelta struct {
+	Cell  PackedCell
+	Delta uint64
+	TTL   time.Duration
+}
+
+// PackedOp is one decision's storage step on a packed window.
+type PackedOp struct {
+	// Slot is the writer's slot (its stamp over the slot length).
+	Slot int64
+	// Keep is how many slots behind the newest slot written to the key a
+	// store that tracks it must hold counters for (see [PackedCounter]).
+	Keep int64
+	// Adds are the deltas to add, one per level (Adds[l-1] for level l).
+	// An entry with Delta 0 is skipped: it creates nothing.
+	Adds [PackedLevels]PackedDelta
+	// Reads[:NReads] are the counters to read after the adds. A cell may
+	// also be one of Adds.
+	Reads  [MaxPackedReads]PackedCell
+	NReads int
+}
+
+// PackedCounts is a packed store's answer to AddPacked.
+type PackedCounts struct {
+	// Added[l-1] is the value of the level-l counter of Adds after the
+	// add (0 for an entry with Delta 0).
+	Added [PackedLevels]uint64
+	// Read[i] is the value of Reads[i] after the adds (0 for a counter
+	// the store does not hold).
+	Read [MaxPackedReads]uint64
+	// Stale reports that the op named a counter the store may have
+	// dropped (past the horizon, below): nothing was added, and Added and
+	// Read are zero.
+	Stale bool
+}
+
+// PackedCounter is the store the packed sliding window needs: counters of
+// 64 bits, named by (key, level, index), to which packed deltas are added.
+// It is optional: a store that implements it serves windows with
+// [Packed]; the limiter computes which counters to add to and read, and
+// the store does no arithmetic on fields.
+//
+// AddPacked adds each delta of op.Adds to its counter (creating it at 0),
+// then reads op.Reads, and returns the added counters' new values and the
+// counters read, as one linearizable step, or at least with every add of
+// the op applied before its reads (memcached: add+incr per level pipelined
+// with one get of the reads on one connection, each incr atomic on its
+// 64-bit value; DynamoDB: one UpdateItem ADDing one number attribute per
+// level, ReturnValues ALL_NEW; memory: under one lock). Additions are on
+// the whole 64-bit value, wrapping modulo 2^64: a field that overflows
+// carries into the next, which the limiter detects from Added (the field
+// it added to reads below its delta) and reports by denying the request
+// and giving its units back. A store must not clamp or saturate per field.
+//
+// SubPacked subtracts each delta of op.Adds from its counter (a refund),
+// if the store holds it, never creating one and never touching another; a
+// store that can clamps each field at 0 (memory), one that cannot clamps
+// the whole value at 0 (memcached's decr), which matters only for a
+// counter that was dropped and created again (eviction). It ignores
+// op.Reads.
+//
+// # Out-of-order writers
+//
+// A request is stamped before it travels, so a store sees ops whose Slot is
+// older than newest, the newest Slot of an op that added to the key. The
+// horizon is PackedHorizon(r) = r+1 slots (one window plus one slot, as for
+// [Counter]), and op.Keep = PackedKeep(r) = 2r+1: a writer at most the
+// horizon behind newest names only counters that hold a slot at or after
+// newest-Keep. So:
+//
+//   - A store that tracks newest (memory; DynamoDB, in its item) holds
+//     every counter that covers a slot in [newest-Keep, newest] (it may
+//     drop a counter once its Last() < newest-Keep). Within the horizon
+//     (Slot >= newest-PackedHorizon(r)) every counter an op names is then
+//     held, the adds land in exactly the counters of Slot, the reads see
+//     exactly the slots of the writer's view and Later, and SubPacked takes
+//     from exactly the counters the add went to: reordered arrivals decide
+//     as the same calls would in some serial order, never more than the
+//     limit in any window-length interval of stamps.
+//   - Past the horizon the store may have dropped what the op names.
+//     AddPacked must then not create it again (its units would be counted
+//     where no newer writer looks, that is free): if any counter the op
+//     names has Last() < newest-Keep (newest including op.Slot), it
+//     answers Stale and changes nothing. The limiter denies a Stale
+//     request: a late writer past the horizon is never admitted, so none
+//     of its units go uncounted. SubPacked past the horizon subtracts from
+//     the counters still held (each level's field holds the refunded slot,
+//     so each held level stays exact) and skips the others.
+//   - A store that forgets by age instead of tracking newest (memcached)
+//     never answers Stale: it keeps each counter at least its delta's TTL
+//     after creating it. The limiter passes, for a level-l counter,
+//     (4^l + Keep + 1) slots: its own span and the horizon behind it, plus
+//     a slot. That covers the horizon in real time when callers' clocks
+//     agree within a slot and every call reaches the store within a window
+//     of its stamp (as for [Counter]).
+type PackedCounter interface {
+	AddPacked(ctx context.Context, key Key, op *PackedOp) (PackedCounts, error)
+	SubPacked(ctx context.Context, key Key, op *PackedOp) error
+}
+
+// PackedHorizon is how many slots behind the newest slot written to a key
+// a packed writer at resolution r may be and still find its whole view:
+// r+1, one window plus one slot.
+func PackedHorizon(r int) int64 { return int64(r) + 1 }
+
+// PackedKeep is how many slots behind the newest a store that tracks it
+// holds counters for: the horizon plus the view of a writer there, 2r+1.
+func PackedKeep(r int) int64 { return PackedHorizon(r) + int64(r) }
+
+// pow4 is 4^l.
+func pow4(l int) int64 { return int64(1) << (2 * l) }
+
+// PackedField returns the index of the level-l counter holding slot and the
+// field (0 to 3) of slot in it.
+func PackedField(slot int64, level int) (index int64, field int) {
+	return slot >> (2 * level), int((slot >> (2 * (level - 1))) & 3)
+}
+
+// FieldOf returns field j (0 to 3) of a packed counter value.
+func FieldOf(v uint64, j int) uint64 { return (v >> (PackedFieldBits * j)) & (1<<PackedFieldBits - 1) }
+
+// packedRead is what the limiter uses of one counter read: fields lo..hi.
+type packedRead struct {
+	lo, hi int8
+}
+
+// packedPlan is the op of one decision at slot f, with the fields used of
+// each counter read.
+type packedPlan struct {
+	op    PackedOp
+	reads [MaxPackedReads]packedRead
+}
+
+// planPacked builds the op of n units at slot f for resolution r: a delta
+// at every level, and reads that cover the slots f-r to f+r exactly once
+// (fields of the last top-level counter may run past f+r: newer slots,
+// counted as Later, stricter). slot is the slot length (for TTLs).
+func planPacked(f int64, r int, n int64, slot time.Duration) packedPlan {
+	var p packedPlan
+	keep := PackedKeep(r)
+	p.op.Slot, p.op.Keep = f, keep
+	for l := 1; l <= PackedLevels; l++ {
+		idx, fld := PackedField(f, l)
+		p.op.Adds[l-1] = PackedDelta{
+			Cell:  PackedCell{Level: uint8(l), Index: idx},
+			Delta: uint64(n) << (PackedFieldBits * fld),
+			TTL:   satMul(slot, time.Duration(pow4(l)+keep+1)),
+		}
+	}
+	read := func(l int, idx int64, lo, hi int) {
+		i := p.op.NReads
+		p.op.Reads[i] = PackedCell{Level: uint8(l), Index: idx}
+		p.reads[i] = packedRead{lo: int8(lo), hi: int8(hi)}
+		p.op.NReads++
+	}
+	pos, end := f-int64(r), f+int64(r)
+	for l := 1; l < PackedLevels && pos <= end; l++ {
+		if pos&(pow4(l)-1) == 0 {
+			continue // aligned: a field of the level above starts here
+		}
+		idx, lo := PackedField(pos, l)
+		next := (idx + 1) * pow4(l)
+		_, hi := PackedField(min(end, next-1), l)
+		read(l, idx, lo, hi)
+		pos = next
+	}
+	if pos <= end {
+		top := PackedLevels
+		first, _ := PackedField(pos, top)
+		last, hiLast := PackedField(end, top)
+		for i := first; i <= last; i++ {
+			lo, hi := 0, 3
+			if i == first {
+				_, lo = PackedField(pos, top)
+			}
+			if i == last {
+				hi = hiLast
+			}
+			read(top, i, lo, hi)
+		}
+	}
+	return p
+}
+
+// fieldSpan is a field's slots and its count, for RetryAfter.
+type fieldSpan struct {
+	first, last int64
+	n           uint64
+}
+
+// fields returns the fields the plan reads, with their counts in c.
+func (p *packedPlan) fields(c *PackedCounts, out []fieldSpan) []fieldSpan {
+	for i := 0; i < p.op.NReads; i++ {
+		cell := p.op.Reads[i]
+		w := pow4(int(cell.Level) - 1)
+		for j := p.reads[i].lo; j <= p.reads[i].hi; j++ {
+			first := cell.First() + int64(j)*w
+			out = append(out, fieldSpan{first: first, last: first + w - 1, n: FieldOf(c.Read[i], int(j))})
+		}
+	}
+	return out
+}
+
+// total is the count the plan's reads hold, saturating.
+func (p *packedPlan) total(c *PackedCounts) int64 {
+	var sum uint64
+	for i := 0; i < p.op.NReads; i++ {
+		for j := p.reads[i].lo; j <= p.reads[i].hi; j++ {
+			sum += FieldOf(c.Read[i], int(j)) // at most 10*4 fields of 16 bits
+		}
+	}
+	return int64(sum)
+}
+
+// overflowed reports whether one of the op's adds of n wrapped its field.
+func (p *packedPlan) overflowed(c *PackedCounts, n int64) bool {
+	for l := 1; l <= PackedLevels; l++ {
+		_, fld := PackedField(p.op.Slot, l)
+		if FieldOf(c.Added[l-1], fld) < uint64(n) {
+			return true
+		}
+	}
+	return false
+}
+
+// packedRetryAfter is a lower bound, in slots from f, on when n units fit
+// again with no more traffic: the first slot g > f at which the units that
+// are certainly still in view (every field's units assumed at its first
+// slot, so that they leave as early as they can), plus n, fit the limit. A
+// store at g counts at least that much, so nothing the store would admit is
+// denied earlier (the deny cache relies on it).
+func packedRetryAfter(fs []fieldSpan, f int64, r int, n, limit int64) int64 {
+	for j := int64(1); ; j++ {
+		g := f + j
+		sum := uint64(n)
+		for _, x := range fs {
+			if x.first >= g-int64(r) {
+				sum += x.n
+			}
+		}
+		if sum <= uint64(limit) {
+			return j
+		}
+	}
+}
+
+// packedSub returns the refund op of n units at slot f.
+func packedSub(f int64, r int, n int64, slot time.Duration) PackedOp {
+	op := planPacked(f, r, n, slot).op
+	op.NReads = 0
+	return op
+}
+
+// judgePacked turns a packed store's answer into a decision.
+func (w *SlidingWindow) judgePacked(st *Step, res *StepResult, t int64) (Decision, Step, bool, error) {
+	if res.Err != nil {
+		return Decision{}, Step{}, false, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, res.Err)
+	}
+	f := st.Packed.Slot
+	elapsed := t - f*w.sub
+	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.r+1)*w.sub - elapsed)}
+	c := &res.Packed
+	if c.Stale {
+		// Past the horizon: nothing was added, and the view is gone.
+		// Denied; no later stamp of this writer's is known to fit sooner.
+		d.RetryAfter = 1
+		return d, Step{}, false, nil
+	}
+	p := planPacked(f, w.r, st.N, time.Duration(w.sub))
+	undo := Step{Kind: StepPackedSub, Key: st.Key, N: st.N, Packed: packedSub(f, w.r, st.N, time.Duration(w.sub))}
+	if p.overflowed(c, st.N) {
+		// A field carried: give the units back (the subtraction borrows
+		// back exactly) and deny.
+		d.RetryAfter = 1
+		return d, undo, true, nil
+	}
+	total := p.total(c)
+	if total <= w.cfg.Limit {
+		d.Allowed = true
+		d.Remaining = w.cfg.Limit - total
+		return d, undo, false, nil
+	}
+	var buf [4 * MaxPackedReads]fieldSpan
+	fs := p.fields(c, buf[:0])
+	for i := range fs { // our own units are given back
+		if fs[i].first <= f && f <= fs[i].last {
+			fs[i].n -= min(fs[i].n, uint64(st.N))
+		}
+	}
+	j := packedRetryAfter(fs, f, w.r, st.N, w.cfg.Limit)
+	d.RetryAfter = max(time.Duration(j*w.sub-elapsed), 1)
+	return d, undo, true, nil
+}
