@@ -128,10 +128,59 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 		switch st.Kind {
 		case limiter.StepAdd:
 			out[i].Counts, out[i].Err = s.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
-		case limiter.StepBucket:
-			out[i].Decision, out[i].Err = s.casLoop().update(ctx, "bucket", b.key, b.apply)
-		case limiter.StepLog:
-			out[i].Decision, out[i].Err = s.casLoop().update(ctx, "log", b.key, b.apply)
+		case limiter.StepBucket, limiter.StepLog:
+			out[i] = s.settle(ctx, b)
+		}
+	}
+}
+
+// settle decides a bucket or log step that lost its speculative write, or
+// whose op on the cached item needed a write after all: it repeats the
+// step's own pipeline, the conditional write computed on the item the last
+// gets returned followed by a gets of the item, so every attempt is one
+// round trip and leaves the item after it (with its CAS id) cached for the
+// next. The cas loop instead spends two per attempt (gets, then cas) and
+// drops the cached item after a write, so the process's next call on a
+// hot key starts cold. A lost race on a fresh item backs off as the cas
+// loop does (the first retry follows the speculative round at once: its
+// item came from the cache and may have been stale) and gives up after
+// maxRetries lost races or at the deadline, with limiter.ErrConflict.
+func (s *Store) settle(ctx context.Context, b *bstep) limiter.StepResult {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	kind := b.kind.String()
+	one := []bstep{*b}
+	lost := 0
+	for {
+		if err := ctx.Err(); err != nil {
+			if lost > 0 {
+				err = fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err)
+			}
+			return limiter.StepResult{Err: errorf(kind, err)}
+		}
+		s.speculate(&one[0])
+		addr, err := s.ring.pickTag(one[0].base)
+		if err == nil {
+			err = s.pool.exec(ctx, addr, func(pc *pconn) error { return s.pipeline(pc, one, []int{0}) })
+		}
+		if err != nil {
+			if lost > 0 && ctx.Err() != nil {
+				err = fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err)
+			}
+			return limiter.StepResult{Err: errorf(kind, err)}
+		}
+		if !one[0].again {
+			return one[0].res
+		}
+		if one[0].write == nil {
+			continue // a stale cached denial: the next attempt writes
+		}
+		lost++
+		if lost > s.maxRetries {
+			return limiter.StepResult{Err: errorf(kind, fmt.Errorf("%w: gave up after %d lost races", limiter.ErrConflict, lost))}
+		}
+		if err := wait(ctx, s.backoff, lost); err != nil {
+			return limiter.StepResult{Err: errorf(kind, fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err))}
 		}
 	}
 }
@@ -241,6 +290,7 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 // cached item, or add on an empty key; none when the op writes nothing.
 func (s *Store) speculate(b *bstep) {
 	it := s.cache.get(b.key)
+	b.found = false
 	var (
 		w   *memcache.Item
 		d   limiter.Decision
