@@ -97,6 +97,23 @@ func (nb *nodeBreakers) get(node string) *circuit.Breaker {
 	return b
 }
 
+// retain forgets the breakers of nodes not in nodes (nodes that left the
+// ring on an auto-discovery refresh), so a cluster that replaces its nodes
+// over months does not keep a breaker per node it ever had. A node that
+// comes back starts with a new, closed breaker.
+func (nb *nodeBreakers) retain(nodes []string) {
+	if nb == nil {
+		return
+	}
+	nb.mu.Lock()
+	defer nb.mu.Unlock()
+	for node := range nb.m {
+		if !slices.Contains(nodes, node) {
+			delete(nb.m, node)
+		}
+	}
+}
+
 // states returns every node breaker's state, by node.
 func (nb *nodeBreakers) states() []BreakerState {
 	if nb == nil {

@@ -163,6 +163,7 @@ func (p *pool) drop(addr string) {
 
 // retain closes the idle connections to nodes not in addrs.
 func (p *pool) retain(addrs []string) {
+	p.breakers.retain(addrs)
 	p.mu.Lock()
 	var gone []*pconn
 	for a, l := range p.idle {

@@ -196,3 +196,44 @@ func TestAutoDiscoveryErrors(t *testing.T) {
 		t.Fatalf("both Addrs and AutoDiscovery: %v", err)
 	}
 }
+
+// TestRefreshForgetsDepartedBreakers: a node that leaves the ring on a
+// refresh takes its breaker with it; the node that stays keeps its own.
+func TestRefreshForgetsDepartedBreakers(t *testing.T) {
+	a, b := testserver.Memcached(t), testserver.StartMemcached(t).Addr()
+	e := &configEndpoint{}
+	e.set(1, elastiCacheNode("", a)+" "+elastiCacheNode("", b))
+	s, err := New(Config{AutoDiscovery: e.start(t), DiscoveryInterval: -1, Timeout: 5 * time.Second, Breaker: &BreakerConfig{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	w, err := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 1 << 20, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := func() []string {
+		var out []string
+		for _, st := range s.Breakers() {
+			out = append(out, st.Node)
+		}
+		slices.Sort(out)
+		return out
+	}
+	// Keys until both nodes have been called (each gets its breaker).
+	for i := 0; len(nodes()) < 2; i++ {
+		if i == 1000 {
+			t.Fatalf("1000 keys reached only %q", nodes())
+		}
+		if _, err := w.Allow(context.Background(), fmt.Sprint("departed-", i), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.set(2, elastiCacheNode("", b))
+	if err := s.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := nodes(); !slices.Equal(got, []string{b}) {
+		t.Fatalf("breakers after %s left: %q, want [%s]", a, got, b)
+	}
+}
