@@ -213,8 +213,9 @@
 //     failure, the first bytes of a reply as an answer; a report while the
 //     breaker is half-open decides its probe.
 //
-// Breakers are made on a node's first call and kept while the Store lives
-// (a node that left the ring keeps an idle one). [Store.Breakers] returns
+// Breakers are made on a node's first call and kept while the node is in
+// the ring: an auto-discovery refresh that removes a node forgets its
+// breaker (a node that returns starts closed). [Store.Breakers] returns
 // their states; Breaker.OnChange and Breaker.Logger see each transition
 // with the node's address.
 //
