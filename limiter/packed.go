@@ -394,3 +394,17 @@ func (w *SlidingWindow) judgePacked(st *Step, res *StepResult, t int64) (Decisio
 	d.RetryAfter = max(time.Duration(j*w.sub-elapsed), 1)
 	return d, undo, true, nil
 }
+
+// PackedPlan returns the op a packed window at resolution r, with slots of
+// slotLen, sends for n units at slot: its deltas and reads (n = 0: the
+// reads alone, adding nothing). Stores' tests use it.
+func PackedPlan(slot int64, r int, n int64, slotLen time.Duration) PackedOp {
+	return planPacked(slot, r, n, slotLen).op
+}
+
+// PackedTotal is the count a packed window at resolution r reads in c, the
+// answer to op = PackedPlan(slot, r, ...): the fields of op.Reads it uses.
+func PackedTotal(op *PackedOp, r int, c *PackedCounts) int64 {
+	p := planPacked(op.Slot, r, 1, 0)
+	return p.total(c)
+}

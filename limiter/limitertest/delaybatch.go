@@ -71,13 +71,17 @@ func (s *DelayStore) doStep(ctx context.Context, st *limiter.Step, d time.Durati
 		if st.N == 0 {
 			return s.forward(ctx, st)
 		}
-		c = s.arrive(ctx, st.Key, st.Idx, true, false, int64(st.Span), 0)
+		c = s.arrive(ctx, st.Key, st.Idx, true, false, int64(st.Span), 0, false)
 	case limiter.StepSub:
-		c = s.arrive(ctx, st.Key, st.Idx, true, true, 0, 0)
+		c = s.arrive(ctx, st.Key, st.Idx, true, true, 0, 0, false)
 	case limiter.StepBucket:
-		c = s.arrive(ctx, st.Key, st.Bucket.Now, false, false, 0, st.TTL/2)
+		c = s.arrive(ctx, st.Key, st.Bucket.Now, false, false, 0, st.TTL/2, false)
 	case limiter.StepLog:
-		c = s.arrive(ctx, st.Key, st.Log.Now, false, false, int64(st.Log.Window), 0)
+		c = s.arrive(ctx, st.Key, st.Log.Now, false, false, int64(st.Log.Window), 0, false)
+	case limiter.StepPackedAdd:
+		c = s.arrive(ctx, st.Key, st.Packed.Slot, true, false, (st.Packed.Keep+1)/2, 0, true)
+	case limiter.StepPackedSub:
+		c = s.arrive(ctx, st.Key, st.Packed.Slot, true, true, 0, 0, true)
 	default:
 		return s.forward(ctx, st)
 	}

@@ -126,6 +126,20 @@ func DefaultScenarios() []Scenario {
 	}
 }
 
+// PackedScenario is the history run of a packed sliding window
+// (limiter.Packed, limiter.PackedCounter): 200 per 400 ms at the default
+// resolution of 160 slots of 2.5 ms, whose level boundaries fall every 4,
+// 16, 64 and 256 slots (10 ms, 40 ms, 160 ms, 640 ms); delays below 50 ms
+// (20 slots) and, with SkewedClock, clocks up to 20 ms apart (8 slots), so
+// that arrivals reorder across slot and level boundaries (the run fails
+// unless some late arrival crossed a boundary of every level); 3 s. It is
+// not among DefaultScenarios: stores without PackedCounter cannot run it.
+func PackedScenario() Scenario {
+	return Scenario{Name: "SlidingWindowPacked",
+		Sliding:  &limiter.SlidingWindowConfig{Name: "history-packed", Limit: 200, Window: 400 * time.Millisecond, Representation: limiter.Packed},
+		Duration: 3 * time.Second, MaxDelay: 50 * time.Millisecond, Skew: 20 * time.Millisecond, MaxCost: 3}
+}
+
 // skew is the bound of SkewedClock's offsets.
 func (sc Scenario) skew() time.Duration {
 	switch {
@@ -333,6 +347,9 @@ func (r *HistoryReport) Err() error {
 func (r *HistoryReport) Summary() string {
 	a := r.Arrivals
 	behind := fmt.Sprintf("at most %d sub-windows behind", a.MaxBehind)
+	if a.LateAcrossLevel[0] > 0 {
+		behind = fmt.Sprintf("at most %d slots behind; across level 1-4 boundaries: %v", a.MaxBehind, a.LateAcrossLevel)
+	}
 	if a.MaxBehind == 0 {
 		behind = fmt.Sprintf("at most %v behind", a.MaxBehindTime)
 	}
@@ -393,11 +410,18 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 		if c.Estimator != limiter.Bounded {
 			return nil, fmt.Errorf("limitertest: scenario %s: the %v estimator is not exact; only Bounded is checked", sc.Name, c.Estimator)
 		}
+		if _, ok := s.(limiter.PackedCounter); c.Representation == limiter.Packed && !ok {
+			return nil, fmt.Errorf("limitertest: scenario %s: the store %T does not implement limiter.PackedCounter", sc.Name, s)
+		}
 		var w *limiter.SlidingWindow
 		if w, err = limiter.NewSlidingWindow(ds, *c); err == nil {
 			lim = w
 			cfg := w.Config()
-			boundary = cfg.Window / time.Duration(cfg.SubWindows)
+			if cfg.Representation == limiter.Packed {
+				boundary = cfg.Window / time.Duration(cfg.Slots)
+			} else {
+				boundary = cfg.Window / time.Duration(cfg.SubWindows)
+			}
 		}
 	}
 	if c := sc.Log; c != nil {
@@ -548,6 +572,13 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 	}
 	if rep.Arrivals.Late == 0 {
 		rep.problem("no late arrivals (%d calls reached the store, none stamped older than one before it): a run without late arrivals checks nothing", rep.Arrivals.Arrivals)
+	}
+	if c := sc.Sliding; c != nil && c.Representation == limiter.Packed {
+		for l, n := range rep.Arrivals.LateAcrossLevel {
+			if n == 0 {
+				rep.problem("no late arrival across a boundary of level %d (every %d slots): the run checks nothing there", l+1, 1<<(2*(l+1)))
+			}
+		}
 	}
 	if rep.Denied == 0 {
 		rep.problem("the limit was never reached (no call denied): the run checks nothing")

@@ -40,7 +40,10 @@ type DelayStore struct {
 	stats ArrivalStats
 }
 
-var _ Store = (*DelayStore)(nil)
+var (
+	_ Store                 = (*DelayStore)(nil)
+	_ limiter.PackedCounter = (*DelayStore)(nil)
+)
 
 // arrival is what has reached the inner store for one key.
 type arrival struct {
@@ -97,6 +100,10 @@ type ArrivalStats struct {
 	MaxBehind int64
 	// MaxBehindTime is the most a bucket or log stamp was behind.
 	MaxBehindTime time.Duration
+	// LateAcrossLevel[l-1] counts late packed adds (limiter.PackedCounter)
+	// whose level-l counter is older than the newest slot's: arrivals
+	// reordered across a boundary of level l (level 1: every 4 slots).
+	LateAcrossLevel [limiter.PackedLevels]int64
 }
 
 // NewDelayStore returns inner wrapped with random delays below maxDelay;
@@ -212,7 +219,7 @@ type storeCall struct {
 // stamp) is handed to the inner store now. window tells sub-windows from
 // stamps; refund marks a window Sub; horizon is how far behind (in the same
 // unit) a call may be; a bucket call after idleAfter without calls is idle.
-func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window, refund bool, horizon int64, idleAfter time.Duration) storeCall {
+func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window, refund bool, horizon int64, idleAfter time.Duration, packed bool) storeCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tr, _ := ctx.Value(traceKey{}).(*Trace)
@@ -239,6 +246,13 @@ func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window
 	}
 	if window && refund {
 		horizon = a.span
+	}
+	if a.seen && at < a.newest && packed && !refund {
+		for l := 1; l <= limiter.PackedLevels; l++ {
+			if at>>(2*l) != a.newest>>(2*l) {
+				s.stats.LateAcrossLevel[l-1]++
+			}
+		}
 	}
 	if a.seen && at < a.newest {
 		behind := a.newest - at
@@ -289,7 +303,7 @@ func (s *DelayStore) Add(ctx context.Context, k limiter.Key, cur int64, span int
 	if n == 0 {
 		return s.inner.Add(ctx, k, cur, span, n, ttl)
 	}
-	defer s.leave(s.arrive(ctx, k, cur, true, false, int64(span), 0))
+	defer s.leave(s.arrive(ctx, k, cur, true, false, int64(span), 0, false))
 	return s.inner.Add(ctx, k, cur, span, n, ttl)
 }
 
@@ -298,7 +312,7 @@ func (s *DelayStore) Sub(ctx context.Context, k limiter.Key, idx int64, n int64)
 	if err := s.delay(ctx); err != nil {
 		return fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, idx, true, true, 0, 0))
+	defer s.leave(s.arrive(ctx, k, idx, true, true, 0, 0, false))
 	return s.inner.Sub(ctx, k, idx, n)
 }
 
@@ -307,7 +321,7 @@ func (s *DelayStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter
 	if err := s.delay(ctx); err != nil {
 		return limiter.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2))
+	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2, false))
 	return s.inner.UpdateBucket(ctx, k, op, ttl)
 }
 
@@ -316,6 +330,34 @@ func (s *DelayStore) UpdateLog(ctx context.Context, k limiter.Key, op limiter.Lo
 	if err := s.delay(ctx); err != nil {
 		return limiter.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, op.Now, false, false, int64(op.Window), 0))
+	defer s.leave(s.arrive(ctx, k, op.Now, false, false, int64(op.Window), 0, false))
 	return s.inner.UpdateLog(ctx, k, op, ttl)
+}
+
+// AddPacked implements [limiter.PackedCounter], forwarding to the inner
+// store (an error if it does not implement it). A refund's horizon is the
+// add's: op.Keep = 2r+1, so r+1 slots.
+func (s *DelayStore) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+	p, ok := s.inner.(limiter.PackedCounter)
+	if !ok {
+		return limiter.PackedCounts{}, fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", s.inner)
+	}
+	if err := s.delay(ctx); err != nil {
+		return limiter.PackedCounts{}, fmt.Errorf("limitertest: delay: %w", err)
+	}
+	defer s.leave(s.arrive(ctx, k, op.Slot, true, false, (op.Keep+1)/2, 0, true))
+	return p.AddPacked(ctx, k, op)
+}
+
+// SubPacked implements [limiter.PackedCounter].
+func (s *DelayStore) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+	p, ok := s.inner.(limiter.PackedCounter)
+	if !ok {
+		return fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", s.inner)
+	}
+	if err := s.delay(ctx); err != nil {
+		return fmt.Errorf("limitertest: delay: %w", err)
+	}
+	defer s.leave(s.arrive(ctx, k, op.Slot, true, true, 0, 0, true))
+	return p.SubPacked(ctx, k, op)
 }

@@ -52,6 +52,7 @@ func Run(t *testing.T, s Store) {
 	t.Run("SlidingLog", func(t *testing.T) { testSlidingLog(t, s) })
 	t.Run("Stack", func(t *testing.T) { testStack(t, s) })
 	t.Run("OutOfOrder", func(t *testing.T) { testOutOfOrder(t, s) })
+	t.Run("Packed", func(t *testing.T) { testPacked(t, s) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, s) })
 	t.Run("HostileKeys", func(t *testing.T) { testHostileKeys(t, s) })
 	t.Run("BadArguments", func(t *testing.T) { testBadArguments(t, s) })
