@@ -40,9 +40,10 @@ type Store struct {
 }
 
 var (
-	_ limiter.Counter     = (*Store)(nil)
-	_ limiter.BucketStore = (*Store)(nil)
-	_ limiter.LogStore    = (*Store)(nil)
+	_ limiter.Counter       = (*Store)(nil)
+	_ limiter.BucketStore   = (*Store)(nil)
+	_ limiter.LogStore      = (*Store)(nil)
+	_ limiter.PackedCounter = (*Store)(nil)
 )
 
 type shard struct {
@@ -67,6 +68,21 @@ type entry struct {
 	hasBucket bool
 
 	log []int64
+
+	// Packed counters: per level, a ring of cells indexed by cell index,
+	// holding every counter that covers a slot in
+	// [pnewest-pkeep, pnewest] (see limiter.PackedCounter).
+	packed  [limiter.PackedLevels][]cell
+	pnewest int64
+	pkeep   int64
+}
+
+// cell is one packed counter in a level's ring; ok is false for an empty
+// place.
+type cell struct {
+	idx int64
+	v   uint64
+	ok  bool
 }
 
 // New returns an empty store.
@@ -161,6 +177,10 @@ func (e *entry) reset() {
 	e.newest = 0
 	e.bucket, e.hasBucket = limiter.BucketState{}, false
 	e.log = e.log[:0]
+	for l := range e.packed {
+		e.packed[l] = e.packed[l][:0]
+	}
+	e.pnewest, e.pkeep = 0, 0
 }
 
 func (sh *shard) pushFront(e *entry) {
@@ -293,6 +313,145 @@ func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) erro
 	if idx <= e.newest && idx > e.newest-size {
 		i := mod(idx, size)
 		e.slots[i] = max(e.slots[i]-n, 0)
+	}
+	return nil
+}
+
+// ringSize is the places of level l's ring (l from 1) for keep: the most
+// counters of 4^l slots that cover a slot in [newest-keep, newest], plus
+// one.
+func ringSize(l int, keep int64) int64 {
+	w := int64(1) << (2 * l)
+	return (keep+w)/w + 2
+}
+
+// held reports whether the entry may hold c: c covers a slot at or after
+// newest-keep (a counter entirely older may have been dropped).
+func (e *entry) held(c limiter.PackedCell) bool {
+	return c.Last() >= e.pnewest-e.pkeep
+}
+
+// find returns c's place in its ring, and whether it holds c.
+func (e *entry) find(c limiter.PackedCell) (*cell, bool) {
+	ring := e.packed[c.Level-1]
+	p := &ring[mod(c.Index, int64(len(ring)))]
+	return p, p.ok && p.idx == c.Index
+}
+
+func validPacked(op *limiter.PackedOp) error {
+	if op.NReads < 0 || op.NReads > limiter.MaxPackedReads || op.Keep < 1 || op.Keep > 1<<20 {
+		return fmt.Errorf("memory: bad packed op (keep %d, %d reads)", op.Keep, op.NReads)
+	}
+	for i, a := range op.Adds {
+		if int(a.Cell.Level) != i+1 {
+			return fmt.Errorf("memory: bad packed op: add %d at level %d", i, a.Cell.Level)
+		}
+	}
+	for _, c := range op.Reads[:op.NReads] {
+		if c.Level < 1 || c.Level > limiter.PackedLevels {
+			return fmt.Errorf("memory: bad packed op: read at level %d", c.Level)
+		}
+	}
+	return nil
+}
+
+// AddPacked implements [limiter.PackedCounter] under the shard's lock. Each
+// level is a ring of counters; a key holds every counter covering a slot
+// within op.Keep of the newest slot added to it. An op naming a counter
+// older than that is answered Stale, and nothing changes.
+func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+	var c limiter.PackedCounts
+	if err := validPacked(op); err != nil {
+		return c, err
+	}
+	sh, now, err := s.lock(ctx, k)
+	if err != nil {
+		return c, err
+	}
+	defer sh.mu.Unlock()
+	e := s.entry(sh, k, now)
+	adds := false
+	for _, a := range op.Adds {
+		adds = adds || a.Delta != 0
+	}
+	if len(e.packed[0]) == 0 || e.pkeep != op.Keep {
+		if !adds {
+			return c, nil // nothing held: reads 0
+		}
+		for l := range e.packed {
+			e.packed[l] = append(e.packed[l][:0], make([]cell, ringSize(l+1, op.Keep))...)
+		}
+		e.pnewest, e.pkeep = op.Slot, op.Keep
+	}
+	newest := e.pnewest
+	if adds {
+		newest = max(newest, op.Slot)
+	}
+	// Past the horizon: refuse rather than create again what may have been
+	// dropped.
+	for _, a := range op.Adds {
+		if a.Delta != 0 && a.Cell.Last() < newest-e.pkeep {
+			c.Stale = true
+			return c, nil
+		}
+	}
+	for _, r := range op.Reads[:op.NReads] {
+		if r.Last() < newest-e.pkeep {
+			c.Stale = true
+			return c, nil
+		}
+	}
+	e.pnewest = newest
+	var ttl time.Duration
+	for i, a := range op.Adds {
+		if a.Delta == 0 {
+			continue
+		}
+		p, ok := e.find(a.Cell)
+		if !ok {
+			*p = cell{idx: a.Cell.Index, ok: true}
+		}
+		p.v += a.Delta // modulo 2^64, as memcached's incr: a carry is the limiter's to detect
+		c.Added[i] = p.v
+		ttl = max(ttl, a.TTL)
+	}
+	if adds {
+		e.expires = max(e.expires, now+int64(ttl))
+	}
+	for i, r := range op.Reads[:op.NReads] {
+		if p, ok := e.find(r); ok && e.held(r) {
+			c.Read[i] = p.v
+		}
+	}
+	return c, nil
+}
+
+// SubPacked implements [limiter.PackedCounter]: it subtracts each delta
+// from its counter if the key still holds it, clamping each field at 0.
+func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+	if err := validPacked(op); err != nil {
+		return err
+	}
+	sh, now, err := s.lock(ctx, k)
+	if err != nil {
+		return err
+	}
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	if !ok || now >= e.expires || len(e.packed[0]) == 0 || e.pkeep != op.Keep {
+		return nil
+	}
+	for _, a := range op.Adds {
+		p, ok := e.find(a.Cell)
+		if !ok || !e.held(a.Cell) || a.Delta == 0 {
+			continue
+		}
+		var v uint64
+		for j := range 4 {
+			f, d := limiter.FieldOf(p.v, j), limiter.FieldOf(a.Delta, j)
+			v |= (f - min(f, d)) << (limiter.PackedFieldBits * j)
+		}
+		p.v = v
 	}
 	return nil
 }
