@@ -125,8 +125,10 @@ func BenchmarkRefillContention(b *testing.B) {
 			// below replays the same bucket from its first op.
 			warm := key
 			warm.Name += "-warm"
-			contention.Hammer(workers, run/5, raw)
-			contention.Hammer(workers, run/5, func(w int, at time.Time) (bool, error) {
+			// A whole run of each: DynamoDB Local is a JVM, and its first
+			// seconds of a new workload are JIT warm-up, not the store.
+			contention.Hammer(workers, run, raw)
+			contention.Hammer(workers, run, func(w int, at time.Time) (bool, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), contention.Deadline)
 				defer cancel()
 				d, err := stores[w].UpdateBucket(ctx, warm, limiter.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: at.UnixNano(), N: 1}, time.Minute)
