@@ -12,7 +12,10 @@
 //     [Interpolated] (the articles' weighting of the oldest sub-window, which
 //     can over-admit when the previous window's traffic was bunched) and
 //     [Bounded] (never admits more than the limit in any window-length
-//     interval, at the price of admitting less).
+//     interval, at the price of admitting less). With the [Packed]
+//     representation it is Bounded at a resolution of Slots (default 160)
+//     slots per window, kept in packed counters of 4 levels, reading a few
+//     counters per decision ([PackedCounter]).
 //   - [FixedWindow]: one counter per calendar window.
 //   - [SlidingLog]: an exact sliding log of timestamps, the accuracy
 //     reference, for small limits.
@@ -34,7 +37,8 @@
 //
 // Stores are declared here as interfaces shaped at the level of one decision's
 // storage step, so that a backend can answer in one network round trip:
-// [Counter] for the windows, [BucketStore] for the token bucket, [LogStore]
+// [Counter] for the windows, [PackedCounter] (optional) for the packed
+// window, [BucketStore] for the token bucket, [LogStore]
 // for the sliding log, [LeaseStore] for concurrency leases and [GaugeStore]
 // for published values such as the fleet's utilization. [Decide] checks a
 // request's limits as one batch of [Item]s: each becomes a [Step], the

@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"time"
@@ -136,79 +135,6 @@ type PackedCounts struct {
 	// Read are zero.
 	Stale bool
 }
-
-// PackedCounter is the store the packed sliding window needs: counters of
-// 64 bits, named by (key, level, index), to which packed deltas are added.
-// It is optional: a store that implements it serves windows with
-// [Packed]; the limiter computes which counters to add to and read, and
-// the store does no arithmetic on fields.
-//
-// AddPacked adds each delta of op.Adds to its counter (creating it at 0),
-// then reads op.Reads, and returns the added counters' new values and the
-// counters read, as one linearizable step, or at least with every add of
-// the op applied before its reads (memcached: add+incr per level pipelined
-// with one get of the reads on one connection, each incr atomic on its
-// 64-bit value; DynamoDB: one UpdateItem ADDing one number attribute per
-// level, ReturnValues ALL_NEW; memory: under one lock). Additions are on
-// the whole 64-bit value, wrapping modulo 2^64: a field that overflows
-// carries into the next, which the limiter detects from Added (the field
-// it added to reads below its delta) and reports by denying the request
-// and giving its units back. A store must not clamp or saturate per field.
-//
-// SubPacked subtracts each delta of op.Adds from its counter (a refund),
-// if the store holds it, never creating one and never touching another; a
-// store that can clamps each field at 0 (memory), one that cannot clamps
-// the whole value at 0 (memcached's decr), which matters only for a
-// counter that was dropped and created again (eviction). It ignores
-// op.Reads.
-//
-// # Out-of-order writers
-//
-// A request is stamped before it travels, so a store sees ops whose Slot is
-// older than newest, the newest Slot of an op that added to the key. The
-// horizon is PackedHorizon(r) = r+1 slots (one window plus one slot, as for
-// [Counter]), and op.Keep = PackedKeep(r) = 2r+1: a writer at most the
-// horizon behind newest names only counters that hold a slot at or after
-// newest-Keep. So:
-//
-//   - A store that tracks newest (memory; DynamoDB, in its item) holds
-//     every counter that covers a slot in [newest-Keep, newest] (it may
-//     drop a counter once its Last() < newest-Keep). Within the horizon
-//     (Slot >= newest-PackedHorizon(r)) every counter an op names is then
-//     held, the adds land in exactly the counters of Slot, the reads see
-//     exactly the slots of the writer's view and Later, and SubPacked takes
-//     from exactly the counters the add went to: reordered arrivals decide
-//     as the same calls would in some serial order, never more than the
-//     limit in any window-length interval of stamps.
-//   - Past the horizon the store may have dropped what the op names.
-//     AddPacked must then not create it again (its units would be counted
-//     where no newer writer looks, that is free): if any counter the op
-//     names has Last() < newest-Keep (newest including op.Slot), it
-//     answers Stale and changes nothing. The limiter denies a Stale
-//     request: a late writer past the horizon is never admitted, so none
-//     of its units go uncounted. SubPacked past the horizon subtracts from
-//     the counters still held (each level's field holds the refunded slot,
-//     so each held level stays exact) and skips the others.
-//   - A store that forgets by age instead of tracking newest (memcached)
-//     never answers Stale: it keeps each counter at least its delta's TTL
-//     after creating it. The limiter passes, for a level-l counter,
-//     (4^l + Keep + 1) slots: its own span and the horizon behind it, plus
-//     a slot. That covers the horizon in real time when callers' clocks
-//     agree within a slot and every call reaches the store within a window
-//     of its stamp (as for [Counter]).
-type PackedCounter interface {
-	AddPacked(ctx context.Context, key Key, op *PackedOp) (PackedCounts, error)
-	SubPacked(ctx context.Context, key Key, op *PackedOp) error
-}
-
-// PackedHorizon is how many slots behind the newest slot written to a key
-// a packed writer at resolution r may be and still find its whole view:
-// r+1, one window plus one slot.
-func PackedHorizon(r int) int64 { return int64(r) + 1 }
-
-// PackedKeep is how many slots behind the newest a store that tracks it
-// holds counters for: the horizon plus the view of a writer there, 2r+1.
-func PackedKeep(r int) int64 { return PackedHorizon(r) + int64(r) }
 
 // pow4 is 4^l.
 func pow4(l int) int64 { return int64(1) << (2 * l) }
