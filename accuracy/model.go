@@ -67,6 +67,12 @@ func (m *windowMeter) admit(t, n int64) {
 // enforcing p with estimator e. admits, when not nil, receives the times of
 // the admitted requests.
 func boundedModel(tr Trace, p Params, r int, e estimator, admits *[]int64) ModelResult {
+	return boundedModelOf(tr, p, r, e, admits, nil)
+}
+
+// boundedModelOf is boundedModel that also sets allowed[i] for each
+// admitted request i, when allowed is not nil.
+func boundedModelOf(tr Trace, p Params, r int, e estimator, admits *[]int64, allowed []bool) ModelResult {
 	s := int64(p.Window) / int64(r)
 	span := int64(r + 1)
 	ring := make([]int64, span) // ring[idx mod span] is sub-window idx's count, idx in newest-r..newest
@@ -102,6 +108,9 @@ func boundedModel(tr Trace, p Params, r int, e estimator, admits *[]int64) Model
 		res.AdmittedUnits += n
 		if admits != nil {
 			*admits = append(*admits, t)
+		}
+		if allowed != nil {
+			allowed[i] = true
 		}
 	}
 	res.WorstWindow = m.worst

@@ -86,6 +86,10 @@ type Report struct {
 	// Shapes is issue 13's shape matrix (nil when Options.Shapes has no
 	// limits).
 	Shapes *ShapeMatrix
+	// Packed is the same shapes replayed through the real packed
+	// limiter.SlidingWindow at limiter.DefaultSlots on the memory store
+	// (nil with Shapes).
+	Packed *PackedReplay
 }
 
 // SensitivityRow is the choice checked on another limit.
@@ -220,6 +224,9 @@ func Run(o Options) (*Report, error) {
 	}
 	if len(o.Shapes.Limits) > 0 {
 		if r.Shapes, err = RunShapes(o.Shapes); err != nil {
+			return nil, err
+		}
+		if r.Packed, err = RunPackedReplay(o.Shapes, limiter.DefaultSlots); err != nil {
 			return nil, err
 		}
 	}

@@ -1,6 +1,8 @@
 package accuracy
 
 import (
+	"github.com/sluicehq/sluice/limiter"
+
 	"fmt"
 	"image/color"
 	"math"
@@ -195,24 +197,29 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 	}
 	pf(" L is the limit; rates are multiples of the limit's rate (L per window). Seeds feed PCG (`math/rand/v2`) with the shape, the limit and, for aligned shapes, r.\n\n")
 
-	pf("### What the stores need (next session)\n\n")
-	pf("- **memcached**: per level, a key family `k:<space>/<name>|p<level>:<index>`; a decision pipelines one `add` " +
+	r.writePacked(pf)
+
+	pf("### What the stores implement (`limiter.PackedCounter`)\n\n")
+	pf("The limiter computes every counter (level, index) and packed delta; a store adds the deltas (creating at 0), " +
+		"reads the counters named, and gives back the same deltas on a refund (`AddPacked`, `SubPacked`; the contract, " +
+		"with its out-of-order rules, is in `limiter/store.go` and docs/consistency.md). " +
+		"`limiter.SlidingWindowConfig` chooses it with `Representation: limiter.Packed` (and `Slots`, default 160); the " +
+		"default stays today's sub-window counters until every store implements it.\n\n")
+	pf("- **memory** (done): per key and level a ring of counters covering the slots within `Keep` (2r+1) of the " +
+		"newest; an op naming an older counter is answered `Stale` and the request denied.\n")
+	pf("- **memcached** (next): per level, a key family `k:<space>/<name>|p<level>:<index>`; a decision pipelines one `add` " +
 		"(create at 0) and one `incr` of the packed delta per level, then one `get` of the counters read: one round trip, " +
-		"as today. `incr` is atomic on the 64-bit value, so packed fields need no CAS as long as no field carries: the " +
-		"field width (16 bits) bounds the limit (below 2^15) and the denied units in flight per slot (below 2^15). A " +
-		"refund `decr`s the same packed delta at every level; memcached clamps a `decr` at 0 for the whole value, which " +
-		"only matters after an eviction (as today). Values are decimal up to 20 digits. The ordering argument of today's " +
-		"window carries over: each writer's incrs precede its get on its connection, so of two writers the later get " +
-		"sees the other's every level. A CAS on a packed non-numeric value would need a read first (two round trips " +
-		"when the cached CAS id is stale) and contends on hot keys: not needed.\n")
-	pf("- **DynamoDB**: one item per key already; the item holds the counters of every level as number attributes, " +
-		"`ADD` to one attribute per level in the one UpdateItem, `ALL_NEW` returns them: the item read is 1 whatever r. " +
-		"The gain there is item size (counters of level 2 and up instead of r slots; keep it under 1 KB).\n")
-	pf("- **memory**: a ring of r slot counts per key is enough (no keys to save); or the same levels, so that the " +
-		"conformance suite and the history checker exercise one protocol.\n")
-	pf("- **limiter**: a resolution (slots per window) separate from the items a decision reads; `Counts` returns the " +
-		"in-view total with the oldest slot exact and `Later`; the out-of-order contract, `Moved`/`At`, and refunds are " +
-		"per slot. The history checker must run with arrivals reordered across slot and level boundaries.\n\n")
+		"as today. `incr` is atomic on the 64-bit value and wraps like the limiter's arithmetic, so packed fields need no " +
+		"CAS; the limiter detects a carry from the incr replies (`PackedCounts.Added`). The field width (16 bits) bounds " +
+		"the limit (below 2^15) and the denied units in flight per field (below 2^15). A refund `decr`s the same packed " +
+		"delta at every level; memcached clamps a `decr` at 0 for the whole value, which only matters after an eviction " +
+		"(as today). Each counter's expiry is its delta's `TTL` (level l: 4^l + 2r + 2 slots). All of a key's counters " +
+		"go to one node (hash the key, not the counter's name), so that one connection orders each writer's incrs " +
+		"before its get: of two writers, the later get then sees the other's every level, as with today's sub-window " +
+		"counters; counters spread over nodes would let two writers each read before the other's incr lands.\n")
+	pf("- **DynamoDB** (next): one item per key; the item holds the counters of every level as number attributes, " +
+		"`ADD` to one attribute per level in the one UpdateItem, `ALL_NEW` returns them; the item tracks the newest slot " +
+		"to drop old attributes and answer `Stale`.\n\n")
 }
 
 // shapesFigure plots the frontier of the shape matrix: worst-shape share
@@ -287,4 +294,39 @@ func (r *Report) shapesFigure() (*figure, error) {
 	f.set(0, left)
 	f.set(1, right)
 	return f, nil
+}
+
+// writePacked reports the shapes replayed through the real packed window.
+func (r *Report) writePacked(pf func(string, ...any)) {
+	pr, m := r.Packed, r.Shapes
+	if pr == nil || m == nil {
+		return
+	}
+	w := pr.Worst()
+	pf("### The packed window through the real limiter\n\n")
+	pf("The same shapes, limits and seeds replayed through `limiter.SlidingWindow` with `Representation: limiter.Packed`, "+
+		"`Slots: %d` (%d levels of 4 fields of %d bits), on the memory store (`backends/memory`, which implements "+
+		"`limiter.PackedCounter`), with the deny cache on as by default; aligned shapes land on its slot grid (W/%d).\n\n",
+		pr.Slots, limiter.PackedLevels, limiter.PackedFieldBits, pr.Slots)
+	verdict := "identical to"
+	if pr.Mismatches > 0 {
+		verdict = fmt.Sprintf("**different from** (first: %s)", pr.FirstMismatch)
+	}
+	pf("- %d decisions, %d of them different from the Bounded model at r = %d: its decisions are %s Bounded's.\n",
+		pr.Decisions, pr.Mismatches, pr.Slots, verdict)
+	pf("- Worst shape: %s of the exact log (%s); overshoot %.2f (1.00: never above the limit in any window).\n",
+		pct(w.Share), m.where(w), w.Overshoot)
+	pf("- At most %d counters named per decision (adds and reads, every slot offset; `limiter.PackedPlan`).\n\n", pr.Keys)
+	pf("| limit | worst shape | worst share | overshoot |\n|---|---|---:|---:|\n")
+	for l, p := range m.Options.Limits {
+		lw := Worst{Share: 2}
+		for s, c := range pr.Cells[l] {
+			if x := c.Worst(); x < lw.Share {
+				lw.Share, lw.Shape = x, s
+			}
+			lw.Overshoot = max(lw.Overshoot, c.Overshoot)
+		}
+		pf("| %s | %s | %s | %.2f |\n", limitName(p), m.Shapes[lw.Shape].Name, pct(lw.Share), lw.Overshoot)
+	}
+	pf("\n")
 }

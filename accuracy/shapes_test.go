@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // shapeTestLimits are small limits, so the shapes stay short under -race.
@@ -189,5 +191,36 @@ func TestPackedKeysCoverTheView(t *testing.T) {
 	// Today's window: 2k+1 (limiter.Ahead).
 	if got, _ := (Representation{Kind: RepBounded}).KeysRead(20); got != 41 {
 		t.Errorf("bounded k=20: %d keys, want 41", got)
+	}
+}
+
+// TestPackedReplayIsBounded replays the shapes (short traces) through the
+// real packed limiter.SlidingWindow on the memory store: every decision is
+// the Bounded model's at the same resolution, never above the limit; and
+// the comparison catches a model of another resolution.
+func TestPackedReplayIsBounded(t *testing.T) {
+	o := DefaultShapeOptions()
+	o.Seeds, o.Windows = 1, 6
+	rep, err := RunPackedReplay(o, limiter.DefaultSlots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Mismatches != 0 {
+		t.Fatalf("%d of %d decisions differ from Bounded at r=%d; first: %s", rep.Mismatches, rep.Decisions, rep.Slots, rep.FirstMismatch)
+	}
+	if w := rep.Worst(); w.Overshoot > 1 {
+		t.Fatalf("overshoot %.2f", w.Overshoot)
+	}
+	if rep.Keys != 8 {
+		t.Fatalf("%d counters named per decision at r=160, want 8", rep.Keys)
+	}
+	// The check can fail: against Bounded at r=20 the same replay differs.
+	p := o.Limits[2]
+	i := slices.IndexFunc(Shapes(), func(sh Shape) bool { return sh.Name == "poisson-2x" })
+	tr := Shapes()[i].Generate(p, 0, o.Windows, 1)
+	want := make([]bool, len(tr.Times))
+	boundedModelOf(tr, p, 20, modelBounded, nil, want)
+	if _, mism, _, err := replayPacked(tr, p, limiter.DefaultSlots, want); err != nil || mism == 0 {
+		t.Fatalf("against Bounded at r=20: %d mismatches (err %v), want some", mism, err)
 	}
 }
