@@ -1,6 +1,7 @@
 // Package memory is Sluice's in-process store: the embedded default, and the
 // reference implementation of the limiter's store interfaces: [Store]
-// implements [limiter.Counter], [limiter.BucketStore] and [limiter.LogStore];
+// implements [limiter.Counter], [limiter.PackedCounter], [limiter.BucketStore]
+// and [limiter.LogStore];
 // [Leases] implements [limiter.LeaseStore] and [limiter.GaugeStore] for the
 // concurrency limiter and the load shedders.
 //
@@ -12,7 +13,13 @@
 // up to span sub-windows behind the newest finds its whole view and its
 // refund lands on the counter it added to; a writer further behind is
 // counted in the oldest sub-window of the newest writer's view
-// (Counts.Moved). Reads never move the ring. Buckets are the stored state,
+// (Counts.Moved). Reads never move the ring. Packed window counters
+// ([limiter.PackedCounter]) are, per level, a ring of 64-bit counters
+// holding every counter that covers a slot within op.Keep of the newest
+// slot added to the key; deltas are added modulo 2^64 (the limiter detects
+// a carry), refunds clamp each field at 0, and an op naming a counter older
+// than that is answered Stale without changing anything (never created
+// again). Buckets are the stored state,
 // logs a sorted slice reused in place. Every write sets an
 // expiry (the TTL the limiter asks for); an expired key reads as absent.
 //
