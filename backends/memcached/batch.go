@@ -25,6 +25,10 @@ var _ limiter.Batcher = (*Store)(nil)
 //   - StepAdd: the window's add, incr and get, as [Store.Add].
 //   - StepSub: decr <key> <n> noreply. Memcached sends no reply, so a
 //     refund costs no wait; StepResult.Err reports only a failure to send.
+//   - StepPackedAdd: the packed window's adds, incrs and get, as
+//     [Store.AddPacked].
+//   - StepPackedSub: decr <key|pl:idx> <delta> noreply per level, as
+//     StepSub.
 //   - StepBucket, StepLog refunds: sent without waiting, on their own
 //     goroutine, as [Store.UpdateBucket] does (a cas on the item the take
 //     cached, the cas loop after a lost race), under the store's timeout
@@ -47,7 +51,8 @@ var _ limiter.Batcher = (*Store)(nil)
 //     the gets is sent and the op is applied to its fresh reply.
 //
 // A step whose window counter vanished between add and incr (evicted) is
-// sent again on its own, as Add does.
+// sent again on its own, as Add does (a packed step: only its levels that
+// vanished, and its get).
 func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
 	if err := ctx.Err(); err != nil {
 		for i := range steps {
@@ -128,6 +133,13 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 		switch st.Kind {
 		case limiter.StepAdd:
 			out[i].Counts, out[i].Err = s.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
+		case limiter.StepPackedAdd:
+			out[i] = limiter.StepResult{}
+			if err := s.finishPacked(ctx, &b.pa); err != nil {
+				out[i].Err = err
+			} else {
+				out[i].Packed = b.pa.res
+			}
 		case limiter.StepBucket, limiter.StepLog:
 			out[i] = s.settle(ctx, b)
 		}
@@ -241,6 +253,10 @@ type bstep struct {
 	w    window // StepAdd
 	n    int64  // StepSub
 
+	pa   packedAdd         // StepPackedAdd
+	pget bool              // pa's round wrote a get
+	psub *limiter.PackedOp // StepPackedSub
+
 	apply applyFunc      // StepBucket, StepLog
 	write *memcache.Item // the speculative write; nil: gets only
 	found bool           // write is a cas (else an add)
@@ -254,7 +270,11 @@ type bstep struct {
 // prepare fills b for st.
 func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 	b.kind = st.Kind
-	b.base = s.keys.base(st.Key)
+	if st.Kind == limiter.StepPackedAdd || st.Kind == limiter.StepPackedSub {
+		b.base = s.keys.packedBase(st.Key)
+	} else {
+		b.base = s.keys.base(st.Key)
+	}
 	switch st.Kind {
 	case limiter.StepAdd:
 		span, n, cur := st.Span, st.N, st.Idx
@@ -274,6 +294,11 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 			return fmt.Errorf("memcached: bad window sub (n %d)", st.N)
 		}
 		b.key, b.n = counterKey(b.base, st.Idx), st.N
+	case limiter.StepPackedAdd:
+		return b.pa.init(s, b.base, &st.Packed)
+	case limiter.StepPackedSub:
+		b.psub = &st.Packed
+		return checkPackedAdds(b.psub)
 	case limiter.StepBucket:
 		b.key, b.apply = bucketKey(b.base), s.bucketApply(st.Bucket, st.TTL)
 		s.speculate(b)
@@ -332,6 +357,10 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 			pc.w.WriteByte(' ')
 			pc.w.Write(strconv.AppendInt(num[:0], b.n, 10))
 			pc.w.WriteString(" noreply\r\n")
+		case limiter.StepPackedAdd:
+			b.pget = b.pa.send(pc)
+		case limiter.StepPackedSub:
+			writePackedSub(pc, b.base, b.psub, true)
 		default:
 			if w := b.write; w != nil {
 				if b.found {
@@ -369,8 +398,14 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 				return err
 			}
 			b.res.Counts, b.again = c, vanished
-		case limiter.StepSub:
+		case limiter.StepSub, limiter.StepPackedSub:
 			// noreply: nothing to read.
+		case limiter.StepPackedAdd:
+			done, err := b.pa.recv(pc, b.pget)
+			if err != nil {
+				return err
+			}
+			b.res.Packed, b.again = b.pa.res, !done
 		default:
 			if err := s.readCAS(pc, b); err != nil {
 				return err

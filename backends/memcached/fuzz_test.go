@@ -23,13 +23,24 @@ func FuzzKeys(f *testing.F) {
 	f.Fuzz(func(t *testing.T, space1, name1, space2, name2 string) {
 		k1, k2 := limiter.Key{Space: space1, Name: name1}, limiter.Key{Space: space2, Name: name2}
 		b1, b2 := kr.base(k1), kr.base(k2)
-		for _, key := range []string{bucketKey(b1), logKey(b1), counterKey(b1, -1<<63), counterKey(b1, 1<<63-1)} {
+		p1, p2 := kr.packedBase(k1), kr.packedBase(k2)
+		for _, key := range []string{bucketKey(b1), logKey(b1), counterKey(b1, -1<<63), counterKey(b1, 1<<63-1),
+			string(appendPackedKey(nil, p1, limiter.PackedCell{Level: 1, Index: -1 << 63})),
+			string(appendPackedKey(nil, p1, limiter.PackedCell{Level: limiter.PackedLevels, Index: 1<<63 - 1}))} {
 			if !legal(key) {
 				t.Fatalf("key %q: memcached key %q is not legal", k1, key)
 			}
 		}
-		if (b1 == b2) != (k1 == k2) {
-			t.Fatalf("keys %q and %q: memcached keys %q and %q", k1, k2, b1, b2)
+		if (b1 == b2) != (k1 == k2) || (p1 == p2) != (k1 == k2) {
+			t.Fatalf("keys %q and %q: memcached keys %q and %q, packed %q and %q", k1, k2, b1, b2, p1, p2)
+		}
+		// A packed counter's key parses back to its cell, on its base.
+		c := limiter.PackedCell{Level: 3, Index: int64(len(name1)) - 7}
+		if got, ok := parsePackedSuffix(appendPackedKey(nil, p1, c), p1); !ok || got != c {
+			t.Fatalf("packed key of %v on %q parses as %v, %v", c, p1, got, ok)
+		}
+		if i := strings.LastIndexByte(string(appendPackedKey(nil, p1, c)), tagSep); string(appendPackedKey(nil, p1, c))[:i] != p1 {
+			t.Fatalf("hash tag of a packed key is not its base %q", p1)
 		}
 		// Nodes are picked by the base, whatever suffix follows.
 		if i := strings.LastIndexByte(counterKey(b1, 7), tagSep); counterKey(b1, 7)[:i] != b1 {
@@ -44,7 +55,11 @@ func FuzzReplies(f *testing.F) {
 	f.Add([]byte("VALUE k|c1 0 1\r\n"))
 	f.Add([]byte("VALUE k|c1 0 1 99\r\n"))
 	f.Add([]byte("18446744073709551615\r\n"))
+	f.Add([]byte("k:swp:1/a|p4:-12"))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		parseUintLine(b)
+		parseUcount(b)
+		parsePackedSuffix(b, "k:swp:1/a")
 		parseClusterConfig(b)
 		parseValueLine(b)
 		parseNumberLine(b)

@@ -17,6 +17,9 @@ const (
 	// maxSuffixLen is the longest suffix added to a base key: "|c" and a
 	// sub-window index ("-9223372036854775808" is 20 bytes).
 	maxSuffixLen = 22
+	// maxPackedSuffixLen is the longest suffix of a packed window's
+	// counter: "|p", a level digit, ':' and an index.
+	maxPackedSuffixLen = 4 + 20
 	// hashedBaseLen is the length of a hashed base without the prefix:
 	// "h:" and 43 bytes of unpadded base64url SHA-256.
 	hashedBaseLen = 2 + 43
@@ -43,7 +46,9 @@ const (
 // form is injective because Space has no '/'; the hashed form is injective
 // as long as SHA-256 is collision resistant, since its input encoding is.
 // A suffix names the item: "|c<idx>" for a window's sub-window counter,
-// "|b" for a token bucket, "|l" for a sliding log. Suffixes never contain
+// "|b" for a token bucket, "|l" for a sliding log, "|p<level>:<idx>" for a
+// packed window's counter (whose base is computed with room for that
+// longer suffix: packedBase). Suffixes never contain
 // '|', so base and suffix are recovered by splitting at the last '|'.
 type keyer struct {
 	prefix string
@@ -70,8 +75,17 @@ func printable(s string) bool {
 }
 
 // base returns the memcached key of k without a suffix.
-func (kr keyer) base(k limiter.Key) string {
-	if len(kr.prefix)+2+len(k.Space)+1+len(k.Name)+maxSuffixLen <= maxKeyLen &&
+func (kr keyer) base(k limiter.Key) string { return kr.baseFor(k, maxSuffixLen) }
+
+// packedBase returns the base of a packed window's counters: readable
+// only if a packed suffix fits after it too. (A packed window's Space is
+// its own, so its base never needs to match another item's.)
+func (kr keyer) packedBase(k limiter.Key) string { return kr.baseFor(k, maxPackedSuffixLen) }
+
+// baseFor returns the memcached key of k without a suffix of at most
+// suffix bytes.
+func (kr keyer) baseFor(k limiter.Key, suffix int) string {
+	if len(kr.prefix)+2+len(k.Space)+1+len(k.Name)+suffix <= maxKeyLen &&
 		printable(k.Space) && printable(k.Name) && !strings.Contains(k.Space, "/") {
 		return kr.prefix + "k:" + k.Space + "/" + k.Name
 	}
@@ -90,6 +104,13 @@ func counterKey(base string, idx int64) string {
 	b = append(b, base...)
 	b = append(b, tagSep, 'c')
 	return string(strconv.AppendInt(b, idx, 10))
+}
+
+// appendPackedKey appends the key of a packed window's counter c of base.
+func appendPackedKey(b []byte, base string, c limiter.PackedCell) []byte {
+	b = append(b, base...)
+	b = append(b, tagSep, 'p', '0'+c.Level, ':')
+	return strconv.AppendInt(b, c.Index, 10)
 }
 
 func bucketKey(base string) string { return base + "|b" }

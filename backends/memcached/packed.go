@@ -1,0 +1,476 @@
+package memcached
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+var _ limiter.PackedCounter = (*Store)(nil)
+
+// AddPacked implements [limiter.PackedCounter]. On one connection to the
+// key's node it sends, pipelined in one write, for each level l whose
+// delta is not zero:
+//
+//	add <key|pl:idx> 0 <exp> 1 / 0    creates the counter at 0 if missing
+//	incr <key|pl:idx> <delta>         adds the packed delta; the reply is Added[l-1]
+//
+// then one get of op.Reads (each counter once; a read of the counter the
+// last incr went to takes that incr's reply instead), and reads the
+// replies: one round trip. memcached's incr is atomic on the 64-bit
+// unsigned value and wraps modulo 2^64, as the contract wants (a field
+// that overflows carries into the next, which the limiter detects). The
+// add gives the counter the delta's TTL (rounded up to whole seconds, plus
+// one, plus jitter, as Add does); incr does not extend it. It never
+// answers Stale: counters are forgotten by age. With Config.Proxy the get
+// is sent after the incrs' replies (two round trips). On error the adds
+// may or may not have happened.
+func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+	if err := ctx.Err(); err != nil {
+		return limiter.PackedCounts{}, errorf("packed add", err)
+	}
+	var p packedAdd
+	if err := p.init(s, s.keys.packedBase(k), op); err != nil {
+		return limiter.PackedCounts{}, err
+	}
+	p.proxy = s.proxy
+	if err := s.finishPacked(ctx, &p); err != nil {
+		return limiter.PackedCounts{}, err
+	}
+	return p.res, nil
+}
+
+// SubPacked implements [limiter.PackedCounter]: decr <key|pl:idx> <delta>
+// for each level whose delta is not zero, pipelined, and their replies
+// read (one round trip). A counter that is gone (expired, evicted) has
+// nothing to give back and is not created; memcached stops a decr at 0 for
+// the whole value, which matters only for a counter created again after an
+// eviction. [Store.Do] sends the same decrs with noreply.
+func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+	if err := ctx.Err(); err != nil {
+		return errorf("packed sub", err)
+	}
+	if err := checkPackedAdds(op); err != nil {
+		return err
+	}
+	if packedLevels(op) == 0 {
+		return nil
+	}
+	base := s.keys.packedBase(k)
+	addr, err := s.ring.pickTag(base)
+	if err != nil {
+		return errorf("packed sub", err)
+	}
+	err = s.pool.exec(ctx, addr, func(pc *pconn) error {
+		writePackedSub(pc, base, op, false)
+		if err := pc.w.Flush(); err != nil {
+			return err
+		}
+		for l := range limiter.PackedLevels {
+			if op.Adds[l].Delta == 0 {
+				continue
+			}
+			line, err := pc.r.ReadSlice('\n')
+			if err != nil {
+				return err
+			}
+			if string(line) == "NOT_FOUND\r\n" {
+				continue
+			}
+			if _, ok := parseUintLine(line); !ok {
+				return replyError("decr", line)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return errorf("packed sub", err)
+	}
+	return nil
+}
+
+// finishPacked sends the rest of a batch's packed step whose counter
+// vanished: the levels still pending, and the get.
+func (s *Store) finishPacked(ctx context.Context, p *packedAdd) error {
+	addr, err := s.ring.pickTag(p.base)
+	if err == nil {
+		err = s.pool.exec(ctx, addr, p.run)
+	}
+	if err != nil {
+		return errorf("packed add", err)
+	}
+	return nil
+}
+
+// checkPackedAdds checks the cells of op's non-zero deltas: level l's at
+// level l.
+func checkPackedAdds(op *limiter.PackedOp) error {
+	for l := range limiter.PackedLevels {
+		if d := &op.Adds[l]; d.Delta != 0 && int(d.Cell.Level) != l+1 {
+			return fmt.Errorf("memcached: bad packed op: delta %d names a level-%d counter", l+1, d.Cell.Level)
+		}
+	}
+	return nil
+}
+
+// packedLevels returns the levels of op with a non-zero delta, as a bit
+// set (bit l-1 for level l).
+func packedLevels(op *limiter.PackedOp) uint8 {
+	var m uint8
+	for l := range limiter.PackedLevels {
+		if op.Adds[l].Delta != 0 {
+			m |= 1 << l
+		}
+	}
+	return m
+}
+
+// writePackedSub buffers a refund's decrs (with noreply when asked).
+func writePackedSub(pc *pconn, base string, op *limiter.PackedOp, noreply bool) {
+	var buf [maxKeyLen + 24]byte
+	for l := range limiter.PackedLevels {
+		d := &op.Adds[l]
+		if d.Delta == 0 {
+			continue
+		}
+		pc.w.WriteString("decr ")
+		pc.w.Write(appendPackedKey(buf[:0], base, d.Cell))
+		pc.w.WriteByte(' ')
+		pc.w.Write(strconv.AppendUint(buf[:0], d.Delta, 10))
+		if noreply {
+			pc.w.WriteString(" noreply")
+		}
+		pc.w.WriteString("\r\n")
+	}
+}
+
+// packedAdd is one AddPacked's request on its way. It survives a round in
+// which a counter vanished between its add and its incr (evicted,
+// flush_all): the next round sends only the levels still pending, so no
+// level is added twice.
+type packedAdd struct {
+	base  string
+	op    *limiter.PackedOp
+	exp   [limiter.PackedLevels]int32
+	proxy bool
+	// pending holds the levels whose add and incr are still to be sent
+	// (bit l-1 for level l).
+	pending uint8
+	// last is the level of the last incr of the round (0: none): a read
+	// of its counter takes that incr's reply, which every add of the op
+	// precedes.
+	last int
+	res  limiter.PackedCounts
+}
+
+// init checks op and prepares the request.
+func (p *packedAdd) init(s *Store, base string, op *limiter.PackedOp) error {
+	if op.NReads < 0 || op.NReads > limiter.MaxPackedReads {
+		return fmt.Errorf("memcached: bad packed op: %d reads", op.NReads)
+	}
+	for i := range op.NReads {
+		if l := op.Reads[i].Level; l < 1 || l > limiter.PackedLevels {
+			return fmt.Errorf("memcached: bad packed op: read of level %d", l)
+		}
+	}
+	if err := checkPackedAdds(op); err != nil {
+		return err
+	}
+	*p = packedAdd{base: base, op: op, pending: packedLevels(op)}
+	for l := range limiter.PackedLevels {
+		if op.Adds[l].Delta != 0 {
+			p.exp[l] = s.expiry(op.Adds[l].TTL)
+		}
+	}
+	return nil
+}
+
+// run sends the request on pc. Without Config.Proxy each round is one
+// write, the pending levels' adds and incrs and the get, and one read of
+// the replies; a round in which a counter vanished (its get reply is then
+// dropped) is followed by one of the levels still pending, at most three
+// in all. With Config.Proxy the get goes out only after the incrs'
+// replies.
+func (p *packedAdd) run(pc *pconn) error {
+	if p.proxy {
+		for range 3 {
+			if p.pending == 0 {
+				break
+			}
+			p.writeIncrs(pc)
+			if err := pc.w.Flush(); err != nil {
+				return err
+			}
+			if err := p.readIncrs(pc); err != nil {
+				return err
+			}
+		}
+		if p.pending != 0 {
+			return p.vanished()
+		}
+		if p.writeGet(pc) {
+			if err := pc.w.Flush(); err != nil {
+				return err
+			}
+			return p.readGet(pc)
+		}
+		p.fillLast()
+		return nil
+	}
+	for range 3 {
+		get := p.send(pc)
+		if err := pc.w.Flush(); err != nil {
+			return err
+		}
+		done, err := p.recv(pc, get)
+		if err != nil || done {
+			return err
+		}
+	}
+	return p.vanished()
+}
+
+func (p *packedAdd) vanished() error {
+	return fmt.Errorf("%w: a packed counter of %s kept vanishing between add and incr", limiter.ErrConflict, p.base)
+}
+
+// send buffers one round without flushing: the pending levels' adds and
+// incrs, then the get. It reports whether a get was written.
+func (p *packedAdd) send(pc *pconn) bool {
+	p.writeIncrs(pc)
+	return p.writeGet(pc)
+}
+
+// recv reads the replies to what send wrote (get: whether it wrote a get)
+// and reports whether the request is done (no level pending).
+func (p *packedAdd) recv(pc *pconn, get bool) (bool, error) {
+	if err := p.readIncrs(pc); err != nil {
+		return false, err
+	}
+	if get {
+		if err := p.readGet(pc); err != nil {
+			return false, err
+		}
+	}
+	if p.pending != 0 {
+		return false, nil
+	}
+	if !get {
+		p.fillLast()
+	}
+	return true, nil
+}
+
+// writeIncrs buffers the pending levels' adds and incrs.
+func (p *packedAdd) writeIncrs(pc *pconn) {
+	var buf [maxKeyLen + 24]byte
+	p.last = 0
+	for l := range limiter.PackedLevels {
+		if p.pending&(1<<l) == 0 {
+			continue
+		}
+		d := &p.op.Adds[l]
+		key := appendPackedKey(buf[:0], p.base, d.Cell)
+		pc.w.WriteString("add ")
+		pc.w.Write(key)
+		pc.w.WriteString(" 0 ")
+		pc.w.Write(strconv.AppendInt(buf[len(key):len(key)], int64(p.exp[l]), 10))
+		pc.w.WriteString(" 1\r\n0\r\nincr ")
+		pc.w.Write(key)
+		pc.w.WriteByte(' ')
+		pc.w.Write(strconv.AppendUint(buf[len(key):len(key)], d.Delta, 10))
+		pc.w.WriteString("\r\n")
+		p.last = l + 1
+	}
+}
+
+// readIncrs reads the replies to writeIncrs: a level whose counter
+// vanished stays pending.
+func (p *packedAdd) readIncrs(pc *pconn) error {
+	sent := p.pending
+	for l := range limiter.PackedLevels {
+		if sent&(1<<l) == 0 {
+			continue
+		}
+		line, err := pc.r.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if string(line) != "STORED\r\n" && string(line) != "NOT_STORED\r\n" {
+			return replyError("add", line)
+		}
+		if line, err = pc.r.ReadSlice('\n'); err != nil {
+			return err
+		}
+		if string(line) == "NOT_FOUND\r\n" {
+			continue // vanished: sent again in the next round
+		}
+		v, ok := parseUintLine(line)
+		if !ok {
+			return replyError("incr", line)
+		}
+		p.res.Added[l] = v
+		p.pending &^= 1 << l
+	}
+	if p.last != 0 && p.pending&(1<<(p.last-1)) != 0 {
+		p.last = 0 // the last incr vanished: its counter is read in the next round
+	}
+	return nil
+}
+
+// lastCell reports the counter of the round's last incr, if it answered.
+func (p *packedAdd) lastCell() (limiter.PackedCell, bool) {
+	if p.last == 0 || p.pending != 0 {
+		return limiter.PackedCell{}, false
+	}
+	return p.op.Adds[p.last-1].Cell, true
+}
+
+// writeGet buffers the get of the reads (each counter once, the last
+// incr's left out) and reports whether there was anything to read. If
+// that incr's counter vanished after all, the round is sent again.
+func (p *packedAdd) writeGet(pc *pconn) bool {
+	var buf [maxKeyLen + 24]byte
+	var skip limiter.PackedCell
+	hasSkip := p.last != 0
+	if hasSkip {
+		skip = p.op.Adds[p.last-1].Cell
+	}
+	n := 0
+	for i := range p.op.NReads {
+		c := p.op.Reads[i]
+		if hasSkip && c == skip || dupRead(p.op, i) {
+			continue
+		}
+		if n == 0 {
+			pc.w.WriteString("get")
+		}
+		pc.w.WriteByte(' ')
+		pc.w.Write(appendPackedKey(buf[:0], p.base, c))
+		n++
+	}
+	if n > 0 {
+		pc.w.WriteString("\r\n")
+	}
+	return n > 0
+}
+
+// dupRead reports whether op.Reads[i] repeats an earlier read.
+func dupRead(op *limiter.PackedOp, i int) bool {
+	for j := range i {
+		if op.Reads[j] == op.Reads[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// fillLast copies the last incr's reply into the reads of its counter.
+func (p *packedAdd) fillLast() {
+	c, ok := p.lastCell()
+	if !ok {
+		return
+	}
+	for i := range p.op.NReads {
+		if p.op.Reads[i] == c {
+			p.res.Read[i] = p.res.Added[p.last-1]
+		}
+	}
+}
+
+// readGet reads the get's reply into res.Read (a counter missing from it
+// reads 0), then fills the last incr's reads.
+func (p *packedAdd) readGet(pc *pconn) error {
+	p.res.Read = [limiter.MaxPackedReads]uint64{}
+	p.fillLast()
+	var data [maxCountLen + 2]byte
+	for {
+		line, err := pc.r.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if string(line) == "END\r\n" {
+			return nil
+		}
+		key, size, ok := parseValueLine(line)
+		if !ok || size > maxCountLen {
+			return replyError("get", line)
+		}
+		c, ok := parsePackedSuffix(key, p.base)
+		matched := false
+		for i := range p.op.NReads {
+			if ok && p.op.Reads[i] == c {
+				matched = true
+			}
+		}
+		if !matched {
+			return replyError("get", line) // not a counter we asked for
+		}
+		// line aliases the reader's buffer: done with it.
+		if _, err := io.ReadFull(pc.r, data[:size+2]); err != nil {
+			return err
+		}
+		if string(data[size:size+2]) != "\r\n" {
+			return fmt.Errorf("%w: get value not terminated by CRLF", errProtocol)
+		}
+		v, err := parseUcount(data[:size])
+		if err != nil {
+			return fmt.Errorf("packed counter %d:%d: %w", c.Level, c.Index, err)
+		}
+		for i := range p.op.NReads {
+			if p.op.Reads[i] == c {
+				p.res.Read[i] = v
+			}
+		}
+	}
+}
+
+// parsePackedSuffix parses the cell of a packed counter's key of base.
+func parsePackedSuffix(key []byte, base string) (limiter.PackedCell, bool) {
+	if len(key) < len(base)+5 || string(key[:len(base)]) != base {
+		return limiter.PackedCell{}, false
+	}
+	s := key[len(base):]
+	if s[0] != tagSep || s[1] != 'p' || s[2] < '1' || s[2] > '0'+limiter.PackedLevels || s[3] != ':' {
+		return limiter.PackedCell{}, false
+	}
+	idx, err := strconv.ParseInt(string(s[4:]), 10, 64)
+	if err != nil {
+		return limiter.PackedCell{}, false
+	}
+	return limiter.PackedCell{Level: s[2] - '0', Index: idx}, true
+}
+
+// parseUintLine parses an incr or decr reply: a decimal 64-bit unsigned
+// number and CRLF.
+func parseUintLine(line []byte) (uint64, bool) {
+	digits, ok := cutCRLF(line)
+	if !ok || len(digits) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(digits), 10, 64)
+	return v, err == nil
+}
+
+func cutCRLF(line []byte) ([]byte, bool) {
+	if n := len(line); n >= 2 && line[n-2] == '\r' && line[n-1] == '\n' {
+		return line[:n-2], true
+	}
+	return nil, false
+}
+
+// parseUcount parses a packed counter's value: all 64 bits (memcached may
+// leave trailing spaces after a decr).
+func parseUcount(b []byte) (uint64, error) {
+	for len(b) > 0 && b[len(b)-1] == ' ' {
+		b = b[:len(b)-1]
+	}
+	v, err := strconv.ParseUint(string(b), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: counter value %.40q is not a number", limiter.ErrCorruptState, b)
+	}
+	return v, nil
+}
