@@ -1,7 +1,10 @@
 package limiter
 
 import (
+	"context"
+	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -214,5 +217,88 @@ func TestPackedOverflowDetected(t *testing.T) {
 	c.Added[1] = 2<<(16*fld) + 1<<(16*(fld+1))
 	if !p.overflowed(&c, 3) {
 		t.Fatal("a wrapped field not reported")
+	}
+}
+
+// packedFake is a store with PackedCounter that does nothing (for
+// configuration checks).
+type packedFake struct{ Counter }
+
+func (packedFake) AddPacked(context.Context, Key, *PackedOp) (PackedCounts, error) {
+	return PackedCounts{}, nil
+}
+func (packedFake) SubPacked(context.Context, Key, *PackedOp) error { return nil }
+
+type counterOnly struct{ Counter }
+
+func TestPackedConfig(t *testing.T) {
+	ok := SlidingWindowConfig{Name: "p", Limit: 100, Window: time.Second, Representation: Packed}
+	w, err := NewSlidingWindow(packedFake{}, ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Config().Slots; got != DefaultSlots {
+		t.Fatalf("Slots defaults to %d, want %d", got, DefaultSlots)
+	}
+	for _, c := range []struct {
+		name  string
+		store Counter
+		edit  func(*SlidingWindowConfig)
+		field string
+	}{
+		{"store without PackedCounter", counterOnly{}, func(*SlidingWindowConfig) {}, "representation"},
+		{"limit above 16-bit fields", packedFake{}, func(c *SlidingWindowConfig) { c.Limit = MaxPackedLimit + 1 }, "limit"},
+		{"interpolated", packedFake{}, func(c *SlidingWindowConfig) { c.Estimator = Interpolated }, "estimator"},
+		{"count denied", packedFake{}, func(c *SlidingWindowConfig) { c.CountDenied = true }, "count-denied"},
+		{"too few slots", packedFake{}, func(c *SlidingWindowConfig) { c.Slots = MinSlots - 1 }, "slots"},
+		{"too many slots", packedFake{}, func(c *SlidingWindowConfig) { c.Slots = MaxSlots + 1 }, "slots"},
+		{"slots do not divide", packedFake{}, func(c *SlidingWindowConfig) { c.Window = time.Second + 1 }, "slots"},
+		{"slots too short", packedFake{}, func(c *SlidingWindowConfig) { c.Window = 10 * time.Millisecond; c.Slots = 128 }, "slots"},
+		{"slots without packed", packedFake{}, func(c *SlidingWindowConfig) { c.Representation = SubWindowCounters; c.Slots = 160 }, "slots"},
+		{"unknown representation", packedFake{}, func(c *SlidingWindowConfig) { c.Representation = Packed + 1 }, "representation"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := ok
+			c.edit(&cfg)
+			_, err := NewSlidingWindow(c.store, cfg)
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), c.field) {
+				t.Fatalf("got %v, want ErrInvalidConfig naming %q", err, c.field)
+			}
+		})
+	}
+	if MaxPackedLimit != 32767 {
+		t.Fatalf("MaxPackedLimit %d", MaxPackedLimit)
+	}
+	for _, s := range []string{"packed", "subwindows", ""} {
+		r, err := ParseRepresentation(s)
+		if err != nil || (s != "" && r.String() != s) {
+			t.Fatalf("ParseRepresentation(%q) = %v, %v", s, r, err)
+		}
+	}
+	if _, err := ParseRepresentation("sliced"); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("unknown representation parsed: %v", err)
+	}
+}
+
+// TestPackedStaleAndOverflowDeny: a Stale answer and a wrapped field both
+// deny, the wrapped one giving its units back at once.
+func TestPackedStaleAndOverflowDeny(t *testing.T) {
+	w, err := NewSlidingWindow(packedFake{}, SlidingWindowConfig{Name: "p", Limit: 100, Window: time.Second, Representation: Packed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := int64(1_700_000_000_000_000_000)
+	st, _, err := w.plan("k", time.Unix(0, now), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, undo, undoNow, err := w.judge(&st, &StepResult{Packed: PackedCounts{Stale: true}}, now)
+	if err != nil || d.Allowed || d.RetryAfter <= 0 || undo.Kind != 0 || undoNow {
+		t.Fatalf("Stale: %+v undo %v now %v err %v: want a denial with nothing to give back", d, undo.Kind, undoNow, err)
+	}
+	var c PackedCounts // every added field reads 0 < 5: wrapped
+	d, undo, undoNow, err = w.judge(&st, &StepResult{Packed: c}, now)
+	if err != nil || d.Allowed || undo.Kind != StepPackedSub || !undoNow || undo.Packed.Adds != st.Packed.Adds {
+		t.Fatalf("overflow: %+v undo %v now %v err %v: want a denial giving back the same deltas", d, undo.Kind, undoNow, err)
 	}
 }

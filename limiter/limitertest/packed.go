@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	mrand "math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -144,7 +145,42 @@ func testPacked(t *testing.T, s Store) {
 			}
 		}
 	})
+	t.Run("Stack", func(t *testing.T) {
+		// A packed window of 3 per 640 ms under a per-slot fixed window of
+		// 1: each slot's second request is denied by the fixed window and
+		// its take given back to the packed one (a batch's refund), so
+		// exactly 3 pass in 3 slots, then the packed window denies.
+		pw := packedWindow(t, s, 3)
+		fw := fixed(t, s, limiter.FixedWindowConfig{Name: "per-slot", Limit: 1, Window: packedLen})
+		st, err := limiter.NewStack(pw, fw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := Key(t)
+		allowed := 0
+		for i := range 4 {
+			for j := range 2 {
+				d := allow(t, st, key, Base.Add(slotAt(t0-2+int64(i), time.Duration(j)*ms)), 1)
+				if d.Allowed {
+					allowed++
+				}
+			}
+		}
+		if allowed != 3 {
+			t.Fatalf("%d allowed, want 3", allowed)
+		}
+		if got := packedRead(t, ps, limiter.Key{Space: packedSpace(pw), Name: key}, t0+1); got != 3 {
+			t.Fatalf("the packed window holds %d after the stack's refunds, want 3", got)
+		}
+	})
 	t.Run("AgainstBounded", func(t *testing.T) { testPackedAgainstModel(t, s) })
+}
+
+// packedSpace is the key space of a packed window (as the limiter names
+// it: "swp:<limit>:<window>:<slots>:<levels>").
+func packedSpace(w *limiter.SlidingWindow) string {
+	c := w.Config()
+	return "swp:" + strconv.FormatInt(c.Limit, 10) + ":" + c.Window.String() + ":" + strconv.Itoa(c.Slots) + ":" + strconv.Itoa(limiter.PackedLevels)
 }
 
 // packedRead is the count in the view of slot f (reads only).
