@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -157,13 +158,17 @@ func Exactness(ss []Sample, wl Workload) (allowed, bound, serial int64, worst st
 	return
 }
 
+// EnvBenchRun names the variable that sets [Run] (SLUICE_BENCH_RUN): a
+// benchmark knob, not part of the deployed configuration.
+const EnvBenchRun = config.Prefix + "BENCH_RUN"
+
 // Run is how long each measured phase of a contention benchmark runs:
-// 3 s, or SLUICE_BENCH_RUN (e.g. 10s).
+// 3 s, or EnvBenchRun (e.g. 10s).
 func Run(tb testing.TB) time.Duration {
-	if v := os.Getenv("SLUICE_BENCH_RUN"); v != "" {
+	if v := os.Getenv(EnvBenchRun); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			tb.Fatalf("SLUICE_BENCH_RUN=%q: %v", v, err)
+			tb.Fatalf("%s=%q: %v", EnvBenchRun, v, err)
 		}
 		return d
 	}
