@@ -19,7 +19,9 @@
 // slot added to the key; deltas are added modulo 2^64 (the limiter detects
 // a carry), refunds clamp each field at 0, and an op naming a counter older
 // than that is answered Stale without changing anything (never created
-// again). Buckets are the stored state,
+// again). A packed key at the default 160 slots holds 116 counters (83, 23,
+// 7 and 3 per level: about 2.8 KB, against 336 bytes for 20 sub-window
+// counters), allocated on its first add. Buckets are the stored state,
 // logs a sorted slice reused in place. Every write sets an
 // expiry (the TTL the limiter asks for); an expired key reads as absent.
 //
