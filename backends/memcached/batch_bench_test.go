@@ -67,8 +67,8 @@ func BenchmarkFlood(b *testing.B) {
 }
 
 // BenchmarkThreeLimits: the latency of one allowed decision with three
-// limits on one key (a sliding window, a token bucket and a fixed window,
-// never reached), next to one raw get in the same loop: one pipelined
+// limits on one key (a sliding window, sub-window or packed, a token
+// bucket and a fixed window, never reached), next to one raw get in the same loop: one pipelined
 // round trip against one.
 func BenchmarkThreeLimits(b *testing.B) {
 	addr := testserver.Memcached(b)
@@ -83,6 +83,17 @@ func BenchmarkThreeLimits(b *testing.B) {
 			latency(b, stack, mc, rawKey, 1)
 		})
 	}
+	b.Run("PackedSliding+Bucket+Fixed", func(b *testing.B) {
+		// The packed window (160 slots) in place of the sub-window one.
+		w, err := packedWindow(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 1 << 40, RefillTime: time.Hour})
+		f, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f", Limit: 1 << 40, Window: time.Minute})
+		stack, _ := limiter.NewStack(w, tb, f)
+		latency(b, stack, mc, rawKey, 1)
+	})
 	b.Run("EmbeddedRules", func(b *testing.B) {
 		// The embedded rules' limits of a request with a token: per-ip
 		// (a sliding window and a token bucket) and per-token (a window).
