@@ -14,20 +14,21 @@ const DefaultMaxDetached = 64
 
 // Do implements [limiter.Batcher]: the steps of a batch are sent at once,
 // each as the request (or conditional-write loop) of its single-step method
-// (Add, Sub, UpdateBucket, UpdateLog), one goroutine each, so a batch costs
-// the latency of its slowest step, one round trip when nothing conflicts.
-// Each step is exactly as atomic as its single-step method; the batch is
-// not all-or-nothing (a denied batch is refunded by the caller).
+// (Add, Sub, AddPacked, SubPacked, UpdateBucket, UpdateLog), one goroutine
+// each, so a batch costs the latency of its slowest step, one round trip
+// when nothing conflicts. Each step is exactly as atomic as its
+// single-step method; the batch is not all-or-nothing (a denied batch is
+// refunded by the caller).
 //
-// Refunds (window Subs, bucket and log refund ops) are sent without waiting
-// unless Config.WaitRefunds: Do returns at once for them, with a nil
-// StepResult.Err, and the request runs detached from ctx's cancellation
-// under a deadline of its own (Config.Timeout). At most Config.MaxDetached
-// refunds are in flight per store; a refund over the bound is waited for. A
-// later step of this store on the same key waits for the key's detached
-// refunds first, so a process reads its own refunds. A detached refund that
-// fails is lost: its units stay counted (never free), and are counted in
-// Stats.LostRefunds.
+// Refunds (window Subs and SubPackeds, bucket and log refund ops) are sent
+// without waiting unless Config.WaitRefunds: Do returns at once for them,
+// with a nil StepResult.Err, and the request runs detached from ctx's
+// cancellation under a deadline of its own (Config.Timeout). At most
+// Config.MaxDetached refunds are in flight per store; a refund over the
+// bound is waited for. A later step of this store on the same key waits
+// for the key's detached refunds first, so a process reads its own
+// refunds. A detached refund that fails is lost: its units stay counted
+// (never free), and are counted in Stats.LostRefunds.
 func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
@@ -64,7 +65,7 @@ func (s *Store) doStep(ctx context.Context, st *limiter.Step) limiter.StepResult
 // isRefund reports whether st only gives back what an earlier step took.
 func isRefund(st *limiter.Step) bool {
 	switch st.Kind {
-	case limiter.StepSub:
+	case limiter.StepSub, limiter.StepPackedSub:
 		return true
 	case limiter.StepBucket:
 		return st.Bucket.Refund()

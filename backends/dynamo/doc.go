@@ -1,8 +1,8 @@
 // Package dynamo keeps limiter state in one DynamoDB table, with one
 // request per decision in the common case and no lost update under any
 // contention. [Store] implements [limiter.BucketStore] (token buckets),
-// [limiter.Counter] (sliding and fixed windows) and [limiter.LogStore]
-// (sliding logs).
+// [limiter.Counter] (sliding and fixed windows), [limiter.PackedCounter]
+// (packed sliding windows) and [limiter.LogStore] (sliding logs).
 //
 // # Table layout
 //
@@ -150,6 +150,69 @@
 // sub-windows about 660 bytes; at 60 sub-windows and large counts an item
 // can pass 1 KB and cost two write units.
 //
+// # Packed windows
+//
+// A packed sliding window ([limiter.Packed], [limiter.PackedCounter]) is
+// one item per key with one Number attribute per counter (level, index),
+// named by five base64url characters of (level-1)<<28 | index mod 2^28
+// (an index recurs only 2^30 slots or more later). AddPacked is ONE
+// UpdateItem:
+//
+//	ADD <L1> :d1, <L2> :d2, <L3> :d3, <L4> :d4  SET ttl = :ttl
+//	REMOVE <2 counters per level just behind the keep bound>, <stale names seen before>
+//	condition: (attribute_not_exists(<Li>) OR attribute_type(<Li>, N)) for each i
+//	ReturnValues=ALL_NEW
+//
+// The added counters and the op's reads are read from the returned item.
+// ADD is atomic, so concurrent adds never conflict, and each caller's
+// reads include its own add and every add before it. DynamoDB numbers are
+// decimal (38 digits) and do not wrap: a counter that a denied add carried
+// out of its top field holds 2^64 or more, and the store answers every
+// counter modulo 2^64, which is the value of a 64-bit counter that wraps
+// (the limiter detects the carry and gives the units back; the refund
+// subtracts exactly, so the number returns to what it was).
+//
+// Out-of-order writers: the newest slot added to the key is tracked in
+// the item as its newest level-1 counter (the newest writer's level-1
+// counter is never removed), so to 4 slots. The keep bound of slot f is
+// keepFrom(f) = 4*floor(f/4) - Keep, at most f - Keep: a writer removes
+// only counters that end before its own keep bound (at every level the
+// two just behind it by name, and those its process saw in the key's last
+// response), so no writer removes a counter that covers a slot in
+// [newest-Keep, newest], and a writer within the horizon finds its whole
+// view and refunds into the counters it added to. After the add, the
+// returned item gives the newest level-1 counter: if a counter the op
+// names ends before keepFrom(newest) (it may have been removed, and the
+// add created it again) the op is Stale: a second UpdateItem takes the add
+// back (ADD of the negated deltas on condition that each counter holds
+// them; REMOVE of the counters that end before the bound) and the op
+// answers Stale (the limiter denies it). Between the two requests the
+// late units are visible only in counters no writer within the horizon
+// reads, or in coarse fields one does (stricter). Stats.PackedStale counts
+// them. A writer past the horizon whose counters all end at or after the
+// bound (never removed) reads its view exactly and is decided on it. An op
+// that adds nothing (a read) is a consistent GetItem. When an add's
+// response shows eight or more counters past the writer's keep bound
+// (left by a gap in traffic), they are removed at once with a second
+// UpdateItem (Stats.Cleanups), otherwise at this process's next add.
+//
+// SubPacked (a refund) is ONE UpdateItem, ADD <Li> -di on condition
+// <Li> >= di for each level, which never creates a counter and subtracts
+// exactly. If the condition fails, the item it returns (ALL_OLD) says which
+// counters are gone (skipped: their units went with them) and which hold
+// less than the refund (a counter removed and created again: set to its
+// value with each field taken down, at most to 0, on condition of that
+// value), and the write is tried again in the conditional-write loop.
+//
+// Size: with traffic in every slot a key holds the counters covering
+// [keep bound, newest]: at the default 160 slots 114 counters, about
+// 1,650 bytes with a 60-byte key, so each decision costs 2 WCU (measured by
+// TestPackedRemoval); traffic every other slot about 1,400 bytes; every 8th
+// slot about 720 bytes (1 WCU). At 64 slots an item with traffic in every
+// slot is about 740 bytes (1 WCU), at 96 slots about 1,050. A decision is
+// one request (two for a Stale writer, or with a cleanup); a denial adds
+// the refund of its own take, sent without waiting.
+//
 // # Sliding logs
 //
 // Item: log (Binary, limiter.AppendLog), v (N, version). The log is written
@@ -165,7 +228,8 @@
 // A [Store] is a limiter.Batcher: limiter.Decide hands it every step of a
 // request bound for it in one [Store.Do]. Do sends the steps at once, each
 // as the request (or conditional-write loop) of its single-step method
-// (Add, Sub, UpdateBucket, UpdateLog), one goroutine per step, under one
+// (Add, Sub, AddPacked, SubPacked, UpdateBucket, UpdateLog), one goroutine
+// per step, under one
 // deadline, so a batch costs one round trip of latency and exactly the
 // requests and write units of its steps (1 WCU per limit when nothing
 // conflicts). Each step is exactly as atomic, and as exact under
@@ -173,8 +237,8 @@
 // all-or-nothing: Decide refunds the takes of a denied batch, in a second
 // Do.
 //
-// Refunds (window Subs, bucket and log refund ops: BucketOp.Refund,
-// LogOp.Refund) are sent without waiting unless Config.WaitRefunds: Do
+// Refunds (window Subs and SubPackeds, bucket and log refund ops:
+// BucketOp.Refund, LogOp.Refund) are sent without waiting unless Config.WaitRefunds: Do
 // returns at once for them and they run detached from the caller's context
 // under Config.Timeout, at most Config.MaxDetached in flight (a refund over
 // the bound is waited for). A later step of the store on the same key waits

@@ -9,3 +9,13 @@ var ItemKey = itemKey
 
 // SlotName exposes slotName to the tests.
 var SlotName = slotName
+
+// BreakPacked breaks s's packed protocol on purpose, for tests that show
+// they fail without it: counters are removed early slots before the keep
+// bound, and with noStale no add is ever answered Stale.
+func BreakPacked(s *Store, early int64, noStale bool) {
+	s.packedEarly, s.packedNoStale = early, noStale
+}
+
+// PackedName exposes packedName to the tests.
+var PackedName = packedName

@@ -129,13 +129,18 @@ type Store struct {
 	cache   *cache
 	optFns  []func(*dynamodb.Options)
 	counter struct {
-		conflicts, reads, cleanups, moves, lostRefunds atomic.Int64
+		conflicts, reads, cleanups, moves, lostRefunds, packedStale atomic.Int64
 	}
 	// refunds: the refunds Do sends without waiting (batch.go).
 	refunds *pending.Refunds
 	// exactOnly turns off relative bucket writes (tests and benchmarks
 	// compare the two protocols).
 	exactOnly bool
+	// packedEarly and packedNoStale break the packed protocol on purpose
+	// (tests show that they fail without it): remove counters packedEarly
+	// slots before the keep bound; never answer Stale.
+	packedEarly   int64
+	packedNoStale bool
 }
 
 // New returns a store on client, or an error naming the bad Config field.
@@ -176,8 +181,13 @@ type Stats struct {
 	// newest writer's).
 	Moves int64
 	// LostRefunds counts refunds sent without waiting (see [Store.Do])
-	// that failed: their units stay counted.
+	// that failed, and packed adds answered Stale whose undo failed: their
+	// units stay counted.
 	LostRefunds int64
+	// PackedStale counts packed adds answered Stale (a writer past the
+	// horizon, see [Store.AddPacked]): each took its add back with a
+	// second UpdateItem.
+	PackedStale int64
 	// CachedKeys is the number of keys in the state cache.
 	CachedKeys int
 }
@@ -190,6 +200,7 @@ func (s *Store) Stats() Stats {
 		Cleanups:    s.counter.cleanups.Load(),
 		Moves:       s.counter.moves.Load(),
 		LostRefunds: s.counter.lostRefunds.Load(),
+		PackedStale: s.counter.packedStale.Load(),
 		CachedKeys:  s.cache.len(),
 	}
 }

@@ -15,8 +15,8 @@ func TestConformance(t *testing.T) {
 	s, r, _ := newStore(t, dynamo.Config{})
 	limitertest.Run(t, limitertest.BucketsAtStamp(s))
 	st := s.Stats()
-	t.Logf("%d requests (%d failed: lost races and the suite's bad calls); %d conflicts, %d reads, %d cleanups",
-		r.load(), r.failed.Load(), st.Conflicts, st.Reads, st.Cleanups)
+	t.Logf("%d requests (%d failed: lost races and the suite's bad calls); %d conflicts, %d reads, %d cleanups, %d lost refunds, %d packed Stale",
+		r.load(), r.failed.Load(), st.Conflicts, st.Reads, st.Cleanups, st.LostRefunds, st.PackedStale)
 }
 
 // The acceptance: a bucket of 100 with a one-hour refill, 64

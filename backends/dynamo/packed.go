@@ -1,0 +1,508 @@
+package dynamo
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+var _ limiter.PackedCounter = (*Store)(nil)
+
+const packedKind = "packed window"
+
+// A packed counter (limiter.PackedCell) is a top-level Number attribute
+// named by five base64url characters of a 30-bit value: the level minus one
+// in the top 2 bits, the counter's index modulo 2^28 in the others. Index i
+// of level l aliases i+2^28 only 2^(28+2l) slots later (at least 2^30
+// slots: 12 days at the smallest slot of 1 ms), long after the older one
+// has been removed. The names have the length of a window's sub-window
+// counters but never share an item with them (a packed window's keys have
+// their own space).
+const (
+	packedIdxBits = 28
+	packedIdxMod  = 1 << packedIdxBits
+)
+
+// packedName is the attribute name of counter c.
+func packedName(c limiter.PackedCell) string {
+	return slotName(int64(c.Level-1)<<packedIdxBits | mod(c.Index, packedIdxMod))
+}
+
+// parsePackedName returns the level and the index modulo 2^28 of a counter
+// attribute name, or false for other names.
+func parsePackedName(name string) (level int, idx int64, ok bool) {
+	v, ok := parseSlot(name)
+	if !ok {
+		return 0, 0, false
+	}
+	return int(v>>packedIdxBits) + 1, v & (packedIdxMod - 1), true
+}
+
+// resolve returns the index, modulo 2^28 in a name, of the level-l counter
+// nearest to the one of slot f (within 2^27 counters either side).
+func resolve(idx int64, l int, f int64) int64 {
+	ref := f >> (2 * l)
+	d := mod(idx-ref, packedIdxMod)
+	if d >= packedIdxMod/2 {
+		d -= packedIdxMod
+	}
+	return ref + d
+}
+
+// keepFrom is the oldest slot whose counters a store at newest slot f
+// holds: counters whose Last() is below it may be removed. The newest slot
+// is tracked in the item at the resolution of a level-1 counter (4 slots:
+// the newest level-1 counter present), so the bound is taken from the first
+// slot of the level-1 counter of f: 4*floor(f/4) - keep, which is at most
+// f - keep (a counter the contract lets a store drop may be held up to 3
+// slots longer, never less).
+func keepFrom(f, keep int64) int64 { return f&^3 - keep }
+
+// AddPacked implements [limiter.PackedCounter]: ONE UpdateItem that ADDs
+// each level's delta to its counter attribute, removes counters past the
+// writer's own keep bound (keepFrom(op.Slot, op.Keep): the two just behind
+// it at every level by name, and the ones the last response of this
+// process showed), sets the TTL and returns the whole item (ALL_NEW), from
+// which the added counters and op.Reads are read, each value taken modulo
+// 2^64 (DynamoDB's numbers do not wrap; the remainder is what wrapping
+// additions give).
+//
+// The newest slot added to the key is the newest level-1 counter in the
+// item. If a counter the op names is older than keepFrom(newest, op.Keep)
+// (it may have been removed, and the add created it again), the op is
+// Stale: its add is taken back with a second UpdateItem (as SubPacked;
+// Stats.PackedStale) and it answers Stale. An op that adds nothing is a
+// consistent GetItem.
+func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+	var c limiter.PackedCounts
+	if err := validPacked(op); err != nil {
+		return c, err
+	}
+	pk := itemKey(k)
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	if err := s.waitRefunds(ctx, pk); err != nil {
+		return c, err
+	}
+	adds := false
+	var ttl time.Duration
+	for _, a := range op.Adds {
+		if a.Delta != 0 {
+			adds = true
+			ttl = max(ttl, a.TTL)
+		}
+	}
+	if !adds {
+		s.counter.reads.Add(1)
+		out, err := s.client.GetItem(ctx, &dynamodb.GetItemInput{
+			TableName: s.table, Key: keyAttr(pk), ConsistentRead: aws.Bool(true),
+		}, s.optFns...)
+		if err != nil {
+			return c, mapError("packed window read", err)
+		}
+		it, err := decodePacked(pk, out.Item, op.Slot, op.Keep)
+		if err != nil {
+			return c, err
+		}
+		return it.answer(op), nil
+	}
+
+	names := map[string]string{"#x": AttrTTL}
+	values := map[string]types.AttributeValue{":x": s.ttlValue(ttl), ":N": &types.AttributeValueMemberS{Value: "N"}}
+	var expr, cond strings.Builder
+	for i, a := range op.Adds {
+		if a.Delta == 0 {
+			continue
+		}
+		ph, vp := "#a"+strconv.Itoa(i), ":d"+strconv.Itoa(i)
+		names[ph] = packedName(a.Cell)
+		values[vp] = &types.AttributeValueMemberN{Value: strconv.FormatUint(a.Delta, 10)}
+		if expr.Len() == 0 {
+			expr.WriteString("ADD ")
+		} else {
+			expr.WriteString(", ")
+			cond.WriteString(" AND ")
+		}
+		expr.WriteString(ph + " " + vp)
+		fmt.Fprintf(&cond, "(attribute_not_exists(%s) OR attribute_type(%s, :N))", ph, ph)
+	}
+	expr.WriteString(" SET #x = :x")
+	if remove := s.packedRemovals(pk, op); len(remove) > 0 {
+		expr.WriteString(" ")
+		writeRemove(&expr, names, remove)
+	}
+	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                           s.table,
+		Key:                                 keyAttr(pk),
+		UpdateExpression:                    aws.String(expr.String()),
+		ConditionExpression:                 aws.String(cond.String()),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           values,
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}, s.optFns...)
+	if err != nil {
+		s.cache.remove(pk)
+		if old, lost := conditionFailed(err); lost {
+			// Only a counter of the wrong type fails the condition.
+			if _, err := decodePacked(pk, old, op.Slot, op.Keep); err != nil {
+				return c, err
+			}
+			for _, a := range op.Adds {
+				if av, ok := old[packedName(a.Cell)]; ok && a.Delta != 0 {
+					if _, err := packedValue(pk, packedName(a.Cell), av); err != nil {
+						return c, err
+					}
+				}
+			}
+			return c, corrupt(packedKind, pk, "", "the add's condition failed on an item of counters")
+		}
+		return c, mapError("packed window add", err)
+	}
+	it, err := decodePacked(pk, out.Attributes, op.Slot, op.Keep-s.packedEarly)
+	if err != nil {
+		s.cache.remove(pk)
+		return c, err
+	}
+	switch {
+	case len(it.stale) == 0:
+		s.cache.remove(pk)
+	case len(it.stale) >= cleanupStale:
+		s.cleanup(ctx, pk, it.stale)
+	default:
+		s.cache.put(pk, windowState{stale: it.stale})
+	}
+	if it.staleOp(op) && !s.packedNoStale {
+		// Past the horizon: what the op names may have been removed
+		// before this add created it again. Take the add back and answer
+		// Stale (the limiter denies it). If the undo fails, the units
+		// stay counted: in counters no writer within the horizon reads,
+		// or in coarse ones it does (stricter), never free.
+		s.counter.packedStale.Add(1)
+		if err := s.subPacked(ctx, pk, op, keepFrom(it.newest1<<2, op.Keep)); err != nil {
+			s.counter.lostRefunds.Add(1)
+		}
+		return limiter.PackedCounts{Stale: true}, nil
+	}
+	if s.packedNoStale {
+		it.has1 = false
+	}
+	return it.answer(op), nil
+}
+
+// packedRemovals returns the counters an add at op.Slot removes: at every
+// level the two just behind keepFrom(op.Slot, op.Keep), and the names this
+// process saw past it in the key's last response. Every one is older than
+// the writer's own keep bound, so never one that a writer within the
+// horizon of the newest names (the newest is at or after op.Slot).
+func (s *Store) packedRemovals(pk string, op *limiter.PackedOp) []string {
+	from := keepFrom(op.Slot, op.Keep-s.packedEarly)
+	remove := make([]string, 0, 2*limiter.PackedLevels)
+	for l := 1; l <= limiter.PackedLevels; l++ {
+		idx := from >> (2 * l) // counters before idx end before from
+		for i := int64(1); i <= 2; i++ {
+			remove = append(remove, packedName(limiter.PackedCell{Level: uint8(l), Index: idx - i}))
+		}
+	}
+	if v, ok := s.cache.get(pk); ok {
+		if st, ok := v.(windowState); ok {
+			for _, name := range st.stale {
+				l, idx, ok := parsePackedName(name)
+				if !ok || contains(remove, name) || len(remove) >= maxRemove {
+					continue
+				}
+				if c := (limiter.PackedCell{Level: uint8(l), Index: resolve(idx, l, op.Slot)}); c.Last() < from {
+					remove = append(remove, name)
+				}
+			}
+		}
+	}
+	return remove
+}
+
+// packedItem is a packed item as seen from one writer.
+type packedItem struct {
+	values map[string]uint64
+	// newest1 is the newest level-1 counter's index (has1: there is one).
+	newest1 int64
+	has1    bool
+	// stale lists the counters older than the writer's keep bound.
+	stale []string
+	// size is the item's size as DynamoDB counts it (about).
+	size int
+}
+
+// decodePacked reads the counters of item as seen from slot f.
+func decodePacked(pk string, item map[string]types.AttributeValue, f, keep int64) (packedItem, error) {
+	it := packedItem{values: make(map[string]uint64, len(item))}
+	from := keepFrom(f, keep)
+	for name, av := range item {
+		it.size += len(name) + valueSize(av)
+		l, idx, ok := parsePackedName(name)
+		if !ok {
+			continue
+		}
+		v, err := packedValue(pk, name, av)
+		if err != nil {
+			return it, err
+		}
+		it.values[name] = v
+		c := limiter.PackedCell{Level: uint8(l), Index: resolve(idx, l, f)}
+		if l == 1 && (!it.has1 || c.Index > it.newest1) {
+			it.newest1, it.has1 = c.Index, true
+		}
+		if c.Last() < from {
+			it.stale = append(it.stale, name)
+		}
+	}
+	return it, nil
+}
+
+// staleOp reports whether op names a counter older than the keep bound of
+// the newest slot in the item.
+func (it *packedItem) staleOp(op *limiter.PackedOp) bool {
+	if !it.has1 {
+		return false
+	}
+	from := keepFrom(it.newest1<<2, op.Keep)
+	for _, a := range op.Adds {
+		if a.Delta != 0 && a.Cell.Last() < from {
+			return true
+		}
+	}
+	for _, r := range op.Reads[:op.NReads] {
+		if r.Last() < from {
+			return true
+		}
+	}
+	return false
+}
+
+// answer is the op's PackedCounts from the item (Stale when staleOp).
+func (it *packedItem) answer(op *limiter.PackedOp) limiter.PackedCounts {
+	var c limiter.PackedCounts
+	if it.staleOp(op) {
+		c.Stale = true
+		return c
+	}
+	for i, a := range op.Adds {
+		if a.Delta != 0 {
+			c.Added[i] = it.values[packedName(a.Cell)]
+		}
+	}
+	for i, r := range op.Reads[:op.NReads] {
+		c.Read[i] = it.values[packedName(r)]
+	}
+	return c
+}
+
+// two64 is 2^64.
+var two64 = new(big.Int).Lsh(big.NewInt(1), 64)
+
+// packedNumber reads a counter attribute as a non-negative integer (a
+// counter can pass 2^64: a carry out of its top field), or an error
+// wrapping limiter.ErrCorruptState.
+func packedNumber(pk, name string, av types.AttributeValue) (*big.Int, error) {
+	nv, ok := av.(*types.AttributeValueMemberN)
+	if !ok {
+		return nil, corrupt(packedKind, pk, name, "want a Number, got %s", typeName(av))
+	}
+	var r big.Rat
+	if _, ok := r.SetString(nv.Value); !ok || !r.IsInt() || r.Sign() < 0 {
+		return nil, corrupt(packedKind, pk, name, "want a count, got %q", nv.Value)
+	}
+	return new(big.Int).Set(r.Num()), nil
+}
+
+// packedValue is a counter's value modulo 2^64: the value the same
+// additions give on a 64-bit counter that wraps.
+func packedValue(pk, name string, av types.AttributeValue) (uint64, error) {
+	if nv, ok := av.(*types.AttributeValueMemberN); ok {
+		if v, err := strconv.ParseUint(nv.Value, 10, 64); err == nil {
+			return v, nil
+		}
+	}
+	z, err := packedNumber(pk, name, av)
+	if err != nil {
+		return 0, err
+	}
+	return z.Mod(z, two64).Uint64(), nil
+}
+
+// SubPacked implements [limiter.PackedCounter]: a refund. ONE UpdateItem
+// that ADDs each level's negated delta on condition that every counter
+// holds at least its delta (so it exists: none is created), which
+// subtracts exactly (it borrows back a carry a denied add made). If the
+// condition fails, the item it returns says which counters are gone
+// (skipped) and which hold less than their delta (set to the value with
+// each field taken down to at most 0, on condition of the value seen), and
+// the write is tried again in the store's conditional-write loop. A
+// counter past the horizon that is still held is refunded like any other.
+// op.Reads are ignored.
+func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+	if err := validPacked(op); err != nil {
+		return err
+	}
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	return s.subPacked(ctx, itemKey(k), op, math.MinInt64)
+}
+
+// subPacked takes op's adds back from the item pk (SubPacked); the
+// counters of op that end before drop (older than the newest slot's keep
+// bound: nobody within the horizon reads them) are removed instead.
+func (s *Store) subPacked(ctx context.Context, pk string, op *limiter.PackedOp, drop int64) error {
+	const (
+		modeAdd    = iota // ADD -d on condition >= d
+		modeSet           // SET the clamped value on condition = the old one
+		modeSkip          // nothing to do
+		modeRemove        // REMOVE, no condition
+	)
+	type level struct {
+		name     string
+		d        uint64
+		mode     int
+		old, set string
+	}
+	var ls [limiter.PackedLevels]level
+	n := 0
+	for i, a := range op.Adds {
+		ls[i].mode = modeSkip
+		if a.Delta != 0 {
+			ls[i] = level{name: packedName(a.Cell), d: a.Delta, mode: modeAdd}
+			if a.Cell.Last() < drop {
+				ls[i].mode = modeRemove
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return s.writer().conditional(ctx, "packed window sub "+pk, condWrite{
+		next: func(context.Context) (*dynamodb.UpdateItemInput, error) {
+			names := map[string]string{}
+			values := map[string]types.AttributeValue{}
+			var add, set, cond, remove []string
+			for i := range ls {
+				l := &ls[i]
+				ph, vp := "#a"+strconv.Itoa(i), ":v"+strconv.Itoa(i)
+				switch l.mode {
+				case modeAdd:
+					names[ph] = l.name
+					values[vp] = &types.AttributeValueMemberN{Value: "-" + strconv.FormatUint(l.d, 10)}
+					values[":d"+strconv.Itoa(i)] = &types.AttributeValueMemberN{Value: strconv.FormatUint(l.d, 10)}
+					add = append(add, ph+" "+vp)
+					cond = append(cond, ph+" >= :d"+strconv.Itoa(i))
+				case modeSet:
+					names[ph] = l.name
+					values[vp] = &types.AttributeValueMemberN{Value: l.set}
+					values[":o"+strconv.Itoa(i)] = &types.AttributeValueMemberN{Value: l.old}
+					set = append(set, ph+" = "+vp)
+					cond = append(cond, ph+" = :o"+strconv.Itoa(i))
+				case modeRemove:
+					names[ph] = l.name
+					remove = append(remove, ph)
+				}
+			}
+			if len(names) == 0 {
+				return nil, nil // every counter is gone: nothing to give back
+			}
+			var expr string
+			if len(add) > 0 {
+				expr = "ADD " + strings.Join(add, ", ")
+			}
+			if len(set) > 0 {
+				expr += " SET " + strings.Join(set, ", ")
+			}
+			if len(remove) > 0 {
+				expr += " REMOVE " + strings.Join(remove, ", ")
+			}
+			in := &dynamodb.UpdateItemInput{
+				TableName:                s.table,
+				Key:                      keyAttr(pk),
+				UpdateExpression:         aws.String(expr),
+				ExpressionAttributeNames: names,
+			}
+			if len(cond) > 0 {
+				in.ConditionExpression = aws.String(strings.Join(cond, " AND "))
+				in.ExpressionAttributeValues = values
+			}
+			return in, nil
+		},
+		lost: func(old map[string]types.AttributeValue) (bool, error) {
+			retry := false
+			for i := range ls {
+				l := &ls[i]
+				if l.mode == modeSkip || l.mode == modeRemove {
+					retry = retry || l.mode == modeRemove
+					continue
+				}
+				av, ok := old[l.name]
+				if !ok {
+					l.mode = modeSkip // gone: nothing counted there any more
+					continue
+				}
+				v, err := packedNumber(pk, l.name, av)
+				if err != nil {
+					return false, err
+				}
+				if v.Cmp(new(big.Int).SetUint64(l.d)) >= 0 {
+					l.mode = modeAdd
+					retry = true
+					continue
+				}
+				// It holds less than the refund (it was removed and
+				// created again): take each field down, at most to 0.
+				u := new(big.Int).Mod(v, two64).Uint64()
+				c := clampFields(u, l.d)
+				if c == u {
+					l.mode = modeSkip
+					continue
+				}
+				l.mode, l.old, l.set = modeSet, v.String(), strconv.FormatUint(c, 10)
+				retry = true
+			}
+			return retry, nil
+		},
+	})
+}
+
+// clampFields subtracts each 16-bit field of d from the same field of v,
+// at most down to 0.
+func clampFields(v, d uint64) uint64 {
+	var out uint64
+	for j := range 64 / limiter.PackedFieldBits {
+		f, x := limiter.FieldOf(v, j), limiter.FieldOf(d, j)
+		out |= (f - min(f, x)) << (limiter.PackedFieldBits * j)
+	}
+	return out
+}
+
+// validPacked checks the shape of a packed op.
+func validPacked(op *limiter.PackedOp) error {
+	if op == nil || op.NReads < 0 || op.NReads > limiter.MaxPackedReads || op.Keep < 1 || op.Keep > 1<<20 {
+		return fmt.Errorf("dynamo: bad packed op")
+	}
+	for i, a := range op.Adds {
+		if int(a.Cell.Level) != i+1 {
+			return fmt.Errorf("dynamo: bad packed op: add %d at level %d", i, a.Cell.Level)
+		}
+	}
+	for _, c := range op.Reads[:op.NReads] {
+		if c.Level < 1 || c.Level > limiter.PackedLevels {
+			return fmt.Errorf("dynamo: bad packed op: read at level %d", c.Level)
+		}
+	}
+	return nil
+}
