@@ -31,7 +31,10 @@
 // store has its own breakers per node (memcached.Config.Breaker, on the
 // same state machine, internal/circuit), which keep the healthy nodes'
 // keys on the store while one node is down; the authorizer uses those for
-// memcached and this package for DynamoDB. [Leases]
+// memcached and this package for DynamoDB. Store also forwards
+// [limiter.PackedCounter] (the packed sliding window) to a backend that
+// implements it, through the same breaker; on one that does not, the
+// packed calls fail with [limiter.ErrInvalidConfig]. [Leases]
 // puts the load shedders' store ([limiter.LeaseStore],
 // [limiter.GaugeStore]) behind the same breaker as the counters of its
 // backend.

@@ -140,3 +140,49 @@ func batchErr(out []limiter.StepResult) error {
 	}
 	return first
 }
+
+var _ limiter.PackedCounter = (*Store)(nil)
+
+// AddPacked implements [limiter.PackedCounter] when the backend does (the
+// DynamoDB store): a packed window on the wrapped store goes through the
+// breaker like the backend's other calls. On a backend without it, it
+// fails with an error wrapping limiter.ErrInvalidConfig, without asking
+// the breaker (so a packed window is then refused at its first call, not
+// at NewSlidingWindow).
+func (s *Store) AddPacked(ctx context.Context, key limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+	p, err := s.packed()
+	if err != nil {
+		return limiter.PackedCounts{}, err
+	}
+	probe, err := s.b.Allow()
+	if err != nil {
+		return limiter.PackedCounts{}, err
+	}
+	c, err := p.AddPacked(ctx, key, op)
+	s.b.Done(probe, err)
+	return c, err
+}
+
+// SubPacked implements [limiter.PackedCounter] as AddPacked does.
+func (s *Store) SubPacked(ctx context.Context, key limiter.Key, op *limiter.PackedOp) error {
+	p, err := s.packed()
+	if err != nil {
+		return err
+	}
+	probe, err := s.b.Allow()
+	if err != nil {
+		return err
+	}
+	err = p.SubPacked(ctx, key, op)
+	s.b.Done(probe, err)
+	return err
+}
+
+// packed returns the backend as a limiter.PackedCounter.
+func (s *Store) packed() (limiter.PackedCounter, error) {
+	p, ok := s.s.(limiter.PackedCounter)
+	if !ok {
+		return nil, fmt.Errorf("%w: breaker %q: store %T does not implement limiter.PackedCounter", limiter.ErrInvalidConfig, s.b.Name(), s.s)
+	}
+	return p, nil
+}
