@@ -202,24 +202,27 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 	pf("### What the stores implement (`limiter.PackedCounter`)\n\n")
 	pf("The limiter computes every counter (level, index) and packed delta; a store adds the deltas (creating at 0), " +
 		"reads the counters named, and gives back the same deltas on a refund (`AddPacked`, `SubPacked`; the contract, " +
-		"with its out-of-order rules, is in `limiter/store.go` and docs/consistency.md). " +
-		"`limiter.SlidingWindowConfig` chooses it with `Representation: limiter.Packed` (and `Slots`, default 160); the " +
-		"default stays today's sub-window counters until every store implements it.\n\n")
-	pf("- **memory** (done): per key and level a ring of counters covering the slots within `Keep` (2r+1) of the " +
-		"newest; an op naming an older counter is answered `Stale` and the request denied.\n")
-	pf("- **memcached** (next): per level, a key family `k:<space>/<name>|p<level>:<index>`; a decision pipelines one `add` " +
-		"(create at 0) and one `incr` of the packed delta per level, then one `get` of the counters read: one round trip, " +
-		"as today. `incr` is atomic on the 64-bit value and wraps like the limiter's arithmetic, so packed fields need no " +
-		"CAS; the limiter detects a carry from the incr replies (`PackedCounts.Added`). The field width (16 bits) bounds " +
-		"the limit (below 2^15) and the denied units in flight per field (below 2^15). A refund `decr`s the same packed " +
-		"delta at every level; memcached clamps a `decr` at 0 for the whole value, which only matters after an eviction " +
-		"(as today). Each counter's expiry is its delta's `TTL` (level l: 4^l + 2r + 2 slots). All of a key's counters " +
-		"go to one node (hash the key, not the counter's name), so that one connection orders each writer's incrs " +
-		"before its get: of two writers, the later get then sees the other's every level, as with today's sub-window " +
-		"counters; counters spread over nodes would let two writers each read before the other's incr lands.\n")
-	pf("- **DynamoDB** (next): one item per key; the item holds the counters of every level as number attributes, " +
-		"`ADD` to one attribute per level in the one UpdateItem, `ALL_NEW` returns them; the item tracks the newest slot " +
-		"to drop old attributes and answer `Stale`.\n\n")
+		"with its out-of-order rules, is in `limiter/store.go` and docs/consistency.md). `limiter.SlidingWindowConfig` " +
+		"chooses it with `Representation: limiter.Packed` (and `Slots`, default 160); `NewSlidingWindow` refuses it on a " +
+		"store without `PackedCounter`, above a limit of 32767, with `CountDenied` or `Interpolated`. The zero value " +
+		"is still today's sub-window counters: switching the default is a separate step (below).\n\n")
+	pf("- **memory**: per key and level a ring of counters covering the slots within `Keep` (2r+1) of the newest; an " +
+		"op naming an older counter is answered `Stale` and the request denied.\n")
+	pf("- **memcached** (`backends/memcached`): per level an item `<base>|p<level>:<index>` on the key's node; a " +
+		"decision pipelines one `add` (create at 0, with the delta's `TTL`: level l lives 4^l + 2r + 2 slots) and one " +
+		"`incr` of the packed delta per level, then one `get` of the counters read, on one connection: one round trip, as " +
+		"today. `incr` is atomic on the 64-bit value and wraps like the limiter's arithmetic, so packed fields need no " +
+		"CAS; the limiter detects a carry from the incr replies (`PackedCounts.Added`). A refund `decr`s the same delta " +
+		"at every level (clamped at 0 for the whole value, which only matters after an eviction). All of a key's " +
+		"counters are on one node, so that one connection orders each writer's incrs before its get: of two writers " +
+		"the later get sees the other's every level. It never answers `Stale` (it forgets by age).\n")
+	pf("- **DynamoDB** (`backends/dynamo`): one item per key holding one Number attribute per counter; one " +
+		"UpdateItem `ADD`s each level's delta, removes the counters past the keep bound and returns `ALL_NEW`; it tracks " +
+		"the newest slot in the item and answers `Stale` past the horizon.\n\n")
+	pf("Switching the default (the issue's acceptance): an automatic choice of `Packed` when the store implements " +
+		"`PackedCounter`, the limit is at most 32767, the estimator Bounded, `CountDenied` off and 160 divides the window " +
+		"into slots of at least 100 us, else today's counters. It changes every default window's key space (counts " +
+		"restart at a deploy), so it waits for the memcached and DynamoDB figures in docs/benchmarks.md.\n\n")
 }
 
 // shapesFigure plots the frontier of the shape matrix: worst-shape share

@@ -83,8 +83,8 @@ type SlidingWindowConfig struct {
 	// (the zero value, every store) or Packed (a store implementing
 	// [PackedCounter]; NewSlidingWindow refuses a store without it, and
 	// limits above MaxPackedLimit, CountDenied and Interpolated). The
-	// default stays SubWindowCounters until every store implements
-	// PackedCounter.
+	// zero value stays SubWindowCounters: switching the default is a
+	// separate step (docs/accuracy.md).
 	Representation Representation
 	// Slots is the resolution of a Packed window, slots per window (r),
 	// between MinSlots and MaxSlots; it must divide Window exactly. Zero
