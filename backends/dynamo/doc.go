@@ -191,10 +191,12 @@
 // reads, or in coarse fields one does (stricter). Stats.PackedStale counts
 // them. A writer past the horizon whose counters all end at or after the
 // bound (never removed) reads its view exactly and is decided on it. An op
-// that adds nothing (a read) is a consistent GetItem. When an add's
-// response shows eight or more counters past the writer's keep bound
-// (left by a gap in traffic), they are removed at once with a second
-// UpdateItem (Stats.Cleanups), otherwise at this process's next add.
+// that adds nothing (a read) is a consistent GetItem. Counters past the
+// writer's keep bound that the blind removals missed (left by gaps in
+// traffic) are removed by name at this process's next add on the key, or
+// at once with a second UpdateItem (Stats.Cleanups) when there are eight
+// or more and removing them brings the item under a write-unit boundary
+// (1 KB, 2 KB, ...).
 //
 // SubPacked (a refund) is ONE UpdateItem, ADD <Li> -di on condition
 // <Li> >= di for each level, which never creates a counter and subtracts

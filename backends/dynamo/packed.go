@@ -177,7 +177,9 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 	switch {
 	case len(it.stale) == 0:
 		s.cache.remove(pk)
-	case len(it.stale) >= cleanupStale:
+	case len(it.stale) >= cleanupStale && writeUnits(it.size) > writeUnits(it.size-it.staleSize):
+		// Worth a request now: the next decisions on the key cost fewer
+		// write units without them.
 		s.cleanup(ctx, pk, it.stale)
 	default:
 		s.cache.put(pk, windowState{stale: it.stale})
@@ -238,16 +240,22 @@ type packedItem struct {
 	has1    bool
 	// stale lists the counters older than the writer's keep bound.
 	stale []string
-	// size is the item's size as DynamoDB counts it (about).
-	size int
+	// size is the item's size as DynamoDB counts it (about), staleSize
+	// the part of it the stale counters take.
+	size, staleSize int
 }
+
+// writeUnits is the write capacity units of a write of an item of size
+// bytes.
+func writeUnits(size int) int { return (size + ItemBudget - 1) / ItemBudget }
 
 // decodePacked reads the counters of item as seen from slot f.
 func decodePacked(pk string, item map[string]types.AttributeValue, f, keep int64) (packedItem, error) {
 	it := packedItem{values: make(map[string]uint64, len(item))}
 	from := keepFrom(f, keep)
 	for name, av := range item {
-		it.size += len(name) + valueSize(av)
+		sz := len(name) + valueSize(av)
+		it.size += sz
 		l, idx, ok := parsePackedName(name)
 		if !ok {
 			continue
@@ -263,6 +271,7 @@ func decodePacked(pk string, item map[string]types.AttributeValue, f, keep int64
 		}
 		if c.Last() < from {
 			it.stale = append(it.stale, name)
+			it.staleSize += sz
 		}
 	}
 	return it, nil
