@@ -360,7 +360,7 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 		case limiter.StepPackedAdd:
 			b.pget = b.pa.send(pc)
 		case limiter.StepPackedSub:
-			writePackedSub(pc, b.base, b.psub, true)
+			writePackedSub(pc, b.base, b.psub, true, &num)
 		default:
 			if w := b.write; w != nil {
 				if b.found {

@@ -254,6 +254,111 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
+// BenchmarkInterleavedThroughput: issue 13's acceptance figure, the
+// throughput of window decisions on 10,000 keys at 64 goroutines over raw
+// incrs of one key at 64 goroutines, measured in turns: b.N decisions in
+// 20 blocks, each block following a block of as many raw incrs, so that
+// both meet the same load (on a shared machine whose load changes from
+// second to second, rates measured seconds apart are not comparable).
+// x-incr is the incrs' time over the decisions': their throughput ratio.
+// Windows: FixedWindow (one counter), Sliding20 (the default sub-window
+// counters) and PackedSliding (see packedWindow).
+func BenchmarkInterleavedThroughput(b *testing.B) {
+	addr := testserver.Memcached(b)
+	mc, rawKey := rawClient(b, addr)
+	s := benchStore(b, addr, memcached.Config{Timeout: 2 * time.Second})
+	incrKey := rawKey + "-incr"
+	if err := mc.Set(&memcache.Item{Key: incrKey, Value: []byte("0"), Expiration: 600}); err != nil {
+		b.Fatal(err)
+	}
+	fixed, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 1 << 40, Window: time.Minute})
+	sw20, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1 << 40, Window: time.Minute, SubWindows: limiter.DefaultSubWindows})
+	pw, err := packedWindow(s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	const g, blocks = 64, 20
+	for _, alg := range []struct {
+		name string
+		l    limiter.Limiter
+	}{{"FixedWindow", fixed}, {"Sliding20", sw20}, {"PackedSliding", pw}} {
+		b.Run(fmt.Sprintf("%s/keys=%d/g=%d", alg.name, benchKeys, g), func(b *testing.B) {
+			prefix := fmt.Sprint("itp-", time.Now().UnixNano(), "-")
+			keys := make([]string, benchKeys)
+			for i := range keys {
+				keys[i] = prefix + strconv.Itoa(i)
+			}
+			var denied atomic.Int64
+			var decT, incrT time.Duration
+			b.ResetTimer()
+			for j := range blocks {
+				n := b.N/blocks + boolInt(j < b.N%blocks)
+				if n == 0 {
+					continue
+				}
+				d, err := burst(g, n, func(int) error { _, err := mc.Increment(incrKey, 1); return err })
+				if err != nil {
+					b.Fatal(err)
+				}
+				incrT += d
+				d, err = burst(g, n, func(i int) error {
+					dec, err := alg.l.AllowN(ctx, keys[(i*blocks+j)%benchKeys], time.Now(), 1)
+					if err == nil && !dec.Allowed {
+						denied.Add(1)
+					}
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				decT += d
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/decT.Seconds(), "ops/s")
+			b.ReportMetric(float64(b.N)/incrT.Seconds(), "incr/s")
+			b.ReportMetric(incrT.Seconds()/decT.Seconds(), "x-incr")
+			b.ReportMetric(float64(denied.Load())/float64(b.N), "denied/op")
+		})
+	}
+}
+
+func boolInt(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// burst runs f n times over g goroutines and returns the time it took.
+func burst(g, n int, f func(i int) error) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Pointer[error]
+	start := time.Now()
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := f(i); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		return 0, *err
+	}
+	return time.Since(start), nil
+}
+
 var bytesOnce sync.Map // name -> [2]float64
 
 // BenchmarkBytesPerKey: memcached's "bytes" statistic per tracked key on a

@@ -3,7 +3,6 @@ package memcached
 import (
 	"context"
 	"fmt"
-	"io"
 	"strconv"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -65,7 +64,8 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 		return errorf("packed sub", err)
 	}
 	err = s.pool.exec(ctx, addr, func(pc *pconn) error {
-		writePackedSub(pc, base, op, false)
+		var num [24]byte
+		writePackedSub(pc, base, op, false, &num)
 		if err := pc.w.Flush(); err != nil {
 			return err
 		}
@@ -129,22 +129,31 @@ func packedLevels(op *limiter.PackedOp) uint8 {
 }
 
 // writePackedSub buffers a refund's decrs (with noreply when asked).
-func writePackedSub(pc *pconn, base string, op *limiter.PackedOp, noreply bool) {
-	var buf [maxKeyLen + 24]byte
+func writePackedSub(pc *pconn, base string, op *limiter.PackedOp, noreply bool, num *[24]byte) {
 	for l := range limiter.PackedLevels {
 		d := &op.Adds[l]
 		if d.Delta == 0 {
 			continue
 		}
 		pc.w.WriteString("decr ")
-		pc.w.Write(appendPackedKey(buf[:0], base, d.Cell))
+		writePackedKey(pc, base, d.Cell, num)
 		pc.w.WriteByte(' ')
-		pc.w.Write(strconv.AppendUint(buf[:0], d.Delta, 10))
+		pc.w.Write(strconv.AppendUint(num[:0], d.Delta, 10))
 		if noreply {
 			pc.w.WriteString(" noreply")
 		}
 		pc.w.WriteString("\r\n")
 	}
+}
+
+// writePackedKey buffers the key of a packed window's counter c of base
+// (see appendPackedKey).
+func writePackedKey(pc *pconn, base string, c limiter.PackedCell, num *[24]byte) {
+	pc.w.WriteString(base)
+	pc.w.WriteString("|p")
+	pc.w.WriteByte('0' + c.Level)
+	pc.w.WriteByte(':')
+	pc.w.Write(strconv.AppendInt(num[:0], c.Index, 10))
 }
 
 // packedAdd is one AddPacked's request on its way. It survives a round in
@@ -164,6 +173,7 @@ type packedAdd struct {
 	// precedes.
 	last int
 	res  limiter.PackedCounts
+	num  [24]byte // formatting
 }
 
 // init checks op and prepares the request.
@@ -266,22 +276,20 @@ func (p *packedAdd) recv(pc *pconn, get bool) (bool, error) {
 
 // writeIncrs buffers the pending levels' adds and incrs.
 func (p *packedAdd) writeIncrs(pc *pconn) {
-	var buf [maxKeyLen + 24]byte
 	p.last = 0
 	for l := range limiter.PackedLevels {
 		if p.pending&(1<<l) == 0 {
 			continue
 		}
 		d := &p.op.Adds[l]
-		key := appendPackedKey(buf[:0], p.base, d.Cell)
 		pc.w.WriteString("add ")
-		pc.w.Write(key)
+		writePackedKey(pc, p.base, d.Cell, &p.num)
 		pc.w.WriteString(" 0 ")
-		pc.w.Write(strconv.AppendInt(buf[len(key):len(key)], int64(p.exp[l]), 10))
+		pc.w.Write(strconv.AppendInt(p.num[:0], int64(p.exp[l]), 10))
 		pc.w.WriteString(" 1\r\n0\r\nincr ")
-		pc.w.Write(key)
+		writePackedKey(pc, p.base, d.Cell, &p.num)
 		pc.w.WriteByte(' ')
-		pc.w.Write(strconv.AppendUint(buf[len(key):len(key)], d.Delta, 10))
+		pc.w.Write(strconv.AppendUint(p.num[:0], d.Delta, 10))
 		pc.w.WriteString("\r\n")
 		p.last = l + 1
 	}
@@ -333,7 +341,6 @@ func (p *packedAdd) lastCell() (limiter.PackedCell, bool) {
 // incr's left out) and reports whether there was anything to read. If
 // that incr's counter vanished after all, the round is sent again.
 func (p *packedAdd) writeGet(pc *pconn) bool {
-	var buf [maxKeyLen + 24]byte
 	var skip limiter.PackedCell
 	hasSkip := p.last != 0
 	if hasSkip {
@@ -349,7 +356,7 @@ func (p *packedAdd) writeGet(pc *pconn) bool {
 			pc.w.WriteString("get")
 		}
 		pc.w.WriteByte(' ')
-		pc.w.Write(appendPackedKey(buf[:0], p.base, c))
+		writePackedKey(pc, p.base, c, &p.num)
 		n++
 	}
 	if n > 0 {
@@ -386,7 +393,6 @@ func (p *packedAdd) fillLast() {
 func (p *packedAdd) readGet(pc *pconn) error {
 	p.res.Read = [limiter.MaxPackedReads]uint64{}
 	p.fillLast()
-	var data [maxCountLen + 2]byte
 	for {
 		line, err := pc.r.ReadSlice('\n')
 		if err != nil {
@@ -409,14 +415,17 @@ func (p *packedAdd) readGet(pc *pconn) error {
 		if !matched {
 			return replyError("get", line) // not a counter we asked for
 		}
-		// line aliases the reader's buffer: done with it.
-		if _, err := io.ReadFull(pc.r, data[:size+2]); err != nil {
+		// line aliases the reader's buffer: done with it. The value
+		// (at most maxCountLen bytes) fits in the reader's buffer.
+		data, err := pc.r.Peek(size + 2)
+		if err != nil {
 			return err
 		}
 		if string(data[size:size+2]) != "\r\n" {
 			return fmt.Errorf("%w: get value not terminated by CRLF", errProtocol)
 		}
 		v, err := parseUcount(data[:size])
+		pc.r.Discard(size + 2) //nolint:errcheck // peeked: cannot fail
 		if err != nil {
 			return fmt.Errorf("packed counter %d:%d: %w", c.Level, c.Index, err)
 		}
