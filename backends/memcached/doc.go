@@ -1,6 +1,8 @@
 // Package memcached is a limiter store on memcached (through
 // github.com/bradfitz/gomemcache): atomic sub-window counters for the
-// sliding and fixed windows ([limiter.Counter]), and compare-and-swap values
+// sliding and fixed windows ([limiter.Counter]), packed multi-level
+// counters for the packed sliding window ([limiter.PackedCounter]), and
+// compare-and-swap values
 // for the token bucket ([limiter.BucketStore]) and the sliding log
 // ([limiter.LogStore]).
 //
@@ -25,8 +27,9 @@
 //	KeyPrefix "k:" Space "/" Name                        when both are printable ASCII, Space has no '/' and it fits
 //	KeyPrefix "h:" base64url(SHA-256(len(Space) Space Name))  otherwise
 //
-// followed by "|c<index>" for a sub-window counter, "|b" for a bucket or "|l"
-// for a log. Keys are at most 250 bytes and never hold a space or a control
+// followed by "|c<index>" for a sub-window counter, "|p<level>:<index>"
+// for a packed window's counter, "|b" for a bucket or "|l" for a log (a
+// packed window's base is readable only if that longer suffix fits too). Keys are at most 250 bytes and never hold a space or a control
 // byte, so a name like "a\r\nflush_all" is one (hashed) key and never a
 // command. The readable and hashed forms differ after the prefix, the
 // readable form is injective because Space has no '/', and the hashed form
@@ -121,6 +124,50 @@
 // write. Memcached reads expirations above 30 days as absolute Unix times,
 // so longer TTLs are sent as now+TTL (and as 0, no expiry, past 2038).
 //
+// # Packed windows: add, incr per level, one get
+//
+// A packed window (limiter.Packed, 160 slots per window by default) keeps
+// its slot counts in counters of four 16-bit fields at four levels: the
+// level-l counter of index i is the item <key|pl:i> and covers slots
+// i*4^l to (i+1)*4^l-1 (see [limiter.PackedCounter]). AddPacked (and a
+// batch's packed step) writes, in one pipelined write on one connection to
+// the key's node, for each level whose delta is not zero,
+//
+//	add <key|pl:idx> 0 <exp> 1       data "0": create the counter at zero if it is missing
+//	incr <key|pl:idx> <delta>        the packed delta n<<(16*field); the reply is Added[l-1]
+//
+// then one get of the counters the decision reads (at most 8 at r = 160,
+// each named once; the read of the level-4 counter just incremented takes
+// the incr's reply instead), and reads the replies: one round trip, 4
+// counters written and at most 11 distinct keys named (measured at the
+// wire over every slot offset of a level-4 counter at r = 160: at most 8,
+// 7.25 on average; TestPackedOneRoundTrip). incr is
+// atomic on the 64-bit unsigned value and wraps modulo 2^64, never
+// clamping a field: a field that overflows carries into the next, which
+// the limiter detects from Added and undoes. The add gives the counter the
+// TTL the limiter passes for its level ((4^l + 2r+2) slots: its span and
+// the out-of-order horizon behind it), rounded up to a second, plus one,
+// plus jitter, as for sub-window counters; incr does not extend it. If a
+// counter vanishes between its add and its incr (evicted), only the levels
+// whose incr found nothing are sent again (with the get), so no level is
+// counted twice. The refund of a denied request is decr <key|pl:idx>
+// <delta> per level (noreply in a batch; SubPacked waits for the replies):
+// it never creates a counter, and memcached stops it at zero for the whole
+// value, which matters only for a counter created again after an eviction,
+// and after an add that wrapped the whole 64-bit value (an overflow of the
+// top field, below). The store never answers Stale: it forgets by age.
+//
+// Why it is safe under races: the argument of the sub-window counters
+// carries over. A writer's incrs precede its get on its connection, so of
+// the requests allowed in any window-length interval, the one X whose last
+// incr came last read, through its get, every other's every level; its
+// own level-4 counter it read from its last incr's reply, which follows
+// every other's incrs of that counter too. The read of a counter is taken
+// from an incr's reply only for the last incr of the request for that
+// reason (an earlier level's reply could miss a concurrent writer's incr
+// that precedes the request's own get). With Config.Proxy the get is sent
+// after the incrs' replies: two round trips, same guarantee.
+//
 // # Buckets, logs and leases: gets and cas
 //
 // UpdateBucket and UpdateLog are optimistic read-modify-writes, run by the
@@ -164,6 +211,8 @@
 //
 //	window take      add <key|c cur> ... / incr <key|c cur> n / get <view and ahead>   (as Add)
 //	window refund    decr <key|c idx> n noreply                                        no reply: nothing to wait for
+//	packed take      add <key|pl:idx> ... / incr <key|pl:idx> <delta>, per level / get <reads>   (as AddPacked)
+//	packed refund    decr <key|pl:idx> <delta> noreply, per level
 //	bucket or log    cas <key|b> 0 <exp> <len> <cas id>  (the item cached from an earlier gets), or
 //	                 add <key|b> 0 <exp> <len>           (no cached item: a new key)
 //	                 gets <key|b>                        the item after the write, with its new CAS id
@@ -281,6 +330,15 @@
 //     comes back empty (full), which admits more. Size the cache so that it
 //     does not evict (watch the evictions statistic). Limits are per
 //     memcached cluster, so per region.
+//   - Packed sliding window: as the bounded sliding window at r sub-windows
+//     (the argument above), with the same conditions. A field holds at
+//     most the limit (at most limiter.MaxPackedLimit) plus the units of
+//     denied requests whose refund has not landed; if more than about
+//     2^15 of them are in flight for one slot field, the field overflows
+//     and the limiter denies and gives back. Fields 0 to 2 borrow back
+//     exactly; an overflow of field 3 wraps the 64-bit value, and the
+//     refund's decr then stops at zero and loses the counter's other
+//     fields (fewer units counted: laxer) until the counter expires.
 //   - Each window decision sends an add that fails once the counter exists:
 //     a little server work traded for a constant single round trip.
 package memcached
