@@ -160,7 +160,7 @@
 //
 //	ADD <L1> :d1, <L2> :d2, <L3> :d3, <L4> :d4  SET ttl = :ttl
 //	REMOVE <2 counters per level just behind the keep bound>, <stale names seen before>
-//	condition: (attribute_not_exists(<Li>) OR attribute_type(<Li>, N)) for each i
+//	condition: (attribute_not_exists(<Li>) OR (attribute_type(<Li>, N) AND <Li> >= 0)) for each i
 //	ReturnValues=ALL_NEW
 //
 // The added counters and the op's reads are read from the returned item.

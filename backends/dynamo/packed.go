@@ -118,7 +118,7 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 	}
 
 	names := map[string]string{"#x": AttrTTL}
-	values := map[string]types.AttributeValue{":x": s.ttlValue(ttl), ":N": &types.AttributeValueMemberS{Value: "N"}}
+	values := map[string]types.AttributeValue{":x": s.ttlValue(ttl), ":N": &types.AttributeValueMemberS{Value: "N"}, ":z": numAttr(0)}
 	var expr, cond strings.Builder
 	for i, a := range op.Adds {
 		if a.Delta == 0 {
@@ -134,7 +134,7 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 			cond.WriteString(" AND ")
 		}
 		expr.WriteString(ph + " " + vp)
-		fmt.Fprintf(&cond, "(attribute_not_exists(%s) OR attribute_type(%s, :N))", ph, ph)
+		fmt.Fprintf(&cond, "(attribute_not_exists(%s) OR (attribute_type(%s, :N) AND %s >= :z))", ph, ph, ph)
 	}
 	expr.WriteString(" SET #x = :x")
 	if remove := s.packedRemovals(pk, op); len(remove) > 0 {
@@ -154,7 +154,8 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 	if err != nil {
 		s.cache.remove(pk)
 		if old, lost := conditionFailed(err); lost {
-			// Only a counter of the wrong type fails the condition.
+			// Only a counter of the wrong type or sign fails the
+			// condition.
 			if _, err := decodePacked(pk, old, op.Slot, op.Keep); err != nil {
 				return c, err
 			}

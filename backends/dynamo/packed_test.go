@@ -2,9 +2,12 @@ package dynamo_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/big"
+	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -515,4 +518,48 @@ func TestHistoryFailsBrokenPacked(t *testing.T) {
 		}
 	}
 	t.Fatalf("seeds %d to %d: the checker passed a store that removes counters a window early, 8 times", seed, seed+7)
+}
+
+// A damaged counter (not a Number, or not a count) gives an error wrapping
+// ErrCorruptState that names it, whether the op adds to it or only reads
+// it, and the item is left as it was.
+func TestPackedCorrupt(t *testing.T) {
+	s, _, c := newStore(t, dynamo.Config{})
+	t0 := pT0()
+	f := t0 + 100
+	op := limiter.PackedPlan(f, pR, 1, pLen)
+	added := dynamo.PackedName(op.Adds[1].Cell)
+	var read string
+	for _, r := range op.Reads[:op.NReads] {
+		if r != op.Adds[0].Cell && r != op.Adds[1].Cell && r != op.Adds[2].Cell && r != op.Adds[3].Cell {
+			read = dynamo.PackedName(r)
+			break
+		}
+	}
+	if read == "" {
+		t.Fatal("the op reads only counters it adds to")
+	}
+	for _, tc := range []struct {
+		name, attr string
+		v          types.AttributeValue
+		want       string
+	}{
+		{"added counter a string", added, str("7"), "want a Number, got a String"},
+		{"read counter a string", read, str("7"), "want a Number, got a String"},
+		{"added counter negative", added, n("-5"), "want a count"},
+		{"read counter fractional", read, n("2.5"), "want a count"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPacked(t, s, c)
+			put(t, c, p.pk, item{tc.attr: tc.v})
+			before := get(t, c, p.pk)
+			_, err := s.AddPacked(testCtx(t), p.k, &op)
+			if !errors.Is(err, limiter.ErrCorruptState) || !strings.Contains(err.Error(), tc.attr) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%v; want ErrCorruptState naming %q: %s", err, tc.attr, tc.want)
+			}
+			if after := get(t, c, p.pk); !reflect.DeepEqual(after[tc.attr], before[tc.attr]) {
+				t.Fatalf("the damaged attribute changed from %v to %v", before[tc.attr], after[tc.attr])
+			}
+		})
+	}
 }

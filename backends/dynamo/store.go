@@ -118,8 +118,9 @@ type Config struct {
 }
 
 // Store keeps limiter state in one DynamoDB table. It implements
-// [limiter.BucketStore], [limiter.Counter] and [limiter.LogStore] with the
-// protocol described in the package documentation. It is safe for
+// [limiter.BucketStore], [limiter.Counter], [limiter.PackedCounter] and
+// [limiter.LogStore] with the protocol described in the package
+// documentation. It is safe for
 // concurrent use; create it with [New] once per process and reuse it (it
 // remembers the last state it saw per key).
 type Store struct {
