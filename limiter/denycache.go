@@ -27,7 +27,11 @@ var denySeed = maphash.MakeSeed()
 // what the store would admit (under-admission, never over): refunds of
 // requests denied by another limit of the same batch (a stack or a rule
 // set) in other processes, and refunds made in other processes. A Refund
-// through the limit itself forgets the key. A request
+// through the limit itself, or a batch's give-back of a take, forgets the
+// key, and no denial of it is remembered for givebackLands (1 s) after
+// that: a give-back sent without waiting may not have reached the store
+// yet, and a denial read meanwhile may have counted the take it gives
+// back. A request
 // stamped before the cached denial is not answered from the cache. Limits
 // whose denials change the store (a window with CountDenied, a strict
 // bucket) have no cache.
@@ -56,7 +60,22 @@ type denial struct {
 	limit              int64
 	n                  int64 // the denied cost: smaller requests are not answered
 	name               string
+	// dirty (wall-clock Unix ns) marks a key given back to until then:
+	// no denial of it is remembered meanwhile. An entry with until == 0
+	// is only that mark.
+	dirty int64
 }
+
+// givebackLands is how long after a give-back is sent a denial of the same
+// key is not remembered. forget runs once the store call of the give-back
+// has returned, but a store may send it without waiting (memcached's
+// window refund is a noreply decr, bucket and log refunds run on their own
+// goroutine): a decision that starts after forget can still read the
+// counter before the give-back lands, on another connection, and be denied
+// by the take being given back. The generation cannot see that; this mark
+// covers it, for about the time a refund sent without waiting takes to
+// land (a network round trip, or a few under a lost race).
+const givebackLands = time.Second
 
 // NewDenyCache returns a cache of about size keys (at least one per shard).
 func NewDenyCache(size int) *DenyCache {
@@ -80,7 +99,9 @@ func (c *DenyCache) denied(key string, t, n int64) (Decision, bool) {
 	sh.mu.Lock()
 	e, ok := sh.m[key]
 	if ok && t >= e.until {
-		delete(sh.m, key)
+		if e.dirty == 0 || e.dirty <= time.Now().UnixNano() {
+			delete(sh.m, key)
+		}
 		ok = false
 	}
 	sh.mu.Unlock()
@@ -112,25 +133,17 @@ func (c *DenyCache) remember(key string, t, n int64, d Decision, gen uint64) {
 	if c.gen.Load() != gen {
 		return // a give-back raced the decision: it may be stale
 	}
-	if old, ok := sh.m[key]; ok {
+	if old, ok := sh.m[key]; ok && old.dirty > time.Now().UnixNano() {
+		return // a give-back of this key may not have landed yet
+	} else if ok && old.until > 0 {
 		// Keep the earliest start and the latest end of overlapping denials.
 		if old.until >= e.from && old.from <= e.until && old.n == e.n {
 			e.from = min(e.from, old.from)
 			e.until = max(e.until, old.until)
 			e.reset = max(e.reset, old.reset)
 		}
-	} else if len(sh.m) >= c.max {
-		for k, v := range sh.m {
-			if v.until <= t {
-				delete(sh.m, k)
-			}
-		}
-		for k := range sh.m {
-			if len(sh.m) < c.max {
-				break
-			}
-			delete(sh.m, k)
-		}
+	} else if !ok && len(sh.m) >= c.max {
+		c.evict(sh, t)
 	}
 	sh.m[key] = e
 }
@@ -144,8 +157,28 @@ func (c *DenyCache) forget(key string) {
 	c.gen.Add(1)
 	sh := c.shard(key)
 	sh.mu.Lock()
-	delete(sh.m, key)
+	if _, ok := sh.m[key]; !ok && len(sh.m) >= c.max {
+		c.evict(sh, time.Now().UnixNano())
+	}
+	sh.m[key] = denial{dirty: time.Now().Add(givebackLands).UnixNano()}
 	sh.mu.Unlock()
+}
+
+// evict makes room in a full shard: expired denials and marks first, then
+// arbitrary entries. The caller holds sh.mu.
+func (c *DenyCache) evict(sh *denyShard, t int64) {
+	wall := time.Now().UnixNano()
+	for k, v := range sh.m {
+		if v.until <= t && v.dirty <= wall {
+			delete(sh.m, k)
+		}
+	}
+	for k := range sh.m {
+		if len(sh.m) < c.max {
+			break
+		}
+		delete(sh.m, k)
+	}
 }
 
 // bump makes every denial being decided at this moment unrememberable

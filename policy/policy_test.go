@@ -83,7 +83,7 @@ rules:
     match: {paths: ["/api/**"]}
     key: "{ip}"
     limits: [{algorithm: token_bucket, max_amount: 1, refill_time: 10s}]
-`, Options{})
+`, Options{NoDenyCache: true}) // every step reaches the stores: which rule denies first is under test (TestDenyCache in batch_test.go has the cache)
 	type step struct {
 		name      string
 		at        time.Duration
