@@ -364,27 +364,40 @@ var bytesOnce sync.Map // name -> [2]float64
 // BenchmarkBytesPerKey: memcached's "bytes" statistic per tracked key on a
 // private server, for 10,000 keys: a sliding window key with traffic in one
 // sub-window and in all 13 sub-windows in view (12 plus the partly visible
-// one), a fixed window key, and a token bucket. The measurement is made
-// once; the figure is the bytes/key metric.
+// one), a fixed window key, and a token bucket; and a packed window key
+// (160 slots of 375 ms) with traffic in one slot, or in every slot of the
+// 2r+2 = 322 that its counters' TTLs span (the items a key holds under
+// steady traffic; 1,000 keys). The measurement is made once; the figure
+// is the bytes/key metric.
 func BenchmarkBytesPerKey(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		subs int // sub-windows written per key
-		mk   func(limiter.Counter, limiter.BucketStore) limiter.Limiter
+		name  string
+		subs  int           // sub-windows (slots) written per key
+		every time.Duration // between them; 0: 5 s
+		keys  int           // 0: benchKeys
+		mk    func(limiter.Counter, limiter.BucketStore) limiter.Limiter
 	}{
-		{"Sliding12/OneSubWindow", 1, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+		{"PackedSliding/OneSlot", 1, 0, 0, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, Representation: limiter.Packed})
+			return l
+		}},
+		{"PackedSliding/SteadyTraffic", 2*limiter.DefaultSlots + 2, time.Minute / limiter.DefaultSlots, 1000, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, Representation: limiter.Packed})
+			return l
+		}},
+		{"Sliding12/OneSubWindow", 1, 0, 0, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, SubWindows: 12})
 			return l
 		}},
-		{"Sliding12/AllSubWindows", 13, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+		{"Sliding12/AllSubWindows", 13, 0, 0, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, SubWindows: 12})
 			return l
 		}},
-		{"FixedWindow", 1, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+		{"FixedWindow", 1, 0, 0, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 1000, Window: time.Minute})
 			return l
 		}},
-		{"TokenBucket", 1, func(_ limiter.Counter, s limiter.BucketStore) limiter.Limiter {
+		{"TokenBucket", 1, 0, 0, func(_ limiter.Counter, s limiter.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1000, RefillTime: time.Second})
 			return l
 		}},
@@ -400,16 +413,23 @@ func BenchmarkBytesPerKey(b *testing.B) {
 					b.Fatal(err)
 				}
 				ctx, now := context.Background(), time.Now()
+				every, nkeys := c.every, int64(c.keys)
+				if every == 0 {
+					every = 5 * time.Second
+				}
+				if nkeys == 0 {
+					nkeys = benchKeys
+				}
 				var wg sync.WaitGroup
 				var next atomic.Int64
 				for range 16 {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						for i := next.Add(1) - 1; i < benchKeys; i = next.Add(1) - 1 {
+						for i := next.Add(1) - 1; i < nkeys; i = next.Add(1) - 1 {
 							key := "user-" + strconv.FormatInt(1_000_000+i, 10)
 							for j := range c.subs {
-								if _, err := l.AllowN(ctx, key, now.Add(time.Duration(j)*5*time.Second), 1); err != nil {
+								if _, err := l.AllowN(ctx, key, now.Add(time.Duration(j)*every), 1); err != nil {
 									b.Error(err)
 									return
 								}
@@ -422,8 +442,8 @@ func BenchmarkBytesPerKey(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				bytes := float64(after["bytes"]-before["bytes"]) / benchKeys
-				items := float64(after["curr_items"]-before["curr_items"]) / benchKeys
+				bytes := float64(after["bytes"]-before["bytes"]) / float64(nkeys)
+				items := float64(after["curr_items"]-before["curr_items"]) / float64(nkeys)
 				v = [2]float64{bytes, items}
 				bytesOnce.Store(c.name, v)
 			}

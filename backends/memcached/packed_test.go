@@ -154,7 +154,9 @@ func packedKeys(cmds [][]string) (keys, read int) {
 // the keys it names, at every slot offset of a level-4 counter (256
 // slots): at most 12 (issue 13's acceptance; the plan reads at most 8
 // counters and adds to 4, one of which it also reads), the get at most
-// limiter.MaxPackedReads. A stack of the packed window, a token bucket and
+// limiter.MaxPackedReads; at the smallest and largest resolutions (64 and
+// 512 slots) the figures are logged, and bounded by 4 adds and
+// MaxPackedReads reads. A stack of the packed window, a token bucket and
 // a fixed window is one segment too.
 func TestPackedOneRoundTrip(t *testing.T) {
 	proxy := testserver.NewProxy(t, testserver.Memcached(t))
@@ -185,33 +187,46 @@ func TestPackedOneRoundTrip(t *testing.T) {
 	}
 
 	key := limitertestKey(t)
-	t0 := (time.Now().UnixNano()/int64(slot) + 255) &^ 255
-	maxKeys, maxRead, sumKeys := 0, 0, 0
-	for off := range int64(256) {
-		at := time.Unix(0, (t0+off)*int64(slot)+int64(slot)/2)
-		before, i := proxy.Counts(), rec.Len()
-		d, err := w.Allow(ctx, key, at)
-		if err != nil || !d.Allowed {
-			t.Fatalf("slot t0+%d: %+v, %v", off, d, err)
-		}
-		waitCounts(fmt.Sprintf("slot t0+%d", off), before, 1, 0)
-		cmds := rec.commands(t, i)
-		keys, read := packedKeys(cmds)
-		if keys > 12 || read > limiter.MaxPackedReads {
-			t.Fatalf("slot t0+%d: the decision names %d keys, %d of them read (want at most 12 and %d): %v", off, keys, read, limiter.MaxPackedReads, cmds)
-		}
-		incrs := 0
-		for _, c := range cmds {
-			if c[0] == "incr" {
-				incrs++
+	sweep := func(w *limiter.SlidingWindow, slot time.Duration, maxWant int) {
+		t.Helper()
+		r := w.Config().Slots
+		t0 := (time.Now().UnixNano()/int64(slot) + 255) &^ 255
+		maxKeys, maxRead, sumKeys := 0, 0, 0
+		for off := range int64(256) {
+			at := time.Unix(0, (t0+off)*int64(slot)+int64(slot)/2)
+			before, i := proxy.Counts(), rec.Len()
+			d, err := w.Allow(ctx, key, at)
+			if err != nil || !d.Allowed {
+				t.Fatalf("r=%d, slot t0+%d: %+v, %v", r, off, d, err)
 			}
+			waitCounts(fmt.Sprintf("r=%d, slot t0+%d", r, off), before, 1, 0)
+			cmds := rec.commands(t, i)
+			keys, read := packedKeys(cmds)
+			if keys > maxWant || read > limiter.MaxPackedReads {
+				t.Fatalf("r=%d, slot t0+%d: the decision names %d keys, %d of them read (want at most %d and %d): %v", r, off, keys, read, maxWant, limiter.MaxPackedReads, cmds)
+			}
+			incrs := 0
+			for _, c := range cmds {
+				if c[0] == "incr" {
+					incrs++
+				}
+			}
+			if incrs != limiter.PackedLevels {
+				t.Fatalf("r=%d, slot t0+%d: %d incrs, want one per level: %v", r, off, incrs, cmds)
+			}
+			maxKeys, maxRead, sumKeys = max(maxKeys, keys), max(maxRead, read), sumKeys+keys
 		}
-		if incrs != limiter.PackedLevels {
-			t.Fatalf("slot t0+%d: %d incrs, want one per level: %v", off, incrs, cmds)
-		}
-		maxKeys, maxRead, sumKeys = max(maxKeys, keys), max(maxRead, read), sumKeys+keys
+		t.Logf("r=%d: keys named per decision over 256 slots: at most %d (mean %.2f), at most %d read by the get", r, maxKeys, float64(sumKeys)/256, maxRead)
 	}
-	t.Logf("keys named per decision over 256 slots: at most %d (mean %.2f), at most %d read by the get", maxKeys, float64(sumKeys)/256, maxRead)
+	sweep(w, slot, 12) // the default: issue 13's acceptance
+	for _, r := range []int{limiter.MinSlots, limiter.MaxSlots} {
+		wr, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "p", Limit: limiter.MaxPackedLimit, Window: time.Minute, Representation: limiter.Packed, Slots: r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sweep(wr, time.Minute/time.Duration(r), limiter.PackedLevels+limiter.MaxPackedReads)
+	}
+	t0 := (time.Now().UnixNano()/int64(slot) + 255) &^ 255
 
 	// A denial: its own units go back with noreply decrs, one segment.
 	small, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "small", Limit: 2, Window: time.Minute, Representation: limiter.Packed})
