@@ -21,10 +21,17 @@ import (
 type Representation uint8
 
 const (
+	// Auto, the zero value, is Packed when the window allows it and
+	// SubWindowCounters otherwise: Packed when the store implements
+	// [PackedCounter], SubWindows is zero (a window that names its
+	// sub-windows keeps them), the limit is at most MaxPackedLimit, the
+	// estimator is Bounded, CountDenied is off and the window cuts into
+	// Slots (DefaultSlots when zero) slots of at least 100us. The window's
+	// Config reports the choice.
+	Auto Representation = iota
 	// SubWindowCounters is one counter per sub-window (SubWindows of
-	// them, read all at once): every store implements it ([Counter]). It
-	// is the zero value.
-	SubWindowCounters Representation = iota
+	// them, read all at once): every store implements it ([Counter]).
+	SubWindowCounters
 	// Packed is the packed multi-level representation at a resolution of
 	// Slots slots per window: it decides as Bounded with Slots
 	// sub-windows, reading a few counters ([PackedCounter]). It needs a
@@ -33,9 +40,11 @@ const (
 	Packed
 )
 
-// String returns "subwindows" or "packed".
+// String returns "auto", "subwindows" or "packed".
 func (r Representation) String() string {
 	switch r {
+	case Auto:
+		return "auto"
 	case SubWindowCounters:
 		return "subwindows"
 	case Packed:
@@ -44,17 +53,52 @@ func (r Representation) String() string {
 	return "representation(" + strconv.Itoa(int(r)) + ")"
 }
 
-// ParseRepresentation parses the names String returns ("" is
-// SubWindowCounters).
+// ParseRepresentation parses the names String returns ("" is Auto).
 func ParseRepresentation(s string) (Representation, error) {
 	switch s {
-	case "subwindows", "":
+	case "auto", "":
+		return Auto, nil
+	case "subwindows":
 		return SubWindowCounters, nil
 	case "packed":
 		return Packed, nil
 	}
-	return 0, fmt.Errorf("%w: unknown representation %q (want subwindows or packed)", ErrInvalidConfig, s)
+	return 0, fmt.Errorf("%w: unknown representation %q (want auto, subwindows or packed)", ErrInvalidConfig, s)
 }
+
+// ServesPacked reports whether store serves packed windows: it implements
+// [PackedCounter] and, if it is a wrapper that forwards PackedCounter to
+// another store (a circuit breaker, a test's delaying store), it says the
+// store it wraps does, with a method ServesPacked() bool. Auto picks Packed
+// only on such a store, so that a wrapper does not make a window packed
+// over a store that cannot serve it.
+func ServesPacked(store any) bool {
+	if _, ok := store.(PackedCounter); !ok {
+		return false
+	}
+	if f, ok := store.(interface{ ServesPacked() bool }); ok {
+		return f.ServesPacked()
+	}
+	return true
+}
+
+// packedFits reports whether cfg can be a packed window on store: what
+// Auto checks.
+func packedFits(store Counter, cfg SlidingWindowConfig) bool {
+	if !ServesPacked(store) {
+		return false
+	}
+	slots := cfg.Slots
+	if slots == 0 {
+		slots = DefaultSlots
+	}
+	return cfg.SubWindows == 0 && cfg.Limit <= MaxPackedLimit && cfg.Estimator == Bounded && !cfg.CountDenied &&
+		slots >= MinSlots && slots <= MaxSlots && cfg.Window%time.Duration(slots) == 0 &&
+		cfg.Window/time.Duration(slots) >= minSlotLen
+}
+
+// minSlotLen is the shortest slot of a packed window.
+const minSlotLen = 100 * time.Microsecond
 
 const (
 	// PackedLevels is the number of levels of a packed window.
@@ -252,6 +296,48 @@ func (p *packedPlan) overflowed(c *PackedCounts, n int64) bool {
 	return false
 }
 
+// refineAtSlot splits the top-level field that holds the writer's slot f
+// (its units, all recent, would otherwise be assumed at the field's first
+// slot, up to 63 slots early) with the counters the op added to: the
+// level-l counter at f covers exactly the level-(l+1) field that holds f,
+// in four finer fields, down to single slots at level 1. Those values
+// (Added) may come from another instant than the read (memcached's incrs
+// and get are separate commands, so other writers' units can fall between
+// them): a split is used only when its fields add up to the coarse count,
+// as they do when the add and the reads are one atomic step (memory,
+// DynamoDB); otherwise the field stays coarse, its units assumed at its
+// first slot, and RetryAfter stays a lower bound.
+func refineAtSlot(fs []fieldSpan, c *PackedCounts, f int64) []fieldSpan {
+	for l := PackedLevels; l >= 2; l-- {
+		w := pow4(l - 1)
+		k := -1
+		for i := range fs {
+			if fs[i].first <= f && f <= fs[i].last && fs[i].last-fs[i].first+1 == w {
+				k = i
+				break
+			}
+		}
+		if k < 0 {
+			return fs
+		}
+		x := fs[k]
+		var sum uint64
+		for j := range 4 {
+			sum += FieldOf(c.Added[l-2], j)
+		}
+		if sum != x.n {
+			return fs // another instant: keep the coarse field
+		}
+		fs = append(fs[:k], fs[k+1:]...)
+		sub := w / 4
+		for j := range 4 {
+			first := x.first + int64(j)*sub
+			fs = append(fs, fieldSpan{first: first, last: first + sub - 1, n: FieldOf(c.Added[l-2], j)})
+		}
+	}
+	return fs
+}
+
 // packedRetryAfter is a lower bound, in slots from f, on when n units fit
 // again with no more traffic: the first slot g > f at which the units that
 // are certainly still in view (every field's units assumed at its first
@@ -309,8 +395,8 @@ func (w *SlidingWindow) judgePacked(st *Step, res *StepResult, t int64) (Decisio
 		d.Remaining = w.cfg.Limit - total
 		return d, undo, false, nil
 	}
-	var buf [4 * MaxPackedReads]fieldSpan
-	fs := p.fields(c, buf[:0])
+	var buf [4*MaxPackedReads + 3*3]fieldSpan
+	fs := refineAtSlot(p.fields(c, buf[:0]), c, f)
 	for i := range fs { // our own units are given back
 		if fs[i].first <= f && f <= fs[i].last {
 			fs[i].n -= min(fs[i].n, uint64(st.N))

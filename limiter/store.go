@@ -118,11 +118,13 @@ type Counter interface {
 // and giving its units back. A store must not clamp or saturate per field.
 //
 // SubPacked subtracts each delta of op.Adds from its counter (a refund),
-// if the store holds it, never creating one and never touching another; a
-// store that can clamps each field at 0 (memory), one that cannot clamps
-// the whole value at 0 (memcached's decr), which matters only for a
-// counter that was dropped and created again (eviction). It ignores
-// op.Reads.
+// if the store holds it, never creating one and never touching another.
+// When the counter holds at least the delta (as a 64-bit number) the
+// subtraction is exact, so it borrows back a carry the add made between
+// fields (the limiter refunds a carried add); only below that may a store
+// clamp, each field at 0 (memory, DynamoDB) or the whole value (memcached's
+// decr), which matters only for a counter that was dropped and created
+// again (eviction). It ignores op.Reads.
 //
 // # Out-of-order writers
 //
@@ -145,10 +147,14 @@ type Counter interface {
 //   - Past the horizon the store may have dropped what the op names.
 //     AddPacked must then not create it again (its units would be counted
 //     where no newer writer looks, that is free): if any counter the op
-//     names has Last() < newest-Keep (newest including op.Slot), it
-//     answers Stale and changes nothing. The limiter denies a Stale
-//     request: a late writer past the horizon is never admitted, so none
-//     of its units go uncounted. SubPacked past the horizon subtracts from
+//     names may have been dropped (it ends before the bound the store
+//     drops at, which is at most newest-Keep, newest including op.Slot),
+//     it answers Stale and leaves none of the op's units counted (memory
+//     changes nothing; DynamoDB takes its add back with a second request).
+//     The limiter denies a Stale request: a late writer past the horizon
+//     is never admitted, so none of its units go uncounted. A writer past
+//     the horizon whose counters are all still held may instead be
+//     decided on its exact view. SubPacked past the horizon subtracts from
 //     the counters still held (each level's field holds the refunded slot,
 //     so each held level stays exact) and skips the others.
 //   - A store that forgets by age instead of tracking newest (memcached)

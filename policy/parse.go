@@ -431,7 +431,7 @@ func decodeLimit(n *yaml.Node, path string, index int, rule string) (Limit, erro
 	case TokenBucket:
 		own = []string{"max_amount", "refill_time", "refill_amount", "strict"}
 	case SlidingWindow:
-		own = []string{"limit", "window", "sub_windows", "estimator", "count_denied"}
+		own = []string{"limit", "window", "sub_windows", "estimator", "count_denied", "representation", "slots"}
 	case FixedWindow:
 		own = []string{"limit", "window", "count_denied"}
 	case SlidingLog:
@@ -466,6 +466,18 @@ func decodeLimit(n *yaml.Node, path string, index int, rule string) (Limit, erro
 			return l, m.errorf("estimator", "%q is not bounded or interpolated", s)
 		}
 	}
+	if s, ok, err := m.str("representation"); err != nil {
+		return l, err
+	} else if ok {
+		if l.Representation, err = limiter.ParseRepresentation(s); err != nil || s == "" {
+			return l, m.errorf("representation", "%q is not auto, packed or subwindows", s)
+		}
+	}
+	var slots int64
+	if slots, _, err = m.integer("slots"); err != nil {
+		return l, err
+	}
+	l.Slots = int(min(max(slots, -1), 1<<20))
 	if l.CountDenied, _, err = m.boolean("count_denied"); err != nil {
 		return l, err
 	}

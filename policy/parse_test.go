@@ -44,6 +44,53 @@ rules:
     require: [token, "header:X-Tenant"]
 `
 
+// The representation fields reach the limit, and an unnamed one is Auto
+// with no sub-windows filled in (the limiter picks packed where it fits).
+func TestParseRepresentation(t *testing.T) {
+	rules, err := Parse([]byte(`
+rules:
+  - name: a
+    key: k
+    limits:
+      - {algorithm: sliding_window, limit: 100, window: 1m}
+      - {algorithm: sliding_window, limit: 100, window: 1h, representation: packed, slots: 240}
+      - {algorithm: sliding_window, limit: 100, window: 2m, representation: subwindows}
+      - {algorithm: sliding_window, limit: 100000, window: 1m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rules[0].Limits
+	want := []Limit{
+		{Algorithm: SlidingWindow, Limit: 100, Window: time.Minute, Representation: limiter.Auto},
+		{Algorithm: SlidingWindow, Limit: 100, Window: time.Hour, Representation: limiter.Packed, Slots: 240},
+		{Algorithm: SlidingWindow, Limit: 100, Window: 2 * time.Minute, Representation: limiter.SubWindowCounters},
+		{Algorithm: SlidingWindow, Limit: 100000, Window: time.Minute},
+	}
+	for i := range want {
+		g := got[i]
+		g.Name = ""
+		if g != want[i] {
+			t.Errorf("limit %d = %+v, want %+v", i, g, want[i])
+		}
+	}
+	// Built on the memory store: Auto is packed where it fits.
+	p, err := New(rules, Options{Stores: memStores(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []limiter.Representation{limiter.Packed, limiter.Packed, limiter.SubWindowCounters, limiter.SubWindowCounters}
+	for i, l := range p.rules[0].limits {
+		w, ok := l.(*limiter.SlidingWindow)
+		if !ok {
+			t.Fatalf("limit %d is a %T", i, l)
+		}
+		if c := w.Config(); c.Representation != reps[i] {
+			t.Errorf("limit %d built as %v, want %v (%+v)", i, c.Representation, reps[i], c)
+		}
+	}
+}
+
 func TestParseGood(t *testing.T) {
 	rules, err := Parse([]byte(goodDoc))
 	if err != nil {
@@ -144,6 +191,16 @@ func TestParseErrors(t *testing.T) {
 		{name: "tiny window", doc: "rules: [{name: a, key: k, limits: [{algorithm: fixed_window, limit: 1, window: 1ns}]}]", want: []string{"limits[0]: window:"}},
 		{name: "sub windows do not divide", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1s, sub_windows: 7}]}]", want: []string{"limits[0]: sub_windows: 7"}},
 		{name: "too many sub windows", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, sub_windows: 61}]}]", want: []string{"sub_windows: 61"}},
+		{name: "bad representation", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, representation: sliced}]}]", want: []string{"limits[0].representation", "sliced"}},
+		{name: "packed with sub windows", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, representation: packed, sub_windows: 6}]}]", want: []string{"limits[0]: sub_windows: a packed window"}},
+		{name: "slots with sub windows", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, slots: 160, sub_windows: 6}]}]", want: []string{"limits[0]: slots:", "not both"}},
+		{name: "slots on sub-window counters", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, representation: subwindows, slots: 160}]}]", want: []string{"limits[0]: slots: only a packed window"}},
+		{name: "packed limit too big", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 40000, window: 1m, representation: packed}]}]", want: []string{"limits[0]: limit: 40000", "subwindows"}},
+		{name: "packed interpolated", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, representation: packed, estimator: interpolated}]}]", want: []string{"limits[0]: estimator: a packed window is bounded"}},
+		{name: "packed counts denied", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, slots: 160, count_denied: true}]}]", want: []string{"limits[0]: count_denied"}},
+		{name: "too few slots", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, slots: 10}]}]", want: []string{"limits[0]: slots: 10 is outside 64..512"}},
+		{name: "slots do not divide", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1ms, slots: 160}]}]", want: []string{"limits[0]: slots: 160 does not cut"}},
+		{name: "slots on a fixed window", doc: "rules: [{name: a, key: k, limits: [{algorithm: fixed_window, limit: 1, window: 1m, slots: 160}]}]", want: []string{"limits[0].slots: not a field of fixed_window"}},
 		{name: "bad estimator", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_window, limit: 1, window: 1m, estimator: magic}]}]", want: []string{"limits[0].estimator"}},
 		{name: "sliding log too big", doc: "rules: [{name: a, key: k, limits: [{algorithm: sliding_log, limit: 20000, window: 1m}]}]", want: []string{"limits[0]: limit: 20000"}},
 		{name: "refill more than max", doc: "rules: [{name: a, key: k, limits: [{algorithm: token_bucket, max_amount: 2, refill_time: 1s, refill_amount: 3}]}]", want: []string{"refill_amount: 3"}},

@@ -224,7 +224,7 @@ func build(l *Limit, backend string, stores map[string]any, noDenyCache bool) (l
 		}
 		return limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, SubWindows: l.SubWindows, Estimator: l.Estimator, CountDenied: l.CountDenied,
-			NoDenyCache: noDenyCache,
+			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache,
 		})
 	case FixedWindow:
 		s, ok := store.(limiter.Counter)

@@ -184,10 +184,15 @@ type Limit struct {
 	// Limit and Window: sliding_window, fixed_window, sliding_log.
 	Limit  int64
 	Window time.Duration
-	// SubWindows and Estimator: sliding_window (zero SubWindows means
-	// limiter.DefaultSubWindows).
-	SubWindows int
-	Estimator  limiter.Estimator
+	// SubWindows, Estimator, Representation and Slots: sliding_window.
+	// Representation zero is limiter.Auto: packed counters at Slots slots
+	// per window (zero: limiter.DefaultSlots) where the window allows it,
+	// else SubWindows sub-windows (zero: limiter.DefaultSubWindows). Naming
+	// sub_windows asks for sub-window counters.
+	SubWindows     int
+	Estimator      limiter.Estimator
+	Representation limiter.Representation
+	Slots          int
 	// CountDenied keeps denied requests in a window's count (ClassDojo).
 	CountDenied bool
 
@@ -483,6 +488,12 @@ func checkLimit(l *Limit, rule string, index int) error {
 		if l.Estimator != limiter.Bounded {
 			stray = append(stray, "estimator")
 		}
+		if l.Representation != limiter.Auto {
+			stray = append(stray, "representation")
+		}
+		if l.Slots != 0 {
+			stray = append(stray, "slots")
+		}
 	}
 	if l.Algorithm == SlidingLog && l.CountDenied {
 		stray = append(stray, "count_denied")
@@ -499,19 +510,9 @@ func checkLimit(l *Limit, rule string, index int) error {
 			err = count(l.RefillAmount, "refill_amount", l.MaxAmount)
 		}
 	case SlidingWindow:
-		if l.SubWindows == 0 {
-			l.SubWindows = limiter.DefaultSubWindows
-		}
 		err = errors.Join(count(l.Limit, "limit", MaxCount), window(l.Window, "window"))
 		if err == nil {
-			switch {
-			case l.SubWindows < 1 || l.SubWindows > limiter.MaxSubWindows:
-				err = fmt.Errorf("sub_windows: %d is outside 1..%d", l.SubWindows, limiter.MaxSubWindows)
-			case l.Window%time.Duration(l.SubWindows) != 0 || l.Window/time.Duration(l.SubWindows) < time.Millisecond:
-				err = fmt.Errorf("sub_windows: %d does not cut the window %v into whole sub-windows of at least 1ms", l.SubWindows, l.Window)
-			case l.Estimator > limiter.Interpolated:
-				err = fmt.Errorf("estimator: unknown estimator %d", l.Estimator)
-			}
+			err = checkSliding(l)
 		}
 	case FixedWindow:
 		err = errors.Join(count(l.Limit, "limit", MaxCount), window(l.Window, "window"))
@@ -596,4 +597,61 @@ func containsFold(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// checkSliding validates a sliding window's representation fields: sub_windows
+// belong to sub-window counters, slots to packed ones, and a packed window
+// must fit its 16-bit fields (limit), be bounded and not count denials.
+func checkSliding(l *Limit) error {
+	switch {
+	case l.Estimator > limiter.Interpolated:
+		return fmt.Errorf("estimator: unknown estimator %d", l.Estimator)
+	case l.Representation > limiter.Packed:
+		return fmt.Errorf("representation: unknown representation %d", l.Representation)
+	case l.SubWindows != 0 && l.Representation == limiter.Packed:
+		return fmt.Errorf("sub_windows: a packed window has slots, not sub-windows")
+	case l.Slots != 0 && l.Representation == limiter.SubWindowCounters:
+		return fmt.Errorf("slots: only a packed window has slots (representation: subwindows has sub_windows)")
+	case l.Slots != 0 && l.SubWindows != 0:
+		return fmt.Errorf("slots: give slots (packed) or sub_windows (sub-window counters), not both")
+	}
+	packed := l.Representation == limiter.Packed || l.Slots != 0
+	if packed {
+		slots := l.Slots
+		if slots == 0 {
+			slots = limiter.DefaultSlots
+		}
+		switch {
+		case l.Limit > limiter.MaxPackedLimit:
+			return fmt.Errorf("limit: %d is above %d, the most a packed window holds (use representation: subwindows)", l.Limit, limiter.MaxPackedLimit)
+		case l.Estimator != limiter.Bounded:
+			return fmt.Errorf("estimator: a packed window is bounded (use representation: subwindows for interpolated)")
+		case l.CountDenied:
+			return fmt.Errorf("count_denied: a packed window does not count denied requests (use representation: subwindows)")
+		case slots < limiter.MinSlots || slots > limiter.MaxSlots:
+			return fmt.Errorf("slots: %d is outside %d..%d", slots, limiter.MinSlots, limiter.MaxSlots)
+		case l.Window%time.Duration(slots) != 0 || l.Window/time.Duration(slots) < 100*time.Microsecond:
+			return fmt.Errorf("slots: %d does not cut the window %v into whole slots of at least 100us", slots, l.Window)
+		}
+		return nil
+	}
+	if l.SubWindows != 0 {
+		switch {
+		case l.SubWindows < 1 || l.SubWindows > limiter.MaxSubWindows:
+			return fmt.Errorf("sub_windows: %d is outside 1..%d", l.SubWindows, limiter.MaxSubWindows)
+		case l.Window%time.Duration(l.SubWindows) != 0 || l.Window/time.Duration(l.SubWindows) < time.Millisecond:
+			return fmt.Errorf("sub_windows: %d does not cut the window %v into whole sub-windows of at least 1ms", l.SubWindows, l.Window)
+		}
+		return nil
+	}
+	// Auto with no sub_windows: packed where it fits, else the default
+	// sub-windows, which must then cut the window.
+	if l.Window%time.Duration(limiter.DefaultSubWindows) != 0 || l.Window/time.Duration(limiter.DefaultSubWindows) < time.Millisecond {
+		fits := l.Limit <= limiter.MaxPackedLimit && l.Estimator == limiter.Bounded && !l.CountDenied &&
+			l.Window%time.Duration(limiter.DefaultSlots) == 0 && l.Window/time.Duration(limiter.DefaultSlots) >= 100*time.Microsecond
+		if !fits {
+			return fmt.Errorf("window: %v does not cut into %d sub-windows of at least 1ms (give sub_windows)", l.Window, limiter.DefaultSubWindows)
+		}
+	}
+	return nil
 }

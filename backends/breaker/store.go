@@ -143,6 +143,11 @@ func batchErr(out []limiter.StepResult) error {
 
 var _ limiter.PackedCounter = (*Store)(nil)
 
+// ServesPacked reports whether the backend serves packed windows
+// ([limiter.ServesPacked]): a window whose representation is Auto is
+// packed on the wrapper only then.
+func (s *Store) ServesPacked() bool { return limiter.ServesPacked(s.s) }
+
 // AddPacked implements [limiter.PackedCounter] when the backend does (the
 // DynamoDB store): a packed window on the wrapped store goes through the
 // breaker like the backend's other calls. On a backend without it, it

@@ -446,6 +446,13 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 		if !ok || !e.held(a.Cell) || a.Delta == 0 {
 			continue
 		}
+		if p.v >= a.Delta {
+			// Exact: the add being refunded is in the counter, so the
+			// subtraction borrows back any carry it made between fields
+			// (a per-field clamp would lose the carried units).
+			p.v -= a.Delta
+			continue
+		}
 		var v uint64
 		for j := range 4 {
 			f, d := limiter.FieldOf(p.v, j), limiter.FieldOf(a.Delta, j)

@@ -334,6 +334,10 @@ func (s *DelayStore) UpdateLog(ctx context.Context, k limiter.Key, op limiter.Lo
 	return s.inner.UpdateLog(ctx, k, op, ttl)
 }
 
+// ServesPacked reports whether the inner store serves packed windows
+// ([limiter.ServesPacked]).
+func (s *DelayStore) ServesPacked() bool { return limiter.ServesPacked(s.inner) }
+
 // AddPacked implements [limiter.PackedCounter], forwarding to the inner
 // store (an error if it does not implement it). A refund's horizon is the
 // add's: op.Keep = 2r+1, so r+1 slots.
