@@ -90,8 +90,9 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 	pf("### Recommendation for the stores\n\n")
 	if i, ok := m.resolutionIndex(todayK); ok {
 		w := m.WorstAt(i)
-		pf("- Today's default, bounded k=%d, names %d keys per memcached decision and admits %s of the exact log on its "+
-			"worst shape (%s): it misses the 97%% target on the worst shape.\n", todayK, 2*todayK+1, pct(w.Share), m.where(w))
+		pf("- The sub-window counters' default, bounded k=%d (the window's default before packed counters), names %d keys "+
+			"per memcached decision and admits %s of the exact log on its worst shape (%s): it misses the 97%% target on "+
+			"the worst shape.\n", todayK, 2*todayK+1, pct(w.Share), m.where(w))
 	}
 	if pt, ok := m.Best(Representation{Kind: RepBounded}); !ok {
 		pf("- No bounded k <= 60 reaches %s on every shape; within %d keys (k <= %d) the best is %s: %s on %s.\n",
@@ -167,7 +168,7 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		}
 		pf("r = %d", res)
 	}
-	pf(" (bounded k = %d is the most sub-windows within %d keys today; k = %d is today's default).\n\n", (o.MaxKeys-1)/2, o.MaxKeys, todayK)
+	pf(" (bounded k = %d is the most sub-windows within %d keys; k = %d is the sub-window counters' default).\n\n", (o.MaxKeys-1)/2, o.MaxKeys, todayK)
 	pf("| limit | shape |")
 	for _, res := range cols {
 		pf(" r = %d |", res)
@@ -204,8 +205,11 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		"reads the counters named, and gives back the same deltas on a refund (`AddPacked`, `SubPacked`; the contract, " +
 		"with its out-of-order rules, is in `limiter/store.go` and docs/consistency.md). `limiter.SlidingWindowConfig` " +
 		"chooses it with `Representation: limiter.Packed` (and `Slots`, default 160); `NewSlidingWindow` refuses it on a " +
-		"store without `PackedCounter`, above a limit of 32767, with `CountDenied` or `Interpolated`. The zero value " +
-		"is still today's sub-window counters: switching the default is a separate step (below).\n\n")
+		"store without `PackedCounter`, above a limit of 32767, with `CountDenied` or `Interpolated`. **It is the " +
+		"default**: the zero value, `limiter.Auto`, is `Packed` at 160 slots when the store serves it (all three do; " +
+		"`limiter.ServesPacked`), the limit is at most 32767, the estimator Bounded, `CountDenied` off, no `SubWindows` " +
+		"named and 160 cuts the window into slots of at least 100 us; otherwise it is 20 sub-windows, as before. Rules " +
+		"choose with `representation` and `slots` (docs/rules.md).\n\n")
 	pf("- **memory**: per key and level a ring of counters covering the slots within `Keep` (2r+1) of the newest; an " +
 		"op naming an older counter is answered `Stale` and the request denied.\n")
 	pf("- **memcached** (`backends/memcached`): per level an item `<base>|p<level>:<index>` on the key's node; a " +
@@ -219,10 +223,13 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 	pf("- **DynamoDB** (`backends/dynamo`): one item per key holding one Number attribute per counter; one " +
 		"UpdateItem `ADD`s each level's delta, removes the counters past the keep bound and returns `ALL_NEW`; it tracks " +
 		"the newest slot in the item and answers `Stale` past the horizon.\n\n")
-	pf("Switching the default (the issue's acceptance): an automatic choice of `Packed` when the store implements " +
-		"`PackedCounter`, the limit is at most 32767, the estimator Bounded, `CountDenied` off and 160 divides the window " +
-		"into slots of at least 100 us, else today's counters. It changes every default window's key space (counts " +
-		"restart at a deploy), so it waits for the memcached and DynamoDB figures in docs/benchmarks.md.\n\n")
+	pf("**Upgrading.** The packed and the sub-window representations use different keys, so a deployment that " +
+		"moves a default window to packed starts its counts afresh, and while old and new versions run side by side " +
+		"(a Lambda rollout) each counts on its own keys: up to twice the limit in that window. Pin " +
+		"`representation: subwindows` (or `Representation: limiter.SubWindowCounters`) to keep the old counters, and " +
+		"switch when a window's worth of double admission is acceptable. The costs per store (memcached items per key, " +
+		"DynamoDB item size and write units, latency and throughput against raw calls) are in docs/benchmarks.md, " +
+		"\"The packed sliding window\".\n\n")
 }
 
 // shapesFigure plots the frontier of the shape matrix: worst-shape share
