@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 )
@@ -72,6 +73,9 @@ type Step struct {
 	Log    LogOp
 	// Packed is the op of StepPackedAdd and StepPackedSub.
 	Packed PackedOp
+	// packedReads are the fields a packed window's plan uses of each of
+	// Packed.Reads, kept for its judge (the plan is made once).
+	packedReads [MaxPackedReads]packedRead
 }
 
 // StepResult is a store's answer to one [Step].
@@ -200,9 +204,18 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 	}
 
-	es := make([]entry, 0, len(items))
+	var es []entry
+	if len(items) <= scratchItems {
+		sc := scratchPool.Get().(*batchScratch)
+		defer sc.release(len(items))
+		es = sc.es[:len(items)]
+		es[0].scratch = sc
+	} else {
+		es = make([]entry, len(items))
+	}
 	for i, it := range items {
-		e := entry{item: i}
+		e := &es[i]
+		e.item, e.it = i, it
 		if s, ok := it.Limit.(stepper); ok {
 			e.s = s
 			e.gen = s.denyCache().generation()
@@ -210,12 +223,8 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		} else if it.Limit == nil {
 			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
 		}
-		es = append(es, e)
 	}
-	run(ctx, es, func(e *entry) {
-		// Not one of ours: its own AllowN.
-		e.res.Decision, e.res.Err = items[e.item].Limit.AllowN(ctx, items[e.item].Key, now, items[e.item].N)
-	})
+	run(ctx, now, es)
 
 	var failErr error
 	denied := false
@@ -284,10 +293,7 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 	}
 	if refunding {
-		run(ctx, es, func(e *entry) {
-			it := &items[e.item]
-			e.res.Err = it.Limit.Refund(ctx, it.Key, now, it.N)
-		})
+		run(ctx, now, es)
 		for i := range es {
 			e := &es[i]
 			if !e.refund {
@@ -353,6 +359,7 @@ func decider(items []Item, out []Outcome) int {
 // entry is one item on its way through Decide.
 type entry struct {
 	item         int
+	it           Item // items[item], for a foreign limiter's calls
 	s            stepper
 	store        any
 	step         Step
@@ -363,87 +370,179 @@ type entry struct {
 	refund       bool // this round sends undo
 	fallbackUndo bool // a foreign limiter's Refund
 	gen          uint64
+	group        int           // run's group of this round
+	scratch      *batchScratch // es[0]'s: the pooled memory es lives in, if any
+}
+
+// scratchItems is the largest batch whose working memory is pooled.
+const scratchItems = 4
+
+// batchScratch is the working memory of a Decide of up to scratchItems
+// items, pooled so that the common batch of one to a few items allocates
+// none: its entries, and the steps and answers of run's groups.
+type batchScratch struct {
+	es    [scratchItems]entry
+	steps [scratchItems]Step
+	res   [scratchItems]StepResult
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
+
+// release clears what a batch of n items used (nothing is kept alive by
+// the pool) and returns sc to the pool. Every goroutine of the batch has
+// returned by then.
+func (sc *batchScratch) release(n int) {
+	clear(sc.es[:n])
+	clear(sc.steps[:n])
+	clear(sc.res[:n])
+	scratchPool.Put(sc)
+}
+
+// groups is run's plan of one round: the active entries of es, in order,
+// grouped by store (group g is order[start(g):ends[g]] and goes to
+// stores[g]), then the foreign limiters' entries.
+type groups struct {
+	refund bool
+	stores []any
+	ends   []int
+	order  []int
+}
+
+func (g *groups) start(j int) int {
+	if j == 0 {
+		return 0
+	}
+	return g.ends[j-1]
 }
 
 // run performs the steps of es (those with a Kind, or, in a refund round,
-// those marked refund) grouped by store, stores in parallel, and calls
-// other for the entries of foreign limiters.
-func run(ctx context.Context, es []entry, other func(*entry)) {
-	refundRound := false
+// those marked refund) grouped by store, stores in parallel, and calls the
+// foreign limiters' own AllowN (Refund in a refund round) at now.
+func run(ctx context.Context, now time.Time, es []entry) {
+	var g groups
 	for i := range es {
 		if es[i].refund {
-			refundRound = true
+			g.refund = true
 			break
 		}
 	}
 	active := func(e *entry) bool {
-		if refundRound {
+		if g.refund {
 			return e.refund
 		}
 		return e.err == nil
 	}
-	var groups [8][]int
-	var gs [][]int = groups[:0]
-	var stores [8]any
-	var ss []any = stores[:0]
-	var foreign []int
+	var (
+		storeBuf [scratchItems]any
+		endBuf   [scratchItems]int
+		orderBuf [scratchItems]int
+	)
+	g.stores, g.ends, g.order = storeBuf[:0], endBuf[:0], orderBuf[:0]
+	nforeign := 0
 	for i := range es {
 		e := &es[i]
 		if !active(e) {
 			continue
 		}
 		if e.s == nil {
-			foreign = append(foreign, i)
+			nforeign++
 			continue
 		}
-		g := -1
-		for j, s := range ss {
+		e.group = -1
+		for j, s := range g.stores {
 			if sameStore(s, e.store) {
-				g = j
+				e.group = j
 				break
 			}
 		}
-		if g < 0 {
-			ss = append(ss, e.store)
-			gs = append(gs, nil)
-			g = len(gs) - 1
+		if e.group < 0 {
+			g.stores = append(g.stores, e.store)
+			e.group = len(g.stores) - 1
 		}
-		gs[g] = append(gs[g], i)
 	}
-	jobs := len(gs) + len(foreign)
+	for j := range g.stores {
+		for i := range es {
+			if e := &es[i]; e.s != nil && active(e) && e.group == j {
+				g.order = append(g.order, i)
+			}
+		}
+		g.ends = append(g.ends, len(g.order))
+	}
+	jobs := len(g.stores) + nforeign
 	if jobs == 0 {
 		return
 	}
-	do := func(j int) {
-		if j >= len(gs) {
-			other(&es[foreign[j-len(gs)]])
-			return
+	if nforeign > 0 {
+		for i := range es {
+			if e := &es[i]; e.s == nil && active(e) {
+				g.order = append(g.order, i)
+			}
 		}
-		runGroup(ctx, ss[j], es, gs[j])
+	}
+	// The batches' steps and answers, aligned with order.
+	var (
+		steps []Step
+		res   []StepResult
+	)
+	if nb := g.start(len(g.stores)); nb > 0 {
+		if sc := es[0].scratch; sc != nil {
+			steps, res = sc.steps[:nb], sc.res[:nb]
+		} else {
+			steps, res = make([]Step, nb), make([]StepResult, nb)
+		}
 	}
 	if jobs == 1 {
-		do(0)
+		runJob(ctx, now, es, &g, steps, res, 0)
 		return
 	}
+	runParallel(ctx, now, es, g.clone(), steps, res, jobs)
+}
+
+// clone copies g's plan off the caller's stack, for goroutines.
+func (g *groups) clone() groups {
+	return groups{refund: g.refund, stores: slices.Clone(g.stores), ends: slices.Clone(g.ends), order: slices.Clone(g.order)}
+}
+
+// runParallel runs g's jobs, all but the first on their own goroutines.
+func runParallel(ctx context.Context, now time.Time, es []entry, g groups, steps []Step, res []StepResult, jobs int) {
 	var wg sync.WaitGroup
 	for j := 1; j < jobs; j++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			do(j)
+			runJob(ctx, now, es, &g, steps, res, j)
 		}()
 	}
-	do(0)
+	runJob(ctx, now, es, &g, steps, res, 0)
 	wg.Wait()
 }
 
-// runGroup sends the steps of es[idx...] to store.
-func runGroup(ctx context.Context, store any, es []entry, idx []int) {
+// runJob runs job j of g: a store's group (with its part of steps and
+// res), or a foreign limiter's call.
+func runJob(ctx context.Context, now time.Time, es []entry, g *groups, steps []Step, res []StepResult, j int) {
+	if j < len(g.stores) {
+		lo, hi := g.start(j), g.ends[j]
+		runGroup(ctx, g.stores[j], es, g.order[lo:hi], steps[lo:hi], res[lo:hi])
+		return
+	}
+	e := &es[g.order[g.start(len(g.stores))+j-len(g.stores)]]
+	it := &e.it
+	if g.refund {
+		e.res.Err = it.Limit.Refund(ctx, it.Key, now, it.N)
+		return
+	}
+	// Not one of ours: its own AllowN.
+	e.res.Decision, e.res.Err = it.Limit.AllowN(ctx, it.Key, now, it.N)
+}
+
+// runGroup sends the steps of es[idx...] to store, in steps and res
+// (len(idx) each) when it is a Batcher.
+func runGroup(ctx context.Context, store any, es []entry, idx []int, steps []Step, res []StepResult) {
 	if b, ok := store.(Batcher); ok {
-		steps, res := make([]Step, 0, len(idx)), make([]StepResult, len(idx))
-		for _, i := range idx {
-			steps = append(steps, es[i].step)
+		for j, i := range idx {
+			steps[j] = es[i].step
 		}
+		clear(res)
 		b.Do(ctx, steps, res)
 		for j, i := range idx {
 			es[i].res = res[j]

@@ -381,8 +381,11 @@ func (w *SlidingWindow) judgePacked(st *Step, res *StepResult, t int64) (Decisio
 		d.RetryAfter = 1
 		return d, Step{}, false, nil
 	}
-	p := planPacked(f, w.r, st.N, time.Duration(w.sub))
-	undo := Step{Kind: StepPackedSub, Key: st.Key, N: st.N, Packed: packedSub(f, w.r, st.N, time.Duration(w.sub))}
+	// The plan made by plan (st.Packed is its op), and its refund: the same
+	// deltas, reading nothing (what packedSub builds).
+	p := &packedPlan{op: st.Packed, reads: st.packedReads}
+	undo := Step{Kind: StepPackedSub, Key: st.Key, N: st.N, Packed: st.Packed}
+	undo.Packed.NReads = 0
 	if p.overflowed(c, st.N) {
 		// A field carried: give the units back (the subtraction borrows
 		// back exactly) and deny.

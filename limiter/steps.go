@@ -38,7 +38,7 @@ func (w *SlidingWindow) plan(key string, now time.Time, n int64) (Step, any, err
 	k := Key{Space: w.space, Name: key}
 	if w.packed != nil {
 		p := planPacked(floorDiv(t, w.sub), w.r, n, time.Duration(w.sub))
-		return Step{Kind: StepPackedAdd, Key: k, N: n, Packed: p.op}, w.packed, nil
+		return Step{Kind: StepPackedAdd, Key: k, N: n, Packed: p.op, packedReads: p.reads}, w.packed, nil
 	}
 	return Step{Kind: StepAdd, Key: k, Idx: floorDiv(t, w.sub), Span: w.k + 1, N: n, TTL: w.ttl}, w.store, nil
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -67,12 +68,16 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 		}
 		return
 	}
-	bs := make([]bstep, len(steps))
-	type node struct {
-		addr net.Addr
-		idx  []int
+	var bs []bstep
+	if len(steps) <= doScratchSteps {
+		sc := doPool.Get().(*doScratch)
+		defer sc.release(len(steps))
+		bs = sc.bs[:len(steps)]
+	} else {
+		bs = make([]bstep, len(steps))
 	}
-	var nodes []node
+	var addrBuf [doScratchSteps]net.Addr
+	addrs := addrBuf[:0] // the nodes, each once
 	for i := range steps {
 		b := &bs[i]
 		if s.detach(ctx, &steps[i]) {
@@ -92,37 +97,31 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 			continue
 		}
 		j := 0
-		for j < len(nodes) && nodes[j].addr.String() != addr.String() {
+		for j < len(addrs) && addrs[j].String() != addr.String() {
 			j++
 		}
-		if j == len(nodes) {
-			nodes = append(nodes, node{addr: addr})
+		if j == len(addrs) {
+			addrs = append(addrs, addr)
 		}
-		nodes[j].idx = append(nodes[j].idx, i)
+		b.node = j
 	}
-	send := func(n node) {
-		err := s.pool.exec(ctx, n.addr, func(pc *pconn) error { return s.pipeline(pc, bs, n.idx) })
-		for _, i := range n.idx {
-			if err != nil {
-				out[i] = limiter.StepResult{Err: errorf("batch", err)}
-				bs[i].done = true
-				continue
+	// The steps of node j are idx[start(j):ends[j]], in order.
+	var idxBuf, endBuf [doScratchSteps]int
+	idx, ends := idxBuf[:0], endBuf[:0]
+	for j := range addrs {
+		for i := range bs {
+			if !bs[i].done && bs[i].node == j {
+				idx = append(idx, i)
 			}
-			out[i] = bs[i].res
 		}
+		ends = append(ends, len(idx))
 	}
-	if len(nodes) == 1 {
-		send(nodes[0])
-	} else {
-		var wg sync.WaitGroup
-		for _, n := range nodes {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				send(n)
-			}()
-		}
-		wg.Wait()
+	switch len(addrs) {
+	case 0:
+	case 1:
+		s.send(ctx, addrs[0], bs, idx, out)
+	default:
+		s.sendParallel(ctx, slices.Clone(addrs), bs, slices.Clone(idx), slices.Clone(ends), out)
 	}
 	// The rare second round: a lost race, a cold cache, a vanished counter.
 	for i := range steps {
@@ -144,6 +143,56 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 			out[i] = s.settle(ctx, b)
 		}
 	}
+}
+
+// doScratchSteps is the largest batch whose working memory Do pools.
+const doScratchSteps = 4
+
+// doScratch is the working memory of a Do of up to doScratchSteps steps,
+// pooled so that the common batch of one to a few steps allocates none.
+type doScratch struct {
+	bs [doScratchSteps]bstep
+}
+
+var doPool = sync.Pool{New: func() any { return new(doScratch) }}
+
+// release clears what a batch of n steps used (the pool keeps nothing
+// alive) and returns sc to the pool.
+func (sc *doScratch) release(n int) {
+	clear(sc.bs[:n])
+	doPool.Put(sc)
+}
+
+// send sends the steps bs[idx...] to the node at addr in one pipeline and
+// writes their answers to out.
+func (s *Store) send(ctx context.Context, addr net.Addr, bs []bstep, idx []int, out []limiter.StepResult) {
+	err := s.pool.exec(ctx, addr, func(pc *pconn) error { return s.pipeline(pc, bs, idx) })
+	for _, i := range idx {
+		if err != nil {
+			out[i] = limiter.StepResult{Err: errorf("batch", err)}
+			bs[i].done = true
+			continue
+		}
+		out[i] = bs[i].res
+	}
+}
+
+// sendParallel sends the steps of every node (node j's are
+// idx[ends[j-1]:ends[j]]), nodes in parallel.
+func (s *Store) sendParallel(ctx context.Context, addrs []net.Addr, bs []bstep, idx, ends []int, out []limiter.StepResult) {
+	var wg sync.WaitGroup
+	for j, addr := range addrs {
+		lo := 0
+		if j > 0 {
+			lo = ends[j-1]
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.send(ctx, addr, bs, idx[lo:ends[j]], out)
+		}()
+	}
+	wg.Wait()
 }
 
 // settle decides a bucket or log step that lost its speculative write, or
@@ -263,6 +312,7 @@ type bstep struct {
 	d     limiter.Decision
 
 	res   limiter.StepResult
+	node  int  // Do's index of the step's node
 	done  bool // answered before the pipeline (an error)
 	again bool // to be sent again on its own
 }
@@ -341,13 +391,13 @@ func (s *Store) speculate(b *bstep) {
 // pipeline writes the steps of bs[idx...] on pc, flushes once and reads
 // every reply in order.
 func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
-	var num [24]byte
+	num := &pc.num
 	for _, i := range idx {
 		b := &bs[i]
 		b.res, b.again = limiter.StepResult{}, false
 		switch b.kind {
 		case limiter.StepAdd:
-			b.w.write(pc, &num)
+			b.w.write(pc, num)
 		case limiter.StepSub:
 			if b.n == 0 {
 				continue
@@ -360,7 +410,7 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 		case limiter.StepPackedAdd:
 			b.pget = b.pa.send(pc)
 		case limiter.StepPackedSub:
-			writePackedSub(pc, b.base, b.psub, true, &num)
+			writePackedSub(pc, b.base, b.psub, true, num)
 		default:
 			if w := b.write; w != nil {
 				if b.found {

@@ -34,6 +34,7 @@ type pconn struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	addr string
+	num  [24]byte // for formatting numbers into w
 }
 
 func newPool(dial dialFunc, timeout time.Duration, maxIdle int) *pool {
