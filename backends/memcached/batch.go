@@ -320,9 +320,14 @@ type bstep struct {
 // prepare fills b for st.
 func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 	b.kind = st.Kind
-	if st.Kind == limiter.StepPackedAdd || st.Kind == limiter.StepPackedSub {
+	switch st.Kind {
+	case limiter.StepPackedAdd:
+		err := b.pa.init(s, st.Key, &st.Packed)
+		b.base = b.pa.base
+		return err
+	case limiter.StepPackedSub:
 		b.base = s.keys.packedBase(st.Key)
-	} else {
+	default:
 		b.base = s.keys.base(st.Key)
 	}
 	switch st.Kind {
@@ -344,8 +349,6 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 			return fmt.Errorf("memcached: bad window sub (n %d)", st.N)
 		}
 		b.key, b.n = counterKey(b.base, st.Idx), st.N
-	case limiter.StepPackedAdd:
-		return b.pa.init(s, b.base, &st.Packed)
 	case limiter.StepPackedSub:
 		b.psub = &st.Packed
 		return checkPackedAdds(b.psub)

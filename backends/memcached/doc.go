@@ -157,6 +157,23 @@
 // and after an add that wrapped the whole 64-bit value (an overflow of the
 // top field, below). The store never answers Stale: it forgets by age.
 //
+// A Store remembers the packed counters its own adds created (STORED),
+// with the moment before that round was written, in a bounded cache
+// (64 shards of at most 512 limiter keys; keys whose Space and Name
+// exceed 256 bytes are not cached), which also keeps each key's base so
+// that a warm decision does not build it again. Until the level's TTL has
+// passed since then, a counter it knows is sent its incr alone: a warm
+// decision is 4 incrs and one get (5 commands, was 9), still one round
+// trip. memcached keeps an item at least that long (the expiry adds a
+// second and more) unless it evicts it early or is flushed; the incr then
+// answers NOT_FOUND, and that level is sent again with its add (the
+// recovery above: no level counted twice; such a request may take four
+// rounds in all before ErrConflict, not three), and forgotten. A counter
+// whose add answered NOT_STORED exists, but since when is unknown (another
+// Store, or a forgotten entry, created it): it is not remembered, and
+// its add goes with every decision, so Stores sharing keys skip only the
+// adds of the counters each created.
+//
 // Why it is safe under races: the argument of the sub-window counters
 // carries over. A writer's incrs precede its get on its connection, so of
 // the requests allowed in any window-length interval, the one X whose last
@@ -211,7 +228,7 @@
 //
 //	window take      add <key|c cur> ... / incr <key|c cur> n / get <view and ahead>   (as Add)
 //	window refund    decr <key|c idx> n noreply                                        no reply: nothing to wait for
-//	packed take      add <key|pl:idx> ... / incr <key|pl:idx> <delta>, per level / get <reads>   (as AddPacked)
+//	packed take      [add <key|pl:idx> ...] / incr <key|pl:idx> <delta>, per level / get <reads>   (as AddPacked; no add for a counter known to exist)
 //	packed refund    decr <key|pl:idx> <delta> noreply, per level
 //	bucket or log    cas <key|b> 0 <exp> <len> <cas id>  (the item cached from an earlier gets), or
 //	                 add <key|b> 0 <exp> <len>           (no cached item: a new key)
@@ -341,4 +358,6 @@
 //     fields (fewer units counted: laxer) until the counter expires.
 //   - Each window decision sends an add that fails once the counter exists:
 //     a little server work traded for a constant single round trip.
+//     A packed decision skips the adds of the counters its Store created
+//     and knows to be alive (see Packed windows).
 package memcached

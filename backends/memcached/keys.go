@@ -5,8 +5,11 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -52,6 +55,9 @@ const (
 // '|', so base and suffix are recovered by splitting at the last '|'.
 type keyer struct {
 	prefix string
+	// known caches packed windows' bases and the counters known to exist
+	// (nil: no cache).
+	known *knownCache
 }
 
 func newKeyer(prefix string) (keyer, error) {
@@ -61,7 +67,7 @@ func newKeyer(prefix string) (keyer, error) {
 	if !printable(prefix) {
 		return keyer{}, fmt.Errorf("%w: memcached: key prefix %q must be printable ASCII without spaces", limiter.ErrInvalidConfig, prefix)
 	}
-	return keyer{prefix: prefix}, nil
+	return keyer{prefix: prefix, known: newKnownCache()}, nil
 }
 
 // printable reports whether s is only bytes 0x21-0x7e.
@@ -80,7 +86,34 @@ func (kr keyer) base(k limiter.Key) string { return kr.baseFor(k, maxSuffixLen) 
 // packedBase returns the base of a packed window's counters: readable
 // only if a packed suffix fits after it too. (A packed window's Space is
 // its own, so its base never needs to match another item's.)
-func (kr keyer) packedBase(k limiter.Key) string { return kr.baseFor(k, maxPackedSuffixLen) }
+func (kr keyer) packedBase(k limiter.Key) string {
+	base, _ := kr.packedKnown(k)
+	return base
+}
+
+// packedKnown returns packedBase(k) and the counters of k's packed window
+// known to exist, from the cache when k is in it (no allocation).
+func (kr keyer) packedKnown(k limiter.Key) (string, [limiter.PackedLevels]knownCounter) {
+	c := kr.known
+	if c == nil || len(k.Space)+len(k.Name) > knownMaxKey {
+		return kr.baseFor(k, maxPackedSuffixLen), [limiter.PackedLevels]knownCounter{}
+	}
+	sh := c.shard(k)
+	sh.mu.Lock()
+	e, ok := sh.m[k]
+	sh.mu.Unlock()
+	if ok {
+		return e.base, e.lv
+	}
+	base := kr.baseFor(k, maxPackedSuffixLen)
+	sh.mu.Lock()
+	if _, ok := sh.m[k]; !ok {
+		sh.makeRoom()
+		sh.m[k] = knownEntry{base: base}
+	}
+	sh.mu.Unlock()
+	return base, [limiter.PackedLevels]knownCounter{}
+}
 
 // baseFor returns the memcached key of k without a suffix of at most
 // suffix bytes.
@@ -116,3 +149,108 @@ func appendPackedKey(b []byte, base string, c limiter.PackedCell) []byte {
 func bucketKey(base string) string { return base + "|b" }
 
 func logKey(base string) string { return base + "|l" }
+
+// The known-counter cache: per Store, at most knownShards*knownPerShard
+// limiter keys (each with its packed base, at most maxKeyLen bytes, and
+// its Space and Name, at most knownMaxKey bytes: a few MB at worst).
+const (
+	knownShards   = 64
+	knownPerShard = 512
+	// knownMaxKey is the longest Space+Name cached; longer keys compute
+	// their base per call and always send their adds.
+	knownMaxKey = 256
+)
+
+// knownCache remembers, per limiter key, its packed base and, per level,
+// the one counter this Store has seen exist with the time until which it
+// must still exist: the level's TTL from the moment before the round
+// whose add created it (STORED). memcached keeps an item at least that
+// long (Store.expiry adds a second and more), unless it evicts it early
+// or is flushed: an incr then answers NOT_FOUND, and packedAdd sends that
+// level again with its add and forgets the counter. A counter whose add
+// answered NOT_STORED exists, but since when is unknown: it is not
+// recorded, and its add is sent each time.
+type knownCache struct {
+	seed   maphash.Seed
+	shards [knownShards]knownShard
+}
+
+type knownShard struct {
+	mu sync.Mutex
+	m  map[limiter.Key]knownEntry
+	_  [64 - 16]byte // one shard per cache line
+}
+
+type knownEntry struct {
+	base string
+	lv   [limiter.PackedLevels]knownCounter
+}
+
+// knownCounter is a level's counter known to exist: its index, and the
+// knownNow until which it does (0: none known).
+type knownCounter struct {
+	idx   int64
+	until int64
+}
+
+// has reports whether it knows c to exist at now.
+func (kc knownCounter) has(c limiter.PackedCell, now int64) bool {
+	return kc.until > now && kc.idx == c.Index
+}
+
+func newKnownCache() *knownCache {
+	c := &knownCache{seed: maphash.MakeSeed()}
+	for i := range c.shards {
+		c.shards[i].m = make(map[limiter.Key]knownEntry)
+	}
+	return c
+}
+
+var knownEpoch = time.Now()
+
+// knownNow is the monotonic clock of knownCounter.until, in nanoseconds.
+func knownNow() int64 { return int64(time.Since(knownEpoch)) }
+
+func (c *knownCache) shard(k limiter.Key) *knownShard {
+	return &c.shards[maphash.Comparable(c.seed, k)%knownShards]
+}
+
+// makeRoom drops an entry (the first the map's randomized iteration
+// yields) when the shard is full. The caller holds sh.mu.
+func (sh *knownShard) makeRoom() {
+	if len(sh.m) < knownPerShard {
+		return
+	}
+	for k := range sh.m {
+		delete(sh.m, k)
+		return
+	}
+}
+
+// record sets the levels of set to lv's counters and forgets those of
+// drop whose index is lv's.
+func (kr keyer) record(k limiter.Key, base string, set, drop uint8, lv *[limiter.PackedLevels]knownCounter) {
+	c := kr.known
+	if c == nil || len(k.Space)+len(k.Name) > knownMaxKey {
+		return
+	}
+	sh := c.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	if !ok {
+		if set == 0 {
+			return
+		}
+		sh.makeRoom()
+		e.base = base
+	}
+	for l := range limiter.PackedLevels {
+		if set&(1<<l) != 0 {
+			e.lv[l] = lv[l]
+		} else if drop&(1<<l) != 0 && e.lv[l].idx == lv[l].idx {
+			e.lv[l] = knownCounter{}
+		}
+	}
+	sh.m[k] = e
+}

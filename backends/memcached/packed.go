@@ -17,6 +17,10 @@ var _ limiter.PackedCounter = (*Store)(nil)
 //	add <key|pl:idx> 0 <exp> 1 / 0    creates the counter at 0 if missing
 //	incr <key|pl:idx> <delta>         adds the packed delta; the reply is Added[l-1]
 //
+// (the add left out for a counter this Store created and whose TTL has not
+// run out since: knownCache; if it vanished anyway, its incr answers
+// NOT_FOUND and it goes again with its add)
+//
 // then one get of op.Reads (each counter once; a read of the counter the
 // last incr went to takes that incr's reply instead), and reads the
 // replies: one round trip. memcached's incr is atomic on the 64-bit
@@ -32,7 +36,7 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 		return limiter.PackedCounts{}, errorf("packed add", err)
 	}
 	var p packedAdd
-	if err := p.init(s, s.keys.packedBase(k), op); err != nil {
+	if err := p.init(s, k, op); err != nil {
 		return limiter.PackedCounts{}, err
 	}
 	p.proxy = s.proxy
@@ -168,6 +172,20 @@ type packedAdd struct {
 	// pending holds the levels whose add and incr are still to be sent
 	// (bit l-1 for level l).
 	pending uint8
+	// noAdd holds the pending levels whose counter the Store knows to
+	// exist (knownCache): their round sends the incr alone. One that
+	// answers NOT_FOUND (evicted early, flushed) leaves noAdd and goes
+	// with its add in the next round.
+	noAdd uint8
+	// The known-counter cache's key, the levels' counters (known or
+	// created), the levels to record or forget, and the knownNow before
+	// the round was written (a counter its add creates lives its TTL
+	// from then on at least).
+	keys      keyer
+	key       limiter.Key
+	known     [limiter.PackedLevels]knownCounter
+	set, drop uint8
+	sentAt    int64
 	// last is the level of the last incr of the round (0: none): a read
 	// of its counter takes that incr's reply, which every add of the op
 	// precedes.
@@ -176,8 +194,10 @@ type packedAdd struct {
 	num  [24]byte // formatting
 }
 
-// init checks op and prepares the request.
-func (p *packedAdd) init(s *Store, base string, op *limiter.PackedOp) error {
+// init checks op and prepares the request for k.
+func (p *packedAdd) init(s *Store, k limiter.Key, op *limiter.PackedOp) error {
+	base, known := s.keys.packedKnown(k)
+	p.base = base
 	if op.NReads < 0 || op.NReads > limiter.MaxPackedReads {
 		return fmt.Errorf("memcached: bad packed op: %d reads", op.NReads)
 	}
@@ -189,10 +209,14 @@ func (p *packedAdd) init(s *Store, base string, op *limiter.PackedOp) error {
 	if err := checkPackedAdds(op); err != nil {
 		return err
 	}
-	*p = packedAdd{base: base, op: op, pending: packedLevels(op)}
+	*p = packedAdd{base: base, op: op, pending: packedLevels(op), keys: s.keys, key: k, known: known}
+	now := knownNow()
 	for l := range limiter.PackedLevels {
 		if op.Adds[l].Delta != 0 {
 			p.exp[l] = s.expiry(op.Adds[l].TTL)
+			if known[l].has(op.Adds[l].Cell, now) {
+				p.noAdd |= 1 << l
+			}
 		}
 	}
 	return nil
@@ -202,11 +226,11 @@ func (p *packedAdd) init(s *Store, base string, op *limiter.PackedOp) error {
 // write, the pending levels' adds and incrs and the get, and one read of
 // the replies; a round in which a counter vanished (its get reply is then
 // dropped) is followed by one of the levels still pending, at most three
-// in all. With Config.Proxy the get goes out only after the incrs'
+// in all (four when the first sends incrs alone: see rounds). With Config.Proxy the get goes out only after the incrs'
 // replies.
 func (p *packedAdd) run(pc *pconn) error {
 	if p.proxy {
-		for range 3 {
+		for range p.rounds() {
 			if p.pending == 0 {
 				break
 			}
@@ -230,7 +254,7 @@ func (p *packedAdd) run(pc *pconn) error {
 		p.fillLast()
 		return nil
 	}
-	for range 3 {
+	for range p.rounds() {
 		get := p.send(pc)
 		if err := pc.w.Flush(); err != nil {
 			return err
@@ -241,6 +265,16 @@ func (p *packedAdd) run(pc *pconn) error {
 		}
 	}
 	return p.vanished()
+}
+
+// rounds is how many rounds run sends at most: three, and one more when
+// a round sends incrs without their adds (a counter known to exist may
+// have been evicted early: its first NOT_FOUND is not a race).
+func (p *packedAdd) rounds() int {
+	if p.noAdd&p.pending != 0 {
+		return 4
+	}
+	return 3
 }
 
 func (p *packedAdd) vanished() error {
@@ -277,16 +311,22 @@ func (p *packedAdd) recv(pc *pconn, get bool) (bool, error) {
 // writeIncrs buffers the pending levels' adds and incrs.
 func (p *packedAdd) writeIncrs(pc *pconn) {
 	p.last = 0
+	if p.pending&^p.noAdd != 0 {
+		p.sentAt = knownNow()
+	}
 	for l := range limiter.PackedLevels {
 		if p.pending&(1<<l) == 0 {
 			continue
 		}
 		d := &p.op.Adds[l]
-		pc.w.WriteString("add ")
-		writePackedKey(pc, p.base, d.Cell, &p.num)
-		pc.w.WriteString(" 0 ")
-		pc.w.Write(strconv.AppendInt(p.num[:0], int64(p.exp[l]), 10))
-		pc.w.WriteString(" 1\r\n0\r\nincr ")
+		if p.noAdd&(1<<l) == 0 {
+			pc.w.WriteString("add ")
+			writePackedKey(pc, p.base, d.Cell, &p.num)
+			pc.w.WriteString(" 0 ")
+			pc.w.Write(strconv.AppendInt(p.num[:0], int64(p.exp[l]), 10))
+			pc.w.WriteString(" 1\r\n0\r\n")
+		}
+		pc.w.WriteString("incr ")
 		writePackedKey(pc, p.base, d.Cell, &p.num)
 		pc.w.WriteByte(' ')
 		pc.w.Write(strconv.AppendUint(p.num[:0], d.Delta, 10))
@@ -296,25 +336,36 @@ func (p *packedAdd) writeIncrs(pc *pconn) {
 }
 
 // readIncrs reads the replies to writeIncrs: a level whose counter
-// vanished stays pending.
+// vanished stays pending (and is sent with its add next). It records in
+// the known-counter cache the counters the round's adds created, and
+// forgets those that vanished.
 func (p *packedAdd) readIncrs(pc *pconn) error {
 	sent := p.pending
+	p.set, p.drop = 0, 0
 	for l := range limiter.PackedLevels {
 		if sent&(1<<l) == 0 {
 			continue
+		}
+		created := false
+		if p.noAdd&(1<<l) == 0 {
+			line, err := pc.r.ReadSlice('\n')
+			if err != nil {
+				return err
+			}
+			created = string(line) == "STORED\r\n"
+			if !created && string(line) != "NOT_STORED\r\n" {
+				return replyError("add", line)
+			}
 		}
 		line, err := pc.r.ReadSlice('\n')
 		if err != nil {
 			return err
 		}
-		if string(line) != "STORED\r\n" && string(line) != "NOT_STORED\r\n" {
-			return replyError("add", line)
-		}
-		if line, err = pc.r.ReadSlice('\n'); err != nil {
-			return err
-		}
 		if string(line) == "NOT_FOUND\r\n" {
-			continue // vanished: sent again in the next round
+			// vanished: sent again, with its add, in the next round
+			p.noAdd &^= 1 << l
+			p.drop |= 1 << l
+			continue
 		}
 		v, ok := parseUintLine(line)
 		if !ok {
@@ -322,6 +373,18 @@ func (p *packedAdd) readIncrs(pc *pconn) error {
 		}
 		p.res.Added[l] = v
 		p.pending &^= 1 << l
+		if d := &p.op.Adds[l]; created && d.TTL > 0 {
+			p.known[l] = knownCounter{idx: d.Cell.Index, until: p.sentAt + int64(d.TTL)}
+			p.set |= 1 << l
+		}
+	}
+	if p.set|p.drop != 0 {
+		for l := range limiter.PackedLevels {
+			if p.drop&(1<<l) != 0 {
+				p.known[l].idx = p.op.Adds[l].Cell.Index
+			}
+		}
+		p.keys.record(p.key, p.base, p.set, p.drop, &p.known)
 	}
 	if p.last != 0 && p.pending&(1<<(p.last-1)) != 0 {
 		p.last = 0 // the last incr vanished: its counter is read in the next round
