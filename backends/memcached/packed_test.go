@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,90 +15,12 @@ import (
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
 
-// recorder is a TCP proxy that keeps every byte its clients send, for
-// reading the keys a decision names at the wire (testserver.Proxy logs
-// command names only).
-type recorder struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	sent   []byte
-}
-
-func newRecorder(t testing.TB, target string) *recorder {
+// sentCommands returns the commands the proxy kept from byte i on (see
+// testserver.Proxy.Record): each command's name and keys (a storage
+// command's data block skipped).
+func sentCommands(t testing.TB, p *testserver.Proxy, i int) [][]string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &recorder{ln: ln, target: target}
-	var wg sync.WaitGroup
-	var conns []net.Conn
-	var cmu sync.Mutex
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			cmu.Lock()
-			conns = append(conns, c, s)
-			cmu.Unlock()
-			wg.Add(2)
-			go func() {
-				defer wg.Done()
-				io.Copy(c, s) //nolint:errcheck // ends with either side
-				c.Close()
-			}()
-			go func() {
-				defer wg.Done()
-				io.Copy(s, io.TeeReader(c, r)) //nolint:errcheck // as above
-				s.Close()
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		cmu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		cmu.Unlock()
-		wg.Wait()
-	})
-	return r
-}
-
-func (r *recorder) Write(b []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.sent = append(r.sent, b...)
-	return len(b), nil
-}
-
-func (r *recorder) Addr() string { return r.ln.Addr().String() }
-
-// Len is the number of bytes sent so far.
-func (r *recorder) Len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.sent)
-}
-
-// commands returns the commands sent from byte i on: each command's name
-// and keys (a storage command's data block skipped).
-func (r *recorder) commands(t testing.TB, i int) [][]string {
-	t.Helper()
-	r.mu.Lock()
-	b := bytes.Clone(r.sent[i:])
-	r.mu.Unlock()
+	b := p.Sent(i)
 	var out [][]string
 	for len(b) > 0 {
 		line, rest, ok := bytes.Cut(b, []byte("\r\n"))
@@ -160,8 +79,8 @@ func packedKeys(cmds [][]string) (keys, read int) {
 // a fixed window is one segment too.
 func TestPackedOneRoundTrip(t *testing.T) {
 	proxy := testserver.NewProxy(t, testserver.Memcached(t))
-	rec := newRecorder(t, proxy.Addr())
-	s := newStore(t, memcached.Config{Addrs: []string{rec.Addr()}})
+	proxy.Record()
+	s := newStore(t, memcached.Config{Addrs: []string{proxy.Addr()}})
 	ctx := context.Background()
 	slot := time.Minute / limiter.DefaultSlots
 	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "p", Limit: limiter.MaxPackedLimit, Window: time.Minute, Representation: limiter.Packed})
@@ -194,13 +113,13 @@ func TestPackedOneRoundTrip(t *testing.T) {
 		maxKeys, maxRead, sumKeys := 0, 0, 0
 		for off := range int64(256) {
 			at := time.Unix(0, (t0+off)*int64(slot)+int64(slot)/2)
-			before, i := proxy.Counts(), rec.Len()
+			before, i := proxy.Counts(), proxy.SentLen()
 			d, err := w.Allow(ctx, key, at)
 			if err != nil || !d.Allowed {
 				t.Fatalf("r=%d, slot t0+%d: %+v, %v", r, off, d, err)
 			}
 			waitCounts(fmt.Sprintf("r=%d, slot t0+%d", r, off), before, 1, 0)
-			cmds := rec.commands(t, i)
+			cmds := sentCommands(t, proxy, i)
 			keys, read := packedKeys(cmds)
 			if keys > maxWant || read > limiter.MaxPackedReads {
 				t.Fatalf("r=%d, slot t0+%d: the decision names %d keys, %d of them read (want at most %d and %d): %v", r, off, keys, read, maxWant, limiter.MaxPackedReads, cmds)

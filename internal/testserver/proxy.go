@@ -24,9 +24,11 @@ type Proxy struct {
 	noreply  atomic.Int64
 	bytes    atomic.Int64
 
-	mu    sync.Mutex
-	conns []net.Conn
-	log   []string // each segment's commands, for failure messages
+	mu     sync.Mutex
+	conns  []net.Conn
+	log    []string // each segment's commands, for failure messages
+	record bool     // keep every byte sent (Record)
+	sent   []byte
 }
 
 // ProxyCounts is what a Proxy counted.
@@ -98,6 +100,28 @@ func commands(b []byte) string {
 	return strings.Join(out, "+")
 }
 
+// Record makes the proxy keep every byte its clients send from now on, for
+// tests that read the commands' arguments (keys), not only their names.
+func (p *Proxy) Record() {
+	p.mu.Lock()
+	p.record = true
+	p.mu.Unlock()
+}
+
+// SentLen is the number of bytes kept since Record.
+func (p *Proxy) SentLen() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sent)
+}
+
+// Sent returns a copy of the bytes kept from byte i on.
+func (p *Proxy) Sent(i int) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return bytes.Clone(p.sent[min(i, len(p.sent)):])
+}
+
 // Addr returns the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
@@ -126,6 +150,9 @@ func (p *Proxy) serve(c net.Conn) {
 			p.bytes.Add(int64(n))
 			p.mu.Lock()
 			p.log = append(p.log, commands(buf[:n]))
+			if p.record {
+				p.sent = append(p.sent, buf[:n]...)
+			}
 			p.mu.Unlock()
 			if onlyNoReply(buf[:n]) {
 				p.noreply.Add(1)
