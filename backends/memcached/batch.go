@@ -21,12 +21,15 @@ var _ limiter.Batcher = (*Store)(nil)
 // Do implements [limiter.Batcher]: the steps of a request go to their nodes
 // (all of a key's items live on one node), and each node gets one pipelined
 // write on one connection, nodes in parallel; the replies are then read in
-// order. One round trip per node. Per step:
+// order. One round trip per node. Every step's writes go first; what the
+// steps read goes last, as one get (a gets when a bucket or log step needs
+// its CAS id) naming every key, so memcached answers the whole pipeline in
+// one segment (see pipeline). Per step:
 //
-//   - StepAdd: the window's add, incr and get, as [Store.Add].
+//   - StepAdd: the window's add and incr, and its reads, as [Store.Add].
 //   - StepSub: decr <key> <n> noreply. Memcached sends no reply, so a
 //     refund costs no wait; StepResult.Err reports only a failure to send.
-//   - StepPackedAdd: the packed window's adds, incrs and get, as
+//   - StepPackedAdd: the packed window's adds and incrs, and its reads, as
 //     [Store.AddPacked].
 //   - StepPackedSub: decr <key|pl:idx> <delta> noreply per level, as
 //     StepSub.
@@ -39,8 +42,8 @@ var _ limiter.Batcher = (*Store)(nil)
 //     refunds. One that fails is lost (its units stay counted, stricter,
 //     never laxer) and counted in Stats.LostRefunds. [Store.WaitRefunds]
 //     waits for them all.
-//   - Other StepBucket, StepLog: a speculative conditional write followed by a
-//     gets of the same item. With a cached item (value and CAS id from an
+//   - Other StepBucket, StepLog: a speculative conditional write, and the
+//     item read back (with its CAS id) in the batch's gets. With a cached item (value and CAS id from an
 //     earlier gets), the op is applied to it and sent as cas; with none,
 //     it is applied to an empty key and sent as add (a new key). If the
 //     write is STORED, the op's decision stands, and the gets reply (the
@@ -310,6 +313,9 @@ type bstep struct {
 	write *memcache.Item // the speculative write; nil: gets only
 	found bool           // write is a cas (else an add)
 	d     limiter.Decision
+	// The pipeline's answers: the write was stored; the gets's item.
+	stored bool
+	item   *memcache.Item
 
 	res   limiter.StepResult
 	node  int  // Do's index of the step's node
@@ -392,15 +398,28 @@ func (s *Store) speculate(b *bstep) {
 }
 
 // pipeline writes the steps of bs[idx...] on pc, flushes once and reads
-// every reply in order.
+// every reply in order. The writes (add, incr, decr, cas) go first, step
+// after step, then one gets of every key any step reads (mget): memcached
+// sends the replies it holds when a retrieval command ends, so a get in
+// mid-pipeline splits the reply in two segments and the client waits for
+// the second (measured with the server's own replies: BenchmarkThreeLimits,
+// docs/benchmarks.md). A read after every write of the pipeline sees each
+// step's own writes, as it did right after them.
 func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 	num := &pc.num
+	m := &pc.mg
+	m.reset()
 	for _, i := range idx {
 		b := &bs[i]
-		b.res, b.again = limiter.StepResult{}, false
+		b.res, b.again, b.stored, b.item = limiter.StepResult{}, false, false, nil
 		switch b.kind {
 		case limiter.StepAdd:
-			b.w.write(pc, num)
+			if b.w.n > 0 {
+				b.w.writeIncr(pc, num)
+			}
+			if b.w.get() {
+				b.w.addReads(m, i)
+			}
 		case limiter.StepSub:
 			if b.n == 0 {
 				continue
@@ -411,7 +430,8 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 			pc.w.Write(strconv.AppendInt(num[:0], b.n, 10))
 			pc.w.WriteString(" noreply\r\n")
 		case limiter.StepPackedAdd:
-			b.pget = b.pa.send(pc)
+			b.pa.writeIncrs(pc)
+			b.pget = b.pa.addReads(m, i)
 		case limiter.StepPackedSub:
 			writePackedSub(pc, b.base, b.psub, true, num)
 		default:
@@ -434,71 +454,179 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 				pc.w.Write(w.Value)
 				pc.w.WriteString("\r\n")
 			}
-			pc.w.WriteString("gets ")
-			pc.w.WriteString(b.key)
-			pc.w.WriteString("\r\n")
+			m.keys = append(m.keys, ' ')
+			m.keys = append(m.keys, b.key...)
+			m.mark(i)
+			m.cas = true
 		}
+	}
+	if len(m.owner) > 0 {
+		if m.cas {
+			pc.w.WriteString("gets")
+		} else {
+			pc.w.WriteString("get")
+		}
+		pc.w.Write(m.keys)
+		pc.w.WriteString("\r\n")
 	}
 	if err := pc.w.Flush(); err != nil {
 		return err
 	}
+	// The writes' replies, in order.
 	for _, i := range idx {
 		b := &bs[i]
 		switch b.kind {
 		case limiter.StepAdd:
-			c, vanished, err := b.w.read(pc)
-			if err != nil {
-				return err
+			if b.w.n > 0 {
+				c, vanished, err := b.w.readIncr(pc)
+				if err != nil {
+					return err
+				}
+				b.res.Counts.C[0], b.again = c, vanished
 			}
-			b.res.Counts, b.again = c, vanished
 		case limiter.StepSub, limiter.StepPackedSub:
 			// noreply: nothing to read.
 		case limiter.StepPackedAdd:
-			done, err := b.pa.recv(pc, b.pget)
+			if err := b.pa.readIncrs(pc); err != nil {
+				return err
+			}
+			if b.pget {
+				b.pa.startReads()
+			}
+		default:
+			stored, err := readWriteReply(pc, b)
 			if err != nil {
 				return err
 			}
-			b.res.Packed, b.again = b.pa.res, !done
-		default:
-			if err := s.readCAS(pc, b); err != nil {
-				return err
+			b.stored = stored
+		}
+	}
+	// The gets: each item to the step that asked for it.
+	if len(m.owner) > 0 {
+		if err := readMget(pc, bs, m); err != nil {
+			return err
+		}
+	}
+	for _, i := range idx {
+		b := &bs[i]
+		switch b.kind {
+		case limiter.StepPackedAdd:
+			done := b.pa.pending == 0
+			if done && !b.pget {
+				b.pa.fillLast()
 			}
+			b.res.Packed, b.again = b.pa.res, !done
+		case limiter.StepBucket, limiter.StepLog:
+			s.decideCAS(b)
 		}
 	}
 	return nil
 }
 
-// readCAS reads the replies of a bucket or log step and decides it, or
-// marks it to go on as a cas loop.
-func (s *Store) readCAS(pc *pconn, b *bstep) error {
-	stored := false
-	if b.write != nil {
+// mget is the one retrieval of a pipeline: the keys its steps read, in
+// order, each with the step (index in the pipeline's bs) that reads it,
+// sent as a get, or as a gets when a bucket or log step needs the CAS id.
+// Memcached answers a get with the items it holds in the order asked
+// (a miss is left out; a key asked twice is answered twice), so each item
+// goes to the first key not yet answered that it matches.
+type mget struct {
+	keys  []byte  // " k1 k2 ...", as sent
+	ends  []int32 // the end of key j in keys
+	owner []int32 // the step of key j
+	cas   bool    // a gets
+}
+
+func (m *mget) reset() {
+	m.keys, m.ends, m.owner, m.cas = m.keys[:0], m.ends[:0], m.owner[:0], false
+}
+
+// mark ends the key just appended to keys, as step i's.
+func (m *mget) mark(i int) {
+	m.ends = append(m.ends, int32(len(m.keys)))
+	m.owner = append(m.owner, int32(i))
+}
+
+// key returns key j (without its leading space).
+func (m *mget) key(j int) []byte {
+	start := int32(1)
+	if j > 0 {
+		start = m.ends[j-1] + 1
+	}
+	return m.keys[start:m.ends[j]]
+}
+
+// readMget reads the reply to m and hands each item to its step.
+func readMget(pc *pconn, bs []bstep, m *mget) error {
+	next := 0
+	for {
 		line, err := pc.r.ReadSlice('\n')
 		if err != nil {
 			return err
 		}
-		switch string(line) {
-		case "STORED\r\n":
-			stored = true
-		case "EXISTS\r\n", "NOT_FOUND\r\n", "NOT_STORED\r\n":
+		if string(line) == "END\r\n" {
+			return nil
+		}
+		key, _, ok := parseValueLine(line)
+		if !ok {
+			return replyError("gets", line)
+		}
+		j := next
+		for j < len(m.owner) && string(m.key(j)) != string(key) {
+			j++
+		}
+		if j == len(m.owner) {
+			return replyError("gets", line) // not a key we asked for
+		}
+		next = j + 1
+		b := &bs[m.owner[j]]
+		switch b.kind {
+		case limiter.StepAdd:
+			err = b.w.value(pc, line, &b.res.Counts)
+		case limiter.StepPackedAdd:
+			err = b.pa.value(pc, line)
 		default:
-			if b.found {
-				return replyError("cas", line)
-			}
-			return replyError("add", line)
+			b.item, err = readGetsValue(pc, line, b.key)
+		}
+		if err != nil {
+			return err
 		}
 	}
-	it, err := readGets(pc, b.key)
-	if err != nil {
-		return err
+}
+
+// readWriteReply reads the reply to a bucket or log step's speculative
+// write, if it sent one, and reports whether it was stored.
+func readWriteReply(pc *pconn, b *bstep) (bool, error) {
+	if b.write == nil {
+		return false, nil
 	}
+	line, err := pc.r.ReadSlice('\n')
+	if err != nil {
+		return false, err
+	}
+	switch string(line) {
+	case "STORED\r\n":
+		return true, nil
+	case "EXISTS\r\n", "NOT_FOUND\r\n", "NOT_STORED\r\n":
+		return false, nil
+	}
+	if b.found {
+		return false, replyError("cas", line)
+	}
+	return false, replyError("add", line)
+}
+
+// decideCAS decides a bucket or log step from its write's outcome
+// (b.stored) and the item its gets returned (b.item, nil if none), or
+// marks it to go on as a cas loop. The item is cached for the next call.
+func (s *Store) decideCAS(b *bstep) {
+	it := b.item
 	if it != nil {
 		s.cache.put(it)
 	} else {
 		s.cache.drop(b.key)
 	}
 	switch {
-	case stored:
+	case b.stored:
 		b.res.Decision = b.d
 	case b.write == nil && it != nil:
 		// A decision that writes nothing, made on the fresh item.
@@ -514,7 +642,6 @@ func (s *Store) readCAS(pc *pconn, b *bstep) error {
 	default:
 		b.again = true
 	}
-	return nil
 }
 
 // readGets reads a gets reply for key: the item with its CAS id, or nil.
@@ -526,6 +653,22 @@ func readGets(pc *pconn, key string) (*memcache.Item, error) {
 	if string(line) == "END\r\n" {
 		return nil, nil
 	}
+	it, err := readGetsValue(pc, line, key)
+	if err != nil {
+		return nil, err
+	}
+	if line, err = pc.r.ReadSlice('\n'); err != nil {
+		return nil, err
+	}
+	if string(line) != "END\r\n" {
+		return nil, replyError("gets", line)
+	}
+	return it, nil
+}
+
+// readGetsValue reads the item of key whose VALUE line (with its CAS id)
+// is line.
+func readGetsValue(pc *pconn, line []byte, key string) (*memcache.Item, error) {
 	k, size, cas, ok := parseGetsLine(line)
 	if !ok || string(k) != key || size > maxValueLen {
 		return nil, replyError("gets", line)
@@ -536,12 +679,6 @@ func readGets(pc *pconn, key string) (*memcache.Item, error) {
 	}
 	if !bytes.HasSuffix(val, []byte("\r\n")) {
 		return nil, fmt.Errorf("%w: gets value not terminated by CRLF", errProtocol)
-	}
-	if line, err = pc.r.ReadSlice('\n'); err != nil {
-		return nil, err
-	}
-	if string(line) != "END\r\n" {
-		return nil, replyError("gets", line)
 	}
 	return &memcache.Item{Key: key, Value: val[:size], CasID: cas}, nil
 }

@@ -3,6 +3,7 @@ package memcached_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,5 +88,105 @@ func TestBatchOneRoundTrip(t *testing.T) {
 	}
 	if d, err := bucket2.Get(ctx, key, now); err != nil || d.Remaining != 9 {
 		t.Fatalf("bucket after the refund: %+v, %v; want 9 left (one take, one refund)", d, err)
+	}
+}
+
+// TestBatchReadsLast checks, at the wire, that a batch sends its reads as
+// one retrieval after all its writes: memcached sends the replies it holds
+// when a retrieval command ends, so a get in mid-pipeline splits the reply
+// and the client waits for a second segment. A batch of a sub-window
+// window, a packed window, a token bucket and a fixed window, cold then
+// warm, must send exactly one get or gets (gets when a bucket needs its
+// CAS id), last, naming every counter and item the steps read; and its
+// decisions must still count: the window limit of 3 denies the 4th.
+func TestBatchReadsLast(t *testing.T) {
+	proxy := testserver.NewProxy(t, testserver.Memcached(t))
+	s := newStore(t, memcached.Config{Addrs: []string{proxy.Addr()}})
+	sw, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "sw", Limit: 3, Window: time.Minute, Representation: limiter.SubWindowCounters})
+	pw, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "pw", Limit: 50, Window: time.Minute, Representation: limiter.Packed, NoDenyCache: true})
+	tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 50, RefillTime: time.Hour})
+	fw, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f", Limit: 50, Window: time.Minute})
+	ctx, now := context.Background(), time.Now()
+	key := fmt.Sprintf("reads-last-%d", now.UnixNano())
+	for _, c := range []struct {
+		limits []limiter.Limiter
+		retr   string
+	}{
+		{[]limiter.Limiter{sw, pw, tb, fw}, "gets"},
+		{[]limiter.Limiter{sw, pw, fw}, "get"},
+	} {
+		stack, err := limiter.NewStack(c.limits...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := key + "-" + c.retr + "-"
+		for i := range 4 {
+			proxy.Record()
+			mark := proxy.SentLen()
+			d, err := stack.Allow(ctx, k, now)
+			if err != nil || d.Allowed != (i < 3) {
+				t.Fatalf("%s, decision %d: %+v, %v; want allowed=%v", c.retr, i, d, err, i < 3)
+			}
+			if i == 3 {
+				break // a denial's refunds follow its reads
+			}
+			// This decision's commands: the last case's denial sent
+			// refunds without waiting, which may arrive after mark.
+			var cmds [][]string
+			for _, cmd := range sentCommands(t, proxy, mark) {
+				if strings.Contains(cmd[1], "/"+k+"|") {
+					cmds = append(cmds, cmd)
+				}
+			}
+			var retr []int
+			for j, cmd := range cmds {
+				if cmd[0] == "get" || cmd[0] == "gets" {
+					retr = append(retr, j)
+				}
+			}
+			if len(retr) != 1 || retr[0] != len(cmds)-1 || cmds[retr[0]][0] != c.retr {
+				t.Fatalf("%s, decision %d: retrievals at %v of %d commands %v; want one %s, last", c.retr, i, retr, len(cmds), cmds, c.retr)
+			}
+			// The sub-window window reads its 19 older sub-windows and 19
+			// newer ones, the packed window at least one counter, the
+			// bucket its item.
+			want := 2*limiter.DefaultSubWindows - 2 + 1
+			if c.retr == "gets" {
+				want++
+			}
+			if got := len(cmds[retr[0]]) - 1; got < want {
+				t.Fatalf("%s, decision %d: the retrieval names %d keys, want at least %d: %v", c.retr, i, got, want, cmds[retr[0]])
+			}
+		}
+	}
+}
+
+// TestBatchSameKeyTwice checks that two steps reading the same counters in
+// one batch each get them: the batch's one retrieval names them twice, and
+// memcached answers a key named twice twice.
+func TestBatchSameKeyTwice(t *testing.T) {
+	s := newStore(t, memcached.Config{})
+	ctx := context.Background()
+	k := limiter.Key{Space: "twice", Name: fmt.Sprint(time.Now().UnixNano())}
+	const span, cur = 20, 1000
+	if _, err := s.Add(ctx, k, cur-1, span, 7, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Add(ctx, k, cur+1, span, 5, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	steps := []limiter.Step{
+		{Kind: limiter.StepAdd, Key: k, Idx: cur, Span: span, N: 1, TTL: time.Hour},
+		{Kind: limiter.StepAdd, Key: k, Idx: cur, Span: span, N: 2, TTL: time.Hour},
+	}
+	out := make([]limiter.StepResult, len(steps))
+	s.Do(ctx, steps, out)
+	for i, r := range out {
+		if r.Err != nil || r.Counts.C[1] != 7 || r.Counts.Later != 5 {
+			t.Fatalf("step %d: %+v; want the older sub-window's 7 and the newer one's 5", i, r)
+		}
+	}
+	if out[0].Counts.C[0] != 1 || out[1].Counts.C[0] != 3 {
+		t.Fatalf("current sub-window: %d then %d, want 1 then 3", out[0].Counts.C[0], out[1].Counts.C[0])
 	}
 }

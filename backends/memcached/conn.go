@@ -35,6 +35,7 @@ type pconn struct {
 	w    *bufio.Writer
 	addr string
 	num  [24]byte // for formatting numbers into w
+	mg   mget     // a batch pipeline's retrieval
 }
 
 func newPool(dial dialFunc, timeout time.Duration, maxIdle int) *pool {

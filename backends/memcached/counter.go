@@ -188,7 +188,6 @@ func (w *window) readIncr(pc *pconn) (int64, bool, error) {
 
 // readGet reads a get reply into c.
 func (w *window) readGet(pc *pconn, c *limiter.Counts) error {
-	var data [maxCountLen + 2]byte
 	for {
 		line, err := pc.r.ReadSlice('\n')
 		if err != nil {
@@ -197,36 +196,60 @@ func (w *window) readGet(pc *pconn, c *limiter.Counts) error {
 		if string(line) == "END\r\n" {
 			return nil
 		}
-		key, size, ok := parseValueLine(line)
-		if !ok || size > maxCountLen || len(key) <= len(w.base)+2 ||
-			string(key[:len(w.base)]) != w.base || string(key[len(w.base):len(w.base)+2]) != "|c" {
-			return replyError("get", line)
-		}
-		idx, err := strconv.ParseInt(string(key[len(w.base)+2:]), 10, 64)
-		if err != nil {
-			return replyError("get", line)
-		}
-		j := w.cur - idx
-		later := j < 0 && -j <= w.ahead
-		if !later && (j < 0 || j >= w.span || (j == 0 && w.n > 0)) {
-			return replyError("get", line) // not a sub-window we asked for
-		}
-		// line aliases the reader's buffer: done with it.
-		if _, err := io.ReadFull(pc.r, data[:size+2]); err != nil {
+		if err := w.value(pc, line, c); err != nil {
 			return err
 		}
-		if string(data[size:size+2]) != "\r\n" {
-			return fmt.Errorf("%w: get value not terminated by CRLF", errProtocol)
+	}
+}
+
+// value reads the item whose VALUE line is line (a sub-window's counter the
+// window asked for) into c.
+func (w *window) value(pc *pconn, line []byte, c *limiter.Counts) error {
+	var data [maxCountLen + 2]byte
+	key, size, ok := parseValueLine(line)
+	if !ok || size > maxCountLen || len(key) <= len(w.base)+2 ||
+		string(key[:len(w.base)]) != w.base || string(key[len(w.base):len(w.base)+2]) != "|c" {
+		return replyError("get", line)
+	}
+	idx, err := strconv.ParseInt(string(key[len(w.base)+2:]), 10, 64)
+	if err != nil {
+		return replyError("get", line)
+	}
+	j := w.cur - idx
+	later := j < 0 && -j <= w.ahead
+	if !later && (j < 0 || j >= w.span || (j == 0 && w.n > 0)) {
+		return replyError("get", line) // not a sub-window we asked for
+	}
+	// line aliases the reader's buffer: done with it.
+	if _, err := io.ReadFull(pc.r, data[:size+2]); err != nil {
+		return err
+	}
+	if string(data[size:size+2]) != "\r\n" {
+		return fmt.Errorf("%w: get value not terminated by CRLF", errProtocol)
+	}
+	v, err := parseCount(data[:size])
+	if err != nil {
+		return fmt.Errorf("sub-window %d: %w", idx, err)
+	}
+	if later {
+		c.Later += v
+	} else {
+		c.C[j] = v
+	}
+	return nil
+}
+
+// addReads adds the counters writeGet would read to m, as step i's.
+func (w *window) addReads(m *mget, i int) {
+	for idx := w.cur + w.ahead; idx > w.cur-w.span; idx-- {
+		if idx == w.cur && w.n > 0 {
+			continue
 		}
-		v, err := parseCount(data[:size])
-		if err != nil {
-			return fmt.Errorf("sub-window %d: %w", idx, err)
-		}
-		if later {
-			c.Later += v
-		} else {
-			c.C[j] = v
-		}
+		m.keys = append(m.keys, ' ')
+		m.keys = append(m.keys, w.base...)
+		m.keys = append(m.keys, tagSep, 'c')
+		m.keys = strconv.AppendInt(m.keys, idx, 10)
+		m.mark(i)
 	}
 }
 

@@ -454,8 +454,7 @@ func (p *packedAdd) fillLast() {
 // readGet reads the get's reply into res.Read (a counter missing from it
 // reads 0), then fills the last incr's reads.
 func (p *packedAdd) readGet(pc *pconn) error {
-	p.res.Read = [limiter.MaxPackedReads]uint64{}
-	p.fillLast()
+	p.startReads()
 	for {
 		line, err := pc.r.ReadSlice('\n')
 		if err != nil {
@@ -464,40 +463,78 @@ func (p *packedAdd) readGet(pc *pconn) error {
 		if string(line) == "END\r\n" {
 			return nil
 		}
-		key, size, ok := parseValueLine(line)
-		if !ok || size > maxCountLen {
-			return replyError("get", line)
-		}
-		c, ok := parsePackedSuffix(key, p.base)
-		matched := false
-		for i := range p.op.NReads {
-			if ok && p.op.Reads[i] == c {
-				matched = true
-			}
-		}
-		if !matched {
-			return replyError("get", line) // not a counter we asked for
-		}
-		// line aliases the reader's buffer: done with it. The value
-		// (at most maxCountLen bytes) fits in the reader's buffer.
-		data, err := pc.r.Peek(size + 2)
-		if err != nil {
+		if err := p.value(pc, line); err != nil {
 			return err
 		}
-		if string(data[size:size+2]) != "\r\n" {
-			return fmt.Errorf("%w: get value not terminated by CRLF", errProtocol)
-		}
-		v, err := parseUcount(data[:size])
-		pc.r.Discard(size + 2) //nolint:errcheck // peeked: cannot fail
-		if err != nil {
-			return fmt.Errorf("packed counter %d:%d: %w", c.Level, c.Index, err)
-		}
-		for i := range p.op.NReads {
-			if p.op.Reads[i] == c {
-				p.res.Read[i] = v
-			}
+	}
+}
+
+// startReads readies res.Read for the get's reply: every read 0 but the
+// last incr's counter, which takes that incr's reply.
+func (p *packedAdd) startReads() {
+	p.res.Read = [limiter.MaxPackedReads]uint64{}
+	p.fillLast()
+}
+
+// value reads the item whose VALUE line is line (a counter the op reads)
+// into res.Read.
+func (p *packedAdd) value(pc *pconn, line []byte) error {
+	key, size, ok := parseValueLine(line)
+	if !ok || size > maxCountLen {
+		return replyError("get", line)
+	}
+	c, ok := parsePackedSuffix(key, p.base)
+	matched := false
+	for i := range p.op.NReads {
+		if ok && p.op.Reads[i] == c {
+			matched = true
 		}
 	}
+	if !matched {
+		return replyError("get", line) // not a counter we asked for
+	}
+	// line aliases the reader's buffer: done with it. The value
+	// (at most maxCountLen bytes) fits in the reader's buffer.
+	data, err := pc.r.Peek(size + 2)
+	if err != nil {
+		return err
+	}
+	if string(data[size:size+2]) != "\r\n" {
+		return fmt.Errorf("%w: get value not terminated by CRLF", errProtocol)
+	}
+	v, err := parseUcount(data[:size])
+	pc.r.Discard(size + 2) //nolint:errcheck // peeked: cannot fail
+	if err != nil {
+		return fmt.Errorf("packed counter %d:%d: %w", c.Level, c.Index, err)
+	}
+	for i := range p.op.NReads {
+		if p.op.Reads[i] == c {
+			p.res.Read[i] = v
+		}
+	}
+	return nil
+}
+
+// addReads adds the counters writeGet would read to m, as step i's, and
+// reports whether there were any.
+func (p *packedAdd) addReads(m *mget, i int) bool {
+	var skip limiter.PackedCell
+	hasSkip := p.last != 0
+	if hasSkip {
+		skip = p.op.Adds[p.last-1].Cell
+	}
+	n := 0
+	for j := range p.op.NReads {
+		c := p.op.Reads[j]
+		if hasSkip && c == skip || dupRead(p.op, j) {
+			continue
+		}
+		m.keys = append(m.keys, ' ')
+		m.keys = appendPackedKey(m.keys, p.base, c)
+		m.mark(i)
+		n++
+	}
+	return n > 0
 }
 
 // parsePackedSuffix parses the cell of a packed counter's key of base.
