@@ -83,7 +83,7 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 	addrs := addrBuf[:0] // the nodes, each once
 	for i := range steps {
 		b := &bs[i]
-		if s.detach(ctx, &steps[i]) {
+		if s.detach(ctx, &steps[i], b) {
 			b.done = true
 			out[i] = limiter.StepResult{}
 			continue
@@ -255,22 +255,27 @@ const maxDetached = 64
 // detach sends a bucket or log refund on its own goroutine and reports
 // true, or reports false for other steps (and when maxDetached refunds are
 // in flight, or ctx is done). Other bucket and log steps first wait for
-// the refunds in flight on their key.
-func (s *Store) detach(ctx context.Context, st *limiter.Step) bool {
+// the refunds in flight on their key. It fills b's base and item key for
+// a bucket or log step (prepare uses them).
+func (s *Store) detach(ctx context.Context, st *limiter.Step, b *bstep) bool {
 	var (
 		key, kind string
 		apply     applyFunc
 	)
 	switch {
 	case st.Kind == limiter.StepBucket:
-		key, kind = bucketKey(s.keys.base(st.Key)), "bucket"
+		b.base = s.keys.base(st.Key)
+		b.key, kind = bucketKey(b.base), "bucket"
+		key = b.key
 		if !st.Bucket.Refund() {
 			s.refunds.Wait(ctx, key) //nolint:errcheck // ctx's end is reported by the step itself
 			return false
 		}
 		apply = s.bucketApply(st.Bucket, st.TTL)
 	case st.Kind == limiter.StepLog:
-		key, kind = logKey(s.keys.base(st.Key)), "log"
+		b.base = s.keys.base(st.Key)
+		b.key, kind = logKey(b.base), "log"
+		key = b.key
 		if !st.Log.Refund() {
 			s.refunds.Wait(ctx, key) //nolint:errcheck // as above
 			return false
@@ -333,6 +338,8 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 		return err
 	case limiter.StepPackedSub:
 		b.base = s.keys.packedBase(st.Key)
+	case limiter.StepBucket, limiter.StepLog:
+		// detach computed the base and the item's key
 	default:
 		b.base = s.keys.base(st.Key)
 	}
@@ -359,10 +366,10 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 		b.psub = &st.Packed
 		return checkPackedAdds(b.psub)
 	case limiter.StepBucket:
-		b.key, b.apply = bucketKey(b.base), s.bucketApply(st.Bucket, st.TTL)
+		b.apply = s.bucketApply(st.Bucket, st.TTL)
 		s.speculate(b)
 	case limiter.StepLog:
-		b.key, b.apply = logKey(b.base), s.logApply(st.Log, st.TTL)
+		b.apply = s.logApply(st.Log, st.TTL)
 		s.speculate(b)
 	default:
 		return fmt.Errorf("%w: memcached: cannot batch a %s step", limiter.ErrInvalidConfig, st.Kind)
@@ -692,12 +699,17 @@ func parseGetsLine(line []byte) (key []byte, size int, cas uint64, ok bool) {
 	if !ok {
 		return nil, 0, 0, false
 	}
+	// The fifth field: "VALUE", key, flags and bytes are four fields
+	// separated by single spaces (parseValueLine checked the first three).
 	rest, _ := bytes.CutSuffix(line, []byte("\r\n"))
-	f := bytes.Fields(rest)
-	if len(f) != 5 {
-		return nil, 0, 0, false
+	for range 4 {
+		_, after, found := bytes.Cut(rest, []byte(" "))
+		if !found {
+			return nil, 0, 0, false
+		}
+		rest = after
 	}
-	cas, err := strconv.ParseUint(string(f[4]), 10, 64)
+	cas, err := strconv.ParseUint(string(rest), 10, 64)
 	if err != nil {
 		return nil, 0, 0, false
 	}

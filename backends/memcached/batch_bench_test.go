@@ -97,9 +97,12 @@ func BenchmarkThreeLimits(b *testing.B) {
 	b.Run("EmbeddedRules", func(b *testing.B) {
 		// The embedded rules' limits of a request with a token: per-ip
 		// (a sliding window and a token bucket) and per-token (a window).
-		ip, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "per-minute", Limit: 1 << 40, Window: time.Minute})
+		// Their windows (600 and 1200 a minute) are packed, the default
+		// for limits up to limiter.MaxPackedLimit: the largest two such
+		// limits keep them packed and far from denying.
+		ip, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "per-minute", Limit: limiter.MaxPackedLimit, Window: time.Minute, NoDenyCache: true})
 		tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "burst", MaxAmount: 1 << 40, RefillTime: 100 * time.Millisecond})
-		tok, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "per-token", Limit: 1<<40 + 1, Window: time.Minute})
+		tok, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "per-token", Limit: limiter.MaxPackedLimit - 1, Window: time.Minute, NoDenyCache: true})
 		stack, _ := limiter.NewStack(ip, tb, tok)
 		latency(b, stack, mc, rawKey, 1)
 	})
