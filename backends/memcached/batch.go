@@ -340,6 +340,8 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 		b.base = s.keys.packedBase(st.Key)
 	case limiter.StepBucket, limiter.StepLog:
 		// detach computed the base and the item's key
+	case limiter.StepAdd:
+		// the window's init computes it (from the known-counter cache)
 	default:
 		b.base = s.keys.base(st.Key)
 	}
@@ -353,10 +355,9 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 		if cur > math.MaxInt64-ahead-1 || cur < math.MinInt64+int64(span) {
 			return fmt.Errorf("memcached: sub-window index %d out of range", cur)
 		}
-		b.w = window{base: b.base, cur: cur, span: int64(span), ahead: ahead, n: n}
-		if n > 0 {
-			b.w.exp = s.expiry(st.TTL)
-		}
+		b.w = window{cur: cur, span: int64(span), ahead: ahead, n: n}
+		b.w.init(s, st.Key, st.TTL)
+		b.base = b.w.base
 	case limiter.StepSub:
 		if st.N < 0 {
 			return fmt.Errorf("memcached: bad window sub (n %d)", st.N)

@@ -34,10 +34,8 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	if err := ctx.Err(); err != nil {
 		return limiter.Counts{}, errorf("add", err)
 	}
-	w := window{base: s.keys.base(k), cur: cur, span: int64(span), ahead: ahead, n: n, proxy: s.proxy}
-	if n > 0 {
-		w.exp = s.expiry(ttl)
-	}
+	w := window{cur: cur, span: int64(span), ahead: ahead, n: n, proxy: s.proxy}
+	w.init(s, k, ttl)
 	addr, err := s.ring.pickTag(w.base)
 	if err != nil {
 		return limiter.Counts{}, errorf("add", err)
@@ -61,12 +59,40 @@ type window struct {
 	n         int64
 	exp       int32
 	proxy     bool
+	// The known-counter cache (knownCache), as packedAdd's for one level:
+	// noAdd when this Store created the current sub-window's counter and
+	// its TTL has not run out (the incr goes alone; a NOT_FOUND sends it
+	// again with its add); ttl and sentAt make the until of a counter the
+	// add creates.
+	keys   keyer
+	key    limiter.Key
+	noAdd  bool
+	ttl    time.Duration
+	sentAt int64
+}
+
+// init fills the request's base, expiry and known counter for k (cur, n
+// and span set).
+func (w *window) init(s *Store, k limiter.Key, ttl time.Duration) {
+	var kc knownCounter
+	w.base, kc = s.keys.windowKnown(k)
+	if w.n > 0 {
+		w.exp = s.expiry(ttl)
+		w.keys, w.key, w.ttl = s.keys, k, ttl
+		w.noAdd = kc.hasIdx(w.cur, knownNow())
+	}
 }
 
 func (w *window) run(pc *pconn) (limiter.Counts, error) {
 	// The counter can vanish between add and incr (evicted, flush_all):
-	// the incr then finds nothing and the whole request is sent again.
-	for range 3 {
+	// the incr then finds nothing and the whole request is sent again. A
+	// first round that sent the incr alone (noAdd: a counter this Store
+	// created, perhaps evicted early) gets one round more.
+	rounds := 3
+	if w.noAdd {
+		rounds = 4
+	}
+	for range rounds {
 		c, vanished, err := w.once(pc)
 		if err != nil || !vanished {
 			return c, err
@@ -120,12 +146,16 @@ func (w *window) write(pc *pconn, num *[24]byte) {
 }
 
 func (w *window) writeIncr(pc *pconn, num *[24]byte) {
-	pc.w.WriteString("add ")
-	w.key(pc, w.cur, num)
-	pc.w.WriteString(" 0 ")
-	pc.w.Write(strconv.AppendInt(num[:0], int64(w.exp), 10))
-	pc.w.WriteString(" 1\r\n0\r\nincr ")
-	w.key(pc, w.cur, num)
+	if !w.noAdd {
+		w.sentAt = knownNow()
+		pc.w.WriteString("add ")
+		w.writeKey(pc, w.cur, num)
+		pc.w.WriteString(" 0 ")
+		pc.w.Write(strconv.AppendInt(num[:0], int64(w.exp), 10))
+		pc.w.WriteString(" 1\r\n0\r\n")
+	}
+	pc.w.WriteString("incr ")
+	w.writeKey(pc, w.cur, num)
 	pc.w.WriteByte(' ')
 	pc.w.Write(strconv.AppendInt(num[:0], w.n, 10))
 	pc.w.WriteString("\r\n")
@@ -138,7 +168,7 @@ func (w *window) writeGet(pc *pconn, num *[24]byte) {
 			continue
 		}
 		pc.w.WriteByte(' ')
-		w.key(pc, idx, num)
+		w.writeKey(pc, idx, num)
 	}
 	pc.w.WriteString("\r\n")
 }
@@ -158,30 +188,46 @@ func (w *window) read(pc *pconn) (c limiter.Counts, vanished bool, err error) {
 	return c, vanished, nil
 }
 
-func (w *window) key(pc *pconn, idx int64, num *[24]byte) {
+func (w *window) writeKey(pc *pconn, idx int64, num *[24]byte) {
 	pc.w.WriteString(w.base)
 	pc.w.WriteString("|c")
 	pc.w.Write(strconv.AppendInt(num[:0], idx, 10))
 }
 
-// readIncr reads the replies to add and incr.
+// readIncr reads the replies to add (unless noAdd) and incr, and records
+// in the known-counter cache a counter the add created, or forgets one
+// that vanished (the next round then sends its add).
 func (w *window) readIncr(pc *pconn) (int64, bool, error) {
+	created := false
+	if !w.noAdd {
+		line, err := pc.r.ReadSlice('\n')
+		if err != nil {
+			return 0, false, err
+		}
+		created = string(line) == "STORED\r\n"
+		if !created && string(line) != "NOT_STORED\r\n" {
+			return 0, false, replyError("add", line)
+		}
+	}
 	line, err := pc.r.ReadSlice('\n')
 	if err != nil {
 		return 0, false, err
 	}
-	if string(line) != "STORED\r\n" && string(line) != "NOT_STORED\r\n" {
-		return 0, false, replyError("add", line)
-	}
-	if line, err = pc.r.ReadSlice('\n'); err != nil {
-		return 0, false, err
-	}
 	if string(line) == "NOT_FOUND\r\n" {
+		if w.noAdd {
+			lv := [limiter.PackedLevels]knownCounter{{idx: w.cur}}
+			w.keys.record(w.key, w.base, 0, 1, &lv)
+			w.noAdd = false
+		}
 		return 0, true, nil
 	}
 	v, ok := parseNumberLine(line)
 	if !ok {
 		return 0, false, replyError("incr", line)
+	}
+	if created && w.ttl > 0 {
+		lv := [limiter.PackedLevels]knownCounter{{idx: w.cur, until: w.sentAt + int64(w.ttl)}}
+		w.keys.record(w.key, w.base, 1, 0, &lv)
 	}
 	return v, false, nil
 }

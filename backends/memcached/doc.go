@@ -63,7 +63,9 @@
 // add up to Counts.Later: traffic of writers whose clocks are ahead of the
 // caller's. The add fails harmlessly (NOT_STORED) when the counter exists;
 // if the counter vanishes between add and incr (evicted, flush_all), the
-// incr finds nothing and the pipeline is sent again. Sub (the refund of a
+// incr finds nothing and the pipeline is sent again. A Store skips the add
+// of a counter it created itself within its TTL, as it does for a packed
+// window's (see Packed windows): a warm fixed window is one incr. Sub (the refund of a
 // denied request) is decr <key|c idx> n; memcached stops decr at zero, and a
 // counter that is gone has nothing to give back. With n == 0 only the get is
 // sent.
@@ -226,13 +228,20 @@
 // nodes in parallel, then reads the replies in order: one round trip per
 // node (a connection's write buffer is 32 KB, so a batch is one write).
 //
-//	window take      add <key|c cur> ... / incr <key|c cur> n / get <view and ahead>   (as Add)
+//	window take      [add <key|c cur> ...] / incr <key|c cur> n / its reads   (as Add; no add for a counter known to exist)
 //	window refund    decr <key|c idx> n noreply                                        no reply: nothing to wait for
-//	packed take      [add <key|pl:idx> ...] / incr <key|pl:idx> <delta>, per level / get <reads>   (as AddPacked; no add for a counter known to exist)
+//	packed take      [add <key|pl:idx> ...] / incr <key|pl:idx> <delta>, per level / its reads   (as AddPacked; no add for a counter known to exist)
 //	packed refund    decr <key|pl:idx> <delta> noreply, per level
 //	bucket or log    cas <key|b> 0 <exp> <len> <cas id>  (the item cached from an earlier gets), or
 //	                 add <key|b> 0 <exp> <len>           (no cached item: a new key)
-//	                 gets <key|b>                        the item after the write, with its new CAS id
+//	                 its read: <key|b>                   the item after the write, with its new CAS id
+//	reads            get <every key the steps read>      last, once; gets when a bucket or log step is in the batch
+//
+// The reads go last, as one get naming every key: memcached sends the
+// replies it holds when a retrieval command ends, so a get in mid-pipeline
+// would split the reply in two segments and the client would wait for the
+// second. Memcached answers the keys it holds in the order asked (a key
+// named twice, twice), and each item goes to the step that asked for it.
 //
 // A bucket or log step is applied to the item the store cached (value and
 // CAS id from the last gets of the key) and sent as a speculative cas (or
@@ -356,8 +365,9 @@
 //     exactly; an overflow of field 3 wraps the 64-bit value, and the
 //     refund's decr then stops at zero and loses the counter's other
 //     fields (fewer units counted: laxer) until the counter expires.
-//   - Each window decision sends an add that fails once the counter exists:
-//     a little server work traded for a constant single round trip.
-//     A packed decision skips the adds of the counters its Store created
-//     and knows to be alive (see Packed windows).
+//   - A window decision sends an add that fails once the counter exists,
+//     unless its Store created that counter and knows it alive (see Packed
+//     windows): Stores sharing keys each send the adds of the counters
+//     they did not create, a little server work traded for a constant
+//     single round trip.
 package memcached

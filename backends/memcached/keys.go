@@ -94,9 +94,24 @@ func (kr keyer) packedBase(k limiter.Key) string {
 // packedKnown returns packedBase(k) and the counters of k's packed window
 // known to exist, from the cache when k is in it (no allocation).
 func (kr keyer) packedKnown(k limiter.Key) (string, [limiter.PackedLevels]knownCounter) {
+	return kr.knownFor(k, maxPackedSuffixLen)
+}
+
+// windowKnown returns base(k) and the counter of k's window known to
+// exist (a window's counters are written one at a time, so one is
+// remembered: the current sub-window's), from the cache when k is in it.
+func (kr keyer) windowKnown(k limiter.Key) (string, knownCounter) {
+	base, lv := kr.knownFor(k, maxSuffixLen)
+	return base, lv[0]
+}
+
+// knownFor returns k's base for suffixes of at most suffix bytes, and what
+// the cache knows of k's counters. A key's Space names its kind (packed
+// or not), so one key is only ever asked for with one suffix length.
+func (kr keyer) knownFor(k limiter.Key, suffix int) (string, [limiter.PackedLevels]knownCounter) {
 	c := kr.known
 	if c == nil || len(k.Space)+len(k.Name) > knownMaxKey {
-		return kr.baseFor(k, maxPackedSuffixLen), [limiter.PackedLevels]knownCounter{}
+		return kr.baseFor(k, suffix), [limiter.PackedLevels]knownCounter{}
 	}
 	sh := c.shard(k)
 	sh.mu.Lock()
@@ -105,7 +120,7 @@ func (kr keyer) packedKnown(k limiter.Key) (string, [limiter.PackedLevels]knownC
 	if ok {
 		return e.base, e.lv
 	}
-	base := kr.baseFor(k, maxPackedSuffixLen)
+	base := kr.baseFor(k, suffix)
 	sh.mu.Lock()
 	if _, ok := sh.m[k]; !ok {
 		sh.makeRoom()
@@ -161,13 +176,14 @@ const (
 	knownMaxKey = 256
 )
 
-// knownCache remembers, per limiter key, its packed base and, per level,
-// the one counter this Store has seen exist with the time until which it
+// knownCache remembers, per limiter key, its base and, per level of a
+// packed window (a window's counter uses the first), the one counter this
+// Store has seen exist with the time until which it
 // must still exist: the level's TTL from the moment before the round
 // whose add created it (STORED). memcached keeps an item at least that
 // long (Store.expiry adds a second and more), unless it evicts it early
-// or is flushed: an incr then answers NOT_FOUND, and packedAdd sends that
-// level again with its add and forgets the counter. A counter whose add
+// or is flushed: an incr then answers NOT_FOUND, and packedAdd (window)
+// sends that level (counter) again with its add and forgets the counter. A counter whose add
 // answered NOT_STORED exists, but since when is unknown: it is not
 // recorded, and its add is sent each time.
 type knownCache struct {
@@ -195,7 +211,12 @@ type knownCounter struct {
 
 // has reports whether it knows c to exist at now.
 func (kc knownCounter) has(c limiter.PackedCell, now int64) bool {
-	return kc.until > now && kc.idx == c.Index
+	return kc.hasIdx(c.Index, now)
+}
+
+// hasIdx reports whether it knows the counter of index idx to exist at now.
+func (kc knownCounter) hasIdx(idx, now int64) bool {
+	return kc.until > now && kc.idx == idx
 }
 
 func newKnownCache() *knownCache {
