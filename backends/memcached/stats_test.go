@@ -10,7 +10,8 @@ import (
 )
 
 // statsOf returns the numeric fields of memcached's "stats" at addr
-// (gomemcache has no stats call).
+// (gomemcache has no stats call); the CPU times (rusage_user,
+// rusage_system: seconds with a fraction) in microseconds.
 func statsOf(addr string) (map[string]int64, error) {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
@@ -38,6 +39,8 @@ func statsOf(addr string) (map[string]int64, error) {
 		}
 		if v, err := strconv.ParseInt(f[2], 10, 64); err == nil {
 			out[f[1]] = v
+		} else if v, err := strconv.ParseFloat(f[2], 64); err == nil && strings.HasPrefix(f[1], "rusage_") {
+			out[f[1]] = int64(v * 1e6)
 		}
 	}
 }
