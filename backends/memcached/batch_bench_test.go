@@ -170,6 +170,7 @@ func cpuSplit(b *testing.B, addr string, l limiter.Limiter, mc *memcache.Client,
 	b.ReportMetric(float64(client[0])/n, "client-cpu-µs/decision")
 	b.ReportMetric(float64(client[1])/n, "client-cpu-µs/get")
 }
+
 // concurrentRate runs f b.N times over g goroutines and returns the calls
 // per second.
 func concurrentRate(b *testing.B, g int, f func() error) float64 {
