@@ -499,3 +499,33 @@ func TestHistorySeed(t *testing.T) {
 		}
 	}
 }
+
+// TestTightened: a scenario rerun on a slow machine gets a limit four times
+// tighter on copies of its configs, never below its largest cost.
+func TestTightened(t *testing.T) {
+	for _, sc := range DefaultScenarios() {
+		tt := Tightened(sc)
+		switch {
+		case sc.Bucket != nil:
+			if tt.Bucket == sc.Bucket || tt.Bucket.MaxAmount != max(sc.Bucket.MaxAmount/4, sc.MaxCost) || tt.Bucket.RefillTime != 4*sc.Bucket.RefillTime {
+				t.Errorf("%s: %+v from %+v", sc.Name, *tt.Bucket, *sc.Bucket)
+			}
+		case sc.Fixed != nil:
+			if tt.Fixed == sc.Fixed || tt.Fixed.Limit != sc.Fixed.Limit/4 {
+				t.Errorf("%s: %+v from %+v", sc.Name, *tt.Fixed, *sc.Fixed)
+			}
+		case sc.Sliding != nil:
+			if tt.Sliding == sc.Sliding || tt.Sliding.Limit != sc.Sliding.Limit/4 {
+				t.Errorf("%s: %+v from %+v", sc.Name, *tt.Sliding, *sc.Sliding)
+			}
+		case sc.Log != nil:
+			if tt.Log == sc.Log || tt.Log.Limit != sc.Log.Limit/4 {
+				t.Errorf("%s: %+v from %+v", sc.Name, *tt.Log, *sc.Log)
+			}
+		}
+	}
+	small := Scenario{Bucket: &limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Millisecond}, MaxCost: 3}
+	if got := Tightened(Tightened(small)).Bucket; got.MaxAmount != 3 || got.RefillTime != 16*time.Millisecond || small.Bucket.MaxAmount != 5 {
+		t.Errorf("twice tightened: %+v (the original now %+v); want 3 tokens every 16 ms", *got, *small.Bucket)
+	}
+}
