@@ -547,10 +547,7 @@ func benchMerged(b *testing.B, packed bool, mode string) {
 		}
 		b.ReportMetric(float64(p50(m.calls[:b.N]).Microseconds())/1000, "p50-updateitem-ms")
 	}
-	pd, pr := p50(dec), p50(raw)
-	b.ReportMetric(float64(pd.Microseconds())/1000, "p50-decision-ms")
-	b.ReportMetric(float64(pr.Microseconds())/1000, "p50-raw-ms")
-	b.ReportMetric(float64(pd)/float64(pr), "p50-ratio")
+	reportP50(b, "decision", dec, raw)
 	b.ReportMetric(float64(reqs)/float64(b.N), "requests/decision")
 	b.ReportMetric(float64(wcuMilli)/1000/float64(b.N), "wcu/decision")
 }

@@ -129,10 +129,7 @@ func BenchmarkBatchPartiQL(b *testing.B) {
 		dec, raw = append(dec, t1.Sub(t0)), append(raw, time.Since(t1))
 	}
 	b.StopTimer()
-	pd, pr := p50(dec), p50(raw)
-	b.ReportMetric(float64(pd.Microseconds())/1000, "p50-batch-ms")
-	b.ReportMetric(float64(pr.Microseconds())/1000, "p50-raw-ms")
-	b.ReportMetric(float64(pd)/float64(pr), "p50-ratio")
+	reportP50(b, "batch", dec, raw)
 	b.ReportMetric(float64(r.total.Load()-int64(b.N))/float64(b.N), "requests/decision")
 	b.ReportMetric(ifNotExists, "if_not_exists-accepted")
 }

@@ -124,10 +124,7 @@ func BenchmarkBatchTransact(b *testing.B) {
 			tx, raw = append(tx, t1.Sub(t0)), append(raw, time.Since(t1))
 		}
 		b.StopTimer()
-		pt, pr := p50(tx), p50(raw)
-		b.ReportMetric(float64(pt.Microseconds())/1000, "p50-tx-ms")
-		b.ReportMetric(float64(pr.Microseconds())/1000, "p50-raw-ms")
-		b.ReportMetric(float64(pt)/float64(pr), "p50-ratio")
+		reportP50(b, "tx", tx, raw)
 		b.ReportMetric(wcu/float64(b.N), "wcu/decision")
 	})
 	b.Run("Contended", func(b *testing.B) {

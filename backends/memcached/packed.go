@@ -400,32 +400,37 @@ func (p *packedAdd) lastCell() (limiter.PackedCell, bool) {
 	return p.op.Adds[p.last-1].Cell, true
 }
 
-// writeGet buffers the get of the reads (each counter once, the last
-// incr's left out) and reports whether there was anything to read. If
-// that incr's counter vanished after all, the round is sent again.
+// writeGet buffers the get of the reads (sentRead) and reports whether
+// there was anything to read. If the last incr's counter vanished after
+// all, the round is sent again.
 func (p *packedAdd) writeGet(pc *pconn) bool {
-	var skip limiter.PackedCell
-	hasSkip := p.last != 0
-	if hasSkip {
-		skip = p.op.Adds[p.last-1].Cell
-	}
 	n := 0
-	for i := range p.op.NReads {
-		c := p.op.Reads[i]
-		if hasSkip && c == skip || dupRead(p.op, i) {
+	for j := range p.op.NReads {
+		if !p.sentRead(j) {
 			continue
 		}
 		if n == 0 {
 			pc.w.WriteString("get")
 		}
 		pc.w.WriteByte(' ')
-		writePackedKey(pc, p.base, c, &p.num)
+		writePackedKey(pc, p.base, p.op.Reads[j], &p.num)
 		n++
 	}
 	if n > 0 {
 		pc.w.WriteString("\r\n")
 	}
 	return n > 0
+}
+
+// sentRead reports whether the get names op.Reads[j]: each counter once,
+// and not the last incr's, whose reply gives its value after every add of
+// the op.
+func (p *packedAdd) sentRead(j int) bool {
+	c := p.op.Reads[j]
+	if p.last != 0 && c == p.op.Adds[p.last-1].Cell {
+		return false
+	}
+	return !dupRead(p.op, j)
 }
 
 // dupRead reports whether op.Reads[i] repeats an earlier read.
@@ -518,19 +523,13 @@ func (p *packedAdd) value(pc *pconn, line []byte) error {
 // addReads adds the counters writeGet would read to m, as step i's, and
 // reports whether there were any.
 func (p *packedAdd) addReads(m *mget, i int) bool {
-	var skip limiter.PackedCell
-	hasSkip := p.last != 0
-	if hasSkip {
-		skip = p.op.Adds[p.last-1].Cell
-	}
 	n := 0
 	for j := range p.op.NReads {
-		c := p.op.Reads[j]
-		if hasSkip && c == skip || dupRead(p.op, j) {
+		if !p.sentRead(j) {
 			continue
 		}
 		m.keys = append(m.keys, ' ')
-		m.keys = appendPackedKey(m.keys, p.base, c)
+		m.keys = appendPackedKey(m.keys, p.base, p.op.Reads[j])
 		m.mark(i)
 		n++
 	}
