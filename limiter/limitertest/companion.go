@@ -1,0 +1,77 @@
+package limitertest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// CompanionStore wraps a batching store so that every batch it is given
+// reaches the inner store with a companion step before each of its steps:
+// a window's add of 1 unit on a key of its own, whose reads (three
+// sub-windows and the two ahead of it) share the batch with the step's.
+// A history run on it (RunHistory wraps it in a DelayStore, which hands
+// each call to Do as a batch of one) then checks, under concurrency and
+// reordered arrivals, what a store does with several steps in one batch:
+// memcached's single read of every step's keys, handed back item by item.
+// The companions' answers are dropped, and their counters are never
+// refunded (they belong to no limit).
+type CompanionStore struct {
+	Store
+	b limiter.Batcher
+}
+
+// NewCompanionStore wraps s, which must implement limiter.Batcher.
+func NewCompanionStore(s Store) (*CompanionStore, error) {
+	b, ok := s.(limiter.Batcher)
+	if !ok {
+		return nil, fmt.Errorf("limitertest: %T does not implement limiter.Batcher", s)
+	}
+	return &CompanionStore{Store: s, b: b}, nil
+}
+
+// companionSpan is the companion window's view: its sub-window and two
+// older ones, and two newer ones read as Later.
+const companionSpan = 3
+
+// Do implements [limiter.Batcher].
+func (c *CompanionStore) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+	all := make([]limiter.Step, 0, 2*len(steps))
+	idx := time.Now().UnixNano() / int64(time.Second)
+	for _, st := range steps {
+		all = append(all, limiter.Step{
+			Kind: limiter.StepAdd,
+			Key:  limiter.Key{Space: "companion", Name: st.Key.Space + "/" + st.Key.Name},
+			Idx:  idx, Span: companionSpan, N: 1, TTL: time.Minute,
+		}, st)
+	}
+	res := make([]limiter.StepResult, len(all))
+	c.b.Do(ctx, all, res)
+	for i := range steps {
+		out[i] = res[2*i+1]
+	}
+}
+
+// ServesPacked reports whether the inner store serves packed windows.
+func (c *CompanionStore) ServesPacked() bool { return limiter.ServesPacked(c.Store) }
+
+// AddPacked forwards to the inner store (an error if it does not serve
+// packed windows).
+func (c *CompanionStore) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+	p, ok := c.Store.(limiter.PackedCounter)
+	if !ok {
+		return limiter.PackedCounts{}, fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", c.Store)
+	}
+	return p.AddPacked(ctx, k, op)
+}
+
+// SubPacked forwards to the inner store.
+func (c *CompanionStore) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+	p, ok := c.Store.(limiter.PackedCounter)
+	if !ok {
+		return fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", c.Store)
+	}
+	return p.SubPacked(ctx, k, op)
+}
