@@ -35,27 +35,9 @@ func TestHistoryProxy(t *testing.T) {
 }
 
 // TestHistoryBatched runs the history checker with every call in a batch
-// with a companion window step before it (limitertest.CompanionStore): the
-// batch's one read then names the companion's counters and the step's, and
-// each item must reach its own step. The sliding window (20 sub-windows),
-// the packed window and the token bucket, 2 s each on the shared clock.
+// with a companion window step before it (limitertest.RunHistoryBatched):
+// the batch's one read then names the companion's counters and the step's,
+// and each item must reach its own step.
 func TestHistoryBatched(t *testing.T) {
-	cs, err := limitertest.NewCompanionStore(newStore(t, memcached.Config{KeyPrefix: "history-batched:"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var scs []limitertest.Scenario
-	for _, sc := range append(limitertest.DefaultScenarios(), limitertest.PackedScenario()) {
-		if sc.Name == "SlidingWindow" || sc.Name == "SlidingWindowPacked" || sc.Name == "TokenBucket" {
-			sc.Duration = min(sc.Duration, 2*time.Second)
-			scs = append(scs, sc)
-		}
-	}
-	if len(scs) != 3 {
-		t.Fatalf("%d scenarios, want 3", len(scs))
-	}
-	limitertest.RunHistory(t, cs, limitertest.HistoryOptions{
-		Scenarios: scs,
-		Clocks:    []limitertest.Clock{limitertest.SharedClock},
-	})
+	limitertest.RunHistoryBatched(t, newStore(t, memcached.Config{KeyPrefix: "history-batched:"}))
 }

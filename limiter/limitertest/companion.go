@@ -3,6 +3,7 @@ package limitertest
 import (
 	"context"
 	"fmt"
+	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -15,7 +16,9 @@ import (
 // A history run on it (RunHistory wraps it in a DelayStore, which hands
 // each call to Do as a batch of one) then checks, under concurrency and
 // reordered arrivals, what a store does with several steps in one batch:
-// memcached's single read of every step's keys, handed back item by item.
+// memcached's single read of every step's keys, handed back item by item
+// (DynamoDB sends a batch's steps as independent requests; the memory
+// store does not batch).
 // The companions' answers are dropped, and their counters are never
 // refunded (they belong to no limit).
 type CompanionStore struct {
@@ -74,4 +77,27 @@ func (c *CompanionStore) SubPacked(ctx context.Context, k limiter.Key, op *limit
 		return fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", c.Store)
 	}
 	return p.SubPacked(ctx, k, op)
+}
+
+// RunHistoryBatched runs RunHistory on NewCompanionStore(s) (s must batch)
+// for the sliding window (20 sub-windows), the packed window (when s serves
+// it) and the token bucket, 2 s each on the shared clock.
+func RunHistoryBatched(t *testing.T, s Store) {
+	t.Helper()
+	cs, err := NewCompanionStore(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scs := DefaultScenarios()
+	if limiter.ServesPacked(s) {
+		scs = append(scs, PackedScenario())
+	}
+	var run []Scenario
+	for _, sc := range scs {
+		if sc.Name == "SlidingWindow" || sc.Name == "SlidingWindowPacked" || sc.Name == "TokenBucket" {
+			sc.Duration = min(sc.Duration, 2*time.Second)
+			run = append(run, sc)
+		}
+	}
+	RunHistory(t, cs, HistoryOptions{Scenarios: run, Clocks: []Clock{SharedClock}})
 }
