@@ -203,58 +203,11 @@ func TestHistoryPacked(t *testing.T) {
 	})
 }
 
-// dropLevel is a broken packed store: it skips one level's incr (on both
-// the single-step and the batch path), hiding it from the overflow check,
-// so the writers that read that level (the oldest slots of their view)
-// miss units.
-type dropLevel struct {
-	*memcached.Store
-	level int
-}
-
-func (d dropLevel) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
-	o := *op
-	o.Adds[d.level-1].Delta = 0
-	c, err := d.Store.AddPacked(ctx, k, &o)
-	c.Added[d.level-1] = op.Adds[d.level-1].Delta
-	return c, err
-}
-
-func (d dropLevel) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
-	cp := append([]limiter.Step(nil), steps...)
-	for i := range cp {
-		if cp[i].Kind == limiter.StepPackedAdd {
-			cp[i].Packed.Adds[d.level-1].Delta = 0
-		}
-	}
-	d.Store.Do(ctx, cp, out)
-	for i := range steps {
-		if steps[i].Kind == limiter.StepPackedAdd {
-			out[i].Packed.Added[d.level-1] = steps[i].Packed.Adds[d.level-1].Delta
-		}
-	}
-}
-
 // TestHistoryFailsBrokenPacked shows the checker fails a memcached store
-// that skips the incrs of level 2 or of level 3.
+// that skips the incrs of level 2 or of level 3, on the single-step and the
+// batch path (limitertest.RunBrokenPacked).
 func TestHistoryFailsBrokenPacked(t *testing.T) {
-	for _, level := range []int{2, 3} {
-		t.Run(strconv.Itoa(level), func(t *testing.T) {
-			seed, err := limitertest.HistorySeed()
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := newStore(t, memcached.Config{KeyPrefix: fmt.Sprintf("history-broken-%d-%d:", level, seed)})
-			rep, err := limitertest.RunScenario(context.Background(), dropLevel{s, level},
-				limitertest.PackedScenario(), limitertest.SharedClock, limitertest.HistoryOptions{Workers: 64, Keys: 2, Seed: seed})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Log(rep.Summary())
-			if len(rep.Violations) == 0 {
-				t.Fatalf("seed %d: the checker passed a store that skips level %d's incrs", seed, level)
-			}
-			t.Logf("level %d skipped: %d windows over the limit, first %v", level, len(rep.Violations), rep.Violations[0])
-		})
-	}
+	limitertest.RunBrokenPacked(t, func(t *testing.T, level int) limitertest.Store {
+		return newStore(t, memcached.Config{KeyPrefix: fmt.Sprintf("history-broken-%d-%d:", level, time.Now().UnixNano())})
+	})
 }
