@@ -166,6 +166,33 @@ type PackedOp struct {
 	NReads int
 }
 
+// maxPackedKeep bounds PackedOp.Keep as a store checks it: far above any
+// window's 2r+1 slots.
+const maxPackedKeep = 1 << 20
+
+// Check reports a malformed op (nil, a reads count or Keep out of range, an
+// add not at its own level, a read at no level), for stores that check what
+// they are given before touching state.
+func (op *PackedOp) Check() error {
+	if op == nil || op.NReads < 0 || op.NReads > MaxPackedReads || op.Keep < 1 || op.Keep > maxPackedKeep {
+		if op == nil {
+			return fmt.Errorf("bad packed op: nil")
+		}
+		return fmt.Errorf("bad packed op (keep %d, %d reads)", op.Keep, op.NReads)
+	}
+	for i, a := range op.Adds {
+		if int(a.Cell.Level) != i+1 {
+			return fmt.Errorf("bad packed op: add %d at level %d", i, a.Cell.Level)
+		}
+	}
+	for _, c := range op.Reads[:op.NReads] {
+		if c.Level < 1 || c.Level > PackedLevels {
+			return fmt.Errorf("bad packed op: read at level %d", c.Level)
+		}
+	}
+	return nil
+}
+
 // PackedCounts is a packed store's answer to AddPacked.
 type PackedCounts struct {
 	// Added[l-1] is the value of the level-l counter of Adds after the

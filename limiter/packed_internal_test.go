@@ -333,3 +333,26 @@ func TestPackedStaleAndOverflowDeny(t *testing.T) {
 		t.Fatalf("overflow: %+v undo %v now %v err %v: want a denial giving back the same deltas", d, undo.Kind, undoNow, err)
 	}
 }
+
+// TestPackedOpCheck: a planned op passes; each malformed shape a store
+// refuses is refused.
+func TestPackedOpCheck(t *testing.T) {
+	ok := PackedPlan(1<<20, 160, 3, time.Millisecond)
+	if err := ok.Check(); err != nil {
+		t.Fatalf("a planned op: %v", err)
+	}
+	var nilOp *PackedOp
+	for name, op := range map[string]*PackedOp{
+		"nil":          nilOp,
+		"keep 0":       func() *PackedOp { o := ok; o.Keep = 0; return &o }(),
+		"keep huge":    func() *PackedOp { o := ok; o.Keep = maxPackedKeep + 1; return &o }(),
+		"reads < 0":    func() *PackedOp { o := ok; o.NReads = -1; return &o }(),
+		"reads > max":  func() *PackedOp { o := ok; o.NReads = MaxPackedReads + 1; return &o }(),
+		"add level":    func() *PackedOp { o := ok; o.Adds[1].Cell.Level = 3; return &o }(),
+		"read level 0": func() *PackedOp { o := ok; o.NReads = 1; o.Reads[0].Level = 0; return &o }(),
+	} {
+		if err := op.Check(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

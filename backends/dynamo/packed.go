@@ -499,20 +499,10 @@ func clampFields(v, d uint64) uint64 {
 	return out
 }
 
-// validPacked checks the shape of a packed op.
+// validPacked checks the shape of a packed op (limiter.PackedOp.Check).
 func validPacked(op *limiter.PackedOp) error {
-	if op == nil || op.NReads < 0 || op.NReads > limiter.MaxPackedReads || op.Keep < 1 || op.Keep > 1<<20 {
-		return fmt.Errorf("dynamo: bad packed op")
-	}
-	for i, a := range op.Adds {
-		if int(a.Cell.Level) != i+1 {
-			return fmt.Errorf("dynamo: bad packed op: add %d at level %d", i, a.Cell.Level)
-		}
-	}
-	for _, c := range op.Reads[:op.NReads] {
-		if c.Level < 1 || c.Level > limiter.PackedLevels {
-			return fmt.Errorf("dynamo: bad packed op: read at level %d", c.Level)
-		}
+	if err := op.Check(); err != nil {
+		return fmt.Errorf("dynamo: %w", err)
 	}
 	return nil
 }

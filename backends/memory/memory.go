@@ -338,19 +338,10 @@ func (e *entry) find(c limiter.PackedCell) (*cell, bool) {
 	return p, p.ok && p.idx == c.Index
 }
 
+// validPacked checks the shape of a packed op (limiter.PackedOp.Check).
 func validPacked(op *limiter.PackedOp) error {
-	if op.NReads < 0 || op.NReads > limiter.MaxPackedReads || op.Keep < 1 || op.Keep > 1<<20 {
-		return fmt.Errorf("memory: bad packed op (keep %d, %d reads)", op.Keep, op.NReads)
-	}
-	for i, a := range op.Adds {
-		if int(a.Cell.Level) != i+1 {
-			return fmt.Errorf("memory: bad packed op: add %d at level %d", i, a.Cell.Level)
-		}
-	}
-	for _, c := range op.Reads[:op.NReads] {
-		if c.Level < 1 || c.Level > limiter.PackedLevels {
-			return fmt.Errorf("memory: bad packed op: read at level %d", c.Level)
-		}
+	if err := op.Check(); err != nil {
+		return fmt.Errorf("memory: %w", err)
 	}
 	return nil
 }
