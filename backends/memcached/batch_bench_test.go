@@ -1,8 +1,13 @@
 package memcached_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"net"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -69,57 +74,121 @@ func BenchmarkFlood(b *testing.B) {
 
 // BenchmarkThreeLimits: the latency of one allowed decision with three
 // limits on one key (a sliding window, sub-window or packed, a token
-// bucket and a fixed window, never reached), next to one raw get in the same loop: one pipelined
-// round trip against one.
+// bucket and a fixed window, never reached), next to one raw get in the
+// same loop: one pipelined round trip against one. Each case also reports
+// floor-p50/get: the bytes of one warm decision of the same limits,
+// recorded at a proxy, sent again by a bare client that only writes them
+// and reads up to the reply's last line, alternating with raw gets. That
+// is what memcached and the loopback alone cost for the decision's
+// commands, the part no client work can remove. Run under SLUICE_PIN=1
+// (scripts/testenv puts the servers on the last CPU and the benchmark on
+// the others) for figures that do not depend on where the scheduler puts
+// the two processes; docs/benchmarks.md has both.
 func BenchmarkThreeLimits(b *testing.B) {
 	addr := testserver.Memcached(b)
 	mc, rawKey := rawClient(b, addr)
 	s := benchStore(b, addr, memcached.Config{})
-	for _, k := range []int{limiter.DefaultSubWindows, 4} {
-		b.Run(fmt.Sprintf("Sliding%d+Bucket+Fixed", k), func(b *testing.B) {
-			w, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "w", Limit: 1 << 40, Window: time.Minute, SubWindows: k})
-			tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 1 << 40, RefillTime: time.Hour})
-			f, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f", Limit: 1 << 40, Window: time.Minute})
-			stack, _ := limiter.NewStack(w, tb, f)
+	for _, c := range memcached.ThreeLimitCases() {
+		b.Run(c.Name, func(b *testing.B) {
+			stack, err := c.Build(s)
+			if err != nil {
+				b.Fatal(err)
+			}
 			latency(b, stack, mc, rawKey, 1)
 			cpuSplit(b, addr, stack, mc, rawKey)
+			replayFloor(b, addr, c.Build, mc, rawKey)
 		})
 	}
-	b.Run("PackedSliding+Bucket+Fixed", func(b *testing.B) {
-		// The packed window (160 slots) in place of the sub-window one.
-		w, err := packedWindow(s)
-		if err != nil {
+}
+
+// replayFloor reports floor-p50/get (see BenchmarkThreeLimits): the third
+// warm decision of build's limits on a store behind a recording proxy
+// gives the bytes; a bare connection then sends them and reads until the
+// END of the batch's retrieval (the last command: reads go last), or one
+// reply line when the batch has no retrieval, 2,000 times, each followed
+// by a raw get. The replayed writes land on that decision's keys again
+// (its counters keep counting; a replayed cas answers EXISTS, a little
+// less work than the decision's successful one), so the floor is a lower
+// bound.
+func replayFloor(b *testing.B, addr string, build func(s *memcached.Store) (limiter.Limiter, error), mc *memcache.Client, rawKey string) {
+	b.Helper()
+	proxy := testserver.NewProxy(b, addr)
+	ps := benchStore(b, proxy.Addr(), memcached.Config{})
+	l, err := build(ps)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	key := fmt.Sprint("floor-", time.Now().UnixNano())
+	var req []byte
+	mark := 0
+	for i := range 3 {
+		if i == 2 {
+			proxy.Record()
+		}
+		mark = proxy.SentLen()
+		d, err := l.AllowN(ctx, key, time.Now(), 1)
+		if err != nil || !d.Allowed {
+			b.Fatalf("decision %d: %+v, %v", i, d, err)
+		}
+		req = slices.Clone(proxy.Sent(mark))
+	}
+	cmds := sentCommands(b, proxy, mark)
+	retrieval := false
+	for _, c := range cmds {
+		retrieval = retrieval || c[0] == "get" || c[0] == "gets"
+	}
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReaderSize(conn, 64<<10)
+	// replay sends req and reads its replies: up to the retrieval's END
+	// (skipping each VALUE's data block), or one line per command.
+	replay := func() error {
+		if _, err := conn.Write(req); err != nil {
+			return err
+		}
+		for replies := 0; ; {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return err
+			}
+			if f := bytes.Fields(line); len(f) >= 4 && string(f[0]) == "VALUE" {
+				n, err := strconv.Atoi(string(f[3]))
+				if err != nil {
+					return fmt.Errorf("reply %q: %w", line, err)
+				}
+				if _, err := br.Discard(n + 2); err != nil {
+					return err
+				}
+				continue
+			}
+			replies++
+			if retrieval && string(line) == "END\r\n" || !retrieval && replies == len(cmds) {
+				return nil
+			}
+		}
+	}
+	const n = 2000
+	rep := make([]time.Duration, 0, n)
+	raw := make([]time.Duration, 0, n)
+	for range n {
+		t0 := time.Now()
+		if err := replay(); err != nil {
 			b.Fatal(err)
 		}
-		tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 1 << 40, RefillTime: time.Hour})
-		f, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f", Limit: 1 << 40, Window: time.Minute})
-		stack, _ := limiter.NewStack(w, tb, f)
-		latency(b, stack, mc, rawKey, 1)
-		cpuSplit(b, addr, stack, mc, rawKey)
-	})
-	b.Run("EmbeddedRules", func(b *testing.B) {
-		// The embedded rules' limits of a request with a token: per-ip
-		// (a sliding window and a token bucket) and per-token (a window).
-		// Their windows (600 and 1200 a minute) are packed, the default
-		// for limits up to limiter.MaxPackedLimit: the largest two such
-		// limits keep them packed and far from denying.
-		ip, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "per-minute", Limit: limiter.MaxPackedLimit, Window: time.Minute, NoDenyCache: true})
-		tb, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "burst", MaxAmount: 1 << 40, RefillTime: 100 * time.Millisecond})
-		tok, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "per-token", Limit: limiter.MaxPackedLimit - 1, Window: time.Minute, NoDenyCache: true})
-		stack, _ := limiter.NewStack(ip, tb, tok)
-		latency(b, stack, mc, rawKey, 1)
-		cpuSplit(b, addr, stack, mc, rawKey)
-	})
-	b.Run("Fixed+Fixed+Fixed", func(b *testing.B) {
-		var ls []limiter.Limiter
-		for i := range 3 {
-			f, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f", Limit: 1<<40 + int64(i), Window: time.Minute})
-			ls = append(ls, f)
+		t1 := time.Now()
+		if _, err := mc.Get(rawKey); err != nil {
+			b.Fatal(err)
 		}
-		stack, _ := limiter.NewStack(ls...)
-		latency(b, stack, mc, rawKey, 1)
-		cpuSplit(b, addr, stack, mc, rawKey)
-	})
+		rep, raw = append(rep, t1.Sub(t0)), append(raw, time.Since(t1))
+	}
+	fp50, rp50 := percentile(rep, 0.5), percentile(raw, 0.5)
+	b.ReportMetric(float64(fp50.Microseconds()), "floor-p50-µs")
+	b.ReportMetric(float64(fp50)/float64(rp50), "floor-p50/get")
+	b.ReportMetric(float64(len(req)), "request-bytes")
 }
 
 // cpuSplit reports where the time of a decision goes, next to a raw get:
