@@ -105,8 +105,8 @@ func BenchmarkThreeLimits(b *testing.B) {
 // warm decision of build's limits on a store behind a recording proxy
 // gives the bytes; a bare connection then sends them and reads until the
 // END of the batch's retrieval (the last command: reads go last), or one
-// reply line when the batch has no retrieval, 2,000 times, each followed
-// by a raw get. The replayed writes land on that decision's keys again
+// reply line per command when it has none, 2,000 times, each followed by
+// a raw get. The replayed writes land on that decision's keys again
 // (its counters keep counting; a replayed cas answers EXISTS, a little
 // less work than the decision's successful one), so the floor is a lower
 // bound.
