@@ -82,8 +82,9 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		"before a carry), level l's fields each the total of 4^(l-1) slots of W/r. A decision incrs its counter at every " +
 		"level (one packed delta n<<(16*field) each, pipelined with the get: one round trip), then reads, climbing from " +
 		"the oldest slot in view, one counter per level holding the slots still in view and the top-level counters up " +
-		"to r slots ahead (`Later`). L = 1 is the sliced prototype with 4 slices. Refunds decr the same packed deltas " +
-		"at every level. `TestPackedKeysCoverTheView` checks that the fields read cover exactly the slots Bounded " +
+		"to r slots ahead (`Later`). L = 1 is the sliced prototype with 4 slices. Refunds subtract the same packed " +
+		"deltas at every level (memcached: an `incr` of 2^64-delta, a subtraction modulo 2^64 that stays exact after " +
+		"a carry out of the top field wrapped the counter). `TestPackedKeysCoverTheView` checks that the fields read cover exactly the slots Bounded " +
 		"counts.\n\n")
 
 	best, found := m.cheapest()
@@ -216,8 +217,10 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		"decision pipelines one `add` (create at 0, with the delta's `TTL`: level l lives 4^l + 2r + 2 slots) and one " +
 		"`incr` of the packed delta per level, then one `get` of the counters read, on one connection: one round trip, as " +
 		"today. `incr` is atomic on the 64-bit value and wraps like the limiter's arithmetic, so packed fields need no " +
-		"CAS; the limiter detects a carry from the incr replies (`PackedCounts.Added`). A refund `decr`s the same delta " +
-		"at every level (clamped at 0 for the whole value, which only matters after an eviction). All of a key's " +
+		"CAS; the limiter detects a carry from the incr replies (`PackedCounts.Added`). A refund subtracts the same " +
+		"delta at every level modulo 2^64 (`incr` of 2^64-delta: exact also after adds in flight carried out of the " +
+		"top field and wrapped the counter, where a `decr` would stop at 0 and lose the counter; after an eviction " +
+		"it borrows into the top field, stricter). All of a key's " +
 		"counters are on one node, so that one connection orders each writer's incrs before its get: of two writers " +
 		"the later get sees the other's every level. It never answers `Stale` (it forgets by age).\n")
 	pf("- **DynamoDB** (`backends/dynamo`): one item per key holding one Number attribute per counter; one " +

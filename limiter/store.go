@@ -119,12 +119,19 @@ type Counter interface {
 //
 // SubPacked subtracts each delta of op.Adds from its counter (a refund),
 // if the store holds it, never creating one and never touching another.
-// When the counter holds at least the delta (as a 64-bit number) the
-// subtraction is exact, so it borrows back a carry the add made between
-// fields (the limiter refunds a carried add); only below that may a store
-// clamp, each field at 0 (memory, DynamoDB) or the whole value (memcached's
-// decr), which matters only for a counter that was dropped and created
-// again (eviction). It ignores op.Reads.
+// Whenever the add being refunded is in the counter the subtraction is
+// exact: it borrows back a carry the add made between fields (the limiter
+// refunds a carried add), and also one out of the top field, where adds in
+// flight wrapped a 64-bit counter below the delta (refunds land in any
+// order, so the wrap may be another add's). A store keeps what that takes:
+// memory counts the carries out of each counter, DynamoDB's numbers do not
+// wrap, memcached subtracts modulo 2^64 (incr of 2^64-delta). Only a
+// counter that was dropped and created again (an eviction) may hold less
+// than the delta without a carry: a store may then take each field down
+// to 0 (memory, DynamoDB) or subtract modulo 2^64 (memcached: the borrow
+// reaches the top field, which then reads as full, stricter). A clamp of a
+// wrapped counter would lose what it holds: over-admission. It ignores
+// op.Reads.
 //
 // # Out-of-order writers
 //

@@ -152,12 +152,13 @@
 // plus jitter, as for sub-window counters; incr does not extend it. If a
 // counter vanishes between its add and its incr (evicted), only the levels
 // whose incr found nothing are sent again (with the get), so no level is
-// counted twice. The refund of a denied request is decr <key|pl:idx>
-// <delta> per level (noreply in a batch; SubPacked waits for the replies):
-// it never creates a counter, and memcached stops it at zero for the whole
-// value, which matters only for a counter created again after an eviction,
-// and after an add that wrapped the whole 64-bit value (an overflow of the
-// top field, below). The store never answers Stale: it forgets by age.
+// counted twice. The refund of a denied request is incr <key|pl:idx>
+// <2^64-delta> per level (noreply in a batch; SubPacked waits for the
+// replies): a subtraction modulo 2^64, exact also after adds that wrapped
+// the whole 64-bit value (an overflow of the top field, below), where a
+// decr would stop at zero. It never creates a counter; on one created again
+// after an eviction it borrows into the top field (stricter, until the
+// counter expires). The store never answers Stale: it forgets by age.
 //
 // A Store remembers the packed counters its own adds created (STORED),
 // with the moment before that round was written, in a bounded cache
@@ -231,7 +232,7 @@
 //	window take      [add <key|c cur> ...] / incr <key|c cur> n / its reads   (as Add; no add for a counter known to exist)
 //	window refund    decr <key|c idx> n noreply                                        no reply: nothing to wait for
 //	packed take      [add <key|pl:idx> ...] / incr <key|pl:idx> <delta>, per level / its reads   (as AddPacked; no add for a counter known to exist)
-//	packed refund    decr <key|pl:idx> <delta> noreply, per level
+//	packed refund    incr <key|pl:idx> <2^64-delta> noreply, per level (a subtraction modulo 2^64)
 //	bucket or log    cas <key|b> 0 <exp> <len> <cas id>  (the item cached from an earlier gets), or
 //	                 add <key|b> 0 <exp> <len>           (no cached item: a new key)
 //	                 its read: <key|b>                   the item after the write, with its new CAS id
@@ -345,7 +346,7 @@
 //     disagree by a good part of a window each count their traffic in
 //     different windows, and together admit more: keep clocks synchronized
 //     (Amazon Time Sync) well within a sub-window.
-//   - Denied requests are counted until their refund (decr) lands, so
+//   - Denied requests are counted until their refund lands, so
 //     concurrent denials can briefly make a window stricter than it is; a
 //     failed Add may have counted its request: stricter, never laxer.
 //   - Interpolated estimator: over-admits when the oldest sub-window's
@@ -363,8 +364,9 @@
 //     2^15 of them are in flight for one slot field, the field overflows
 //     and the limiter denies and gives back. Fields 0 to 2 borrow back
 //     exactly; an overflow of field 3 wraps the 64-bit value, and the
-//     refund's decr then stops at zero and loses the counter's other
-//     fields (fewer units counted: laxer) until the counter expires.
+//     refunds, subtractions modulo 2^64, take it back exactly in whatever
+//     order they land (the conformance suite's RefundsAfterTopCarry; a
+//     decr, which stops at zero, lost every unit of the counter there).
 //   - A window decision sends an add that fails once the counter exists,
 //     unless its Store created that counter and knows it alive (see Packed
 //     windows): Stores sharing keys each send the adds of the counters

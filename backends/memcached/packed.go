@@ -46,12 +46,18 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 	return p.res, nil
 }
 
-// SubPacked implements [limiter.PackedCounter]: decr <key|pl:idx> <delta>
-// for each level whose delta is not zero, pipelined, and their replies
-// read (one round trip). A counter that is gone (expired, evicted) has
-// nothing to give back and is not created; memcached stops a decr at 0 for
-// the whole value, which matters only for a counter created again after an
-// eviction. [Store.Do] sends the same decrs with noreply.
+// SubPacked implements [limiter.PackedCounter]: incr <key|pl:idx>
+// <2^64-delta> for each level whose delta is not zero, pipelined, and
+// their replies read (one round trip). memcached's incr wraps modulo 2^64,
+// so this subtracts the delta modulo 2^64: exact whenever the add being
+// refunded is in the counter, also when adds in flight carried out of its
+// top field and wrapped it below the delta (a decr would stop at 0 there
+// and lose every unit the counter held: over-admission). A counter that is
+// gone (expired, evicted) has nothing to give back and is not created. One
+// created again after an eviction does not hold the add: the subtraction
+// then borrows into its top field, which reads as a full window until the
+// counter expires (stricter, never laxer). [Store.Do] sends the same incrs
+// with noreply.
 func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
 	if err := ctx.Err(); err != nil {
 		return errorf("packed sub", err)
@@ -85,7 +91,7 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 				continue
 			}
 			if _, ok := parseUintLine(line); !ok {
-				return replyError("decr", line)
+				return replyError("incr", line)
 			}
 		}
 		return nil
@@ -132,17 +138,20 @@ func packedLevels(op *limiter.PackedOp) uint8 {
 	return m
 }
 
-// writePackedSub buffers a refund's decrs (with noreply when asked).
+// writePackedSub buffers a refund's incrs of 2^64-delta (with noreply
+// when asked).
 func writePackedSub(pc *pconn, base string, op *limiter.PackedOp, noreply bool, num *[24]byte) {
 	for l := range limiter.PackedLevels {
 		d := &op.Adds[l]
 		if d.Delta == 0 {
 			continue
 		}
-		pc.w.WriteString("decr ")
+		// incr of 2^64-delta: a subtraction modulo 2^64, exact when
+		// the counter has wrapped below the delta (see SubPacked).
+		pc.w.WriteString("incr ")
 		writePackedKey(pc, base, d.Cell, num)
 		pc.w.WriteByte(' ')
-		pc.w.Write(strconv.AppendUint(num[:0], d.Delta, 10))
+		pc.w.Write(strconv.AppendUint(num[:0], -d.Delta, 10))
 		if noreply {
 			pc.w.WriteString(" noreply")
 		}

@@ -193,18 +193,31 @@ func TestPackedWraps(t *testing.T) {
 	}
 	name := uniqueName(t) + "-window"
 	wk := limiter.Key{Space: fmt.Sprintf("swp:10:%v:%d:%d", time.Minute, tpR, limiter.PackedLevels), Name: name}
-	rawSet(t, addr, fmt.Sprintf("%s|p4:%d", base(wk), idx4), uint64(0xffff)<<48)
+	wkey4 := fmt.Sprintf("%s|p4:%d", base(wk), idx4)
+	rawSet(t, addr, wkey4, uint64(0xffff)<<48)
 	at := time.Unix(0, f*int64(tpSlot))
 	if d, err := w.Allow(ctx, name, at); err != nil || d.Allowed {
 		t.Fatalf("a decision whose top field wrapped: %+v, %v; want denied", d, err)
 	}
+	// Its refund (noreply, on the store's connection) subtracts modulo
+	// 2^64: the wrapped counter holds its 0xffff units again, where a decr
+	// would have stopped at 0 and lost them.
+	var got uint64
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if got, _ = rawValue(t, addr, wkey4); got == uint64(0xffff)<<48 {
+			return
+		}
+	}
+	t.Fatalf("level 4 after the wrapped decision's refund: %#x, want %#x", got, uint64(0xffff)<<48)
 }
 
 // TestPackedAgainstModel: random decisions, reads and refunds on one key,
 // one at a time, against a model of the counters computed here: every
 // Added and every Read is exactly the model's (reads of a counter also
-// added to, repeated reads, reads of missing counters), and refunds clamp
-// the whole value at 0 (memcached's decr), never creating a counter.
+// added to, repeated reads, reads of missing counters), and refunds
+// subtract modulo 2^64 (an incr of 2^64-delta, exact after a wrap; the
+// random refunds here need not match an add, so some wrap below 0), never
+// creating a counter.
 // Through Do and through AddPacked/SubPacked, plain and in proxy mode.
 func TestPackedAgainstModel(t *testing.T) {
 	addr := testserver.Memcached(t)
@@ -277,7 +290,7 @@ func TestPackedAgainstModel(t *testing.T) {
 							continue
 						}
 						if v, ok := model[d.Cell]; ok {
-							model[d.Cell] = v - min(v, d.Delta)
+							model[d.Cell] = v - d.Delta // modulo 2^64
 						}
 					}
 					sub(&sop)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,11 +79,17 @@ type entry struct {
 }
 
 // cell is one packed counter in a level's ring; ok is false for an empty
-// place.
+// place. v is the counter as a 64-bit value that wraps, which is what the
+// limiter reads; carries counts the adds that carried out of its top field
+// since (v wrapped past 2^64), so that a refund knows the add it takes
+// back is in the counter even when v has become smaller than its delta.
+// DynamoDB's numbers keep the same information by not wrapping; memcached
+// cannot keep it and subtracts modulo 2^64 instead.
 type cell struct {
-	idx int64
-	v   uint64
-	ok  bool
+	idx     int64
+	v       uint64
+	carries uint32
+	ok      bool
 }
 
 // New returns an empty store.
@@ -402,7 +409,9 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 		if !ok {
 			*p = cell{idx: a.Cell.Index, ok: true}
 		}
-		p.v += a.Delta // modulo 2^64, as memcached's incr: a carry is the limiter's to detect
+		var carry uint64
+		p.v, carry = bits.Add64(p.v, a.Delta, 0) // modulo 2^64, as memcached's incr: a carry is the limiter's to detect
+		p.carries += uint32(carry)
 		c.Added[i] = p.v
 		ttl = max(ttl, a.TTL)
 	}
@@ -418,7 +427,10 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 }
 
 // SubPacked implements [limiter.PackedCounter]: it subtracts each delta
-// from its counter if the key still holds it, clamping each field at 0.
+// from its counter if the key still holds it, exactly when the counter
+// holds the delta (its 64-bit value with the carries out of its top field
+// counted: a refund after adds in flight wrapped it), else taking each
+// field down to 0 (a counter dropped and created again).
 func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
 	if err := validPacked(op); err != nil {
 		return err
@@ -437,11 +449,15 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 		if !ok || !e.held(a.Cell) || a.Delta == 0 {
 			continue
 		}
-		if p.v >= a.Delta {
+		if p.v >= a.Delta || p.carries > 0 {
 			// Exact: the add being refunded is in the counter, so the
-			// subtraction borrows back any carry it made between fields
-			// (a per-field clamp would lose the carried units).
-			p.v -= a.Delta
+			// subtraction borrows back any carry it made between fields,
+			// and out of the top field (a per-field clamp would lose the
+			// carried units, or, once v has wrapped below the delta,
+			// everything the counter holds).
+			var borrow uint64
+			p.v, borrow = bits.Sub64(p.v, a.Delta, 0)
+			p.carries -= uint32(borrow)
 			continue
 		}
 		var v uint64

@@ -75,12 +75,12 @@ func TestRoundTripsMemcached(t *testing.T) {
 	decide("allowed, with a token", event("/pets", "tok-1"), true, 1, 0)
 	// /demo/** adds the demo rule and the shadow demo rule (2 a minute):
 	// 4 rules, 5 limits. The shadow rule denies the third (it never
-	// denies the request): its own take goes back (a decr noreply).
+	// denies the request): its own take goes back (its packed refund, noreply).
 	decide("demo 1, allowed", event("/demo/hello", "tok-1"), true, 1, 0)
 	decide("demo 2, allowed", event("/demo/hello", "tok-1"), true, 1, 0)
 	decide("demo 3, allowed (shadow denied)", event("/demo/hello", "tok-1"), true, 1, 1)
 	// Denied: 1 segment waited for; the per-ip bucket's refund (a cas
-	// sent without waiting) and the windows' decrs (noreply).
+	// sent without waiting) and the windows' packed refunds (noreply).
 	decide("demo, denied", event("/demo/hello", "tok-1"), false, 2, 1)
 	decide("demo, denied from the cache", event("/demo/hello", "tok-1"), false, 0, 0)
 }

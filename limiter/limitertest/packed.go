@@ -54,6 +54,7 @@ func testPacked(t *testing.T, s Store) {
 	ms := time.Millisecond
 	t0 := packedT0()
 	t.Run("Store", func(t *testing.T) { testPackedStore(t, ps) })
+	t.Run("RefundsAfterTopCarry", func(t *testing.T) { testPackedTopCarry(t, ps) })
 	t.Run("Basic", func(t *testing.T) {
 		w := packedWindow(t, s, 3)
 		runSteps(t, w, Key(t), []step{
@@ -278,6 +279,68 @@ func testPackedStore(t *testing.T, ps limiter.PackedCounter) {
 	}
 	if got := packedRead(t, ps, k, t0+300); got != 1 {
 		t.Fatalf("after late writers far past the horizon the newest's view holds %d, want 1", got)
+	}
+}
+
+// testPackedTopCarry: adds in flight that carry out of a counter's top
+// field (past 65,535 units in it: more than 2^15 denied units in flight
+// over a limit's worth admitted, or a few large costs) wrap a 64-bit
+// counter. The limiter detects each such add (its Added field is below its
+// delta), denies it and refunds it; the adds that did not carry are
+// refunded too. Every add being in its counter, the refunds must leave
+// exactly what was there before, in whatever order they arrive: the top
+// field's admitted units and the other fields' units alike. A store that
+// clamped a refund once the wrapped counter held less than its delta (a
+// per-field clamp, or memcached's decr stopping at 0) would lose them:
+// over-admission.
+func testPackedTopCarry(t *testing.T, ps limiter.PackedCounter) {
+	k := limiter.Key{Space: "swp:carry", Name: Key(t)}
+	// f is in the top field (field 3) at every level: the last slot of a
+	// level-4 counter. f-1 is in field 2 of its level-1 counter and in
+	// the top field at the others.
+	f := packedT0() + 255
+	add := func(slot, n int64) (*limiter.PackedOp, limiter.PackedCounts) {
+		t.Helper()
+		op := limiter.PackedPlan(slot, packedR, n, packedLen)
+		c, err := ps.AddPacked(ctx(t), k, &op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &op, c
+	}
+	add(f-1, 5)
+	add(f, 100)
+	if got := packedRead(t, ps, k, f); got != 105 {
+		t.Fatalf("before the carries the view of f holds %d, want 105", got)
+	}
+	const n = 30000 // three of them carry out of 100 + 5 + 2*30000 at every level
+	var ops []*limiter.PackedOp
+	carried := 0
+	for range 3 {
+		op, c := add(f, n)
+		ops = append(ops, op)
+		for l := 1; l <= limiter.PackedLevels; l++ {
+			if _, fld := limiter.PackedField(f, l); limiter.FieldOf(c.Added[l-1], fld) < n {
+				carried++
+				break
+			}
+		}
+	}
+	if carried != 1 {
+		t.Fatalf("%d of the 3 adds saw their field carry, want 1 (the third)", carried)
+	}
+	// The refunds: the first two (no carry of their own) before the one
+	// that carried, as they may arrive.
+	for _, op := range ops {
+		if err := ps.SubPacked(ctx(t), k, op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := packedRead(t, ps, k, f); got != 105 {
+		t.Fatalf("after the refunds the view of f holds %d, want 105 (the units admitted before the carries)", got)
+	}
+	if got := packedRead(t, ps, k, f-1); got != 105 {
+		t.Fatalf("after the refunds the view of f-1 holds %d, want 105", got)
 	}
 }
 
