@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"slices"
 	"strings"
@@ -20,6 +21,41 @@ func newStore(t testing.TB) *memory.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestMaxCost: Auto keeps a sliding window packed up to PackedMaxCost
+// and uses sub-window counters above it; a call costing more than MaxCost
+// is refused with ErrInvalidCost and takes nothing.
+func TestMaxCost(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		maxCost int64
+		want    limiter.Representation
+	}{{0, limiter.Packed}, {1, limiter.Packed}, {limiter.PackedMaxCost, limiter.Packed}, {limiter.PackedMaxCost + 1, limiter.SubWindowCounters}} {
+		w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "w", Limit: 100, Window: time.Minute, MaxCost: c.maxCost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := w.Config().Representation; got != c.want {
+			t.Errorf("MaxCost %d: %v, want %v", c.maxCost, got, c.want)
+		}
+		if c.maxCost == 0 {
+			continue
+		}
+		key := fmt.Sprint("max-cost-", c.maxCost)
+		now := time.Now()
+		if _, err := w.AllowN(ctx, key, now, c.maxCost+1); !errors.Is(err, limiter.ErrInvalidCost) {
+			t.Errorf("MaxCost %d, a call of %d: %v, want ErrInvalidCost", c.maxCost, c.maxCost+1, err)
+		}
+		if err := w.Refund(ctx, key, now, c.maxCost+1); !errors.Is(err, limiter.ErrInvalidCost) {
+			t.Errorf("MaxCost %d, a refund of %d: %v, want ErrInvalidCost", c.maxCost, c.maxCost+1, err)
+		}
+		d, err := w.AllowN(ctx, key, now, c.maxCost)
+		if err != nil || !d.Allowed || d.Remaining != 100-c.maxCost {
+			t.Errorf("MaxCost %d, a call of %d: %+v, %v; want allowed with %d left (the refused call took nothing)", c.maxCost, c.maxCost, d, err, 100-c.maxCost)
+		}
+	}
 }
 
 func TestInvalidConfig(t *testing.T) {
@@ -48,6 +84,10 @@ func TestInvalidConfig(t *testing.T) {
 		{"window too many sub-windows", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: time.Hour, SubWindows: limiter.MaxSubWindows + 1}), "sub-windows"},
 		{"window sub-window under 1ms", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: 10 * time.Millisecond, SubWindows: 20}), "sub-windows"},
 		{"window unknown estimator", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 1, Window: time.Minute, Estimator: 9}), "estimator"},
+		{"window negative max cost", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 10, Window: time.Minute, MaxCost: -1}), "max-cost"},
+		{"window max cost above the limit", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 10, Window: time.Minute, MaxCost: 11}), "max-cost"},
+		{"packed window max cost above PackedMaxCost", sw(limiter.SlidingWindowConfig{Name: "w", Limit: 100, Window: time.Minute,
+			Representation: limiter.Packed, MaxCost: limiter.PackedMaxCost + 1}), "max-cost"},
 		{"fixed zero limit", fw(limiter.FixedWindowConfig{Name: "f", Window: time.Minute}), "limit"},
 		{"fixed zero window", fw(limiter.FixedWindowConfig{Name: "f", Limit: 1}), "window"},
 		{"log limit too big", sl(limiter.SlidingLogConfig{Name: "l", Limit: limiter.MaxLogLimit + 1, Window: time.Minute}), "limit"},

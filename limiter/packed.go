@@ -24,8 +24,9 @@ const (
 	// Auto, the zero value, is Packed when the window allows it and
 	// SubWindowCounters otherwise: Packed when the store implements
 	// [PackedCounter], SubWindows is zero (a window that names its
-	// sub-windows keeps them), the limit is at most MaxPackedLimit, the
-	// estimator is Bounded, CountDenied is off and the window cuts into
+	// sub-windows keeps them), the limit is at most MaxPackedLimit,
+	// MaxCost is at most PackedMaxCost, the estimator is Bounded,
+	// CountDenied is off and the window cuts into
 	// Slots (DefaultSlots when zero) slots of at least 100us. The window's
 	// Config reports the choice.
 	Auto Representation = iota
@@ -92,7 +93,7 @@ func packedFits(store Counter, cfg SlidingWindowConfig) bool {
 	if slots == 0 {
 		slots = DefaultSlots
 	}
-	return cfg.SubWindows == 0 && cfg.Limit <= MaxPackedLimit && cfg.Estimator == Bounded && !cfg.CountDenied &&
+	return cfg.SubWindows == 0 && cfg.Limit <= MaxPackedLimit && cfg.MaxCost <= PackedMaxCost && cfg.Estimator == Bounded && !cfg.CountDenied &&
 		slots >= MinSlots && slots <= MaxSlots && cfg.Window%time.Duration(slots) == 0 &&
 		cfg.Window/time.Duration(slots) >= minSlotLen
 }
@@ -112,6 +113,17 @@ const (
 	// denied requests in flight (added, not yet refunded). Larger limits
 	// use SubWindowCounters (NewSlidingWindow refuses them with Packed).
 	MaxPackedLimit = 1<<(PackedFieldBits-1) - 1
+	// PackedMaxCost is the largest SlidingWindowConfig.MaxCost of a packed
+	// window. A slot field holds at most the limit of admitted units, and
+	// the other half of its 16 bits (2^15) is left to the units of denied
+	// calls in flight: added, not yet given back. Past that the field
+	// carries into the next one (or out of the counter), and every decision
+	// that reads it meanwhile counts 65,536 units too few: over-admission.
+	// 32 keeps 1,000 calls in flight at once on
+	// one key within the bound, AWS Lambda's default concurrency per region
+	// (a Lambda environment serves one request at a time); a rule whose
+	// cost is larger keeps sub-window counters.
+	PackedMaxCost = 32
 	// DefaultSlots is the resolution of a packed window when none is
 	// given: the fewest slots per window that admit at least 97% of the
 	// exact log on every traffic shape of docs/accuracy.md.

@@ -28,8 +28,8 @@ func newDenyCache(off, denialsWrite bool) *DenyCache {
 func (w *SlidingWindow) denyCache() *DenyCache { return w.cache }
 
 func (w *SlidingWindow) plan(key string, now time.Time, n int64) (Step, any, error) {
-	if n <= 0 || n > w.cfg.Limit {
-		return Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
+	if err := w.checkCost(n); err != nil {
+		return Step{}, nil, err
 	}
 	t, err := unixNano(w.cfg.Name, now)
 	if err != nil {

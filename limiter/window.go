@@ -92,6 +92,16 @@ type SlidingWindowConfig struct {
 	// between MinSlots and MaxSlots; it must divide Window exactly. Zero
 	// means DefaultSlots. SubWindows is not used by a Packed window.
 	Slots int
+	// MaxCost is the largest cost a call will ask (AllowN's n), at most
+	// Limit; a call asking more is refused with ErrInvalidCost. Zero says
+	// nothing (calls up to Limit). A Packed window is exact only while the
+	// units of denied calls in flight (added, not yet given back) stay
+	// below 2^15 in every slot field, which PackedMaxCost bounds: Auto
+	// picks Packed only when MaxCost is at most PackedMaxCost, and
+	// NewSlidingWindow refuses Packed above it. A caller that makes calls
+	// of large costs on a packed window without saying so is outside that
+	// bound (see PackedMaxCost).
+	MaxCost int64
 }
 
 // SlidingWindow is the approximated sliding window: a request is allowed
@@ -146,6 +156,8 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 		return nil, configError(kind, cfg.Name, "estimator", "unknown estimator %d", cfg.Estimator)
 	case cfg.Representation > Packed:
 		return nil, configError(kind, cfg.Name, "representation", "unknown representation %d", cfg.Representation)
+	case cfg.MaxCost < 0 || cfg.MaxCost > cfg.Limit:
+		return nil, configError(kind, cfg.Name, "max-cost", "must be between 0 and the limit %d, got %d", cfg.Limit, cfg.MaxCost)
 	}
 	if cfg.Representation == Auto {
 		cfg.Representation = SubWindowCounters
@@ -201,6 +213,8 @@ func newPackedWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, er
 		return nil, configError(kind, cfg.Name, "estimator", "a packed window is bounded, got %v", cfg.Estimator)
 	case cfg.CountDenied:
 		return nil, configError(kind, cfg.Name, "count-denied", "a packed window cannot count denied requests (its 16-bit fields would overflow under a flood)")
+	case cfg.MaxCost > PackedMaxCost:
+		return nil, configError(kind, cfg.Name, "max-cost", "%d is above %d, the largest cost a packed window takes (denied calls in flight could overflow its 16-bit fields; use subwindows)", cfg.MaxCost, PackedMaxCost)
 	case cfg.Slots < MinSlots || cfg.Slots > MaxSlots:
 		return nil, configError(kind, cfg.Name, "slots", "must be between %d and %d, got %d", MinSlots, MaxSlots, cfg.Slots)
 	case cfg.Window%time.Duration(cfg.Slots) != 0:
@@ -237,11 +251,23 @@ func (w *SlidingWindow) AllowN(ctx context.Context, key string, now time.Time, n
 	return decideOne(ctx, w, key, now, n)
 }
 
+// checkCost refuses a cost of n: not positive, above the limit, or above
+// MaxCost when the window has one.
+func (w *SlidingWindow) checkCost(n int64) error {
+	if w.cfg.MaxCost > 0 && n > w.cfg.MaxCost && n <= w.cfg.Limit {
+		return fmt.Errorf("%w: limit %q: cost %d exceeds the window's MaxCost %d", ErrInvalidCost, w.cfg.Name, n, w.cfg.MaxCost)
+	}
+	if n <= 0 || n > w.cfg.Limit {
+		return costError(w.cfg.Name, n, w.cfg.Limit)
+	}
+	return nil
+}
+
 // Refund gives back n units counted by an allowed AllowN at now.
 func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
 	defer w.cache.forget(key) // after the give-back: see DenyCache.gen
-	if n <= 0 || n > w.cfg.Limit {
-		return costError(w.cfg.Name, n, w.cfg.Limit)
+	if err := w.checkCost(n); err != nil {
+		return err
 	}
 	t, err := unixNano(w.cfg.Name, now)
 	if err != nil {

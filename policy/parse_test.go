@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +89,42 @@ rules:
 		if c := w.Config(); c.Representation != reps[i] {
 			t.Errorf("limit %d built as %v, want %v (%+v)", i, c.Representation, reps[i], c)
 		}
+	}
+}
+
+// TestRepresentationCost: a rule's cost is its sliding windows' MaxCost.
+// Auto keeps a window packed only up to limiter.PackedMaxCost (beyond it,
+// denied requests in flight could overflow the packed fields: docs/rules.md);
+// a window pinned to packed with a larger cost is refused with an error
+// that names the rule, the limit and the way out.
+func TestRepresentationCost(t *testing.T) {
+	doc := func(cost int64, rep string) []byte {
+		return []byte(fmt.Sprintf(`
+rules:
+  - name: costly
+    key: k
+    cost: %d
+    limits:
+      - {algorithm: sliding_window, limit: 600, window: 1m%s}
+`, cost, rep))
+	}
+	for _, c := range []struct {
+		cost int64
+		want limiter.Representation
+	}{{1, limiter.Packed}, {limiter.PackedMaxCost, limiter.Packed}, {limiter.PackedMaxCost + 1, limiter.SubWindowCounters}, {600, limiter.SubWindowCounters}} {
+		p, err := Load(doc(c.cost, ""), Options{Stores: memStores(t)})
+		if err != nil {
+			t.Fatalf("cost %d: %v", c.cost, err)
+		}
+		w := p.rules[0].limits[0].(*limiter.SlidingWindow)
+		if got := w.Config(); got.Representation != c.want || got.MaxCost != c.cost {
+			t.Errorf("cost %d: built as %v with MaxCost %d, want %v with %d", c.cost, got.Representation, got.MaxCost, c.want, c.cost)
+		}
+	}
+	_, err := Load(doc(limiter.PackedMaxCost+1, ", representation: packed"), Options{Stores: memStores(t)})
+	if err == nil || !errors.Is(err, ErrInvalidRule) || !strings.Contains(err.Error(), `"costly"`) ||
+		!strings.Contains(err.Error(), "max-cost") || !strings.Contains(err.Error(), "use subwindows") {
+		t.Fatalf("a packed window with cost %d: %v; want an ErrInvalidRule naming the rule, max-cost and subwindows", limiter.PackedMaxCost+1, err)
 	}
 }
 

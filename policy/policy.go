@@ -127,7 +127,7 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 			if backend == "" {
 				backend = def
 			}
-			lim, err := build(l, backend, opts.Stores, opts.NoDenyCache)
+			lim, err := build(l, backend, opts.Stores, opts.NoDenyCache, c.cost)
 			if err != nil {
 				return nil, ruleError(c.Name, i, fmt.Sprintf("limits[%d].backend", j), "%v", err)
 			}
@@ -193,8 +193,10 @@ func (p *Policy) Backends(opts Options) []string {
 	return out
 }
 
-// build makes the limiter of l on the store named backend.
-func build(l *Limit, backend string, stores map[string]any, noDenyCache bool) (limiter.Limiter, error) {
+// build makes the limiter of l on the store named backend, for a rule
+// whose requests cost cost (a sliding window's MaxCost: a packed window
+// only where its fields stay exact, limiter.PackedMaxCost).
+func build(l *Limit, backend string, stores map[string]any, noDenyCache bool, cost int64) (limiter.Limiter, error) {
 	store, ok := stores[backend]
 	if !ok || store == nil {
 		names := make([]string, 0, len(stores))
@@ -224,7 +226,7 @@ func build(l *Limit, backend string, stores map[string]any, noDenyCache bool) (l
 		}
 		return limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, SubWindows: l.SubWindows, Estimator: l.Estimator, CountDenied: l.CountDenied,
-			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache,
+			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache, MaxCost: cost,
 		})
 	case FixedWindow:
 		s, ok := store.(limiter.Counter)
