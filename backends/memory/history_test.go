@@ -29,3 +29,11 @@ func TestHistoryPacked(t *testing.T) {
 func TestHistoryFailsBrokenPacked(t *testing.T) {
 	limitertest.RunBrokenPacked(t, func(t *testing.T, _ int) limitertest.Store { return newStore(t, memory.Config{}) })
 }
+
+// TestHistoryPastMaxCost shows why a packed window takes costs only up to
+// limiter.PackedMaxCost (limitertest.RunPastMaxCost): with costs up to its
+// limit, denied calls in flight overflow its fields and the checker finds
+// over-admission.
+func TestHistoryPastMaxCost(t *testing.T) {
+	limitertest.RunPastMaxCost(t, newStore(t, memory.Config{}))
+}
