@@ -206,9 +206,11 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		"reads the counters named, and gives back the same deltas on a refund (`AddPacked`, `SubPacked`; the contract, " +
 		"with its out-of-order rules, is in `limiter/store.go` and docs/consistency.md). `limiter.SlidingWindowConfig` " +
 		"chooses it with `Representation: limiter.Packed` (and `Slots`, default 160); `NewSlidingWindow` refuses it on a " +
-		"store without `PackedCounter`, above a limit of 32767, with `CountDenied` or `Interpolated`. **It is the " +
+		"store without `PackedCounter`, above a limit of 32767, with a `MaxCost` above 32 (`limiter.PackedMaxCost`), with " +
+		"`CountDenied` or `Interpolated`. **It is the " +
 		"default**: the zero value, `limiter.Auto`, is `Packed` at 160 slots when the store serves it (all three do; " +
-		"`limiter.ServesPacked`), the limit is at most 32767, the estimator Bounded, `CountDenied` off, no `SubWindows` " +
+		"`limiter.ServesPacked`), the limit is at most 32767, `MaxCost` at most 32, the estimator Bounded, `CountDenied` " +
+		"off, no `SubWindows` " +
 		"named and 160 cuts the window into slots of at least 100 us; otherwise it is 20 sub-windows, as before. Rules " +
 		"choose with `representation` and `slots` (docs/rules.md).\n\n")
 	pf("- **memory**: per key and level a ring of counters covering the slots within `Keep` (2r+1) of the newest; an " +
