@@ -110,12 +110,10 @@ func BenchmarkLatency(b *testing.B) {
 	}
 }
 
-// packedWindow is the packed sliding window of the benchmarks: the
-// default 160 slots, the largest limit per minute, no deny cache (every
-// decision goes to the store).
+// packedWindow is the packed sliding window of the benchmarks
+// (memcached.BenchPackedWindow).
 func packedWindow(s *memcached.Store) (*limiter.SlidingWindow, error) {
-	return limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "packed", Limit: limiter.MaxPackedLimit, Window: time.Minute,
-		Representation: limiter.Packed, NoDenyCache: true})
+	return memcached.BenchPackedWindow(s)
 }
 
 func latency(b *testing.B, l limiter.Limiter, mc *memcache.Client, rawKey string, nkeys int) {

@@ -38,10 +38,8 @@ func ThreeLimitCases() []ThreeLimitCase {
 		}})
 	}
 	cs = append(cs, ThreeLimitCase{"PackedSliding+Bucket+Fixed", func(s *Store) (limiter.Limiter, error) {
-		// The packed window (160 slots, the largest packed limit) in
-		// place of the sub-window one.
-		w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "packed", Limit: limiter.MaxPackedLimit, Window: time.Minute,
-			Representation: limiter.Packed, NoDenyCache: true})
+		// The packed window in place of the sub-window one.
+		w, err := BenchPackedWindow(s)
 		if err != nil {
 			return nil, err
 		}
@@ -69,6 +67,14 @@ func ThreeLimitCases() []ThreeLimitCase {
 		return limiter.NewStack(ls...)
 	}})
 	return cs
+}
+
+// BenchPackedWindow is the packed sliding window of the benchmarks: the
+// default 160 slots, the largest packed limit per minute, no deny cache
+// (every decision goes to the store).
+func BenchPackedWindow(s *Store) (*limiter.SlidingWindow, error) {
+	return limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "packed", Limit: limiter.MaxPackedLimit, Window: time.Minute,
+		Representation: limiter.Packed, NoDenyCache: true})
 }
 
 // BenchmarkClientCPU measures the client's own work for one warm decision
