@@ -206,7 +206,8 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		"reads the counters named, and gives back the same deltas on a refund (`AddPacked`, `SubPacked`; the contract, " +
 		"with its out-of-order rules, is in `limiter/store.go` and docs/consistency.md). `limiter.SlidingWindowConfig` " +
 		"chooses it with `Representation: limiter.Packed` (and `Slots`, default 160); `NewSlidingWindow` refuses it on a " +
-		"store without `PackedCounter`, above a limit of 32767, with a `MaxCost` above 32 (`limiter.PackedMaxCost`), with " +
+		"store without `PackedCounter`, above a limit of 32767, with a `MaxCost` above 32 (`limiter.PackedMaxCost`; " +
+		"without a `MaxCost` it takes calls of cost up to 32 and refuses larger ones with `ErrInvalidCost`), with " +
 		"`CountDenied` or `Interpolated`. **It is the " +
 		"default**: the zero value, `limiter.Auto`, is `Packed` at 160 slots when the store serves it (all three do; " +
 		"`limiter.ServesPacked`), the limit is at most 32767, `MaxCost` at most 32, the estimator Bounded, `CountDenied` " +

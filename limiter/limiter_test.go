@@ -58,6 +58,65 @@ func TestMaxCost(t *testing.T) {
 	}
 }
 
+// TestPackedDefaultMaxCost: a packed window given no MaxCost takes calls
+// up to PackedMaxCost (or its limit, if smaller), not up to its limit: a
+// call above is refused with ErrInvalidCost, takes nothing, and its error
+// says to set MaxCost. A sub-window window given none takes calls up to
+// its limit, as before.
+func TestPackedDefaultMaxCost(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	now := time.Now()
+	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "w", Limit: 100, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := w.Config(); c.Representation != limiter.Packed || c.MaxCost != limiter.PackedMaxCost {
+		t.Fatalf("no MaxCost: %v with MaxCost %d, want packed with %d", c.Representation, c.MaxCost, limiter.PackedMaxCost)
+	}
+	_, err = w.AllowN(ctx, "k", now, limiter.PackedMaxCost+1)
+	if !errors.Is(err, limiter.ErrInvalidCost) || !strings.Contains(err.Error(), "SlidingWindowConfig.MaxCost") {
+		t.Errorf("a call of %d on a packed window without MaxCost: %v; want ErrInvalidCost saying to set SlidingWindowConfig.MaxCost", limiter.PackedMaxCost+1, err)
+	}
+	if err := w.Refund(ctx, "k", now, limiter.PackedMaxCost+1); !errors.Is(err, limiter.ErrInvalidCost) {
+		t.Errorf("a refund of %d: %v, want ErrInvalidCost", limiter.PackedMaxCost+1, err)
+	}
+	if d, err := w.AllowN(ctx, "k", now, limiter.PackedMaxCost); err != nil || !d.Allowed || d.Remaining != 100-limiter.PackedMaxCost {
+		t.Errorf("a call of %d: %+v, %v; want allowed with %d left (the refused call took nothing)", limiter.PackedMaxCost, d, err, 100-limiter.PackedMaxCost)
+	}
+	// The same window named again with its own Config (defaults applied)
+	// is valid and keeps its keys (a packed window at MaxCost 32).
+	again, err := limiter.NewSlidingWindow(s, w.Config())
+	if err != nil {
+		t.Fatalf("NewSlidingWindow(w.Config()): %v", err)
+	}
+	if d, err := again.AllowN(ctx, "k", now, 1); err != nil || d.Remaining != 100-limiter.PackedMaxCost-1 {
+		t.Errorf("the window built from its Config: %+v, %v; want %d left (the same counters)", d, err, 100-limiter.PackedMaxCost-1)
+	}
+
+	small, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "small", Limit: 10, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := small.Config(); c.Representation != limiter.Packed || c.MaxCost != 10 {
+		t.Errorf("limit 10, no MaxCost: %v with MaxCost %d, want packed with 10", c.Representation, c.MaxCost)
+	}
+	if _, err := limiter.NewSlidingWindow(s, small.Config()); err != nil {
+		t.Errorf("NewSlidingWindow(small.Config()): %v", err)
+	}
+
+	sub, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "sub", Limit: 100, Window: time.Minute, Representation: limiter.SubWindowCounters})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := sub.Config(); c.MaxCost != 0 {
+		t.Errorf("sub-windows, no MaxCost: MaxCost %d, want 0 (calls up to the limit)", c.MaxCost)
+	}
+	if d, err := sub.AllowN(ctx, "k", now, 100); err != nil || !d.Allowed {
+		t.Errorf("sub-windows, a call of the whole limit: %+v, %v; want allowed", d, err)
+	}
+}
+
 func TestInvalidConfig(t *testing.T) {
 	s := newStore(t)
 	tb := func(c limiter.TokenBucketConfig) error { _, err := limiter.NewTokenBucket(s, c); return err }

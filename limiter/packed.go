@@ -122,7 +122,9 @@ const (
 	// 32 keeps 1,000 calls in flight at once on
 	// one key within the bound, AWS Lambda's default concurrency per region
 	// (a Lambda environment serves one request at a time); a rule whose
-	// cost is larger keeps sub-window counters.
+	// cost is larger keeps sub-window counters. It is also the MaxCost of
+	// a packed window given none: a call costing more is refused with
+	// ErrInvalidCost rather than risking the overflow.
 	PackedMaxCost = 32
 	// DefaultSlots is the resolution of a packed window when none is
 	// given: the fewest slots per window that admit at least 97% of the

@@ -93,14 +93,15 @@ type SlidingWindowConfig struct {
 	// means DefaultSlots. SubWindows is not used by a Packed window.
 	Slots int
 	// MaxCost is the largest cost a call will ask (AllowN's n), at most
-	// Limit; a call asking more is refused with ErrInvalidCost. Zero says
-	// nothing (calls up to Limit). A Packed window is exact only while the
-	// units of denied calls in flight (added, not yet given back) stay
-	// below 2^15 in every slot field, which PackedMaxCost bounds: Auto
-	// picks Packed only when MaxCost is at most PackedMaxCost, and
-	// NewSlidingWindow refuses Packed above it. A caller that makes calls
-	// of large costs on a packed window without saying so is outside that
-	// bound (see PackedMaxCost).
+	// Limit; a call asking more is refused with ErrInvalidCost and takes
+	// nothing. A Packed window is exact only while the units of denied
+	// calls in flight (added, not yet given back) stay below 2^15 in every
+	// slot field, which PackedMaxCost bounds: Auto picks Packed only when
+	// MaxCost is at most PackedMaxCost, and NewSlidingWindow refuses Packed
+	// above it. Zero means the limit on a SubWindowCounters window, and
+	// PackedMaxCost (or the limit, if smaller) on a Packed one: a caller
+	// whose costs may exceed 32 sets MaxCost, which then keeps sub-window
+	// counters under Auto, rather than meeting ErrInvalidCost at run time.
 	MaxCost int64
 }
 
@@ -139,6 +140,9 @@ type SlidingWindow struct {
 	// length).
 	packed PackedCounter
 	r      int
+	// maxCostSet: the caller gave MaxCost (else it is the packed default,
+	// and a refused call's error says how to ask for more).
+	maxCostSet bool
 }
 
 // NewSlidingWindow returns a sliding window on store, or an error wrapping
@@ -222,16 +226,24 @@ func newPackedWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, er
 	case cfg.Window/time.Duration(cfg.Slots) < minSlotLen:
 		return nil, configError(kind, cfg.Name, "slots", "slot %v is shorter than 100us", cfg.Window/time.Duration(cfg.Slots))
 	}
+	maxCostSet := cfg.MaxCost != 0
+	if !maxCostSet {
+		// Not "calls up to the limit": two calls of that size in flight
+		// carry a field (see PackedMaxCost), and every decision that read it
+		// meanwhile would count 65,536 units too few.
+		cfg.MaxCost = min(PackedMaxCost, cfg.Limit)
+	}
 	slot := cfg.Window / time.Duration(cfg.Slots)
 	space := "swp:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + ":" + strconv.Itoa(cfg.Slots) + ":" + strconv.Itoa(PackedLevels)
 	return &SlidingWindow{
-		cfg:    cfg,
-		store:  store,
-		space:  space,
-		sub:    int64(slot),
-		cache:  newDenyCache(cfg.NoDenyCache, false),
-		packed: ps,
-		r:      cfg.Slots,
+		cfg:        cfg,
+		store:      store,
+		space:      space,
+		sub:        int64(slot),
+		cache:      newDenyCache(cfg.NoDenyCache, false),
+		packed:     ps,
+		r:          cfg.Slots,
+		maxCostSet: maxCostSet,
 	}, nil
 }
 
@@ -255,6 +267,10 @@ func (w *SlidingWindow) AllowN(ctx context.Context, key string, now time.Time, n
 // MaxCost when the window has one.
 func (w *SlidingWindow) checkCost(n int64) error {
 	if w.cfg.MaxCost > 0 && n > w.cfg.MaxCost && n <= w.cfg.Limit {
+		if w.packed != nil && !w.maxCostSet {
+			return fmt.Errorf("%w: limit %q: cost %d exceeds %d, the largest cost of a packed window without MaxCost (set SlidingWindowConfig.MaxCost to the largest cost you ask: above %d the window keeps sub-window counters)",
+				ErrInvalidCost, w.cfg.Name, n, w.cfg.MaxCost, PackedMaxCost)
+		}
 		return fmt.Errorf("%w: limit %q: cost %d exceeds the window's MaxCost %d", ErrInvalidCost, w.cfg.Name, n, w.cfg.MaxCost)
 	}
 	if n <= 0 || n > w.cfg.Limit {

@@ -363,8 +363,10 @@
 //     denied requests whose refund has not landed; if more than about
 //     2^15 of them are in flight for one slot field, the field overflows
 //     and the limiter denies and gives back, but other decisions that read
-//     the field meanwhile count too few: calls of large costs stay below it
-//     only with limiter.SlidingWindowConfig.MaxCost (limiter.PackedMaxCost). Fields 0 to 2 borrow back
+//     the field meanwhile count too few: a packed window takes calls of
+//     cost at most limiter.PackedMaxCost (its default MaxCost; a larger
+//     MaxCost keeps sub-window counters), which keeps 1,000 calls in
+//     flight below it. Fields 0 to 2 borrow back
 //     exactly; an overflow of field 3 wraps the 64-bit value, and the
 //     refunds, subtractions modulo 2^64, take it back exactly in whatever
 //     order they land (the conformance suite's RefundsAfterTopCarry; a

@@ -188,7 +188,9 @@ func TestPackedOneRoundTrip(t *testing.T) {
 // (limitertest.PackedScenario: 160 slots of 2.5 ms, arrivals reordered
 // across slot and level boundaries), with the window's steps going through
 // the batch path (Do) as in production, and in proxy mode (reads after the
-// incrs' replies, one step at a time).
+// incrs' replies, one step at a time); and at the largest cost a packed
+// window takes without MaxCost (limitertest.PackedMaxCostScenario: calls
+// up to limiter.PackedMaxCost, no deny cache), on the wall clock.
 func TestHistoryPacked(t *testing.T) {
 	t.Run("Pipeline", func(t *testing.T) {
 		limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history-packed:"}), limitertest.HistoryOptions{
@@ -198,6 +200,12 @@ func TestHistoryPacked(t *testing.T) {
 	t.Run("Proxy", func(t *testing.T) {
 		limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history-packed-proxy:", Proxy: true}), limitertest.HistoryOptions{
 			Scenarios: []limitertest.Scenario{limitertest.PackedScenario()},
+			Clocks:    []limitertest.Clock{limitertest.WallClock},
+		})
+	})
+	t.Run("MaxCost", func(t *testing.T) {
+		limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history-packed-max-cost:"}), limitertest.HistoryOptions{
+			Scenarios: []limitertest.Scenario{limitertest.PackedMaxCostScenario()},
 			Clocks:    []limitertest.Clock{limitertest.WallClock},
 		})
 	})

@@ -30,10 +30,11 @@ func TestHistoryFailsBrokenPacked(t *testing.T) {
 	limitertest.RunBrokenPacked(t, func(t *testing.T, _ int) limitertest.Store { return newStore(t, memory.Config{}) })
 }
 
-// TestHistoryPastMaxCost shows why a packed window takes costs only up to
-// limiter.PackedMaxCost (limitertest.RunPastMaxCost): with costs up to its
-// limit, denied calls in flight overflow its fields and the checker finds
-// over-admission.
-func TestHistoryPastMaxCost(t *testing.T) {
-	limitertest.RunPastMaxCost(t, newStore(t, memory.Config{}))
+// TestHistoryPackedMaxCost runs the history checker on a packed window
+// whose calls cost up to limiter.PackedMaxCost, the most a packed window
+// without MaxCost takes (limitertest.PackedMaxCostScenario).
+func TestHistoryPackedMaxCost(t *testing.T) {
+	limitertest.RunHistory(t, newStore(t, memory.Config{}), limitertest.HistoryOptions{
+		Scenarios: []limitertest.Scenario{limitertest.PackedMaxCostScenario()},
+	})
 }
