@@ -123,8 +123,12 @@
 // sub-window): its counters may then be gone and it decides on what is
 // left; with clocks in sync and the call deadline shorter than a window
 // this does not arise. Buckets and logs get their TTL on every
-// write. Memcached reads expirations above 30 days as absolute Unix times,
-// so longer TTLs are sent as now+TTL (and as 0, no expiry, past 2038).
+// write. Every expiration is sent as an absolute Unix time, now plus the
+// TTL rounded up plus 4 s of slack (0, no expiry, past 2038): memcached
+// turns a relative one into a time on its own coarse clock, which lags
+// after the server stalls, so items written as it resumes expired at once
+// (TestExpiryAfterStall). The slack covers a client clock up to 2 s
+// behind the server's.
 //
 // # Packed windows: add, incr per level, one get
 //

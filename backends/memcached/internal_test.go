@@ -83,23 +83,21 @@ func TestKeyPrefixValidation(t *testing.T) {
 }
 
 func TestExpiry(t *testing.T) {
-	now := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	now := time.Date(2026, 3, 1, 0, 0, 0, 500_000_000, time.UTC)
 	s := &Store{now: func() time.Time { return now }}
-	const month = 30 * 24 * 3600
+	at := now.Unix() + expirySlack
 	for _, c := range []struct {
 		ttl  time.Duration
 		want int64
 	}{
-		// Rounded up, plus the second memcached's clock may lose.
-		{0, 1},
-		{time.Millisecond, 2},
-		{time.Second, 2},
-		{time.Second + time.Nanosecond, 3},
-		{66 * time.Second, 67},
-		{(month - 1) * time.Second, month},
-		// Beyond 30 days memcached wants an absolute Unix time.
-		{month * time.Second, now.Unix() + month + 1},
-		{400 * 24 * time.Hour, now.Add(400*24*time.Hour).Unix() + 1},
+		// Always an absolute time: now, plus the TTL rounded up, plus
+		// the slack for truncation, memcached's tick and clock skew.
+		{0, at},
+		{time.Millisecond, at + 1},
+		{time.Second, at + 1},
+		{time.Second + time.Nanosecond, at + 2},
+		{66 * time.Second, at + 66},
+		{400 * 24 * time.Hour, at + 400*24*3600},
 		// Past 2038 an int32 cannot hold it: no expiry.
 		{20 * 365 * 24 * time.Hour, 0},
 		{math.MaxInt64, 0},
@@ -111,8 +109,8 @@ func TestExpiry(t *testing.T) {
 	// Jitter only ever adds, by at most Jitter (rounded up to a second).
 	s.jitter = 3 * time.Second
 	for range 1000 {
-		if got := s.expiry(10 * time.Second); got < 11 || got > 14 {
-			t.Fatalf("expiry(10s) with 3s jitter = %d", got)
+		if got := int64(s.expiry(10 * time.Second)); got < at+10 || got > at+13 {
+			t.Fatalf("expiry(10s) with 3s jitter = %d, want %d to %d", got, at+10, at+13)
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -233,17 +232,6 @@ func leasePrintable(s string) bool {
 	return true
 }
 
-// expiry converts a keep time to a memcached expiration in whole seconds,
-// rounded up, plus up to Jitter. Memcached reads more than 30 days as an
-// absolute time; such items are kept without expiry (until evicted).
-func (l *Leases) expiry(keep time.Duration) int32 {
-	if l.jitter > 0 {
-		keep += rand.N(l.jitter + 1)
-	}
-	secs := (int64(keep) + int64(time.Second) - 1) / int64(time.Second)
-	const relativeMax = 30 * 24 * 60 * 60
-	if keep < 0 || secs > relativeMax {
-		return 0
-	}
-	return int32(max(secs, 1))
-}
+// expiry is the memcached expiration of an item kept for keep from now
+// (expiration: an absolute time, plus up to Jitter).
+func (l *Leases) expiry(keep time.Duration) int32 { return expiration(time.Now(), keep, l.jitter) }

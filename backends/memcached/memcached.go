@@ -346,31 +346,47 @@ func (s *Store) withDeadline(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// expiry converts a TTL to a memcached expiration: whole seconds, rounded up,
-// plus up to Jitter. Memcached reads values above 30 days as absolute Unix
-// times, so longer TTLs are sent as one; a time beyond what an int32 holds
-// (2038) becomes 0, no expiry (the item then lives until evicted).
-func (s *Store) expiry(ttl time.Duration) int32 {
-	if s.jitter > 0 {
-		ttl += rand.N(s.jitter + 1)
+// expiry is the memcached expiration of an item that must live at least
+// ttl from now: expiration on the store's clock and jitter.
+func (s *Store) expiry(ttl time.Duration) int32 { return expiration(s.now(), ttl, s.jitter) }
+
+// expirySlack is what expiration adds to a TTL rounded up to whole
+// seconds: 1 s for now.Unix()'s truncation, 1 s for memcached's clock (a
+// whole-second tick read against its start time, which may run up to a
+// second ahead of real time), and 2 s of clock skew, a client clock behind
+// the server's (EC2 and Lambda hosts keep within milliseconds of each
+// other with Amazon Time Sync).
+const expirySlack = 4
+
+// expiration converts a TTL to a memcached expiration, an absolute Unix
+// time: now plus ttl rounded up to whole seconds, plus up to jitter, plus
+// expirySlack. A time past what an int32 holds (2038) becomes 0, no
+// expiry (the item then lives until evicted).
+//
+// Why absolute: memcached turns a relative expiration into a time on its
+// own coarse clock, which a timer moves once a second. A server that has
+// not run for a while (stopped, starved of CPU, a paused VM) resumes with
+// that clock behind, and an item set before the timer catches up expires
+// as soon as it does: after a 2.5 s SIGSTOP an item given 2 s was gone
+// 3 ms later, so a window counter created in that moment vanished and its
+// window admitted up to its limit again. memcached converts an absolute
+// time from its start time instead, so the item lives until that time in
+// real time whatever its clock's lag (TestExpiryAfterStall). The trade is
+// clock skew: a client clock behind the server's by d shortens every
+// item's life by d, which expirySlack covers up to 2 s; longer lives cost
+// only memory (an item past its TTL is never read as in view).
+func expiration(now time.Time, ttl, jitter time.Duration) int32 {
+	if jitter > 0 {
+		ttl += rand.N(jitter + 1)
 	}
 	if ttl < 0 { // overflow of a huge TTL plus jitter
 		return 0
 	}
-	// memcached's clock ticks once a second and stamps an item with the
-	// current tick, so an expiry of N seconds lives between N-1 and N
-	// seconds (measured: a 1 s item lived 0.13-1.0 s). Round up and add
-	// one second so that an item lives at least ttl.
 	secs := int64(ttl / time.Second)
 	if ttl%time.Second != 0 {
 		secs++
 	}
-	secs++
-	const relativeMax = 30 * 24 * 60 * 60
-	if secs <= relativeMax {
-		return int32(secs)
-	}
-	abs := s.now().Unix() + secs
+	abs := now.Unix() + secs + expirySlack
 	if abs > math.MaxInt32 || abs < 0 {
 		return 0
 	}

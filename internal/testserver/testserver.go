@@ -97,8 +97,9 @@ func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.It
 func (s *Server) Endpoint() string { return "http://" + s.Addr() }
 
 // StartMemcached starts a private memcached on a free loopback port and
-// waits until it accepts connections.
-func StartMemcached(t testing.TB) *Server {
+// waits until it accepts connections. args are passed to memcached after
+// the project's own (e.g. "-t", "16": worker threads).
+func StartMemcached(t testing.TB, args ...string) *Server {
 	t.Helper()
 	bin := os.Getenv(EnvMemcachedBin)
 	if bin == "" {
@@ -108,11 +109,11 @@ func StartMemcached(t testing.TB) *Server {
 		}
 	}
 	return start(t, "memcached", 10*time.Second, func(port int) *exec.Cmd {
-		args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64"}
+		a := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64"}
 		if os.Geteuid() == 0 {
-			args = append(args, "-u", "nobody") // memcached refuses to run as root
+			a = append(a, "-u", "nobody") // memcached refuses to run as root
 		}
-		return exec.Command(bin, args...)
+		return exec.Command(bin, append(a, args...)...)
 	})
 }
 
