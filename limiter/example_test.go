@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -55,6 +56,28 @@ func ExampleSlidingWindow() {
 	// Output:
 	// 1 sub-window(s): 25 more allowed at 75s
 	// 2 sub-window(s): 50 more allowed at 75s
+}
+
+// Requests of different costs (bytes, tokens, rows) on a sliding window.
+// A window given no MaxCost is packed and takes calls of cost up to
+// limiter.PackedMaxCost (32); a larger cost is refused and takes nothing.
+// Saying the largest cost with MaxCost keeps sub-window counters, which
+// take any cost up to the limit.
+func ExampleSlidingWindowConfig_maxCost() {
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	store, _ := memory.New(memory.Config{})
+
+	w, _ := limiter.NewSlidingWindow(store, limiter.SlidingWindowConfig{Name: "kb-per-minute", Limit: 10000, Window: time.Minute})
+	_, err := w.AllowN(ctx, "user:42", now, 500)
+	fmt.Println(w.Config().Representation, w.Config().MaxCost, errors.Is(err, limiter.ErrInvalidCost))
+
+	w, _ = limiter.NewSlidingWindow(store, limiter.SlidingWindowConfig{Name: "kb-per-minute", Limit: 10000, Window: time.Minute, MaxCost: 1000})
+	d, err := w.AllowN(ctx, "user:42", now, 500)
+	fmt.Println(w.Config().Representation, w.Config().MaxCost, d.Allowed, d.Remaining, err)
+	// Output:
+	// packed 32 true
+	// subwindows 1000 true 9500 <nil>
 }
 
 // ClassDojo's minimum distance between requests: 100 per minute and 2 per
