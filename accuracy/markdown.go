@@ -570,7 +570,9 @@ func (r *Report) writeMethod(pf func(string, ...any)) {
 	pf("statistics under `make test`. Keys and values are as `backends/memcached` writes them: `k:<space>/<name>|c<sub-window index>`, ")
 	pf("a counter's value its decimal digits (the most it reached: memcached keeps the longest number an incr wrote). ")
 	pf("The key name is %q (%d bytes); bytes/key is the number of items times the chunk of the longest key and value seen. ", SimKey, len(SimKey))
-	pf("Items are those a decision reads. Counters live 2(k+1) sub-windows (the out-of-order horizon of `limiter.Counter`, docs/consistency.md, plus up to 1 s of jitter), ")
-	pf("so a key with steady traffic holds up to k+1 more until they expire: up to twice the figure. The hash table adds about 8 bytes per item.\n\n")
+	pf("Items are those a decision reads. Counters live 2(k+1) sub-windows (the out-of-order horizon of `limiter.Counter`, docs/consistency.md), ")
+	pf("rounded up to a second, plus 4 s of slack (memcached's clock and clock skew) and up to 1 s of jitter, ")
+	pf("so a key with steady traffic holds up to k+1 more, and those of the last 5 s or so, until they expire: about twice the figure, more for sub-windows " +
+		"of a few seconds or less. The hash table adds about 8 bytes per item.\n\n")
 	pf("**Reproducibility.** Fixed seeds, no wall clock, no map iteration in the output: `TestReportIsReproducible` writes the report twice and compares the bytes.\n")
 }
