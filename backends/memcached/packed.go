@@ -220,9 +220,10 @@ func (p *packedAdd) init(s *Store, k limiter.Key, op *limiter.PackedOp) error {
 	}
 	*p = packedAdd{base: base, op: op, pending: packedLevels(op), keys: s.keys, key: k, known: known}
 	now := knownNow()
+	wall := s.now() // one clock read for every level's expiry
 	for l := range limiter.PackedLevels {
 		if op.Adds[l].Delta != 0 {
-			p.exp[l] = s.expiry(op.Adds[l].TTL)
+			p.exp[l] = expiration(wall, op.Adds[l].TTL, s.jitter)
 			if known[l].has(op.Adds[l].Cell, now) {
 				p.noAdd |= 1 << l
 			}
