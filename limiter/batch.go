@@ -122,7 +122,8 @@ type Item struct {
 	// rule's fail mode): the failure is then reported in Outcome.Err and
 	// Outcome.Failed and the batch goes on. With Fail nil a store failure
 	// fails the whole batch: Decide refunds what was taken and returns the
-	// error.
+	// error. A store that throttled the item's key (ErrThrottled) has not
+	// failed: the item is denied, see Outcome.Throttled.
 	Fail *Decision
 }
 
@@ -144,6 +145,11 @@ type Outcome struct {
 	// Refunded reports that what the item took was given back because the
 	// batch was denied.
 	Refunded bool
+	// Throttled reports that the store refused the item's key for capacity
+	// (an error wrapping ErrThrottled, kept in Err): the item is denied
+	// with RetryAfter ThrottledRetryAfter, whatever its Fail, since its
+	// units were not counted. It is not Failed.
+	Throttled bool
 }
 
 // stepper is implemented by the package's limiters: how they turn a call
@@ -168,7 +174,8 @@ type stepper interface {
 // deciding item:
 //
 //   - The batch is denied when an item that is not Shadow is denied (by the
-//     store, by its Fail decision, or by the deny cache). Every item that
+//     store, by its Fail decision, by the deny cache, or because the store
+//     throttled its key: Outcome.Throttled). Every item that
 //     took units then gives them back, in one more batch per store.
 //   - The decider is the first denied item that is not Shadow; when none is
 //     denied, the allowing item with the least Remaining (the longer
@@ -245,6 +252,16 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		if err != nil {
 			o.Err = err
 			e.undo = Step{}
+			if throttled(err) {
+				// The store refused this key for capacity: deny it (its
+				// units were not counted, so admitting it would be free),
+				// whatever the fail mode, which is for a failing store.
+				o.Throttled, o.Decision = true, throttledDecision(it.Limit)
+				if !it.Shadow {
+					denied = true
+				}
+				continue
+			}
 			if it.Fail == nil {
 				if failErr == nil {
 					failErr = err

@@ -304,6 +304,11 @@ const (
 	ReasonFailClosed Reason = "fail_closed"
 	// ReasonShed: a load shedder refused the request.
 	ReasonShed Reason = "shed"
+	// ReasonThrottled: the store refused the rule's key for capacity
+	// (DynamoDB throttled its partition): denied with a short RetryAfter
+	// (limiter.ThrottledRetryAfter), whatever the fail mode, so a hot key
+	// is never admitted uncounted.
+	ReasonThrottled Reason = "throttled"
 	// ReasonUnauthenticated: a required credential is missing.
 	ReasonUnauthenticated Reason = "unauthenticated"
 )
@@ -362,6 +367,9 @@ type Eval struct {
 	Refunded bool
 	// Cached reports that the rule was denied from the deny cache.
 	Cached bool
+	// Throttled reports that the store refused the rule's key for
+	// capacity (Reason throttled, when it decided the rule).
+	Throttled bool
 	// Reason says why the rule had its outcome (ReasonLimit, ReasonCache,
 	// ReasonFailOpen, ReasonFailClosed, ...).
 	Reason Reason
@@ -504,6 +512,7 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		}
 		ev.Failed = ev.Failed || o.Failed
 		ev.Refunded = ev.Refunded || o.Refunded
+		ev.Throttled = ev.Throttled || o.Throttled
 		b := best[i]
 		switch {
 		case b < 0:
@@ -533,6 +542,8 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		switch {
 		case o.Cached:
 			ev.Reason = ReasonCache
+		case o.Throttled:
+			ev.Reason = ReasonThrottled
 		case o.Failed && matched[i].Fail == FailOpen:
 			ev.Reason = ReasonFailOpen
 		case o.Failed:

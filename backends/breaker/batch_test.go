@@ -3,6 +3,7 @@ package breaker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,8 +26,11 @@ func (f *fakeBatcher) Do(ctx context.Context, steps []limiter.Step, out []limite
 	}
 }
 
-// decide decides one batch of a window and a bucket on s.
-func decide(t *testing.T, s *breaker.Store) error {
+// decide decides one batch of a window and a bucket on s, for key "k".
+func decide(t *testing.T, s *breaker.Store) error { return decideKey(t, s, "k") }
+
+// decideKey decides one batch of a window and a bucket on s, for key.
+func decideKey(t *testing.T, s *breaker.Store, key string) error {
 	t.Helper()
 	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 10, Window: time.Minute, NoDenyCache: true})
 	if err != nil {
@@ -36,7 +40,7 @@ func decide(t *testing.T, s *breaker.Store) error {
 	if err != nil {
 		t.Fatal(err)
 	}
-	items := []limiter.Item{{Limit: w, Key: "k", N: 1}, {Limit: b, Key: "k", N: 1}}
+	items := []limiter.Item{{Limit: w, Key: key, N: 1}, {Limit: b, Key: key, N: 1}}
 	out := make([]limiter.Outcome, len(items))
 	_, err = limiter.Decide(context.Background(), time.Unix(1e9, 0), items, out)
 	return err
@@ -64,7 +68,7 @@ func TestBatchForwarded(t *testing.T) {
 
 	fail.Store(true)
 	for i := range 3 {
-		if err := decide(t, s); !errors.Is(err, limiter.ErrUnavailable) {
+		if err := decideKey(t, s, fmt.Sprint("k", i)); !errors.Is(err, limiter.ErrUnavailable) {
 			t.Fatalf("failing batch %d: %v, want ErrUnavailable", i, err)
 		}
 	}

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -67,9 +69,12 @@ func wrap(t *testing.T, f *fakeStore, cfg breaker.Config) *breaker.Store {
 	return s
 }
 
-// call makes one call of each kind in turn (by i) and returns its error.
+// call makes one call of each kind in turn (by i), on a key of its own
+// (by i, modulo 8: the breaker opens on failures across distinct keys),
+// and returns its error.
 func call(s *breaker.Store, i int) error {
 	ctx := context.Background()
+	key := limiter.Key{Space: key.Space, Name: fmt.Sprint(key.Name, i%8)}
 	switch i % 4 {
 	case 0:
 		_, err := s.Add(ctx, key, 1, 2, 1, time.Minute)
@@ -89,7 +94,7 @@ func call(s *breaker.Store, i int) error {
 // fail at once, without reaching the store, with an error wrapping
 // ErrOpen and limiter.ErrUnavailable.
 func TestOpensAfterFailures(t *testing.T) {
-	for _, cause := range []error{down, throttled} {
+	for _, cause := range []error{down} {
 		t.Run(cause.Error(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := &fakeStore{err: func() error { return cause }}
@@ -330,5 +335,70 @@ func TestConfig(t *testing.T) {
 	}
 	if _, err := breaker.New(breaker.Config{OpenFor: -1}); !errors.Is(err, limiter.ErrInvalidConfig) {
 		t.Errorf("negative OpenFor: %v", err)
+	}
+}
+
+// A fault on one key is that key's: failures of one key, however many in a
+// row, never open the breaker for the others, and a throttle (the store
+// refused a key for capacity) is an answer, not a failure: it resets the
+// run. Failures from Config.Keys distinct keys open it; so does a refused
+// connection, which is about the backend as a whole.
+func TestOneKeyNeverOpens(t *testing.T) {
+	ctx := context.Background()
+	slow := fmt.Errorf("store: %w: %w", limiter.ErrUnavailable, context.DeadlineExceeded)
+	refusedErr := fmt.Errorf("store: %w: %w", limiter.ErrUnavailable,
+		&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+	for _, tt := range []struct {
+		name string
+		err  error
+		keys []string // the keys of the failing calls, in order
+		open bool
+	}{
+		{"one key's timeouts", slow, []string{"hot", "hot", "hot", "hot", "hot", "hot", "hot", "hot", "hot", "hot"}, false},
+		{"two keys' timeouts", slow, []string{"hot", "warm", "hot", "warm", "hot", "warm", "hot", "warm"}, false},
+		{"throttles on many keys", throttled, []string{"a", "b", "c", "d", "e", "f", "g", "h"}, false},
+		{"three keys' timeouts", slow, []string{"hot", "hot", "a", "hot", "b"}, true},
+		{"one key's refused connections", refusedErr, []string{"hot", "hot", "hot", "hot", "hot"}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var mu sync.Mutex
+			cur := tt.err
+			f := &fakeStore{err: errOf(&mu, &cur)}
+			s := wrap(t, f, breaker.Config{Failures: 5, OpenFor: time.Hour})
+			for _, k := range tt.keys {
+				if _, err := s.UpdateBucket(ctx, limiter.Key{Space: "s", Name: k}, limiter.BucketOp{}, time.Minute); errors.Is(err, breaker.ErrOpen) {
+					break
+				}
+			}
+			if got := s.Breaker().State() == breaker.Open; got != tt.open {
+				t.Fatalf("open = %v after failures on %v, want %v", got, tt.keys, tt.open)
+			}
+			if tt.open {
+				return
+			}
+			// Another key is still served by the store.
+			mu.Lock()
+			cur = nil
+			mu.Unlock()
+			before := f.calls.Load()
+			if _, err := s.UpdateBucket(ctx, limiter.Key{Space: "s", Name: "victim"}, limiter.BucketOp{}, time.Minute); err != nil || f.calls.Load() != before+1 {
+				t.Fatalf("another key: %v, %d calls reached the store", err, f.calls.Load()-before)
+			}
+		})
+	}
+}
+
+// Keys is validated and bounded by Failures.
+func TestKeysConfig(t *testing.T) {
+	if _, err := breaker.New(breaker.Config{Keys: -1}); !errors.Is(err, limiter.ErrInvalidConfig) {
+		t.Errorf("negative Keys: %v", err)
+	}
+	// Keys above Failures is Failures: two failures of two keys open it.
+	f := &fakeStore{err: func() error { return down }}
+	s := wrap(t, f, breaker.Config{Failures: 2, Keys: 10, OpenFor: time.Hour})
+	call(s, 0)
+	call(s, 1)
+	if s.Breaker().State() != breaker.Open {
+		t.Errorf("Failures 2, Keys 10: %v after 2 failures of 2 keys, want open", s.Breaker().State())
 	}
 }

@@ -3,6 +3,7 @@ package breaker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -61,10 +62,11 @@ func TestPackedForwarded(t *testing.T) {
 	op := limiter.PackedPlan(1000, limiter.DefaultSlots, 1, time.Millisecond)
 	for i := range 3 {
 		var err error
+		k := limiter.Key{Space: key.Space, Name: fmt.Sprint(key.Name, i)} // failures on distinct keys
 		if i%2 == 0 {
-			_, err = s.AddPacked(ctx, key, &op)
+			_, err = s.AddPacked(ctx, k, &op)
 		} else {
-			err = s.SubPacked(ctx, key, &op)
+			err = s.SubPacked(ctx, k, &op)
 		}
 		if !errors.Is(err, limiter.ErrUnavailable) {
 			t.Fatalf("failing call %d: %v", i, err)

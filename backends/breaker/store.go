@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -52,7 +53,7 @@ func (s *Store) Add(ctx context.Context, key limiter.Key, cur int64, span int, n
 		return limiter.Counts{}, err
 	}
 	c, err := s.s.Add(ctx, key, cur, span, n, ttl)
-	s.b.Done(probe, err)
+	s.b.DoneKey(probe, keyHash(key), err)
 	return c, err
 }
 
@@ -63,7 +64,7 @@ func (s *Store) Sub(ctx context.Context, key limiter.Key, idx int64, n int64) er
 		return err
 	}
 	err = s.s.Sub(ctx, key, idx, n)
-	s.b.Done(probe, err)
+	s.b.DoneKey(probe, keyHash(key), err)
 	return err
 }
 
@@ -74,7 +75,7 @@ func (s *Store) UpdateBucket(ctx context.Context, key limiter.Key, op limiter.Bu
 		return limiter.Decision{}, err
 	}
 	d, err := s.s.UpdateBucket(ctx, key, op, ttl)
-	s.b.Done(probe, err)
+	s.b.DoneKey(probe, keyHash(key), err)
 	return d, err
 }
 
@@ -85,7 +86,7 @@ func (s *Store) UpdateLog(ctx context.Context, key limiter.Key, op limiter.LogOp
 		return limiter.Decision{}, err
 	}
 	d, err := s.s.UpdateLog(ctx, key, op, ttl)
-	s.b.Done(probe, err)
+	s.b.DoneKey(probe, keyHash(key), err)
 	return d, err
 }
 
@@ -111,17 +112,19 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 			out[i] = limiter.DoStep(ctx, s.s, &steps[i])
 		}
 	}
-	s.b.Done(probe, batchErr(out[:len(steps)]))
+	key, err := batchErr(steps, out[:len(steps)])
+	s.b.DoneKey(probe, key, err)
 }
 
 // batchErr is what a batch tells the breaker: the first step error that
-// counts as a failure (the backend unavailable or throttled), else nil
-// when some step was answered (a conflict or corrupt state is an answer),
-// else the first error (only a wrapped store's own open breaker).
-func batchErr(out []limiter.StepResult) error {
+// counts as a failure (the backend unavailable) and its key's hash, else
+// nil when some step was answered (a conflict, corrupt state or a
+// throttle is an answer), else the first error (only a wrapped store's
+// own open breaker).
+func batchErr(steps []limiter.Step, out []limiter.StepResult) (uint64, error) {
 	var first error
 	answered := false
-	for _, r := range out {
+	for i, r := range out {
 		switch err := r.Err; {
 		case err == nil:
 			answered = true
@@ -129,16 +132,30 @@ func batchErr(out []limiter.StepResult) error {
 			if first == nil {
 				first = err
 			}
-		case errors.Is(err, limiter.ErrUnavailable), errors.Is(err, limiter.ErrThrottled):
-			return err
+		case errors.Is(err, limiter.ErrUnavailable):
+			return keyHash(steps[i].Key), err
 		default:
 			answered = true
 		}
 	}
 	if answered {
-		return nil
+		return 0, nil
 	}
-	return first
+	return 0, first
+}
+
+// keySeed seeds keyHash.
+var keySeed = maphash.MakeSeed()
+
+// keyHash names key to the breaker, which opens only on failures from
+// several distinct keys. Never 0 (0 is "no key").
+func keyHash(key limiter.Key) uint64 {
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	h.WriteString(key.Space)
+	h.WriteByte(0)
+	h.WriteString(key.Name)
+	return h.Sum64() | 1
 }
 
 var _ limiter.PackedCounter = (*Store)(nil)
@@ -164,7 +181,7 @@ func (s *Store) AddPacked(ctx context.Context, key limiter.Key, op *limiter.Pack
 		return limiter.PackedCounts{}, err
 	}
 	c, err := p.AddPacked(ctx, key, op)
-	s.b.Done(probe, err)
+	s.b.DoneKey(probe, keyHash(key), err)
 	return c, err
 }
 
@@ -179,7 +196,7 @@ func (s *Store) SubPacked(ctx context.Context, key limiter.Key, op *limiter.Pack
 		return err
 	}
 	err = p.SubPacked(ctx, key, op)
-	s.b.Done(probe, err)
+	s.b.DoneKey(probe, keyHash(key), err)
 	return err
 }
 

@@ -124,8 +124,9 @@ type RetryerConfig struct {
 // NewRetryer returns the SDK retryer the store uses by default, sized for
 // calls that must finish within a few hundred milliseconds: the SDK's
 // standard retryer (which retries throttling, 5xx and network errors, and
-// keeps its client-side retry quota so a fleet does not storm a throttled
-// table) with at most 3 attempts per request, a full-jitter backoff of 5 to
+// keeps its client-side retry quota so a fleet does not storm a failing
+// table) with at most 3 attempts per request, no retry of a throttled
+// request (it fails at once with ErrThrottled), a full-jitter backoff of 5 to
 // 50 ms instead of the SDK's default of up to 20 s, and no retry that would
 // start its pause with less than BackoffMax left before the context's
 // deadline: the request then fails with the error of its last attempt (so a
@@ -158,6 +159,19 @@ func NewRetryer(cfg RetryerConfig) aws.RetryerV2 {
 			}
 			return aws.UnknownTernary
 		}))
+		// A throttle is not retried: the partition that refused the
+		// write has no capacity left for about a second, so a retry
+		// within a decision's deadline only adds to the refused writes
+		// on it (each one costs the partition's request handling). The
+		// store answers ErrThrottled at once and the limiter denies
+		// the key (limiter.ThrottledRetryAfter). Checked first, so that
+		// the SDK's own throttle codes never reach its retryables.
+		o.Retryables = append([]retry.IsErrorRetryable{retry.IsErrorRetryableFunc(func(err error) aws.Ternary {
+			if throttled(err) {
+				return aws.FalseTernary
+			}
+			return aws.UnknownTernary
+		})}, o.Retryables...)
 	})
 	return deadlineRetryer{RetryerV2: std, reserve: cfg.BackoffMax}
 }

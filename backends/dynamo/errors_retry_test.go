@@ -22,3 +22,19 @@ func TestRetryerRetriesReplicatedWriteConflicts(t *testing.T) {
 	}
 	var _ aws.RetryerV2 = r
 }
+
+// A throttled request is not retried: the partition that refused it has no
+// capacity left, and a retry within the decision only piles onto it.
+func TestRetryerDoesNotRetryThrottles(t *testing.T) {
+	r := dynamo.NewRetryer(dynamo.RetryerConfig{})
+	msg := "throughput exceeded"
+	for _, err := range []error{
+		&types.ProvisionedThroughputExceededException{Message: &msg},
+		&types.RequestLimitExceeded{Message: &msg},
+		&types.ThrottlingException{Message: &msg},
+	} {
+		if r.IsErrorRetryable(err) {
+			t.Errorf("%T is retried", err)
+		}
+	}
+}

@@ -21,7 +21,9 @@ const NoRule = "(none)"
 // per line, with the dimension sets [["Rule"], []] and the metrics Allowed,
 // Denied, Shed, FailOpen, FailClosed, BackendErrors, ShedErrors,
 // CacheDenied (Count: denials answered by the deny cache, without a store
-// request; they are in Denied too), ShadowDenied (a shadow rule's
+// request; they are in Denied too), Throttled (rule checks whose key the
+// store refused for capacity: DynamoDB throttled its partition; counted
+// in Denied when they decided the rule), ShadowDenied (a shadow rule's
 // would-be denials; the line counts Allowed), DenyListed and AllowListed
 // (requests the lists decided, without a store request: one "(none)" line
 // each, counted in Denied or Allowed too) and BackendLatency
@@ -56,7 +58,7 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 	mid = append(mid, `,"Dimensions":[["Rule"],[]],"Metrics":[`+
 		`{"Name":"Allowed","Unit":"Count"},{"Name":"Denied","Unit":"Count"},{"Name":"Shed","Unit":"Count"},`+
 		`{"Name":"FailOpen","Unit":"Count"},{"Name":"FailClosed","Unit":"Count"},{"Name":"BackendErrors","Unit":"Count"},`+
-		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},`+
+		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},{"Name":"Throttled","Unit":"Count"},`+
 		`{"Name":"ShadowDenied","Unit":"Count"},{"Name":"DenyListed","Unit":"Count"},{"Name":"AllowListed","Unit":"Count"},`+
 		`{"Name":"BackendLatency","Unit":"Milliseconds"}]}]},"Rule":`...)
 	m.middle = mid
@@ -67,7 +69,7 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 type Line struct {
 	Rule                                                                string
 	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors int
-	CacheDenied, ShadowDenied, DenyListed, AllowListed                  int
+	CacheDenied, Throttled, ShadowDenied, DenyListed, AllowListed       int
 	BackendLatency                                                      time.Duration
 	Reason                                                              policy.Reason
 }
@@ -131,6 +133,9 @@ func (m *Metrics) Record(now time.Time, res *policy.Result) {
 		if ev.Cached {
 			l.CacheDenied = 1
 		}
+		if ev.Throttled {
+			l.Throttled = 1
+		}
 		if ev.ShadowDenied {
 			l.ShadowDenied = 1
 		}
@@ -153,6 +158,7 @@ func (m *Metrics) write(now time.Time, l *Line) {
 	b = appendField(b, "BackendErrors", l.BackendErr)
 	b = appendField(b, "ShedErrors", l.ShedErrors)
 	b = appendField(b, "CacheDenied", l.CacheDenied)
+	b = appendField(b, "Throttled", l.Throttled)
 	b = appendField(b, "ShadowDenied", l.ShadowDenied)
 	b = appendField(b, "DenyListed", l.DenyListed)
 	b = appendField(b, "AllowListed", l.AllowListed)

@@ -11,8 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -28,6 +31,9 @@ const (
 	DefaultFailures = 5
 	// DefaultOpenFor is how long a breaker stays open before a probe.
 	DefaultOpenFor = time.Second
+	// DefaultKeys is how many distinct keys the failures that open a
+	// breaker must come from.
+	DefaultKeys = 3
 )
 
 // State is a breaker's state.
@@ -62,9 +68,16 @@ type Config struct {
 	// "node" attribute of the log lines.
 	Node string
 	// Failures is how many failures in a row (errors wrapping
-	// limiter.ErrUnavailable or limiter.ErrThrottled) open the breaker
-	// (DefaultFailures when 0).
+	// limiter.ErrUnavailable) open the breaker (DefaultFailures when 0).
 	Failures int
+	// Keys is how many distinct keys those failures must come from
+	// (DefaultKeys when 0, at most Failures): a run of one hot or slow
+	// key's failures says nothing about the other keys, and opening the
+	// breaker for them would hand their decisions to the fail mode. A
+	// failure reported without a key (Done, or DoneKey with key 0) and a
+	// refused connection count as a distinct key each: they are evidence
+	// about the backend as a whole.
+	Keys int
 	// OpenFor is how long the breaker refuses calls before it lets one
 	// probe through (DefaultOpenFor when 0).
 	OpenFor time.Duration
@@ -84,7 +97,7 @@ type Stats struct {
 	Closes   int64 // transitions from HalfOpen to Closed
 	Probes   int64 // calls let through in HalfOpen
 	Rejected int64 // calls refused without reaching the store
-	Failures int64 // calls that failed with ErrUnavailable or ErrThrottled
+	Failures int64 // calls that failed with ErrUnavailable
 }
 
 // Breaker is a circuit breaker (see the package documentation). The zero
@@ -96,6 +109,7 @@ type Breaker struct {
 	mu         sync.Mutex
 	state      State
 	fails      int       // consecutive failures while closed
+	failKeys   []uint64  // the keys of the last consecutive failures (a ring of Failures)
 	openedAt   time.Time // when it last opened
 	probing    bool      // a probe is in flight
 	probeStart time.Time
@@ -115,6 +129,13 @@ func New(cfg Config) (*Breaker, error) {
 	if cfg.OpenFor == 0 {
 		cfg.OpenFor = DefaultOpenFor
 	}
+	if cfg.Keys < 0 {
+		return nil, fmt.Errorf("%w: breaker %q: negative Keys", limiter.ErrInvalidConfig, cfg.Name)
+	}
+	if cfg.Keys == 0 {
+		cfg.Keys = DefaultKeys
+	}
+	cfg.Keys = min(cfg.Keys, cfg.Failures)
 	if cfg.Clock == nil {
 		cfg.Clock = limiter.SystemClock
 	}
@@ -127,8 +148,9 @@ func New(cfg Config) (*Breaker, error) {
 		cfg.Logger = cfg.Logger.With(slog.String("node", cfg.Node))
 	}
 	return &Breaker{
-		cfg:     cfg,
-		openErr: fmt.Errorf("breaker %s: %w, failing fast: %w", name, ErrOpen, limiter.ErrUnavailable),
+		cfg:      cfg,
+		failKeys: make([]uint64, cfg.Failures),
+		openErr:  fmt.Errorf("breaker %s: %w, failing fast: %w", name, ErrOpen, limiter.ErrUnavailable),
 	}, nil
 }
 
@@ -192,21 +214,34 @@ func (b *Breaker) Allow() (probe bool, err error) {
 	}
 }
 
-// Done reports the error of a call Allow let through. Done(true, err) may
+// Done reports the error of a call Allow let through, as DoneKey with no
+// key: a failure counts as one from a distinct key. Done(true, err) may
 // also report work that did not come through Allow (a connection's I/O,
 // when the calls' ends cannot be seen): while closed it counts as any
 // call does, while open it is ignored, and while half-open it decides the
 // probe in flight.
-func (b *Breaker) Done(probe bool, err error) {
+func (b *Breaker) Done(probe bool, err error) { b.DoneKey(probe, 0, err) }
+
+// DoneKey reports the error of a call Allow let through for the key whose
+// hash is key (0: unknown, or the backend as a whole). A throttle
+// (limiter.ErrThrottled) is an answer: the store refused that key for
+// capacity and is up. Failures (limiter.ErrUnavailable) open the breaker
+// when Config.Failures of them come in a row from at least Config.Keys
+// distinct keys.
+func (b *Breaker) DoneKey(probe bool, key uint64, err error) {
 	var outcome int // 1: the store answered; -1: it failed; 0: neither
 	switch {
-	case err == nil || errors.Is(err, limiter.ErrConflict) || errors.Is(err, limiter.ErrCorruptState):
+	case err == nil || errors.Is(err, limiter.ErrConflict) || errors.Is(err, limiter.ErrCorruptState) ||
+		errors.Is(err, limiter.ErrThrottled):
 		outcome = 1
 	case errors.Is(err, limiter.ErrBreakerOpen):
 		// A wrapped store's own breaker: not this backend's answer.
-	case errors.Is(err, limiter.ErrUnavailable) || errors.Is(err, limiter.ErrThrottled):
+	case errors.Is(err, limiter.ErrUnavailable):
 		outcome = -1
 		b.failures.Add(1)
+		if refused(err) {
+			key = 0
+		}
 	}
 	if outcome == 0 && !probe {
 		return
@@ -225,8 +260,9 @@ func (b *Breaker) Done(probe bool, err error) {
 	case from == Closed && outcome == 1:
 		b.fails = 0
 	case from == Closed && outcome == -1:
+		b.failKeys[b.fails%len(b.failKeys)] = key
 		b.fails++
-		if b.fails >= b.cfg.Failures {
+		if b.fails >= b.cfg.Failures && distinct(b.failKeys, b.cfg.Keys) {
 			b.state, b.openedAt, b.lastErr, b.fails = Open, b.cfg.Clock.Now(), err, 0
 		}
 	}
@@ -270,4 +306,26 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// distinct reports whether keys holds at least n distinct keys, counting
+// each 0 (no key) as distinct.
+func distinct(keys []uint64, n int) bool {
+	seen := 0
+	for i, k := range keys {
+		if k == 0 || !slices.Contains(keys[:i], k) {
+			seen++
+		}
+	}
+	return seen >= n
+}
+
+// refused reports whether err is a connection the backend refused or
+// reset: evidence about the backend as a whole, not about one key.
+func refused(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }

@@ -1,0 +1,39 @@
+package limiter
+
+import (
+	"errors"
+	"time"
+)
+
+// ThrottledRetryAfter is the RetryAfter of a decision [Decide] makes for an
+// item whose store throttled its key (an error wrapping [ErrThrottled]):
+// the key is denied, never admitted uncounted, and the deny cache then
+// keeps this process from sending the key to the store again for that
+// long. A partition that refused a write has no capacity left for about a
+// second (DynamoDB: 1,000 write units a second per partition); a tenth of
+// that lets the key's next requests try again soon without piling onto it.
+const ThrottledRetryAfter = 100 * time.Millisecond
+
+// throttled reports whether err says the store refused the key for
+// capacity: an answer about that key, not a failure of the store.
+func throttled(err error) bool { return errors.Is(err, ErrThrottled) }
+
+// described is implemented by the package's limiters: the name and
+// capacity a decision reports.
+type described interface {
+	describe() (name string, limit int64)
+}
+
+func (b *TokenBucket) describe() (string, int64)   { return b.cfg.Name, b.cfg.MaxAmount }
+func (w *SlidingWindow) describe() (string, int64) { return w.cfg.Name, w.cfg.Limit }
+func (w *FixedWindow) describe() (string, int64)   { return w.cfg.Name, w.cfg.Limit }
+func (l *SlidingLog) describe() (string, int64)    { return l.cfg.Name, l.cfg.Limit }
+
+// throttledDecision is the denial of a throttled item of limit l.
+func throttledDecision(l Limiter) Decision {
+	d := Decision{RetryAfter: ThrottledRetryAfter, ResetAfter: ThrottledRetryAfter}
+	if s, ok := l.(described); ok {
+		d.Name, d.Limit = s.describe()
+	}
+	return d
+}
