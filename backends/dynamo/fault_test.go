@@ -185,24 +185,27 @@ func TestThrottling(t *testing.T) {
 				if _, err := l.AllowN(context.Background(), key, base, 1); err != nil {
 					t.Fatal(err)
 				}
-				// One throttled attempt: ErrThrottled, not retried.
+				// One throttled attempt: ErrThrottled, not retried, and a
+				// denial for limiter.ThrottledRetryAfter.
 				th.n.Store(1)
 				th.attempts.Store(0)
-				if _, err := l.AllowN(context.Background(), key, base, 1); !errors.Is(err, dynamo.ErrThrottled) {
-					t.Fatalf("%s after a throttle: %v, want ErrThrottled", name, err)
+				t1 := base.Add(time.Second)
+				if d, err := l.AllowN(context.Background(), key, t1, 1); !errors.Is(err, dynamo.ErrThrottled) || d.Allowed || d.RetryAfter != limiter.ThrottledRetryAfter {
+					t.Fatalf("%s after a throttle: %+v, %v; want a denial for ThrottledRetryAfter and ErrThrottled", name, d, err)
 				}
 				if a := th.attempts.Load(); a != 1 {
 					t.Fatalf("%s: %d attempts, want 1 (a throttle is not retried)", name, a)
 				}
-				// The partition has capacity again: through.
-				if d, err := l.AllowN(context.Background(), key, base, 1); err != nil || !d.Allowed {
+				// The partition has capacity again, RetryAfter later: through.
+				t2 := t1.Add(limiter.ThrottledRetryAfter)
+				if d, err := l.AllowN(context.Background(), key, t2, 1); err != nil || !d.Allowed {
 					t.Fatalf("%s after the throttle: %+v, %v", name, d, err)
 				}
 				// Throttled for good: ErrThrottled, within the deadline.
 				th.n.Store(-1)
 				th.attempts.Store(0)
 				start := time.Now()
-				_, err := l.AllowN(context.Background(), key, base, 1)
+				_, err := l.AllowN(context.Background(), key, t2.Add(time.Second), 1)
 				el := time.Since(start)
 				th.n.Store(0)
 				if !errors.Is(err, dynamo.ErrThrottled) {

@@ -5,6 +5,7 @@ package wiring
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 
 // TestDynamoStallBreaker stalls a private DynamoDB Local (SIGSTOP) under
 // an authorizer with its default-on breaker (3 failures, 500 ms open):
-// after the failures that open it, decisions follow the fail mode without
+// after the failures (of distinct keys) that open it, decisions follow the fail mode without
 // a DynamoDB request (the breaker refuses them; its failure count stands
 // still); after SIGCONT, the first decision past the open interval probes
 // and closes it (a probe that the waking server answers too late reopens
@@ -45,8 +46,14 @@ func TestDynamoStallBreaker(t *testing.T) {
 	if br == nil {
 		t.Fatal("no breaker on dynamo")
 	}
+	// Each decision from another client address: a stalled server fails
+	// every key, and the breaker opens on failures from distinct keys.
+	calls := 0
 	decide := func() (allowed bool, err error) {
-		resp, res, herr := b.Handler.Decide(t.Context(), requestTo("/x"))
+		calls++
+		ev := fmt.Appendf(nil, `{"type":"REQUEST","methodArn":"arn:aws:execute-api:us-east-1:1:api/prod/GET/x","httpMethod":"GET","path":"/x",
+			"requestContext":{"stage":"prod","identity":{"sourceIp":"192.0.2.%d"}}}`, 10+calls%50)
+		resp, res, herr := b.Handler.Decide(t.Context(), ev)
 		if herr != nil {
 			t.Fatal(herr)
 		}
