@@ -18,6 +18,7 @@ const (
 	MetricFailClosed     = "FailClosed"
 	MetricBackendErrors  = "BackendErrors"
 	MetricShedErrors     = "ShedErrors"     // the load shedders' store or signal failed (fail open)
+	MetricThrottled      = "Throttled"      // denied because the store throttled the request's key
 	MetricBackendLatency = "BackendLatency" // Milliseconds
 	DimensionRule        = "Rule"
 )
@@ -34,6 +35,7 @@ type Metrics struct {
 	FailClosed     awscloudwatch.Metric
 	BackendErrors  awscloudwatch.Metric
 	ShedErrors     awscloudwatch.Metric
+	Throttled      awscloudwatch.Metric
 	BackendLatency awscloudwatch.Metric
 	// DeniedRatio is Denied / (Allowed + Denied), 0 without traffic.
 	DeniedRatio awscloudwatch.MathExpression
@@ -58,6 +60,7 @@ func newMetrics(ns string) *Metrics {
 		FailClosed:     metric(MetricFailClosed, "Sum"),
 		BackendErrors:  metric(MetricBackendErrors, "Sum"),
 		ShedErrors:     metric(MetricShedErrors, "Sum"),
+		Throttled:      metric(MetricThrottled, "Sum"),
 		BackendLatency: metric(MetricBackendLatency, "p99"),
 	}
 	m.DeniedRatio = awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{

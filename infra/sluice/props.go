@@ -70,6 +70,10 @@ type Props struct {
 	// RetainTable keeps a table New creates when the stack is deleted.
 	// Default true.
 	RetainTable *bool
+	// TableThroughput pre-warms a table New creates and caps its
+	// throughput (docs/infra.md "Sizing the state table"). Zero: AWS's
+	// defaults. With Table set, size your table where you define it.
+	TableThroughput TableThroughput
 
 	// Function configures the authorizer function.
 	Function Function
@@ -78,8 +82,8 @@ type Props struct {
 	Shedding Shedding
 
 	// Alarms configures the CloudWatch alarms on the circuit breakers (one
-	// per network backend, see [RateLimiter.BreakerAlarms]); on by
-	// default.
+	// per network backend, see [RateLimiter.BreakerAlarms]) and on
+	// throttling ([RateLimiter.ThrottleAlarms]); on by default.
 	Alarms Alarms
 
 	// RetryAfter is the Retry-After of the REST API's 429 (rate limited).

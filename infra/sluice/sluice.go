@@ -91,6 +91,8 @@ type RateLimiter struct {
 	// shedRetryAfter is the 503's Retry-After.
 	shedRetryAfter time.Duration
 	rules          *rulesSource
+	// throttleAlarms by metric name.
+	throttleAlarms map[string]awscloudwatch.Alarm
 
 	errs  []string
 	lazy  []func() []string // checks that need the whole tree (synth time)
@@ -130,6 +132,7 @@ func New(scope constructs.Construct, id string, props *Props) *RateLimiter {
 		r.fail("BootstrapDir: %v (build it with `make build`, or pass -c %s=<dir holding bootstrap>)", err, ContextBootstrapDir)
 	}
 	r.checkFunction()
+	r.checkTable()
 	rules, err := loadRules(p.Rules, p.BootstrapDir)
 	if err != nil {
 		r.fail("%v", err)
@@ -347,6 +350,18 @@ func (r *RateLimiter) checkFunction() {
 	}
 }
 
+// checkTable checks the sizing of a table New creates.
+func (r *RateLimiter) checkTable() {
+	p := &r.props
+	if p.Table != nil && !p.TableThroughput.IsZero() {
+		r.fail("TableThroughput: sizes a table New creates; size your own table (Props.Table) where you define it")
+		return
+	}
+	for _, err := range p.TableThroughput.problems() {
+		r.fail("%v", err)
+	}
+}
+
 // deriveRetryAfter sets the static Retry-After values.
 func (r *RateLimiter) deriveRetryAfter() {
 	p := &r.props
@@ -393,7 +408,8 @@ func (r *RateLimiter) buildTables() {
 	}
 	r.table = awsdynamodb.NewTableV2(r, jsii.String("StateTable"), &awsdynamodb.TablePropsV2{
 		PartitionKey:        &awsdynamodb.Attribute{Name: jsii.String(StatePartitionKey), Type: awsdynamodb.AttributeType_STRING},
-		Billing:             awsdynamodb.Billing_OnDemand(nil),
+		Billing:             p.TableThroughput.Billing(),
+		WarmThroughput:      p.TableThroughput.Warm(),
 		TimeToLiveAttribute: jsii.String(StateTTLAttribute),
 		PointInTimeRecoverySpecification: &awsdynamodb.PointInTimeRecoverySpecification{
 			PointInTimeRecoveryEnabled: jsii.Bool(true),

@@ -38,7 +38,8 @@ import (
 //     Routes, no cache (no VPC), the user's state table, rules from the
 //     user's rules table;
 //   - RestExplicit: a REST API with three methods, one listed in Methods,
-//     one behind IAM; the user's VPC and memcached.
+//     one behind IAM; the user's VPC and memcached; a pre-warmed table
+//     with a maximum throughput.
 const (
 	account = "111111111111"
 	region  = "us-east-1"
@@ -197,6 +198,10 @@ func synthesize() (_ map[string]*stack, err error) {
 		RetryAfter:   5 * time.Second,
 		Function:     sluice.Function{Deadline: 400 * time.Millisecond, MetricsNamespace: "Pets", LogicalID: "PetsLimiter"},
 		Alarms:       sluice.Alarms{Topic: awssns.NewTopic(s, jsii.String("Ops"), nil)},
+		TableThroughput: sluice.TableThroughput{
+			WarmReadUnitsPerSecond: 24000, WarmWriteUnitsPerSecond: 8000,
+			MaxReadRequestUnits: 30000, MaxWriteRequestUnits: 10000,
+		},
 	})
 	out["RestExplicit"] = &stack{stack: s, limiter: rl}
 
@@ -761,6 +766,14 @@ func TestPropErrors(t *testing.T) {
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, Cache: &sluice.Cache{Mode: "redis"}}, "sluice: Cache.Mode:"},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, EdgeSecret: "short"}, "sluice: EdgeSecret: config: SLUICE_EDGE_SECRET: is not 16 to 256"},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: strings.Repeat("#", sluice.MaxInlineRules) + "\nrules: []\n"}}, "bytes of rules exceed 3072 to pass inline"},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableThroughput: sluice.TableThroughput{WarmWriteUnitsPerSecond: 100}},
+			"sluice: TableThroughput.WarmWriteUnitsPerSecond: 100 is below 4000, the write units a second a new on-demand table serves at once"},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableThroughput: sluice.TableThroughput{WarmReadUnitsPerSecond: 11999}},
+			"sluice: TableThroughput.WarmReadUnitsPerSecond: 11999 is below 12000"},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableThroughput: sluice.TableThroughput{MaxReadRequestUnits: -1}},
+			"sluice: TableThroughput.MaxReadRequestUnits: -1 is negative"},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableThroughput: sluice.TableThroughput{WarmWriteUnitsPerSecond: 5000, MaxWriteRequestUnits: 4500}},
+			"sluice: TableThroughput.WarmWriteUnitsPerSecond: 5000 is above MaxWriteRequestUnits (4500), which would throttle it"},
 	} {
 		s := awscdk.NewStack(app, jsii.String(fmt.Sprintf("S%d", i)), &awscdk.StackProps{Env: env})
 		p := tt.props
@@ -781,6 +794,15 @@ func TestPropErrors(t *testing.T) {
 	api.Root().AddMethod(jsii.String("GET"), nil, nil)
 	errs := sluice.New(s, "RateLimit", &sluice.Props{RestAPI: api, BootstrapDir: bootDir, Rules: sluice.Rules{Table: rules}}).Errors()
 	if !slices.Contains(errs, "sluice: RetryAfter: required with rules from a table (the rules are not known at synth)") {
+		t.Errorf("errors %q", errs)
+	}
+	// TableThroughput sizes the table New creates, not the user's.
+	s = awscdk.NewStack(app, jsii.String("UserTable"), &awscdk.StackProps{Env: env})
+	api = awsapigateway.NewRestApi(s, jsii.String("Api"), nil)
+	api.Root().AddMethod(jsii.String("GET"), nil, nil)
+	errs = sluice.New(s, "RateLimit", &sluice.Props{RestAPI: api, BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML},
+		Table: awsdynamodb.Table_FromTableName(s, jsii.String("State"), jsii.String("state")), TableThroughput: sluice.TableThroughput{MaxWriteRequestUnits: 100}}).Errors()
+	if !slices.ContainsFunc(errs, func(e string) bool { return strings.HasPrefix(e, "sluice: TableThroughput: sizes a table New creates") }) {
 		t.Errorf("errors %q", errs)
 	}
 }

@@ -74,6 +74,9 @@ type Config struct {
 	TableName string `json:"tableName,omitempty"`
 	// RetainTables keeps the tables when a stack is deleted. Default true.
 	RetainTables *bool `json:"retainTables,omitempty"`
+	// TableThroughput pre-warms the state table and caps its throughput
+	// (every replica). Unset: AWS's defaults.
+	TableThroughput TableThroughputConfig `json:"tableThroughput"`
 
 	Rules      RulesConfig      `json:"rules"`
 	Memcached  MemcachedConfig  `json:"memcached"`
@@ -107,6 +110,28 @@ type EdgeConfig struct {
 	HealthCheckPath string `json:"healthCheckPath,omitempty"`
 	// Secret comes from the context (CtxEdgeSecret), never the file.
 	Secret string `json:"-"`
+}
+
+// TableThroughputConfig is the construct's sluice.TableThroughput, field
+// for field, with its bounds (sluice.TableThroughput.Check): 0 leaves
+// AWS's default; a warm value is at least what a new on-demand table
+// serves at once (12,000 read, 4,000 write units a second) and not above
+// the maximum of its kind.
+type TableThroughputConfig struct {
+	WarmReadUnitsPerSecond  int `json:"warmReadUnitsPerSecond,omitempty"`
+	WarmWriteUnitsPerSecond int `json:"warmWriteUnitsPerSecond,omitempty"`
+	MaxReadRequestUnits     int `json:"maxReadRequestUnits,omitempty"`
+	MaxWriteRequestUnits    int `json:"maxWriteRequestUnits,omitempty"`
+}
+
+// construct is the construct's TableThroughput.
+func (t TableThroughputConfig) construct() sluice.TableThroughput {
+	return sluice.TableThroughput{
+		WarmReadUnitsPerSecond:  t.WarmReadUnitsPerSecond,
+		WarmWriteUnitsPerSecond: t.WarmWriteUnitsPerSecond,
+		MaxReadRequestUnits:     t.MaxReadRequestUnits,
+		MaxWriteRequestUnits:    t.MaxWriteRequestUnits,
+	}
 }
 
 // RulesConfig says where the authorizer finds its rules: exactly one
@@ -438,6 +463,13 @@ func (c *Config) Validate() error {
 	}
 	if !tableNameRE.MatchString(c.TableName) {
 		bad("tableName", "%q is not a valid DynamoDB table name", c.TableName)
+	}
+	if err := c.TableThroughput.construct().Check(); err != nil {
+		// The construct's check, one error a field, named as in this file.
+		for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+			field, msg, _ := strings.Cut(e.Error(), ": ")
+			bad(jsonField(field), "%s", msg)
+		}
 	}
 
 	sources := 0

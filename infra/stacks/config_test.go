@@ -100,6 +100,14 @@ func TestValidateRejects(t *testing.T) {
 		{"stage name", func(c *Config) { c.API.StageName = "v1/prod" }, "api.stageName"},
 		{"upstream", func(c *Config) { c.API.UpstreamURL = "ftp://x" }, "api.upstreamUrl"},
 		{"waf region", func(c *Config) { c.API.WebACLArns = map[string]string{"us-west-2": "arn"} }, "api.webAclArns"},
+		{"warm write below a new table's", func(c *Config) { c.TableThroughput.WarmWriteUnitsPerSecond = 3999 },
+			"config: tableThroughput.warmWriteUnitsPerSecond: 3999 is below 4000, the write units a second a new on-demand table serves at once"},
+		{"warm read below a new table's", func(c *Config) { c.TableThroughput.WarmReadUnitsPerSecond = 1000 },
+			"config: tableThroughput.warmReadUnitsPerSecond: 1000 is below 12000"},
+		{"negative max", func(c *Config) { c.TableThroughput.MaxWriteRequestUnits = -5 }, "config: tableThroughput.maxWriteRequestUnits: -5 is negative"},
+		{"warm above max", func(c *Config) {
+			c.TableThroughput = TableThroughputConfig{WarmReadUnitsPerSecond: 20000, MaxReadRequestUnits: 15000}
+		}, "config: tableThroughput.warmReadUnitsPerSecond: 20000 is above MaxReadRequestUnits (15000)"},
 		{"denied ratio", func(c *Config) { c.Alarms.DeniedRatio = 1.5 }, "alarms.deniedRatio"},
 		{"topic region", func(c *Config) { c.Alarms.TopicArns = map[string]string{"sa-east-1": "arn"} }, "alarms.topicArns"},
 		{"one zone", func(c *Config) { c.VPC.AvailabilityZones = map[string][]string{"us-east-1": {"us-east-1a"}} }, "at least 2 zones"},

@@ -2,6 +2,8 @@ package stacks
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
@@ -46,9 +48,14 @@ func newMonitoring(s awscdk.Stack, c *Config, region string, limiter *sluice.Rat
 			TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 		}),
 	}
-	// The construct's alarms on the circuit breakers (one per backend).
-	for _, a := range limiter.BreakerAlarms() {
-		alarms = append(alarms, a)
+	// The construct's alarms on the circuit breakers (one per backend)
+	// and on throttling (the state table's replica in this region, and
+	// the authorizer's decisions), in a fixed order: the dashboard lists
+	// them, and a template that changes on every synth redeploys it.
+	for _, m := range []map[string]awscloudwatch.Alarm{limiter.BreakerAlarms(), limiter.ThrottleAlarms()} {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			alarms = append(alarms, m[k])
+		}
 	}
 	if arn, ok := c.Alarms.TopicArns[region]; ok {
 		topic := awssns.Topic_FromTopicArn(s, jsii.String("AlarmTopic"), jsii.String(arn))
@@ -81,6 +88,10 @@ func newMonitoring(s awscdk.Stack, c *Config, region string, limiter *sluice.Rat
 	dash.AddWidgets(
 		graph("Shed by rule (503)", m.ByRule(sluice.MetricShed)),
 		graph("Load shedder failures (fail open)", m.ShedErrors),
+	)
+	dash.AddWidgets(
+		graph("State table throttled requests (this region)", limiter.TableThrottledRequests()),
+		graph("Throttled by rule (decided without the store)", m.ByRule(sluice.MetricThrottled)),
 	)
 	dash.AddWidgets(
 		graph("Authorizer duration (ms)", fn.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})),

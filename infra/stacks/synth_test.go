@@ -603,6 +603,10 @@ func TestGlobalTables(t *testing.T) {
 			}
 		}
 		check(a.cfg.TableName, sluice.StatePartitionKey, true, wantMode)
+		checkThroughput(t, byName[a.cfg.TableName], a.cfg.TableThroughput)
+		if a.cfg.Rules.Table {
+			checkThroughput(t, byName[a.cfg.RulesTableName()], TableThroughputConfig{}) // never sized
+		}
 		wantTables := 1
 		if a.cfg.Rules.Table {
 			check(a.cfg.RulesTableName(), sluice.RulesPartitionKey, false, "EVENTUAL") // even with MRSC state
@@ -612,6 +616,47 @@ func TestGlobalTables(t *testing.T) {
 			t.Errorf("%d global tables, want %d", len(tables), wantTables)
 		}
 	})
+}
+
+// checkThroughput: the table's warm throughput and maximum are the
+// configured ones (WarmThroughput, WriteOnDemandThroughputSettings on the
+// table, ReadOnDemandThroughputSettings on every replica), absent where
+// unset.
+func checkThroughput(t *testing.T, r resource, want TableThroughputConfig) {
+	t.Helper()
+	p := r.Properties
+	obj := func(kv ...any) string {
+		m := map[string]any{}
+		for i := 0; i < len(kv); i += 2 {
+			if n := kv[i+1].(int); n != 0 {
+				m[kv[i].(string)] = n
+			}
+		}
+		if len(m) == 0 {
+			return ""
+		}
+		b, _ := json.Marshal(m)
+		return string(b)
+	}
+	orEmpty := func(v any) string {
+		if v == nil {
+			return ""
+		}
+		return render(v)
+	}
+	name := render(p["TableName"])
+	if got, w := orEmpty(p["WarmThroughput"]), obj("ReadUnitsPerSecond", want.WarmReadUnitsPerSecond, "WriteUnitsPerSecond", want.WarmWriteUnitsPerSecond); got != w {
+		t.Errorf("%s: WarmThroughput %s, want %q", name, got, w)
+	}
+	if got, w := orEmpty(p["WriteOnDemandThroughputSettings"]), obj("MaxWriteRequestUnits", want.MaxWriteRequestUnits); got != w {
+		t.Errorf("%s: WriteOnDemandThroughputSettings %s, want %q", name, got, w)
+	}
+	for _, rep := range asList(p["Replicas"]) {
+		rm := rep.(map[string]any)
+		if got, w := orEmpty(rm["ReadOnDemandThroughputSettings"]), obj("MaxReadRequestUnits", want.MaxReadRequestUnits); got != w {
+			t.Errorf("%s replica %v: ReadOnDemandThroughputSettings %s, want %q", name, rm["Region"], got, w)
+		}
+	}
 }
 
 func mapKeys[V any](m map[string]V) func(func(string) bool) {
@@ -989,6 +1034,24 @@ func TestAlarms(t *testing.T) {
 					p["ComparisonOperator"] != "GreaterThanOrEqualToThreshold" || !strings.Contains(render(p["Dimensions"]), sluice.DimensionBackend) {
 					t.Errorf("breaker alarm %v, want Sum >= 1 per Backend in %s", p, a.cfg.Authorizer.MetricsNamespace)
 				}
+			case p["MetricName"] == sluice.MetricThrottled:
+				found["throttled"] = true
+				if p["Namespace"] != a.cfg.Authorizer.MetricsNamespace || p["Statistic"] != "Sum" || p["Threshold"] != float64(1) ||
+					p["ComparisonOperator"] != "GreaterThanOrEqualToThreshold" || p["Dimensions"] != nil {
+					t.Errorf("Throttled alarm %v, want Sum >= 1 in %s without dimensions", p, a.cfg.Authorizer.MetricsNamespace)
+				}
+			case strings.Contains(metrics, `"MetricName":"`+sluice.MetricTableThrottledRequests+`","Namespace":"AWS/DynamoDB"`):
+				found["table"] = true
+				// The region's replica, by the table's name, for each
+				// operation the authorizer performs.
+				for _, op := range []string{"GetItem", "UpdateItem"} {
+					if !strings.Contains(metrics, `{"Name":"Operation","Value":"`+op+`"},{"Name":"TableName","Value":"`+a.cfg.TableName+`"}`) {
+						t.Errorf("table throttle alarm %s, want ThrottledRequests of %s for %s", metrics, a.cfg.TableName, op)
+					}
+				}
+				if p["Threshold"] != float64(1) || p["ComparisonOperator"] != "GreaterThanOrEqualToThreshold" {
+					t.Errorf("table throttle alarm %v, want >= 1", p)
+				}
 			case strings.Contains(metrics, "denied / (allowed + denied)"):
 				found["denied"] = true
 				if p["Threshold"] != a.cfg.Alarms.DeniedRatio ||
@@ -1000,14 +1063,14 @@ func TestAlarms(t *testing.T) {
 				t.Errorf("unexpected alarm %s: %s", id, desc)
 			}
 		}
-		for _, k := range []string{"failopen", "latency", "denied", "breaker"} {
+		for _, k := range []string{"failopen", "latency", "denied", "breaker", "throttled", "table"} {
 			if !found[k] {
 				t.Errorf("no %s alarm", k)
 			}
 		}
 		_, dash := s.one(t, "AWS::CloudWatch::Dashboard")
 		body := render(dash.Properties["DashboardBody"])
-		for _, m := range []string{sluice.MetricAllowed, sluice.MetricDenied, sluice.MetricShed, sluice.MetricFailOpen, sluice.MetricFailClosed, sluice.MetricBackendErrors, sluice.MetricShedErrors, sluice.MetricBackendLatency} {
+		for _, m := range []string{sluice.MetricAllowed, sluice.MetricDenied, sluice.MetricShed, sluice.MetricFailOpen, sluice.MetricFailClosed, sluice.MetricBackendErrors, sluice.MetricShedErrors, sluice.MetricBackendLatency, sluice.MetricThrottled, sluice.MetricTableThrottledRequests} {
 			if !strings.Contains(body, m) {
 				t.Errorf("dashboard does not show %s", m)
 			}

@@ -9,8 +9,9 @@ import (
 )
 
 // newGlobalTables defines the global tables in the primary region's stack
-// (none elsewhere): the state table and, optionally, the rules table, each
-// with a replica in every configured region. Every region's stack then
+// (none elsewhere): the state table (sized by tableThroughput) and,
+// optionally, the rules table, each with a replica in every configured
+// region. Every region's stack then
 // refers to its local replica by the table's fixed name.
 func newGlobalTables(s awscdk.Stack, c *Config, primary bool) []awsdynamodb.TableV2 {
 	if !primary {
@@ -44,10 +45,12 @@ func newGlobalTables(s awscdk.Stack, c *Config, primary bool) []awsdynamodb.Tabl
 			RemovalPolicy:                    removal,
 		}))
 	}
+	size := c.TableThroughput.construct()
 	defined = append(defined, awsdynamodb.NewTableV2(s, jsii.String("StateTable"), &awsdynamodb.TablePropsV2{
 		TableName:                        jsii.String(c.TableName),
 		PartitionKey:                     &awsdynamodb.Attribute{Name: jsii.String(sluice.StatePartitionKey), Type: awsdynamodb.AttributeType_STRING},
-		Billing:                          awsdynamodb.Billing_OnDemand(nil),
+		Billing:                          size.Billing(),
+		WarmThroughput:                   size.Warm(),
 		TimeToLiveAttribute:              jsii.String(sluice.StateTTLAttribute),
 		PointInTimeRecoverySpecification: pitr,
 		Replicas:                         &replicas,
