@@ -402,3 +402,90 @@ func TestKeysConfig(t *testing.T) {
 		t.Errorf("Failures 2, Keys 10: %v after 2 failures of 2 keys, want open", s.Breaker().State())
 	}
 }
+
+// The bound on recovery: a backend that answers again within the deadline
+// at time R is used again, the breaker closed, by R + OpenFor + deadline
+// + the gap between two requests. The worst case is a return just after
+// a probe left for the still-hung backend: that probe fails at its
+// deadline, the breaker opens for another OpenFor, and the next probe
+// closes it. (A backend that still misses the deadline after its return,
+// a cold server, is not back: each such probe adds OpenFor + deadline.)
+func TestRecoveryBound(t *testing.T) {
+	const (
+		openFor  = time.Second
+		deadline = 250 * time.Millisecond
+		gap      = 10 * time.Millisecond
+	)
+	for _, after := range []time.Duration{0, time.Millisecond, deadline / 2, deadline, openFor / 2, openFor + deadline/2} {
+		t.Run(fmt.Sprint("return ", after, " after a probe left"), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// A hung backend: a call that reaches it while it hangs
+				// fails at its deadline, whenever the backend returns.
+				var hung atomic.Bool
+				hung.Store(true)
+				f := &fakeStore{}
+				f.err = func() error { return nil }
+				f.block = func(ctx context.Context) {
+					if hung.Load() {
+						<-ctx.Done()
+					}
+				}
+				s, err := breaker.Wrap(&hangStore{fakeStore: f, hung: &hung}, breaker.Config{Failures: 3, OpenFor: openFor})
+				if err != nil {
+					t.Fatal(err)
+				}
+				b := s.Breaker()
+				decide := func(i int) {
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					defer cancel()
+					s.UpdateBucket(ctx, limiter.Key{Space: "s", Name: fmt.Sprint(i % 8)}, limiter.BucketOp{}, time.Minute)
+				}
+				// Traffic every gap, each request on its own goroutine (a
+				// hung call does not hold the others back).
+				var wg sync.WaitGroup
+				var returned, closed time.Time
+				start := time.Now()
+				for i := 0; closed.IsZero(); i++ {
+					if time.Since(start) > time.Minute {
+						t.Fatal("never closed")
+					}
+					wg.Go(func() { decide(i) })
+					time.Sleep(gap)
+					// The backend returns `after` once the first probe has
+					// left (the breaker is half-open, its probe in flight).
+					if returned.IsZero() && b.Stats().Probes > 0 {
+						time.Sleep(after)
+						hung.Store(false)
+						returned = time.Now()
+					}
+					if !returned.IsZero() && b.State() == breaker.Closed {
+						closed = time.Now()
+					}
+				}
+				wg.Wait()
+				bound := openFor + deadline + gap
+				took := closed.Sub(returned)
+				t.Logf("closed %v after the backend's return (bound %v)", took, bound)
+				if took > bound {
+					t.Errorf("closed %v after the return, above OpenFor + deadline + gap = %v", took, bound)
+				}
+			})
+		})
+	}
+}
+
+// hangStore is a fakeStore whose UpdateBucket fails with ErrUnavailable
+// at ctx's deadline when it reached the store while hung was set.
+type hangStore struct {
+	*fakeStore
+	hung *atomic.Bool
+}
+
+func (h *hangStore) UpdateBucket(ctx context.Context, key limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+	if h.hung.Load() {
+		h.calls.Add(1)
+		<-ctx.Done()
+		return limiter.Decision{}, fmt.Errorf("store: %w: %w", limiter.ErrUnavailable, ctx.Err())
+	}
+	return h.fakeStore.UpdateBucket(ctx, key, op, ttl)
+}
