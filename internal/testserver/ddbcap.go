@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -65,6 +66,9 @@ type CapConfig struct {
 	Scale float64
 	// Record keeps every request, as [HTTPProxy] does (Len, Since).
 	Record bool
+	// Log, if set, gets a line for each throttled request (when, which
+	// operation, tables and keys, reasons).
+	Log io.Writer
 }
 
 // CapProxy is a reverse proxy in front of DynamoDB Local that enforces real
@@ -88,6 +92,7 @@ type CapProxy struct {
 	client *http.Client
 	scale  float64
 	record bool
+	log    io.Writer
 	reg    *registry
 
 	mu      sync.Mutex
@@ -155,6 +160,7 @@ func newCapProxy(target string, cfg CapConfig) (*CapProxy, error) {
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, IdleConnTimeout: time.Minute}},
 		scale:  scale,
 		record: cfg.Record,
+		log:    cfg.Log,
 		reg:    registryFor(target),
 	}
 	p.resetLocked()
@@ -341,6 +347,17 @@ func (p *CapProxy) admit(op string, cs []charge) []throttleReason {
 	}
 	if len(reasons) > 0 {
 		p.countLocked(op, cs, false)
+		if p.log != nil {
+			var keys []string
+			for _, c := range cs {
+				keys = append(keys, fmt.Sprintf("%s/%s:%g", c.table, c.partition, c.units))
+			}
+			var rs []string
+			for _, r := range reasons {
+				rs = append(rs, fmt.Sprintf("%s(partition=%v)", r.table, r.partition))
+			}
+			fmt.Fprintf(p.log, "%s pid=%d throttled %s keys=%v over=%v\n", now.Format(time.RFC3339Nano), os.Getpid(), op, keys, rs)
+		}
 		return reasons
 	}
 	for _, n := range order {

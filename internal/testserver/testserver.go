@@ -12,6 +12,7 @@
 //	SLUICE_TEST_NUTCRACKER_BIN      the nutcracker (twemproxy) binary
 //	SLUICE_TEST_DYNAMODB_CAP        off: DynamoDB returns DynamoDB Local itself;
 //	                                a number: the scale of the caps (default 1)
+//	SLUICE_TEST_DYNAMODB_CAP_LOG    a file the shared proxy appends its throttles to
 //
 // Memcached and DynamoDB return the shared servers. DynamoDB returns them
 // behind a [CapProxy]: real DynamoDB's throughput limits (1,000 write and
@@ -51,6 +52,7 @@ const (
 	EnvJava             = "SLUICE_TEST_JAVA"
 	EnvNutcrackerBin    = "SLUICE_TEST_NUTCRACKER_BIN"
 	EnvDynamoDBCap      = "SLUICE_TEST_DYNAMODB_CAP"
+	EnvDynamoDBCapLog   = "SLUICE_TEST_DYNAMODB_CAP_LOG"
 )
 
 // Memcached returns the host:port of the shared memcached server.
@@ -107,7 +109,17 @@ func DynamoDBCap(t testing.TB) *CapProxy {
 		return nil
 	}
 	target := DynamoDBLocal(t)
-	sharedCapOnce.Do(func() { sharedCap, sharedCapErr = newCapProxy(target, cfg) })
+	sharedCapOnce.Do(func() {
+		if path := os.Getenv(EnvDynamoDBCapLog); path != "" {
+			f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				sharedCapErr = err
+				return
+			}
+			cfg.Log = f // closed when the process exits
+		}
+		sharedCap, sharedCapErr = newCapProxy(target, cfg)
+	})
 	if sharedCapErr != nil {
 		t.Fatalf("testserver: %v", sharedCapErr)
 	}
