@@ -82,10 +82,15 @@ type CapConfig struct {
 // consumes nothing. It closes when the test that made it ends (the shared
 // one when the process exits). Safe for concurrent use.
 //
-// Units are exact for the operations the project uses (GetItem, PutItem,
-// UpdateItem, DeleteItem, TransactWriteItems, BatchWriteItem,
-// BatchGetItem); see docs in ddbcap.go for how and for what is
-// approximated (Query, Scan) or not metered (PartiQL, control plane).
+// Units are exact for GetItem, PutItem, UpdateItem, DeleteItem,
+// TransactWriteItems, BatchWriteItem and BatchGetItem (how: writeItem).
+// Where it differs from DynamoDB: Query and Scan are billed on the items
+// returned (a FilterExpression undercounts), a Scan or an index Query only
+// on the table's cap; BatchWriteItem and BatchGetItem are throttled whole
+// (DynamoDB returns the throttled part as UnprocessedItems/Keys); PartiQL
+// and control-plane requests are forwarded unmetered (and PartiQL writes
+// bypass the item sizes the proxy keeps); indexes are not modelled; the
+// table's cap does not grow with traffic.
 type CapProxy struct {
 	srv    *httptest.Server
 	target string
