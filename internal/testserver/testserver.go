@@ -9,10 +9,20 @@
 //	SLUICE_TEST_MEMCACHED_BIN       the memcached binary
 //	SLUICE_TEST_DYNAMODB_LOCAL_DIR  the directory holding DynamoDBLocal.jar
 //	SLUICE_TEST_JAVA                the java binary
+//	SLUICE_TEST_NUTCRACKER_BIN      the nutcracker (twemproxy) binary
+//	SLUICE_TEST_DYNAMODB_CAP        off: DynamoDB returns DynamoDB Local itself;
+//	                                a number: the scale of the caps (default 1)
+//	SLUICE_TEST_DYNAMODB_CAP_LOG    a file the shared proxy appends its throttles to
 //
-// Memcached and DynamoDB return the shared servers. Tests that stop and
-// restart a server (fault tests) start a private one with StartMemcached or
-// StartDynamoDBLocal instead.
+// Memcached and DynamoDB return the shared servers. DynamoDB returns them
+// behind a [CapProxy]: real DynamoDB's throughput limits (1,000 write and
+// 3,000 read units a second per partition key, 4,000 and 12,000 per table)
+// with its throttling answer, and capacity units counted as DynamoDB bills
+// them; one proxy per test binary, [DynamoDBCap] returns it.
+// [DynamoDBLocal] returns DynamoDB Local without the proxy (comparisons),
+// and [NewCapProxy] starts a test's own proxy (scaled caps, its own counts).
+// Tests that stop and restart a server (fault tests) start a private one
+// with StartMemcached or StartDynamoDBLocal instead; those are not capped.
 //
 // Without the variables (a plain `go test`), tests that need a server are
 // skipped, unless SLUICE_TEST_REQUIRE_SERVERS=1, where they fail.
@@ -40,6 +50,9 @@ const (
 	EnvMemcachedBin     = "SLUICE_TEST_MEMCACHED_BIN"
 	EnvDynamoDBLocalDir = "SLUICE_TEST_DYNAMODB_LOCAL_DIR"
 	EnvJava             = "SLUICE_TEST_JAVA"
+	EnvNutcrackerBin    = "SLUICE_TEST_NUTCRACKER_BIN"
+	EnvDynamoDBCap      = "SLUICE_TEST_DYNAMODB_CAP"
+	EnvDynamoDBCapLog   = "SLUICE_TEST_DYNAMODB_CAP_LOG"
 )
 
 // Memcached returns the host:port of the shared memcached server.
@@ -53,14 +66,81 @@ func Memcached(t testing.TB) string {
 }
 
 // DynamoDB returns the endpoint URL (http://host:port) of the shared
-// DynamoDB Local server.
+// DynamoDB Local server behind the process's [CapProxy] (the shared server
+// itself when SLUICE_TEST_DYNAMODB_CAP=off).
 func DynamoDB(t testing.TB) string {
+	t.Helper()
+	if p := DynamoDBCap(t); p != nil {
+		return p.URL()
+	}
+	return DynamoDBLocal(t)
+}
+
+// DynamoDBLocal returns the endpoint URL of the shared DynamoDB Local
+// server itself, without limits: for comparisons, and as the target of a
+// test's own [NewCapProxy].
+func DynamoDBLocal(t testing.TB) string {
 	t.Helper()
 	url := os.Getenv(EnvDynamoDB)
 	if url == "" {
 		missing(t, EnvDynamoDB+" is not set")
 	}
 	return url
+}
+
+var (
+	sharedCapOnce sync.Once
+	sharedCap     *CapProxy
+	sharedCapErr  error
+)
+
+// DynamoDBCap returns the process's cap proxy in front of the shared
+// DynamoDB Local (started on first use, closed when the process exits), or
+// nil when SLUICE_TEST_DYNAMODB_CAP=off. Its counts are shared by every
+// test of the binary: read a test's own keys (KeyStats), or start the
+// test's own proxy with NewCapProxy.
+func DynamoDBCap(t testing.TB) *CapProxy {
+	t.Helper()
+	cfg, on, err := capFromEnv()
+	if err != nil {
+		t.Fatalf("testserver: %v", err)
+	}
+	if !on {
+		return nil
+	}
+	target := DynamoDBLocal(t)
+	sharedCapOnce.Do(func() {
+		if path := os.Getenv(EnvDynamoDBCapLog); path != "" {
+			f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				sharedCapErr = err
+				return
+			}
+			cfg.Log = f // closed when the process exits
+		}
+		sharedCap, sharedCapErr = newCapProxy(target, cfg)
+	})
+	if sharedCapErr != nil {
+		t.Fatalf("testserver: %v", sharedCapErr)
+	}
+	return sharedCap
+}
+
+// capFromEnv reads SLUICE_TEST_DYNAMODB_CAP: "" or "on" (scale 1), "off",
+// or a positive scale.
+func capFromEnv() (CapConfig, bool, error) {
+	switch v := os.Getenv(EnvDynamoDBCap); v {
+	case "", "on", "1":
+		return CapConfig{Scale: 1}, true, nil
+	case "off", "0":
+		return CapConfig{}, false, nil
+	default:
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0) {
+			return CapConfig{}, false, fmt.Errorf("%s=%q: want on, off or a positive scale", EnvDynamoDBCap, v)
+		}
+		return CapConfig{Scale: f}, true, nil
+	}
 }
 
 // missing fails the test when servers are required, and skips it otherwise.
