@@ -350,7 +350,7 @@ func rebase(op limiter.BucketOp, it bucketItem) (bucketItem, error) {
 // store).
 func (s *Store) bucketClauses(u *update, a attrs, op limiter.BucketOp, cur bucketItem, plan bucketPlan, next bucketItem, ttl time.Duration, broken bool) {
 	if broken {
-		defer func(n int) { u.cond = u.cond[:n] }(len(u.cond))
+		defer u.dropConds(len(u.cond))
 	}
 	b, t := u.name(a.pre+attrBase), u.name(a.pre+attrTat)
 	u.keepTTL(ttl)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -118,6 +119,35 @@ func (u *update) typeN() string {
 // keepTTL asks that the item live at least ttl from now.
 func (u *update) keepTTL(ttl time.Duration) {
 	u.ttl, u.setTTL = max(u.ttl, ttl), true
+}
+
+// dropConds drops the conditions from the n-th on and the values only
+// they used (a broken store, for tests).
+func (u *update) dropConds(n int) {
+	dropped := strings.Join(u.cond[n:], " ")
+	u.cond = u.cond[:n]
+	used := strings.Join(slices.Concat(u.add, u.set, u.cond), " ")
+	for vp := range u.values {
+		if strings.Contains(dropped, vp) && !containsToken(used, vp) {
+			delete(u.values, vp)
+		}
+	}
+}
+
+// containsToken reports whether the placeholder vp occurs in expr as a
+// whole token (":1" is not in ":12").
+func containsToken(expr, vp string) bool {
+	for i := 0; ; {
+		j := strings.Index(expr[i:], vp)
+		if j < 0 {
+			return false
+		}
+		end := i + j + len(vp)
+		if end == len(expr) || expr[end] < '0' || expr[end] > '9' {
+			return true
+		}
+		i = end
+	}
 }
 
 // removeAttr removes attr (once).
