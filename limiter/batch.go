@@ -73,6 +73,10 @@ type Step struct {
 	Log    LogOp
 	// Packed is the op of StepPackedAdd and StepPackedSub.
 	Packed PackedOp
+	// Shadow reports that the step is a Shadow item's: its denial does
+	// not deny the batch (a store must not skip other steps for it, see
+	// StepResult.NotApplied).
+	Shadow bool
 	// packedReads are the fields a packed window's plan uses of each of
 	// Packed.Reads, kept for its judge (the plan is made once).
 	packedReads [MaxPackedReads]packedRead
@@ -89,6 +93,16 @@ type StepResult struct {
 	// Err is the step's error: the same errors the single-step method
 	// returns.
 	Err error
+	// NotApplied reports that the store did not perform the step, on
+	// purpose: it is a take (StepAdd with N > 0, StepPackedAdd, a take
+	// StepBucket or StepLog) and another step of the same Do, not Shadow,
+	// was denied by the store (a bucket or log take Decision not Allowed),
+	// so the batch is denied and the take would only be given back. Nothing
+	// was taken and nothing is to be given back; the other fields are zero.
+	// A store that merges the steps on one key into one write (DynamoDB)
+	// answers it for the takes it had not written when the denial was
+	// decided; a Shadow step is never NotApplied.
+	NotApplied bool
 }
 
 // Batcher is a store that performs several steps (on any keys, of any
@@ -139,8 +153,9 @@ type Outcome struct {
 	// Cached reports a denial from the deny cache: no store request was
 	// made for the batch.
 	Cached bool
-	// Skipped reports an item not checked because a cached denial decided
-	// the batch.
+	// Skipped reports an item not checked because a denial decided the
+	// batch: a cached one, or one the store made on the item's own key
+	// before performing this item's step (StepResult.NotApplied).
 	Skipped bool
 	// Refunded reports that what the item took was given back because the
 	// batch was denied.
@@ -227,6 +242,7 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 			e.s = s
 			e.gen = s.denyCache().generation()
 			e.step, e.store, e.err = s.plan(it.Key, now, it.N)
+			e.step.Shadow = it.Shadow
 		} else if it.Limit == nil {
 			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
 		}
@@ -239,6 +255,10 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		e := &es[i]
 		it, o := &items[i], &out[i]
 		err := e.err
+		if err == nil && e.s != nil && e.res.NotApplied && !it.Shadow {
+			o.Skipped = true // another item's denial decided: nothing taken
+			continue
+		}
 		if err == nil {
 			if e.s != nil {
 				o.Decision, e.undo, e.undoNow, err = e.s.judge(&e.step, &e.res, t)
@@ -280,7 +300,7 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 	// give-back bumps the cache's generation).
 	for i, it := range items {
 		o := &out[i]
-		if es[i].s == nil || o.Failed || o.Decision.Allowed || o.Decision.RetryAfter <= 0 || terr != nil {
+		if es[i].s == nil || o.Skipped || o.Failed || o.Decision.Allowed || o.Decision.RetryAfter <= 0 || terr != nil {
 			continue
 		}
 		es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision, es[i].gen)
@@ -349,7 +369,7 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 func decider(items []Item, out []Outcome) int {
 	best := -1
 	for i := range out {
-		if items[i].Shadow {
+		if items[i].Shadow || out[i].Skipped {
 			continue
 		}
 		o := &out[i]

@@ -99,12 +99,17 @@ func (w *FixedWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, b
 	win := int64(w.cfg.Window)
 	idx := st.Idx
 	left := time.Duration(win - (t - idx*win))
+	used := c.C[0]
 	if c.Moved {
+		// Counted in the newest writer's window: judged there, against
+		// everything newer too (a store that could not count the units
+		// where a punctual writer sees them reports Later saturated).
 		idx = c.At
+		used = satAdd(used, c.Later)
 	}
 	undo := Step{Kind: StepSub, Key: st.Key, Idx: idx, N: st.N}
 	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: left}
-	if used := c.C[0]; used <= w.cfg.Limit {
+	if used <= w.cfg.Limit {
 		d.Allowed = true
 		d.Remaining = w.cfg.Limit - used
 		return d, undo, false, nil

@@ -2,6 +2,9 @@ package dynamo
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"slices"
 	"sync"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -12,54 +15,188 @@ var _ limiter.Batcher = (*Store)(nil)
 // DefaultMaxDetached is the default of Config.MaxDetached.
 const DefaultMaxDetached = 64
 
-// Do implements [limiter.Batcher]: the steps of a batch are sent at once,
-// each as the request (or conditional-write loop) of its single-step method
-// (Add, Sub, AddPacked, SubPacked, UpdateBucket, UpdateLog), one goroutine
-// each, so a batch costs the latency of its slowest step, one round trip
-// when nothing conflicts. Each step is exactly as atomic as its
-// single-step method; the batch is not all-or-nothing (a denied batch is
-// refunded by the caller).
+// Do implements [limiter.Batcher]: the steps of a batch on the same key
+// name (limiter.Key.Name) go to their one item in ONE conditional
+// UpdateItem whose expression is the union of what each step's
+// single-step method sends (Add, Sub, AddPacked, SubPacked, UpdateBucket,
+// UpdateLog), the conditions ANDed, retried in the store's
+// conditional-write loop from the item a failed condition returns. Items
+// are written in parallel, one goroutine each, so a batch costs one round
+// trip of latency and one write per key name when nothing conflicts. Each
+// step is exactly as atomic as its single-step method (and the steps on
+// one item together); the batch is not all-or-nothing across items. When a
+// take that is not Shadow is denied on the store's state (a bucket or a
+// log), the takes on the same item that were not written yet are not
+// sent: StepResult.NotApplied. Two steps of the same limit and key go in
+// separate writes. Reads (a window Add of 0, a packed op that adds
+// nothing) are single requests.
 //
 // Refunds (window Subs and SubPackeds, bucket and log refund ops) are sent
-// without waiting unless Config.WaitRefunds: Do returns at once for them,
-// with a nil StepResult.Err, and the request runs detached from ctx's
-// cancellation under a deadline of its own (Config.Timeout). At most
-// Config.MaxDetached refunds are in flight per store; a refund over the
-// bound is waited for. A later step of this store on the same key waits
-// for the key's detached refunds first, so a process reads its own
-// refunds. A detached refund that fails is lost: its units stay counted
-// (never free), and are counted in Stats.LostRefunds.
+// without waiting unless Config.WaitRefunds, merged per item the same way:
+// Do returns at once for them, with a nil StepResult.Err, and the request
+// runs detached from ctx's cancellation under a deadline of its own
+// (Config.Timeout). At most Config.MaxDetached refund writes are in flight
+// per store; one over the bound is waited for. A later step of this store
+// on the same key name waits for the key's detached refunds first, so a
+// process reads its own refunds. A detached refund that fails is lost: its
+// units stay counted (never free), and are counted in Stats.LostRefunds.
 func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	first := -1
+	var (
+		groups   []*itemGroup
+		detached []*itemGroup
+		single   []int
+	)
 	for i := range steps {
 		st := &steps[i]
-		if !s.cfg.WaitRefunds && isRefund(st) && s.detach(st) {
-			out[i] = limiter.StepResult{}
+		out[i] = limiter.StepResult{}
+		a, err := s.attrsOf(st.Key)
+		if err != nil {
+			out[i].Err = err
 			continue
 		}
-		if first < 0 {
-			first = i // run on this goroutine, after starting the others
+		p, err := s.stepPart(a, st)
+		switch {
+		case err != nil:
+			out[i].Err = err
 			continue
+		case p == nil && st.Kind == limiter.StepSub:
+			continue // a refund of nothing
+		case p == nil:
+			single = append(single, i)
+			continue
+		}
+		list := &groups
+		if !s.cfg.WaitRefunds && isRefund(st) {
+			list = &detached
+		}
+		*list = addToGroup(*list, a, i, p)
+	}
+	for _, g := range detached {
+		if !s.detach(g) {
+			groups = append(groups, g) // over the bound: waited for
+		}
+	}
+	var wg sync.WaitGroup
+	for _, i := range single {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = limiter.DoStep(ctx, s, &steps[i])
+		}()
+	}
+	for j, g := range groups {
+		if j == len(groups)-1 {
+			g.run(ctx, s, out)
+			break
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = s.doStep(ctx, st)
+			g.run(ctx, s, out)
 		}()
-	}
-	if first >= 0 {
-		out[first] = s.doStep(ctx, &steps[first])
 	}
 	wg.Wait()
 }
 
-// doStep runs one step with its single-step method, once the detached
-// refunds on its key have landed.
-func (s *Store) doStep(ctx context.Context, st *limiter.Step) limiter.StepResult {
-	return limiter.DoStep(ctx, s, st)
+// itemGroup is the steps of a batch written to one item in one write.
+type itemGroup struct {
+	pk    string
+	pres  []string // the attribute prefixes: one step per limit
+	idx   []int    // the steps' indices in the batch
+	parts []part
+}
+
+// addToGroup adds step i (part p, attributes a) to the first group of its
+// item that has no step of the same limit.
+func addToGroup(gs []*itemGroup, a attrs, i int, p part) []*itemGroup {
+	for _, g := range gs {
+		if g.pk == a.pk && !slices.Contains(g.pres, a.pre) {
+			g.pres, g.idx, g.parts = append(g.pres, a.pre), append(g.idx, i), append(g.parts, p)
+			return gs
+		}
+	}
+	return append(gs, &itemGroup{pk: a.pk, pres: []string{a.pre}, idx: []int{i}, parts: []part{p}})
+}
+
+// run writes the group (after the detached refunds on its item) and puts
+// each step's answer in out.
+func (g *itemGroup) run(ctx context.Context, s *Store, out []limiter.StepResult) {
+	errs := make([]error, len(g.parts))
+	if err := s.waitRefunds(ctx, g.pk); err != nil {
+		for j := range errs {
+			errs[j] = err
+		}
+	} else {
+		if len(g.parts) > 1 {
+			for _, p := range g.parts {
+				if b, ok := p.(*bucketPart); ok {
+					b.merged = true
+				}
+			}
+		}
+		s.writeItem(ctx, g.pk, g.parts, errs)
+	}
+	for j, i := range g.idx {
+		if errs[j] != nil {
+			out[i] = limiter.StepResult{Err: errs[j]}
+			continue
+		}
+		out[i] = g.parts[j].result()
+	}
+}
+
+// stepPart returns the part of st on its item (a), nil for a step that is
+// not a write (a read, sent on its own; or a Sub of nothing), or the error
+// its single-step method would return for a bad op.
+func (s *Store) stepPart(a attrs, st *limiter.Step) (part, error) {
+	switch st.Kind {
+	case limiter.StepAdd:
+		if st.Span < 1 || st.Span > limiter.MaxSpan || st.N < 0 {
+			return nil, fmt.Errorf("dynamo: bad window add (span %d, n %d)", st.Span, st.N)
+		}
+		if st.N == 0 {
+			return nil, nil
+		}
+		return &windowAdd{s: s, a: a, cur: st.Idx, span: st.Span, n: st.N, ttl: st.TTL, shadow: st.Shadow}, nil
+	case limiter.StepSub:
+		if st.N < 0 {
+			return nil, fmt.Errorf("dynamo: bad window sub (n %d)", st.N)
+		}
+		if st.N == 0 {
+			return nil, nil
+		}
+		return &windowSub{a: a, name: a.pre + slotName(st.Idx), n: st.N, take: st.N}, nil
+	case limiter.StepBucket:
+		if err := validBucket(st.Bucket); err != nil {
+			return nil, err
+		}
+		p := s.newBucketPart(a, st.Bucket, st.TTL)
+		p.shadow = st.Shadow
+		return p, nil
+	case limiter.StepLog:
+		if err := validLog(st.Log); err != nil {
+			return nil, err
+		}
+		p := s.newLogPart(a, st.Log, st.TTL)
+		p.shadow = st.Shadow
+		return p, nil
+	case limiter.StepPackedAdd:
+		if err := validPacked(&st.Packed); err != nil {
+			return nil, err
+		}
+		if !packedAdds(&st.Packed) {
+			return nil, nil
+		}
+		return &packedAdd{s: s, a: a, op: &st.Packed, shadow: st.Shadow}, nil
+	case limiter.StepPackedSub:
+		if err := validPacked(&st.Packed); err != nil {
+			return nil, err
+		}
+		return newPackedSub(a, &st.Packed, math.MinInt64), nil
+	}
+	return nil, fmt.Errorf("%w: dynamo: unknown step kind %s", limiter.ErrInvalidConfig, st.Kind)
 }
 
 // isRefund reports whether st only gives back what an earlier step took.
@@ -75,17 +212,24 @@ func isRefund(st *limiter.Step) bool {
 	return false
 }
 
-// detach sends the refund st without waiting, and reports false (send it
-// yourself) when MaxDetached refunds are already in flight.
-func (s *Store) detach(st *limiter.Step) bool {
-	step := *st
+// detach writes the refunds of g without waiting, and reports false
+// (write them yourself) when MaxDetached refund writes are already in
+// flight. Each refund whose write fails is counted in Stats.LostRefunds.
+func (s *Store) detach(g *itemGroup) bool {
 	timeout := s.cfg.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	return s.refunds.Go(itemKey(step.Key), timeout, func(ctx context.Context) error {
-		return limiter.DoStep(context.WithValue(ctx, detachedRefund{}, true), s, &step).Err
-	}, func() { s.counter.lostRefunds.Add(1) })
+	return s.refunds.Go(g.pk, timeout, func(ctx context.Context) error {
+		errs := make([]error, len(g.parts))
+		s.writeItem(context.WithValue(ctx, detachedRefund{}, true), g.pk, g.parts, errs)
+		for _, err := range errs {
+			if err != nil {
+				s.counter.lostRefunds.Add(1)
+			}
+		}
+		return nil
+	}, nil)
 }
 
 // detachedRefund marks the context of a refund sent without waiting: it

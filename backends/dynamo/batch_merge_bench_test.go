@@ -20,8 +20,9 @@ import (
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
 
-// The next lever of issue 15 (docs/benchmarks.md, "The next lever: one item
-// per key (prototype)"): the limits of a batch that share a key (Key.Name)
+// The prototype of the merged item (docs/benchmarks.md, "One item per key:
+// DynamoDB"), kept as the reference the store's merged write (Store) is
+// compared with: the limits of a batch that share a key (Key.Name)
 // live in ONE item, updated by ONE UpdateItem whose expression is the union
 // of what each limit's single-step method sends today, with each limit's
 // attribute names prefixed by a short hash of its space and the conditions
@@ -465,9 +466,11 @@ func (m *merged) failBucket(ctx context.Context, i int) error {
 // busy key (threeLimits; a decision every 375 ms of stamps, so every slot
 // and sub-window has traffic and the items are at their steady size), each
 // iteration alternating with one raw UpdateItem; p50 of each and their
-// ratio (issue 15's target: at most 1.2), requests and write units
+// ratio (target: at most 1.2), requests and write units
 // (ReturnConsumedCapacity=TOTAL) per decision. Parallel is the store's Do
-// (one item per limit, three UpdateItems at once); AllNew is the merged
+// on three keys (one item per limit, three UpdateItems at once: the
+// design before items were merged); Store is the store's Do on one key
+// (its merged write); AllNew is the merged
 // prototype (one item, one UpdateItem, ReturnValues ALL_NEW); UpdatedNew
 // the same with UPDATED_NEW and the counters the window reads named with
 // SET #r = if_not_exists(#r, :z) so that they appear in it. SubWindows: the
@@ -475,7 +478,7 @@ func (m *merged) failBucket(ctx context.Context, i int) error {
 // representation), its item at its full size.
 func BenchmarkMergedItem(b *testing.B) {
 	for _, win := range []string{"SubWindows", "Packed"} {
-		for _, mode := range []string{"Parallel", "AllNew", "UpdatedNew", "AllNewNoCondition"} {
+		for _, mode := range []string{"Parallel", "Store", "AllNew", "UpdatedNew", "AllNewNoCondition"} {
 			b.Run(win+"/"+mode, func(b *testing.B) { benchMerged(b, win == "Packed", mode) })
 		}
 	}
@@ -488,10 +491,16 @@ func benchMerged(b *testing.B, packed bool, mode string) {
 	rawKey := limitertest.Key(b)
 	var decide func(i int) error
 	var m *merged
-	if mode == "Parallel" {
+	if mode == "Parallel" || mode == "Store" {
 		items := threeLimits(b, s)
 		if packed {
 			items[0].Limit = mustB(limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "w", Limit: limiter.MaxPackedLimit, Window: time.Minute, Representation: limiter.Packed}))(b)
+		}
+		if mode == "Parallel" {
+			// One key (item) per limit: three UpdateItems at once.
+			for i := range items {
+				items[i].Key += "/" + strconv.Itoa(i)
+			}
 		}
 		out := make([]limiter.Outcome, len(items))
 		decide = func(i int) error {

@@ -16,8 +16,8 @@ const bucketKind = "token bucket"
 
 // Attributes of a bucket item (see the package documentation).
 const (
-	attrBase = "base" // Unix ns: the origin of the refill grid
-	attrTat  = "tat"  // tokens: the refills since base that the takes so far use up
+	attrBase = "b" // Unix ns: the origin of the refill grid
+	attrTat  = "t" // tokens: the refills since base that the takes so far use up
 )
 
 // bucketItem is a bucket as stored: a refill grid (base, base+RefillTime,
@@ -32,11 +32,6 @@ const (
 // due, so concurrent takes never conflict over the refill time.
 type bucketItem struct {
 	base, tat int64
-	// legacy is the state of an item in the earlier layout (tokens,
-	// updated), converted: base = updated, tat = -tokens. Its first write
-	// replaces it on a condition on the old attributes.
-	legacy    bool
-	oldTokens int64
 }
 
 // bucketView is an op's view of a bucketItem: its step on the grid and the
@@ -82,96 +77,146 @@ func (it bucketItem) view(op limiter.BucketOp) (v bucketView, ok bool) {
 // no read in the common case: one UpdateItem per decision whatever the
 // refill rate; see the package documentation.
 func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
-	if op.MaxAmount <= 0 || op.MaxAmount > maxLevel || op.RefillTime <= 0 || op.RefillAmount <= 0 || op.N < 0 || op.N > op.MaxAmount {
-		return limiter.Decision{}, fmt.Errorf("dynamo: bad bucket op (max %d, refill %v by %d, n %d)", op.MaxAmount, op.RefillTime, op.RefillAmount, op.N)
+	if err := validBucket(op); err != nil {
+		return limiter.Decision{}, err
 	}
-	pk := itemKey(k)
+	a, err := s.attrsOf(k)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	if err := s.waitRefunds(ctx, pk); err != nil {
+	if err := s.waitRefunds(ctx, a.pk); err != nil {
 		return limiter.Decision{}, err
 	}
+	p := s.newBucketPart(a, op, ttl)
+	if err := s.writeOne(ctx, a.pk, p); err != nil {
+		return limiter.Decision{}, err
+	}
+	return p.d, nil
+}
 
-	var (
-		cur        bucketItem
-		found      bool // cur is a stored bucket (else: assume none is stored)
-		fromServer bool // cur came from DynamoDB during this call
-		next       bucketItem
-		d          limiter.Decision
-		plan       bucketPlan
-	)
-	if v, ok := s.cache.get(pk); ok {
-		cur, found = v.(bucketItem), true
+func validBucket(op limiter.BucketOp) error {
+	if op.MaxAmount <= 0 || op.MaxAmount > maxLevel || op.RefillTime <= 0 || op.RefillAmount <= 0 || op.N < 0 || op.N > op.MaxAmount {
+		return fmt.Errorf("dynamo: bad bucket op (max %d, refill %v by %d, n %d)", op.MaxAmount, op.RefillTime, op.RefillAmount, op.N)
 	}
-	err := s.writer().conditional(ctx, bucketKind+" "+pk, condWrite{
-		next: func(ctx context.Context) (*dynamodb.UpdateItemInput, error) {
-			var err error
-			plan, next, d, err = s.planBucket(op, cur, found, fromServer)
-			if err != nil {
-				return nil, fmt.Errorf("dynamo: %s %s: %w", bucketKind, pk, err)
-			}
-			if plan.read {
-				// A Get is only as good as the state it was computed
-				// on: confirm a remembered state with a read.
-				st, ok, err := s.readBucket(ctx, pk)
-				if err != nil {
-					return nil, err
-				}
-				cur, found, fromServer = st, ok, true
-				if plan, next, d, err = s.planBucket(op, cur, found, fromServer); err != nil {
-					return nil, fmt.Errorf("dynamo: %s %s: %w", bucketKind, pk, err)
-				}
-			}
-			if plan.kind == writeNone {
-				return nil, nil
-			}
-			return s.bucketInput(pk, op, cur, plan, next, ttl), nil
-		},
-		written: func(out *dynamodb.UpdateItemOutput) error {
-			if !plan.relative() {
-				s.cache.put(pk, next)
-				return nil
-			}
-			stored, err := decodeBucket(pk, out.Attributes)
-			if err != nil {
-				s.cache.remove(pk)
-				return err
-			}
-			// The decision of the op on the state it was applied to.
-			before := stored
-			switch plan.kind {
-			case writeTake:
-				before.tat -= op.N
-			case writeRefund:
-				before.tat += op.N
-			case writeStrict:
-				before.base, before.tat = plan.base, stored.tat+plan.level
-			}
-			v, ok := before.view(op)
-			if !ok {
-				s.cache.remove(pk)
-				return corrupt(bucketKind, pk, attrTat, "out of range after a write: %d", stored.tat)
-			}
-			_, d, _ = op.Apply(v.state, true)
-			s.cache.put(pk, stored)
-			return nil
-		},
-		lost: func(item map[string]types.AttributeValue) (bool, error) {
-			// The item DynamoDB returned is the state that beat us (or
-			// the one our guess missed): apply the op to it, without a
-			// read.
-			var err error
-			cur, found, err = s.bucketFromItem(pk, item)
-			fromServer = true
-			return err == nil, err
-		},
-	})
+	return nil
+}
+
+// bucketPart is a bucket's op as a part of a write (UpdateBucket).
+type bucketPart struct {
+	s          *Store
+	a          attrs
+	op         limiter.BucketOp
+	ttl        time.Duration
+	shadow     bool       // a Shadow step: its denial does not deny the batch
+	cur        bucketItem // the state last seen
+	found      bool       // cur is a stored bucket (else: assume none is stored)
+	fromServer bool       // cur came from DynamoDB during this call
+	next_      bucketItem // the item after the write
+	d          limiter.Decision
+	plan       bucketPlan
+	merged     bool // sent with other parts (Store.brokenMerged)
+	notApplied bool
+}
+
+func (s *Store) newBucketPart(a attrs, op limiter.BucketOp, ttl time.Duration) *bucketPart {
+	p := &bucketPart{s: s, a: a, op: op, ttl: ttl}
+	if v, ok := s.cache.get(a.cacheKey()); ok {
+		p.cur, p.found = v.(bucketItem), true
+	}
+	return p
+}
+
+func (p *bucketPart) next(ctx context.Context, u *update) (bool, error) {
+	s, pk, op := p.s, p.a.pk, p.op
+	var err error
+	p.plan, p.next_, p.d, err = s.planBucket(op, p.cur, p.found, p.fromServer)
 	if err != nil {
-		// The write may or may not have happened: what is remembered may
-		// be stale, which the next write's condition catches.
-		return limiter.Decision{}, err
+		return false, fmt.Errorf("dynamo: %s %s: %w", bucketKind, pk, err)
 	}
-	return d, nil
+	if p.plan.read {
+		// A Get is only as good as the state it was computed on:
+		// confirm a remembered state with a read.
+		st, ok, err := s.readBucket(ctx, p.a)
+		if err != nil {
+			return false, err
+		}
+		p.cur, p.found, p.fromServer = st, ok, true
+		if p.plan, p.next_, p.d, err = s.planBucket(op, p.cur, p.found, p.fromServer); err != nil {
+			return false, fmt.Errorf("dynamo: %s %s: %w", bucketKind, pk, err)
+		}
+	}
+	if p.plan.kind == writeNone {
+		return false, nil
+	}
+	s.bucketClauses(u, p.a, op, p.cur, p.plan, p.next_, p.ttl, p.merged && s.brokenMerged)
+	return true, nil
+}
+
+// denied reports a take denied on the server's state that denies the
+// batch.
+func (p *bucketPart) denied() bool {
+	return p.plan.kind == writeNone && p.op.Take() && !p.d.Allowed && !p.shadow
+}
+
+func (p *bucketPart) written(_ context.Context, item map[string]types.AttributeValue) error {
+	s, a, op := p.s, p.a, p.op
+	if !p.plan.relative() {
+		s.cache.put(a.cacheKey(), p.next_)
+		return nil
+	}
+	stored, found, err := decodeBucket(a, item)
+	if err == nil && !found {
+		err = corrupt(bucketKind, a.pk, a.pre+attrTat, "missing after a write")
+	}
+	if err != nil {
+		s.cache.remove(a.cacheKey())
+		return err
+	}
+	// The decision of the op on the state it was applied to.
+	before := stored
+	switch p.plan.kind {
+	case writeTake:
+		before.tat -= op.N
+	case writeRefund:
+		before.tat += op.N
+	case writeStrict:
+		before.base, before.tat = p.plan.base, stored.tat+p.plan.level
+	}
+	v, ok := before.view(op)
+	if !ok {
+		s.cache.remove(a.cacheKey())
+		return corrupt(bucketKind, a.pk, a.pre+attrTat, "out of range after a write: %d", stored.tat)
+	}
+	_, p.d, _ = op.Apply(v.state, true)
+	s.cache.put(a.cacheKey(), stored)
+	return nil
+}
+
+func (p *bucketPart) lost(old map[string]types.AttributeValue) (bool, error) {
+	// The item DynamoDB returned is the state that beat us (or the one
+	// our guess missed): apply the op to it, without a read.
+	var err error
+	p.cur, p.found, err = p.s.bucketFromItem(p.a, old)
+	p.fromServer = true
+	return err == nil, err
+}
+
+func (p *bucketPart) result() limiter.StepResult {
+	if p.notApplied {
+		return limiter.StepResult{NotApplied: true}
+	}
+	return limiter.StepResult{Decision: p.d}
+}
+
+// skip marks a take not applied (another part denied the batch).
+func (p *bucketPart) skip() bool {
+	if !p.op.Take() || p.shadow {
+		return false
+	}
+	p.notApplied = true
+	return true
 }
 
 // writeKind is the form of a bucket write.
@@ -230,7 +275,6 @@ func (s *Store) planBucket(op limiter.BucketOp, cur bucketItem, found, fromServe
 		if err != nil {
 			return bucketPlan{}, bucketItem{}, limiter.Decision{}, err
 		}
-		moved.legacy, moved.oldTokens = cur.legacy, cur.oldTokens
 		if v, ok = moved.view(op); !ok {
 			return bucketPlan{}, bucketItem{}, limiter.Decision{}, fmt.Errorf("stamp %d out of range of the bucket's refill grid", op.Now)
 		}
@@ -256,7 +300,7 @@ func (s *Store) planBucket(op limiter.BucketOp, cur bucketItem, found, fromServe
 		return plan, next, d, nil
 	}
 	switch {
-	case cur.legacy || s.exactOnly:
+	case s.exactOnly:
 		plan.kind = writeExact
 	case st.Updated != v.state.Updated:
 		plan.kind = writeStrict
@@ -300,118 +344,85 @@ func rebase(op limiter.BucketOp, it bucketItem) (bucketItem, error) {
 	return bucketItem{base: base, tat: -tokens}, nil
 }
 
-// bucketInput is the conditional UpdateItem of plan, which stores next,
-// computed from cur.
-func (s *Store) bucketInput(pk string, op limiter.BucketOp, cur bucketItem, plan bucketPlan, next bucketItem, ttl time.Duration) *dynamodb.UpdateItemInput {
-	in := &dynamodb.UpdateItemInput{
-		TableName:                s.table,
-		Key:                      keyAttr(pk),
-		ExpressionAttributeNames: map[string]string{"#b": attrBase, "#a": attrTat, "#x": AttrTTL},
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":x": s.ttlValue(ttl), ":b": numAttr(plan.base),
-		},
+// bucketClauses adds the conditional write of plan, which stores next,
+// computed from cur, to u.
+// broken drops the condition (tests show the history checker fails such a
+// store).
+func (s *Store) bucketClauses(u *update, a attrs, op limiter.BucketOp, cur bucketItem, plan bucketPlan, next bucketItem, ttl time.Duration, broken bool) {
+	if broken {
+		defer u.dropConds(len(u.cond))
 	}
-	vals := in.ExpressionAttributeValues
-	set := func(update, cond string) {
-		in.UpdateExpression, in.ConditionExpression = aws.String(update), aws.String(cond)
-	}
+	b, t := u.name(a.pre+attrBase), u.name(a.pre+attrTat)
+	u.keepTTL(ttl)
 	floor := plan.level - op.MaxAmount // below it, the bucket is full at the op's step
+	onGrid := func() string { return b + " = " + u.num(plan.base) }
 	switch plan.kind {
 	case writeTake:
-		set("SET #a = #a + :n, #x = :x", "#b = :b AND #a BETWEEN :lo AND :hi")
-		vals[":n"], vals[":lo"], vals[":hi"] = numAttr(op.N), numAttr(floor), numAttr(plan.level-op.N)
+		u.set = append(u.set, t+" = "+t+" + "+u.num(op.N))
+		u.cond = append(u.cond, onGrid()+" AND "+t+" BETWEEN "+u.num(floor)+" AND "+u.num(plan.level-op.N))
 	case writeFull:
-		set("SET #a = :a, #x = :x", "#b = :b AND #a < :lo")
-		vals[":a"], vals[":lo"] = numAttr(next.tat), numAttr(floor)
+		u.set = append(u.set, t+" = "+u.num(next.tat))
+		u.cond = append(u.cond, onGrid()+" AND "+t+" < "+u.num(floor))
 	case writeRefund:
-		set("SET #a = #a - :n, #x = :x", "#b = :b AND #a >= :lo")
-		vals[":n"], vals[":lo"] = numAttr(op.N), numAttr(floor+op.N)
+		u.set = append(u.set, t+" = "+t+" - "+u.num(op.N))
+		u.cond = append(u.cond, onGrid()+" AND "+t+" >= "+u.num(floor+op.N))
 	case writeCap:
-		set("SET #a = :a, #x = :x", "#b = :b AND #a < :lo")
-		vals[":a"], vals[":lo"] = numAttr(next.tat), numAttr(floor+op.N)
+		u.set = append(u.set, t+" = "+u.num(next.tat))
+		u.cond = append(u.cond, onGrid()+" AND "+t+" < "+u.num(floor+op.N))
 	case writeStrict:
-		set("SET #b = :now, #a = #a - :level, #x = :x", "#b = :b AND #a > :hi")
-		vals[":now"], vals[":level"], vals[":hi"] = numAttr(next.base), numAttr(plan.level), numAttr(plan.level-op.N)
+		u.set = append(u.set, b+" = "+u.num(next.base), t+" = "+t+" - "+u.num(plan.level))
+		u.cond = append(u.cond, onGrid()+" AND "+t+" > "+u.num(plan.level-op.N))
 	case writeCreate:
-		delete(vals, ":b")
-		vals[":nb"], vals[":a"] = numAttr(next.base), numAttr(next.tat)
-		in.ExpressionAttributeNames["#k"] = AttrPK
-		set("SET #b = :nb, #a = :a, #x = :x", "attribute_not_exists(#k)")
+		u.set = append(u.set, b+" = "+u.num(next.base), t+" = "+u.num(next.tat))
+		u.cond = append(u.cond, "attribute_not_exists("+t+") AND attribute_not_exists("+b+")")
 	case writeExact:
-		delete(vals, ":b")
-		vals[":nb"], vals[":a"] = numAttr(next.base), numAttr(next.tat)
-		if cur.legacy {
-			// ABA is harmless: the old layout's state is a pure
-			// function of (tokens, updated).
-			in.ExpressionAttributeNames["#t"], in.ExpressionAttributeNames["#u"] = attrTokens, attrUpdated
-			vals[":t0"], vals[":u0"] = numAttr(cur.oldTokens), numAttr(cur.base)
-			set("SET #b = :nb, #a = :a, #x = :x REMOVE #t, #u", "attribute_not_exists(#a) AND #t = :t0 AND #u = :u0")
-		} else {
-			vals[":b0"], vals[":a0"] = numAttr(cur.base), numAttr(cur.tat)
-			set("SET #b = :nb, #a = :a, #x = :x", "#b = :b0 AND #a = :a0")
-		}
+		u.set = append(u.set, b+" = "+u.num(next.base), t+" = "+u.num(next.tat))
+		u.cond = append(u.cond, b+" = "+u.num(cur.base)+" AND "+t+" = "+u.num(cur.tat))
 	}
 	if plan.relative() {
-		in.ReturnValues = types.ReturnValueAllNew
+		u.allNew = true
 	}
-	return in
 }
 
-// bucketFromItem decodes item (nil: no bucket stored) and remembers it.
-func (s *Store) bucketFromItem(pk string, item map[string]types.AttributeValue) (bucketItem, bool, error) {
-	if len(item) == 0 {
-		s.cache.remove(pk)
-		return bucketItem{}, false, nil
+// bucketFromItem decodes the bucket of item (none: no bucket stored) and
+// remembers it.
+func (s *Store) bucketFromItem(a attrs, item map[string]types.AttributeValue) (bucketItem, bool, error) {
+	st, found, err := decodeBucket(a, item)
+	if err != nil || !found {
+		s.cache.remove(a.cacheKey())
+		return bucketItem{}, false, err
 	}
-	st, err := decodeBucket(pk, item)
-	if err != nil {
-		s.cache.remove(pk)
-		return st, false, err
-	}
-	s.cache.put(pk, st)
+	s.cache.put(a.cacheKey(), st)
 	return st, true, nil
 }
 
-// decodeBucket decodes a bucket item, in this layout or the earlier one
-// (tokens, updated).
-func decodeBucket(pk string, item map[string]types.AttributeValue) (bucketItem, error) {
-	_, hasTat := item[attrTat]
-	_, hasTokens := item[attrTokens]
-	if !hasTat && hasTokens {
-		tokens, err := getInt(bucketKind, pk, item, attrTokens)
-		if err != nil {
-			return bucketItem{}, err
-		}
-		if tokens < 0 {
-			return bucketItem{}, corrupt(bucketKind, pk, attrTokens, "negative: %d", tokens)
-		}
-		updated, err := getInt(bucketKind, pk, item, attrUpdated)
-		if err != nil {
-			return bucketItem{}, err
-		}
-		return bucketItem{base: updated, tat: -tokens, legacy: true, oldTokens: tokens}, nil
+// decodeBucket decodes the bucket's attributes of item: found is false when
+// it holds neither.
+func decodeBucket(a attrs, item map[string]types.AttributeValue) (it bucketItem, found bool, err error) {
+	_, hasTat := item[a.pre+attrTat]
+	_, hasBase := item[a.pre+attrBase]
+	if !hasTat && !hasBase {
+		return bucketItem{}, false, nil
 	}
-	tat, err := getInt(bucketKind, pk, item, attrTat)
-	if err != nil {
-		return bucketItem{}, err
+	if it.tat, err = getInt(bucketKind, a.pk, item, a.pre+attrTat); err != nil {
+		return bucketItem{}, false, err
 	}
-	base, err := getInt(bucketKind, pk, item, attrBase)
-	if err != nil {
-		return bucketItem{}, err
+	if it.base, err = getInt(bucketKind, a.pk, item, a.pre+attrBase); err != nil {
+		return bucketItem{}, false, err
 	}
-	return bucketItem{base: base, tat: tat}, nil
+	return it, true, nil
 }
 
 // readBucket reads the bucket with a strongly consistent read.
-func (s *Store) readBucket(ctx context.Context, pk string) (bucketItem, bool, error) {
+func (s *Store) readBucket(ctx context.Context, a attrs) (bucketItem, bool, error) {
 	s.counter.reads.Add(1)
 	out, err := s.client.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:      s.table,
-		Key:            keyAttr(pk),
+		Key:            keyAttr(a.pk),
 		ConsistentRead: aws.Bool(true),
 	}, s.optFns...)
 	if err != nil {
 		return bucketItem{}, false, mapError("token bucket read", err)
 	}
-	return s.bucketFromItem(pk, out.Item)
+	return s.bucketFromItem(a, out.Item)
 }

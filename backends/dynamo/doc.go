@@ -8,23 +8,39 @@
 //
 // One table, partition key "pk" (String), no sort key, TTL attribute "ttl"
 // (Number, Unix seconds). The CDK app creates it in AWS; [CreateTable]
-// creates it for tests and local use. Every item is one key of one
-// algorithm: pk is the limiter key's Space and Name, escaped ('%XX' for
-// every byte that is not printable ASCII, and for '%', '/' and '#') and
-// joined by '/'; a key longer than 160 bytes becomes the Space, "/#" and the
-// SHA-256 of the key in base64url. Every write sets ttl to the wall-clock
-// time the state must be kept (the limiter's ttl, rounded up, plus a
-// second), so idle keys expire. DynamoDB deletes expired items lazily (up to
-// days later) and correctness never depends on it: an expired item still
-// read is still a valid state (a bucket refills, old sub-windows are out of
-// view, old log entries are dropped). Items stay under 1 KB (one write
-// capacity unit): a bucket is about 50 bytes plus the key, a full window
-// view and horizon of 42 counters (the default 20 sub-windows) about 340,
-// and a log is refused beyond 1 KB.
+// creates it for tests and local use. Every item is one key Name: the
+// state of every limit whose key has that Name (the limits of one rule),
+// each limit's attributes named with a 2-character prefix, base64url of
+// the SHA-256 of its Space (a store refuses a second Space with a prefix it
+// already served). pk is "#/" and the Name escaped ('%XX' for every byte
+// that is not printable ASCII, and for '%', '/' and '#'); a key longer
+// than 160 bytes becomes "#/#" and the SHA-256 of the Name in base64url.
+// Every write sets ttl to the wall-clock time the state must be kept (the
+// longest ttl any limit asked of the store, rounded up, plus a second), so
+// idle keys expire. DynamoDB deletes expired items lazily (up to days
+// later) and correctness never depends on it: an expired item still read
+// is still a valid state (a bucket refills, old sub-windows are out of
+// view, old log entries are dropped). Sizes: a bucket takes about 20 bytes,
+// a full view and horizon of 42 counters (the default 20 sub-windows)
+// about 420, a packed window at 160 slots with traffic in every slot about
+// 1,750 (2 write units); the embedded rules' per-ip item is 576 bytes for
+// a light client and 1,780 for one with traffic in every slot; a log is
+// refused beyond 1 KB. The rest of this comment names attributes without
+// their prefix.
+//
+// A write to an item is ONE UpdateItem: the union of the parts of the
+// limits it updates (a single-step call is one part; [Store.Do] merges
+// the steps of a batch on one Name), each part's conditions ANDed, the ttl
+// set once, ReturnValues=ALL_NEW when a part reads its answer from the
+// item. On a failed condition (ReturnValuesOnConditionCheckFailure=ALL_OLD)
+// every part takes the item returned as its state and the write is sent
+// again with the parts still to write, in the conditional-write loop
+// below. docs/consistency.md ("Several limits in one item") says why this
+// stays exact.
 //
 // # Token buckets
 //
-// Item: base (N, Unix ns) and tat (N, tokens): GCRA's "theoretical arrival
+// Attributes: b (N, Unix ns, the base) and t (N, tokens, the tat): GCRA's "theoretical arrival
 // time" counted in refill tokens on a refill grid. The grid is base,
 // base+RefillTime, base+2*RefillTime, ...; an op stamped now is in step
 // k = floor((now-base)/RefillTime) and sees min(max, RefillAmount*k - tat)
@@ -56,9 +72,7 @@
 //     restarts at now holding the tokens the op saw, as Smyte's strict mode
 //     restarts the refill timer.
 //   - A key the store has not seen: a new full bucket (base = now) on
-//     condition attribute_not_exists(pk). An item in the earlier layout
-//     (tokens, updated) is read as base = updated, tat = -tokens and
-//     replaced by an exact write conditioned on its old attributes.
+//     condition that neither attribute exists.
 //
 // Each op is decided by [limiter.BucketOp.Apply] on the bucket at its own
 // step (tokens as above, Updated = base + k*RefillTime), so Smyte's
@@ -78,7 +92,7 @@
 // limitertest.BucketsAtStamp states this semantics for the conformance
 // suite and the history checker.
 //
-// Size: about 40 bytes plus the key. With a tiny RefillTime and a large
+// Size: about 20 bytes. With a tiny RefillTime and a large
 // RefillAmount, a key busy for decades would make RefillAmount*k leave
 // 2^61; the grid is then moved forward by an exact write (same phase).
 //
@@ -106,7 +120,7 @@
 //
 // # Windows
 //
-// Item: one Number attribute per sub-window, named by its index modulo 2^30
+// Attributes: one Number per sub-window, named by its index modulo 2^30
 // in five base64url characters (so a name only recurs 2^30 sub-windows
 // later). Add is ONE UpdateItem:
 //
@@ -145,15 +159,15 @@
 // GetItem.
 //
 // Size: a key with traffic in every sub-window holds 2*span counters, about
-// 8 bytes each for counts under 1000 (5-byte name, number): a 20-sub-window
-// window (the default) about 340 bytes plus the key, one write unit; 40
-// sub-windows about 660 bytes; at 60 sub-windows and large counts an item
-// can pass 1 KB and cost two write units.
+// 10 bytes each for counts under 1000 (7-byte name, number): a
+// 20-sub-window window (the default) about 420 bytes, one write unit; 40
+// sub-windows about 820 bytes; at 60 sub-windows an item passes 1 KB and
+// costs two write units.
 //
 // # Packed windows
 //
-// A packed sliding window ([limiter.Packed], [limiter.PackedCounter]) is
-// one item per key with one Number attribute per counter (level, index),
+// A packed sliding window ([limiter.Packed], [limiter.PackedCounter]) has
+// one Number attribute per counter (level, index),
 // named by five base64url characters of (level-1)<<28 | index mod 2^28
 // (an index recurs only 2^30 slots or more later). AddPacked is ONE
 // UpdateItem:
@@ -217,27 +231,27 @@
 //
 // # Sliding logs
 //
-// Item: log (Binary, limiter.AppendLog), v (N, version). The log is written
-// with one UpdateItem on condition v = :remembered AND log = :remembered_log
-// (attribute_not_exists(pk) for a new key), in the same conditional-write
-// loop and with the same denial rules as buckets. Under contention on one
-// key a log admits one writer per round trip. A log whose item would
-// exceed 1 KB is refused with an error wrapping [ErrItemTooLarge] (a few
+// Attributes: l (Binary, limiter.AppendLog), v (N, version). The log is
+// written with one UpdateItem on condition v = :remembered AND l =
+// :remembered_log (neither exists for a new key), in the same
+// conditional-write loop and with the same denial rules as buckets. Under
+// contention on one key a log admits one writer per round trip. A log
+// whose own attributes would exceed 1 KB is refused with an error wrapping [ErrItemTooLarge] (a few
 // hundred entries; use a sliding window for larger limits).
 //
 // # Batches
 //
 // A [Store] is a limiter.Batcher: limiter.Decide hands it every step of a
-// request bound for it in one [Store.Do]. Do sends the steps at once, each
-// as the request (or conditional-write loop) of its single-step method
-// (Add, Sub, AddPacked, SubPacked, UpdateBucket, UpdateLog), one goroutine
-// per step, under one
-// deadline, so a batch costs one round trip of latency and exactly the
-// requests and write units of its steps (1 WCU per limit when nothing
-// conflicts). Each step is exactly as atomic, and as exact under
-// out-of-order arrivals, as its single-step method; the batch is not
-// all-or-nothing: Decide refunds the takes of a denied batch, in a second
-// Do.
+// request bound for it in one [Store.Do]. Do merges the steps on one key
+// Name into one write of their item (above; two steps of one limit go in
+// separate writes) and sends the writes of different items at once, one
+// goroutine each, under one deadline: a batch costs one round trip of
+// latency and one write per Name when nothing conflicts (the embedded
+// rules: 1 without a token, 2 with one). When a bucket or log take (not
+// Shadow) is denied on the store's state, the takes of its item not
+// written yet are not sent: limiter.StepResult.NotApplied. The batch is
+// not all-or-nothing across items: Decide refunds the takes of a denied
+// batch, in a second Do, merged per item the same way.
 //
 // Refunds (window Subs and SubPackeds, bucket and log refund ops:
 // BucketOp.Refund, LogOp.Refund) are sent without waiting unless Config.WaitRefunds: Do

@@ -19,3 +19,10 @@ func BreakPacked(s *Store, early int64, noStale bool) {
 
 // PackedName exposes packedName to the tests.
 var PackedName = packedName
+
+// BreakMerged drops the condition of every bucket write that is merged with
+// other limits' (tests show the history checker fails such a store).
+func BreakMerged(s *Store) { s.brokenMerged = true }
+
+// Attr is the name of attribute name of the limit space in its item.
+func Attr(space, name string) string { return spacePrefix(space) + name }

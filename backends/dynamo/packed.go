@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/big"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -88,102 +87,89 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 	if err := validPacked(op); err != nil {
 		return c, err
 	}
-	pk := itemKey(k)
-	ctx, cancel := s.withDeadline(ctx)
-	defer cancel()
-	if err := s.waitRefunds(ctx, pk); err != nil {
+	a, err := s.attrsOf(k)
+	if err != nil {
 		return c, err
 	}
-	adds := false
-	var ttl time.Duration
-	for _, a := range op.Adds {
-		if a.Delta != 0 {
-			adds = true
-			ttl = max(ttl, a.TTL)
-		}
+	ctx, cancel := s.withDeadline(ctx)
+	defer cancel()
+	if err := s.waitRefunds(ctx, a.pk); err != nil {
+		return c, err
 	}
-	if !adds {
+	if !packedAdds(op) {
 		s.counter.reads.Add(1)
 		out, err := s.client.GetItem(ctx, &dynamodb.GetItemInput{
-			TableName: s.table, Key: keyAttr(pk), ConsistentRead: aws.Bool(true),
+			TableName: s.table, Key: keyAttr(a.pk), ConsistentRead: aws.Bool(true),
 		}, s.optFns...)
 		if err != nil {
 			return c, mapError("packed window read", err)
 		}
-		it, err := decodePacked(pk, out.Item, op.Slot, op.Keep)
+		it, err := decodePacked(a, out.Item, op.Slot, op.Keep)
 		if err != nil {
 			return c, err
 		}
 		return it.answer(op), nil
 	}
+	p := &packedAdd{s: s, a: a, op: op}
+	err = s.writeOne(ctx, a.pk, p)
+	return p.res.Packed, err
+}
 
-	names := map[string]string{"#x": AttrTTL}
-	values := map[string]types.AttributeValue{":x": s.ttlValue(ttl), ":N": &types.AttributeValueMemberS{Value: "N"}, ":z": numAttr(0)}
-	var expr, cond strings.Builder
-	for i, a := range op.Adds {
-		if a.Delta == 0 {
+// packedAdds reports whether op adds anything (else it is a read).
+func packedAdds(op *limiter.PackedOp) bool {
+	for _, a := range op.Adds {
+		if a.Delta != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// packedAdd is a packed window's add as a part of a write (AddPacked).
+type packedAdd struct {
+	s      *Store
+	a      attrs
+	op     *limiter.PackedOp
+	shadow bool // a Shadow step: never skipped
+	res    limiter.StepResult
+}
+
+func (p *packedAdd) next(_ context.Context, u *update) (bool, error) {
+	var ttl time.Duration
+	z := u.num(0)
+	for _, ad := range p.op.Adds {
+		if ad.Delta == 0 {
 			continue
 		}
-		ph, vp := "#a"+strconv.Itoa(i), ":d"+strconv.Itoa(i)
-		names[ph] = packedName(a.Cell)
-		values[vp] = &types.AttributeValueMemberN{Value: strconv.FormatUint(a.Delta, 10)}
-		if expr.Len() == 0 {
-			expr.WriteString("ADD ")
-		} else {
-			expr.WriteString(", ")
-			cond.WriteString(" AND ")
-		}
-		expr.WriteString(ph + " " + vp)
-		fmt.Fprintf(&cond, "(attribute_not_exists(%s) OR (attribute_type(%s, :N) AND %s >= :z))", ph, ph, ph)
+		ttl = max(ttl, ad.TTL)
+		ph := u.name(p.a.pre + packedName(ad.Cell))
+		u.add = append(u.add, ph+" "+u.value(&types.AttributeValueMemberN{Value: strconv.FormatUint(ad.Delta, 10)}))
+		u.cond = append(u.cond, fmt.Sprintf("(attribute_not_exists(%s) OR (attribute_type(%s, %s) AND %s >= %s))", ph, ph, u.typeN(), ph, z))
 	}
-	expr.WriteString(" SET #x = :x")
-	if remove := s.packedRemovals(pk, op); len(remove) > 0 {
-		expr.WriteString(" ")
-		writeRemove(&expr, names, remove)
+	u.keepTTL(ttl)
+	u.allNew = true
+	for _, name := range p.s.packedRemovals(p.a, p.op) {
+		u.removeAttr(name)
 	}
-	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                           s.table,
-		Key:                                 keyAttr(pk),
-		UpdateExpression:                    aws.String(expr.String()),
-		ConditionExpression:                 aws.String(cond.String()),
-		ExpressionAttributeNames:            names,
-		ExpressionAttributeValues:           values,
-		ReturnValues:                        types.ReturnValueAllNew,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	}, s.optFns...)
+	return true, nil
+}
+
+func (p *packedAdd) written(ctx context.Context, item map[string]types.AttributeValue) error {
+	s, a, op := p.s, p.a, p.op
+	it, err := decodePacked(a, item, op.Slot, op.Keep-s.packedEarly)
 	if err != nil {
-		s.cache.remove(pk)
-		if old, lost := conditionFailed(err); lost {
-			// Only a counter of the wrong type or sign fails the
-			// condition.
-			if _, err := decodePacked(pk, old, op.Slot, op.Keep); err != nil {
-				return c, err
-			}
-			for _, a := range op.Adds {
-				if av, ok := old[packedName(a.Cell)]; ok && a.Delta != 0 {
-					if _, err := packedValue(pk, packedName(a.Cell), av); err != nil {
-						return c, err
-					}
-				}
-			}
-			return c, corrupt(packedKind, pk, "", "the add's condition failed on an item of counters")
-		}
-		return c, mapError("packed window add", err)
-	}
-	it, err := decodePacked(pk, out.Attributes, op.Slot, op.Keep-s.packedEarly)
-	if err != nil {
-		s.cache.remove(pk)
-		return c, err
+		s.cache.remove(a.cacheKey())
+		return err
 	}
 	switch {
 	case len(it.stale) == 0:
-		s.cache.remove(pk)
+		s.cache.remove(a.cacheKey())
 	case len(it.stale) >= cleanupStale && writeUnits(it.size) > writeUnits(it.size-it.staleSize):
 		// Worth a request now: the next decisions on the key cost fewer
 		// write units without them.
-		s.cleanup(ctx, pk, it.stale)
+		s.cleanup(ctx, a, it.stale)
 	default:
-		s.cache.put(pk, windowState{stale: it.stale})
+		s.cache.put(a.cacheKey(), windowState{stale: it.stale})
 	}
 	if it.staleOp(op) && !s.packedNoStale {
 		// Past the horizon: what the op names may have been removed
@@ -192,35 +178,53 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 		// stay counted: in counters no writer within the horizon reads,
 		// or in coarse ones it does (stricter), never free.
 		s.counter.packedStale.Add(1)
-		if err := s.subPacked(ctx, pk, op, keepFrom(it.newest1<<2, op.Keep)); err != nil {
+		if err := s.writeOne(ctx, a.pk, newPackedSub(a, op, keepFrom(it.newest1<<2, op.Keep))); err != nil {
 			s.counter.lostRefunds.Add(1)
 		}
-		return limiter.PackedCounts{Stale: true}, nil
+		p.res.Packed = limiter.PackedCounts{Stale: true}
+		return nil
 	}
 	if s.packedNoStale {
 		it.has1 = false
 	}
-	return it.answer(op), nil
+	p.res.Packed = it.answer(op)
+	return nil
 }
+
+func (p *packedAdd) lost(old map[string]types.AttributeValue) (bool, error) {
+	p.s.cache.remove(p.a.cacheKey())
+	// Only a counter of the wrong type or sign fails this part's
+	// condition.
+	if _, err := decodePacked(p.a, old, p.op.Slot, p.op.Keep); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+func (p *packedAdd) skip() bool {
+	p.res.NotApplied = !p.shadow
+	return p.res.NotApplied
+}
+func (p *packedAdd) result() limiter.StepResult { return p.res }
 
 // packedRemovals returns the counters an add at op.Slot removes: at every
 // level the two just behind keepFrom(op.Slot, op.Keep), and the names this
 // process saw past it in the key's last response. Every one is older than
 // the writer's own keep bound, so never one that a writer within the
 // horizon of the newest names (the newest is at or after op.Slot).
-func (s *Store) packedRemovals(pk string, op *limiter.PackedOp) []string {
+func (s *Store) packedRemovals(a attrs, op *limiter.PackedOp) []string {
 	from := keepFrom(op.Slot, op.Keep-s.packedEarly)
 	remove := make([]string, 0, 2*limiter.PackedLevels)
 	for l := 1; l <= limiter.PackedLevels; l++ {
 		idx := from >> (2 * l) // counters before idx end before from
 		for i := int64(1); i <= 2; i++ {
-			remove = append(remove, packedName(limiter.PackedCell{Level: uint8(l), Index: idx - i}))
+			remove = append(remove, a.pre+packedName(limiter.PackedCell{Level: uint8(l), Index: idx - i}))
 		}
 	}
-	if v, ok := s.cache.get(pk); ok {
+	if v, ok := s.cache.get(a.cacheKey()); ok {
 		if st, ok := v.(windowState); ok {
 			for _, name := range st.stale {
-				l, idx, ok := parsePackedName(name)
+				l, idx, ok := parsePackedName(name[len(a.pre):])
 				if !ok || contains(remove, name) || len(remove) >= maxRemove {
 					continue
 				}
@@ -251,21 +255,25 @@ type packedItem struct {
 func writeUnits(size int) int { return (size + ItemBudget - 1) / ItemBudget }
 
 // decodePacked reads the counters of item as seen from slot f.
-func decodePacked(pk string, item map[string]types.AttributeValue, f, keep int64) (packedItem, error) {
+func decodePacked(a attrs, item map[string]types.AttributeValue, f, keep int64) (packedItem, error) {
 	it := packedItem{values: make(map[string]uint64, len(item))}
 	from := keepFrom(f, keep)
 	for name, av := range item {
 		sz := len(name) + valueSize(av)
 		it.size += sz
-		l, idx, ok := parsePackedName(name)
+		short, ok := a.own(name)
 		if !ok {
 			continue
 		}
-		v, err := packedValue(pk, name, av)
+		l, idx, ok := parsePackedName(short)
+		if !ok {
+			continue
+		}
+		v, err := packedValue(a.pk, name, av)
 		if err != nil {
 			return it, err
 		}
-		it.values[name] = v
+		it.values[short] = v
 		c := limiter.PackedCell{Level: uint8(l), Index: resolve(idx, l, f)}
 		if l == 1 && (!it.has1 || c.Index > it.newest1) {
 			it.newest1, it.has1 = c.Index, true
@@ -363,130 +371,115 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 	if err := validPacked(op); err != nil {
 		return err
 	}
+	a, err := s.attrsOf(k)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	return s.subPacked(ctx, itemKey(k), op, math.MinInt64)
+	return s.writeOne(ctx, a.pk, newPackedSub(a, op, math.MinInt64))
 }
 
-// subPacked takes op's adds back from the item pk (SubPacked); the
-// counters of op that end before drop (older than the newest slot's keep
-// bound: nobody within the horizon reads them) are removed instead.
-func (s *Store) subPacked(ctx context.Context, pk string, op *limiter.PackedOp, drop int64) error {
-	const (
-		modeAdd    = iota // ADD -d on condition >= d
-		modeSet           // SET the clamped value on condition = the old one
-		modeSkip          // nothing to do
-		modeRemove        // REMOVE, no condition
-	)
-	type level struct {
-		name     string
-		d        uint64
-		mode     int
-		old, set string
-	}
-	var ls [limiter.PackedLevels]level
-	n := 0
-	for i, a := range op.Adds {
-		ls[i].mode = modeSkip
-		if a.Delta != 0 {
-			ls[i] = level{name: packedName(a.Cell), d: a.Delta, mode: modeAdd}
-			if a.Cell.Last() < drop {
-				ls[i].mode = modeRemove
+// packedSub takes op's adds back from the item (SubPacked) as a part of a
+// write; the counters of op that end before drop (older than the newest
+// slot's keep bound: nobody within the horizon reads them) are removed
+// instead.
+type packedSub struct {
+	a  attrs
+	ls [limiter.PackedLevels]packedSubLevel
+}
+
+// Modes of a level of a packedSub.
+const (
+	modeAdd    = iota // ADD -d on condition >= d
+	modeSet           // SET the clamped value on condition = the old one
+	modeSkip          // nothing to do
+	modeRemove        // REMOVE, no condition
+)
+
+type packedSubLevel struct {
+	name     string // the full attribute name
+	d        uint64
+	mode     int
+	old, set string
+}
+
+func newPackedSub(a attrs, op *limiter.PackedOp, drop int64) *packedSub {
+	p := &packedSub{a: a}
+	for i, ad := range op.Adds {
+		p.ls[i].mode = modeSkip
+		if ad.Delta != 0 {
+			p.ls[i] = packedSubLevel{name: a.pre + packedName(ad.Cell), d: ad.Delta, mode: modeAdd}
+			if ad.Cell.Last() < drop {
+				p.ls[i].mode = modeRemove
 			}
-			n++
 		}
 	}
-	if n == 0 {
-		return nil
-	}
-	return s.writer().conditional(ctx, "packed window sub "+pk, condWrite{
-		next: func(context.Context) (*dynamodb.UpdateItemInput, error) {
-			names := map[string]string{}
-			values := map[string]types.AttributeValue{}
-			var add, set, cond, remove []string
-			for i := range ls {
-				l := &ls[i]
-				ph, vp := "#a"+strconv.Itoa(i), ":v"+strconv.Itoa(i)
-				switch l.mode {
-				case modeAdd:
-					names[ph] = l.name
-					values[vp] = &types.AttributeValueMemberN{Value: "-" + strconv.FormatUint(l.d, 10)}
-					values[":d"+strconv.Itoa(i)] = &types.AttributeValueMemberN{Value: strconv.FormatUint(l.d, 10)}
-					add = append(add, ph+" "+vp)
-					cond = append(cond, ph+" >= :d"+strconv.Itoa(i))
-				case modeSet:
-					names[ph] = l.name
-					values[vp] = &types.AttributeValueMemberN{Value: l.set}
-					values[":o"+strconv.Itoa(i)] = &types.AttributeValueMemberN{Value: l.old}
-					set = append(set, ph+" = "+vp)
-					cond = append(cond, ph+" = :o"+strconv.Itoa(i))
-				case modeRemove:
-					names[ph] = l.name
-					remove = append(remove, ph)
-				}
-			}
-			if len(names) == 0 {
-				return nil, nil // every counter is gone: nothing to give back
-			}
-			var expr string
-			if len(add) > 0 {
-				expr = "ADD " + strings.Join(add, ", ")
-			}
-			if len(set) > 0 {
-				expr += " SET " + strings.Join(set, ", ")
-			}
-			if len(remove) > 0 {
-				expr += " REMOVE " + strings.Join(remove, ", ")
-			}
-			in := &dynamodb.UpdateItemInput{
-				TableName:                s.table,
-				Key:                      keyAttr(pk),
-				UpdateExpression:         aws.String(expr),
-				ExpressionAttributeNames: names,
-			}
-			if len(cond) > 0 {
-				in.ConditionExpression = aws.String(strings.Join(cond, " AND "))
-				in.ExpressionAttributeValues = values
-			}
-			return in, nil
-		},
-		lost: func(old map[string]types.AttributeValue) (bool, error) {
-			retry := false
-			for i := range ls {
-				l := &ls[i]
-				if l.mode == modeSkip || l.mode == modeRemove {
-					retry = retry || l.mode == modeRemove
-					continue
-				}
-				av, ok := old[l.name]
-				if !ok {
-					l.mode = modeSkip // gone: nothing counted there any more
-					continue
-				}
-				v, err := packedNumber(pk, l.name, av)
-				if err != nil {
-					return false, err
-				}
-				if v.Cmp(new(big.Int).SetUint64(l.d)) >= 0 {
-					l.mode = modeAdd
-					retry = true
-					continue
-				}
-				// It holds less than the refund (it was removed and
-				// created again): take each field down, at most to 0.
-				u := new(big.Int).Mod(v, two64).Uint64()
-				c := clampFields(u, l.d)
-				if c == u {
-					l.mode = modeSkip
-					continue
-				}
-				l.mode, l.old, l.set = modeSet, v.String(), strconv.FormatUint(c, 10)
-				retry = true
-			}
-			return retry, nil
-		},
-	})
+	return p
 }
+
+func (p *packedSub) next(_ context.Context, u *update) (bool, error) {
+	write := false
+	for i := range p.ls {
+		l := &p.ls[i]
+		switch l.mode {
+		case modeAdd:
+			ph := u.name(l.name)
+			u.add = append(u.add, ph+" "+u.value(&types.AttributeValueMemberN{Value: "-" + strconv.FormatUint(l.d, 10)}))
+			u.cond = append(u.cond, ph+" >= "+u.value(&types.AttributeValueMemberN{Value: strconv.FormatUint(l.d, 10)}))
+		case modeSet:
+			ph := u.name(l.name)
+			u.set = append(u.set, ph+" = "+u.value(&types.AttributeValueMemberN{Value: l.set}))
+			u.cond = append(u.cond, ph+" = "+u.value(&types.AttributeValueMemberN{Value: l.old}))
+		case modeRemove:
+			u.removeAttr(l.name)
+		default:
+			continue
+		}
+		write = true
+	}
+	return write, nil // nothing left: every counter is gone
+}
+
+func (p *packedSub) written(context.Context, map[string]types.AttributeValue) error { return nil }
+
+func (p *packedSub) lost(old map[string]types.AttributeValue) (bool, error) {
+	retry := false
+	for i := range p.ls {
+		l := &p.ls[i]
+		if l.mode == modeSkip || l.mode == modeRemove {
+			retry = retry || l.mode == modeRemove
+			continue
+		}
+		av, ok := old[l.name]
+		if !ok {
+			l.mode = modeSkip // gone: nothing counted there any more
+			continue
+		}
+		v, err := packedNumber(p.a.pk, l.name, av)
+		if err != nil {
+			return false, err
+		}
+		if v.Cmp(new(big.Int).SetUint64(l.d)) >= 0 {
+			l.mode = modeAdd
+			retry = true
+			continue
+		}
+		// It holds less than the refund (it was removed and created
+		// again): take each field down, at most to 0.
+		u := new(big.Int).Mod(v, two64).Uint64()
+		c := clampFields(u, l.d)
+		if c == u {
+			l.mode = modeSkip
+			continue
+		}
+		l.mode, l.old, l.set = modeSet, v.String(), strconv.FormatUint(c, 10)
+		retry = true
+	}
+	return retry, nil
+}
+
+func (p *packedSub) result() limiter.StepResult { return limiter.StepResult{} }
 
 // clampFields subtracts each 16-bit field of d from the same field of v,
 // at most down to 0.

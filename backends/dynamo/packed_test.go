@@ -99,7 +99,7 @@ func (p *packedStore) set(c limiter.PackedCell, v string) {
 	_, err := p.c.UpdateItem(testCtx(p.t), &dynamodb.UpdateItemInput{
 		TableName: aws.String(tableName), Key: item{"pk": str(p.pk)},
 		UpdateExpression:          aws.String("SET #c = :v"),
-		ExpressionAttributeNames:  map[string]string{"#c": dynamo.PackedName(c)},
+		ExpressionAttributeNames:  map[string]string{"#c": pName(c)},
 		ExpressionAttributeValues: item{":v": n(v)},
 	})
 	if err != nil {
@@ -138,7 +138,7 @@ func TestPackedValues(t *testing.T) {
 		if cs.Added[l-1] != want {
 			t.Fatalf("level %d after the first add: %#x, want %#x", l, cs.Added[l-1], want)
 		}
-		if got := p.counters()[dynamo.PackedName(cell(t0-1, l))]; got != strconv.FormatUint(want, 10) {
+		if got := p.counters()[pName(cell(t0-1, l))]; got != strconv.FormatUint(want, 10) {
 			t.Fatalf("level %d attribute holds %q, want %d", l, got, want)
 		}
 	}
@@ -168,13 +168,13 @@ func TestPackedValues(t *testing.T) {
 		t.Fatalf("level 4 after a carry out of the top field: %#x, want %#x", got, want)
 	}
 	want := new(big.Int).Lsh(big.NewInt(65537), 48).String()
-	if got := p.counters()[dynamo.PackedName(top)]; got != want {
+	if got := p.counters()[pName(top)]; got != want {
 		t.Fatalf("stored %s, want %s (no wrap in the item)", got, want)
 	}
 	if err := s.SubPacked(testCtx(t), p.k, &op); err != nil {
 		t.Fatal(err)
 	}
-	if got := p.counters()[dynamo.PackedName(top)]; got != strconv.FormatUint(65535<<48, 10) {
+	if got := p.counters()[pName(top)]; got != strconv.FormatUint(65535<<48, 10) {
 		t.Fatalf("after the refund: %s, want 65535<<48", got)
 	}
 
@@ -186,22 +186,22 @@ func TestPackedValues(t *testing.T) {
 	if _, err := c.UpdateItem(testCtx(t), &dynamodb.UpdateItemInput{
 		TableName: aws.String(tableName), Key: item{"pk": str(p.pk)},
 		UpdateExpression:         aws.String("REMOVE #c"),
-		ExpressionAttributeNames: map[string]string{"#c": dynamo.PackedName(cell(g, 1))},
+		ExpressionAttributeNames: map[string]string{"#c": pName(cell(g, 1))},
 	}); err != nil {
 		t.Fatal(err)
 	}
 	low := uint64(9) << (fieldShift(g, 2) - 16) // field 0 of level 2
 	p.set(cell(g, 2), strconv.FormatUint(low|1<<fieldShift(g, 2), 10))
-	before3, _ := strconv.ParseUint(p.counters()[dynamo.PackedName(cell(g, 3))], 10, 64)
+	before3, _ := strconv.ParseUint(p.counters()[pName(cell(g, 3))], 10, 64)
 	p.sub(g, 4)
 	after := p.counters()
-	if v, ok := after[dynamo.PackedName(cell(g, 1))]; ok {
+	if v, ok := after[pName(cell(g, 1))]; ok {
 		t.Fatalf("a refund created the removed level-1 counter again (%s)", v)
 	}
-	if got := after[dynamo.PackedName(cell(g, 2))]; got != strconv.FormatUint(low, 10) {
+	if got := after[pName(cell(g, 2))]; got != strconv.FormatUint(low, 10) {
 		t.Fatalf("level 2 after a refund of 4 on a field of 1: %s, want %d (the field at 0, the others kept)", got, low)
 	}
-	if got := after[dynamo.PackedName(cell(g, 3))]; got != strconv.FormatUint(before3-4<<fieldShift(g, 3), 10) {
+	if got := after[pName(cell(g, 3))]; got != strconv.FormatUint(before3-4<<fieldShift(g, 3), 10) {
 		t.Fatalf("level 3 after the refund: %s, want %d", got, before3-4<<fieldShift(g, 3))
 	}
 }
@@ -273,7 +273,7 @@ func TestPackedRemoval(t *testing.T) {
 					if (g-t0)%int64(c.every) == 0 {
 						for l := 1; l <= limiter.PackedLevels; l++ {
 							if x := cell(g, l); x.Last() >= from {
-								want[dynamo.PackedName(x)] = true
+								want[pName(x)] = true
 							}
 						}
 					}
@@ -528,11 +528,11 @@ func TestPackedCorrupt(t *testing.T) {
 	t0 := pT0()
 	f := t0 + 100
 	op := limiter.PackedPlan(f, pR, 1, pLen)
-	added := dynamo.PackedName(op.Adds[1].Cell)
+	added := pName(op.Adds[1].Cell)
 	var read string
 	for _, r := range op.Reads[:op.NReads] {
 		if r != op.Adds[0].Cell && r != op.Adds[1].Cell && r != op.Adds[2].Cell && r != op.Adds[3].Cell {
-			read = dynamo.PackedName(r)
+			read = pName(r)
 			break
 		}
 	}
@@ -563,3 +563,6 @@ func TestPackedCorrupt(t *testing.T) {
 		})
 	}
 }
+
+// pName is the attribute name of counter c of newPacked's window.
+func pName(c limiter.PackedCell) string { return dynamo.Attr("swp:test", dynamo.PackedName(c)) }

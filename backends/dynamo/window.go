@@ -113,87 +113,113 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	if span < 1 || span > limiter.MaxSpan || n < 0 {
 		return limiter.Counts{}, fmt.Errorf("dynamo: bad window add (span %d, n %d)", span, n)
 	}
-	pk := itemKey(k)
+	a, err := s.attrsOf(k)
+	if err != nil {
+		return limiter.Counts{}, err
+	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	if err := s.waitRefunds(ctx, pk); err != nil {
+	if err := s.waitRefunds(ctx, a.pk); err != nil {
 		return limiter.Counts{}, err
 	}
 	if n == 0 {
 		s.counter.reads.Add(1)
 		out, err := s.client.GetItem(ctx, &dynamodb.GetItemInput{
-			TableName: s.table, Key: keyAttr(pk), ConsistentRead: aws.Bool(true),
+			TableName: s.table, Key: keyAttr(a.pk), ConsistentRead: aws.Bool(true),
 		}, s.optFns...)
 		if err != nil {
 			return limiter.Counts{}, mapError("window read", err)
 		}
-		ic, err := decodeCounts(pk, out.Item, cur, span)
+		ic, err := decodeCounts(a, out.Item, cur, span)
 		return ic.Counts, err
 	}
+	p := &windowAdd{s: s, a: a, cur: cur, span: span, n: n, ttl: ttl}
+	err = s.writeOne(ctx, a.pk, p)
+	return p.res.Counts, err
+}
 
-	horizon := limiter.Horizon(span)
-	cname := slotName(cur)
-	names := map[string]string{"#c": cname, "#x": AttrTTL}
-	var remove []string
+// windowAdd is a window's add as a part of a write (Add).
+type windowAdd struct {
+	s      *Store
+	a      attrs
+	cur    int64
+	span   int
+	n      int64
+	ttl    time.Duration
+	shadow bool // a Shadow step: never skipped
+	res    limiter.StepResult
+}
+
+func (p *windowAdd) next(_ context.Context, u *update) (bool, error) {
+	cname := p.a.pre + slotName(p.cur)
+	c := u.name(cname)
+	u.add = append(u.add, c+" "+u.num(p.n))
+	u.cond = append(u.cond, "(attribute_not_exists("+c+") OR attribute_type("+c+", "+u.typeN()+"))")
+	u.keepTTL(p.ttl)
+	u.allNew = true
+	horizon := limiter.Horizon(p.span)
 	for i := int64(0); i < knownOld; i++ {
-		remove = append(remove, slotName(cur-int64(span)-horizon-i))
+		u.removeAttr(p.a.pre + slotName(p.cur-int64(p.span)-horizon-i))
 	}
-	if v, ok := s.cache.get(pk); ok {
+	if v, ok := p.s.cache.get(p.a.cacheKey()); ok {
+		removed := knownOld
 		for _, name := range v.(windowState).stale {
-			if slot, ok := parseSlot(name); ok && !contains(remove, name) && len(remove) < maxRemove {
-				if pos, _ := position(slot, cur, span); pos == posStale {
-					remove = append(remove, name)
+			if slot, ok := parseSlot(name[len(p.a.pre):]); ok && removed < maxRemove {
+				if pos, _ := position(slot, p.cur, p.span); pos == posStale && name != cname {
+					u.removeAttr(name)
+					removed++
 				}
 			}
 		}
 	}
-	var expr strings.Builder
-	expr.WriteString("ADD #c :n SET #x = :x ")
-	writeRemove(&expr, names, remove)
-	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                s.table,
-		Key:                      keyAttr(pk),
-		UpdateExpression:         aws.String(expr.String()),
-		ConditionExpression:      aws.String("attribute_not_exists(#c) OR attribute_type(#c, :N)"),
-		ExpressionAttributeNames: names,
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":n": numAttr(n), ":x": s.ttlValue(ttl), ":N": &types.AttributeValueMemberS{Value: "N"},
-		},
-		ReturnValues:                        types.ReturnValueAllNew,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	}, s.optFns...)
+	return true, nil
+}
+
+func (p *windowAdd) written(ctx context.Context, item map[string]types.AttributeValue) error {
+	s, a := p.s, p.a
+	ic, err := decodeCounts(a, item, p.cur, p.span)
 	if err != nil {
-		s.cache.remove(pk)
-		if old, lost := conditionFailed(err); lost {
-			// Only a counter of the wrong type fails the condition.
-			if _, err := decodeCounts(pk, old, cur, span); err != nil {
-				return limiter.Counts{}, err
-			}
-			return limiter.Counts{}, corrupt(windowKind, pk, cname, "not a Number")
-		}
-		return limiter.Counts{}, mapError("window add", err)
+		s.cache.remove(a.cacheKey())
+		return err
 	}
-	ic, err := decodeCounts(pk, out.Attributes, cur, span)
-	if err != nil {
-		s.cache.remove(pk)
-		return limiter.Counts{}, err
-	}
-	if ic.ahead > horizon {
+	if ic.ahead > limiter.Horizon(p.span) {
 		// Our clock is so far behind the newest writer's that counters
 		// of our view may be gone: move the add to the oldest sub-window
 		// of the newest writer's view, so it is counted, never free.
-		ic = s.moveBack(ctx, pk, cur, cur+ic.ahead-int64(span)+1, span, n)
+		ic = s.moveBack(ctx, a, p.cur, p.cur+ic.ahead-int64(p.span)+1, p.span, p.n)
 	}
 	switch {
 	case len(ic.stale) == 0:
-		s.cache.remove(pk)
+		s.cache.remove(a.cacheKey())
 	case len(ic.stale) >= cleanupStale || ic.size > ItemBudget*3/4:
-		s.cleanup(ctx, pk, ic.stale)
+		s.cleanup(ctx, a, ic.stale)
 	default:
-		s.cache.put(pk, windowState{stale: ic.stale})
+		s.cache.put(a.cacheKey(), windowState{stale: ic.stale})
 	}
-	return ic.Counts, nil
+	p.res.Counts = ic.Counts
+	return nil
 }
+
+func (p *windowAdd) lost(old map[string]types.AttributeValue) (bool, error) {
+	p.s.cache.remove(p.a.cacheKey())
+	// Only a counter of the wrong type fails this part's condition.
+	if _, err := decodeCounts(p.a, old, p.cur, p.span); err != nil {
+		return false, err
+	}
+	name := p.a.pre + slotName(p.cur)
+	if av, ok := old[name]; ok {
+		if _, isN := av.(*types.AttributeValueMemberN); !isN {
+			return false, corrupt(windowKind, p.a.pk, name, "not a Number")
+		}
+	}
+	return true, nil
+}
+
+func (p *windowAdd) skip() bool {
+	p.res.NotApplied = !p.shadow
+	return p.res.NotApplied
+}
+func (p *windowAdd) result() limiter.StepResult { return p.res }
 
 // moveBack moves n from the counter of sub-window from to that of to, on
 // condition that from still holds n, and returns the item as seen from to,
@@ -201,23 +227,24 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 // judged against all of it). If the move fails (another writer removed the
 // counter of from, or the request failed), what was added at from is
 // counted nowhere a punctual writer reads, so the call must not be
-// admitted: the counts returned then deny it (Later saturated).
-func (s *Store) moveBack(ctx context.Context, pk string, from, to int64, span int, n int64) itemCounts {
+// admitted: the counts returned then deny it (Later saturated, and the
+// limiter judges a moved writer against Later).
+func (s *Store) moveBack(ctx context.Context, a attrs, from, to int64, span int, n int64) itemCounts {
 	s.counter.moves.Add(1)
 	denied := itemCounts{Counts: limiter.Counts{Later: 1<<63 - 1, Moved: true, At: from}}
 	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 s.table,
-		Key:                       keyAttr(pk),
+		Key:                       keyAttr(a.pk),
 		UpdateExpression:          aws.String("ADD #a :m, #b :n"),
 		ConditionExpression:       aws.String("#a >= :n AND (attribute_not_exists(#b) OR attribute_type(#b, :N))"),
-		ExpressionAttributeNames:  map[string]string{"#a": slotName(from), "#b": slotName(to)},
+		ExpressionAttributeNames:  map[string]string{"#a": a.pre + slotName(from), "#b": a.pre + slotName(to)},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":m": numAttr(-n), ":n": numAttr(n), ":N": &types.AttributeValueMemberS{Value: "N"}},
 		ReturnValues:              types.ReturnValueAllNew,
 	}, s.optFns...)
 	if err != nil {
 		return denied
 	}
-	ic, err := decodeCounts(pk, out.Attributes, to, span)
+	ic, err := decodeCounts(a, out.Attributes, to, span)
 	if err != nil {
 		return denied
 	}
@@ -226,9 +253,10 @@ func (s *Store) moveBack(ctx context.Context, pk string, from, to int64, span in
 	return ic
 }
 
-// cleanup removes stale counters from an item at once. It is best effort:
-// on failure the names are remembered for the next Add.
-func (s *Store) cleanup(ctx context.Context, pk string, stale []string) {
+// cleanup removes stale counters (full attribute names) from an item at
+// once. It is best effort: on failure the names are remembered for the
+// next Add.
+func (s *Store) cleanup(ctx context.Context, a attrs, stale []string) {
 	s.counter.cleanups.Add(1)
 	stale = stale[:min(len(stale), maxRemove)]
 	names := map[string]string{"#k": AttrPK}
@@ -236,43 +264,49 @@ func (s *Store) cleanup(ctx context.Context, pk string, stale []string) {
 	writeRemove(&expr, names, stale)
 	_, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                s.table,
-		Key:                      keyAttr(pk),
+		Key:                      keyAttr(a.pk),
 		UpdateExpression:         aws.String(expr.String()),
 		ConditionExpression:      aws.String("attribute_exists(#k)"),
 		ExpressionAttributeNames: names,
 	}, s.optFns...)
 	if _, lost := conditionFailed(err); err == nil || lost {
-		s.cache.remove(pk)
+		s.cache.remove(a.cacheKey())
 		return
 	}
-	s.cache.put(pk, windowState{stale: stale})
+	s.cache.put(a.cacheKey(), windowState{stale: stale})
 }
 
 // itemCounts is a window item as seen from one sub-window.
 type itemCounts struct {
 	limiter.Counts
-	// stale lists the counters older than the view and the horizon.
+	// stale lists the counters (full attribute names) older than the view
+	// and the horizon.
 	stale []string
 	// ahead is how many sub-windows the newest non-zero counter is ahead
 	// of cur (0 when none is).
 	ahead int64
 	// laterAll is the total of every counter newer than cur.
 	laterAll int64
-	// size is the item's size as DynamoDB counts it (about).
+	// size is the whole item's size as DynamoDB counts it (about).
 	size int
 }
 
-// decodeCounts reads the counters of item as seen from sub-window cur:
-// Counts.Later totals the limiter.Ahead(span) sub-windows after cur.
-func decodeCounts(pk string, item map[string]types.AttributeValue, cur int64, span int) (ic itemCounts, err error) {
+// decodeCounts reads the window's counters (a's attributes) of item as
+// seen from sub-window cur: Counts.Later totals the limiter.Ahead(span)
+// sub-windows after cur.
+func decodeCounts(a attrs, item map[string]types.AttributeValue, cur int64, span int) (ic itemCounts, err error) {
 	ahead := limiter.Ahead(span)
 	for name, av := range item {
 		ic.size += len(name) + valueSize(av)
-		slot, ok := parseSlot(name)
+		short, ok := a.own(name)
 		if !ok {
 			continue
 		}
-		v, err := slotCount(pk, name, av)
+		slot, ok := parseSlot(short)
+		if !ok {
+			continue
+		}
+		v, err := slotCount(a.pk, name, av)
 		if err != nil {
 			return ic, err
 		}
@@ -328,43 +362,55 @@ func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) erro
 	if n == 0 {
 		return nil
 	}
-	pk := itemKey(k)
-	name := slotName(idx)
+	a, err := s.attrsOf(k)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
-	take, cond := n, "#c >= :n"
-	return s.writer().conditional(ctx, "window sub "+pk, condWrite{
-		next: func(context.Context) (*dynamodb.UpdateItemInput, error) {
-			return &dynamodb.UpdateItemInput{
-				TableName:                 s.table,
-				Key:                       keyAttr(pk),
-				UpdateExpression:          aws.String("ADD #c :d"),
-				ConditionExpression:       aws.String(cond),
-				ExpressionAttributeNames:  map[string]string{"#c": name},
-				ExpressionAttributeValues: map[string]types.AttributeValue{":d": numAttr(-take), ":n": numAttr(take)},
-			}, nil
-		},
-		lost: func(old map[string]types.AttributeValue) (bool, error) {
-			av, ok := old[name]
-			if !ok {
-				return false, nil // nothing counted there (expired, or never written)
-			}
-			v, err := slotCount(pk, name, av)
-			if err != nil {
-				return false, err
-			}
-			if v == 0 {
-				return false, nil
-			}
-			// Take what is there, on condition that it is still there.
-			take, cond = min(n, v), "#c = :n"
-			if take == n {
-				cond = "#c >= :n"
-			}
-			return true, nil
-		},
-	})
+	return s.writeOne(ctx, a.pk, &windowSub{a: a, name: a.pre + slotName(idx), n: n, take: n})
 }
+
+// windowSub is a window's refund as a part of a write (Sub).
+type windowSub struct {
+	a       attrs
+	name    string
+	n, take int64
+	exact   bool // take is what the counter holds: condition on = take
+}
+
+func (p *windowSub) next(_ context.Context, u *update) (bool, error) {
+	c, t := u.name(p.name), u.num(p.take)
+	u.add = append(u.add, c+" "+u.num(-p.take))
+	if p.exact {
+		u.cond = append(u.cond, c+" = "+t)
+	} else {
+		u.cond = append(u.cond, c+" >= "+t)
+	}
+	return true, nil
+}
+
+func (p *windowSub) written(context.Context, map[string]types.AttributeValue) error { return nil }
+
+func (p *windowSub) lost(old map[string]types.AttributeValue) (bool, error) {
+	av, ok := old[p.name]
+	if !ok {
+		return false, nil // nothing counted there (expired, or never written)
+	}
+	v, err := slotCount(p.a.pk, p.name, av)
+	if err != nil {
+		return false, err
+	}
+	if v == 0 {
+		return false, nil
+	}
+	// Take what is there, on condition that it is still there.
+	p.take = min(p.n, v)
+	p.exact = p.take < p.n
+	return true, nil
+}
+
+func (p *windowSub) result() limiter.StepResult { return limiter.StepResult{} }
 
 // valueSize is the size DynamoDB counts for a value (roughly, for the
 // document types).

@@ -125,9 +125,10 @@ func roundTripEvent(path, ip, token string) []byte {
 // HTTP proxy, by X-Amz-Target: the wire, not the code) for authorizer
 // decisions with the embedded rules and the DynamoDB backend: one round
 // trip of latency for an allowed request with or without a token (one
-// UpdateItem per limit, sent at once), one for a denied one with its
-// refunds sent without waiting (counted apart), none for a denial the deny
-// cache answers.
+// UpdateItem per key, the limits of a rule on its key merged, sent at
+// once), one for a denied one with its refunds sent without waiting
+// (counted apart, merged per key too), none for a denial the deny cache
+// answers.
 func TestRoundTripsDynamo(t *testing.T) {
 	b, proxy, st := dynamoThroughProxy(t)
 	decide := func(what string, ev []byte, wantAllowed bool, wantWaited, wantDetached int) {
@@ -155,15 +156,19 @@ func TestRoundTripsDynamo(t *testing.T) {
 	// are 50 ms apart at least (a wave each).
 	proxy.SetDelay(50 * time.Millisecond)
 	ip := "192.0.2.78"
-	decide("allowed, no token (cold key)", roundTripEvent("/pets", ip, ""), true, 2, 0)
-	decide("allowed, no token (warm key)", roundTripEvent("/pets", ip, ""), true, 2, 0)
-	decide("allowed, with a token", roundTripEvent("/pets", ip, "tok-1"), true, 3, 0)
-	// /demo/** adds the demo rule and the shadow rule: 5 limits. The
-	// shadow limit (2 a minute) denies the third: its own take goes back.
-	decide("demo 1, allowed", roundTripEvent("/demo/hello", ip, "tok-1"), true, 5, 0)
-	decide("demo 2, allowed", roundTripEvent("/demo/hello", ip, "tok-1"), true, 5, 0)
-	decide("demo 3, allowed (shadow denied)", roundTripEvent("/demo/hello", ip, "tok-1"), true, 5, 1)
-	// Denied: all 5 takes go back (4 window Subs, 1 bucket refund).
-	decide("demo, denied", roundTripEvent("/demo/hello", ip, "tok-1"), false, 5, 5)
+	// The limits of one rule share a key and so one item: one UpdateItem
+	// per rule (per key), whatever its limits.
+	decide("allowed, no token (cold key)", roundTripEvent("/pets", ip, ""), true, 1, 0)
+	decide("allowed, no token (warm key)", roundTripEvent("/pets", ip, ""), true, 1, 0)
+	decide("allowed, with a token", roundTripEvent("/pets", ip, "tok-1"), true, 2, 0)
+	// /demo/** adds the demo rule and the shadow rule: 5 limits on 4 keys.
+	// The shadow limit (2 a minute) denies the third: its own take goes
+	// back.
+	decide("demo 1, allowed", roundTripEvent("/demo/hello", ip, "tok-1"), true, 4, 0)
+	decide("demo 2, allowed", roundTripEvent("/demo/hello", ip, "tok-1"), true, 4, 0)
+	decide("demo 3, allowed (shadow denied)", roundTripEvent("/demo/hello", ip, "tok-1"), true, 4, 1)
+	// Denied: all 5 takes go back, one write per key (the per-ip window
+	// and bucket together).
+	decide("demo, denied", roundTripEvent("/demo/hello", ip, "tok-1"), false, 4, 4)
 	decide("demo, denied from the cache", roundTripEvent("/demo/hello", ip, "tok-1"), false, 0, 0)
 }

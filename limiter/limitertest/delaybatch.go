@@ -19,6 +19,10 @@ var _ limiter.Batcher = (*DelayStore)(nil)
 // not batch), the steps of a batch concurrently. The delays are drawn before
 // the steps start, on the caller's goroutine (see [WithDelayRand]).
 func (s *DelayStore) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+	if s.whole && len(steps) > 1 {
+		s.doWhole(ctx, steps, out)
+		return
+	}
 	if len(steps) == 1 {
 		out[0] = s.doStep(ctx, &steps[0], s.draw(ctx))
 		return
@@ -65,29 +69,68 @@ func (s *DelayStore) doStep(ctx context.Context, st *limiter.Step, d time.Durati
 	if err := sleepCtx(ctx, d); err != nil {
 		return limiter.StepResult{Err: fmt.Errorf("limitertest: delay: %w", err)}
 	}
-	var c storeCall
+	c, ok := s.arriveStep(ctx, st)
+	if ok {
+		defer s.leave(c)
+	}
+	return s.forward(ctx, st)
+}
+
+// arriveStep does the arrival bookkeeping of st's single-step method, and
+// reports false for a step that has none (a read).
+func (s *DelayStore) arriveStep(ctx context.Context, st *limiter.Step) (storeCall, bool) {
 	switch st.Kind {
 	case limiter.StepAdd:
 		if st.N == 0 {
-			return s.forward(ctx, st)
+			return storeCall{}, false
 		}
-		c = s.arrive(ctx, st.Key, st.Idx, true, false, int64(st.Span), 0, false)
+		return s.arrive(ctx, st.Key, st.Idx, true, false, int64(st.Span), 0, false), true
 	case limiter.StepSub:
-		c = s.arrive(ctx, st.Key, st.Idx, true, true, 0, 0, false)
+		return s.arrive(ctx, st.Key, st.Idx, true, true, 0, 0, false), true
 	case limiter.StepBucket:
-		c = s.arrive(ctx, st.Key, st.Bucket.Now, false, false, 0, st.TTL/2, false)
+		return s.arrive(ctx, st.Key, st.Bucket.Now, false, false, 0, st.TTL/2, false), true
 	case limiter.StepLog:
-		c = s.arrive(ctx, st.Key, st.Log.Now, false, false, int64(st.Log.Window), 0, false)
+		return s.arrive(ctx, st.Key, st.Log.Now, false, false, int64(st.Log.Window), 0, false), true
 	case limiter.StepPackedAdd:
-		c = s.arrive(ctx, st.Key, st.Packed.Slot, true, false, (st.Packed.Keep+1)/2, 0, true)
+		return s.arrive(ctx, st.Key, st.Packed.Slot, true, false, (st.Packed.Keep+1)/2, 0, true), true
 	case limiter.StepPackedSub:
-		c = s.arrive(ctx, st.Key, st.Packed.Slot, true, true, 0, 0, true)
-	default:
-		return s.forward(ctx, st)
+		return s.arrive(ctx, st.Key, st.Packed.Slot, true, true, 0, 0, true), true
 	}
-	defer s.leave(c)
-	return s.forward(ctx, st)
+	return storeCall{}, false
 }
+
+// doWhole holds the whole batch back on one delay and hands it to the
+// inner store's Do as it is (see [DelayStore.MergeBatches]).
+func (s *DelayStore) doWhole(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+	if err := sleepCtx(ctx, s.draw(ctx)); err != nil {
+		for i := range steps {
+			out[i] = limiter.StepResult{Err: fmt.Errorf("limitertest: delay: %w", err)}
+		}
+		return
+	}
+	calls := make([]storeCall, 0, len(steps))
+	for i := range steps {
+		if c, ok := s.arriveStep(ctx, &steps[i]); ok {
+			calls = append(calls, c)
+		}
+	}
+	if b, ok := s.inner.(limiter.Batcher); ok {
+		b.Do(ctx, steps, out)
+	} else {
+		for i := range steps {
+			out[i] = limiter.DoStep(ctx, s.inner, &steps[i])
+		}
+	}
+	for _, c := range calls {
+		s.leave(c)
+	}
+}
+
+// MergeBatches makes Do hold back each batch of several steps on one delay
+// and hand it to the inner store whole, as one arrival: a store that
+// merges the steps on one key into one write (DynamoDB) is then checked on
+// its merged writes. By default each step is delayed on its own.
+func (s *DelayStore) MergeBatches() { s.whole = true }
 
 // forward hands st to the inner store: to its Do as a batch of one, or to
 // its single-step method when it does not batch.

@@ -31,6 +31,7 @@ import (
 type DelayStore struct {
 	inner    Store
 	maxDelay time.Duration
+	whole    bool // Do hands batches over whole (MergeBatches)
 
 	rmu sync.Mutex
 	rnd *rand.Rand

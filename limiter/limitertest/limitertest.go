@@ -53,6 +53,7 @@ func Run(t *testing.T, s Store) {
 	t.Run("Stack", func(t *testing.T) { testStack(t, s) })
 	t.Run("OutOfOrder", func(t *testing.T) { testOutOfOrder(t, s) })
 	t.Run("Packed", func(t *testing.T) { testPacked(t, s) })
+	t.Run("Merged", func(t *testing.T) { testMerged(t, s) })
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, s) })
 	t.Run("HostileKeys", func(t *testing.T) { testHostileKeys(t, s) })
 	t.Run("BadArguments", func(t *testing.T) { testBadArguments(t, s) })

@@ -106,6 +106,7 @@ func testOutOfOrder(t *testing.T, s Store) {
 	t.Run("LogPastHorizon", func(t *testing.T) {
 		pastHorizon(t, slidingLog(t, s, limiter.SlidingLogConfig{Limit: 2, Window: time.Second}), 500*ms, 5500*ms)
 	})
+	t.Run("LateWriters", func(t *testing.T) { LateWriters(t, s) })
 
 	// A refund that arrives after the window rolled goes back to the
 	// counter it was taken from, not to the new window.
@@ -240,5 +241,44 @@ func pastHorizonCheck(t *testing.T, l limiter.Limiter, late, newest time.Duratio
 	}
 	if n != 1 {
 		t.Fatalf("%d more allowed after the late writer's window was full and the newest's had 1 left, want 1", n)
+	}
+}
+
+// LateWriters is the conformance sequence of writers more than a window
+// behind the newest (past the horizon), for the fixed and the sliding
+// window, limit 2: window N takes 2, window N+2 takes 2, then three calls
+// stamped in N and one in N+2 arrive. Whatever window a store charges a
+// late writer to (its own, full; or the newest writer's, full), none of
+// the four may be admitted. It is part of [Run]; a backend runs it again
+// on a store whose second step for such a writer fails (DynamoDB moves the
+// late add with a second request, and another writer may remove the
+// counter in between): the call must still not be admitted.
+func LateWriters(t *testing.T, s limiter.Counter) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name string
+		make func() limiter.Limiter
+	}{
+		{"Fixed", func() limiter.Limiter {
+			return must[*limiter.FixedWindow](t)(limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 2, Window: time.Second, NoDenyCache: true}))
+		}},
+		{"Sliding", func() limiter.Limiter {
+			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, SubWindows: 10, NoDenyCache: true}))
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l, key := c.make(), Key(t)
+			runSteps(t, l, key, []step{
+				{at: 100 * ms, allowed: true, remaining: 1},
+				{at: 200 * ms, allowed: true, remaining: 0},
+				{at: 2100 * ms, allowed: true, remaining: 1},
+				{at: 2200 * ms, allowed: true, remaining: 0},
+			})
+			for i, at := range []time.Duration{300 * ms, 400 * ms, 500 * ms, 2300 * ms} {
+				if d := allow(t, l, key, Base.Add(at), 1); d.Allowed {
+					t.Fatalf("late call %d (at %v, after 2 at 100-200 ms and 2 at 2100-2200 ms, limit 2): admitted: %+v", i, at, d)
+				}
+			}
+		})
 	}
 }
