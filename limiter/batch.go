@@ -161,9 +161,11 @@ type Outcome struct {
 	// batch was denied.
 	Refunded bool
 	// Throttled reports that the store refused the item's key for capacity
-	// (an error wrapping ErrThrottled, kept in Err): the item is denied
-	// with RetryAfter ThrottledRetryAfter, whatever its Fail, since its
-	// units were not counted. It is not Failed.
+	// (an error wrapping ErrThrottled, kept in Err), or that the key was so
+	// contended that its writes lost every race within their retries
+	// (ErrConflict): the item is denied with RetryAfter
+	// ThrottledRetryAfter, whatever its Fail, since its units were not
+	// counted. It is not Failed.
 	Throttled bool
 }
 

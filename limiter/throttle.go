@@ -6,7 +6,8 @@ import (
 )
 
 // ThrottledRetryAfter is the RetryAfter of a decision [Decide] makes for an
-// item whose store throttled its key (an error wrapping [ErrThrottled]):
+// item whose store throttled its key (an error wrapping [ErrThrottled], or
+// [ErrConflict]: every conditional write on the key lost its race):
 // the key is denied, never admitted uncounted, and the deny cache then
 // keeps this process from sending the key to the store again for that
 // long. A partition that refused a write has no capacity left for about a
@@ -15,8 +16,11 @@ import (
 const ThrottledRetryAfter = 100 * time.Millisecond
 
 // throttled reports whether err says the store refused the key for
-// capacity: an answer about that key, not a failure of the store.
-func throttled(err error) bool { return errors.Is(err, ErrThrottled) }
+// capacity (ErrThrottled), or that the key is so contended that its
+// conditional writes lost every race within their retries (ErrConflict):
+// answers about that key, not failures of the store. Either way nothing
+// was counted, and the key is busy: the one that most needs its limit.
+func throttled(err error) bool { return errors.Is(err, ErrThrottled) || errors.Is(err, ErrConflict) }
 
 // described is implemented by the package's limiters: the name and
 // capacity a decision reports.

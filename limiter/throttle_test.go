@@ -33,8 +33,11 @@ func (s *throttling) Add(ctx context.Context, key limiter.Key, cur int64, span i
 
 func (s *throttling) UpdateBucket(ctx context.Context, key limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
 	s.calls.Add(1)
-	if key.Name == s.hot {
+	switch key.Name {
+	case s.hot:
 		return limiter.Decision{}, errThrottled
+	case "contended":
+		return limiter.Decision{}, fmt.Errorf("test store: %w after 8 attempts", limiter.ErrConflict)
 	}
 	return s.Store.UpdateBucket(ctx, key, op, ttl)
 }
@@ -114,5 +117,24 @@ func TestDecideThrottled(t *testing.T) {
 	items = []limiter.Item{{Limit: w, Key: "other", N: 1, Fail: failOpen}, {Limit: b, Key: "hot", N: 1, Fail: failOpen, Shadow: true}}
 	if i, err := limiter.Decide(ctx, now.Add(time.Second), items, out); err != nil || i != 0 || !out[0].Decision.Allowed || !out[1].Throttled {
 		t.Errorf("shadow throttled: decider %d, %+v, %v", i, out, err)
+	}
+}
+
+// A key whose conditional writes lost every race within their retries
+// (ErrConflict) is busy, as a throttled one is: denied, never decided by
+// the fail mode, since nothing was counted.
+func TestDecideContended(t *testing.T) {
+	s := &throttling{Store: newStore(t), hot: "hot"}
+	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "burst", MaxAmount: 50, RefillTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]limiter.Outcome, 1)
+	items := []limiter.Item{{Limit: b, Key: "contended", N: 1, Fail: &limiter.Decision{Allowed: true}}}
+	if _, err := limiter.Decide(context.Background(), time.Unix(1e9, 0), items, out); err != nil {
+		t.Fatal(err)
+	}
+	if o := out[0]; o.Decision.Allowed || !o.Throttled || o.Failed || !errors.Is(o.Err, limiter.ErrConflict) {
+		t.Fatalf("contended: %+v, want denied, Throttled, not Failed", o)
 	}
 }

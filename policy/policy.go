@@ -305,9 +305,10 @@ const (
 	// ReasonShed: a load shedder refused the request.
 	ReasonShed Reason = "shed"
 	// ReasonThrottled: the store refused the rule's key for capacity
-	// (DynamoDB throttled its partition): denied with a short RetryAfter
-	// (limiter.ThrottledRetryAfter), whatever the fail mode, so a hot key
-	// is never admitted uncounted.
+	// (DynamoDB throttled its partition), or the key was so contended that
+	// its writes lost every race within their retries: denied with a
+	// short RetryAfter (limiter.ThrottledRetryAfter), whatever the fail
+	// mode, so a hot key is never admitted uncounted.
 	ReasonThrottled Reason = "throttled"
 	// ReasonUnauthenticated: a required credential is missing.
 	ReasonUnauthenticated Reason = "unauthenticated"

@@ -145,7 +145,9 @@ func hotKeyRun(t *testing.T, alg string) {
 				o := out[0]
 				switch {
 				case o.Failed:
-					failed.Add(1)
+					if failed.Add(1) == 1 {
+						t.Logf("first failed decision: %v", o.Err)
+					}
 				case o.Throttled:
 					throttled.Add(1)
 				case o.Cached:
