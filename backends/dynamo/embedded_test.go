@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
@@ -81,16 +82,38 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 	s, r, c := newStore(t, dynamo.Config{WaitRefunds: true})
 	r.consumed = true
 	ctx := testCtx(t)
-	type cost struct{ reqs, wcuMilli int64 }
+	// Write units are also counted where DynamoDB bills them: at the
+	// shared cap proxy in front of Local (testserver.CapProxy), which also
+	// bills the failed conditional write that Local reports nothing for.
+	proxy := testserver.DynamoDBCap(t)
+	if proxy == nil {
+		t.Skip("the cap proxy is off (SLUICE_TEST_DYNAMODB_CAP=off): write units are counted there")
+	}
+	var keys []string // the items of the current measure, by pk
+	proxyWU := func() float64 {
+		var sum float64
+		for _, pk := range keys {
+			sum += proxy.KeyStats(tableName, pk).WriteUnits
+		}
+		return sum
+	}
+	type cost struct {
+		reqs, wcuMilli int64
+		wu             float64 // at the proxy
+	}
 	measure := func(f func()) cost {
-		r0, w0 := r.total.Load(), r.wcuMilli.Load()
+		r0, w0, p0 := r.total.Load(), r.wcuMilli.Load(), proxyWU()
 		f()
-		return cost{r.total.Load() - r0, r.wcuMilli.Load() - w0}
+		return cost{r.total.Load() - r0, r.wcuMilli.Load() - w0, proxyWU() - p0}
+	}
+	useKeys := func(e *embedded) {
+		keys = []string{dynamo.ItemKey(limiter.Key{Name: e.ip}), dynamo.ItemKey(limiter.Key{Name: e.tok})}
 	}
 	per := func(c cost, n int) string {
-		return fmt.Sprintf("%.2f requests, %.2f WCU", float64(c.reqs)/float64(n), float64(c.wcuMilli)/1000/float64(n))
+		return fmt.Sprintf("%.2f requests, %.2f WCU (Local), %.2f WCU (proxy)", float64(c.reqs)/float64(n), float64(c.wcuMilli)/1000/float64(n), c.wu/float64(n))
 	}
 	e := newEmbedded(t, s, false)
+	useKeys(e)
 	// A light client: a request every 2 s.
 	const light = 30
 	got := measure(func() {
@@ -101,8 +124,8 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 		}
 	})
 	t.Logf("allowed, light client (half with a token): %s per request; per-ip item %d bytes", per(got, light), itemSize(get(t, c, dynamo.ItemKey(limiter.Key{Name: e.ip}))))
-	if want := int64(light + light/2); got.reqs != want || got.wcuMilli != 1000*want {
-		t.Errorf("%d requests for %d WCU, want %d and %d (1 without a token, 2 with one)", got.reqs, got.wcuMilli/1000, want, want)
+	if want := int64(light + light/2); got.reqs != want || got.wcuMilli != 1000*want || got.wu != float64(want) {
+		t.Errorf("%d requests for %d WCU (Local), %.1f WCU (proxy), want %d and %d (1 without a token, 2 with one)", got.reqs, got.wcuMilli/1000, got.wu, want, want)
 	}
 
 	// The bucket denies: 50 more at one stamp, then one denied (the
@@ -117,13 +140,14 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 		}
 	})
 	t.Logf("denied by the bucket: %s (the failed conditional write; DynamoDB bills 1 WCU for it, Local reports none)", per(got, 1))
-	if got.reqs != 1 {
-		t.Errorf("%d requests for a denial by the bucket, want 1", got.reqs)
+	if got.reqs != 1 || got.wu != 1 {
+		t.Errorf("%d requests, %.1f WCU at the proxy for a denial by the bucket, want 1 and 1 (the failed condition is billed)", got.reqs, got.wu)
 	}
 
 	// A busy client: a request every 375 ms (one per packed slot) for 3
 	// windows: the per-ip item at its largest.
 	e2 := newEmbedded(t, s, false)
+	useKeys(e2)
 	for i := range 2 * limiter.DefaultSlots {
 		e2.decide(t, ctx, base.Add(time.Duration(i)*375*time.Millisecond), false)
 	}
@@ -134,14 +158,15 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 		}
 	})
 	t.Logf("allowed, busy client (a request every slot): %s per request; per-ip item %d bytes", per(got, busy), itemSize(get(t, c, dynamo.ItemKey(limiter.Key{Name: e2.ip}))))
-	if got.reqs != busy {
-		t.Errorf("%d requests for %d decisions, want one each", got.reqs, busy)
+	if got.reqs != busy || got.wu != float64(got.wcuMilli)/1000 {
+		t.Errorf("%d requests for %d decisions, want one each; %.1f WCU at the proxy, %.1f reported by Local, want the same", got.reqs, busy, got.wu, float64(got.wcuMilli)/1000)
 	}
 
 	// A window denies: a window of 3 beside the bucket, same shape.
 	w3, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "w3", Limit: 3, Window: time.Minute, MaxCost: 1, NoDenyCache: true})
 	e3 := newEmbedded(t, s, false)
 	e3.ipWin = w3
+	useKeys(e3)
 	for i := range 3 {
 		e3.decide(t, ctx, base.Add(time.Duration(i)*time.Second), false)
 	}
@@ -151,8 +176,8 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 		}
 	})
 	t.Logf("denied by the window: %s (the take, and one refund for the window and the bucket)", per(got, 1))
-	if got.reqs != 2 || got.wcuMilli != 2000 {
-		t.Errorf("%d requests for %.1f WCU, want 2 and 2", got.reqs, float64(got.wcuMilli)/1000)
+	if got.reqs != 2 || got.wcuMilli != 2000 || got.wu != 2 {
+		t.Errorf("%d requests for %.1f WCU (Local), %.1f WCU (proxy), want 2 and 2", got.reqs, float64(got.wcuMilli)/1000, got.wu)
 	}
 }
 
