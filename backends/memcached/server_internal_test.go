@@ -265,8 +265,9 @@ func TestCASConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	// UpdateBucket's own loop (the batch path's fallback), not Do.
-	b, _ := limiter.NewTokenBucket(singleStep{s}, limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Minute})
+	// UpdateBucket's own loop (the batch path's fallback), not Do. No deny
+	// cache: a decision lost to conflicts is a denial it would remember.
+	b, _ := limiter.NewTokenBucket(singleStep{s}, limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Minute, NoDenyCache: true})
 	_, err = b.Allow(context.Background(), "k", time.Unix(100, 0))
 	if !errors.Is(err, limiter.ErrConflict) || errors.Is(err, ErrUnavailable) {
 		t.Fatalf("endless CAS conflicts: %v, want ErrConflict", err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,7 +102,10 @@ type MergedReport struct {
 	// Violations per limit; Problems as in HistoryReport.
 	Violations []Violation
 	Problems   []string
-	FirstErr   error
+	// Uncovered counts the Problems that say the run checked nothing
+	// somewhere (no late arrival, a limit that never denied).
+	Uncovered int
+	FirstErr  error
 }
 
 // Err returns nil when the run passed.
@@ -294,10 +298,12 @@ func RunMergedScenario(ctx context.Context, s Store, sc MergedScenario, clock Cl
 	}
 	if rep.Arrivals.Late == 0 {
 		rep.Problems = append(rep.Problems, "no late arrivals: the run checks nothing")
+		rep.Uncovered++
 	}
 	for j, name := range []string{"window", "bucket", "fixed window"} {
 		if denied[j] == 0 {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("the %s denied nothing: the run checks nothing there", name))
+			rep.Uncovered++
 		}
 	}
 	return rep, nil
@@ -322,7 +328,18 @@ func RunMergedHistory(t *testing.T, s Store) {
 	}
 	for _, clock := range []Clock{WallClock, SharedClock} {
 		t.Run(clock.String(), func(t *testing.T) {
-			rep, err := RunMergedScenario(context.Background(), s, DefaultMergedScenario(), clock, HistoryOptions{Seed: subSeed(seed, 0, clock)})
+			o := HistoryOptions{Seed: subSeed(seed, 0, clock)}
+			rep, err := RunMergedScenario(context.Background(), s, DefaultMergedScenario(), clock, o)
+			// A run that found nothing wrong but left something unchecked
+			// (a limit that never denied: on a loaded machine a batch's
+			// lost races and throttles deny it before the window fills)
+			// is run again with other draws, up to twice, as RunHistory
+			// does; it must still cover everything to pass.
+			for try := 1; try <= 2 && err == nil && rep.Uncovered > 0 && rep.Uncovered == len(rep.Problems); try++ {
+				o.Seed++
+				t.Logf("the run left something unchecked (%s); again with other draws (derived seed %d)", strings.Join(rep.Problems, "; "), o.Seed)
+				rep, err = RunMergedScenario(context.Background(), s, DefaultMergedScenario(), clock, o)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
