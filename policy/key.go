@@ -149,7 +149,10 @@ func (c *compiledRule) value(p keyPart, req *Request) (string, bool) {
 	case kindMethod:
 		return req.Method, req.Method != ""
 	case kindPath:
-		return CleanPath(req.Path), req.Path != ""
+		if c.Match.CaseSensitive {
+			return CleanPath(req.Path), req.Path != ""
+		}
+		return strings.ToLower(CleanPath(req.Path)), req.Path != ""
 	case kindRoute:
 		return req.RouteKey, req.RouteKey != ""
 	case kindStage:

@@ -354,7 +354,7 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 	if mm, ok, err := m.mapping("match"); err != nil {
 		return r, err
 	} else if ok {
-		if err := mm.only("methods", "paths", "stages", "routes"); err != nil {
+		if err := mm.only("methods", "paths", "stages", "routes", "case_sensitive"); err != nil {
 			return r, err
 		}
 		if r.Match.Methods, _, err = mm.strs("methods"); err != nil {
@@ -367,6 +367,9 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 			return r, err
 		}
 		if r.Match.Routes, _, err = mm.strs("routes"); err != nil {
+			return r, err
+		}
+		if r.Match.CaseSensitive, _, err = mm.boolean("case_sensitive"); err != nil {
 			return r, err
 		}
 	}

@@ -145,6 +145,11 @@ type Match struct {
 	// Routes are route keys ("GET /pets/{id}", "$default"); REST APIs
 	// give "METHOD resource".
 	Routes []string
+	// CaseSensitive compares Paths with the request path in exact case,
+	// and renders {path} keys in it. By default paths are compared and
+	// keyed lower-cased: "/DEMO/hello" is "/demo/hello", as servers that
+	// route ignoring case (Express by default) serve it.
+	CaseSensitive bool
 }
 
 // ClientIP configures the {ip} attribute.
@@ -267,7 +272,7 @@ func compile(r Rule, index int) (*compiledRule, error) {
 		c.methods = append(c.methods, u)
 	}
 	for i, p := range r.Match.Paths {
-		g, err := compileGlob(p)
+		g, err := compileGlob(p, !r.Match.CaseSensitive)
 		if err != nil {
 			return nil, bad(fmt.Sprintf("match.paths[%d]", i), "%v", err)
 		}
