@@ -203,6 +203,11 @@ func (c *compiledRule) renderKey(dst []byte, req *Request) []byte {
 // clientIP is the {ip} of req under the rule's client_ip settings.
 func (c *compiledRule) clientIP(req *Request) string {
 	if c.ClientIP.From == FromXForwardedFor {
+		if h, ok := req.Headers.(Header); ok && h.spellings("X-Forwarded-For") > 1 {
+			// Two spellings: which one the trusted proxy appended to is
+			// unknown, so no hop can be trusted.
+			return req.SourceIP
+		}
 		if xff, ok := req.Header("X-Forwarded-For"); ok {
 			if ip, ok := forwardedFor(xff, c.ClientIP.Hops); ok {
 				return ip

@@ -1,6 +1,9 @@
 package policy
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // Request is one request, described by the attributes rules match on and
 // render keys from. The caller fills it from its event; the zero value is a
@@ -77,21 +80,57 @@ type Values interface {
 	Get(name string) (string, bool)
 }
 
-// Header is a map of headers whose lookups ignore case (an exact match
-// first).
+// Header is a map of headers whose lookups ignore case. Field names are
+// case-insensitive (RFC 9110), so two spellings of one name in the map
+// ("X-Plan" and "x-plan", as a REST API event can carry) are one header
+// sent twice: Get returns their values joined with commas, in the byte
+// order of the spellings, whatever the spelling asked for. That is how
+// HTTP API payload 2.0 delivers a repeated header (its names are lower
+// case, its values comma-joined), and it never depends on the map's order.
 type Header map[string]string
 
 // Get implements Values.
 func (h Header) Get(name string) (string, bool) {
-	if v, ok := h[name]; ok {
-		return v, true
-	}
+	var val string
+	n := 0
 	for k, v := range h {
 		if strings.EqualFold(k, name) {
-			return v, true
+			val = v
+			n++
 		}
 	}
-	return "", false
+	if n > 1 {
+		return h.joined(name), true
+	}
+	return val, n == 1
+}
+
+// joined is the comma-joined value of every spelling of name, in the byte
+// order of the spellings.
+func (h Header) joined(name string) string {
+	var keys []string
+	for k := range h {
+		if strings.EqualFold(k, name) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	vals := make([]string, len(keys))
+	for i, k := range keys {
+		vals[i] = h[k]
+	}
+	return strings.Join(vals, ",")
+}
+
+// spellings is how many spellings of name h holds.
+func (h Header) spellings(name string) int {
+	n := 0
+	for k := range h {
+		if strings.EqualFold(k, name) {
+			n++
+		}
+	}
+	return n
 }
 
 // Query is a map of query parameters (case-sensitive, as API Gateway
