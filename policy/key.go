@@ -160,7 +160,8 @@ func (c *compiledRule) value(p keyPart, req *Request) (string, bool) {
 	case kindAPIKey:
 		return req.APIKey, req.APIKey != ""
 	case kindToken:
-		return req.Token, req.Token != ""
+		t := Credential(req.Token)
+		return t, t != ""
 	case kindHeader:
 		return req.Header(p.text)
 	case kindQuery:

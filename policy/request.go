@@ -31,13 +31,27 @@ type Request struct {
 	// APIKey is the API key API Gateway identified (REST APIs only).
 	APIKey string
 	// Token is the caller's credential: a TOKEN authorizer's token, else
-	// the Authorization header. It only ever reaches a key hashed.
+	// the Authorization header. It only ever reaches a key hashed, and is
+	// read through [Credential] (a whitespace-only token is no token).
 	Token string
 	// Absent lists the attributes this kind of event cannot carry (a TOKEN
 	// authorizer sees no source IP, headers or query). A rule whose key
 	// uses an absent attribute does not apply to the request; an attribute
 	// that could be present but is empty renders as empty.
 	Absent Attrs
+}
+
+// Credential returns the credential of a token or an Authorization header
+// value v: v without surrounding whitespace, or "" when nothing is left or
+// only the Bearer scheme without a credential ("   ", "Bearer", "Bearer
+// "), so that such a request has no token rather than one shared by
+// everyone who sends it.
+func Credential(v string) string {
+	v = strings.TrimSpace(v)
+	if len(v) == len("Bearer") && strings.EqualFold(v, "Bearer") {
+		return ""
+	}
+	return v
 }
 
 // Attrs is a set of request attributes.
