@@ -85,6 +85,18 @@ type boundRule struct {
 	tiers      [][]limiter.Limiter  // by index in Tiers
 	tierFailed [][]limiter.Decision // by index in Tiers
 	cc         *limiter.Concurrency // nil without a concurrency limit
+	// windows are the limits' windows (Limit.Period), tierWindows by tier.
+	windows     []time.Duration
+	tierWindows [][]time.Duration
+}
+
+// periods is the Period of every limit of limits.
+func periods(limits []Limit) []time.Duration {
+	out := make([]time.Duration, len(limits))
+	for i := range limits {
+		out[i] = limits[i].Period()
+	}
+	return out
 }
 
 // failDecision is the decision of the limit l when its backend fails and
@@ -163,9 +175,10 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 		if err != nil {
 			return nil, err
 		}
-		br := &boundRule{compiledRule: c, limits: limits, failed: failDecisions(c.Limits, c.Fail), tiers: tiers, cc: cc}
+		br := &boundRule{compiledRule: c, limits: limits, failed: failDecisions(c.Limits, c.Fail), tiers: tiers, cc: cc, windows: periods(c.Limits)}
 		for _, t := range c.Tiers {
 			br.tierFailed = append(br.tierFailed, failDecisions(t.Limits, c.Fail))
+			br.tierWindows = append(br.tierWindows, periods(t.Limits))
 		}
 		p.rules = append(p.rules, br)
 	}
@@ -340,6 +353,9 @@ type Result struct {
 	Rule string
 	// Decision is the deciding rule's decision (its deciding limit's).
 	Decision limiter.Decision
+	// Window is the deciding limit's period ([Limit.Period]); zero when
+	// no limit decided (lists, shedding, no rule).
+	Window time.Duration
 	// Priority is the request's priority: the highest of the matching
 	// rules', limiter.PriorityNormal when none matched.
 	Priority limiter.Priority
@@ -369,6 +385,8 @@ type Eval struct {
 	Outcome Outcome
 	// Decision is the rule's decision (zero when not checked).
 	Decision limiter.Decision
+	// Window is the period of the limit that gave Decision.
+	Window time.Duration
 	// Err is the backend's error, if any. When Failed, the fail mode
 	// decided; otherwise the decision stands (a failed refund).
 	Err error
@@ -470,7 +488,8 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	var ibuf [16]limiter.Item
 	var obuf [16]limiter.Outcome
 	var rbuf [16]int // the rule (index in matched) of each item
-	items, owner := ibuf[:0], rbuf[:0]
+	var wbuf [16]time.Duration
+	items, owner, windows := ibuf[:0], rbuf[:0], wbuf[:0]
 	for i, r := range matched {
 		ev := &res.Evals[i]
 		ev.Key = string(r.renderKey(keyBuf[:0], req))
@@ -481,15 +500,16 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	}
 	for i, r := range matched {
 		ev := &res.Evals[i]
-		limits, fails := r.limits, r.failed
+		limits, fails, ws := r.limits, r.failed, r.windows
 		ti, tier := r.tierIndex(req, p.tierOf)
 		if ti >= 0 {
-			limits, fails = r.tiers[ti], r.tierFailed[ti]
+			limits, fails, ws = r.tiers[ti], r.tierFailed[ti], r.tierWindows[ti]
 		}
 		ev.Tier = tier
 		for k, l := range limits {
 			items = append(items, limiter.Item{Limit: l, Key: ev.Key, N: r.cost, Fail: &fails[k], Shadow: ev.Shadow})
 			owner = append(owner, i)
+			windows = append(windows, ws[k])
 		}
 	}
 	out := obuf[:0]
@@ -551,7 +571,7 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 			continue // skipped: a cached denial decided
 		}
 		o := &out[j]
-		ev.Decision, ev.Cached = o.Decision, o.Cached
+		ev.Decision, ev.Cached, ev.Window = o.Decision, o.Cached, windows[j]
 		ev.Failed = o.Failed // the fail mode decided (a failure elsewhere in the rule is in Err)
 		ev.Outcome, ev.Reason = Allow, ReasonLimit
 		if !o.Decision.Allowed {
@@ -579,7 +599,7 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	ev := &res.Evals[i]
 	// The deciding rule's own decision: the limit that decided it (its
 	// fail mode's when a limit of it failed), with its reason.
-	res.Rule, res.Decision, res.Reason = ev.Rule, ev.Decision, ev.Reason
+	res.Rule, res.Decision, res.Reason, res.Window = ev.Rule, ev.Decision, ev.Reason, ev.Window
 	if !out[decider].Decision.Allowed {
 		res.Outcome = Deny
 		p.releaseLeases(ctx, res)

@@ -209,6 +209,22 @@ type Limit struct {
 	Strict       bool
 }
 
+// Period is the time over which the limit grants its Capacity: a
+// window's length, or the time a token bucket takes to refill from empty
+// (ceil(MaxAmount/RefillAmount) refills). It is the "w" of the
+// RateLimit-Policy header field.
+func (l *Limit) Period() time.Duration {
+	if l.Algorithm != TokenBucket {
+		return l.Window
+	}
+	ra := max(l.RefillAmount, 1)
+	refills := (l.MaxAmount + ra - 1) / ra
+	if refills > int64(MaxWindow/max(l.RefillTime, 1)) {
+		return MaxWindow
+	}
+	return time.Duration(refills) * l.RefillTime
+}
+
 // Capacity is the largest cost the limit could ever allow.
 func (l *Limit) Capacity() int64 {
 	if l.Algorithm == TokenBucket {

@@ -738,6 +738,7 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 	for _, c := range []Context{
 		{Limit: 5, Remaining: 4, Reset: 60, Rule: "per-ip", Decision: DecisionAllow},
 		{Limit: 1 << 40, RetryAfter: 17, Rule: "r\"\\\x00\u2028é", Decision: DecisionDeny},
+		{Limit: 3, Rule: "demo", Decision: DecisionDeny, RateLimitPolicy: `"demo/0";q=3;w=60`, RateLimit: `"demo/0";r=0;t=61`},
 	} {
 		iam := iamResponse("arn:aws:execute-api:r:1:a/$default/GET/x\"y", c.Decision == DecisionAllow, c)
 		want, _ := json.Marshal(iamMirror{iam.PrincipalID, iam.PolicyDocument, ctxMirror(c)})

@@ -70,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	upstream := fs.String("upstream", "", "URL to proxy allowed requests to (default: a built-in echo)")
 	echoDelay := fs.Duration("echo-delay", 0, "how long the built-in echo takes to answer (a slow backend, to watch concurrency limits)")
 	metrics := fs.Bool("metrics", false, "print the EMF metric lines to stdout")
+	legacy := fs.Bool("legacy-ratelimit-headers", false, "also send RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (the ratelimit-headers draft's earlier fields) beside RateLimit-Policy and RateLimit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -140,6 +141,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w (is another `make run` running? try -addr 127.0.0.1:0)", err)
 	}
 	api := newServer(built.Handler, *kind, *stage, up)
+	api.legacyHeaders = *legacy
 	if up == nil {
 		api.upstream = echoAfter(*echoDelay)
 	}

@@ -85,13 +85,20 @@ func TestNPlusOne(t *testing.T) {
 				limit = fmt.Sprintf("{algorithm: sliding_window, limit: %d, window: 1m, sub_windows: 10}", n)
 			}
 			ts := startServer(t, `rules: [{name: per-ip, key: "{ip}", limits: [`+limit+`]}]`, kindREST, nil)
+			window := 60 // w: the window, or the time a bucket takes to refill from empty
+			if tt.algorithm == "token_bucket" {
+				window = n * 60
+			}
 			for i := 1; i <= n; i++ {
 				resp, body := get(t, ts.URL+"/pets/42")
 				if resp.StatusCode != http.StatusOK {
 					t.Fatalf("request %d: %d %v", i, resp.StatusCode, body)
 				}
-				if got := resp.Header.Get("RateLimit-Remaining"); got != strconv.Itoa(n-i) {
-					t.Errorf("request %d: RateLimit-Remaining %q, want %d", i, got, n-i)
+				if got, want := resp.Header.Get("RateLimit"), fmt.Sprintf(`"per-ip/0";r=%d;t=`, n-i); !strings.HasPrefix(got, want) {
+					t.Errorf("request %d: RateLimit %q, want %s...", i, got, want)
+				}
+				if got := resp.Header.Get("RateLimit-Remaining"); got != "" {
+					t.Errorf("request %d: RateLimit-Remaining %q without -legacy-ratelimit-headers", i, got)
 				}
 				if body["path"] != "/pets/42" {
 					t.Errorf("request %d: upstream saw %v", i, body)
@@ -102,24 +109,50 @@ func TestNPlusOne(t *testing.T) {
 				t.Fatalf("request %d: %d %v, want 429", n+1, resp.StatusCode, body)
 			}
 			want := map[string]string{
-				"Retry-After":         strconv.Itoa(tt.retry),
-				"RateLimit-Limit":     strconv.Itoa(n),
-				"RateLimit-Remaining": "0",
-				"Cache-Control":       "no-store",
-				"Content-Type":        "application/json",
+				"Retry-After":      strconv.Itoa(tt.retry),
+				"RateLimit-Policy": fmt.Sprintf(`"per-ip/0";q=%d;w=%d`, n, window),
+				"Cache-Control":    "no-store",
+				"Content-Type":     "application/json",
 			}
 			for k, v := range want {
 				if got := resp.Header.Get(k); got != v {
 					t.Errorf("%s: %q, want %q", k, got, v)
 				}
 			}
-			if reset, _ := strconv.Atoi(resp.Header.Get("RateLimit-Reset")); reset < tt.retry {
-				t.Errorf("RateLimit-Reset %d is before Retry-After %d", reset, tt.retry)
+			rl := resp.Header.Get("RateLimit")
+			reset, err := strconv.Atoi(strings.TrimPrefix(rl, `"per-ip/0";r=0;t=`))
+			if err != nil || reset < tt.retry {
+				t.Errorf("RateLimit %q: want r=0 and t no earlier than Retry-After %d (the draft's section 6)", rl, tt.retry)
 			}
 			if body["message"] != "Too Many Requests" || body["rule"] != "per-ip" || body["retryAfter"] != strconv.Itoa(tt.retry) {
 				t.Errorf("429 body %v", body)
 			}
 		})
+	}
+}
+
+// TestLegacyRateLimitHeaders: with -legacy-ratelimit-headers the earlier
+// drafts' three fields come beside the current two.
+func TestLegacyRateLimitHeaders(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		ts := startServer(t, `rules: [{name: r, key: "{ip}", limits: [{algorithm: fixed_window, limit: 1, window: 1m}]}]`, kindREST, nil)
+		ts.Config.Handler.(*server).legacyHeaders = legacy
+		for i, code := range []int{http.StatusOK, http.StatusTooManyRequests} {
+			resp, _ := get(t, ts.URL+"/x")
+			if resp.StatusCode != code {
+				t.Fatalf("request %d: %d", i+1, resp.StatusCode)
+			}
+			if resp.Header.Get("RateLimit-Policy") != `"r/0";q=1;w=60` || !strings.HasPrefix(resp.Header.Get("RateLimit"), `"r/0";r=0;t=`) {
+				t.Errorf("request %d: %v", i+1, resp.Header)
+			}
+			got := []string{resp.Header.Get("RateLimit-Limit"), resp.Header.Get("RateLimit-Remaining"), resp.Header.Get("RateLimit-Reset")}
+			if want := [3]bool{legacy, legacy, legacy}; (got[0] != "") != want[0] || (got[1] != "") != want[1] || (got[2] != "") != want[2] {
+				t.Errorf("legacy %v, request %d: RateLimit-Limit/-Remaining/-Reset %q", legacy, i+1, got)
+			}
+			if legacy && (got[0] != "1" || got[1] != "0") {
+				t.Errorf("legacy fields %q", got)
+			}
+		}
 	}
 }
 
