@@ -29,6 +29,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -115,13 +116,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return os.Getenv(k)
 	})
 	if err != nil {
-		return err
+		return flagError(err, overrides)
 	}
 	if err := checkBackends(env, *ddbEndpoint); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *ddbEndpoint == "" && os.Getenv("AWS_ENDPOINT_URL_DYNAMODB") == "" && os.Getenv("AWS_ENDPOINT_URL") == "" {
+		// Real DynamoDB: say now, in one line, what would otherwise fail
+		// every request.
+		if err := wiring.CheckAWS(ctx, env, 3*time.Second); err != nil {
+			return fmt.Errorf("DynamoDB table %q: %v; for DynamoDB Local add -dynamo-endpoint http://127.0.0.1:8000", env.DynamoTable+env.RulesTable, err)
+		}
+	}
 	out := wiring.Outputs{Stdout: io.Discard, Stderr: stderr}
 	if *ddbEndpoint != "" {
 		localAWS(*ddbEndpoint)
@@ -132,7 +140,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	built, err := wiring.Build(ctx, env, out)
 	if err != nil {
-		return err
+		return flagError(err, overrides)
 	}
 	defer built.Close()
 
@@ -183,6 +191,34 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stderr, "localapi: stopped")
 	return nil
+}
+
+// flagNames are the flags that set a configuration variable.
+var flagNames = map[string]string{
+	config.EnvRulesFile:      "-rules",
+	config.EnvMemcachedAddrs: "-memcached",
+	config.EnvDynamoTable:    "-dynamo-table",
+	config.EnvDefaultBackend: "-backend",
+	config.EnvDeadline:       "-deadline",
+}
+
+// flagError names the flag, not its variable, in an error about a value
+// a flag gave (-backend mongo, not SLUICE_DEFAULT_BACKEND).
+func flagError(err error, overrides map[string]string) error {
+	var ce *config.Error
+	if errors.As(err, &ce) {
+		if name, ok := flagNames[ce.Name]; ok && overrides[ce.Name] != "" {
+			return fmt.Errorf("%s: %s", name, ce.Msg)
+		}
+		return err
+	}
+	// wiring.Build's errors about a variable start "wiring: NAME: ".
+	for env, name := range flagNames {
+		if msg, ok := strings.CutPrefix(err.Error(), "wiring: "+env+": "); ok && overrides[env] != "" {
+			return fmt.Errorf("%s: %s", name, msg)
+		}
+	}
+	return err
 }
 
 // checkBackends refuses, naming the flags to add, a configuration whose

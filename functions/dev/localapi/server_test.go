@@ -290,13 +290,43 @@ func TestRunNamesFlags(t *testing.T) {
 		{[]string{"-backend", "dynamo", "-dynamo-endpoint", "http://127.0.0.1:1"}, "needs -dynamo-table NAME"},
 		{[]string{"-backend", "dynamo"}, "-backend dynamo: DynamoDB is not configured: add -dynamo-table NAME, and -dynamo-endpoint URL"},
 		{[]string{"-backend", "memcached"}, "-backend memcached: memcached is not configured: add -memcached HOST:PORT"},
+		// A bad value is named by the flag that gave it, not its variable.
+		{[]string{"-backend", "mongo"}, `-backend: "mongo" is not`},
+		{[]string{"-deadline", "soon"}, `-deadline: "soon" is not a Go duration`},
+		{[]string{"-memcached", "a b"}, `-memcached: `},
 	} {
 		for _, k := range []string{"SLUICE_DYNAMO_TABLE", "SLUICE_MEMCACHED_ADDRS", "SLUICE_DEFAULT_BACKEND"} {
 			t.Setenv(k, "")
 		}
 		err := run(tt.args, io.Discard, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("run(%q) = %v, want %q", tt.args, err, tt.want)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "SLUICE_") && !strings.Contains(err.Error(), "(SLUICE_") {
+			t.Errorf("run(%q) = %v, want %q (named by the flag)", tt.args, err, tt.want)
 		}
+	}
+}
+
+// TestDynamoWithoutCredentials: -backend dynamo with a table, no endpoint
+// and no AWS credentials stops at start-up with one line naming the
+// missing piece and the flag for DynamoDB Local (it used to start, then
+// fail open on every request with the SDK's long warning).
+func TestDynamoWithoutCredentials(t *testing.T) {
+	for _, k := range []string{"SLUICE_DYNAMO_TABLE", "SLUICE_MEMCACHED_ADDRS", "SLUICE_DEFAULT_BACKEND", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB",
+		"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+		"AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AWS_REGION", "us-east-1")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
+	var stdout bytes.Buffer
+	err := run([]string{"-backend", "dynamo", "-dynamo-table", "sluice-local", "-addr", "127.0.0.1:0"}, &stdout, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), `DynamoDB table "sluice-local": no AWS credentials found`) ||
+		!strings.Contains(err.Error(), "-dynamo-endpoint") {
+		t.Fatalf("run = %v; want one line about the credentials and -dynamo-endpoint", err)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("it started: %s", stdout.String())
 	}
 }
