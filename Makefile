@@ -58,16 +58,12 @@ build:
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o $(BOOTSTRAP) ./functions/authorizer
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o build/publisher/bootstrap ./functions/publisher
 
-## invoke: run the authorizer on EVENT, N times (sam local invoke when SAM exists, else the Runtime API harness)
+## invoke: run the authorizer on EVENT, N times in one warm process (sam local start-lambda when SAM exists, else the Runtime API harness); exits 1 on a function error
 invoke:
 	@mkdir -p $(dir $(LOCAL_BOOTSTRAP))
 	CGO_ENABLED=0 GOOS=linux $(GO) build -tags lambda.norpc -trimpath -o $(LOCAL_BOOTSTRAP) ./functions/authorizer
-	@if command -v sam >/dev/null 2>&1; then \
-		sam local invoke -t functions/authorizer/template.yaml -e $(EVENT) \
-			--parameter-overrides Arch=$$([ "$$($(GO) env GOARCH)" = arm64 ] && echo arm64 || echo x86_64) Authorizer; \
-	else \
-		$(GO) run ./functions/dev/invoke -bootstrap $(LOCAL_BOOTSTRAP) -n $(N) $(EVENT); \
-	fi
+	@$(GO) build -o build/invoke ./functions/dev/invoke
+	build/invoke -bootstrap $(LOCAL_BOOTSTRAP) -n $(N) $(EVENT)
 
 ## golden: rewrite events/golden/*.json after a deliberate change (review the diff)
 golden:
