@@ -26,22 +26,24 @@ run:
 	$(GO) build -o $(LOCALAPI) ./functions/dev/localapi
 	$(LOCALAPI) $(ARGS)
 
-## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra, the README's commands
+## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra, the bootstrap under AWS's Runtime Interface Emulator, the README's commands
 test: lint
 	scripts/testenv $(GO) test -race -count=1 ./...
 	$(MAKE) fuzz
 	cd infra && $(GO) test -count=1 ./...
+	cd tools/rie && $(GO) test -count=1 ./...
 	scripts/readme
 
 ## readme: run every command README.md prints, in order, and check what it says they print (AWS-only ones skipped, named in scripts/readme)
 readme:
 	scripts/readme
 
-## lint: gofmt, go vet (both modules)
+## lint: gofmt, go vet (every module)
 lint: node
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
+	cd tools/rie && $(GO) vet ./...
 
 ## fuzz: each fuzz target for a count of executions, or FUZZTIME (rule parsing, event decoding, memcached keys and replies)
 fuzz:
