@@ -60,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	n := fs.Int("n", 1, "invoke the function this many times with the event, in one process")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline of each invocation")
 	quiet := fs.Bool("q", false, "do not copy the function's own output (logs, metrics) to stderr")
-	samFlag := fs.String("sam", "", "run under this sam's `local start-lambda` (default: sam on PATH, unless SLUICE_INVOKE_HARNESS is set)")
+	samFlag := fs.String("sam", "", "run under this sam's `local start-lambda` (default: sam on PATH, unless "+envHarness+" is set)")
 	template := fs.String("template", "functions/authorizer/template.yaml", "the SAM template (with -sam)")
 	var env envFlags
 	fs.Var(&env, "env", "set an environment variable of the function, KEY=VALUE (repeatable)")

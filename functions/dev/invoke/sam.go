@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice/config"
 )
 
 // samConfig is a run through SAM: `sam local start-lambda` keeps the
@@ -125,13 +127,17 @@ func waitListening(ctx context.Context, addr string, d time.Duration) error {
 	}
 }
 
+// envHarness, set to anything, makes invoke use the Runtime API harness
+// even where SAM is installed.
+const envHarness = config.Prefix + "INVOKE_HARNESS"
+
 // samPath is the sam executable to use: -sam, else "sam" on PATH when
-// SLUICE_INVOKE_HARNESS is not set; "" means the Runtime API harness.
+// envHarness is not set; "" means the Runtime API harness.
 func samPath(flagValue string) string {
 	if flagValue != "" {
 		return flagValue
 	}
-	if os.Getenv("SLUICE_INVOKE_HARNESS") != "" {
+	if os.Getenv(envHarness) != "" {
 		return ""
 	}
 	p, _ := exec.LookPath("sam")

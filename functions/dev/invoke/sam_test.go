@@ -16,7 +16,7 @@ import (
 // invocation SLUICE_FAKE_SAM_ERROR_AT.
 func TestMain(m *testing.M) {
 	if os.Getenv("SLUICE_FAKE_SAM") == "" {
-		os.Setenv("SLUICE_INVOKE_HARNESS", "1") // the other tests run the harness even where SAM is installed
+		os.Setenv(envHarness, "1") // the other tests run the harness even where SAM is installed
 		os.Exit(m.Run())
 	}
 	args := strings.Join(os.Args[1:], " ")

@@ -270,8 +270,8 @@ func TestRunFlags(t *testing.T) {
 			t.Errorf("run(%q) succeeded", args)
 		}
 	}
-	if err := run([]string{"-rules", "/does/not/exist"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "SLUICE_RULES_FILE") {
-		t.Errorf("missing rules file: %v", err)
+	if err := run([]string{"-rules", "/does/not/exist"}, &out, &errb); err == nil || !strings.HasPrefix(err.Error(), "-rules: ") || !strings.Contains(err.Error(), "/does/not/exist") {
+		t.Errorf("missing rules file: %v, want it named by -rules", err)
 	}
 	if err := run([]string{"-h"}, &out, &errb); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp (main exits 0 on it)", err)
