@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,6 +35,9 @@ type samConfig struct {
 // error) as runtime.go's harness does, and stops it. It reports whether
 // every invocation returned a response.
 func runSAM(ctx context.Context, c samConfig, stdout, stderr io.Writer) (ok bool, err error) {
+	// SAM's output is copied to stderr by exec's goroutine while this one
+	// writes its progress there too.
+	stderr = &lockedWriter{w: stderr}
 	port, err := freePort()
 	if err != nil {
 		return false, err
@@ -142,4 +146,16 @@ func samPath(flagValue string) string {
 	}
 	p, _ := exec.LookPath("sam")
 	return p
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
