@@ -14,28 +14,36 @@ BOOTSTRAP = build/authorizer/bootstrap
 LOCAL_BOOTSTRAP = build/authorizer-local/bootstrap
 LOCALAPI  = build/localapi
 N        ?= 1
-CDK       = CDK_DISABLE_CLI_TELEMETRY=true npx --no-install cdk --no-notices
+CDK       = $(CURDIR)/scripts/cdk
 
-.PHONY: run test lint fuzz bench accuracy build invoke golden synth deploy node clean
+.PHONY: run test lint fuzz bench accuracy build invoke golden synth synth-example deploy node clean readme
 
 ## run: a local API with the authorizer in front of an echo backend, on the embedded memory store
 # Built, then run, rather than `go run`: go run exits 1 when Ctrl-C reaches
 # it too, and make would report that as an error.
 run:
+	@echo "make run: building the local API (the first build compiles the AWS SDK: a minute or two; later builds are cached)"
 	$(GO) build -o $(LOCALAPI) ./functions/dev/localapi
 	$(LOCALAPI) $(ARGS)
 
-## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra
+## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra, the bootstrap under AWS's Runtime Interface Emulator, the README's commands
 test: lint
 	scripts/testenv $(GO) test -race -count=1 ./...
 	$(MAKE) fuzz
 	cd infra && $(GO) test -count=1 ./...
+	cd tools/rie && $(GO) test -count=1 ./...
+	scripts/readme
 
-## lint: gofmt, go vet (both modules)
+## readme: run every command README.md prints, in order, and check what it says they print (AWS-only ones skipped, named in scripts/readme)
+readme:
+	scripts/readme
+
+## lint: gofmt, go vet (every module)
 lint: node
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
+	cd tools/rie && $(GO) vet ./...
 
 ## fuzz: each fuzz target for a count of executions, or FUZZTIME (rule parsing, event decoding, memcached keys and replies)
 fuzz:
@@ -54,20 +62,17 @@ accuracy:
 
 ## build: the authorizer's and the utilization publisher's bootstraps for provided.al2023 on arm64
 build:
+	@echo "make build: the Lambda bootstraps for linux/arm64 (the first build compiles the AWS SDK: a minute or two)"
 	mkdir -p $(dir $(BOOTSTRAP)) build/publisher
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o $(BOOTSTRAP) ./functions/authorizer
 	GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' -o build/publisher/bootstrap ./functions/publisher
 
-## invoke: run the authorizer on EVENT, N times (sam local invoke when SAM exists, else the Runtime API harness)
+## invoke: run the authorizer on EVENT, N times in one warm process (sam local start-lambda when SAM exists, else the Runtime API harness); exits 1 on a function error
 invoke:
 	@mkdir -p $(dir $(LOCAL_BOOTSTRAP))
 	CGO_ENABLED=0 GOOS=linux $(GO) build -tags lambda.norpc -trimpath -o $(LOCAL_BOOTSTRAP) ./functions/authorizer
-	@if command -v sam >/dev/null 2>&1; then \
-		sam local invoke -t functions/authorizer/template.yaml -e $(EVENT) \
-			--parameter-overrides Arch=$$([ "$$($(GO) env GOARCH)" = arm64 ] && echo arm64 || echo x86_64) Authorizer; \
-	else \
-		$(GO) run ./functions/dev/invoke -bootstrap $(LOCAL_BOOTSTRAP) -n $(N) $(EVENT); \
-	fi
+	@$(GO) build -o build/invoke ./functions/dev/invoke
+	build/invoke -bootstrap $(LOCAL_BOOTSTRAP) -n $(N) $(EVENT)
 
 ## golden: rewrite events/golden/*.json after a deliberate change (review the diff)
 golden:
@@ -75,7 +80,15 @@ golden:
 
 ## synth: cdk synth every region's stack into cdk.out/ (offline; dummy account unless ACCOUNT is set)
 synth: build node
+	@echo "make synth: cdk synth builds infra/ (the CDK's Go bindings: several minutes the first time, cached after) and runs it under jsii's node; templates go to cdk.out/"
 	cd infra && $(CDK) synth --quiet -o ../cdk.out $(if $(ACCOUNT),-c account=$(ACCOUNT))
+	@ls cdk.out/*.template.json
+
+## synth-example: cdk synth of infra/examples/existingapi (the README's "Protect an existing API"), on the authorizer of `make build`
+synth-example: build node
+	@echo "make synth-example: cdk synth of infra/examples/existingapi (several minutes the first time); templates go to infra/examples/existingapi/cdk.out/"
+	cd infra/examples/existingapi && $(CDK) synth --quiet -c sluice:bootstrapDir=../../../build/authorizer
+	@ls infra/examples/existingapi/cdk.out/*.template.json
 
 ## deploy: cdk deploy every region's stack, primary region first (needs AWS credentials)
 deploy: build node

@@ -16,9 +16,12 @@ const maxGlobLen = 512
 type glob struct {
 	src  string
 	segs []string
+	fold bool // match ignoring case: segs are lower case, paths are lowered
 }
 
-func compileGlob(p string) (glob, error) {
+// compileGlob compiles the pattern p; fold makes it match paths ignoring
+// case (the default for rules: a rule's match.case_sensitive turns it off).
+func compileGlob(p string, fold bool) (glob, error) {
 	switch {
 	case p == "":
 		return glob{}, fmt.Errorf("empty pattern")
@@ -32,7 +35,11 @@ func compileGlob(p string) (glob, error) {
 			return glob{}, fmt.Errorf("%q contains a control byte", p)
 		}
 	}
-	segs := strings.Split(p[1:], "/")
+	pat := p
+	if fold {
+		pat = strings.ToLower(p)
+	}
+	segs := strings.Split(pat[1:], "/")
 	for _, s := range segs {
 		if s == "**" {
 			continue
@@ -44,18 +51,29 @@ func compileGlob(p string) (glob, error) {
 			return glob{}, fmt.Errorf("%q: bad segment %q: %v", p, s, err)
 		}
 	}
-	return glob{src: p, segs: segs}, nil
+	return glob{src: p, segs: segs, fold: fold}, nil
 }
 
 // match reports whether the path p matches, as it is or cleaned
 // ([CleanPath]): "//demo/x" and "/a/..%2fdemo/x" match "/demo/**", which
-// a server that cleans paths would serve them as.
+// a server that cleans paths would serve them as. A folding glob compares
+// both lower-cased ("/DEMO/x" and "/%44emo/x" match "/demo/**"), as a
+// server that routes ignoring case would serve them.
 func (g glob) match(p string) bool {
-	if g.matchRaw(p) {
+	if g.matchRaw(g.lower(p)) {
 		return true
 	}
 	c := CleanPath(p)
-	return c != p && g.matchRaw(c)
+	return c != p && g.matchRaw(g.lower(c))
+}
+
+// lower is p lower-cased when the glob folds case; strings.ToLower
+// returns p itself (no allocation) when it has no upper-case letter.
+func (g glob) lower(p string) string {
+	if !g.fold {
+		return p
+	}
+	return strings.ToLower(p)
 }
 
 // matchRaw reports whether the path p matches as it is. It runs in

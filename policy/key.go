@@ -149,7 +149,10 @@ func (c *compiledRule) value(p keyPart, req *Request) (string, bool) {
 	case kindMethod:
 		return req.Method, req.Method != ""
 	case kindPath:
-		return CleanPath(req.Path), req.Path != ""
+		if c.Match.CaseSensitive {
+			return CleanPath(req.Path), req.Path != ""
+		}
+		return strings.ToLower(CleanPath(req.Path)), req.Path != ""
 	case kindRoute:
 		return req.RouteKey, req.RouteKey != ""
 	case kindStage:
@@ -157,7 +160,8 @@ func (c *compiledRule) value(p keyPart, req *Request) (string, bool) {
 	case kindAPIKey:
 		return req.APIKey, req.APIKey != ""
 	case kindToken:
-		return req.Token, req.Token != ""
+		t := Credential(req.Token)
+		return t, t != ""
 	case kindHeader:
 		return req.Header(p.text)
 	case kindQuery:
@@ -200,6 +204,11 @@ func (c *compiledRule) renderKey(dst []byte, req *Request) []byte {
 // clientIP is the {ip} of req under the rule's client_ip settings.
 func (c *compiledRule) clientIP(req *Request) string {
 	if c.ClientIP.From == FromXForwardedFor {
+		if h, ok := req.Headers.(Header); ok && h.spellings("X-Forwarded-For") > 1 {
+			// Two spellings: which one the trusted proxy appended to is
+			// unknown, so no hop can be trusted.
+			return req.SourceIP
+		}
 		if xff, ok := req.Header("X-Forwarded-For"); ok {
 			if ip, ok := forwardedFor(xff, c.ClientIP.Hops); ok {
 				return ip

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,7 +207,7 @@ func parseYAML(data []byte) (*yaml.Node, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%w: empty document (want a mapping with a \"rules\" list)", ErrInvalidRule)
 		}
-		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, yamlLine(err, data))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -354,7 +355,7 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 	if mm, ok, err := m.mapping("match"); err != nil {
 		return r, err
 	} else if ok {
-		if err := mm.only("methods", "paths", "stages", "routes"); err != nil {
+		if err := mm.only("methods", "paths", "stages", "routes", "case_sensitive"); err != nil {
 			return r, err
 		}
 		if r.Match.Methods, _, err = mm.strs("methods"); err != nil {
@@ -367,6 +368,9 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 			return r, err
 		}
 		if r.Match.Routes, _, err = mm.strs("routes"); err != nil {
+			return r, err
+		}
+		if r.Match.CaseSensitive, _, err = mm.boolean("case_sensitive"); err != nil {
 			return r, err
 		}
 	}
@@ -691,4 +695,32 @@ func clip(s string) string {
 		return s[:40] + "..."
 	}
 	return s
+}
+
+// yamlSyntaxRE matches yaml.v3's syntax errors.
+var yamlSyntaxRE = regexp.MustCompile(`^yaml: line ([0-9]+): (.*)$`)
+
+// yamlLine corrects the line of a yaml.v3 syntax error. yaml.v3 (v3.0.1,
+// parser.fail) reports a scanner error's line counted from 1 but a
+// parser error's ("did not find expected key", "did not find expected
+// node content", ...) counted from 0, so an error on line 7 said "line
+// 6". A line past the document's last (the end of input after a final
+// newline) is reported as the last line.
+func yamlLine(err error, data []byte) error {
+	m := yamlSyntaxRE.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	line, _ := strconv.Atoi(m[1])
+	msg := m[2]
+	if strings.HasPrefix(msg, "did not find expected ") || strings.HasPrefix(msg, "found duplicate %") ||
+		msg == "found incompatible YAML document" || msg == "found undefined tag handle" {
+		line++ // a parser error: its mark counts lines from 0
+	}
+	lines := bytes.Count(data, []byte("\n"))
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		lines++
+	}
+	line = max(min(line, lines), 1)
+	return fmt.Errorf("yaml: line %d: %s", line, msg)
 }

@@ -90,3 +90,69 @@ rules:
 		t.Errorf("/files/a%%2fb: matched %v, want one-segment", rules)
 	}
 }
+
+// TestPathCase: paths are matched and keyed ignoring case by default, so
+// that /DEMO/hello cannot escape a /demo/** rule in front of a server that
+// routes ignoring case; a rule with match.case_sensitive keeps exact case.
+func TestPathCase(t *testing.T) {
+	p, err := Load([]byte(`
+rules:
+  - name: demo
+    key: "{path}"
+    match: {paths: ["/demo/**"]}
+    limits: [{algorithm: fixed_window, limit: 2, window: 1m}]
+  - name: exact
+    key: "{path}"
+    match: {paths: ["/Exact/*"], case_sensitive: true}
+    limits: [{algorithm: fixed_window, limit: 100, window: 1m}]
+  - name: classes
+    key: "x"
+    match: {paths: ["/v[0-9]/[A-Z]*"]}
+    limits: [{algorithm: fixed_window, limit: 100, window: 1m}]
+`), Options{Stores: memStores(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eval := func(path string) Result {
+		t.Helper()
+		return p.Evaluate(t.Context(), &Request{SourceIP: "192.0.2.1", Method: "GET", Path: path}, t0)
+	}
+	rulesOf := func(res Result) (rules []string) {
+		for _, e := range res.Evals {
+			rules = append(rules, e.Rule)
+		}
+		return rules
+	}
+	// The reviewer's sequence: /demo/hello exhausted, then other spellings.
+	for i, path := range []string{"/demo/hello", "/demo/hello", "/DEMO/hello", "/Demo/hello", "/%44emo/HELLO", "//dEmO/hello"} {
+		res := eval(path)
+		if r := rulesOf(res); len(r) != 1 || r[0] != "demo" {
+			t.Fatalf("%s: matched %v, want the demo rule", path, r)
+		}
+		if want := i < 2; (res.Outcome == Allow) != want {
+			t.Errorf("call %d %s: %v, want allowed %v (one key for every spelling)", i, path, res.Outcome, want)
+		}
+		if res.Evals[0].Key != "demo:%2Fdemo%2Fhello" {
+			t.Errorf("%s: key %q", path, res.Evals[0].Key)
+		}
+	}
+	for path, want := range map[string]bool{"/Exact/a": true, "/exact/a": false, "/EXACT/a": false} {
+		res := eval(path)
+		if got := len(res.Evals) == 1 && res.Evals[0].Rule == "exact"; got != want {
+			t.Errorf("%s: matched %v, want exact %v", path, rulesOf(res), want)
+		}
+		if want && res.Evals[0].Key != "exact:%2FExact%2Fa" {
+			t.Errorf("%s: key %q, want exact case", path, res.Evals[0].Key)
+		}
+	}
+	for path, want := range map[string]bool{"/v1/Users": true, "/V1/users": true, "/vx/users": false} {
+		if got := len(eval(path).Evals) == 1; got != want {
+			t.Errorf("%s: matched %v, want classes %v", path, got, want)
+		}
+	}
+	// A folding match costs no allocation on a lower-case clean path.
+	r := p.rules[0]
+	if n := testing.AllocsPerRun(100, func() { r.matches(&Request{Path: "/demo/hello/world"}) }); n != 0 {
+		t.Errorf("matching a lower-case path costs %v allocations", n)
+	}
+}

@@ -78,11 +78,46 @@ type Policy struct {
 type boundRule struct {
 	*compiledRule
 	limits []limiter.Limiter
-	// failed is the decision of a limit whose backend failed: the fail
-	// mode's, with the first limit's capacity.
-	failed limiter.Decision
-	tiers  [][]limiter.Limiter  // by index in Tiers
-	cc     *limiter.Concurrency // nil without a concurrency limit
+	// failed holds the decision of each limit (by index in Limits) whose
+	// backend failed: the fail mode's, with the limit's own capacity and
+	// name; tierFailed likewise by tier.
+	failed     []limiter.Decision
+	tiers      [][]limiter.Limiter  // by index in Tiers
+	tierFailed [][]limiter.Decision // by index in Tiers
+	cc         *limiter.Concurrency // nil without a concurrency limit
+	// windows are the limits' windows (Limit.Period), tierWindows by tier.
+	windows     []time.Duration
+	tierWindows [][]time.Duration
+}
+
+// periods is the Period of every limit of limits.
+func periods(limits []Limit) []time.Duration {
+	out := make([]time.Duration, len(limits))
+	for i := range limits {
+		out[i] = limits[i].Period()
+	}
+	return out
+}
+
+// failDecision is the decision of the limit l when its backend fails and
+// the fail mode decides: a fail-open limit reports its capacity as limit
+// and remaining (its usage is unknown), a fail-closed one denies for
+// FailClosedRetryAfter.
+func failDecision(l *Limit, mode FailMode) limiter.Decision {
+	capacity := l.Capacity()
+	if mode == FailOpen {
+		return limiter.Decision{Allowed: true, Limit: capacity, Remaining: capacity, Name: l.Name}
+	}
+	return limiter.Decision{Limit: capacity, ResetAfter: FailClosedRetryAfter, RetryAfter: FailClosedRetryAfter, Name: l.Name}
+}
+
+// failDecisions is failDecision of every limit of limits.
+func failDecisions(limits []Limit, mode FailMode) []limiter.Decision {
+	out := make([]limiter.Decision, len(limits))
+	for i := range limits {
+		out[i] = failDecision(&limits[i], mode)
+	}
+	return out
 }
 
 // Source supplies the current Policy: a *Policy supplies itself, a *Cache
@@ -136,16 +171,16 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 		if len(limits) == 0 {
 			return nil, ruleError(c.Name, i, "limits", "needs at least one limit")
 		}
-		capacity := c.Limits[0].Capacity()
-		failed := limiter.Decision{Allowed: true, Limit: capacity, Remaining: capacity}
-		if c.Fail != FailOpen {
-			failed = limiter.Decision{Limit: capacity, ResetAfter: FailClosedRetryAfter, RetryAfter: FailClosedRetryAfter}
-		}
 		tiers, cc, err := bindExtras(c, i, opts, def)
 		if err != nil {
 			return nil, err
 		}
-		p.rules = append(p.rules, &boundRule{compiledRule: c, limits: limits, failed: failed, tiers: tiers, cc: cc})
+		br := &boundRule{compiledRule: c, limits: limits, failed: failDecisions(c.Limits, c.Fail), tiers: tiers, cc: cc, windows: periods(c.Limits)}
+		for _, t := range c.Tiers {
+			br.tierFailed = append(br.tierFailed, failDecisions(t.Limits, c.Fail))
+			br.tierWindows = append(br.tierWindows, periods(t.Limits))
+		}
+		p.rules = append(p.rules, br)
 	}
 	return p, nil
 }
@@ -324,6 +359,9 @@ type Result struct {
 	Rule string
 	// Decision is the deciding rule's decision (its deciding limit's).
 	Decision limiter.Decision
+	// Window is the deciding limit's period ([Limit.Period]); zero when
+	// no limit decided (lists, shedding, no rule).
+	Window time.Duration
 	// Priority is the request's priority: the highest of the matching
 	// rules', limiter.PriorityNormal when none matched.
 	Priority limiter.Priority
@@ -353,10 +391,14 @@ type Eval struct {
 	Outcome Outcome
 	// Decision is the rule's decision (zero when not checked).
 	Decision limiter.Decision
+	// Window is the period of the limit that gave Decision.
+	Window time.Duration
 	// Err is the backend's error, if any. When Failed, the fail mode
 	// decided; otherwise the decision stands (a failed refund).
 	Err error
-	// Failed reports that the backend failed and Fail decided.
+	// Failed reports that a backend failed and Fail decided the rule: a
+	// rule with a limit that failed and none that denied. (A rule that
+	// another of its limits denied has Err set and Failed false.)
 	Failed bool
 	// Fail is the rule's fail mode.
 	Fail FailMode
@@ -455,7 +497,8 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	var ibuf [16]limiter.Item
 	var obuf [16]limiter.Outcome
 	var rbuf [16]int // the rule (index in matched) of each item
-	items, owner := ibuf[:0], rbuf[:0]
+	var wbuf [16]time.Duration
+	items, owner, windows := ibuf[:0], rbuf[:0], wbuf[:0]
 	for i, r := range matched {
 		ev := &res.Evals[i]
 		ev.Key = string(r.renderKey(keyBuf[:0], req))
@@ -466,15 +509,16 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	}
 	for i, r := range matched {
 		ev := &res.Evals[i]
-		limits := r.limits
+		limits, fails, ws := r.limits, r.failed, r.windows
 		ti, tier := r.tierIndex(req, p.tierOf)
 		if ti >= 0 {
-			limits = r.tiers[ti]
+			limits, fails, ws = r.tiers[ti], r.tierFailed[ti], r.tierWindows[ti]
 		}
 		ev.Tier = tier
-		for _, l := range limits {
-			items = append(items, limiter.Item{Limit: l, Key: ev.Key, N: r.cost, Fail: &r.failed, Shadow: ev.Shadow})
+		for k, l := range limits {
+			items = append(items, limiter.Item{Limit: l, Key: ev.Key, N: r.cost, Fail: &fails[k], Shadow: ev.Shadow})
 			owner = append(owner, i)
+			windows = append(windows, ws[k])
 		}
 	}
 	out := obuf[:0]
@@ -497,7 +541,10 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		return
 	}
 
-	// Each rule's part: its first denied limit, else its tightest.
+	// Each rule's part: its first denied limit; else, when a limit's
+	// backend failed, that limit (the fail mode decides a rule it could
+	// not check in full: reason, log line and metrics then agree); else
+	// its tightest.
 	best := make([]int, len(matched))
 	for i := range best {
 		best[i] = -1
@@ -511,7 +558,6 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		if o.Err != nil {
 			ev.Err = errors.Join(ev.Err, o.Err)
 		}
-		ev.Failed = ev.Failed || o.Failed
 		ev.Refunded = ev.Refunded || o.Refunded
 		ev.Throttled = ev.Throttled || o.Throttled
 		b := best[i]
@@ -521,9 +567,9 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		case !out[b].Decision.Allowed:
 		case !o.Decision.Allowed:
 			best[i] = j
-		case out[b].Failed && !o.Failed:
-			best[i] = j
 		case o.Failed && !out[b].Failed:
+			best[i] = j
+		case out[b].Failed && !o.Failed:
 		case o.Decision.Remaining < out[b].Decision.Remaining,
 			o.Decision.Remaining == out[b].Decision.Remaining && o.Decision.ResetAfter > out[b].Decision.ResetAfter:
 			best[i] = j
@@ -535,7 +581,8 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 			continue // skipped: a cached denial decided
 		}
 		o := &out[j]
-		ev.Decision, ev.Cached = o.Decision, o.Cached
+		ev.Decision, ev.Cached, ev.Window = o.Decision, o.Cached, windows[j]
+		ev.Failed = o.Failed // the fail mode decided (a failure elsewhere in the rule is in Err)
 		ev.Outcome, ev.Reason = Allow, ReasonLimit
 		if !o.Decision.Allowed {
 			ev.Outcome = Deny
@@ -562,7 +609,9 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	}
 	i := owner[decider]
 	ev := &res.Evals[i]
-	res.Rule, res.Decision, res.Reason = ev.Rule, out[decider].Decision, ev.Reason
+	// The deciding rule's own decision: the limit that decided it (its
+	// fail mode's when a limit of it failed), with its reason.
+	res.Rule, res.Decision, res.Reason, res.Window = ev.Rule, ev.Decision, ev.Reason, ev.Window
 	if !out[decider].Decision.Allowed {
 		res.Outcome = Deny
 		p.releaseLeases(ctx, res)

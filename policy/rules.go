@@ -145,6 +145,11 @@ type Match struct {
 	// Routes are route keys ("GET /pets/{id}", "$default"); REST APIs
 	// give "METHOD resource".
 	Routes []string
+	// CaseSensitive compares Paths with the request path in exact case,
+	// and renders {path} keys in it. By default paths are compared and
+	// keyed lower-cased: "/DEMO/hello" is "/demo/hello", as servers that
+	// route ignoring case (Express by default) serve it.
+	CaseSensitive bool
 }
 
 // ClientIP configures the {ip} attribute.
@@ -202,6 +207,22 @@ type Limit struct {
 	RefillTime   time.Duration
 	RefillAmount int64
 	Strict       bool
+}
+
+// Period is the time over which the limit grants its Capacity: a
+// window's length, or the time a token bucket takes to refill from empty
+// (ceil(MaxAmount/RefillAmount) refills). It is the "w" of the
+// RateLimit-Policy header field.
+func (l *Limit) Period() time.Duration {
+	if l.Algorithm != TokenBucket {
+		return l.Window
+	}
+	ra := max(l.RefillAmount, 1)
+	refills := (l.MaxAmount + ra - 1) / ra
+	if refills > int64(MaxWindow/max(l.RefillTime, 1)) {
+		return MaxWindow
+	}
+	return time.Duration(refills) * l.RefillTime
 }
 
 // Capacity is the largest cost the limit could ever allow.
@@ -267,7 +288,7 @@ func compile(r Rule, index int) (*compiledRule, error) {
 		c.methods = append(c.methods, u)
 	}
 	for i, p := range r.Match.Paths {
-		g, err := compileGlob(p)
+		g, err := compileGlob(p, !r.Match.CaseSensitive)
 		if err != nil {
 			return nil, bad(fmt.Sprintf("match.paths[%d]", i), "%v", err)
 		}

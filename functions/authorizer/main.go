@@ -24,7 +24,7 @@ import (
 func main() {
 	built, err := wiring.FromEnv(context.Background(), os.Getenv, wiring.Outputs{})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, `{"level":"ERROR","msg":"init failed","error":%q}`+"\n", err.Error())
+		fmt.Fprintf(os.Stderr, `{"level":"ERROR","msg":"init failed","error":%q,"errorType":%q}`+"\n", authz.InitMessage(err), authz.InitErrorType(err))
 		authz.ReportInitError(err)
 		os.Exit(1)
 	}

@@ -66,7 +66,7 @@ func requestEvent(f requestFields, absent policy.Attrs) (*Event, error) {
 	req.Stage = f.RequestContext.Stage
 	req.Headers, req.Query = policy.Header(f.Headers), policy.Query(f.QueryStringParameters)
 	req.APIKey = f.RequestContext.Identity.APIKey
-	req.Token, _ = req.Header("Authorization")
+	req.Token = authorization(req)
 	req.Absent = absent
 	if err := checkARN(KindRequest, "methodArn", ev.ARN); err != nil {
 		return nil, err

@@ -26,7 +26,7 @@ func decodeToken(raw []byte) (*Event, error) {
 	}
 	req := &ev.Request
 	req.Stage, req.Method, req.Path, _ = parseMethodARN(e.MethodArn)
-	req.Token = e.AuthorizationToken
+	req.Token = policy.Credential(e.AuthorizationToken)
 	req.Absent = policy.AttrSourceIP | policy.AttrHeaders | policy.AttrQuery | policy.AttrAPIKey | policy.AttrRouteKey
 	if req.Token == "" {
 		return nil, ErrUnauthorized

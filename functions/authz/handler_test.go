@@ -609,9 +609,10 @@ type (
 		Headers               map[string]string `json:"headers"`
 		QueryStringParameters map[string]string `json:"queryStringParameters"`
 		RequestContext        struct {
-			Stage    string `json:"stage"`
-			RouteKey string `json:"routeKey"`
-			HTTP     struct {
+			Stage      string `json:"stage"`
+			RouteKey   string `json:"routeKey"`
+			DomainName string `json:"domainName"`
+			HTTP       struct {
 				Method   string `json:"method"`
 				Path     string `json:"path"`
 				SourceIP string `json:"sourceIp"`
@@ -651,8 +652,17 @@ func decodeReference(raw []byte) (*Event, error) {
 			req.RouteKey = r.RequestContext.RouteKey
 		}
 		req.Stage = r.RequestContext.Stage
+		if labels := strings.SplitN(r.RequestContext.DomainName, ".", 3); req.Stage != "$default" && req.Stage != "" &&
+			(r.RequestContext.DomainName == "" || len(labels) == 3 && labels[1] == "execute-api") {
+			if rest, ok := strings.CutPrefix(req.Path, "/"+req.Stage); ok && rest == "" {
+				req.Path = "/"
+			} else if ok && rest[0] == '/' {
+				req.Path = rest
+			}
+		}
 		req.Headers, req.Query = policy.Header(r.Headers), policy.Query(r.QueryStringParameters)
 		req.Token, _ = req.Header("Authorization")
+		req.Token = policy.Credential(req.Token)
 		req.Absent = policy.AttrAPIKey
 		if _, _, _, ok := parseMethodARN(ev.ARN); !ok || req.Method == "" || req.SourceIP == "" {
 			return nil, errors.New("missing or bad")
@@ -677,6 +687,7 @@ func decodeReference(raw []byte) (*Event, error) {
 		req.Headers, req.Query = policy.Header(r.Headers), policy.Query(r.QueryStringParameters)
 		req.APIKey = r.RequestContext.Identity.APIKey
 		req.Token, _ = req.Header("Authorization")
+		req.Token = policy.Credential(req.Token)
 		if k.Version == "1.0" {
 			req.Absent = policy.AttrAPIKey
 		}
@@ -689,7 +700,7 @@ func decodeReference(raw []byte) (*Event, error) {
 			return nil, err
 		}
 		ev.Kind, ev.ARN = KindToken, r.MethodArn
-		req.Token = r.AuthorizationToken
+		req.Token = policy.Credential(r.AuthorizationToken)
 		req.Absent = policy.AttrSourceIP | policy.AttrHeaders | policy.AttrQuery | policy.AttrAPIKey | policy.AttrRouteKey
 		var ok bool
 		if req.Stage, req.Method, req.Path, ok = parseMethodARN(ev.ARN); !ok {
@@ -727,6 +738,7 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 	for _, c := range []Context{
 		{Limit: 5, Remaining: 4, Reset: 60, Rule: "per-ip", Decision: DecisionAllow},
 		{Limit: 1 << 40, RetryAfter: 17, Rule: "r\"\\\x00\u2028é", Decision: DecisionDeny},
+		{Limit: 3, Rule: "demo", Decision: DecisionDeny, RateLimitPolicy: `"demo/0";q=3;w=60`, RateLimit: `"demo/0";r=0;t=61`},
 	} {
 		iam := iamResponse("arn:aws:execute-api:r:1:a/$default/GET/x\"y", c.Decision == DecisionAllow, c)
 		want, _ := json.Marshal(iamMirror{iam.PrincipalID, iam.PolicyDocument, ctxMirror(c)})

@@ -38,6 +38,14 @@ type Context struct {
 	// Reason says why (policy.Reason): limit, cache, deny_list,
 	// allow_list, fail_open, fail_closed, shed or none.
 	Reason string `json:"reason"`
+	// RateLimitPolicy and RateLimit are the values of the RateLimit-Policy
+	// and RateLimit header fields of draft-ietf-httpapi-ratelimit-headers-11
+	// for the deciding limit (named by its limit name), ready for an
+	// integration or a gateway response to send: "per-ip/0";q=600;w=60
+	// and "per-ip/0";r=599;t=1 (RateLimitFields). Empty (and left out)
+	// when no limit decided (no rule, the lists, shedding).
+	RateLimitPolicy string `json:"rateLimitPolicy,omitempty"`
+	RateLimit       string `json:"rateLimit,omitempty"`
 	// Leases are the concurrency leases the request holds, for the
 	// integration to release (lambdawrap.LeasesFromContext under
 	// lambdawrap.LeaseContextKey); empty (and left out) when none.
@@ -105,6 +113,9 @@ func contextOf(res *policy.Result) Context {
 		Rule:      res.Rule,
 		Decision:  DecisionAllow,
 		Reason:    string(res.Reason),
+	}
+	if res.Rule != "" && res.Decision.Name != "" && res.Outcome != policy.Shed {
+		c.RateLimitPolicy, c.RateLimit = RateLimitFields(res.Decision.Name, c.Limit, c.Remaining, res.Window, c.Reset)
 	}
 	if len(res.Leases) > 0 && res.Outcome == policy.Allow {
 		named := make([]lambdawrap.NamedLease, len(res.Leases))
@@ -200,6 +211,14 @@ func (c *Context) appendJSON(b []byte) []byte {
 	b = appendJSONString(b, c.Decision)
 	b = append(b, `,"reason":`...)
 	b = appendJSONString(b, c.Reason)
+	if c.RateLimitPolicy != "" {
+		b = append(b, `,"rateLimitPolicy":`...)
+		b = appendJSONString(b, c.RateLimitPolicy)
+	}
+	if c.RateLimit != "" {
+		b = append(b, `,"rateLimit":`...)
+		b = appendJSONString(b, c.RateLimit)
+	}
 	if c.Leases != "" {
 		b = append(b, `,"`+lambdawrap.LeaseContextKey+`":`...)
 		b = appendJSONString(b, c.Leases)

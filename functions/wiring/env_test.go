@@ -79,3 +79,42 @@ func TestBuildErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckAWS: a DynamoDB table without a region or credentials is said
+// in one line before anything is built; with both it passes; without a
+// table nothing is asked.
+func TestCheckAWS(t *testing.T) {
+	noAWS(t)
+	env := Env{DynamoTable: "sluice-state", Deadline: time.Second}
+	if err := CheckAWS(t.Context(), Env{}, time.Second); err != nil {
+		t.Errorf("no table: %v", err)
+	}
+	err := CheckAWS(t.Context(), env, time.Second)
+	if err == nil || !strings.Contains(err.Error(), "no AWS region") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("no region: %v", err)
+	}
+	t.Setenv("AWS_REGION", "us-east-1")
+	err = CheckAWS(t.Context(), env, time.Second)
+	if err == nil || !strings.Contains(err.Error(), "no AWS credentials found") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("no credentials: %v", err)
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "example")
+	if err := CheckAWS(t.Context(), env, time.Second); err != nil {
+		t.Errorf("with a region and keys: %v", err)
+	}
+}
+
+// noAWS clears the AWS configuration the SDK would find: variables,
+// shared files (HOME) and the instance metadata service.
+func noAWS(t *testing.T) {
+	t.Helper()
+	for _, k := range []string{"AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+		"AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/config")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/credentials")
+}

@@ -1,9 +1,13 @@
 // Command invoke runs a Lambda bootstrap binary locally under the Lambda
 // Runtime API (functions/dev/runtimeapi), feeds it an event file and
-// prints the response. It is what `make invoke EVENT=events/...` uses when
-// SAM is not installed.
+// prints the response. It is what `make invoke EVENT=events/...` runs.
+// When SAM is installed (sam on PATH, or -sam PATH; SLUICE_INVOKE_HARNESS=1
+// forces the harness), it runs the function under `sam local start-lambda`
+// with a warm container instead, from functions/authorizer/template.yaml,
+// and sends the event -n times through its Lambda Invoke API.
 //
 //	invoke [-bootstrap build/authorizer/bootstrap] [-n 1] [-env KEY=VALUE]... EVENT.json
+//	invoke -sam sam [-template functions/authorizer/template.yaml] [-n 1] EVENT.json
 //
 // The event goes to the function -n times in one process (warm
 // invocations: -n 4 shows the denial of events/*-denied.json). Each
@@ -56,6 +60,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	n := fs.Int("n", 1, "invoke the function this many times with the event, in one process")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline of each invocation")
 	quiet := fs.Bool("q", false, "do not copy the function's own output (logs, metrics) to stderr")
+	samFlag := fs.String("sam", "", "run under this sam's `local start-lambda` (default: sam on PATH, unless "+envHarness+" is set)")
+	template := fs.String("template", "functions/authorizer/template.yaml", "the SAM template (with -sam)")
 	var env envFlags
 	fs.Var(&env, "env", "set an environment variable of the function, KEY=VALUE (repeatable)")
 	fs.Usage = func() {
@@ -77,6 +83,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "invoke: %v\n", err)
 		return 2
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if sam := samPath(*samFlag); sam != "" {
+		ok, err := runSAM(ctx, samConfig{sam: sam, template: *template, function: "Authorizer", event: event, n: *n, ready: 2 * time.Minute}, stdout, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "invoke: %v\n", err)
+			return 1
+		}
+		if !ok {
+			return 1
+		}
+		return 0
+	}
 	if _, err := os.Stat(*bootstrap); err != nil {
 		fmt.Fprintf(stderr, "invoke: %v (run `make build` first, or pass -bootstrap)\n", err)
 		return 2
@@ -85,8 +104,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for i := range events {
 		events[i] = event
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
 	cfg := runtimeapi.Config{Bootstrap: *bootstrap, Events: events, Env: env, Timeout: *timeout}
 	if !*quiet {
 		cfg.Stdout, cfg.Stderr = stderr, stderr

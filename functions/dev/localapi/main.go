@@ -29,6 +29,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -70,6 +71,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	upstream := fs.String("upstream", "", "URL to proxy allowed requests to (default: a built-in echo)")
 	echoDelay := fs.Duration("echo-delay", 0, "how long the built-in echo takes to answer (a slow backend, to watch concurrency limits)")
 	metrics := fs.Bool("metrics", false, "print the EMF metric lines to stdout")
+	legacy := fs.Bool("legacy-ratelimit-headers", false, "also send RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (the ratelimit-headers draft's earlier fields) beside RateLimit-Policy and RateLimit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -114,13 +116,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return os.Getenv(k)
 	})
 	if err != nil {
-		return err
+		return flagError(err, overrides)
 	}
 	if err := checkBackends(env, *ddbEndpoint); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *ddbEndpoint == "" && os.Getenv("AWS_ENDPOINT_URL_DYNAMODB") == "" && os.Getenv("AWS_ENDPOINT_URL") == "" {
+		// Real DynamoDB: say now, in one line, what would otherwise fail
+		// every request.
+		if err := wiring.CheckAWS(ctx, env, 3*time.Second); err != nil {
+			return fmt.Errorf("DynamoDB table %q: %v; for DynamoDB Local add -dynamo-endpoint http://127.0.0.1:8000", env.DynamoTable+env.RulesTable, err)
+		}
+	}
 	out := wiring.Outputs{Stdout: io.Discard, Stderr: stderr}
 	if *ddbEndpoint != "" {
 		localAWS(*ddbEndpoint)
@@ -131,7 +140,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	built, err := wiring.Build(ctx, env, out)
 	if err != nil {
-		return err
+		return flagError(err, overrides)
 	}
 	defer built.Close()
 
@@ -140,6 +149,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w (is another `make run` running? try -addr 127.0.0.1:0)", err)
 	}
 	api := newServer(built.Handler, *kind, *stage, up)
+	api.legacyHeaders = *legacy
 	if up == nil {
 		api.upstream = echoAfter(*echoDelay)
 	}
@@ -181,6 +191,34 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stderr, "localapi: stopped")
 	return nil
+}
+
+// flagNames are the flags that set a configuration variable.
+var flagNames = map[string]string{
+	config.EnvRulesFile:      "-rules",
+	config.EnvMemcachedAddrs: "-memcached",
+	config.EnvDynamoTable:    "-dynamo-table",
+	config.EnvDefaultBackend: "-backend",
+	config.EnvDeadline:       "-deadline",
+}
+
+// flagError names the flag, not its variable, in an error about a value
+// a flag gave (-backend mongo, not SLUICE_DEFAULT_BACKEND).
+func flagError(err error, overrides map[string]string) error {
+	var ce *config.Error
+	if errors.As(err, &ce) {
+		if name, ok := flagNames[ce.Name]; ok && overrides[ce.Name] != "" {
+			return fmt.Errorf("%s: %s", name, ce.Msg)
+		}
+		return err
+	}
+	// wiring.Build's errors about a variable start "wiring: NAME: ".
+	for env, name := range flagNames {
+		if msg, ok := strings.CutPrefix(err.Error(), "wiring: "+env+": "); ok && overrides[env] != "" {
+			return fmt.Errorf("%s: %s", name, msg)
+		}
+	}
+	return err
 }
 
 // checkBackends refuses, naming the flags to add, a configuration whose

@@ -31,8 +31,8 @@ const (
 // the same handler the Lambda runs, and the answer becomes what API
 // Gateway (with the infra's gateway responses) would send:
 //
-//	allow          -> the upstream (X-Sluice-* headers added), RateLimit-* on the response
-//	deny, REST     -> 429, Retry-After and RateLimit-Limit/-Remaining/-Reset
+//	allow          -> the upstream (X-Sluice-* headers added), RateLimit-Policy and RateLimit on the response
+//	deny, REST     -> 429, Retry-After, RateLimit-Policy and RateLimit
 //	deny, HTTP API -> 403 {"message":"Forbidden"} (HTTP APIs cannot do better)
 //	"Unauthorized" -> 401
 //	load shed      -> 503 with Retry-After (HTTP API: 500, it has no gateway responses)
@@ -54,6 +54,9 @@ type server struct {
 	releaser *lambdawrap.StoreReleaser
 	// onReleaseError is told of a failed release.
 	onReleaseError func(context.Context, error)
+	// legacyHeaders adds the earlier drafts' RateLimit-Limit,
+	// -Remaining and -Reset to the current fields.
+	legacyHeaders bool
 }
 
 func newServer(h *authz.Handler, kind, stage string, upstream *url.URL) *server {
@@ -129,7 +132,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Cache-Control", "no-store")
 		h.Set("Retry-After", strconv.FormatInt(c.RetryAfter, 10))
-		setRateLimit(h, c)
+		s.setRateLimit(h, c)
 		writeJSON(w, http.StatusTooManyRequests, map[string]any{
 			"message": "Too Many Requests", "decision": c.Decision, "rule": c.Rule, "reason": c.Reason,
 			"limit": strconv.FormatInt(c.Limit, 10), "remaining": strconv.FormatInt(c.Remaining, 10),
@@ -145,20 +148,26 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Set("X-Sluice-Reset", strconv.FormatInt(c.Reset, 10))
 	r.Header.Set("X-Sluice-Reason", c.Reason)
 	if c.Rule != "" {
-		setRateLimit(w.Header(), c)
+		s.setRateLimit(w.Header(), c)
 	}
 	s.integrate(w, r, c)
 }
 
-// setRateLimit sets the RateLimit header fields of
-// draft-ietf-httpapi-ratelimit-headers in their separate form
-// (RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset in seconds), which
-// map one to one onto the authorizer's context and so onto API Gateway's
-// gateway-response headers.
-func setRateLimit(h http.Header, c authz.Context) {
-	h.Set("RateLimit-Limit", strconv.FormatInt(c.Limit, 10))
-	h.Set("RateLimit-Remaining", strconv.FormatInt(c.Remaining, 10))
-	h.Set("RateLimit-Reset", strconv.FormatInt(c.Reset, 10))
+// setRateLimit sets the RateLimit-Policy and RateLimit header fields of
+// draft-ietf-httpapi-ratelimit-headers-11 from the authorizer's context
+// (which carries them ready to send), and with legacyHeaders the earlier
+// drafts' RateLimit-Limit, -Remaining and -Reset (seconds) too, for
+// clients that read those.
+func (s *server) setRateLimit(h http.Header, c authz.Context) {
+	if c.RateLimitPolicy != "" {
+		h.Set(authz.HeaderRateLimitPolicy, c.RateLimitPolicy)
+		h.Set(authz.HeaderRateLimit, c.RateLimit)
+	}
+	if s.legacyHeaders {
+		h.Set(authz.LegacyRateLimitHeaders[0], strconv.FormatInt(c.Limit, 10))
+		h.Set(authz.LegacyRateLimitHeaders[1], strconv.FormatInt(c.Remaining, 10))
+		h.Set(authz.LegacyRateLimitHeaders[2], strconv.FormatInt(c.Reset, 10))
+	}
 }
 
 const localARN = "arn:aws:execute-api:local:000000000000:localapi"

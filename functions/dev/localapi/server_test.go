@@ -85,13 +85,20 @@ func TestNPlusOne(t *testing.T) {
 				limit = fmt.Sprintf("{algorithm: sliding_window, limit: %d, window: 1m, sub_windows: 10}", n)
 			}
 			ts := startServer(t, `rules: [{name: per-ip, key: "{ip}", limits: [`+limit+`]}]`, kindREST, nil)
+			window := 60 // w: the window, or the time a bucket takes to refill from empty
+			if tt.algorithm == "token_bucket" {
+				window = n * 60
+			}
 			for i := 1; i <= n; i++ {
 				resp, body := get(t, ts.URL+"/pets/42")
 				if resp.StatusCode != http.StatusOK {
 					t.Fatalf("request %d: %d %v", i, resp.StatusCode, body)
 				}
-				if got := resp.Header.Get("RateLimit-Remaining"); got != strconv.Itoa(n-i) {
-					t.Errorf("request %d: RateLimit-Remaining %q, want %d", i, got, n-i)
+				if got, want := resp.Header.Get("RateLimit"), fmt.Sprintf(`"per-ip/0";r=%d;t=`, n-i); !strings.HasPrefix(got, want) {
+					t.Errorf("request %d: RateLimit %q, want %s...", i, got, want)
+				}
+				if got := resp.Header.Get("RateLimit-Remaining"); got != "" {
+					t.Errorf("request %d: RateLimit-Remaining %q without -legacy-ratelimit-headers", i, got)
 				}
 				if body["path"] != "/pets/42" {
 					t.Errorf("request %d: upstream saw %v", i, body)
@@ -102,24 +109,50 @@ func TestNPlusOne(t *testing.T) {
 				t.Fatalf("request %d: %d %v, want 429", n+1, resp.StatusCode, body)
 			}
 			want := map[string]string{
-				"Retry-After":         strconv.Itoa(tt.retry),
-				"RateLimit-Limit":     strconv.Itoa(n),
-				"RateLimit-Remaining": "0",
-				"Cache-Control":       "no-store",
-				"Content-Type":        "application/json",
+				"Retry-After":      strconv.Itoa(tt.retry),
+				"RateLimit-Policy": fmt.Sprintf(`"per-ip/0";q=%d;w=%d`, n, window),
+				"Cache-Control":    "no-store",
+				"Content-Type":     "application/json",
 			}
 			for k, v := range want {
 				if got := resp.Header.Get(k); got != v {
 					t.Errorf("%s: %q, want %q", k, got, v)
 				}
 			}
-			if reset, _ := strconv.Atoi(resp.Header.Get("RateLimit-Reset")); reset < tt.retry {
-				t.Errorf("RateLimit-Reset %d is before Retry-After %d", reset, tt.retry)
+			rl := resp.Header.Get("RateLimit")
+			reset, err := strconv.Atoi(strings.TrimPrefix(rl, `"per-ip/0";r=0;t=`))
+			if err != nil || reset < tt.retry {
+				t.Errorf("RateLimit %q: want r=0 and t no earlier than Retry-After %d (the draft's section 6)", rl, tt.retry)
 			}
 			if body["message"] != "Too Many Requests" || body["rule"] != "per-ip" || body["retryAfter"] != strconv.Itoa(tt.retry) {
 				t.Errorf("429 body %v", body)
 			}
 		})
+	}
+}
+
+// TestLegacyRateLimitHeaders: with -legacy-ratelimit-headers the earlier
+// drafts' three fields come beside the current two.
+func TestLegacyRateLimitHeaders(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		ts := startServer(t, `rules: [{name: r, key: "{ip}", limits: [{algorithm: fixed_window, limit: 1, window: 1m}]}]`, kindREST, nil)
+		ts.Config.Handler.(*server).legacyHeaders = legacy
+		for i, code := range []int{http.StatusOK, http.StatusTooManyRequests} {
+			resp, _ := get(t, ts.URL+"/x")
+			if resp.StatusCode != code {
+				t.Fatalf("request %d: %d", i+1, resp.StatusCode)
+			}
+			if resp.Header.Get("RateLimit-Policy") != `"r/0";q=1;w=60` || !strings.HasPrefix(resp.Header.Get("RateLimit"), `"r/0";r=0;t=`) {
+				t.Errorf("request %d: %v", i+1, resp.Header)
+			}
+			got := []string{resp.Header.Get("RateLimit-Limit"), resp.Header.Get("RateLimit-Remaining"), resp.Header.Get("RateLimit-Reset")}
+			if want := [3]bool{legacy, legacy, legacy}; (got[0] != "") != want[0] || (got[1] != "") != want[1] || (got[2] != "") != want[2] {
+				t.Errorf("legacy %v, request %d: RateLimit-Limit/-Remaining/-Reset %q", legacy, i+1, got)
+			}
+			if legacy && (got[0] != "1" || got[1] != "0") {
+				t.Errorf("legacy fields %q", got)
+			}
+		}
 	}
 }
 
@@ -237,8 +270,8 @@ func TestRunFlags(t *testing.T) {
 			t.Errorf("run(%q) succeeded", args)
 		}
 	}
-	if err := run([]string{"-rules", "/does/not/exist"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "SLUICE_RULES_FILE") {
-		t.Errorf("missing rules file: %v", err)
+	if err := run([]string{"-rules", "/does/not/exist"}, &out, &errb); err == nil || !strings.HasPrefix(err.Error(), "-rules: ") || !strings.Contains(err.Error(), "/does/not/exist") {
+		t.Errorf("missing rules file: %v, want it named by -rules", err)
 	}
 	if err := run([]string{"-h"}, &out, &errb); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp (main exits 0 on it)", err)
@@ -257,13 +290,43 @@ func TestRunNamesFlags(t *testing.T) {
 		{[]string{"-backend", "dynamo", "-dynamo-endpoint", "http://127.0.0.1:1"}, "needs -dynamo-table NAME"},
 		{[]string{"-backend", "dynamo"}, "-backend dynamo: DynamoDB is not configured: add -dynamo-table NAME, and -dynamo-endpoint URL"},
 		{[]string{"-backend", "memcached"}, "-backend memcached: memcached is not configured: add -memcached HOST:PORT"},
+		// A bad value is named by the flag that gave it, not its variable.
+		{[]string{"-backend", "mongo"}, `-backend: "mongo" is not`},
+		{[]string{"-deadline", "soon"}, `-deadline: "soon" is not a Go duration`},
+		{[]string{"-memcached", "a b"}, `-memcached: `},
 	} {
 		for _, k := range []string{"SLUICE_DYNAMO_TABLE", "SLUICE_MEMCACHED_ADDRS", "SLUICE_DEFAULT_BACKEND"} {
 			t.Setenv(k, "")
 		}
 		err := run(tt.args, io.Discard, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("run(%q) = %v, want %q", tt.args, err, tt.want)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "SLUICE_") && !strings.Contains(err.Error(), "(SLUICE_") {
+			t.Errorf("run(%q) = %v, want %q (named by the flag)", tt.args, err, tt.want)
 		}
+	}
+}
+
+// TestDynamoWithoutCredentials: -backend dynamo with a table, no endpoint
+// and no AWS credentials stops at start-up with one line naming the
+// missing piece and the flag for DynamoDB Local (it used to start, then
+// fail open on every request with the SDK's long warning).
+func TestDynamoWithoutCredentials(t *testing.T) {
+	for _, k := range []string{"SLUICE_DYNAMO_TABLE", "SLUICE_MEMCACHED_ADDRS", "SLUICE_DEFAULT_BACKEND", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB",
+		"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+		"AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AWS_REGION", "us-east-1")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
+	var stdout bytes.Buffer
+	err := run([]string{"-backend", "dynamo", "-dynamo-table", "sluice-local", "-addr", "127.0.0.1:0"}, &stdout, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), `DynamoDB table "sluice-local": no AWS credentials found`) ||
+		!strings.Contains(err.Error(), "-dynamo-endpoint") {
+		t.Fatalf("run = %v; want one line about the credentials and -dynamo-endpoint", err)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("it started: %s", stdout.String())
 	}
 }
