@@ -67,8 +67,9 @@ type Env struct {
 // (package backends/breaker): one per backend.
 type Breaker struct {
 	// Failures, from EnvBreakerFailures, is how many store failures in a
-	// row (unavailable or throttled) open a breaker (DefaultBreakerFailures,
-	// at most MaxBreakerFailures); 0 turns the breakers off.
+	// row (unavailable, from 3 distinct keys or a refused connection; a
+	// throttle is not a failure) open a breaker (DefaultBreakerFailures, at
+	// most MaxBreakerFailures); 0 turns the breakers off.
 	Failures int
 	// OpenFor, from EnvBreakerOpenFor, is how long an open breaker fails
 	// calls at once before it lets one probe through
