@@ -170,9 +170,9 @@ func (r *RateLimiter) addGatewayResponses(api awsapigateway.RestApi) {
 	}
 	if r.props.ContextHeaders {
 		denied["Retry-After"] = jsii.String("context.authorizer.retryAfter")
-		denied["RateLimit-Limit"] = jsii.String("context.authorizer.limit")
-		denied["RateLimit-Remaining"] = jsii.String("context.authorizer.remaining")
-		denied["RateLimit-Reset"] = jsii.String("context.authorizer.reset")
+		for h, key := range RateLimitHeaders(r.props.LegacyRateLimitHeaders) {
+			denied[h] = jsii.String("context.authorizer." + key)
+		}
 	}
 	api.AddGatewayResponse(jsii.String("SluiceRateLimited"), &awsapigateway.GatewayResponseOptions{
 		Type:            awsapigateway.ResponseType_ACCESS_DENIED(),
@@ -301,4 +301,17 @@ func (r *RateLimiter) attachRoute(cfn awsapigatewayv2.CfnRoute) string {
 // so that they see the protected methods.
 func mutating() *awscdk.AspectOptions {
 	return &awscdk.AspectOptions{Priority: awscdk.AspectPriority_MUTATING()}
+}
+
+// RateLimitHeaders returns the response headers that carry a decision, by
+// the authorizer context key each is mapped from: RateLimit-Policy and
+// RateLimit, the structured fields of draft-ietf-httpapi-ratelimit-headers-11
+// (the authorizer's rateLimitPolicy and rateLimit), and with legacy the
+// older RateLimit-Limit, -Remaining and -Reset trio.
+func RateLimitHeaders(legacy bool) map[string]string {
+	h := map[string]string{"RateLimit-Policy": "rateLimitPolicy", "RateLimit": "rateLimit"}
+	if legacy {
+		h["RateLimit-Limit"], h["RateLimit-Remaining"], h["RateLimit-Reset"] = "limit", "remaining", "reset"
+	}
+	return h
 }

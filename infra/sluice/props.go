@@ -100,10 +100,16 @@ type Props struct {
 	// Retry-After 1.
 	ShedRetryAfter time.Duration
 	// ContextHeaders maps context.authorizer.* into the 429's Retry-After
-	// and RateLimit-* headers. API Gateway documents only request
-	// parameters and static values for gateway-response headers; this is
-	// off by default and untested against AWS (docs/infra.md).
+	// and the RateLimit-Policy and RateLimit fields of
+	// draft-ietf-httpapi-ratelimit-headers-11 ([RateLimitHeaders]). API
+	// Gateway documents only request parameters and static values for
+	// gateway-response headers; this is off by default and untested
+	// against AWS (docs/infra.md).
 	ContextHeaders bool
+	// LegacyRateLimitHeaders adds the older RateLimit-Limit,
+	// -Remaining and -Reset trio wherever the RateLimit fields are mapped,
+	// for clients that read it.
+	LegacyRateLimitHeaders bool
 	// EdgeSecret puts the API behind the edge front door ([NewEdge]):
 	// the rules' {ip} is the CloudFront-Viewer-Address of a request that
 	// carries this secret in config.EdgeSecretHeader (the distribution's

@@ -11,6 +11,8 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awswafv2"
 	"github.com/aws/jsii-runtime-go"
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
+
+	"github.com/sluicehq/sluice/infra/sluice"
 )
 
 // upstreamHeaders are the request headers an HTTP upstream receives, from
@@ -85,14 +87,11 @@ func newRestAPI(s awscdk.Stack, c *Config, region string) awsapigateway.RestApi 
 			o.RequestParameters = &map[string]*bool{"method.request.path.proxy": jsii.Bool(true)}
 		}
 		if c.API.UpstreamURL == "" {
-			o.MethodResponses = &[]*awsapigateway.MethodResponse{{
-				StatusCode: jsii.String("200"),
-				ResponseParameters: &map[string]*bool{
-					"method.response.header.RateLimit-Limit":     jsii.Bool(false),
-					"method.response.header.RateLimit-Remaining": jsii.Bool(false),
-					"method.response.header.RateLimit-Reset":     jsii.Bool(false),
-				},
-			}}
+			params := map[string]*bool{}
+			for h := range sluice.RateLimitHeaders(c.API.LegacyRateLimitHeaders) {
+				params["method.response.header."+h] = jsii.Bool(false)
+			}
+			o.MethodResponses = &[]*awsapigateway.MethodResponse{{StatusCode: jsii.String("200"), ResponseParameters: &params}}
 		}
 		return o
 	}
@@ -153,12 +152,8 @@ func restIntegrations(c *Config) (root, proxy awsapigateway.Integration) {
 		PassthroughBehavior: awsapigateway.PassthroughBehavior_WHEN_NO_TEMPLATES,
 		RequestTemplates:    &map[string]*string{"application/json": jsii.String(`{"statusCode": 200}`)},
 		IntegrationResponses: &[]*awsapigateway.IntegrationResponse{{
-			StatusCode: jsii.String("200"),
-			ResponseParameters: &map[string]*string{
-				"method.response.header.RateLimit-Limit":     jsii.String("context.authorizer.limit"),
-				"method.response.header.RateLimit-Remaining": jsii.String("context.authorizer.remaining"),
-				"method.response.header.RateLimit-Reset":     jsii.String("context.authorizer.reset"),
-			},
+			StatusCode:         jsii.String("200"),
+			ResponseParameters: mockHeaders(c.API.LegacyRateLimitHeaders),
 			ResponseTemplates: &map[string]*string{
 				"application/json": jsii.String(`{"message": "ok", "rule": "$context.authorizer.rule", "remaining": "$context.authorizer.remaining"}`),
 			},
@@ -194,4 +189,15 @@ func newHTTPAPI(s awscdk.Stack, c *Config) awsapigatewayv2.HttpApi {
 		Format:         jsii.String(httpAccessLogFormat),
 	})
 	return api
+}
+
+// mockHeaders maps the authorizer context into the mock's 200: the
+// RateLimit fields (and the legacy trio when asked), as integration
+// response parameters, the one documented route for context into headers.
+func mockHeaders(legacy bool) *map[string]*string {
+	m := map[string]*string{}
+	for h, key := range sluice.RateLimitHeaders(legacy) {
+		m["method.response.header."+h] = jsii.String("context.authorizer." + key)
+	}
+	return &m
 }

@@ -255,6 +255,10 @@ type APIConfig struct {
 	// parameters and static values as gateway-response header sources, so
 	// this is off by default; see docs/infra.md.
 	ContextHeaders bool `json:"contextHeaders,omitempty"`
+	// LegacyRateLimitHeaders adds the RateLimit-Limit, -Remaining and
+	// -Reset trio beside the RateLimit-Policy and RateLimit fields, for
+	// clients that read the older draft's headers.
+	LegacyRateLimitHeaders bool `json:"legacyRateLimitHeaders,omitempty"`
 	// CloudWatchRole creates the account-level API Gateway role that
 	// access logging needs (one per account and region). Default true.
 	CloudWatchRole *bool `json:"cloudWatchRole,omitempty"`

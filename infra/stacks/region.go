@@ -59,11 +59,12 @@ func NewRegionStack(scope awscdk.App, p RegionStackProps) *RegionStack {
 		Cache:        c.Memcached.construct(c.StackPrefix),
 		// The replica of this region, by name: the same ARN string in
 		// every region, with no cross-stack reference.
-		Table:          awsdynamodb.Table_FromTableName(s, jsii.String("StateTableReplica"), jsii.String(c.TableName)),
-		Function:       c.Authorizer.construct(c.StackPrefix),
-		Shedding:       c.Shedding.construct(p.Region),
-		RetryAfter:     time.Duration(c.API.RetryAfterSeconds) * time.Second,
-		ContextHeaders: c.API.ContextHeaders,
+		Table:                  awsdynamodb.Table_FromTableName(s, jsii.String("StateTableReplica"), jsii.String(c.TableName)),
+		Function:               c.Authorizer.construct(c.StackPrefix),
+		Shedding:               c.Shedding.construct(p.Region),
+		RetryAfter:             time.Duration(c.API.RetryAfterSeconds) * time.Second,
+		ContextHeaders:         c.API.ContextHeaders,
+		LegacyRateLimitHeaders: c.API.LegacyRateLimitHeaders,
 	}
 	props.Function.LogicalID = AuthorizerLogicalID
 	if c.Edge != nil {

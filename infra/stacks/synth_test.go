@@ -476,9 +476,13 @@ func TestGatewayResponses(t *testing.T) {
 		}
 		if a.cfg.API.ContextHeaders {
 			wantHeaders["Retry-After"] = "context.authorizer.retryAfter"
-			wantHeaders["RateLimit-Limit"] = "context.authorizer.limit"
-			wantHeaders["RateLimit-Remaining"] = "context.authorizer.remaining"
-			wantHeaders["RateLimit-Reset"] = "context.authorizer.reset"
+			wantHeaders["RateLimit-Policy"] = "context.authorizer.rateLimitPolicy"
+			wantHeaders["RateLimit"] = "context.authorizer.rateLimit"
+			if a.cfg.API.LegacyRateLimitHeaders {
+				wantHeaders["RateLimit-Limit"] = "context.authorizer.limit"
+				wantHeaders["RateLimit-Remaining"] = "context.authorizer.remaining"
+				wantHeaders["RateLimit-Reset"] = "context.authorizer.reset"
+			}
 		}
 		if fmt.Sprint(h) != fmt.Sprint(wantHeaders) {
 			t.Errorf("429 headers:\n got %v\nwant %v", h, wantHeaders)
@@ -1162,4 +1166,41 @@ func TestRestIntegrations(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Without an upstream, the example API's mock answers an allowed request
+// with the RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers-11, mapped from the authorizer
+// context (integration response parameters), and no legacy trio unless
+// asked.
+func TestMockRateLimitHeaders(t *testing.T) {
+	a := apps(t)["regional"]
+	s := a.stacks[0]
+	found := 0
+	for _, r := range s.ofType("AWS::ApiGateway::Method") {
+		integ, _ := r.Properties["Integration"].(map[string]any)
+		if integ == nil || integ["Type"] != "MOCK" {
+			continue
+		}
+		found++
+		resps, _ := integ["IntegrationResponses"].([]any)
+		if len(resps) != 1 {
+			t.Fatalf("mock integration responses: %v", integ["IntegrationResponses"])
+		}
+		params, _ := resps[0].(map[string]any)["ResponseParameters"].(map[string]any)
+		got := map[string]string{}
+		for k, v := range params {
+			got[k] = render(v)
+		}
+		want := map[string]string{
+			"method.response.header.RateLimit-Policy": "context.authorizer.rateLimitPolicy",
+			"method.response.header.RateLimit":        "context.authorizer.rateLimit",
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("mock 200 headers:\n got %v\nwant %v", got, want)
+		}
+	}
+	if found == 0 {
+		t.Fatal("no mock integration in the regional app")
+	}
 }
