@@ -34,18 +34,21 @@ type NutcrackerConfig struct {
 	// Count puts a counting [Proxy] between each nutcracker and each
 	// shard (Nutcracker.Counters), to count what the servers receive.
 	Count bool
-	// Delay, when positive, holds every request segment proxy 0 sends to
-	// shard 0 for that long before it reaches the server (replies are not
-	// held): one path slower than the others. The commands of one
-	// pipeline that the proxy sends to different shards then run on
-	// every request in another order than they were written, where they
-	// otherwise race by microseconds.
+	// Delay, when positive, holds every request segment proxy p sends to
+	// shard p (for each p below both counts) for that long before it
+	// reaches the server (replies are not held): with two proxies and two
+	// shards, each proxy has one slow path and one fast path, crossed.
+	// The commands of one pipeline that a proxy sends to different
+	// shards then run in another order than they were written, by
+	// milliseconds instead of microseconds, and two clients on different
+	// proxies see each other's writes on different shards in opposite
+	// orders.
 	Delay time.Duration
 }
 
 // Nutcracker is twemproxy (nutcracker) sharding keys over private
 // memcached servers, as ElastiCache Serverless shards keys behind one
-// endpoint: each key lives on one shard (ketama over fnv1a_64 of the whole
+// endpoint: each key lives on one shard (ketama over MD5 of the whole
 // key), a multi-key get is split by shard and its replies merged in the
 // order asked, and the commands of one client pipeline that go to
 // different shards run on different servers, concurrently. Everything is
@@ -105,7 +108,7 @@ func StartNutcracker(t testing.TB, cfg NutcrackerConfig) *Nutcracker {
 		var targets []string
 		for s, m := range n.Shards {
 			addr := m.Addr()
-			if p == 0 && s == 0 && cfg.Delay > 0 {
+			if p == s && cfg.Delay > 0 {
 				addr = forward(t, func(int) string { return m.Addr() }, cfg.Delay)
 			}
 			if cfg.Count {
@@ -158,14 +161,16 @@ func nutcrackerBin() string {
 }
 
 // nutcrackerConf is the configuration of one memcached pool listening on
-// port and sharding over servers (host:port each) by ketama over fnv1a_64
-// of the whole key (no hash tag: ElastiCache Serverless offers none for
-// memcached). One connection per server (the default: more would let the
+// port and sharding over servers (host:port each) by ketama over MD5 of
+// the whole key (no hash tag: ElastiCache Serverless offers none for
+// memcached). Not fnv1a_64: twemproxy keeps its low 32 bits, which a
+// change in a key's last bytes barely moves, so the sub-window counters
+// of one limiter key ("...|c1000", "...|c1001") all land on one shard. One connection per server (the default: more would let the
 // proxy reorder two commands on one key, twemproxy's documented caveat),
 // hosts never ejected, and a server silent for 5 s fails the request.
 func nutcrackerConf(port int, servers []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "sluice:\n  listen: 127.0.0.1:%d\n  hash: fnv1a_64\n  distribution: ketama\n", port)
+	fmt.Fprintf(&b, "sluice:\n  listen: 127.0.0.1:%d\n  hash: md5\n  distribution: ketama\n", port)
 	b.WriteString("  timeout: 5000\n  auto_eject_hosts: false\n  server_connections: 1\n  servers:\n")
 	for i, s := range servers {
 		fmt.Fprintf(&b, "    - %s:1 shard%d\n", s, i)

@@ -1,0 +1,101 @@
+package memcached_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/memcached"
+	"github.com/sluicehq/sluice/internal/testserver"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+)
+
+// fleetDelay holds the requests of one path from each proxy of the fleet
+// to a shard (testserver.NutcrackerConfig.Delay), crossed: the commands of
+// one pipeline then reach the two shards milliseconds apart, and two
+// connections on different proxies see each other's writes in opposite
+// orders on the two shards.
+const fleetDelay = 10 * time.Millisecond
+
+// newFleetStore returns a Store through two nutcrackers (behind a balancer
+// that spreads the Store's connections over them) sharding keys over two
+// private memcached servers, with crossed slow paths: as ElastiCache
+// Serverless serves one endpoint from a fleet of proxies in front of
+// shards, where the commands of two connections reach a shard in an order
+// no single proxy chose.
+func newFleetStore(t *testing.T, proxy bool) *memcached.Store {
+	t.Helper()
+	n := testserver.StartNutcracker(t, testserver.NutcrackerConfig{Proxies: 2, Delay: fleetDelay})
+	return newStore(t, memcached.Config{Addrs: []string{n.Addr()}, Proxy: proxy})
+}
+
+// straddleScenario is a sliding window whose callers race across
+// sub-window boundaries all the time: 20 per 200 ms in 10 sub-windows of
+// 20 ms, on 16 keys, callers' clocks up to one sub-window apart
+// (SkewedClock), no deny cache, delays below 10 ms, 2 s. Two decisions
+// stamped in neighbouring sub-windows, near the limit, that each read the
+// other's counter before the other's increment lands both get in: what
+// the history checker must catch on a store that lets a read overtake the
+// increment it follows.
+func straddleScenario() limitertest.Scenario {
+	return limitertest.Scenario{Name: "SlidingWindowStraddle",
+		Sliding: &limiter.SlidingWindowConfig{Name: "history-straddle", Limit: 20, Window: 200 * time.Millisecond, SubWindows: 10,
+			Representation: limiter.SubWindowCounters, NoDenyCache: true},
+		Duration: 2 * time.Second, MaxDelay: 10 * time.Millisecond, Skew: 20 * time.Millisecond, Keys: 16}
+}
+
+// TestConformanceNutcracker runs the conformance suite in proxy mode
+// through nutcracker sharding keys over two memcached servers.
+func TestConformanceNutcracker(t *testing.T) {
+	n := testserver.StartNutcracker(t, testserver.NutcrackerConfig{})
+	limitertest.Run(t, newStore(t, memcached.Config{Addrs: []string{n.Addr()}, Proxy: true}))
+}
+
+// TestHistoryNutcracker runs the history checker in proxy mode through the
+// fleet (newFleetStore), arrivals reordered as everywhere: every
+// algorithm (DefaultScenarios and the packed window) on the shared clock,
+// and straddleScenario, which fails the store without Config.Proxy
+// (TestHistoryNutcrackerBroken), on skewed clocks.
+func TestHistoryNutcracker(t *testing.T) {
+	s := newFleetStore(t, true)
+	scs := append(limitertest.DefaultScenarios(), limitertest.PackedScenario())
+	for i := range scs {
+		scs[i].Duration = min(scs[i].Duration, 2*time.Second)
+	}
+	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: scs, Clocks: []limitertest.Clock{limitertest.SharedClock}})
+	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: []limitertest.Scenario{straddleScenario()}, Clocks: []limitertest.Clock{limitertest.SkewedClock}})
+}
+
+// TestHistoryNutcrackerBatched runs the batched history checker (every
+// call in a batch with a companion window step: two steps' writes in one
+// round, both steps' reads in the next) in proxy mode through the fleet.
+func TestHistoryNutcrackerBatched(t *testing.T) {
+	limitertest.RunHistoryBatched(t, newFleetStore(t, true))
+}
+
+// TestHistoryNutcrackerBroken shows the history checker fails a store that
+// sends a window's reads in the same pipeline as the increment they must
+// follow, across shards: the Store without Config.Proxy, through the
+// fleet. A proxy runs the get on one shard before the incr on the other,
+// so two decisions across a sub-window boundary can each miss the other's
+// unit. Up to three runs (other draws) must find a window over the limit.
+func TestHistoryNutcrackerBroken(t *testing.T) {
+	seed, err := limitertest.HistorySeed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newFleetStore(t, false)
+	for try := range uint64(3) {
+		rep, err := limitertest.RunScenario(context.Background(), s, straddleScenario(), limitertest.SkewedClock, limitertest.HistoryOptions{Seed: seed + try})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Log(rep.Summary())
+		if len(rep.Violations) > 0 {
+			t.Logf("seed %d: %d windows over the limit, first %v", seed+try, len(rep.Violations), rep.Violations[0])
+			return
+		}
+	}
+	t.Fatalf("seed %d: in three runs the checker passed a store that pipelines reads with the writes they follow through a sharding proxy", seed)
+}
