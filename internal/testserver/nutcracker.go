@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -101,7 +102,7 @@ func StartNutcracker(t testing.TB, cfg NutcrackerConfig) *Nutcracker {
 	}
 	n := &Nutcracker{}
 	for range cfg.Shards {
-		n.Shards = append(n.Shards, StartMemcached(t))
+		n.Shards = append(n.Shards, startShard(t))
 	}
 	var front []string
 	for p := range cfg.Proxies {
@@ -139,11 +140,45 @@ func startNutcracker(t testing.TB, bin string, targets []string) *Server {
 		if err := os.WriteFile(conf, []byte(nutcrackerConf(port, targets)), 0o644); err != nil {
 			t.Errorf("testserver: %v", err) // start then fails on the missing file
 		}
-		return exec.Command(bin, "-c", conf,
+		return serverCommand(bin, "-c", conf,
 			"-s", strconv.Itoa(stats), "-a", "127.0.0.1",
 			"-p", filepath.Join(dir, "nutcracker.pid"),
 			"-o", filepath.Join(dir, "nutcracker.log"))
 	})
+}
+
+// startShard starts a private memcached as StartMemcached does, on the
+// servers' CPU when pinned (serverCommand).
+func startShard(t testing.TB) *Server {
+	t.Helper()
+	bin := os.Getenv(EnvMemcachedBin)
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("memcached"); err != nil {
+			missing(t, "no memcached binary ("+EnvMemcachedBin+" unset and none on PATH)")
+		}
+	}
+	return start(t, "memcached", 10*time.Second, func(port int) *exec.Cmd {
+		a := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64"}
+		if os.Geteuid() == 0 {
+			a = append(a, "-u", "nobody") // memcached refuses to run as root
+		}
+		return serverCommand(bin, a...)
+	})
+}
+
+// serverCommand runs bin with args, under `taskset -c <last CPU>` when
+// scripts/testenv pinned the shared servers there (SLUICE_TEST_PINNED=1:
+// the test runs on the other CPUs), so that the proxy and its shards run
+// beside the shared servers and not on the client's CPU, as they would on
+// other hosts.
+func serverCommand(bin string, args ...string) *exec.Cmd {
+	if os.Getenv("SLUICE_TEST_PINNED") == "1" {
+		if ts, err := exec.LookPath("taskset"); err == nil && runtime.NumCPU() >= 2 {
+			return exec.Command(ts, append([]string{"-c", strconv.Itoa(runtime.NumCPU() - 1), bin}, args...)...)
+		}
+	}
+	return exec.Command(bin, args...)
 }
 
 // nutcrackerBin returns the nutcracker binary, or "".

@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +150,27 @@ func TestNutcrackerFleet(t *testing.T) {
 			t.Fatalf("a get on shard 0 through proxy 0 took %v, want the delay of %v at least", took, delay)
 		}
 		break
+	}
+}
+
+// TestNutcrackerPinned checks that under SLUICE_TEST_PINNED=1 the proxy
+// and its shards run on the last CPU only (where scripts/testenv puts the
+// shared servers).
+func TestNutcrackerPinned(t *testing.T) {
+	t.Setenv("SLUICE_TEST_PINNED", "1")
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: nothing to pin")
+	}
+	n := StartNutcracker(t, NutcrackerConfig{})
+	want := strconv.Itoa(runtime.NumCPU() - 1)
+	for _, s := range append([]*Server{n.Proxies[0]}, n.Shards...) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+		if err != nil {
+			t.Skipf("no /proc: %v", err)
+		}
+		_, after, _ := strings.Cut(string(b), "Cpus_allowed_list:")
+		if got, _, _ := strings.Cut(strings.TrimSpace(after), "\n"); got != want {
+			t.Errorf("%s runs on CPUs %q, want %q", s.name, got, want)
+		}
 	}
 }
