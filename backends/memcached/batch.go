@@ -413,21 +413,33 @@ func (s *Store) speculate(b *bstep) {
 // With it, the node is a proxy that may run the commands of one pipeline
 // on different shards in any order (replies still come back in order), so
 // a read written after a write on another key may run before it. The
-// writes then go alone, and the reads only once every write has
-// answered: two round trips, whatever the number of steps; commands on
-// one key (add then incr, cas) still share a pipeline, as a proxy sends
-// one key's commands to one shard in order.
+// writes then go first, with the reads of a bucket or log step (the item
+// its cas or add wrote: the same key, which a proxy sends to one shard in
+// order, as it does a window's add and incr), and the windows' reads
+// (other keys than the incrs they follow) only once every write has
+// answered: two round trips whatever the number of steps, one when no
+// window reads.
 func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
-	m := &pc.mg
-	m.reset()
-	s.writeSteps(pc, bs, idx, m)
+	m, m1 := &pc.mg, &pc.mg
 	if s.proxy {
+		m1 = &pc.mg1
+		m1.reset()
+	}
+	m.reset()
+	s.writeSteps(pc, bs, idx, m, m1)
+	if s.proxy {
+		m1.write(pc, maxProxyGet)
 		if pc.w.Buffered() > 0 {
 			if err := pc.w.Flush(); err != nil {
 				return err
 			}
 			if err := readWrites(pc, bs, idx); err != nil {
 				return err
+			}
+			if m1.cmds > 0 {
+				if err := readMget(pc, bs, m1); err != nil {
+					return err
+				}
 			}
 		}
 		m.write(pc, maxProxyGet)
@@ -473,8 +485,9 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 const maxProxyGet = 16000
 
 // writeSteps buffers the writes of the steps bs[idx...] on pc and adds
-// the keys they read to m.
-func (s *Store) writeSteps(pc *pconn, bs []bstep, idx []int, m *mget) {
+// the keys the windows read to m, those the buckets and logs read to m1
+// (which may be m).
+func (s *Store) writeSteps(pc *pconn, bs []bstep, idx []int, m, m1 *mget) {
 	num := &pc.num
 	for _, i := range idx {
 		b := &bs[i]
@@ -505,10 +518,10 @@ func (s *Store) writeSteps(pc *pconn, bs []bstep, idx []int, m *mget) {
 			if w := b.write; w != nil {
 				writeCAS(pc, b, w, num)
 			}
-			m.keys = append(m.keys, ' ')
-			m.keys = append(m.keys, b.key...)
-			m.mark(i)
-			m.cas = true
+			m1.keys = append(m1.keys, ' ')
+			m1.keys = append(m1.keys, b.key...)
+			m1.mark(i)
+			m1.cas = true
 		}
 	}
 }

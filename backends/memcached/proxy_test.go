@@ -99,3 +99,77 @@ func TestHistoryNutcrackerBroken(t *testing.T) {
 	}
 	t.Fatalf("seed %d: in three runs the checker passed a store that pipelines reads with the writes they follow through a sharding proxy", seed)
 }
+
+// TestProxyRoundTrips counts, at a proxy between the Store and nutcracker,
+// the round trips of decisions in proxy mode: two for stacks with a
+// window that reads (the writes, then the reads), whatever the number of
+// limits; one for a bucket, a log and fixed windows alone (their reads are
+// of the keys they wrote, or none); and, at the two servers behind
+// nutcracker, at most as many segments each.
+func TestProxyRoundTrips(t *testing.T) {
+	n := testserver.StartNutcracker(t, testserver.NutcrackerConfig{Count: true})
+	client := testserver.NewProxy(t, n.Addr())
+	s := newStore(t, memcached.Config{Addrs: []string{client.Addr()}, Proxy: true})
+	const big = 1 << 40
+	window := func(name string, rep limiter.Representation) limiter.Limiter {
+		w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: name, Limit: limiter.MaxPackedLimit, Window: time.Minute, Representation: rep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	bucket, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: big, RefillTime: time.Hour})
+	log, _ := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Name: "l", Limit: 1000, Window: time.Minute})
+	fixed := func(name string) limiter.Limiter {
+		f, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: name, Limit: big, Window: time.Minute})
+		return f
+	}
+	stack := func(ls ...limiter.Limiter) limiter.Limiter {
+		st, err := limiter.NewStack(ls...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	for _, c := range []struct {
+		name string
+		l    limiter.Limiter
+		want int64
+	}{
+		{"packed window", window("p", limiter.Packed), 2},
+		{"sub-window window", window("s", limiter.SubWindowCounters), 2},
+		{"bucket", bucket, 1},
+		{"log", log, 1},
+		{"three fixed windows", stack(fixed("f1"), fixed("f2"), fixed("f3")), 1},
+		{"bucket and fixed window", stack(bucket, fixed("f4")), 1},
+		{"packed window, bucket, fixed window", stack(window("p2", limiter.Packed), bucket, fixed("f5")), 2},
+		{"four windows, bucket, log", stack(window("p3", limiter.Packed), window("p4", limiter.Packed),
+			window("s2", limiter.SubWindowCounters), window("s3", limiter.SubWindowCounters), bucket, log), 2},
+	} {
+		key := limitertestKey(t) + "/" + c.name
+		// The first decision on a key creates it; the third is warm.
+		for i := range 3 {
+			cb, sb := client.Counts(), n.Counts()
+			var shard [2]int64
+			for j, p := range n.Counters {
+				shard[j] = p.Counts().Segments
+			}
+			d, err := c.l.AllowN(context.Background(), key, time.Now(), 1)
+			if err != nil || !d.Allowed {
+				t.Fatalf("%s: %+v, %v", c.name, d, err)
+			}
+			got, servers := client.Counts().Segments-cb.Segments, n.Counts().Segments-sb.Segments
+			if got != c.want {
+				t.Errorf("%s, decision %d: %d round trips, want %d", c.name, i+1, got, c.want)
+			}
+			for j, p := range n.Counters {
+				if seg := p.Counts().Segments - shard[j]; seg > c.want {
+					t.Errorf("%s, decision %d: %d segments at shard %d, want at most %d", c.name, i+1, seg, j, c.want)
+				}
+			}
+			if i == 2 {
+				t.Logf("%s: %d round trips, %d segments at the servers", c.name, got, servers)
+			}
+		}
+	}
+}
