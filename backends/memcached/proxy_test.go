@@ -2,6 +2,8 @@ package memcached_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,4 +174,54 @@ func TestProxyRoundTrips(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestProxyGetSplit checks that in proxy mode a batch whose reads exceed
+// ElastiCache Serverless's 16 KB limit on a get sends them as several gets
+// of at most 16,000 bytes each (in the same round), and that every read
+// still reaches its step: four windows of the largest view on long keys,
+// (limits 1000-1003: four keys) after 3 units each are allowed with the
+// tightest at 996.
+func TestProxyGetSplit(t *testing.T) {
+	rec := testserver.NewProxy(t, testserver.Memcached(t))
+	s := newStore(t, memcached.Config{Addrs: []string{rec.Addr()}, Proxy: true})
+	var ls []limiter.Limiter
+	for i := range 4 {
+		w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: fmt.Sprint("split", i), Limit: 1000 + int64(i), Window: time.Minute,
+			SubWindows: limiter.MaxSubWindows, Representation: limiter.SubWindowCounters})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, w)
+	}
+	st, err := limiter.NewStack(ls...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := limitertestKey(t) + strings.Repeat("k", 120)
+	now := time.Now()
+	for range 3 {
+		if d, err := st.AllowN(context.Background(), key, now, 1); err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	rec.Record()
+	mark := rec.SentLen()
+	d, err := st.AllowN(context.Background(), key, now, 1)
+	if err != nil || !d.Allowed || d.Remaining != 1000-4 {
+		t.Fatalf("fourth decision: %+v, %v; want allowed with %d remaining", d, err, 1000-4)
+	}
+	gets := 0
+	for _, line := range strings.Split(string(rec.Sent(mark)), "\r\n") {
+		if strings.HasPrefix(line, "get ") {
+			gets++
+			if len(line)+2 > 16000 {
+				t.Errorf("a get of %d bytes, over 16,000", len(line)+2)
+			}
+		}
+	}
+	if gets < 2 {
+		t.Fatalf("%d get commands, want the reads split over several", gets)
+	}
+	t.Logf("%d get commands", gets)
 }
