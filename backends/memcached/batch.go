@@ -24,7 +24,9 @@ var _ limiter.Batcher = (*Store)(nil)
 // order. One round trip per node. Every step's writes go first; what the
 // steps read goes last, as one get (a gets when a bucket or log step needs
 // its CAS id) naming every key, so memcached answers the whole pipeline in
-// one segment (see pipeline). Per step:
+// one segment (see pipeline). With Config.Proxy the reads go only after
+// every write's reply: two round trips, whatever the number of steps.
+// Per step:
 //
 //   - StepAdd: the window's add and incr, and its reads, as [Store.Add].
 //   - StepSub: decr <key> <n> noreply. Memcached sends no reply, so a
@@ -61,13 +63,6 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 	if err := ctx.Err(); err != nil {
 		for i := range steps {
 			out[i] = limiter.StepResult{Err: errorf("batch", err)}
-		}
-		return
-	}
-	if s.proxy {
-		// A proxy may not keep a pipeline's order: one step at a time.
-		for i := range steps {
-			out[i] = limiter.DoStep(ctx, s, &steps[i])
 		}
 		return
 	}
@@ -334,7 +329,7 @@ func (s *Store) prepare(st *limiter.Step, b *bstep) error {
 	switch st.Kind {
 	case limiter.StepPackedAdd:
 		err := b.pa.init(s, st.Key, &st.Packed)
-		b.base = b.pa.base
+		b.base, b.pa.proxy = b.pa.base, s.proxy
 		return err
 	case limiter.StepPackedSub:
 		b.base = s.keys.packedBase(st.Key)
@@ -405,18 +400,95 @@ func (s *Store) speculate(b *bstep) {
 	b.write, b.d = w, d
 }
 
-// pipeline writes the steps of bs[idx...] on pc, flushes once and reads
-// every reply in order. The writes (add, incr, decr, cas) go first, step
-// after step, then one gets of every key any step reads (mget): memcached
-// sends the replies it holds when a retrieval command ends, so a get in
-// mid-pipeline splits the reply in two segments and the client waits for
-// the second (measured with the server's own replies: BenchmarkThreeLimits,
+// pipeline writes the steps of bs[idx...] on pc and reads every reply in
+// order. The writes (add, incr, decr, cas) go first, step after step, then
+// one gets of every key any step reads (mget): memcached sends the replies
+// it holds when a retrieval command ends, so a get in mid-pipeline splits
+// the reply in two segments and the client waits for the second (measured
+// with the server's own replies: BenchmarkThreeLimits,
 // docs/benchmarks.md). A read after every write of the pipeline sees each
 // step's own writes, as it did right after them.
+//
+// Without Config.Proxy it is all one write and one read: one round trip.
+// With it, the node is a proxy that may run the commands of one pipeline
+// on different shards in any order (replies still come back in order), so
+// a read written after a write on another key may run before it. The
+// writes then go first, with the reads of a bucket or log step (the item
+// its cas or add wrote: the same key, which a proxy sends to one shard in
+// order, as it does a window's add and incr), and the windows' reads
+// (other keys than the incrs they follow) only once every write has
+// answered: two round trips whatever the number of steps, one when no
+// window reads.
 func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
-	num := &pc.num
-	m := &pc.mg
+	m, m1 := &pc.mg, &pc.mg
+	if s.proxy {
+		m1 = &pc.mg1
+		m1.reset()
+	}
 	m.reset()
+	s.writeSteps(pc, bs, idx, m, m1)
+	if s.proxy {
+		m1.write(pc, maxProxyGet)
+		if pc.w.Buffered() > 0 {
+			if err := pc.w.Flush(); err != nil {
+				return err
+			}
+			if err := readWrites(pc, bs, idx); err != nil {
+				return err
+			}
+			if m1.cmds > 0 {
+				if err := readMget(pc, bs, m1); err != nil {
+					return err
+				}
+			}
+		}
+		m.write(pc, maxProxyGet)
+		if err := pc.w.Flush(); err != nil {
+			return err
+		}
+	} else {
+		m.write(pc, 0)
+		if err := pc.w.Flush(); err != nil {
+			return err
+		}
+		if err := readWrites(pc, bs, idx); err != nil {
+			return err
+		}
+	}
+	// The gets: each item to the step that asked for it.
+	if m.cmds > 0 {
+		if err := readMget(pc, bs, m); err != nil {
+			return err
+		}
+	}
+	for _, i := range idx {
+		b := &bs[i]
+		switch b.kind {
+		case limiter.StepPackedAdd:
+			done := b.pa.pending == 0
+			if done && !b.pget {
+				b.pa.fillLast()
+			}
+			b.res.Packed, b.again = b.pa.res, !done
+		case limiter.StepBucket, limiter.StepLog:
+			s.decideCAS(b)
+		}
+	}
+	return nil
+}
+
+// maxProxyGet bounds a retrieval command line sent to a proxy: ElastiCache
+// Serverless limits a get or gets to 16 KB
+// (https://docs.aws.amazon.com/AmazonElastiCache/latest/mem-ug/SupportedCommandsMem.html).
+// A longer one is split into several gets, which a proxy answers in one
+// go anyway.
+const maxProxyGet = 16000
+
+// writeSteps buffers the writes of the steps bs[idx...] on pc and adds
+// the keys the windows read to m, those the buckets and logs read to m1
+// (which may be m).
+func (s *Store) writeSteps(pc *pconn, bs []bstep, idx []int, m, m1 *mget) {
+	num := &pc.num
 	for _, i := range idx {
 		b := &bs[i]
 		b.res, b.again, b.stored, b.item = limiter.StepResult{}, false, false, nil
@@ -444,43 +516,41 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 			writePackedSub(pc, b.base, b.psub, true, num)
 		default:
 			if w := b.write; w != nil {
-				if b.found {
-					pc.w.WriteString("cas ")
-				} else {
-					pc.w.WriteString("add ")
-				}
-				pc.w.WriteString(b.key)
-				pc.w.WriteString(" 0 ")
-				pc.w.Write(strconv.AppendInt(num[:0], int64(w.Expiration), 10))
-				pc.w.WriteByte(' ')
-				pc.w.Write(strconv.AppendInt(num[:0], int64(len(w.Value)), 10))
-				if b.found {
-					pc.w.WriteByte(' ')
-					pc.w.Write(strconv.AppendUint(num[:0], w.CasID, 10))
-				}
-				pc.w.WriteString("\r\n")
-				pc.w.Write(w.Value)
-				pc.w.WriteString("\r\n")
+				writeCAS(pc, b, w, num)
 			}
-			m.keys = append(m.keys, ' ')
-			m.keys = append(m.keys, b.key...)
-			m.mark(i)
-			m.cas = true
+			m1.keys = append(m1.keys, ' ')
+			m1.keys = append(m1.keys, b.key...)
+			m1.mark(i)
+			m1.cas = true
 		}
 	}
-	if len(m.owner) > 0 {
-		if m.cas {
-			pc.w.WriteString("gets")
-		} else {
-			pc.w.WriteString("get")
-		}
-		pc.w.Write(m.keys)
-		pc.w.WriteString("\r\n")
+}
+
+// writeCAS buffers a bucket or log step's speculative write w: cas on the
+// cached item's CAS id, or add.
+func writeCAS(pc *pconn, b *bstep, w *memcache.Item, num *[24]byte) {
+	if b.found {
+		pc.w.WriteString("cas ")
+	} else {
+		pc.w.WriteString("add ")
 	}
-	if err := pc.w.Flush(); err != nil {
-		return err
+	pc.w.WriteString(b.key)
+	pc.w.WriteString(" 0 ")
+	pc.w.Write(strconv.AppendInt(num[:0], int64(w.Expiration), 10))
+	pc.w.WriteByte(' ')
+	pc.w.Write(strconv.AppendInt(num[:0], int64(len(w.Value)), 10))
+	if b.found {
+		pc.w.WriteByte(' ')
+		pc.w.Write(strconv.AppendUint(num[:0], w.CasID, 10))
 	}
-	// The writes' replies, in order.
+	pc.w.WriteString("\r\n")
+	pc.w.Write(w.Value)
+	pc.w.WriteString("\r\n")
+}
+
+// readWrites reads the replies to the writes of the steps bs[idx...], in
+// order.
+func readWrites(pc *pconn, bs []bstep, idx []int) error {
 	for _, i := range idx {
 		b := &bs[i]
 		switch b.kind {
@@ -509,49 +579,36 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 			b.stored = stored
 		}
 	}
-	// The gets: each item to the step that asked for it.
-	if len(m.owner) > 0 {
-		if err := readMget(pc, bs, m); err != nil {
-			return err
-		}
-	}
-	for _, i := range idx {
-		b := &bs[i]
-		switch b.kind {
-		case limiter.StepPackedAdd:
-			done := b.pa.pending == 0
-			if done && !b.pget {
-				b.pa.fillLast()
-			}
-			b.res.Packed, b.again = b.pa.res, !done
-		case limiter.StepBucket, limiter.StepLog:
-			s.decideCAS(b)
-		}
-	}
 	return nil
 }
 
 // mget is the one retrieval of a pipeline: the keys its steps read, in
 // order, each with the step (index in the pipeline's bs) that reads it,
 // sent as a get, or as a gets when a bucket or log step needs the CAS id.
-// Memcached answers a get with the items it holds in the order asked
-// (a miss is left out; a key asked twice is answered twice), so each item
-// goes to the first key not yet answered that it matches.
+// Memcached answers a get with the items it holds in the order asked (a
+// miss is left out; a key asked twice is answered twice); a proxy that
+// splits the get over shards may merge the replies in another order
+// (nutcracker does, now and then), so each item goes to the first key not
+// yet answered that it matches, looked for from the one after the last
+// answered.
 type mget struct {
 	keys  []byte  // " k1 k2 ...", as sent
 	ends  []int32 // the end of key j in keys
 	owner []int32 // the step of key j
+	got   []bool  // key j was answered
 	cas   bool    // a gets
+	cmds  int     // the get commands written (write)
 }
 
 func (m *mget) reset() {
-	m.keys, m.ends, m.owner, m.cas = m.keys[:0], m.ends[:0], m.owner[:0], false
+	m.keys, m.ends, m.owner, m.got, m.cas, m.cmds = m.keys[:0], m.ends[:0], m.owner[:0], m.got[:0], false, 0
 }
 
 // mark ends the key just appended to keys, as step i's.
 func (m *mget) mark(i int) {
 	m.ends = append(m.ends, int32(len(m.keys)))
 	m.owner = append(m.owner, int32(i))
+	m.got = append(m.got, false)
 }
 
 // key returns key j (without its leading space).
@@ -563,29 +620,57 @@ func (m *mget) key(j int) []byte {
 	return m.keys[start:m.ends[j]]
 }
 
-// readMget reads the reply to m and hands each item to its step.
+// write buffers the retrieval of m's keys: one command, or, when limit is
+// positive, as many as keep each command line within limit bytes (a key
+// is at most 250 bytes).
+func (m *mget) write(pc *pconn, limit int) {
+	if len(m.owner) == 0 {
+		return
+	}
+	cmd := "get"
+	if m.cas {
+		cmd = "gets"
+	}
+	from := 0 // the byte of keys the next command starts at
+	for j := 0; j < len(m.ends); {
+		k := j + 1
+		if limit <= 0 {
+			k = len(m.ends)
+		}
+		for k < len(m.ends) && len(cmd)+int(m.ends[k])-from+2 <= limit {
+			k++
+		}
+		to := int(m.ends[k-1])
+		pc.w.WriteString(cmd)
+		pc.w.Write(m.keys[from:to])
+		pc.w.WriteString("\r\n")
+		m.cmds++
+		from, j = to, k
+	}
+}
+
+// readMget reads the replies to m's commands and hands each item to its
+// step.
 func readMget(pc *pconn, bs []bstep, m *mget) error {
-	next := 0
-	for {
+	next, ends := 0, 0
+	for ends < m.cmds {
 		line, err := pc.r.ReadSlice('\n')
 		if err != nil {
 			return err
 		}
 		if string(line) == "END\r\n" {
-			return nil
+			ends++
+			continue
 		}
 		key, _, ok := parseValueLine(line)
 		if !ok {
 			return replyError("gets", line)
 		}
-		j := next
-		for j < len(m.owner) && string(m.key(j)) != string(key) {
-			j++
-		}
-		if j == len(m.owner) {
+		j := m.find(key, next)
+		if j < 0 {
 			return replyError("gets", line) // not a key we asked for
 		}
-		next = j + 1
+		m.got[j], next = true, j+1
 		b := &bs[m.owner[j]]
 		switch b.kind {
 		case limiter.StepAdd:
@@ -599,6 +684,20 @@ func readMget(pc *pconn, bs []bstep, m *mget) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// find returns the first key not yet answered that is key, looked for from
+// from to the end and then from the start, or -1.
+func (m *mget) find(key []byte, from int) int {
+	n := len(m.owner)
+	for d := range n {
+		j := (from + d) % n
+		if !m.got[j] && string(m.key(j)) == string(key) {
+			return j
+		}
+	}
+	return -1
 }
 
 // readWriteReply reads the reply to a bucket or log step's speculative

@@ -36,6 +36,7 @@ type pconn struct {
 	addr string
 	num  [24]byte // for formatting numbers into w
 	mg   mget     // a batch pipeline's retrieval
+	mg1  mget     // through a proxy: the first round's (see pipeline)
 }
 
 func newPool(dial dialFunc, timeout time.Duration, maxIdle int) *pool {

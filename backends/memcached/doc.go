@@ -86,9 +86,10 @@
 //
 // This needs the commands to reach memcached in order on one connection. A
 // proxy in front of several shards (ElastiCache Serverless, mcrouter,
-// twemproxy) may run the incr and the get concurrently on different shards;
-// set Config.Proxy and the get is sent after the incr's reply: two round
-// trips, same guarantee.
+// twemproxy) may run the incr and the get concurrently on different shards
+// (it keeps one key's commands in order: add then incr); set Config.Proxy
+// and the get is sent after the incr's reply: two round trips, same
+// guarantee.
 //
 // Why not incr in parallel with one get-multi on a second connection (the
 // first design, and the usual one): the two are then not ordered. A
@@ -190,7 +191,9 @@
 // from an incr's reply only for the last incr of the request for that
 // reason (an earlier level's reply could miss a concurrent writer's incr
 // that precedes the request's own get). With Config.Proxy the get is sent
-// after the incrs' replies: two round trips, same guarantee.
+// after the incrs' replies, two round trips, and reads every counter,
+// the last incr's too: the incrs run on their shards in any order, so no
+// one reply is known to follow every other writer's incrs.
 //
 // # Buckets, logs and leases: gets and cas
 //
@@ -266,9 +269,19 @@
 // 64 in flight (more are sent in the pipeline and waited for); a later bucket
 // or log call of the store on that key waits for them, so a process reads
 // its own refunds. One that fails leaves its units counted (stricter, never
-// laxer) and is counted by LostRefunds; WaitRefunds waits for them all. With
-// Config.Proxy (a proxy may not keep a pipeline's order) Do sends one step
-// at a time.
+// laxer) and is counted by LostRefunds; WaitRefunds waits for them all.
+//
+// With Config.Proxy a proxy may run a pipeline's commands on different
+// shards in any order, keeping one key's in order. Do then sends two
+// rounds on the connection: every step's writes with the buckets' and
+// logs' gets (the keys they wrote), then, after those replies, the
+// windows' reads as get commands of at most 16 KB each (ElastiCache
+// Serverless's limit): two round trips whatever the number of steps, one
+// when no window reads. A read thus follows every write of the request,
+// as in one pipeline on one server. Replies to a get are matched to its
+// keys in any order (a proxy that splits a get over shards may merge them
+// out of order). docs/consistency.md has the history runs through a
+// sharding proxy.
 //
 // # Circuit breakers per node
 //

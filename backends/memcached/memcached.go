@@ -88,9 +88,11 @@ type Config struct {
 
 	// Proxy says the nodes are a proxy that may run the commands of one
 	// pipeline concurrently on different shards (ElastiCache Serverless,
-	// mcrouter, twemproxy). A window decision then sends its reads after
-	// its increment's reply, two round trips instead of one, so that the
-	// windows stay exact (see the package comment).
+	// mcrouter, twemproxy), keeping only each key's commands in order. A
+	// request's batch then sends every write first and the windows' reads
+	// after their replies, two round trips instead of one whatever the
+	// number of limits (one for buckets, logs and fixed windows alone), so
+	// that the windows stay exact (see the package comment).
 	Proxy bool
 
 	// MaxRetries bounds the CAS attempts of one UpdateBucket or

@@ -22,8 +22,8 @@ var _ limiter.PackedCounter = (*Store)(nil)
 // NOT_FOUND and it goes again with its add)
 //
 // then one get of op.Reads (each counter once; a read of the counter the
-// last incr went to takes that incr's reply instead), and reads the
-// replies: one round trip. memcached's incr is atomic on the 64-bit
+// last incr went to takes that incr's reply instead, except through a
+// proxy), and reads the replies: one round trip. memcached's incr is atomic on the 64-bit
 // unsigned value and wraps modulo 2^64, as the contract wants (a field
 // that overflows carries into the next, which the limiter detects). The
 // add gives the counter the delta's TTL (rounded up to whole seconds, plus
@@ -342,6 +342,12 @@ func (p *packedAdd) writeIncrs(pc *pconn) {
 		pc.w.Write(strconv.AppendUint(p.num[:0], d.Delta, 10))
 		pc.w.WriteString("\r\n")
 		p.last = l + 1
+	}
+	if p.proxy {
+		// Through a proxy the incrs run on their shards in any order, so
+		// no incr's reply is known to follow every other writer's incrs
+		// that preceded this request's: every read goes in the get.
+		p.last = 0
 	}
 }
 
