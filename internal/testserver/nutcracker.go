@@ -16,10 +16,6 @@ import (
 	"time"
 )
 
-// EnvNutcrackerBin names the nutcracker (twemproxy) binary, as exported by
-// scripts/testenv.
-const EnvNutcrackerBin = "SLUICE_TEST_NUTCRACKER_BIN"
-
 // NutcrackerConfig configures [StartNutcracker]. The zero value is one
 // proxy in front of two shards, nothing counted, no delay.
 type NutcrackerConfig struct {
