@@ -30,7 +30,7 @@ func hotConfig(a Algo, window time.Duration, rates []float64) Config {
 	return Config{
 		Algo: a, Limit: 10000, Refill: 100 * time.Microsecond,
 		Window: window, Slots: 160,
-		Rates: rates, Duration: 8 * time.Second, Seed: 1,
+		Rates: rates, Duration: 6 * time.Second, Seed: 1,
 		Latency: 2 * time.Millisecond, Jitter: 2 * time.Millisecond, WriteCap: 1000,
 		Leases: true, Policy: DefaultPolicy(),
 	}

@@ -253,14 +253,16 @@ const (
 	evAtStore
 	evReply
 	evReturnDue
+	evLeaseEnd
 )
 
 type event struct {
-	at   int64
-	seq  uint64
-	kind evKind
-	proc int
-	req  *request
+	at    int64
+	seq   uint64
+	kind  evKind
+	proc  int
+	req   *request
+	lease *lease
 }
 
 type events []event
@@ -379,6 +381,11 @@ func Run(cfg Config) (Result, error) {
 			s.reply(e.req, e.at)
 		case evReturnDue:
 			s.returnDue(e.proc, e.at)
+		case evLeaseEnd:
+			// The lease's range ended with no decision to notice it.
+			if p := &s.procs[e.proc]; p.lease == e.lease && !s.frozen(e.proc, e.at) {
+				s.close(e.proc, e.at)
+			}
 		}
 	}
 	// What is still held at the end is lost (a process that stops without
@@ -540,12 +547,13 @@ func (s *sim) close(i int, now int64) {
 	// What it gives back rides on the next take: a bucket's ring entry (or
 	// it expires on its own), a window's spent units moved to their
 	// slots (or they stay counted later than spent: stricter). Only
-	// unspent units are worth a write of their own.
+	// MinLease unspent units or more are worth a write of their own
+	// (fewer are lost: under-admission, counted).
 	if s.cfg.Algo == Window && s.cfg.Broken == WindowSpendPastSlot && l.left == 0 {
 		return
 	}
 	p.closing = append(p.closing, l)
-	if l.left > 0 {
+	if l.left >= s.cfg.Policy.MinLease {
 		s.push(now+int64(s.cfg.Policy.MergeWait), evReturnDue, i, nil)
 	}
 }
@@ -560,10 +568,10 @@ func (s *sim) returnDue(i int, now int64) {
 	var send []*lease
 	keep := p.closing[:0]
 	for _, l := range p.closing {
-		if l.left > 0 {
+		if l.left >= s.cfg.Policy.MinLease {
 			send = append(send, l)
 		} else {
-			keep = append(keep, l) // nothing unspent: waits for a take
+			keep = append(keep, l) // too little to be worth a write: waits for a take
 		}
 	}
 	p.closing = keep
@@ -761,6 +769,9 @@ func (s *sim) reply(r *request, now int64) {
 		p.lease = l
 		if l.left == 0 || t >= l.to {
 			s.close(r.proc, now)
+		} else {
+			s.seq++
+			heap.Push(&s.ev, event{at: l.to - p.skew, seq: s.seq, kind: evLeaseEnd, proc: r.proc, lease: l})
 		}
 	}
 	for _, w := range again {
