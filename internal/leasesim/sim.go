@@ -204,6 +204,8 @@ type Result struct {
 	// Units granted to leases, returned, spent, and lost: held at the end
 	// of the run or in a return the store refused.
 	Granted, Returned, Lost int64
+	// MaxRing is the most entries a bucket's outstanding ring held.
+	MaxRing int
 	// Over counts admitted stamps ending a window of stamps over the limit
 	// (the history checker's rule), Worst is the worst.
 	Over  int
@@ -650,6 +652,7 @@ func (s *sim) atStore(r *request, now int64) {
 		switch c.Algo {
 		case Bucket:
 			r.res = s.it.bucketTake(r.stamp, r.want, r.exp)
+			s.res.MaxRing = max(s.res.MaxRing, len(s.it.ring))
 		case Window:
 			if c.Broken == WindowSpendPastSlot {
 				r.res = s.it.windowTake(r.sFrom, r.sFrom, r.sAt, r.want)
