@@ -208,7 +208,7 @@ func testLeaseContention(t *testing.T, s limiter.LeaseStore) {
 	const workers, capacity, rounds = 64, 10, 8
 	c := concurrency(t, s, capacity, time.Hour)
 	key := Key(t)
-	var held, peak, allowed, denied atomic.Int64
+	var held, peak, allowed, denied, refused atomic.Int64
 	errs := make(chan error, workers*rounds*2)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -219,6 +219,15 @@ func testLeaseContention(t *testing.T, s limiter.LeaseStore) {
 				cx, cancel := context.WithTimeout(context.Background(), opTimeout)
 				l, d, err := c.Acquire(cx, key, Base)
 				cancel()
+				if busy(err) {
+					// The store refused the hot item: its partition's
+					// capacity (a real DynamoDB's 1,000 write units a
+					// second, which failed conditional writes use too) or
+					// races lost until the deadline. Nothing was
+					// acquired: a refusal, not a failure.
+					refused.Add(1)
+					continue
+				}
 				if err != nil {
 					errs <- fmt.Errorf("acquire: %w", err)
 					continue
@@ -237,16 +246,17 @@ func testLeaseContention(t *testing.T, s limiter.LeaseStore) {
 				// A release must not be lost: retry it within the
 				// deadline (a lost one would hold its slot for the
 				// TTL, an hour, and fail the check below).
-				cx, cancel = context.WithTimeout(context.Background(), opTimeout)
+				cx, cancel = context.WithTimeout(context.Background(), 3*opTimeout)
 				for {
 					err := c.Release(cx, l)
 					if err == nil {
 						break
 					}
-					if cx.Err() != nil || !errors.Is(err, limiter.ErrConflict) {
+					if cx.Err() != nil || !busy(err) {
 						errs <- fmt.Errorf("release: %w", err)
 						break
 					}
+					time.Sleep(time.Duration(1+rand.IntN(20)) * time.Millisecond) // off the hot item a moment
 				}
 				cancel()
 			}
@@ -262,7 +272,7 @@ func testLeaseContention(t *testing.T, s limiter.LeaseStore) {
 	if len(all) > 0 {
 		t.Fatalf("%d of %d calls failed; first: %v", len(all), workers*rounds, all[0])
 	}
-	t.Logf("%d allowed, %d denied, at most %d held at once", allowed.Load(), denied.Load(), peak.Load())
+	t.Logf("%d allowed, %d denied, %d refused by a busy store, at most %d held at once", allowed.Load(), denied.Load(), refused.Load(), peak.Load())
 	if p := peak.Load(); p > capacity {
 		t.Fatalf("%d leases held at once, capacity %d", p, capacity)
 	}
@@ -433,4 +443,10 @@ func RunGauges(t *testing.T, s limiter.GaugeStore) {
 			t.Fatalf("published 61 s ago with MaxAge 1m: %v, want ErrStaleUtilization", err)
 		}
 	})
+}
+
+// busy reports a store that refused a hot item for capacity or contention
+// (limiter.ErrThrottled, limiter.ErrConflict): nothing was done.
+func busy(err error) bool {
+	return errors.Is(err, limiter.ErrThrottled) || errors.Is(err, limiter.ErrConflict)
 }
