@@ -99,12 +99,13 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 	}
 	type cost struct {
 		reqs, wcuMilli int64
+		fails          int64   // attempts that failed (lost races), each retried
 		wu             float64 // at the proxy
 	}
 	measure := func(f func()) cost {
-		r0, w0, p0 := r.total.Load(), r.wcuMilli.Load(), proxyWU()
+		r0, w0, f0, p0 := r.total.Load(), r.wcuMilli.Load(), r.failed.Load(), proxyWU()
 		f()
-		return cost{r.total.Load() - r0, r.wcuMilli.Load() - w0, proxyWU() - p0}
+		return cost{r.total.Load() - r0, r.wcuMilli.Load() - w0, r.failed.Load() - f0, proxyWU() - p0}
 	}
 	useKeys := func(e *embedded) {
 		keys = []string{dynamo.ItemKey(limiter.Key{Name: e.ip}), dynamo.ItemKey(limiter.Key{Name: e.tok})}
@@ -158,8 +159,14 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 		}
 	})
 	t.Logf("allowed, busy client (a request every slot): %s per request; per-ip item %d bytes", per(got, busy), itemSize(get(t, c, dynamo.ItemKey(limiter.Key{Name: e2.ip}))))
-	if got.reqs != busy || got.wu != float64(got.wcuMilli)/1000 {
-		t.Errorf("%d requests for %d decisions, want one each; %.1f WCU at the proxy, %.1f reported by Local, want the same", got.reqs, busy, got.wu, float64(got.wcuMilli)/1000)
+	// One request per decision, and one more for each attempt that failed
+	// (a lost race, retried: seen 2 in 100 once under heavy load), which
+	// DynamoDB bills at the item's size (2 WCU here) and Local reports
+	// as nothing.
+	local := float64(got.wcuMilli) / 1000
+	if got.reqs-got.fails != busy || got.wu < local || got.wu > local+2*float64(got.fails) {
+		t.Errorf("%d requests (%d failed attempts) for %d decisions, want one each; %.1f WCU at the proxy, %.1f reported by Local, want the same plus at most 2 per failed attempt",
+			got.reqs, got.fails, busy, got.wu, local)
 	}
 
 	// A window denies: a window of 3 beside the bucket, same shape.

@@ -46,9 +46,11 @@ func TestHistoryMergedFailsBroken(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc := limitertest.DefaultMergedScenario()
-	// Up to three runs (a cold server holds the first calls back past the
-	// horizon, where violations are excused): one must find the store out.
-	for try := range uint64(3) {
+	// Up to five runs (a cold server, or a loaded machine, holds calls back
+	// past the horizon, where violations are excused: make test once saw
+	// three runs in a row find nothing): one must find the store out.
+	const tries = 5
+	for try := range uint64(tries) {
 		rep, err := limitertest.RunMergedScenario(context.Background(), limitertest.BucketsAtStamp(s), sc, limitertest.SharedClock, limitertest.HistoryOptions{Seed: seed + try})
 		if err != nil {
 			t.Fatal(err)
@@ -59,7 +61,7 @@ func TestHistoryMergedFailsBroken(t *testing.T) {
 			return
 		}
 	}
-	t.Fatalf("seeds %d to %d: the checker passed a store whose merged writes drop the bucket's condition, 3 times", seed, seed+2)
+	t.Fatalf("seeds %d to %d: the checker passed a store whose merged writes drop the bucket's condition, %d times", seed, seed+tries-1, tries)
 }
 
 // Two limit spaces whose attribute prefixes collide are refused by a store
