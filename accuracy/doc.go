@@ -22,7 +22,7 @@
 // admit more than the Bounded estimator with the same counters. They are
 // here to be measured, not used: limiter/ is unchanged.
 //
-// [RunShapes] replays issue 13's traffic shapes ([Shapes]: bursts aligned
+// [RunShapes] replays demanding traffic shapes ([Shapes]: bursts aligned
 // to sub-window starts and ends, costs 1..10, Poisson 0.5x-10x, heavy-tailed
 // on/off) on several limits and seeds through a fast model of the Bounded
 // window at many resolutions (checked against the real type), and compares

@@ -108,69 +108,28 @@ type Counter interface {
 // AddPacked adds each delta of op.Adds to its counter (creating it at 0),
 // then reads op.Reads, and returns the added counters' new values and the
 // counters read, as one linearizable step, or at least with every add of
-// the op applied before its reads (memcached: add+incr per level pipelined
-// with one get of the reads on one connection, each incr atomic on its
-// 64-bit value; DynamoDB: one UpdateItem ADDing one number attribute per
-// level, ReturnValues ALL_NEW; memory: under one lock). Additions are on
-// the whole 64-bit value, wrapping modulo 2^64: a field that overflows
-// carries into the next, which the limiter detects from Added (the field
-// it added to reads below its delta) and reports by denying the request
-// and giving its units back. A store must not clamp or saturate per field.
+// the op applied before its reads. Additions are on the whole 64-bit value,
+// modulo 2^64: a field that overflows carries into the next, which the
+// limiter detects from Added and undoes. A store must not clamp or
+// saturate per field.
 //
-// SubPacked subtracts each delta of op.Adds from its counter (a refund),
-// if the store holds it, never creating one and never touching another.
-// Whenever the add being refunded is in the counter the subtraction is
-// exact: it borrows back a carry the add made between fields (the limiter
-// refunds a carried add), and also one out of the top field, where adds in
-// flight wrapped a 64-bit counter below the delta (refunds land in any
-// order, so the wrap may be another add's). A store keeps what that takes:
-// memory counts the carries out of each counter, DynamoDB's numbers do not
-// wrap, memcached subtracts modulo 2^64 (incr of 2^64-delta). Only a
-// counter that was dropped and created again (an eviction) may hold less
-// than the delta without a carry: a store may then take each field down
-// to 0 (memory, DynamoDB) or subtract modulo 2^64 (memcached: the borrow
-// reaches the top field, which then reads as full, stricter). A clamp of a
-// wrapped counter would lose what it holds: over-admission. It ignores
-// op.Reads.
+// SubPacked subtracts each delta of op.Adds from its counter (a refund), if
+// the store holds it, never creating one and never touching another; it
+// ignores op.Reads. Whenever the add being refunded is in the counter the
+// subtraction is exact, also across a carry out of the top field (adds in
+// flight may have wrapped the counter below the delta). Only a counter that
+// was dropped and created again may be taken down field by field to 0, or
+// subtracted modulo 2^64.
 //
-// # Out-of-order writers
-//
-// A request is stamped before it travels, so a store sees ops whose Slot is
-// older than newest, the newest Slot of an op that added to the key. The
-// horizon is PackedHorizon(r) = r+1 slots (one window plus one slot, as for
-// [Counter]), and op.Keep = PackedKeep(r) = 2r+1: a writer at most the
-// horizon behind newest names only counters that hold a slot at or after
-// newest-Keep. So:
-//
-//   - A store that tracks newest (memory; DynamoDB, in its item) holds
-//     every counter that covers a slot in [newest-Keep, newest] (it may
-//     drop a counter once its Last() < newest-Keep). Within the horizon
-//     (Slot >= newest-PackedHorizon(r)) every counter an op names is then
-//     held, the adds land in exactly the counters of Slot, the reads see
-//     exactly the slots of the writer's view and Later, and SubPacked takes
-//     from exactly the counters the add went to: reordered arrivals decide
-//     as the same calls would in some serial order, never more than the
-//     limit in any window-length interval of stamps.
-//   - Past the horizon the store may have dropped what the op names.
-//     AddPacked must then not create it again (its units would be counted
-//     where no newer writer looks, that is free): if any counter the op
-//     names may have been dropped (it ends before the bound the store
-//     drops at, which is at most newest-Keep, newest including op.Slot),
-//     it answers Stale and leaves none of the op's units counted (memory
-//     changes nothing; DynamoDB takes its add back with a second request).
-//     The limiter denies a Stale request: a late writer past the horizon
-//     is never admitted, so none of its units go uncounted. A writer past
-//     the horizon whose counters are all still held may instead be
-//     decided on its exact view. SubPacked past the horizon subtracts from
-//     the counters still held (each level's field holds the refunded slot,
-//     so each held level stays exact) and skips the others.
-//   - A store that forgets by age instead of tracking newest (memcached)
-//     never answers Stale: it keeps each counter at least its delta's TTL
-//     after creating it. The limiter passes, for a level-l counter,
-//     (4^l + Keep + 1) slots: its own span and the horizon behind it, plus
-//     a slot. That covers the horizon in real time when callers' clocks
-//     agree within a slot and every call reaches the store within a window
-//     of its stamp (as for [Counter]).
+// Out-of-order writers: a store sees ops whose Slot is older than newest,
+// the newest Slot added to the key. A store that tracks newest holds every
+// counter that covers a slot in [newest-op.Keep, newest] ([PackedKeep]), so
+// a writer within [PackedHorizon] of it is exact, and answers Stale,
+// leaving none of the op's units counted, when a counter the op names may
+// have been dropped; a store that forgets by age keeps each counter at
+// least its delta's TTL and never answers Stale. docs/consistency.md ("The
+// packed window") states this contract in full and why it keeps the window
+// exact; docs/stores.md how each backend meets it.
 type PackedCounter interface {
 	AddPacked(ctx context.Context, key Key, op *PackedOp) (PackedCounts, error)
 	SubPacked(ctx context.Context, key Key, op *PackedOp) error
