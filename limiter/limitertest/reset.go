@@ -1,6 +1,9 @@
 package limitertest
 
 import (
+	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,6 +128,7 @@ func RunReset(t *testing.T, s ResetStore) {
 			}
 		})
 	}
+	t.Run("Concurrent", func(t *testing.T) { testResetConcurrent(t, s, now) })
 	t.Run("OneLimitOfAKey", func(t *testing.T) {
 		// Every limit on one key Name, all exhausted; resetting each
 		// leaves the others exhausted.
@@ -154,4 +158,63 @@ func RunReset(t *testing.T, s ResetStore) {
 			}
 		}
 	})
+}
+
+// testResetConcurrent resets keys while requests run on them, every
+// algorithm: no call fails but for a lost race (ErrConflict), the state
+// is never corrupt, each key admits at most as if it were new after each
+// reset (its capacity per reset, plus the units of denials whose refunds
+// may land on the new state), and a last reset leaves it full.
+func testResetConcurrent(t *testing.T, s ResetStore, now time.Time) {
+	const workers, calls, resets = 4, 8, 3
+	for _, c := range inspectCases() {
+		t.Run(c.name, func(t *testing.T) {
+			l := c.make(t, s)
+			key := Key(t)
+			var admitted, denied atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, workers*calls+resets)
+			for range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					other := c.make(t, s) // a process of its own
+					for range calls {
+						d, err := other.AllowN(ctx(t), key, now, 1)
+						switch {
+						case errors.Is(err, limiter.ErrConflict):
+						case err != nil:
+							errs <- err
+						case d.Allowed:
+							admitted.Add(1)
+						default:
+							denied.Add(1)
+						}
+					}
+				}()
+			}
+			for range resets {
+				if err := l.Reset(ctx(t), key, now); err != nil {
+					errs <- err
+				}
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Errorf("under concurrent resets: %v", err)
+			}
+			if bound := c.limit*(resets+1) + denied.Load(); admitted.Load() > bound {
+				t.Errorf("admitted %d with %d resets and %d denials: more than %d", admitted.Load(), resets, denied.Load(), bound)
+			}
+			if d, err := l.Peek(ctx(t), key, now); err != nil || d.Remaining < 0 || d.Remaining > c.limit {
+				t.Fatalf("after the run: Peek = %+v, %v", d, err)
+			}
+			if err := l.Reset(ctx(t), key, now); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := l.Peek(ctx(t), key, now); err != nil || d.Remaining != c.limit {
+				t.Fatalf("after a last reset: Peek = %+v, %v; want full", d, err)
+			}
+		})
+	}
 }
