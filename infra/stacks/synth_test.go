@@ -1149,7 +1149,7 @@ func TestRestIntegrations(t *testing.T) {
 					t.Errorf("%s: integration %v, want MOCK without an upstream", id, integ["Type"])
 				}
 				resp := render(integ["IntegrationResponses"])
-				for _, k := range []string{"limit", "remaining", "reset"} {
+				for _, k := range []string{"rateLimitPolicy", "rateLimit\"", "remaining"} { // remaining: the body template
 					if !strings.Contains(resp, "context.authorizer."+k) {
 						t.Errorf("%s: mock response does not map context.authorizer.%s: %s", id, k, resp)
 					}
