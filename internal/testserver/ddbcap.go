@@ -647,6 +647,22 @@ type exchange struct {
 	status    int
 }
 
+// admitAndSend charges adm against the caps and, if they admit it,
+// forwards body. sent is false when the request was not forwarded: it was
+// throttled (answered already, err nil) or the server could not be
+// reached (err, its charge settled to nothing).
+func (x *exchange) admitAndSend(adm []charge, body []byte) (u *upstream, sent bool, err error) {
+	if rs := x.p.admit(x.op, adm); rs != nil {
+		x.throttle(rs)
+		return nil, false, nil
+	}
+	if u, err = x.send(body); err != nil {
+		x.p.settle(x.op, adm, nil)
+		return nil, false, err
+	}
+	return u, true, nil
+}
+
 func (x *exchange) send(body []byte) (*upstream, error) {
 	x.forwarded = true
 	return x.p.forward(x.r.Context(), x.r.Header, body)
@@ -713,13 +729,8 @@ func (x *exchange) getItem() error {
 		est = readUnits(s, in.ConsistentRead)
 	}
 	adm := []charge{{table: in.TableName, partition: part, units: est}}
-	if rs := x.p.admit(x.op, adm); rs != nil {
-		x.throttle(rs)
-		return nil
-	}
-	u, err := x.send(x.body)
-	if err != nil {
-		x.p.settle(x.op, adm, nil)
+	u, sent, err := x.admitAndSend(adm, x.body)
+	if !sent {
 		return err
 	}
 	final := []charge{{table: in.TableName, partition: part}}
@@ -828,14 +839,11 @@ func (x *exchange) writeItem() error {
 		}
 	}
 	adm := []charge{{write: true, table: in.TableName, partition: part, units: writeUnits(max(before, after))}}
-	if rs := x.p.admit(x.op, adm); rs != nil {
-		x.throttle(rs)
-		return nil
-	}
-	u, err := x.send(body)
-	if err != nil {
-		t.forget(item)
-		x.p.settle(x.op, adm, nil)
+	u, sent, err := x.admitAndSend(adm, body)
+	if !sent {
+		if err != nil {
+			t.forget(item)
+		}
 		return err
 	}
 	final := []charge{{write: true, table: in.TableName, partition: part}}
@@ -1031,16 +1039,13 @@ func (x *exchange) transactWrite() error {
 		return cs
 	}
 	adm := charges()
-	if rs := x.p.admit(x.op, adm); rs != nil {
-		x.throttle(rs)
-		return nil
-	}
-	u, err := x.send(x.body)
-	if err != nil {
-		for _, it := range items {
-			it.t.forget(it.item)
+	u, sent, err := x.admitAndSend(adm, x.body)
+	if !sent {
+		if err != nil {
+			for _, it := range items {
+				it.t.forget(it.item)
+			}
 		}
-		x.p.settle(x.op, adm, nil)
 		return err
 	}
 	switch u.errorType() {
@@ -1116,16 +1121,13 @@ func (x *exchange) batchWrite() error {
 	for _, it := range items {
 		adm = append(adm, charge{write: true, table: it.t.name, partition: it.part, units: writeUnits(max(it.before, it.after))})
 	}
-	if rs := x.p.admit(x.op, adm); rs != nil {
-		x.throttle(rs)
-		return nil
-	}
-	u, err := x.send(x.body)
-	if err != nil {
-		for _, it := range items {
-			it.t.forget(it.item)
+	u, sent, err := x.admitAndSend(adm, x.body)
+	if !sent {
+		if err != nil {
+			for _, it := range items {
+				it.t.forget(it.item)
+			}
 		}
-		x.p.settle(x.op, adm, nil)
 		return err
 	}
 	if u.status != http.StatusOK {
@@ -1175,13 +1177,8 @@ func (x *exchange) batchGet() error {
 			adm = append(adm, charge{table: table, partition: part, units: readUnits(0, r.ConsistentRead)})
 		}
 	}
-	if rs := x.p.admit(x.op, adm); rs != nil {
-		x.throttle(rs)
-		return nil
-	}
-	u, err := x.send(x.body)
-	if err != nil {
-		x.p.settle(x.op, adm, nil)
+	u, sent, err := x.admitAndSend(adm, x.body)
+	if !sent {
 		return err
 	}
 	var final []charge
@@ -1254,13 +1251,8 @@ func (x *exchange) queryScan() error {
 		}
 	}
 	adm := []charge{{table: in.TableName, partition: part, units: readUnits(0, in.ConsistentRead)}}
-	if rs := x.p.admit(x.op, adm); rs != nil {
-		x.throttle(rs)
-		return nil
-	}
-	u, err := x.send(x.body)
-	if err != nil {
-		x.p.settle(x.op, adm, nil)
+	u, sent, err := x.admitAndSend(adm, x.body)
+	if !sent {
 		return err
 	}
 	final := []charge{{table: in.TableName, partition: part}}
