@@ -329,16 +329,24 @@ func RunMergedHistory(t *testing.T, s Store) {
 	for _, clock := range []Clock{WallClock, SharedClock} {
 		t.Run(clock.String(), func(t *testing.T) {
 			o := HistoryOptions{Seed: subSeed(seed, 0, clock)}
-			rep, err := RunMergedScenario(context.Background(), s, DefaultMergedScenario(), clock, o)
+			sc := DefaultMergedScenario()
+			rep, err := RunMergedScenario(context.Background(), s, sc, clock, o)
 			// A run that found nothing wrong but left something unchecked
 			// (a limit that never denied: on a loaded machine a batch's
 			// lost races and throttles deny it before the window fills)
 			// is run again with other draws, up to twice, as RunHistory
 			// does; it must still cover everything to pass.
+			// A window that never denied is tightened 4x for the rerun:
+			// a loaded machine's store may take fewer batches a second
+			// than its limit (make test once saw 97 a key, limit 60 a
+			// second over 2 s, three runs in a row).
 			for try := 1; try <= 2 && err == nil && rep.Uncovered > 0 && rep.Uncovered == len(rep.Problems); try++ {
 				o.Seed++
-				t.Logf("the run left something unchecked (%s); again with other draws (derived seed %d)", strings.Join(rep.Problems, "; "), o.Seed)
-				rep, err = RunMergedScenario(context.Background(), s, DefaultMergedScenario(), clock, o)
+				if strings.Contains(strings.Join(rep.Problems, "\n"), "the window denied nothing") {
+					sc.Window.Limit = max(sc.Window.Limit/4, 4)
+				}
+				t.Logf("the run left something unchecked (%s); again with other draws (derived seed %d, window limit %d)", strings.Join(rep.Problems, "; "), o.Seed, sc.Window.Limit)
+				rep, err = RunMergedScenario(context.Background(), s, sc, clock, o)
 			}
 			if err != nil {
 				t.Fatal(err)
