@@ -374,25 +374,31 @@ func decider(items []Item, out []Outcome) int {
 		if items[i].Shadow || out[i].Skipped {
 			continue
 		}
-		o := &out[i]
-		if !o.Decision.Allowed {
-			return i
-		}
-		if best < 0 {
-			best = i
-			continue
-		}
-		b := &out[best]
-		switch {
-		case b.Failed && !o.Failed:
-			best = i
-		case o.Failed && !b.Failed:
-		case o.Decision.Remaining < b.Decision.Remaining,
-			o.Decision.Remaining == b.Decision.Remaining && o.Decision.ResetAfter > b.Decision.ResetAfter:
+		if best < 0 || Tighter(&out[i], &out[best], false) {
 			best = i
 		}
 	}
 	return best
+}
+
+// Tighter is the rule that picks which limit decides, shared by [Decide]
+// and the policy: it reports whether outcome a decides over b, the one
+// chosen so far among the outcomes taken in order. The first denial
+// decides (b denied: false; a denied: true); among allowing outcomes, a
+// Failed one (its fail mode decided) loses to one whose store answered,
+// or wins when failedFirst (a rule partly failed is decided by its fail
+// mode); then the least Remaining, and the longer ResetAfter on a tie.
+func Tighter(a, b *Outcome, failedFirst bool) bool {
+	switch {
+	case !b.Decision.Allowed:
+		return false
+	case !a.Decision.Allowed:
+		return true
+	case a.Failed != b.Failed:
+		return a.Failed == failedFirst
+	}
+	return a.Decision.Remaining < b.Decision.Remaining ||
+		a.Decision.Remaining == b.Decision.Remaining && a.Decision.ResetAfter > b.Decision.ResetAfter
 }
 
 // entry is one item on its way through Decide.

@@ -560,18 +560,7 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		}
 		ev.Refunded = ev.Refunded || o.Refunded
 		ev.Throttled = ev.Throttled || o.Throttled
-		b := best[i]
-		switch {
-		case b < 0:
-			best[i] = j
-		case !out[b].Decision.Allowed:
-		case !o.Decision.Allowed:
-			best[i] = j
-		case o.Failed && !out[b].Failed:
-			best[i] = j
-		case out[b].Failed && !o.Failed:
-		case o.Decision.Remaining < out[b].Decision.Remaining,
-			o.Decision.Remaining == out[b].Decision.Remaining && o.Decision.ResetAfter > out[b].Decision.ResetAfter:
+		if b := best[i]; b < 0 || limiter.Tighter(&out[j], &out[b], true) {
 			best[i] = j
 		}
 	}
