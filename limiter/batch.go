@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -77,6 +76,12 @@ type Step struct {
 	// not deny the batch (a store must not skip other steps for it, see
 	// StepResult.NotApplied).
 	Shadow bool
+	// Sync reports that the caller waits for the step's outcome (the
+	// public Refund methods' give-backs): a store must not send it without
+	// waiting, as it may a batch's refunds, and Err reports whether it
+	// landed. A store that batches may perform it with its single-step
+	// method.
+	Sync bool
 	// packedReads are the fields a packed window's plan uses of each of
 	// Packed.Reads, kept for its judge (the plan is made once).
 	packedReads [MaxPackedReads]packedRead
@@ -114,6 +119,12 @@ type StepResult struct {
 // stands for; the batch as a whole need not be (a store that makes it
 // all-or-nothing says so). Do returns when every step that waits for an
 // answer has one, or at ctx's deadline with errors in the unanswered ones.
+//
+// It is the one store interface of the decision path: the package's
+// limiters send every step through it, to a store that has only the
+// single-step methods through [AsBatcher]'s plain loop. [Decide] groups a
+// batch's steps by store with ==, so a Batcher's type must be comparable
+// (a pointer, as the backends' stores are).
 type Batcher interface {
 	Do(ctx context.Context, steps []Step, out []StepResult)
 }
@@ -174,7 +185,12 @@ type Outcome struct {
 type stepper interface {
 	// plan returns the step of taking n units for key at now, and the
 	// store to send it to.
-	plan(key string, now time.Time, n int64) (Step, any, error)
+	plan(key string, now time.Time, n int64) (Step, Batcher, error)
+	// refund returns the step of giving back n units taken for key at
+	// now by an allowed take (the public Refund), and the store.
+	refund(key string, now time.Time, n int64) (Step, Batcher, error)
+	// storeErr wraps a store's error with the limit's kind and name.
+	storeErr(err error) error
 	// judge turns the answer into a decision. undo is the step that gives
 	// back what was taken (Kind 0: nothing). When the item was denied,
 	// undoNow reports that undo must be sent anyway (a window refunding its
@@ -186,8 +202,8 @@ type stepper interface {
 }
 
 // Decide checks every item at now, as one batch: the steps bound for the
-// same store go in one [Batcher.Do] (stores without one get one call per
-// step), stores in parallel. It is the one place that refunds and picks the
+// same store go in one [Batcher.Do] (a store without one gets
+// [AsBatcher]'s plain loop), stores in parallel. It is the one place that refunds and picks the
 // deciding item:
 //
 //   - The batch is denied when an item that is not Shadow is denied (by the
@@ -228,14 +244,9 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 	}
 
-	var es []entry
-	if len(items) <= scratchItems {
-		sc := scratchPool.Get().(*batchScratch)
+	es := newEntries(len(items))
+	if sc := es[0].scratch; sc != nil {
 		defer sc.release(len(items))
-		es = sc.es[:len(items)]
-		es[0].scratch = sc
-	} else {
-		es = make([]entry, len(items))
 	}
 	for i, it := range items {
 		e := &es[i]
@@ -367,6 +378,57 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 	return decider(items, out), nil
 }
 
+// giveBack gives back the N units each item took at now, as one batch: the
+// undo steps bound for the same store in one [Batcher.Do], stores in
+// parallel, a foreign limiter by its own Refund; errs[i] is item i's
+// error (len(errs) >= len(items)). Each limit's deny cache forgets the
+// key. It is the public Refund of the package's limiters (a batch of one)
+// and of a [Stack].
+func giveBack(ctx context.Context, now time.Time, items []Item, errs []error) {
+	if len(items) == 0 {
+		return
+	}
+	es := newEntries(len(items))
+	if sc := es[0].scratch; sc != nil {
+		defer sc.release(len(items))
+	}
+	for i, it := range items {
+		e := &es[i]
+		e.item, e.it = i, it
+		if s, ok := it.Limit.(stepper); ok {
+			e.s = s
+			e.step, e.store, e.err = s.refund(it.Key, now, it.N)
+			e.step.Sync = true
+		} else if it.Limit == nil {
+			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
+		}
+		e.refund = e.err == nil
+	}
+	run(ctx, now, es)
+	for i := range es {
+		e := &es[i]
+		errs[i] = e.err
+		if e.err == nil && e.res.Err != nil {
+			errs[i] = e.res.Err
+			if e.s != nil {
+				errs[i] = e.s.storeErr(e.res.Err)
+			}
+		}
+		if e.s != nil {
+			e.s.denyCache().forget(items[i].Key) // after the give-back: see DenyCache.gen
+		}
+	}
+}
+
+// refundOne is a give-back of one: the public Refund of the package's
+// limiters.
+func refundOne(ctx context.Context, l Limiter, key string, now time.Time, n int64) error {
+	items := [1]Item{{Limit: l, Key: key, N: n}}
+	var errs [1]error
+	giveBack(ctx, now, items[:], errs[:])
+	return errs[0]
+}
+
 // decider picks the deciding item (see Decide).
 func decider(items []Item, out []Outcome) int {
 	best := -1
@@ -406,7 +468,7 @@ type entry struct {
 	item         int
 	it           Item // items[item], for a foreign limiter's calls
 	s            stepper
-	store        any
+	store        Batcher
 	step         Step
 	res          StepResult
 	err          error // from plan
@@ -433,6 +495,18 @@ type batchScratch struct {
 
 var scratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
 
+// newEntries returns the entries of a batch of n > 0 items: pooled
+// (es[0].scratch, to release) when n <= scratchItems.
+func newEntries(n int) []entry {
+	if n > scratchItems {
+		return make([]entry, n)
+	}
+	sc := scratchPool.Get().(*batchScratch)
+	es := sc.es[:n]
+	es[0].scratch = sc
+	return es
+}
+
 // release clears what a batch of n items used (nothing is kept alive by
 // the pool) and returns sc to the pool. Every goroutine of the batch has
 // returned by then.
@@ -448,7 +522,7 @@ func (sc *batchScratch) release(n int) {
 // stores[g]), then the foreign limiters' entries.
 type groups struct {
 	refund bool
-	stores []any
+	stores []Batcher
 	ends   []int
 	order  []int
 }
@@ -478,7 +552,7 @@ func run(ctx context.Context, now time.Time, es []entry) {
 		return e.err == nil
 	}
 	var (
-		storeBuf [scratchItems]any
+		storeBuf [scratchItems]Batcher
 		endBuf   [scratchItems]int
 		orderBuf [scratchItems]int
 	)
@@ -495,7 +569,7 @@ func run(ctx context.Context, now time.Time, es []entry) {
 		}
 		e.group = -1
 		for j, s := range g.stores {
-			if sameStore(s, e.store) {
+			if s == e.store {
 				e.group = j
 				break
 			}
@@ -580,89 +654,17 @@ func runJob(ctx context.Context, now time.Time, es []entry, g *groups, steps []S
 	e.res.Decision, e.res.Err = it.Limit.AllowN(ctx, it.Key, now, it.N)
 }
 
-// runGroup sends the steps of es[idx...] to store, in steps and res
-// (len(idx) each) when it is a Batcher.
-func runGroup(ctx context.Context, store any, es []entry, idx []int, steps []Step, res []StepResult) {
-	if b, ok := store.(Batcher); ok {
-		for j, i := range idx {
-			steps[j] = es[i].step
-		}
-		clear(res)
-		b.Do(ctx, steps, res)
-		for j, i := range idx {
-			es[i].res = res[j]
-		}
-		return
+// runGroup sends the steps of es[idx...] to store in one Do, in steps
+// and res (len(idx) each).
+func runGroup(ctx context.Context, store Batcher, es []entry, idx []int, steps []Step, res []StepResult) {
+	for j, i := range idx {
+		steps[j] = es[i].step
 	}
-	for _, i := range idx {
-		es[i].res = DoStep(ctx, store, &es[i].step)
+	clear(res)
+	store.Do(ctx, steps, res)
+	for j, i := range idx {
+		es[i].res = res[j]
 	}
-}
-
-// DoStep performs one step on store with the single-step interfaces: the
-// fallback for stores that are not a [Batcher], and a building block for
-// those that batch only some kinds.
-func DoStep(ctx context.Context, store any, st *Step) StepResult {
-	var r StepResult
-	unsupported := func() StepResult {
-		r.Err = fmt.Errorf("%w: store %T does not serve %s steps", ErrInvalidConfig, store, st.Kind)
-		return r
-	}
-	switch st.Kind {
-	case StepAdd:
-		c, ok := store.(Counter)
-		if !ok {
-			return unsupported()
-		}
-		r.Counts, r.Err = c.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
-	case StepSub:
-		c, ok := store.(Counter)
-		if !ok {
-			return unsupported()
-		}
-		r.Err = c.Sub(ctx, st.Key, st.Idx, st.N)
-	case StepBucket:
-		b, ok := store.(BucketStore)
-		if !ok {
-			return unsupported()
-		}
-		r.Decision, r.Err = b.UpdateBucket(ctx, st.Key, st.Bucket, st.TTL)
-	case StepLog:
-		l, ok := store.(LogStore)
-		if !ok {
-			return unsupported()
-		}
-		r.Decision, r.Err = l.UpdateLog(ctx, st.Key, st.Log, st.TTL)
-	case StepPackedAdd:
-		p, ok := store.(PackedCounter)
-		if !ok {
-			return unsupported()
-		}
-		r.Packed, r.Err = p.AddPacked(ctx, st.Key, &st.Packed)
-	case StepPackedSub:
-		p, ok := store.(PackedCounter)
-		if !ok {
-			return unsupported()
-		}
-		r.Err = p.SubPacked(ctx, st.Key, &st.Packed)
-	default:
-		return unsupported()
-	}
-	return r
-}
-
-// sameStore reports whether a and b are the same store value. Values of
-// types that cannot be compared are never the same (each gets its own
-// group).
-func sameStore(a, b any) bool {
-	if a == nil || b == nil {
-		return false
-	}
-	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
-	if ta != tb || !ta.Comparable() {
-		return false
-	}
-	return a == b
 }
 
 // decideOne is a batch of one: the single-limit AllowN of the package's
