@@ -112,7 +112,7 @@ type StepResult struct {
 
 // Batcher is a store that performs several steps (on any keys, of any
 // kinds it serves) in one round trip of latency: memcached pipelines them
-// per node, DynamoDB sends them at once, memory takes its locks once.
+// per node, DynamoDB sends them at once.
 //
 // Do performs steps[i] and writes its answer to out[i] (len(out) >=
 // len(steps)). Each step is exactly as atomic as the single-step method it

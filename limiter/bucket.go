@@ -96,25 +96,21 @@ func (b *TokenBucket) AllowN(ctx context.Context, key string, now time.Time, n i
 // Decision.Remaining is the number of tokens; Allowed reports whether a
 // request of cost 1 would pass.
 func (b *TokenBucket) Get(ctx context.Context, key string, now time.Time) (Decision, error) {
-	return b.update(ctx, key, now, 1, opPeek)
-}
-
-// Refund puts n tokens back (capped at MaxAmount).
-func (b *TokenBucket) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	return refundOne(ctx, b, key, now, n)
-}
-
-func (b *TokenBucket) update(ctx context.Context, key string, now time.Time, n int64, mode opMode) (Decision, error) {
 	t, err := unixNano(b.cfg.Name, now)
 	if err != nil {
 		return Decision{}, err
 	}
-	d, err := b.store.UpdateBucket(ctx, Key{Space: b.space, Name: key}, b.op(t, n, mode), b.ttl)
+	d, err := b.store.UpdateBucket(ctx, Key{Space: b.space, Name: key}, b.op(t, 1, opPeek), b.ttl)
 	if err != nil {
 		return Decision{}, b.storeErr(err)
 	}
 	d.Name = b.cfg.Name
 	return d, nil
+}
+
+// Refund puts n tokens back (capped at MaxAmount).
+func (b *TokenBucket) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	return refundOne(ctx, b, key, now, n)
 }
 
 type opMode uint8
