@@ -119,6 +119,7 @@ type StepResult struct {
 // stands for; the batch as a whole need not be (a store that makes it
 // all-or-nothing says so). Do returns when every step that waits for an
 // answer has one, or at ctx's deadline with errors in the unanswered ones.
+// It must not change steps: the limiter judges the answers against them.
 //
 // It is the one store interface of the decision path: the package's
 // limiters send every step through it, to a store that has only the
@@ -244,23 +245,22 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 	}
 
-	es := newEntries(len(items))
-	if sc := es[0].scratch; sc != nil {
-		defer sc.release(len(items))
-	}
+	b := newBatch(len(items))
+	defer b.release()
+	es := b.es
 	for i, it := range items {
 		e := &es[i]
 		e.item, e.it = i, it
 		if s, ok := it.Limit.(stepper); ok {
 			e.s = s
 			e.gen = s.denyCache().generation()
-			e.step, e.store, e.err = s.plan(it.Key, now, it.N)
-			e.step.Shadow = it.Shadow
+			b.steps[i], e.store, e.err = s.plan(it.Key, now, it.N)
+			b.steps[i].Shadow = it.Shadow
 		} else if it.Limit == nil {
 			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
 		}
 	}
-	run(ctx, now, es)
+	run(ctx, now, b)
 
 	var failErr error
 	denied := false
@@ -268,15 +268,15 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		e := &es[i]
 		it, o := &items[i], &out[i]
 		err := e.err
-		if err == nil && e.s != nil && e.res.NotApplied && !it.Shadow {
+		if err == nil && e.s != nil && b.res[i].NotApplied && !it.Shadow {
 			o.Skipped = true // another item's denial decided: nothing taken
 			continue
 		}
 		if err == nil {
 			if e.s != nil {
-				o.Decision, e.undo, e.undoNow, err = e.s.judge(&e.step, &e.res, t)
+				o.Decision, e.undo, e.undoNow, err = e.s.judge(&b.steps[i], &b.res[i], t)
 			} else {
-				o.Decision, err = e.res.Decision, e.res.Err
+				o.Decision, err = b.res[i].Decision, b.res[i].Err
 				if errors.Is(err, ErrRefund) && o.Decision.Limit != 0 {
 					o.Err, err = err, nil // its own refund failed; the decision stands
 				}
@@ -338,18 +338,18 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 		if e.refund || e.fallbackUndo {
 			e.refund = true
-			e.step, e.res = e.undo, StepResult{}
+			b.steps[i], b.res[i] = e.undo, StepResult{}
 			refunding = true
 		}
 	}
 	if refunding {
-		run(ctx, now, es)
+		run(ctx, now, b)
 		for i := range es {
 			e := &es[i]
 			if !e.refund {
 				continue
 			}
-			if err := e.res.Err; err != nil {
+			if err := b.res[i].Err; err != nil {
 				out[i].Refunded = false
 				if !errors.Is(err, ErrRefund) {
 					err = fmt.Errorf("limiter: %q: %w: %w", out[i].Decision.Name, ErrRefund, err)
@@ -357,7 +357,7 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 				out[i].Err = errors.Join(out[i].Err, err)
 			}
 			switch {
-			case e.s == nil || e.res.Err != nil:
+			case e.s == nil || b.res[i].Err != nil:
 			case out[i].Refunded:
 				// A batch's take given back (or sent): a denial of this
 				// limit decided meanwhile may have seen it, so it is not
@@ -388,30 +388,29 @@ func giveBack(ctx context.Context, now time.Time, items []Item, errs []error) {
 	if len(items) == 0 {
 		return
 	}
-	es := newEntries(len(items))
-	if sc := es[0].scratch; sc != nil {
-		defer sc.release(len(items))
-	}
+	b := newBatch(len(items))
+	defer b.release()
+	es := b.es
 	for i, it := range items {
 		e := &es[i]
 		e.item, e.it = i, it
 		if s, ok := it.Limit.(stepper); ok {
 			e.s = s
-			e.step, e.store, e.err = s.refund(it.Key, now, it.N)
-			e.step.Sync = true
+			b.steps[i], e.store, e.err = s.refund(it.Key, now, it.N)
+			b.steps[i].Sync = true
 		} else if it.Limit == nil {
 			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
 		}
 		e.refund = e.err == nil
 	}
-	run(ctx, now, es)
+	run(ctx, now, b)
 	for i := range es {
 		e := &es[i]
 		errs[i] = e.err
-		if e.err == nil && e.res.Err != nil {
-			errs[i] = e.res.Err
+		if r := &b.res[i]; e.err == nil && r.Err != nil {
+			errs[i] = r.Err
 			if e.s != nil {
-				errs[i] = e.s.storeErr(e.res.Err)
+				errs[i] = e.s.storeErr(r.Err)
 			}
 		}
 		if e.s != nil {
@@ -463,57 +462,73 @@ func Tighter(a, b *Outcome, failedFirst bool) bool {
 		a.Decision.Remaining == b.Decision.Remaining && a.Decision.ResetAfter > b.Decision.ResetAfter
 }
 
-// entry is one item on its way through Decide.
+// entry is one item on its way through Decide (its step and answer are
+// the batch's steps and res at the same index).
 type entry struct {
 	item         int
 	it           Item // items[item], for a foreign limiter's calls
 	s            stepper
 	store        Batcher
-	step         Step
-	res          StepResult
 	err          error // from plan
 	undo         Step
 	undoNow      bool
 	refund       bool // this round sends undo
 	fallbackUndo bool // a foreign limiter's Refund
 	gen          uint64
-	group        int           // run's group of this round
-	scratch      *batchScratch // es[0]'s: the pooled memory es lives in, if any
+	group        int // run's group of this round
+}
+
+// batch is the working memory of one Decide or giveBack: item i's entry,
+// step and answer are es[i], steps[i] and res[i], so that the steps of a
+// store whose items are contiguous go to its Do in place.
+type batch struct {
+	es    []entry
+	steps []Step
+	res   []StepResult
+	sc    *batchScratch // the pooled memory they live in, if any
 }
 
 // scratchItems is the largest batch whose working memory is pooled.
 const scratchItems = 4
 
-// batchScratch is the working memory of a Decide of up to scratchItems
+// batchScratch is the working memory of a batch of up to scratchItems
 // items, pooled so that the common batch of one to a few items allocates
-// none: its entries, and the steps and answers of run's groups.
+// none: its entries, steps and answers, and the gathered steps and
+// answers of run's groups whose items are not contiguous.
 type batchScratch struct {
-	es    [scratchItems]entry
-	steps [scratchItems]Step
-	res   [scratchItems]StepResult
+	es     [scratchItems]entry
+	steps  [scratchItems]Step
+	res    [scratchItems]StepResult
+	gsteps [scratchItems]Step
+	gres   [scratchItems]StepResult
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
 
-// newEntries returns the entries of a batch of n > 0 items: pooled
-// (es[0].scratch, to release) when n <= scratchItems.
-func newEntries(n int) []entry {
+// newBatch returns the working memory of a batch of n > 0 items: pooled
+// when n <= scratchItems.
+func newBatch(n int) batch {
 	if n > scratchItems {
-		return make([]entry, n)
+		return batch{es: make([]entry, n), steps: make([]Step, n), res: make([]StepResult, n)}
 	}
 	sc := scratchPool.Get().(*batchScratch)
-	es := sc.es[:n]
-	es[0].scratch = sc
-	return es
+	return batch{es: sc.es[:n], steps: sc.steps[:n], res: sc.res[:n], sc: sc}
 }
 
-// release clears what a batch of n items used (nothing is kept alive by
-// the pool) and returns sc to the pool. Every goroutine of the batch has
-// returned by then.
-func (sc *batchScratch) release(n int) {
+// release clears what b used (nothing is kept alive by the pool) and
+// returns its pooled memory. Every goroutine of the batch has returned by
+// then.
+func (b batch) release() {
+	sc := b.sc
+	if sc == nil {
+		return
+	}
+	n := len(b.es)
 	clear(sc.es[:n])
 	clear(sc.steps[:n])
 	clear(sc.res[:n])
+	clear(sc.gsteps[:n])
+	clear(sc.gres[:n])
 	scratchPool.Put(sc)
 }
 
@@ -534,10 +549,12 @@ func (g *groups) start(j int) int {
 	return g.ends[j-1]
 }
 
-// run performs the steps of es (those with a Kind, or, in a refund round,
-// those marked refund) grouped by store, stores in parallel, and calls the
-// foreign limiters' own AllowN (Refund in a refund round) at now.
-func run(ctx context.Context, now time.Time, es []entry) {
+// run performs the steps of b (those of entries without an error, or, in
+// a refund round, those marked refund) grouped by store, stores in
+// parallel, and calls the foreign limiters' own AllowN (Refund in a refund
+// round) at now.
+func run(ctx context.Context, now time.Time, b batch) {
+	es := b.es
 	var g groups
 	for i := range es {
 		if es[i].refund {
@@ -579,9 +596,12 @@ func run(ctx context.Context, now time.Time, es []entry) {
 			e.group = len(g.stores) - 1
 		}
 	}
+	gather := false // some group's items are not contiguous
 	for j := range g.stores {
+		lo := len(g.order)
 		for i := range es {
 			if e := &es[i]; e.s != nil && active(e) && e.group == j {
+				gather = gather || len(g.order) > lo && g.order[len(g.order)-1] != i-1
 				g.order = append(g.order, i)
 			}
 		}
@@ -598,23 +618,29 @@ func run(ctx context.Context, now time.Time, es []entry) {
 			}
 		}
 	}
-	// The batches' steps and answers, aligned with order.
-	var (
-		steps []Step
-		res   []StepResult
-	)
-	if nb := g.start(len(g.stores)); nb > 0 {
-		if sc := es[0].scratch; sc != nil {
-			steps, res = sc.steps[:nb], sc.res[:nb]
+	// The groups' steps and answers gathered, aligned with order, when
+	// some group's items are not contiguous; else nil.
+	var gs gathered
+	if gather {
+		if nb := g.start(len(g.stores)); b.sc != nil {
+			gs.steps, gs.res = b.sc.gsteps[:nb], b.sc.gres[:nb]
 		} else {
-			steps, res = make([]Step, nb), make([]StepResult, nb)
+			gs.steps, gs.res = make([]Step, nb), make([]StepResult, nb)
 		}
 	}
 	if jobs == 1 {
-		runJob(ctx, now, es, &g, steps, res, 0)
+		runJob(ctx, now, b, &g, gs, 0)
 		return
 	}
-	runParallel(ctx, now, es, g.clone(), steps, res, jobs)
+	runParallel(ctx, now, b, g.clone(), gs, jobs)
+}
+
+// gathered holds the steps and answers of run's groups, aligned with
+// groups.order, when some group's items are not contiguous (nil slices
+// otherwise).
+type gathered struct {
+	steps []Step
+	res   []StepResult
 }
 
 // clone copies g's plan off the caller's stack, for goroutines.
@@ -623,47 +649,55 @@ func (g *groups) clone() groups {
 }
 
 // runParallel runs g's jobs, all but the first on their own goroutines.
-func runParallel(ctx context.Context, now time.Time, es []entry, g groups, steps []Step, res []StepResult, jobs int) {
+func runParallel(ctx context.Context, now time.Time, b batch, g groups, gs gathered, jobs int) {
 	var wg sync.WaitGroup
 	for j := 1; j < jobs; j++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			runJob(ctx, now, es, &g, steps, res, j)
+			runJob(ctx, now, b, &g, gs, j)
 		}()
 	}
-	runJob(ctx, now, es, &g, steps, res, 0)
+	runJob(ctx, now, b, &g, gs, 0)
 	wg.Wait()
 }
 
-// runJob runs job j of g: a store's group (with its part of steps and
-// res), or a foreign limiter's call.
-func runJob(ctx context.Context, now time.Time, es []entry, g *groups, steps []Step, res []StepResult, j int) {
+// runJob runs job j of g: a store's group, or a foreign limiter's call.
+func runJob(ctx context.Context, now time.Time, b batch, g *groups, gs gathered, j int) {
 	if j < len(g.stores) {
 		lo, hi := g.start(j), g.ends[j]
-		runGroup(ctx, g.stores[j], es, g.order[lo:hi], steps[lo:hi], res[lo:hi])
+		if gs.steps != nil {
+			gs.steps, gs.res = gs.steps[lo:hi], gs.res[lo:hi]
+		}
+		runGroup(ctx, g.stores[j], b, g.order[lo:hi], gs.steps, gs.res)
 		return
 	}
-	e := &es[g.order[g.start(len(g.stores))+j-len(g.stores)]]
-	it := &e.it
+	i := g.order[g.start(len(g.stores))+j-len(g.stores)]
+	it, r := &b.es[i].it, &b.res[i]
 	if g.refund {
-		e.res.Err = it.Limit.Refund(ctx, it.Key, now, it.N)
+		r.Err = it.Limit.Refund(ctx, it.Key, now, it.N)
 		return
 	}
 	// Not one of ours: its own AllowN.
-	e.res.Decision, e.res.Err = it.Limit.AllowN(ctx, it.Key, now, it.N)
+	r.Decision, r.Err = it.Limit.AllowN(ctx, it.Key, now, it.N)
 }
 
-// runGroup sends the steps of es[idx...] to store in one Do, in steps
-// and res (len(idx) each).
-func runGroup(ctx context.Context, store Batcher, es []entry, idx []int, steps []Step, res []StepResult) {
-	for j, i := range idx {
-		steps[j] = es[i].step
+// runGroup sends the steps of the items idx (ascending) to store in one
+// Do: in place when steps is nil (every group's items are contiguous),
+// else gathered in steps and answered in res (len(idx) each).
+func runGroup(ctx context.Context, store Batcher, b batch, idx []int, steps []Step, res []StepResult) {
+	if steps == nil {
+		first := idx[0]
+		store.Do(ctx, b.steps[first:first+len(idx)], b.res[first:first+len(idx)])
+		return
+	}
+	for k, i := range idx {
+		steps[k] = b.steps[i]
 	}
 	clear(res)
 	store.Do(ctx, steps, res)
-	for j, i := range idx {
-		es[i].res = res[j]
+	for k, i := range idx {
+		b.res[i] = res[k]
 	}
 }
 

@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -96,5 +97,57 @@ func TestRefundIsABatch(t *testing.T) {
 	}
 	if err := st.Refund(ctx, "other", now, 0); err == nil {
 		t.Error("Stack.Refund of 0 units: no error")
+	}
+}
+
+// TestDecideGroupsByStore checks that Decide sends the steps of each store
+// in one Do, whether the store's items are contiguous in the batch or not
+// (then they are gathered), and that every answer reaches its item.
+func TestDecideGroupsByStore(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	newStore := func() *doCounter {
+		mem, err := memory.New(memory.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &doCounter{Store: mem, kinds: map[limiter.StepKind]int{}}
+	}
+	a, b := newStore(), newStore()
+	fw := func(s *doCounter, limit int64) limiter.Limiter {
+		l, err := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "fw", Limit: limit, Window: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	for _, c := range []struct {
+		name   string
+		stores []*doCounter
+	}{
+		{"contiguous", []*doCounter{a, a, b}},
+		{"interleaved", []*doCounter{a, b, a}},
+	} {
+		a.dos, b.dos = 0, 0
+		items := make([]limiter.Item, len(c.stores))
+		for i, s := range c.stores {
+			items[i] = limiter.Item{Limit: fw(s, int64(10+i)), Key: c.name + strconv.Itoa(i), N: 1}
+		}
+		out := make([]limiter.Outcome, len(items))
+		d, err := limiter.Decide(ctx, now, items, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.dos != 1 || b.dos != 1 {
+			t.Errorf("%s: Do calls %d and %d, want 1 each", c.name, a.dos, b.dos)
+		}
+		for i, o := range out {
+			if want := int64(10 + i - 1); !o.Decision.Allowed || o.Decision.Remaining != want || o.Decision.Limit != int64(10+i) {
+				t.Errorf("%s: item %d: %+v, want allowed with %d remaining", c.name, i, o.Decision, want)
+			}
+		}
+		if d != 0 {
+			t.Errorf("%s: decider %d, want 0 (least remaining)", c.name, d)
+		}
 	}
 }
