@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -77,6 +76,12 @@ type Step struct {
 	// not deny the batch (a store must not skip other steps for it, see
 	// StepResult.NotApplied).
 	Shadow bool
+	// Sync reports that the caller waits for the step's outcome (the
+	// public Refund methods' give-backs): a store must not send it without
+	// waiting, as it may a batch's refunds, and Err reports whether it
+	// landed. A store that batches may perform it with its single-step
+	// method.
+	Sync bool
 	// packedReads are the fields a packed window's plan uses of each of
 	// Packed.Reads, kept for its judge (the plan is made once).
 	packedReads [MaxPackedReads]packedRead
@@ -107,13 +112,20 @@ type StepResult struct {
 
 // Batcher is a store that performs several steps (on any keys, of any
 // kinds it serves) in one round trip of latency: memcached pipelines them
-// per node, DynamoDB sends them at once, memory takes its locks once.
+// per node, DynamoDB sends them at once.
 //
 // Do performs steps[i] and writes its answer to out[i] (len(out) >=
 // len(steps)). Each step is exactly as atomic as the single-step method it
 // stands for; the batch as a whole need not be (a store that makes it
 // all-or-nothing says so). Do returns when every step that waits for an
 // answer has one, or at ctx's deadline with errors in the unanswered ones.
+// It must not change steps: the limiter judges the answers against them.
+//
+// It is the one store interface of the decision path: the package's
+// limiters send every step through it, to a store that has only the
+// single-step methods through [AsBatcher]'s plain loop. [Decide] groups a
+// batch's steps by store with ==, so a Batcher's type must be comparable
+// (a pointer, as the backends' stores are).
 type Batcher interface {
 	Do(ctx context.Context, steps []Step, out []StepResult)
 }
@@ -174,7 +186,12 @@ type Outcome struct {
 type stepper interface {
 	// plan returns the step of taking n units for key at now, and the
 	// store to send it to.
-	plan(key string, now time.Time, n int64) (Step, any, error)
+	plan(key string, now time.Time, n int64) (Step, Batcher, error)
+	// refund returns the step of giving back n units taken for key at
+	// now by an allowed take (the public Refund), and the store.
+	refund(key string, now time.Time, n int64) (Step, Batcher, error)
+	// storeErr wraps a store's error with the limit's kind and name.
+	storeErr(err error) error
 	// judge turns the answer into a decision. undo is the step that gives
 	// back what was taken (Kind 0: nothing). When the item was denied,
 	// undoNow reports that undo must be sent anyway (a window refunding its
@@ -186,8 +203,8 @@ type stepper interface {
 }
 
 // Decide checks every item at now, as one batch: the steps bound for the
-// same store go in one [Batcher.Do] (stores without one get one call per
-// step), stores in parallel. It is the one place that refunds and picks the
+// same store go in one [Batcher.Do] (a store without one gets
+// [AsBatcher]'s plain loop), stores in parallel. It is the one place that refunds and picks the
 // deciding item:
 //
 //   - The batch is denied when an item that is not Shadow is denied (by the
@@ -228,28 +245,22 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 	}
 
-	var es []entry
-	if len(items) <= scratchItems {
-		sc := scratchPool.Get().(*batchScratch)
-		defer sc.release(len(items))
-		es = sc.es[:len(items)]
-		es[0].scratch = sc
-	} else {
-		es = make([]entry, len(items))
-	}
+	b := newBatch(len(items))
+	defer b.release()
+	es := b.es
 	for i, it := range items {
 		e := &es[i]
 		e.item, e.it = i, it
 		if s, ok := it.Limit.(stepper); ok {
 			e.s = s
 			e.gen = s.denyCache().generation()
-			e.step, e.store, e.err = s.plan(it.Key, now, it.N)
-			e.step.Shadow = it.Shadow
+			b.steps[i], e.store, e.err = s.plan(it.Key, now, it.N)
+			b.steps[i].Shadow = it.Shadow
 		} else if it.Limit == nil {
 			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
 		}
 	}
-	run(ctx, now, es)
+	run(ctx, now, b)
 
 	var failErr error
 	denied := false
@@ -257,15 +268,15 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		e := &es[i]
 		it, o := &items[i], &out[i]
 		err := e.err
-		if err == nil && e.s != nil && e.res.NotApplied && !it.Shadow {
+		if err == nil && e.s != nil && b.res[i].NotApplied && !it.Shadow {
 			o.Skipped = true // another item's denial decided: nothing taken
 			continue
 		}
 		if err == nil {
 			if e.s != nil {
-				o.Decision, e.undo, e.undoNow, err = e.s.judge(&e.step, &e.res, t)
+				o.Decision, e.undo, e.undoNow, err = e.s.judge(&b.steps[i], &b.res[i], t)
 			} else {
-				o.Decision, err = e.res.Decision, e.res.Err
+				o.Decision, err = b.res[i].Decision, b.res[i].Err
 				if errors.Is(err, ErrRefund) && o.Decision.Limit != 0 {
 					o.Err, err = err, nil // its own refund failed; the decision stands
 				}
@@ -327,18 +338,18 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 		if e.refund || e.fallbackUndo {
 			e.refund = true
-			e.step, e.res = e.undo, StepResult{}
+			b.steps[i], b.res[i] = e.undo, StepResult{}
 			refunding = true
 		}
 	}
 	if refunding {
-		run(ctx, now, es)
+		run(ctx, now, b)
 		for i := range es {
 			e := &es[i]
 			if !e.refund {
 				continue
 			}
-			if err := e.res.Err; err != nil {
+			if err := b.res[i].Err; err != nil {
 				out[i].Refunded = false
 				if !errors.Is(err, ErrRefund) {
 					err = fmt.Errorf("limiter: %q: %w: %w", out[i].Decision.Name, ErrRefund, err)
@@ -346,7 +357,7 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 				out[i].Err = errors.Join(out[i].Err, err)
 			}
 			switch {
-			case e.s == nil || e.res.Err != nil:
+			case e.s == nil || b.res[i].Err != nil:
 			case out[i].Refunded:
 				// A batch's take given back (or sent): a denial of this
 				// limit decided meanwhile may have seen it, so it is not
@@ -367,6 +378,56 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 	return decider(items, out), nil
 }
 
+// giveBack gives back the N units each item took at now, as one batch: the
+// undo steps bound for the same store in one [Batcher.Do], stores in
+// parallel, a foreign limiter by its own Refund; errs[i] is item i's
+// error (len(errs) >= len(items)). Each limit's deny cache forgets the
+// key. It is the public Refund of the package's limiters (a batch of one)
+// and of a [Stack].
+func giveBack(ctx context.Context, now time.Time, items []Item, errs []error) {
+	if len(items) == 0 {
+		return
+	}
+	b := newBatch(len(items))
+	defer b.release()
+	es := b.es
+	for i, it := range items {
+		e := &es[i]
+		e.item, e.it = i, it
+		if s, ok := it.Limit.(stepper); ok {
+			e.s = s
+			b.steps[i], e.store, e.err = s.refund(it.Key, now, it.N)
+			b.steps[i].Sync = true
+		} else if it.Limit == nil {
+			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
+		}
+		e.refund = e.err == nil
+	}
+	run(ctx, now, b)
+	for i := range es {
+		e := &es[i]
+		errs[i] = e.err
+		if r := &b.res[i]; e.err == nil && r.Err != nil {
+			errs[i] = r.Err
+			if e.s != nil {
+				errs[i] = e.s.storeErr(r.Err)
+			}
+		}
+		if e.s != nil {
+			e.s.denyCache().forget(items[i].Key) // after the give-back: see DenyCache.gen
+		}
+	}
+}
+
+// refundOne is a give-back of one: the public Refund of the package's
+// limiters.
+func refundOne(ctx context.Context, l Limiter, key string, now time.Time, n int64) error {
+	items := [1]Item{{Limit: l, Key: key, N: n}}
+	var errs [1]error
+	giveBack(ctx, now, items[:], errs[:])
+	return errs[0]
+}
+
 // decider picks the deciding item (see Decide).
 func decider(items []Item, out []Outcome) int {
 	best := -1
@@ -374,66 +435,100 @@ func decider(items []Item, out []Outcome) int {
 		if items[i].Shadow || out[i].Skipped {
 			continue
 		}
-		o := &out[i]
-		if !o.Decision.Allowed {
-			return i
-		}
-		if best < 0 {
-			best = i
-			continue
-		}
-		b := &out[best]
-		switch {
-		case b.Failed && !o.Failed:
-			best = i
-		case o.Failed && !b.Failed:
-		case o.Decision.Remaining < b.Decision.Remaining,
-			o.Decision.Remaining == b.Decision.Remaining && o.Decision.ResetAfter > b.Decision.ResetAfter:
+		if best < 0 || Tighter(&out[i], &out[best], false) {
 			best = i
 		}
 	}
 	return best
 }
 
-// entry is one item on its way through Decide.
+// Tighter is the rule that picks which limit decides, shared by [Decide]
+// and the policy: it reports whether outcome a decides over b, the one
+// chosen so far among the outcomes taken in order. The first denial
+// decides (b denied: false; a denied: true); among allowing outcomes, a
+// Failed one (its fail mode decided) loses to one whose store answered,
+// or wins when failedFirst (a rule partly failed is decided by its fail
+// mode); then the least Remaining, and the longer ResetAfter on a tie.
+func Tighter(a, b *Outcome, failedFirst bool) bool {
+	switch {
+	case !b.Decision.Allowed:
+		return false
+	case !a.Decision.Allowed:
+		return true
+	case a.Failed != b.Failed:
+		return a.Failed == failedFirst
+	}
+	return a.Decision.Remaining < b.Decision.Remaining ||
+		a.Decision.Remaining == b.Decision.Remaining && a.Decision.ResetAfter > b.Decision.ResetAfter
+}
+
+// entry is one item on its way through Decide (its step and answer are
+// the batch's steps and res at the same index).
 type entry struct {
 	item         int
 	it           Item // items[item], for a foreign limiter's calls
 	s            stepper
-	store        any
-	step         Step
-	res          StepResult
+	store        Batcher
 	err          error // from plan
 	undo         Step
 	undoNow      bool
 	refund       bool // this round sends undo
 	fallbackUndo bool // a foreign limiter's Refund
 	gen          uint64
-	group        int           // run's group of this round
-	scratch      *batchScratch // es[0]'s: the pooled memory es lives in, if any
+	group        int // run's group of this round
+}
+
+// batch is the working memory of one Decide or giveBack: item i's entry,
+// step and answer are es[i], steps[i] and res[i], so that the steps of a
+// store whose items are contiguous go to its Do in place.
+type batch struct {
+	es    []entry
+	steps []Step
+	res   []StepResult
+	sc    *batchScratch // the pooled memory they live in, if any
 }
 
 // scratchItems is the largest batch whose working memory is pooled.
 const scratchItems = 4
 
-// batchScratch is the working memory of a Decide of up to scratchItems
+// batchScratch is the working memory of a batch of up to scratchItems
 // items, pooled so that the common batch of one to a few items allocates
-// none: its entries, and the steps and answers of run's groups.
+// none: its entries, steps and answers, and the gathered steps and
+// answers of run's groups whose items are not contiguous.
 type batchScratch struct {
-	es    [scratchItems]entry
-	steps [scratchItems]Step
-	res   [scratchItems]StepResult
+	es     [scratchItems]entry
+	steps  [scratchItems]Step
+	res    [scratchItems]StepResult
+	gsteps [scratchItems]Step
+	gres   [scratchItems]StepResult
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
 
-// release clears what a batch of n items used (nothing is kept alive by
-// the pool) and returns sc to the pool. Every goroutine of the batch has
-// returned by then.
-func (sc *batchScratch) release(n int) {
+// newBatch returns the working memory of a batch of n > 0 items: pooled
+// when n <= scratchItems.
+func newBatch(n int) batch {
+	if n > scratchItems {
+		return batch{es: make([]entry, n), steps: make([]Step, n), res: make([]StepResult, n)}
+	}
+	sc := scratchPool.Get().(*batchScratch)
+	return batch{es: sc.es[:n], steps: sc.steps[:n], res: sc.res[:n], sc: sc}
+}
+
+// release clears what b used (nothing is kept alive by the pool) and
+// returns its pooled memory. Every goroutine of the batch has returned by
+// then.
+func (b batch) release() {
+	sc := b.sc
+	if sc == nil {
+		return
+	}
+	n := len(b.es)
 	clear(sc.es[:n])
 	clear(sc.steps[:n])
 	clear(sc.res[:n])
+	clear(sc.gsteps[:n])
+	clear(sc.gres[:n])
 	scratchPool.Put(sc)
 }
 
@@ -442,7 +537,7 @@ func (sc *batchScratch) release(n int) {
 // stores[g]), then the foreign limiters' entries.
 type groups struct {
 	refund bool
-	stores []any
+	stores []Batcher
 	ends   []int
 	order  []int
 }
@@ -454,10 +549,12 @@ func (g *groups) start(j int) int {
 	return g.ends[j-1]
 }
 
-// run performs the steps of es (those with a Kind, or, in a refund round,
-// those marked refund) grouped by store, stores in parallel, and calls the
-// foreign limiters' own AllowN (Refund in a refund round) at now.
-func run(ctx context.Context, now time.Time, es []entry) {
+// run performs the steps of b (those of entries without an error, or, in
+// a refund round, those marked refund) grouped by store, stores in
+// parallel, and calls the foreign limiters' own AllowN (Refund in a refund
+// round) at now.
+func run(ctx context.Context, now time.Time, b batch) {
+	es := b.es
 	var g groups
 	for i := range es {
 		if es[i].refund {
@@ -472,7 +569,7 @@ func run(ctx context.Context, now time.Time, es []entry) {
 		return e.err == nil
 	}
 	var (
-		storeBuf [scratchItems]any
+		storeBuf [scratchItems]Batcher
 		endBuf   [scratchItems]int
 		orderBuf [scratchItems]int
 	)
@@ -489,7 +586,7 @@ func run(ctx context.Context, now time.Time, es []entry) {
 		}
 		e.group = -1
 		for j, s := range g.stores {
-			if sameStore(s, e.store) {
+			if s == e.store {
 				e.group = j
 				break
 			}
@@ -499,9 +596,12 @@ func run(ctx context.Context, now time.Time, es []entry) {
 			e.group = len(g.stores) - 1
 		}
 	}
+	gather := false // some group's items are not contiguous
 	for j := range g.stores {
+		lo := len(g.order)
 		for i := range es {
 			if e := &es[i]; e.s != nil && active(e) && e.group == j {
+				gather = gather || len(g.order) > lo && g.order[len(g.order)-1] != i-1
 				g.order = append(g.order, i)
 			}
 		}
@@ -518,23 +618,29 @@ func run(ctx context.Context, now time.Time, es []entry) {
 			}
 		}
 	}
-	// The batches' steps and answers, aligned with order.
-	var (
-		steps []Step
-		res   []StepResult
-	)
-	if nb := g.start(len(g.stores)); nb > 0 {
-		if sc := es[0].scratch; sc != nil {
-			steps, res = sc.steps[:nb], sc.res[:nb]
+	// The groups' steps and answers gathered, aligned with order, when
+	// some group's items are not contiguous; else nil.
+	var gs gathered
+	if gather {
+		if nb := g.start(len(g.stores)); b.sc != nil {
+			gs.steps, gs.res = b.sc.gsteps[:nb], b.sc.gres[:nb]
 		} else {
-			steps, res = make([]Step, nb), make([]StepResult, nb)
+			gs.steps, gs.res = make([]Step, nb), make([]StepResult, nb)
 		}
 	}
 	if jobs == 1 {
-		runJob(ctx, now, es, &g, steps, res, 0)
+		runJob(ctx, now, b, &g, gs, 0)
 		return
 	}
-	runParallel(ctx, now, es, g.clone(), steps, res, jobs)
+	runParallel(ctx, now, b, g.clone(), gs, jobs)
+}
+
+// gathered holds the steps and answers of run's groups, aligned with
+// groups.order, when some group's items are not contiguous (nil slices
+// otherwise).
+type gathered struct {
+	steps []Step
+	res   []StepResult
 }
 
 // clone copies g's plan off the caller's stack, for goroutines.
@@ -543,120 +649,56 @@ func (g *groups) clone() groups {
 }
 
 // runParallel runs g's jobs, all but the first on their own goroutines.
-func runParallel(ctx context.Context, now time.Time, es []entry, g groups, steps []Step, res []StepResult, jobs int) {
+func runParallel(ctx context.Context, now time.Time, b batch, g groups, gs gathered, jobs int) {
 	var wg sync.WaitGroup
 	for j := 1; j < jobs; j++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			runJob(ctx, now, es, &g, steps, res, j)
+			runJob(ctx, now, b, &g, gs, j)
 		}()
 	}
-	runJob(ctx, now, es, &g, steps, res, 0)
+	runJob(ctx, now, b, &g, gs, 0)
 	wg.Wait()
 }
 
-// runJob runs job j of g: a store's group (with its part of steps and
-// res), or a foreign limiter's call.
-func runJob(ctx context.Context, now time.Time, es []entry, g *groups, steps []Step, res []StepResult, j int) {
+// runJob runs job j of g: a store's group, or a foreign limiter's call.
+func runJob(ctx context.Context, now time.Time, b batch, g *groups, gs gathered, j int) {
 	if j < len(g.stores) {
 		lo, hi := g.start(j), g.ends[j]
-		runGroup(ctx, g.stores[j], es, g.order[lo:hi], steps[lo:hi], res[lo:hi])
+		if gs.steps != nil {
+			gs.steps, gs.res = gs.steps[lo:hi], gs.res[lo:hi]
+		}
+		runGroup(ctx, g.stores[j], b, g.order[lo:hi], gs.steps, gs.res)
 		return
 	}
-	e := &es[g.order[g.start(len(g.stores))+j-len(g.stores)]]
-	it := &e.it
+	i := g.order[g.start(len(g.stores))+j-len(g.stores)]
+	it, r := &b.es[i].it, &b.res[i]
 	if g.refund {
-		e.res.Err = it.Limit.Refund(ctx, it.Key, now, it.N)
+		r.Err = it.Limit.Refund(ctx, it.Key, now, it.N)
 		return
 	}
 	// Not one of ours: its own AllowN.
-	e.res.Decision, e.res.Err = it.Limit.AllowN(ctx, it.Key, now, it.N)
+	r.Decision, r.Err = it.Limit.AllowN(ctx, it.Key, now, it.N)
 }
 
-// runGroup sends the steps of es[idx...] to store, in steps and res
-// (len(idx) each) when it is a Batcher.
-func runGroup(ctx context.Context, store any, es []entry, idx []int, steps []Step, res []StepResult) {
-	if b, ok := store.(Batcher); ok {
-		for j, i := range idx {
-			steps[j] = es[i].step
-		}
-		clear(res)
-		b.Do(ctx, steps, res)
-		for j, i := range idx {
-			es[i].res = res[j]
-		}
+// runGroup sends the steps of the items idx (ascending) to store in one
+// Do: in place when steps is nil (every group's items are contiguous),
+// else gathered in steps and answered in res (len(idx) each).
+func runGroup(ctx context.Context, store Batcher, b batch, idx []int, steps []Step, res []StepResult) {
+	if steps == nil {
+		first := idx[0]
+		store.Do(ctx, b.steps[first:first+len(idx)], b.res[first:first+len(idx)])
 		return
 	}
-	for _, i := range idx {
-		es[i].res = DoStep(ctx, store, &es[i].step)
+	for k, i := range idx {
+		steps[k] = b.steps[i]
 	}
-}
-
-// DoStep performs one step on store with the single-step interfaces: the
-// fallback for stores that are not a [Batcher], and a building block for
-// those that batch only some kinds.
-func DoStep(ctx context.Context, store any, st *Step) StepResult {
-	var r StepResult
-	unsupported := func() StepResult {
-		r.Err = fmt.Errorf("%w: store %T does not serve %s steps", ErrInvalidConfig, store, st.Kind)
-		return r
+	clear(res)
+	store.Do(ctx, steps, res)
+	for k, i := range idx {
+		b.res[i] = res[k]
 	}
-	switch st.Kind {
-	case StepAdd:
-		c, ok := store.(Counter)
-		if !ok {
-			return unsupported()
-		}
-		r.Counts, r.Err = c.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
-	case StepSub:
-		c, ok := store.(Counter)
-		if !ok {
-			return unsupported()
-		}
-		r.Err = c.Sub(ctx, st.Key, st.Idx, st.N)
-	case StepBucket:
-		b, ok := store.(BucketStore)
-		if !ok {
-			return unsupported()
-		}
-		r.Decision, r.Err = b.UpdateBucket(ctx, st.Key, st.Bucket, st.TTL)
-	case StepLog:
-		l, ok := store.(LogStore)
-		if !ok {
-			return unsupported()
-		}
-		r.Decision, r.Err = l.UpdateLog(ctx, st.Key, st.Log, st.TTL)
-	case StepPackedAdd:
-		p, ok := store.(PackedCounter)
-		if !ok {
-			return unsupported()
-		}
-		r.Packed, r.Err = p.AddPacked(ctx, st.Key, &st.Packed)
-	case StepPackedSub:
-		p, ok := store.(PackedCounter)
-		if !ok {
-			return unsupported()
-		}
-		r.Err = p.SubPacked(ctx, st.Key, &st.Packed)
-	default:
-		return unsupported()
-	}
-	return r
-}
-
-// sameStore reports whether a and b are the same store value. Values of
-// types that cannot be compared are never the same (each gets its own
-// group).
-func sameStore(a, b any) bool {
-	if a == nil || b == nil {
-		return false
-	}
-	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
-	if ta != tb || !ta.Comparable() {
-		return false
-	}
-	return a == b
 }
 
 // decideOne is a batch of one: the single-limit AllowN of the package's

@@ -40,6 +40,7 @@ type TokenBucketConfig struct {
 type TokenBucket struct {
 	cfg   TokenBucketConfig
 	store BucketStore
+	batch Batcher // store's
 	space string
 	ttl   time.Duration
 	cache *DenyCache
@@ -68,6 +69,7 @@ func NewTokenBucket(store BucketStore, cfg TokenBucketConfig) (*TokenBucket, err
 	return &TokenBucket{
 		cfg:   cfg,
 		store: store,
+		batch: AsBatcher(store),
 		space: "tb:" + strconv.FormatInt(cfg.MaxAmount, 10) + ":" + cfg.RefillTime.String() + ":" + strconv.FormatInt(cfg.RefillAmount, 10),
 		ttl:   ttl,
 		cache: newDenyCache(cfg.NoDenyCache, cfg.Strict),
@@ -94,30 +96,21 @@ func (b *TokenBucket) AllowN(ctx context.Context, key string, now time.Time, n i
 // Decision.Remaining is the number of tokens; Allowed reports whether a
 // request of cost 1 would pass.
 func (b *TokenBucket) Get(ctx context.Context, key string, now time.Time) (Decision, error) {
-	return b.update(ctx, key, now, 1, opPeek)
-}
-
-// Refund puts n tokens back (capped at MaxAmount).
-func (b *TokenBucket) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	defer b.cache.forget(key) // after the give-back: see DenyCache.gen
-	if n <= 0 || n > b.cfg.MaxAmount {
-		return costError(b.cfg.Name, n, b.cfg.MaxAmount)
-	}
-	_, err := b.update(ctx, key, now, n, opRefund)
-	return err
-}
-
-func (b *TokenBucket) update(ctx context.Context, key string, now time.Time, n int64, mode opMode) (Decision, error) {
 	t, err := unixNano(b.cfg.Name, now)
 	if err != nil {
 		return Decision{}, err
 	}
-	d, err := b.store.UpdateBucket(ctx, Key{Space: b.space, Name: key}, b.op(t, n, mode), b.ttl)
+	d, err := b.store.UpdateBucket(ctx, Key{Space: b.space, Name: key}, b.op(t, 1, opPeek), b.ttl)
 	if err != nil {
-		return Decision{}, fmt.Errorf("limiter: token bucket %q: %w", b.cfg.Name, err)
+		return Decision{}, b.storeErr(err)
 	}
 	d.Name = b.cfg.Name
 	return d, nil
+}
+
+// Refund puts n tokens back (capped at MaxAmount).
+func (b *TokenBucket) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	return refundOne(ctx, b, key, now, n)
 }
 
 type opMode uint8

@@ -36,6 +36,7 @@ type SlidingLogConfig struct {
 type SlidingLog struct {
 	cfg   SlidingLogConfig
 	store LogStore
+	batch Batcher // store's
 	space string
 	cache *DenyCache
 }
@@ -52,7 +53,7 @@ func NewSlidingLog(store LogStore, cfg SlidingLogConfig) (*SlidingLog, error) {
 	case cfg.Window <= 0:
 		return nil, configError(kind, cfg.Name, "window", "must be positive, got %v", cfg.Window)
 	}
-	return &SlidingLog{cfg: cfg, store: store, space: "sl:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String(), cache: newDenyCache(cfg.NoDenyCache, false)}, nil
+	return &SlidingLog{cfg: cfg, store: store, batch: AsBatcher(store), space: "sl:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String(), cache: newDenyCache(cfg.NoDenyCache, false)}, nil
 }
 
 // Config returns the log's configuration.
@@ -70,26 +71,7 @@ func (l *SlidingLog) AllowN(ctx context.Context, key string, now time.Time, n in
 
 // Refund removes up to n timestamps recorded at now.
 func (l *SlidingLog) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	defer l.cache.forget(key) // after the give-back: see DenyCache.gen
-	if n <= 0 || n > l.cfg.Limit {
-		return costError(l.cfg.Name, n, l.cfg.Limit)
-	}
-	_, err := l.update(ctx, key, now, n, opRefund)
-	return err
-}
-
-func (l *SlidingLog) update(ctx context.Context, key string, now time.Time, n int64, mode opMode) (Decision, error) {
-	t, err := unixNano(l.cfg.Name, now)
-	if err != nil {
-		return Decision{}, err
-	}
-	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: n, mode: mode}
-	d, err := l.store.UpdateLog(ctx, Key{Space: l.space, Name: key}, op, satMul(2, l.cfg.Window))
-	if err != nil {
-		return Decision{}, fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, err)
-	}
-	d.Name = l.cfg.Name
-	return d, nil
+	return refundOne(ctx, l, key, now, n)
 }
 
 // LogOp is one sliding-log step, handed to a [LogStore].

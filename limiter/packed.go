@@ -410,7 +410,7 @@ func packedSub(f int64, r int, n int64, slot time.Duration) PackedOp {
 // judgePacked turns a packed store's answer into a decision.
 func (w *SlidingWindow) judgePacked(st *Step, res *StepResult, t int64) (Decision, Step, bool, error) {
 	if res.Err != nil {
-		return Decision{}, Step{}, false, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, res.Err)
+		return Decision{}, Step{}, false, w.storeErr(res.Err)
 	}
 	f := st.Packed.Slot
 	elapsed := t - f*w.sub

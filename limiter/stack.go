@@ -44,12 +44,9 @@ func (s *Stack) Allow(ctx context.Context, key string, now time.Time) (Decision,
 func (s *Stack) AllowN(ctx context.Context, key string, now time.Time, n int64) (Decision, error) {
 	var ibuf [8]Item
 	var obuf [8]Outcome
-	items, out := ibuf[:0], obuf[:0]
-	if len(s.limits) > len(ibuf) {
-		items, out = make([]Item, 0, len(s.limits)), make([]Outcome, 0, len(s.limits))
-	}
-	for _, l := range s.limits {
-		items = append(items, Item{Limit: l, Key: key, N: n})
+	items, out := s.items(ibuf[:0], key, n), obuf[:0]
+	if len(items) > len(obuf) {
+		out = make([]Outcome, len(items))
 	}
 	out = out[:len(items)]
 	i, err := Decide(ctx, now, items, out)
@@ -65,21 +62,28 @@ func (s *Stack) AllowN(ctx context.Context, key string, now time.Time, n int64) 
 	return out[i].Decision, errors.Join(errs...)
 }
 
-// Refund gives back n units to every limit.
+// Refund gives back n units to every limit, as one batch: the limits on
+// the same store in one round trip where the store batches.
 func (s *Stack) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	return s.refund(ctx, key, now, n, len(s.limits))
+	var ibuf [8]Item
+	var ebuf [8]error
+	items, errs := s.items(ibuf[:0], key, n), ebuf[:0]
+	if len(items) > len(ebuf) {
+		errs = make([]error, len(items))
+	}
+	errs = errs[:len(items)]
+	giveBack(ctx, now, items, errs)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrRefund, err)
+	}
+	return nil
 }
 
-// refund gives back n units to limits[:upto].
-func (s *Stack) refund(ctx context.Context, key string, now time.Time, n int64, upto int) error {
-	var errs []error
-	for _, l := range s.limits[:upto] {
-		if err := l.Refund(ctx, key, now, n); err != nil {
-			errs = append(errs, err)
-		}
+// items appends the stack's limits to dst as the items of a call of n
+// units for key.
+func (s *Stack) items(dst []Item, key string, n int64) []Item {
+	for _, l := range s.limits {
+		dst = append(dst, Item{Limit: l, Key: key, N: n})
 	}
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrRefund, errors.Join(errs...))
+	return dst
 }

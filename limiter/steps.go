@@ -27,7 +27,7 @@ func newDenyCache(off, denialsWrite bool) *DenyCache {
 
 func (w *SlidingWindow) denyCache() *DenyCache { return w.cache }
 
-func (w *SlidingWindow) plan(key string, now time.Time, n int64) (Step, any, error) {
+func (w *SlidingWindow) plan(key string, now time.Time, n int64) (Step, Batcher, error) {
 	if err := w.checkCost(n); err != nil {
 		return Step{}, nil, err
 	}
@@ -38,9 +38,28 @@ func (w *SlidingWindow) plan(key string, now time.Time, n int64) (Step, any, err
 	k := Key{Space: w.space, Name: key}
 	if w.packed != nil {
 		p := planPacked(floorDiv(t, w.sub), w.r, n, time.Duration(w.sub))
-		return Step{Kind: StepPackedAdd, Key: k, N: n, Packed: p.op, packedReads: p.reads}, w.packed, nil
+		return Step{Kind: StepPackedAdd, Key: k, N: n, Packed: p.op, packedReads: p.reads}, w.batch, nil
 	}
-	return Step{Kind: StepAdd, Key: k, Idx: floorDiv(t, w.sub), Span: w.k + 1, N: n, TTL: w.ttl}, w.store, nil
+	return Step{Kind: StepAdd, Key: k, Idx: floorDiv(t, w.sub), Span: w.k + 1, N: n, TTL: w.ttl}, w.batch, nil
+}
+
+func (w *SlidingWindow) refund(key string, now time.Time, n int64) (Step, Batcher, error) {
+	if err := w.checkCost(n); err != nil {
+		return Step{}, nil, err
+	}
+	t, err := unixNano(w.cfg.Name, now)
+	if err != nil {
+		return Step{}, nil, err
+	}
+	k, idx := Key{Space: w.space, Name: key}, floorDiv(t, w.sub)
+	if w.packed != nil {
+		return Step{Kind: StepPackedSub, Key: k, N: n, Packed: packedSub(idx, w.r, n, time.Duration(w.sub))}, w.batch, nil
+	}
+	return Step{Kind: StepSub, Key: k, Idx: idx, N: n}, w.batch, nil
+}
+
+func (w *SlidingWindow) storeErr(err error) error {
+	return fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
 }
 
 func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
@@ -48,7 +67,7 @@ func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step,
 		return w.judgePacked(st, r, t)
 	}
 	if r.Err != nil {
-		return Decision{}, Step{}, false, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, r.Err)
+		return Decision{}, Step{}, false, w.storeErr(r.Err)
 	}
 	c := r.Counts
 	sanitize(&c, w.k+1)
@@ -78,7 +97,7 @@ func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step,
 
 func (w *FixedWindow) denyCache() *DenyCache { return w.cache }
 
-func (w *FixedWindow) plan(key string, now time.Time, n int64) (Step, any, error) {
+func (w *FixedWindow) plan(key string, now time.Time, n int64) (Step, Batcher, error) {
 	if n <= 0 || n > w.cfg.Limit {
 		return Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
 	}
@@ -87,12 +106,27 @@ func (w *FixedWindow) plan(key string, now time.Time, n int64) (Step, any, error
 		return Step{}, nil, err
 	}
 	win := int64(w.cfg.Window)
-	return Step{Kind: StepAdd, Key: Key{Space: w.space, Name: key}, Idx: floorDiv(t, win), Span: 1, N: n, TTL: windowTTL(win, 1)}, w.store, nil
+	return Step{Kind: StepAdd, Key: Key{Space: w.space, Name: key}, Idx: floorDiv(t, win), Span: 1, N: n, TTL: windowTTL(win, 1)}, w.batch, nil
+}
+
+func (w *FixedWindow) refund(key string, now time.Time, n int64) (Step, Batcher, error) {
+	if n <= 0 || n > w.cfg.Limit {
+		return Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
+	}
+	t, err := unixNano(w.cfg.Name, now)
+	if err != nil {
+		return Step{}, nil, err
+	}
+	return Step{Kind: StepSub, Key: Key{Space: w.space, Name: key}, Idx: floorDiv(t, int64(w.cfg.Window)), N: n}, w.batch, nil
+}
+
+func (w *FixedWindow) storeErr(err error) error {
+	return fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
 }
 
 func (w *FixedWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
 	if r.Err != nil {
-		return Decision{}, Step{}, false, fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, r.Err)
+		return Decision{}, Step{}, false, w.storeErr(r.Err)
 	}
 	c := r.Counts
 	sanitize(&c, 1)
@@ -135,7 +169,7 @@ func (b *TokenBucket) op(t, n int64, mode opMode) BucketOp {
 	}
 }
 
-func (b *TokenBucket) plan(key string, now time.Time, n int64) (Step, any, error) {
+func (b *TokenBucket) plan(key string, now time.Time, n int64) (Step, Batcher, error) {
 	if n <= 0 || n > b.cfg.MaxAmount {
 		return Step{}, nil, costError(b.cfg.Name, n, b.cfg.MaxAmount)
 	}
@@ -143,24 +177,44 @@ func (b *TokenBucket) plan(key string, now time.Time, n int64) (Step, any, error
 	if err != nil {
 		return Step{}, nil, err
 	}
-	return Step{Kind: StepBucket, Key: Key{Space: b.space, Name: key}, Bucket: b.op(t, n, opTake), TTL: b.ttl}, b.store, nil
+	return Step{Kind: StepBucket, Key: Key{Space: b.space, Name: key}, Bucket: b.op(t, n, opTake), TTL: b.ttl}, b.batch, nil
+}
+
+func (b *TokenBucket) refund(key string, now time.Time, n int64) (Step, Batcher, error) {
+	if n <= 0 || n > b.cfg.MaxAmount {
+		return Step{}, nil, costError(b.cfg.Name, n, b.cfg.MaxAmount)
+	}
+	t, err := unixNano(b.cfg.Name, now)
+	if err != nil {
+		return Step{}, nil, err
+	}
+	return b.refundStep(Key{Space: b.space, Name: key}, t, n), b.batch, nil
+}
+
+// refundStep gives back n tokens of key at t.
+func (b *TokenBucket) refundStep(k Key, t, n int64) Step {
+	return Step{Kind: StepBucket, Key: k, Bucket: b.op(t, n, opRefund), TTL: b.ttl}
+}
+
+func (b *TokenBucket) storeErr(err error) error {
+	return fmt.Errorf("limiter: token bucket %q: %w", b.cfg.Name, err)
 }
 
 func (b *TokenBucket) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
 	if r.Err != nil {
-		return Decision{}, Step{}, false, fmt.Errorf("limiter: token bucket %q: %w", b.cfg.Name, r.Err)
+		return Decision{}, Step{}, false, b.storeErr(r.Err)
 	}
 	d := r.Decision
 	d.Name = b.cfg.Name
 	if !d.Allowed {
 		return d, Step{}, false, nil
 	}
-	return d, Step{Kind: StepBucket, Key: st.Key, Bucket: b.op(t, st.Bucket.N, opRefund), TTL: st.TTL}, false, nil
+	return d, b.refundStep(st.Key, t, st.Bucket.N), false, nil
 }
 
 func (l *SlidingLog) denyCache() *DenyCache { return l.cache }
 
-func (l *SlidingLog) plan(key string, now time.Time, n int64) (Step, any, error) {
+func (l *SlidingLog) plan(key string, now time.Time, n int64) (Step, Batcher, error) {
 	if n <= 0 || n > l.cfg.Limit {
 		return Step{}, nil, costError(l.cfg.Name, n, l.cfg.Limit)
 	}
@@ -168,20 +222,38 @@ func (l *SlidingLog) plan(key string, now time.Time, n int64) (Step, any, error)
 	if err != nil {
 		return Step{}, nil, err
 	}
-	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: n, mode: opTake}
-	return Step{Kind: StepLog, Key: Key{Space: l.space, Name: key}, Log: op, TTL: satMul(2, l.cfg.Window)}, l.store, nil
+	return l.step(Key{Space: l.space, Name: key}, t, n, opTake), l.batch, nil
+}
+
+func (l *SlidingLog) refund(key string, now time.Time, n int64) (Step, Batcher, error) {
+	if n <= 0 || n > l.cfg.Limit {
+		return Step{}, nil, costError(l.cfg.Name, n, l.cfg.Limit)
+	}
+	t, err := unixNano(l.cfg.Name, now)
+	if err != nil {
+		return Step{}, nil, err
+	}
+	return l.step(Key{Space: l.space, Name: key}, t, n, opRefund), l.batch, nil
+}
+
+// step records (opTake) or removes (opRefund) n entries of key at t.
+func (l *SlidingLog) step(k Key, t, n int64, mode opMode) Step {
+	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: n, mode: mode}
+	return Step{Kind: StepLog, Key: k, Log: op, TTL: satMul(2, l.cfg.Window)}
+}
+
+func (l *SlidingLog) storeErr(err error) error {
+	return fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, err)
 }
 
 func (l *SlidingLog) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
 	if r.Err != nil {
-		return Decision{}, Step{}, false, fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, r.Err)
+		return Decision{}, Step{}, false, l.storeErr(r.Err)
 	}
 	d := r.Decision
 	d.Name = l.cfg.Name
 	if !d.Allowed {
 		return d, Step{}, false, nil
 	}
-	op := st.Log
-	op.mode = opRefund
-	return d, Step{Kind: StepLog, Key: st.Key, Log: op, TTL: st.TTL}, false, nil
+	return d, l.step(st.Key, st.Log.Now, st.Log.N, opRefund), false, nil
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -180,4 +181,73 @@ type BucketStore interface {
 // write, and returns Apply's decision, atomically as for [BucketStore].
 type LogStore interface {
 	UpdateLog(ctx context.Context, key Key, op LogOp, ttl time.Duration) (Decision, error)
+}
+
+// AsBatcher returns store as a [Batcher]: store itself when it is one,
+// else a plain loop that performs each step in turn with the single-step
+// method of its kind ([Counter], [PackedCounter], [BucketStore],
+// [LogStore]); a step of a kind the store does not serve answers an error
+// wrapping [ErrInvalidConfig]. The package's limiters send their steps
+// through it. store's type must be comparable (see Batcher).
+func AsBatcher(store any) Batcher {
+	if b, ok := store.(Batcher); ok {
+		return b
+	}
+	return stepsOf(store)
+}
+
+// DoStep performs one step on store with its single-step methods, whether
+// or not store is a [Batcher]: a building block for a store that batches
+// only some kinds.
+func DoStep(ctx context.Context, store any, st *Step) StepResult {
+	return stepsOf(store).step(ctx, st)
+}
+
+// stepLoop is AsBatcher's plain loop: the single-step interfaces of one
+// store, resolved once (nil where the store does not implement one).
+// Values over the same store are ==.
+type stepLoop struct {
+	store any // for errors
+	c     Counter
+	p     PackedCounter
+	b     BucketStore
+	l     LogStore
+}
+
+func stepsOf(store any) stepLoop {
+	s := stepLoop{store: store}
+	s.c, _ = store.(Counter)
+	s.p, _ = store.(PackedCounter)
+	s.b, _ = store.(BucketStore)
+	s.l, _ = store.(LogStore)
+	return s
+}
+
+// Do performs the steps one at a time.
+func (s stepLoop) Do(ctx context.Context, steps []Step, out []StepResult) {
+	for i := range steps {
+		out[i] = s.step(ctx, &steps[i])
+	}
+}
+
+// step is the one place a step's kind picks a single-step method.
+func (s stepLoop) step(ctx context.Context, st *Step) StepResult {
+	var r StepResult
+	switch {
+	case st.Kind == StepAdd && s.c != nil:
+		r.Counts, r.Err = s.c.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
+	case st.Kind == StepSub && s.c != nil:
+		r.Err = s.c.Sub(ctx, st.Key, st.Idx, st.N)
+	case st.Kind == StepBucket && s.b != nil:
+		r.Decision, r.Err = s.b.UpdateBucket(ctx, st.Key, st.Bucket, st.TTL)
+	case st.Kind == StepLog && s.l != nil:
+		r.Decision, r.Err = s.l.UpdateLog(ctx, st.Key, st.Log, st.TTL)
+	case st.Kind == StepPackedAdd && s.p != nil:
+		r.Packed, r.Err = s.p.AddPacked(ctx, st.Key, &st.Packed)
+	case st.Kind == StepPackedSub && s.p != nil:
+		r.Err = s.p.SubPacked(ctx, st.Key, &st.Packed)
+	default:
+		r.Err = fmt.Errorf("%w: store %T does not serve %s steps", ErrInvalidConfig, s.store, st.Kind)
+	}
+	return r
 }

@@ -131,6 +131,7 @@ type SlidingWindowConfig struct {
 type SlidingWindow struct {
 	cfg   SlidingWindowConfig
 	store Counter
+	batch Batcher // store's
 	space string
 	sub   int64 // sub-window length in ns
 	k     int
@@ -193,6 +194,7 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 	return &SlidingWindow{
 		cfg:   cfg,
 		store: store,
+		batch: AsBatcher(store),
 		space: space,
 		sub:   int64(sub),
 		k:     cfg.SubWindows,
@@ -238,6 +240,7 @@ func newPackedWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, er
 	return &SlidingWindow{
 		cfg:        cfg,
 		store:      store,
+		batch:      AsBatcher(store),
 		space:      space,
 		sub:        int64(slot),
 		cache:      newDenyCache(cfg.NoDenyCache, false),
@@ -281,26 +284,7 @@ func (w *SlidingWindow) checkCost(n int64) error {
 
 // Refund gives back n units counted by an allowed AllowN at now.
 func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	defer w.cache.forget(key) // after the give-back: see DenyCache.gen
-	if err := w.checkCost(n); err != nil {
-		return err
-	}
-	t, err := unixNano(w.cfg.Name, now)
-	if err != nil {
-		return err
-	}
-	idx := floorDiv(t, w.sub)
-	k := Key{Space: w.space, Name: key}
-	if w.packed != nil {
-		op := packedSub(idx, w.r, n, time.Duration(w.sub))
-		err = w.packed.SubPacked(ctx, k, &op)
-	} else {
-		err = w.store.Sub(ctx, k, idx, n)
-	}
-	if err != nil {
-		return fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
-	}
-	return nil
+	return refundOne(ctx, w, key, now, n)
 }
 
 // estimate reports whether the counts plus extra fit the limit when the
@@ -384,6 +368,7 @@ type FixedWindowConfig struct {
 type FixedWindow struct {
 	cfg   FixedWindowConfig
 	store Counter
+	batch Batcher // store's
 	space string
 	cache *DenyCache
 }
@@ -404,7 +389,7 @@ func NewFixedWindow(store Counter, cfg FixedWindowConfig) (*FixedWindow, error) 
 	if cfg.CountDenied {
 		space += ":d"
 	}
-	return &FixedWindow{cfg: cfg, store: store, space: space, cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied)}, nil
+	return &FixedWindow{cfg: cfg, store: store, batch: AsBatcher(store), space: space, cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied)}, nil
 }
 
 // Config returns the window's configuration.
@@ -423,19 +408,7 @@ func (w *FixedWindow) AllowN(ctx context.Context, key string, now time.Time, n i
 
 // Refund gives back n units counted by an allowed AllowN at now.
 func (w *FixedWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
-	defer w.cache.forget(key) // after the give-back: see DenyCache.gen
-	if n <= 0 || n > w.cfg.Limit {
-		return costError(w.cfg.Name, n, w.cfg.Limit)
-	}
-	t, err := unixNano(w.cfg.Name, now)
-	if err != nil {
-		return err
-	}
-	idx := floorDiv(t, int64(w.cfg.Window))
-	if err := w.store.Sub(ctx, Key{Space: w.space, Name: key}, idx, n); err != nil {
-		return fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
-	}
-	return nil
+	return refundOne(ctx, w, key, now, n)
 }
 
 // windowTTL is how long a store must keep a sub-window counter of length sub

@@ -146,7 +146,7 @@ func (p *Policy) Release(ctx context.Context, leases ...Lease) error {
 // the lease in Result.Leases, and gives it back with ReleaseLease when the
 // rules deny the request.
 type LeasingShedder interface {
-	Shedder
+	limiter.Shedder
 	// CheckLease is Check, with the lease of an allowed request (the
 	// zero Lease when none was taken: critical traffic, an error).
 	CheckLease(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, Lease, error)

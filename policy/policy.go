@@ -31,8 +31,15 @@ type Options struct {
 	// DefaultBackend ("memory").
 	DefaultBackend string
 	// Shedder, when not nil, is asked before any limit whether to shed the
-	// request (the load shedders of package limiter).
-	Shedder Shedder
+	// request (the load shedders of package limiter), with the request's
+	// priority: the highest of its matching rules', limiter.PriorityNormal
+	// when no rule matches. A decision with Allowed false sheds it (HTTP
+	// 503). Critical requests are never offered to it; requests no rule
+	// matches are. An error with a valid decision (Limit or Allowed set, as
+	// limiter.ErrNoUtilization) is reported in Result.ShedErr; an error
+	// without one lets the request through (load shedding fails open). It
+	// must be safe for concurrent use and answer quickly.
+	Shedder limiter.Shedder
 	// NoDenyCache turns off every limit's deny cache (limiter.DenyCache):
 	// by default a key a store denied is denied again in this process,
 	// without a store request, until the denial's RetryAfter has passed.
@@ -51,24 +58,11 @@ type Options struct {
 	Leases limiter.LeaseStore
 }
 
-// Shedder decides whether to shed a request of priority p (the highest
-// priority of its matching rules; limiter.PriorityNormal for a request no
-// rule matches) at now, before its limits are checked: a decision with
-// Allowed false sheds it (HTTP 503). Critical requests are never offered to
-// it; requests no rule matches are. An error with a valid decision (Limit or Allowed
-// set, as limiter.ErrNoUtilization) is reported in Result.ShedErr; an error
-// without one lets the request through (load shedding fails open).
-// [limiter.UtilizationShedder] implements it. It must be safe for
-// concurrent use and answer quickly.
-type Shedder interface {
-	Check(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, error)
-}
-
 // Policy is a compiled set of rules bound to stores. It is immutable and
 // safe for concurrent use.
 type Policy struct {
 	rules   []*boundRule
-	shedder Shedder
+	shedder limiter.Shedder
 	lists   lists
 	shadow  bool
 	tierOf  TierOf
@@ -560,18 +554,7 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		}
 		ev.Refunded = ev.Refunded || o.Refunded
 		ev.Throttled = ev.Throttled || o.Throttled
-		b := best[i]
-		switch {
-		case b < 0:
-			best[i] = j
-		case !out[b].Decision.Allowed:
-		case !o.Decision.Allowed:
-			best[i] = j
-		case o.Failed && !out[b].Failed:
-			best[i] = j
-		case out[b].Failed && !o.Failed:
-		case o.Decision.Remaining < out[b].Decision.Remaining,
-			o.Decision.Remaining == out[b].Decision.Remaining && o.Decision.ResetAfter > out[b].Decision.ResetAfter:
+		if b := best[i]; b < 0 || limiter.Tighter(&out[j], &out[b], true) {
 			best[i] = j
 		}
 	}

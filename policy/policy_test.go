@@ -337,7 +337,7 @@ func (f shedFunc) Check(ctx context.Context, p limiter.Priority, now time.Time) 
 	return f(ctx, p, now)
 }
 
-var _ Shedder = (*limiter.UtilizationShedder)(nil)
+var _ limiter.Shedder = (*limiter.UtilizationShedder)(nil)
 
 func TestEvaluateShedder(t *testing.T) {
 	var asked []limiter.Priority

@@ -24,8 +24,9 @@ var _ Backend = (*Store)(nil)
 // goes to the backend if allowed and reports its error. Safe for
 // concurrent use if the backend is.
 type Store struct {
-	s Backend
-	b *Breaker
+	s     Backend
+	batch limiter.Batcher // s's (limiter.AsBatcher)
+	b     *Breaker
 }
 
 // Wrap returns s behind a new breaker configured by cfg.
@@ -37,7 +38,7 @@ func Wrap(s Backend, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{s: s, b: b}, nil
+	return &Store{s: s, batch: limiter.AsBatcher(s), b: b}, nil
 }
 
 // Breaker returns the store's breaker.
@@ -95,7 +96,8 @@ var _ limiter.Batcher = (*Store)(nil)
 // Do implements [limiter.Batcher], so that wrapping a batching backend
 // keeps its batches: the batch is one call to the breaker (one Allow; one
 // Done with the batch's error, see batchErr), sent to the backend's Do when
-// it has one, else step by step through its single-step methods. When the
+// it has one, else step by step through its single-step methods
+// ([limiter.AsBatcher]). When the
 // breaker refuses, every step gets its error.
 func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
 	probe, err := s.b.Allow()
@@ -105,13 +107,7 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 		}
 		return
 	}
-	if b, ok := s.s.(limiter.Batcher); ok {
-		b.Do(ctx, steps, out)
-	} else {
-		for i := range steps {
-			out[i] = limiter.DoStep(ctx, s.s, &steps[i])
-		}
-	}
+	s.batch.Do(ctx, steps, out)
 	key, err := batchErr(steps, out[:len(steps)])
 	s.b.DoneKey(probe, key, err)
 }

@@ -32,7 +32,8 @@ const DefaultMaxDetached = 64
 // nothing) are single requests.
 //
 // Refunds (window Subs and SubPackeds, bucket and log refund ops) are sent
-// without waiting unless Config.WaitRefunds, merged per item the same way:
+// without waiting unless Config.WaitRefunds or Step.Sync (a Sync step goes
+// by its single-step method), merged per item the same way:
 // Do returns at once for them, with a nil StepResult.Err, and the request
 // runs detached from ctx's cancellation under a deadline of its own
 // (Config.Timeout). At most Config.MaxDetached refund writes are in flight
@@ -51,6 +52,10 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 	for i := range steps {
 		st := &steps[i]
 		out[i] = limiter.StepResult{}
+		if st.Sync {
+			single = append(single, i) // a public Refund's: its single-step method, which waits
+			continue
+		}
 		a, err := s.attrsOf(st.Key)
 		if err != nil {
 			out[i].Err = err

@@ -31,6 +31,7 @@ var _ limiter.Batcher = (*Store)(nil)
 //   - StepAdd: the window's add and incr, and its reads, as [Store.Add].
 //   - StepSub: decr <key> <n> noreply. Memcached sends no reply, so a
 //     refund costs no wait; StepResult.Err reports only a failure to send.
+//     A Sync step (any kind) goes by its single-step method instead.
 //   - StepPackedAdd: the packed window's adds and incrs, and its reads, as
 //     [Store.AddPacked].
 //   - StepPackedSub: decr <key|pl:idx> <delta> noreply per level, as
@@ -78,6 +79,12 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 	addrs := addrBuf[:0] // the nodes, each once
 	for i := range steps {
 		b := &bs[i]
+		if steps[i].Sync {
+			// A public Refund's: its single-step method, which waits.
+			out[i] = limiter.DoStep(ctx, s, &steps[i])
+			b.done = true
+			continue
+		}
 		if s.detach(ctx, &steps[i], b) {
 			b.done = true
 			out[i] = limiter.StepResult{}

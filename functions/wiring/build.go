@@ -31,7 +31,7 @@ type Outputs struct {
 	// before any limit, once, from the configured stores ("memory",
 	// "memcached", "dynamo"), instead of the shedders of the SLUICE_SHED_*
 	// variables. A nil shedder sheds nothing.
-	Shedder func(ctx context.Context, env Env, stores map[string]any) (policy.Shedder, error)
+	Shedder func(ctx context.Context, env Env, stores map[string]any) (limiter.Shedder, error)
 	// ShedStore, when not nil, holds the leases and the published
 	// utilization of the SLUICE_SHED_* shedders instead of the store of
 	// SLUICE_SHED_BACKEND. For tests: a memory.Leases, which the

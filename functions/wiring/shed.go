@@ -73,7 +73,7 @@ type Shedding struct {
 // integration to release (lambdawrap.ReleaseLeases), and a request the
 // rules deny gives it back at once; a lease nobody releases lapses after
 // SLUICE_SHED_LEASE_TTL, as before.
-func (s *Shedding) Shedder() policy.Shedder {
+func (s *Shedding) Shedder() limiter.Shedder {
 	if s.Fleet != nil {
 		return &fleetShedders{util: s.Utilization, fleet: s.Fleet, name: s.FleetName}
 	}
@@ -93,7 +93,7 @@ type fleetShedders struct {
 
 var _ policy.LeasingShedder = (*fleetShedders)(nil)
 
-// Check implements policy.Shedder (the lease, if any, is held until its
+// Check implements limiter.Shedder (the lease, if any, is held until its
 // TTL: use CheckLease).
 func (f *fleetShedders) Check(ctx context.Context, p limiter.Priority, now time.Time) (limiter.Decision, error) {
 	d, _, err := f.CheckLease(ctx, p, now)

@@ -25,7 +25,7 @@ import (
 // now is the frozen clock of these tests: 20 s into a minute.
 var now = time.Date(2026, 1, 2, 3, 4, 20, 0, time.UTC)
 
-func startServer(t *testing.T, rules, kind string, shedder policy.Shedder) *httptest.Server {
+func startServer(t *testing.T, rules, kind string, shedder limiter.Shedder) *httptest.Server {
 	t.Helper()
 	mem, err := memory.New(memory.Config{})
 	if err != nil {
