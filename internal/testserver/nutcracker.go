@@ -147,20 +147,7 @@ func startNutcracker(t testing.TB, bin string, targets []string) *Server {
 // servers' CPU when pinned (serverCommand).
 func startShard(t testing.TB) *Server {
 	t.Helper()
-	bin := os.Getenv(EnvMemcachedBin)
-	if bin == "" {
-		var err error
-		if bin, err = exec.LookPath("memcached"); err != nil {
-			missing(t, "no memcached binary ("+EnvMemcachedBin+" unset and none on PATH)")
-		}
-	}
-	return start(t, "memcached", 10*time.Second, func(port int) *exec.Cmd {
-		a := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64"}
-		if os.Geteuid() == 0 {
-			a = append(a, "-u", "nobody") // memcached refuses to run as root
-		}
-		return serverCommand(bin, a...)
-	})
+	return startMemcached(t, serverCommand)
 }
 
 // serverCommand runs bin with args, under `taskset -c <last CPU>` when

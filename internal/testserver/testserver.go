@@ -181,6 +181,13 @@ func (s *Server) Endpoint() string { return "http://" + s.Addr() }
 // the project's own (e.g. "-t", "16": worker threads).
 func StartMemcached(t testing.TB, args ...string) *Server {
 	t.Helper()
+	return startMemcached(t, exec.Command, args...)
+}
+
+// startMemcached starts a private memcached through command (exec.Command,
+// or a pinned one), with args after the project's own.
+func startMemcached(t testing.TB, command func(bin string, args ...string) *exec.Cmd, args ...string) *Server {
+	t.Helper()
 	bin := os.Getenv(EnvMemcachedBin)
 	if bin == "" {
 		var err error
@@ -193,7 +200,7 @@ func StartMemcached(t testing.TB, args ...string) *Server {
 		if os.Geteuid() == 0 {
 			a = append(a, "-u", "nobody") // memcached refuses to run as root
 		}
-		return exec.Command(bin, append(a, args...)...)
+		return command(bin, append(a, args...)...)
 	})
 }
 
