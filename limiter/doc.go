@@ -28,8 +28,10 @@
 // between Lambda hosts) never mints tokens or unblocks a key.
 //
 // A request's limits are decided as one batch by [Decide] (the limiters'
-// AllowN and [Stack] use it): the steps bound for one store go to it at once,
-// one place refunds a denied batch and picks the deciding limit, and a
+// AllowN, Refund and [Stack] use it): the steps bound for one store go to
+// it at once, as one [Batcher.Do] (a store that does not batch gets
+// [AsBatcher]'s loop over its single-step methods), one place refunds a
+// denied batch and picks the deciding limit ([Tighter]), and a
 // [DenyCache] answers a key its store denied until the denial's RetryAfter,
 // without a store request. The stores are interfaces shaped at the level of
 // one decision's storage step, so that a backend can answer in one round
