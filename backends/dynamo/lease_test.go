@@ -71,9 +71,18 @@ func newLeases(t testing.TB) (*dynamo.Leases, *atomic.Int64) {
 	return l, &sent
 }
 
+// TestLeases runs the lease suite with 16 goroutines, not 64, on the
+// Contention scenario's one concurrency item: behind DynamoDB's partition
+// cap (the cap proxy every DynamoDB test runs behind, which also
+// serializes the item's writes as DynamoDB does) 64 goroutines retrying a
+// full item keep it over 1,000 write units a second, failed conditions
+// included, and fresh-clone make test runs had 31 and 48 of 512 acquires
+// time out at 10 s. One hot DynamoDB item does not serve 64 contending
+// containers (docs/stores.md, "One hot item"); 16 still contend for a
+// capacity of 10.
 func TestLeases(t *testing.T) {
 	l, _ := newLeases(t)
-	limitertest.RunLeases(t, l)
+	limitertest.RunLeasesWith(t, l, limitertest.LeaseOptions{ContentionWorkers: 16})
 }
 
 func TestGauges(t *testing.T) {

@@ -26,13 +26,26 @@ import (
 // that critical traffic is never shed by a saturated fleet shedder, and
 // covers retried acquires, time going backwards, hostile keys and cancelled
 // calls. Keys and limit names are fresh per run.
-func RunLeases(t *testing.T, s limiter.LeaseStore) {
+func RunLeases(t *testing.T, s limiter.LeaseStore) { RunLeasesWith(t, s, LeaseOptions{}) }
+
+// LeaseOptions tunes [RunLeasesWith].
+type LeaseOptions struct {
+	// ContentionWorkers is how many goroutines contend for one
+	// concurrency item in the Contention scenario (64 when 0).
+	ContentionWorkers int
+}
+
+// RunLeasesWith runs RunLeases' scenarios with opt.
+func RunLeasesWith(t *testing.T, s limiter.LeaseStore, opt LeaseOptions) {
+	if opt.ContentionWorkers == 0 {
+		opt.ContentionWorkers = 64
+	}
 	t.Run("Stripe", func(t *testing.T) { testLeaseStripe(t, s) })
 	t.Run("LostRelease", func(t *testing.T) { testLeaseLostRelease(t, s) })
 	t.Run("Release", func(t *testing.T) { testLeaseRelease(t, s) })
 	t.Run("RetriedAcquire", func(t *testing.T) { testLeaseRetried(t, s) })
 	t.Run("BackwardsTime", func(t *testing.T) { testLeaseBackwards(t, s) })
-	t.Run("Contention", func(t *testing.T) { testLeaseContention(t, s) })
+	t.Run("Contention", func(t *testing.T) { testLeaseContention(t, s, opt.ContentionWorkers) })
 	t.Run("FleetCritical", func(t *testing.T) { testFleetCritical(t, s) })
 	t.Run("HostileKeys", func(t *testing.T) { testLeaseHostileKeys(t, s) })
 	t.Run("Cancelled", func(t *testing.T) { testLeaseCancelled(t, s) })
@@ -200,12 +213,13 @@ func testLeaseBackwards(t *testing.T, s limiter.LeaseStore) {
 	}
 }
 
-// testLeaseContention: 64 goroutines contend for a capacity of 10. Each
+// testLeaseContention: workers goroutines (64 by default) contend for a
+// capacity of 10. Each
 // counts itself in an atomic "held" counter after its acquire returns and
 // out before it releases; the counter's maximum must never pass 10. Once
 // they are done every slot is free again (no lease was lost or leaked).
-func testLeaseContention(t *testing.T, s limiter.LeaseStore) {
-	const workers, capacity, rounds = 64, 10, 8
+func testLeaseContention(t *testing.T, s limiter.LeaseStore, workers int) {
+	const capacity, rounds = 10, 8
 	c := concurrency(t, s, capacity, time.Hour)
 	key := Key(t)
 	var held, peak, allowed, denied, refused atomic.Int64
