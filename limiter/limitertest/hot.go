@@ -22,6 +22,12 @@ type HotOptions struct {
 	Uneven bool
 	// Duration is how long the processes call.
 	Duration time.Duration
+	// Prefill, with Prefiller, takes that many units of the key at the
+	// run's start in one call of Prefiller (a limiter of the same limit,
+	// without leases), so that the run meets the limit sooner: it is the
+	// first of the report's Calls (Worker -1).
+	Prefill   int64
+	Prefiller limiter.Limiter
 }
 
 // HotReport is what became of a [RunHot]'s decisions.
@@ -29,7 +35,8 @@ type HotReport struct {
 	// Calls are the decisions, as the history checkers take them
 	// (Reached is false for one answered without a store request).
 	Calls []Call
-	// Admitted counts the allowed decisions; Leased those answered from a
+	// Admitted counts the admitted units (one a decision, and the
+	// prefill's); Leased the decisions answered from a
 	// capacity lease, Cached the deny cache's denials, Throttled those the
 	// store throttled, ThrottledLate those of them stamped after the
 	// run's first second, Failed those whose store failed (decided by no
@@ -37,6 +44,8 @@ type HotReport struct {
 	Admitted, Leased, Cached, Throttled, ThrottledLate, Failed int64
 	// Leases sums the limiters' lease counters.
 	Leases limiter.LeaseStats
+	// ThrottledAt are the throttled decisions' times since the start.
+	ThrottledAt []time.Duration
 }
 
 // RunHot has each of limiters (one per process) decide opt.Key at a
@@ -61,6 +70,16 @@ func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) Hot
 	)
 	begin := time.Now()
 	end := begin.Add(opt.Duration)
+	if opt.Prefill > 0 {
+		d, err := opt.Prefiller.AllowN(ctx, opt.Key, begin, opt.Prefill)
+		rep.Calls = append(rep.Calls, Call{Worker: -1, Key: opt.Key, Stamp: begin, Cost: opt.Prefill, End: time.Since(begin),
+			Reached: true, Allowed: err == nil && d.Allowed, Remaining: d.Remaining, Err: err})
+		if err != nil {
+			rep.Failed++
+		} else if d.Allowed {
+			rep.Admitted += opt.Prefill
+		}
+	}
 	for i, l := range limiters {
 		wg.Go(func() {
 			var local []Call
@@ -81,6 +100,7 @@ func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) Hot
 					r.Failed++
 				case o.Throttled:
 					r.Throttled++
+					r.ThrottledAt = append(r.ThrottledAt, start)
 					if start > time.Second {
 						r.ThrottledLate++
 					}
@@ -105,6 +125,7 @@ func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) Hot
 			rep.Throttled += r.Throttled
 			rep.ThrottledLate += r.ThrottledLate
 			rep.Failed += r.Failed
+			rep.ThrottledAt = append(rep.ThrottledAt, r.ThrottledAt...)
 		})
 	}
 	wg.Wait()
