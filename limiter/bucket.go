@@ -188,7 +188,13 @@ type LeaseReturn struct {
 // Take reports whether the op takes tokens (as opposed to reading or
 // refunding). A store that writes conditionally on the token count may use
 // it.
-func (op BucketOp) Take() bool { return op.mode == opTake }
+func (op BucketOp) Take() bool { return op.mode == opTake || op.mode == opLease }
+
+// Leases reports whether the op takes a capacity lease or ends one: a
+// store that keeps [BucketState.Leased] writes it.
+func (op BucketOp) Leases() bool {
+	return op.mode == opLease || op.mode == opReturn || op.Return.Got > 0
+}
 
 // Apply computes the bucket after op from cur (found is false for a new
 // bucket, which starts full at op.Now). It returns the next state (Version

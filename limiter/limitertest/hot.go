@@ -46,6 +46,8 @@ type HotReport struct {
 	Leases limiter.LeaseStats
 	// ThrottledAt are the throttled decisions' times since the start.
 	ThrottledAt []time.Duration
+	// FirstErr is the first failed decision's error.
+	FirstErr error
 }
 
 // RunHot has each of limiters (one per process) decide opt.Key at a
@@ -98,6 +100,9 @@ func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) Hot
 				switch {
 				case err != nil:
 					r.Failed++
+					if r.FirstErr == nil {
+						r.FirstErr = err
+					}
 				case o.Throttled:
 					r.Throttled++
 					r.ThrottledAt = append(r.ThrottledAt, start)
@@ -125,6 +130,9 @@ func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) Hot
 			rep.Throttled += r.Throttled
 			rep.ThrottledLate += r.ThrottledLate
 			rep.Failed += r.Failed
+			if rep.FirstErr == nil {
+				rep.FirstErr = r.FirstErr
+			}
 			rep.ThrottledAt = append(rep.ThrottledAt, r.ThrottledAt...)
 		})
 	}
