@@ -225,3 +225,91 @@ func TestProxyGetSplit(t *testing.T) {
 	}
 	t.Logf("%d get commands", gets)
 }
+
+// tagged places every item of one limiter key on one shard behind
+// nutcracker: the Store's KeyPrefix opens the hash tag, and the '|' that
+// starts every item's suffix closes it, so nutcracker places an item by
+// its base, which all the items of one limiter key share. ElastiCache
+// Serverless offers no such placement for memcached; the tests use it to
+// show that where one limiter key's commands reach one shard in order,
+// one pipeline is exact through a sharding proxy.
+var tagged = struct{ hashTag, prefix string }{"{|", "{"}
+
+// newTaggedFleetStore returns a Store in one-pipeline mode (Config.Proxy
+// off) through the fleet of newFleetStore, each limiter key's items on
+// one shard (tagged).
+func newTaggedFleetStore(t *testing.T) *memcached.Store {
+	t.Helper()
+	n := testserver.StartNutcracker(t, testserver.NutcrackerConfig{Proxies: 2, Delay: fleetDelay, HashTag: tagged.hashTag})
+	return newStore(t, memcached.Config{Addrs: []string{n.Addr()}, KeyPrefix: tagged.prefix})
+}
+
+// TestHistoryNutcrackerTagged runs TestHistoryNutcracker's scenarios
+// (every algorithm, and straddleScenario on skewed clocks) on the Store
+// without Config.Proxy, one pipeline per request, through the fleet with
+// each limiter key's items on one shard: exact, where the same Store with
+// keys spread over the shards is not (TestHistoryNutcrackerBroken). What
+// breaks one pipeline behind a sharding proxy is the order across shards,
+// which nutcracker keeps per shard and connection.
+func TestHistoryNutcrackerTagged(t *testing.T) {
+	s := newTaggedFleetStore(t)
+	scs := append(limitertest.DefaultScenarios(), limitertest.PackedScenario())
+	for i := range scs {
+		scs[i].Duration = min(scs[i].Duration, 2*time.Second)
+	}
+	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: scs, Clocks: []limitertest.Clock{limitertest.SharedClock}})
+	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: []limitertest.Scenario{straddleScenario()}, Clocks: []limitertest.Clock{limitertest.SkewedClock}})
+}
+
+// TestTaggedRoundTrips counts, at the client and at the two shards, the
+// round trips of decisions in one-pipeline mode through nutcracker with
+// each limiter key's items on one shard (tagged): one at the client, and
+// one segment at each shard that holds one of the decision's limiter keys:
+// exactly one for one limit, at most 2 over both shards for any stack.
+func TestTaggedRoundTrips(t *testing.T) {
+	n := testserver.StartNutcracker(t, testserver.NutcrackerConfig{Count: true, HashTag: tagged.hashTag})
+	client := testserver.NewProxy(t, n.Addr())
+	s := newStore(t, memcached.Config{Addrs: []string{client.Addr()}, KeyPrefix: tagged.prefix})
+	window, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "p", Limit: limiter.MaxPackedLimit, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 1 << 40, RefillTime: time.Hour})
+	token, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "t", Limit: limiter.MaxPackedLimit - 1, Window: time.Minute})
+	stack, err := limiter.NewStack(window, bucket, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		l    limiter.Limiter
+	}{{"packed window", window}, {"bucket", bucket}, {"packed window, bucket, packed window", stack}} {
+		for i := range 20 {
+			key := fmt.Sprintf("%s/%s/%d", limitertestKey(t), c.name, i)
+			for d := range 3 { // the third decision is warm
+				cb, sb := client.Counts(), n.Counts()
+				var shard [2]int64
+				for j, p := range n.Counters {
+					shard[j] = p.Counts().Segments
+				}
+				dec, err := c.l.AllowN(context.Background(), key, time.Now(), 1)
+				if err != nil || !dec.Allowed {
+					t.Fatalf("%s: %+v, %v", c.name, dec, err)
+				}
+				got, sum := client.Counts().Segments-cb.Segments, n.Counts().Segments-sb.Segments
+				reached := 0
+				for j, p := range n.Counters {
+					if seg := p.Counts().Segments - shard[j]; seg > 0 {
+						reached++
+						if seg > 1 {
+							t.Errorf("%s, key %d, decision %d: %d segments at shard %d, want 1", c.name, i, d+1, seg, j)
+						}
+					}
+				}
+				if got != 1 || sum > 2 || c.l != stack && reached != 1 {
+					t.Errorf("%s, key %d, decision %d: %d round trips, %d segments at %d shards; want 1, and one shard per limiter key", c.name, i, d+1, got, sum, reached)
+				}
+			}
+		}
+	}
+}
