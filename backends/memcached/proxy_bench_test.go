@@ -35,7 +35,9 @@ import (
 // TwoShardRounds what any round that reaches both shards costs: one get
 // of two keys, one on each shard (get2-p50/get), and two such gets one
 // after the other (get2x2-p50/get): the floor of two dependent rounds
-// that each reach both shards.
+// that each reach both shards. EmbeddedRules/Tagged: one pipeline through
+// another nutcracker that places each limiter key's items on one shard
+// (tagged), against a raw get through that one.
 func BenchmarkThreeLimitsProxy(b *testing.B) {
 	n := testserver.StartNutcracker(b, testserver.NutcrackerConfig{})
 	mc, rawKey := rawClient(b, n.Addr())
@@ -53,9 +55,28 @@ func BenchmarkThreeLimitsProxy(b *testing.B) {
 					b.Fatal(err)
 				}
 				latency(b, stack, mc, rawKey, 1)
-				replayRounds(b, n.Addr(), proxy, c.Build, mc, rawKey)
+				replayRounds(b, n.Addr(), memcached.Config{Proxy: proxy}, c.Build, mc, rawKey)
 			})
 		}
+	}
+	// One pipeline through a nutcracker that places each limiter key's
+	// items on one shard (TestHistoryNutcrackerTagged: exact there).
+	tn := testserver.StartNutcracker(b, testserver.NutcrackerConfig{HashTag: tagged.hashTag})
+	tmc, tRawKey := rawClient(b, tn.Addr())
+	cfg := memcached.Config{KeyPrefix: tagged.prefix}
+	s := benchStore(b, tn.Addr(), cfg)
+	for _, c := range memcached.ThreeLimitCases() {
+		if c.Name != "EmbeddedRules" {
+			continue
+		}
+		b.Run(c.Name+"/Tagged", func(b *testing.B) {
+			stack, err := c.Build(s)
+			if err != nil {
+				b.Fatal(err)
+			}
+			latency(b, stack, tmc, tRawKey, 1)
+			replayRounds(b, tn.Addr(), cfg, c.Build, tmc, tRawKey)
+		})
 	}
 }
 
@@ -65,10 +86,10 @@ func BenchmarkThreeLimitsProxy(b *testing.B) {
 // bytes; a bare connection to addr then sends them round by round, each
 // read to its last reply (a get's END, one line for any other command),
 // 2,000 times, each followed by a raw get.
-func replayRounds(b *testing.B, addr string, proxy bool, build func(s *memcached.Store) (limiter.Limiter, error), mc *memcache.Client, rawKey string) {
+func replayRounds(b *testing.B, addr string, cfg memcached.Config, build func(s *memcached.Store) (limiter.Limiter, error), mc *memcache.Client, rawKey string) {
 	b.Helper()
 	rec := testserver.NewProxy(b, addr)
-	l, err := build(benchStore(b, rec.Addr(), memcached.Config{Proxy: proxy}))
+	l, err := build(benchStore(b, rec.Addr(), cfg))
 	if err != nil {
 		b.Fatal(err)
 	}
