@@ -60,7 +60,14 @@ func TestConformanceNutcracker(t *testing.T) {
 // and straddleScenario, which fails the store without Config.Proxy
 // (TestHistoryNutcrackerBroken), on skewed clocks.
 func TestHistoryNutcracker(t *testing.T) {
-	s := newFleetStore(t, true)
+	runFleetHistory(t, newFleetStore(t, true))
+}
+
+// runFleetHistory runs the history checker on s, a Store through the
+// fleet: every algorithm (DefaultScenarios and the packed window, 2 s at
+// most each) on the shared clock, and straddleScenario on skewed clocks.
+func runFleetHistory(t *testing.T, s *memcached.Store) {
+	t.Helper()
 	scs := append(limitertest.DefaultScenarios(), limitertest.PackedScenario())
 	for i := range scs {
 		scs[i].Duration = min(scs[i].Duration, 2*time.Second)
@@ -151,21 +158,14 @@ func TestProxyRoundTrips(t *testing.T) {
 		key := limitertestKey(t) + "/" + c.name
 		// The first decision on a key creates it; the third is warm.
 		for i := range 3 {
-			cb, sb := client.Counts(), n.Counts()
-			var shard [2]int64
-			for j, p := range n.Counters {
-				shard[j] = p.Counts().Segments
-			}
-			d, err := c.l.AllowN(context.Background(), key, time.Now(), 1)
-			if err != nil || !d.Allowed {
-				t.Fatalf("%s: %+v, %v", c.name, d, err)
-			}
-			got, servers := client.Counts().Segments-cb.Segments, n.Counts().Segments-sb.Segments
+			got, shards := countDecision(t, client, n, c.l, key)
 			if got != c.want {
 				t.Errorf("%s, decision %d: %d round trips, want %d", c.name, i+1, got, c.want)
 			}
-			for j, p := range n.Counters {
-				if seg := p.Counts().Segments - shard[j]; seg > c.want {
+			var servers int64
+			for j, seg := range shards {
+				servers += seg
+				if seg > c.want {
 					t.Errorf("%s, decision %d: %d segments at shard %d, want at most %d", c.name, i+1, seg, j, c.want)
 				}
 			}
@@ -174,6 +174,25 @@ func TestProxyRoundTrips(t *testing.T) {
 			}
 		}
 	}
+}
+
+// countDecision makes one decision of l on key, which must be allowed, and
+// returns the request segments it cost at client and at each counter of
+// n (one per shard).
+func countDecision(t *testing.T, client *testserver.Proxy, n *testserver.Nutcracker, l limiter.Limiter, key string) (int64, []int64) {
+	t.Helper()
+	before := client.Counts().Segments
+	shards := make([]int64, len(n.Counters))
+	for j, p := range n.Counters {
+		shards[j] = p.Counts().Segments
+	}
+	if d, err := l.AllowN(context.Background(), key, time.Now(), 1); err != nil || !d.Allowed {
+		t.Fatalf("%s: %+v, %v", key, d, err)
+	}
+	for j, p := range n.Counters {
+		shards[j] = p.Counts().Segments - shards[j]
+	}
+	return client.Counts().Segments - before, shards
 }
 
 // TestProxyGetSplit checks that in proxy mode a batch whose reads exceed
@@ -252,13 +271,7 @@ func newTaggedFleetStore(t *testing.T) *memcached.Store {
 // breaks one pipeline behind a sharding proxy is the order across shards,
 // which nutcracker keeps per shard and connection.
 func TestHistoryNutcrackerTagged(t *testing.T) {
-	s := newTaggedFleetStore(t)
-	scs := append(limitertest.DefaultScenarios(), limitertest.PackedScenario())
-	for i := range scs {
-		scs[i].Duration = min(scs[i].Duration, 2*time.Second)
-	}
-	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: scs, Clocks: []limitertest.Clock{limitertest.SharedClock}})
-	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: []limitertest.Scenario{straddleScenario()}, Clocks: []limitertest.Clock{limitertest.SkewedClock}})
+	runFleetHistory(t, newTaggedFleetStore(t))
 }
 
 // TestTaggedRoundTrips counts, at the client and at the two shards, the
@@ -287,23 +300,16 @@ func TestTaggedRoundTrips(t *testing.T) {
 		for i := range 20 {
 			key := fmt.Sprintf("%s/%s/%d", limitertestKey(t), c.name, i)
 			for d := range 3 { // the third decision is warm
-				cb, sb := client.Counts(), n.Counts()
-				var shard [2]int64
-				for j, p := range n.Counters {
-					shard[j] = p.Counts().Segments
-				}
-				dec, err := c.l.AllowN(context.Background(), key, time.Now(), 1)
-				if err != nil || !dec.Allowed {
-					t.Fatalf("%s: %+v, %v", c.name, dec, err)
-				}
-				got, sum := client.Counts().Segments-cb.Segments, n.Counts().Segments-sb.Segments
+				got, shards := countDecision(t, client, n, c.l, key)
+				var sum int64
 				reached := 0
-				for j, p := range n.Counters {
-					if seg := p.Counts().Segments - shard[j]; seg > 0 {
+				for j, seg := range shards {
+					sum += seg
+					if seg > 0 {
 						reached++
-						if seg > 1 {
-							t.Errorf("%s, key %d, decision %d: %d segments at shard %d, want 1", c.name, i, d+1, seg, j)
-						}
+					}
+					if seg > 1 {
+						t.Errorf("%s, key %d, decision %d: %d segments at shard %d, want at most 1", c.name, i, d+1, seg, j)
 					}
 				}
 				if got != 1 || sum > 2 || c.l != stack && reached != 1 {
