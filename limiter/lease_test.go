@@ -123,3 +123,53 @@ func checkHot(t *testing.T, alg string, rep limitertest.HotReport, exact limiter
 		t.Error("no decision came from a lease")
 	}
 }
+
+func newMemory(t *testing.T) *memory.Store {
+	s, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestLeaseHistory: capacity leases never over the limit on the memory
+// store, 4 processes at four times the limit, arrivals reordered.
+func TestLeaseHistory(t *testing.T) {
+	limitertest.RunLeaseHistory(t, newMemory(t), newMemory(t))
+}
+
+// TestLeaseHistoryFailsBroken: the same checks find the stores whose
+// defects only leases expose: a window store that counts one unit of a
+// lease take, a bucket store that forgets the lease ring.
+func TestLeaseHistoryFailsBroken(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		store limitertest.Store
+		sc    int // index in LeaseScenarios
+	}{
+		{"window-drops-leased-units", limitertest.DropLeasedUnits(newMemory(t)), 0},
+		{"bucket-forgets-ring", limitertest.NewForgetfulBuckets(), -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			scs := limitertest.LeaseScenarios(c.store)
+			sc := scs[0]
+			if c.sc < 0 {
+				sc = scs[len(scs)-1]
+			}
+			rep, err := limitertest.LeaseHistory(t.Context(), c.store, newMemory(t), sc, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s on %s: %d admitted of %d decisions (%d from leases), exact %d; %d windows over the limit",
+				sc.Name, c.name, rep.Hot.Admitted, len(rep.Hot.Calls), rep.Hot.Leased, rep.Exact, len(rep.Violations))
+			if len(rep.Violations) == 0 {
+				t.Errorf("the history checker found no window over the limit on %s", c.name)
+			}
+		})
+	}
+}
+
+// TestColdLeases: a cold key decides the same with and without leases.
+func TestColdLeases(t *testing.T) {
+	limitertest.RunColdLeases(t, newMemory(t))
+}

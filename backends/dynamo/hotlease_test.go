@@ -171,3 +171,24 @@ func ls0Store(t *testing.T, table, endpoint string) *dynamo.Store {
 	}
 	return st
 }
+
+// TestLeaseHistory runs capacity leases on DynamoDB Local behind the
+// shared cap proxy (a window of sub-window counters, a packed window, a
+// token bucket with Config.BucketLeases), 4 processes at four times the
+// limit with arrivals reordered: never over the limit
+// (limitertest.RunLeaseHistory).
+func TestLeaseHistory(t *testing.T) {
+	st, _, _ := newStore(t, dynamo.Config{BucketLeases: true})
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limitertest.RunLeaseHistory(t, st, mem)
+}
+
+// TestColdLeases: a cold key decides the same with and without leases on
+// DynamoDB, one store call per decision the deny cache does not answer.
+func TestColdLeases(t *testing.T) {
+	st, _, _ := newStore(t, dynamo.Config{BucketLeases: true})
+	limitertest.RunColdLeases(t, st)
+}
