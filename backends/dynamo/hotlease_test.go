@@ -34,13 +34,13 @@ const (
 // demand over it (one process with half the traffic, 63 sharing the
 // other half, 1.2 times the limit, the key prefilled so that the limit
 // binds). It asserts, for every run, that the admitted units never
-// exceed the limit in any window of stamps (the history checkers); for
-// the window, also no throttled decision after the first second, at
+// exceed the limit in any window of stamps (the history checkers), at
 // least 97% of what the same limiter without leases admits on the same
-// calls in stamp order, at most 0.1 store requests per decision under
-// the limit (counted at the proxy), and no failure. The bucket's lease
-// writes conflict on its item (docs/leases.md): its figures are
-// reported, not asserted.
+// calls in stamp order, and no failure; for the window, also no
+// throttled decision after the first second and at most 0.1 store
+// requests per decision under the limit (counted at the proxy). The
+// bucket's lease takes contend on its item's ring at each lease epoch
+// (docs/leases.md): its requests and throttles are reported.
 func TestLeasesHotKeyCapped(t *testing.T) {
 	if testing.Short() {
 		t.Skip("20 s against DynamoDB Local")
@@ -85,7 +85,7 @@ func leaseRun(t *testing.T, alg string, uneven bool) {
 	ls := make([]limiter.Limiter, leaseProcs)
 	stores := make([]*dynamo.Store, leaseProcs)
 	for i := range ls {
-		st, err := dynamo.New(newClient(proxy.URL()), dynamo.Config{Table: table, Timeout: 2 * time.Second, BucketLeases: true})
+		st, err := dynamo.New(newClient(proxy.URL()), dynamo.Config{Table: table, Timeout: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,31 +125,29 @@ func leaseRun(t *testing.T, alg string, uneven bool) {
 		alg, demand, uneven, n, rep.Admitted, rep.Leased, exact, float64(rep.Admitted)/float64(exact),
 		rep.Throttled, rep.ThrottledLate, ps.Requests, perDecision, ps.WriteUnits, ps.WriteUnits/float64(n), ps.Throttled, rep.Leases)
 
-	var conflicts, reads int64
+	var conflicts, reads, settles, lost int64
 	for _, st := range stores {
-		conflicts += st.Stats().Conflicts
-		reads += st.Stats().Reads
+		ss := st.Stats()
+		conflicts, reads, settles, lost = conflicts+ss.Conflicts, reads+ss.Reads, settles+ss.Settlements, lost+ss.SettlesLost
 	}
-	t.Logf("stores: %d conflicts, %d reads", conflicts, reads)
+	t.Logf("stores: %d conflicts, %d reads, %d settlements (%d lost)", conflicts, reads, settles, lost)
 	if len(rep.ThrottledAt) > 0 {
 		slices.Sort(rep.ThrottledAt)
 		t.Logf("throttled at %v .. %v (median %v); cached denials %d", rep.ThrottledAt[0], rep.ThrottledAt[len(rep.ThrottledAt)-1], rep.ThrottledAt[len(rep.ThrottledAt)/2], rep.Cached)
 	}
+	if rep.Failed != 0 {
+		t.Errorf("%d decisions failed; the first: %v", rep.Failed, rep.FirstErr)
+	}
+	if float64(rep.Admitted) < 0.97*float64(exact) {
+		t.Errorf("admitted %d, below 97%% of the exact %d", rep.Admitted, exact)
+	}
 	if alg == "window" {
-		if rep.Failed != 0 {
-			t.Errorf("%d decisions failed; the first: %v", rep.Failed, rep.FirstErr)
-		}
 		if rep.ThrottledLate != 0 {
 			t.Errorf("%d decisions throttled after the first second", rep.ThrottledLate)
-		}
-		if float64(rep.Admitted) < 0.97*float64(exact) {
-			t.Errorf("admitted %d, below 97%% of the exact %d", rep.Admitted, exact)
 		}
 		if perDecision > 0.1 {
 			t.Errorf("%.3f store requests a decision, above 0.1", perDecision)
 		}
-	} else if rep.Failed != 0 {
-		t.Logf("%d decisions failed; the first: %v", rep.Failed, rep.FirstErr)
 	}
 	var vs []limitertest.Violation
 	switch alg {
@@ -174,11 +172,11 @@ func ls0Store(t *testing.T, table, endpoint string) *dynamo.Store {
 
 // TestLeaseHistory runs capacity leases on DynamoDB Local behind the
 // shared cap proxy (a window of sub-window counters, a packed window, a
-// token bucket with Config.BucketLeases), 4 processes at four times the
+// token bucket), 4 processes at four times the
 // limit with arrivals reordered: never over the limit
 // (limitertest.RunLeaseHistory).
 func TestLeaseHistory(t *testing.T) {
-	st, _, _ := newStore(t, dynamo.Config{BucketLeases: true})
+	st, _, _ := newStore(t, dynamo.Config{})
 	mem, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -189,6 +187,6 @@ func TestLeaseHistory(t *testing.T) {
 // TestColdLeases: a cold key decides the same with and without leases on
 // DynamoDB, one store call per decision the deny cache does not answer.
 func TestColdLeases(t *testing.T) {
-	st, _, _ := newStore(t, dynamo.Config{BucketLeases: true})
+	st, _, _ := newStore(t, dynamo.Config{})
 	limitertest.RunColdLeases(t, st)
 }
