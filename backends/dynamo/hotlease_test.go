@@ -3,7 +3,6 @@ package dynamo_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -56,7 +55,7 @@ func TestLeasesHotKeyCapped(t *testing.T) {
 	}
 }
 
-func leaseLimiter(t *testing.T, alg string, s any, leases bool) limiter.Limiter {
+func leaseLimiter(t testing.TB, alg string, s any, leases bool) limiter.Limiter {
 	t.Helper()
 	var l limiter.Limiter
 	var err error
@@ -73,7 +72,21 @@ func leaseLimiter(t *testing.T, alg string, s any, leases bool) limiter.Limiter 
 	return l
 }
 
-func leaseRun(t *testing.T, alg string, uneven bool) {
+// leaseResult is one hot-key run's figures.
+type leaseResult struct {
+	rep         limitertest.HotReport
+	exact       int64
+	proxy       testserver.CapStats
+	perDecision float64 // store requests a decision
+	wruPer      float64 // write units a decision
+	conflicts   int64
+	settles     int64
+	violations  []limitertest.Violation
+}
+
+// leaseMeasure runs alg on one hot key with 64 processes behind the cap
+// proxy, with or without leases, and measures it.
+func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 	local := testserver.DynamoDBLocal(t)
 	table := fmt.Sprintf("sluice-leases-%s-%d", alg, time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -89,7 +102,7 @@ func leaseRun(t *testing.T, alg string, uneven bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ls[i], stores[i] = leaseLimiter(t, alg, st, true), st
+		ls[i], stores[i] = leaseLimiter(t, alg, st, leases), st
 	}
 	mem, err := memory.New(memory.Config{})
 	if err != nil {
@@ -106,63 +119,89 @@ func leaseRun(t *testing.T, alg string, uneven bool) {
 			opt.Prefill = 56 * leaseLimit
 		}
 	}
-	demand := opt.Rate / leaseLimit
-	rep := limitertest.RunHot(t.Context(), ls, opt)
-
-	exact, err := limitertest.ExactAdmitted(t.Context(), leaseLimiter(t, alg, mem, false), rep.Calls)
-	if err != nil {
+	var r leaseResult
+	r.rep = limitertest.RunHot(t.Context(), ls, opt)
+	if r.exact, err = limitertest.ExactAdmitted(t.Context(), leaseLimiter(t, alg, mem, false), r.rep.Calls); err != nil {
 		t.Fatal(err)
 	}
-	ps := proxy.Stats()
-	n := int64(len(rep.Calls))
-	perDecision := float64(ps.Requests) / float64(n)
-	if uneven {
-		// Over the limit, denied decisions cost a request each when the
-		// deny cache does not answer them: reported, not asserted.
-		perDecision = 0
-	}
-	t.Logf("%s (demand %.1f of the limit, uneven %v): %d decisions, %d admitted (%d from leases), exact %d: %.3f; %d throttled (%d after the first second); proxy: %d requests (%.3f a decision), %.0f write units (%.3f a decision), %d throttled; leases %+v",
-		alg, demand, uneven, n, rep.Admitted, rep.Leased, exact, float64(rep.Admitted)/float64(exact),
-		rep.Throttled, rep.ThrottledLate, ps.Requests, perDecision, ps.WriteUnits, ps.WriteUnits/float64(n), ps.Throttled, rep.Leases)
-
-	var conflicts, reads, settles, lost int64
+	r.proxy = proxy.Stats()
+	n := float64(len(r.rep.Calls))
+	r.perDecision, r.wruPer = float64(r.proxy.Requests)/n, r.proxy.WriteUnits/n
 	for _, st := range stores {
 		ss := st.Stats()
-		conflicts, reads, settles, lost = conflicts+ss.Conflicts, reads+ss.Reads, settles+ss.Settlements, lost+ss.SettlesLost
+		r.conflicts, r.settles = r.conflicts+ss.Conflicts, r.settles+ss.Settlements
 	}
-	t.Logf("stores: %d conflicts, %d reads, %d settlements (%d lost)", conflicts, reads, settles, lost)
-	if len(rep.ThrottledAt) > 0 {
-		slices.Sort(rep.ThrottledAt)
-		t.Logf("throttled at %v .. %v (median %v); cached denials %d", rep.ThrottledAt[0], rep.ThrottledAt[len(rep.ThrottledAt)-1], rep.ThrottledAt[len(rep.ThrottledAt)/2], rep.Cached)
+	switch alg {
+	case "bucket":
+		r.violations = limitertest.CheckBucketBound(r.rep.Calls, leaseLimiter(t, alg, mem, false).(*limiter.TokenBucket).Config())
+	default:
+		r.violations = limitertest.CheckTrailingWindow(r.rep.Calls, 60*leaseLimit, time.Minute)
 	}
+	rep := r.rep
+	t.Logf("%s (demand %.1f of the limit, uneven %v, leases %v): %d decisions, %d admitted (%d from leases), exact %d: %.3f; %d throttled (%d after the first second); proxy: %d requests (%.3f a decision), %.0f write units (%.3f a decision), %d throttled; stores: %d conflicts, %d settlements; leases %+v",
+		alg, opt.Rate/leaseLimit, uneven, leases, len(rep.Calls), rep.Admitted, rep.Leased, r.exact, float64(rep.Admitted)/float64(r.exact),
+		rep.Throttled, rep.ThrottledLate, r.proxy.Requests, r.perDecision, r.proxy.WriteUnits, r.wruPer, r.proxy.Throttled, r.conflicts, r.settles, rep.Leases)
+	return r
+}
+
+func leaseRun(t *testing.T, alg string, uneven bool) {
+	r := leaseMeasure(t, alg, uneven, true)
+	rep := r.rep
 	if rep.Failed != 0 {
 		t.Errorf("%d decisions failed; the first: %v", rep.Failed, rep.FirstErr)
 	}
-	if float64(rep.Admitted) < 0.97*float64(exact) {
-		t.Errorf("admitted %d, below 97%% of the exact %d", rep.Admitted, exact)
+	if float64(rep.Admitted) < 0.97*float64(r.exact) {
+		t.Errorf("admitted %d, below 97%% of the exact %d", rep.Admitted, r.exact)
 	}
+	// Over the limit (uneven), denied decisions cost a request each when
+	// the deny cache does not answer them: not asserted there.
 	if alg == "window" {
 		if rep.ThrottledLate != 0 {
 			t.Errorf("%d decisions throttled after the first second", rep.ThrottledLate)
 		}
-		if perDecision > 0.1 {
-			t.Errorf("%.3f store requests a decision, above 0.1", perDecision)
+		if !uneven && r.perDecision > 0.1 {
+			t.Errorf("%.3f store requests a decision, above 0.1", r.perDecision)
 		}
 	}
-	var vs []limitertest.Violation
-	switch alg {
-	case "bucket":
-		vs = limitertest.CheckBucketBound(rep.Calls, leaseLimiter(t, alg, mem, false).(*limiter.TokenBucket).Config())
-	default:
-		vs = limitertest.CheckTrailingWindow(rep.Calls, 60*leaseLimit, time.Minute)
-	}
-	for _, v := range vs {
+	for _, v := range r.violations {
 		t.Errorf("over the limit: %v", v)
 	}
 }
 
+// BenchmarkLeasesHotKey runs the hot key of TestLeasesHotKeyCapped with
+// and without leases, for a sliding window and a token bucket at 0.8 of
+// the limit, once per b.N (5 s each), and reports per decision: store
+// requests and write units (at the proxy), throttled decisions, and the
+// admitted share of exact.
+func BenchmarkLeasesHotKey(b *testing.B) {
+	for _, alg := range []string{"window", "bucket"} {
+		for _, leases := range []bool{false, true} {
+			name := alg + "/no-leases"
+			if leases {
+				name = alg + "/leases"
+			}
+			b.Run(name, func(b *testing.B) {
+				var req, wru, thr, share float64
+				for range b.N {
+					r := leaseMeasure(b, alg, false, leases)
+					n := float64(len(r.rep.Calls))
+					req, wru = req+r.perDecision, wru+r.wruPer
+					thr += float64(r.rep.Throttled) / n
+					share += float64(r.rep.Admitted) / float64(r.exact)
+				}
+				k := float64(b.N)
+				b.ReportMetric(req/k, "requests/decision")
+				b.ReportMetric(wru/k, "WRU/decision")
+				b.ReportMetric(thr/k, "throttled/decision")
+				b.ReportMetric(share/k, "share-of-exact")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
 // ls0Store is a store of its own on table through the proxy.
-func ls0Store(t *testing.T, table, endpoint string) *dynamo.Store {
+func ls0Store(t testing.TB, table, endpoint string) *dynamo.Store {
 	st, err := dynamo.New(newClient(endpoint), dynamo.Config{Table: table, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
