@@ -226,7 +226,7 @@ func (r *Report) writeRecommendation(pf func(string, ...any)) {
 	o := r.Options
 	pf("## Recommendation for today's `limiter.SlidingWindow` (bursty traces)\n\n")
 	if r.Shapes != nil {
-		pf("_Chosen on the bursty traces, as before issue 13; on the worst shape of the matrix above no bounded k <= 60 reaches the target._\n\n")
+		pf("_Chosen on the bursty traces, as before the shape matrix; on the worst shape of the matrix above no bounded k <= 60 reaches the target._\n\n")
 	}
 	ch := r.Choice
 	nTraces := fmt.Sprintf("steady, %d bursty seeds, edge-start, edge-end", o.Seeds)

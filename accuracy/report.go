@@ -42,7 +42,7 @@ type Options struct {
 	// Draft draws small, low-resolution figures of a few windows (for
 	// tests and quick looks); the numbers do not change.
 	Draft bool
-	// Shapes is issue 13's shape matrix (no limits: not run).
+	// Shapes is the traffic-shape matrix (no limits: not run).
 	Shapes ShapeOptions
 }
 
@@ -83,7 +83,7 @@ type Report struct {
 	// Sensitivity checks the choice on the other limits of
 	// Options.Sensitivity.
 	Sensitivity []SensitivityRow
-	// Shapes is issue 13's shape matrix (nil when Options.Shapes has no
+	// Shapes is the traffic-shape matrix (nil when Options.Shapes has no
 	// limits).
 	Shapes *ShapeMatrix
 	// Packed is the same shapes replayed through the real packed

@@ -14,7 +14,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
-// This file writes the shape matrix's part of the report: issue 13's
+// This file writes the shape matrix's part of the report: the
 // frontier of accuracy against keys read, and the recommendation for the
 // stores.
 
@@ -49,7 +49,7 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		return
 	}
 	o := m.Options
-	pf("## Traffic shapes and the window's representation (issue 13)\n\n")
+	pf("## Traffic shapes and the window's representation\n\n")
 	pf("Every shape below is replayed on %d limits (", len(o.Limits))
 	for i, p := range o.Limits {
 		if i > 0 {

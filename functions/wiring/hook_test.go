@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// TestBuildShedderHook checks the hook that issue 7's shedders plug into.
+// TestBuildShedderHook checks the hook that the load shedders plug into.
 func TestBuildShedderHook(t *testing.T) {
 	env, err := ParseEnv(func(string) string { return "" })
 	if err != nil {
