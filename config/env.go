@@ -64,7 +64,7 @@ type Env struct {
 }
 
 // Breaker configures the circuit breakers of the network backends
-// (package backends/breaker): one per backend.
+// (package breaker): one per backend.
 type Breaker struct {
 	// Failures, from EnvBreakerFailures, is how many store failures in a
 	// row (unavailable, from 3 distinct keys or a refused connection; a

@@ -12,10 +12,10 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"github.com/sluicehq/sluice/backends/breaker"
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
@@ -36,7 +36,7 @@ type Outputs struct {
 	// utilization of the SLUICE_SHED_* shedders instead of the store of
 	// SLUICE_SHED_BACKEND. For tests: a memory.Leases, which the
 	// environment refuses because it counts per Lambda container.
-	ShedStore ShedStore
+	ShedStore breaker.ShedStore
 	// Clock, when not nil, is the handler's and the shedders' time (tests:
 	// a fake clock). It takes precedence over SLUICE_TEST_CLOCK.
 	Clock limiter.Clock
