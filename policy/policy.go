@@ -22,11 +22,8 @@ const DefaultBackend = "memory"
 // Options configures [New].
 type Options struct {
 	// Stores maps backend names ("memory", "memcached", "dynamo") to
-	// stores. A store implements the interfaces of the algorithms it
-	// serves: [limiter.Counter] for sliding_window and fixed_window,
-	// [limiter.BucketStore] for token_bucket, [limiter.LogStore] for
-	// sliding_log.
-	Stores map[string]any
+	// stores.
+	Stores map[string]limiter.Store
 	// DefaultBackend is used for limits that name no backend. Empty means
 	// DefaultBackend ("memory").
 	DefaultBackend string
@@ -124,8 +121,8 @@ type Source interface {
 func (p *Policy) Policy() *Policy { return p }
 
 // New validates rules (as [Parse] does) and builds their limits on the
-// stores of opts. A limit whose backend is not in opts.Stores, or whose store
-// does not serve its algorithm, is an error naming the rule and the limit.
+// stores of opts. A limit whose backend is not in opts.Stores, or that its
+// store cannot serve, is an error naming the rule and the limit.
 func New(rules []Rule, opts Options) (*Policy, error) {
 	if len(rules) > MaxRules {
 		return nil, fmt.Errorf("%w: %d rules; at most %d", ErrInvalidRule, len(rules), MaxRules)
@@ -225,7 +222,7 @@ func (p *Policy) Backends(opts Options) []string {
 // build makes the limiter of l on the store named backend, for a rule
 // whose requests cost cost (a sliding window's MaxCost: a packed window
 // only where its fields stay exact, limiter.PackedMaxCost).
-func build(l *Limit, backend string, stores map[string]any, noDenyCache bool, cost int64) (limiter.Limiter, error) {
+func build(l *Limit, backend string, stores map[string]limiter.Store, noDenyCache bool, cost int64) (limiter.Limiter, error) {
 	store, ok := stores[backend]
 	if !ok || store == nil {
 		names := make([]string, 0, len(stores))
@@ -237,41 +234,24 @@ func build(l *Limit, backend string, stores map[string]any, noDenyCache bool, co
 		slices.Sort(names)
 		return nil, fmt.Errorf("%q is not configured (configured: %s)", backend, strings.Join(names, ", "))
 	}
-	unsupported := fmt.Errorf("%q does not support %s", backend, l.Algorithm)
 	switch l.Algorithm {
 	case TokenBucket:
-		s, ok := store.(limiter.BucketStore)
-		if !ok {
-			return nil, unsupported
-		}
-		return limiter.NewTokenBucket(s, limiter.TokenBucketConfig{
+		return limiter.NewTokenBucket(store, limiter.TokenBucketConfig{
 			Name: l.Name, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: l.RefillAmount, Strict: l.Strict,
 			NoDenyCache: noDenyCache,
 		})
 	case SlidingWindow:
-		s, ok := store.(limiter.Counter)
-		if !ok {
-			return nil, unsupported
-		}
-		return limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{
+		return limiter.NewSlidingWindow(store, limiter.SlidingWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, SubWindows: l.SubWindows, Estimator: l.Estimator, CountDenied: l.CountDenied,
 			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache, MaxCost: cost,
 		})
 	case FixedWindow:
-		s, ok := store.(limiter.Counter)
-		if !ok {
-			return nil, unsupported
-		}
-		return limiter.NewFixedWindow(s, limiter.FixedWindowConfig{
+		return limiter.NewFixedWindow(store, limiter.FixedWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, CountDenied: l.CountDenied,
 			NoDenyCache: noDenyCache,
 		})
 	case SlidingLog:
-		s, ok := store.(limiter.LogStore)
-		if !ok {
-			return nil, unsupported
-		}
-		return limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Name: l.Name, Limit: l.Limit, Window: l.Window, NoDenyCache: noDenyCache})
+		return limiter.NewSlidingLog(store, limiter.SlidingLogConfig{Name: l.Name, Limit: l.Limit, Window: l.Window, NoDenyCache: noDenyCache})
 	}
 	return nil, fmt.Errorf("unknown algorithm %d", l.Algorithm)
 }

@@ -31,7 +31,7 @@ type Outputs struct {
 	// before any limit, once, from the configured stores ("memory",
 	// "memcached", "dynamo"), instead of the shedders of the SLUICE_SHED_*
 	// variables. A nil shedder sheds nothing.
-	Shedder func(ctx context.Context, env Env, stores map[string]any) (limiter.Shedder, error)
+	Shedder func(ctx context.Context, env Env, stores map[string]limiter.Store) (limiter.Shedder, error)
 	// ShedStore, when not nil, holds the leases and the published
 	// utilization of the SLUICE_SHED_* shedders instead of the store of
 	// SLUICE_SHED_BACKEND. For tests: a memory.Leases, which the
@@ -51,7 +51,7 @@ type Built struct {
 	Handler *authz.Handler
 	Env     Env
 	// Stores are the configured backends by name.
-	Stores map[string]any
+	Stores map[string]limiter.Store
 	// Rules describes the rules' source, e.g. "embedded" or "table t".
 	Rules string
 	// Shedding holds the load shedders of the SLUICE_SHED_* variables; nil
@@ -107,7 +107,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		out.Stderr = os.Stderr
 	}
 	logger := slog.New(slog.NewJSONHandler(out.Stderr, &slog.HandlerOptions{Level: env.LogLevel}))
-	b := &Built{Env: env, Logger: logger, Stores: map[string]any{}}
+	b := &Built{Env: env, Logger: logger, Stores: map[string]limiter.Store{}}
 	fail := func(err error) (*Built, error) {
 		b.Close()
 		return nil, err

@@ -159,7 +159,7 @@ func buildShedding(env ShedEnv, store breaker.ShedStore, backend string, clock l
 // env.Shed.Backend, on the clients the counter stores already hold: the
 // memcached Store's gomemcache client (its nodes, TLS dialer, timeout and
 // pool), or the DynamoDB client and state table.
-func newShedStore(env Env, stores map[string]any, ddb *dynamodb.Client) (breaker.ShedStore, error) {
+func newShedStore(env Env, stores map[string]limiter.Store, ddb *dynamodb.Client) (breaker.ShedStore, error) {
 	switch env.Shed.Backend {
 	case BackendMemcached:
 		mc, ok := unwrap(stores[BackendMemcached]).(*memcached.Store)
@@ -204,7 +204,7 @@ func warmShed(ctx context.Context, log *slog.Logger, store breaker.ShedStore, de
 // per process (the local API, where the integration runs in the same
 // process; a deployed authorizer should keep its limits on a network
 // backend).
-func leaseStore(env Env, stores map[string]any, ddb *dynamodb.Client, injected breaker.ShedStore) (limiter.LeaseStore, error) {
+func leaseStore(env Env, stores map[string]limiter.Store, ddb *dynamodb.Client, injected breaker.ShedStore) (limiter.LeaseStore, error) {
 	if injected != nil {
 		return injected, nil
 	}
