@@ -222,106 +222,111 @@ func (r *Report) markdown(w io.Writer, figs []captioned) error {
 	return err
 }
 
+// writeRecommendation writes the section on the sliding window's default,
+// part by part.
 func (r *Report) writeRecommendation(pf func(string, ...any)) {
-	o := r.Options
 	pf("## Recommendation for today's `limiter.SlidingWindow` (bursty traces)\n\n")
 	if r.Shapes != nil {
 		pf("_Chosen on the bursty traces, as before the shape matrix; on the worst shape of the matrix above no bounded k <= 60 reaches the target._\n\n")
 	}
-	ch := r.Choice
+	if r.Choice.Found {
+		r.writeChoice(pf)
+	} else {
+		r.writeNoChoice(pf)
+	}
+	r.writeIssueConfigs(pf)
+	r.writeInterpolatedOvershoot(pf)
+	r.writeSliced(pf)
+	pf("\n")
+}
+
+// writeChoice writes why the chosen configuration is the default, and
+// what it costs.
+func (r *Report) writeChoice(pf func(string, ...any)) {
+	o, ch := r.Options, r.Choice
 	nTraces := fmt.Sprintf("steady, %d bursty seeds, edge-start, edge-end", o.Seeds)
 	if n := len(o.Files); n > 0 {
 		nTraces += fmt.Sprintf(" and %d from files", n)
 	}
-	if ch.Found {
-		c := ch.Row.Config
-		est := "Bounded"
-		if c.Algorithm == Interpolated {
-			est = "Interpolated"
-		}
-		pf("**Default for `limiter.SlidingWindow`: `Estimator: %s`", est)
-		if c.Algorithm == Bounded {
-			pf(" (the zero value)")
-		}
-		pf(" with `SubWindows: %d`, that is `DefaultSubWindows = %d`.**\n\n", c.SubWindows, c.SubWindows)
-		pf("- It never admitted more than the limit within any window-length interval, on every trace (%s): worst overshoot %s.\n",
-			nTraces, times(ch.Row.Overshoot))
-		pf("- On the bursty traffic it admitted %s of what the exact sliding log admitted (seed %d), and at least %s on each of the %d seeds (target %s).\n",
-			pct(ch.Row.Shares[0]), o.Seed, pct(ch.Row.MinShare()), o.Seeds, pct(o.Target))
-		if prev, ok := r.previousBounded(c.SubWindows); ok {
-			pf("- It is the fewest sub-windows (at most %d) that does both: with k = %d the bounded estimator admits only %s on its worst seed.\n",
-				o.MaxChoice, prev.Config.SubWindows, pct(prev.MinShare()))
-		}
-		if len(r.Sensitivity) > 0 {
-			var limits []string
-			least, over, all := 1.0, 0.0, true
-			for _, s := range r.Sensitivity {
-				if len(s.Chosen.Shares) == 0 {
-					all = false
-					continue
-				}
-				limits = append(limits, fmt.Sprintf("%d per %v", s.Params.Limit, s.Params.Window))
-				least, over = min(least, s.Chosen.MinShare()), max(over, s.Chosen.Overshoot)
-			}
-			if len(limits) > 0 {
-				verdict := "meets the target there too"
-				if least < o.Target || over > 1 || !all {
-					verdict = "does not meet the target on all of them"
-				}
-				pf("- On other limits (%s, traces scaled to the window) it admits at least %s on the worst seed, worst overshoot %s: it %s ([Other limits](#other-limits)).\n",
-					strings.Join(limits, ", "), pct(least), times(over), verdict)
-			}
-		}
-		if c.SubWindows == limiter.DefaultSubWindows && c.Algorithm == Bounded {
-			pf("- `limiter.DefaultSubWindows` is %d and the zero Estimator is Bounded: the library's default is this configuration.\n", limiter.DefaultSubWindows)
-		} else {
-			pf("- The library's default (`limiter.DefaultSubWindows` = %d, Bounded) is not this configuration: change it.\n", limiter.DefaultSubWindows)
-		}
-		if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
-			pf("- The earlier default, bounded with k = 10, admits %s (worst seed %s): it misses the target.\n", pct(cur.Shares[0]), pct(cur.MinShare()))
-		}
-		pf("- Its cost on memcached: %d items per key (%d bytes with a %d-byte key name), read in one get-multi with the incr of the current one; ",
-			ch.Row.Memcached.Items, ch.Row.Memcached.Bytes, len(SimKey))
-		pf("%.2f store calls per decision on the bursty trace (an Add, and a Sub for each refunded denial)", ch.Row.Calls)
-		if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
-			pf("; k = 10 keeps %d items (%d bytes)", cur.Memcached.Items, cur.Memcached.Bytes)
-		}
-		pf(".\n")
-		if time.Microsecond%time.Duration(c.SubWindows) == 0 {
-			pf("- %d divides every window that is a whole number of microseconds", c.SubWindows)
-			if c.SubWindows != 10 {
-				pf(", as 10 does")
-			}
-			pf(" (30 would not divide a 1 s window).\n")
-		} else {
-			pf("- Note: %d does not divide every window of whole microseconds", c.SubWindows)
-			if time.Second%time.Duration(c.SubWindows) != 0 {
-				pf(" (1 s, for one)")
-			}
-			pf("; the limiter refuses the windows it does not divide with this default.\n")
-		}
-
-		if st, ok := r.result(0, c); ok && c.Algorithm == Bounded {
-			k := float64(c.SubWindows)
-			pf("- Caveat: under a constant flood the bounded estimator behaves like a window of W + W/k and admits down to k/(k+1) of the exact log "+
-				"(%s for k = %d); on the steady trace (%.3gx the limit) it admitted %s. The target is met on bursty traffic, not under a sustained flood.\n",
-				pct(k/(k+1)), c.SubWindows, o.SteadyFactor, pct(share(st, r.reference(0))))
-		}
+	c := ch.Row.Config
+	est := "Bounded"
+	if c.Algorithm == Interpolated {
+		est = "Interpolated"
+	}
+	pf("**Default for `limiter.SlidingWindow`: `Estimator: %s`", est)
+	if c.Algorithm == Bounded {
+		pf(" (the zero value)")
+	}
+	pf(" with `SubWindows: %d`, that is `DefaultSubWindows = %d`.**\n\n", c.SubWindows, c.SubWindows)
+	pf("- It never admitted more than the limit within any window-length interval, on every trace (%s): worst overshoot %s.\n",
+		nTraces, times(ch.Row.Overshoot))
+	pf("- On the bursty traffic it admitted %s of what the exact sliding log admitted (seed %d), and at least %s on each of the %d seeds (target %s).\n",
+		pct(ch.Row.Shares[0]), o.Seed, pct(ch.Row.MinShare()), o.Seeds, pct(o.Target))
+	if prev, ok := r.previousBounded(c.SubWindows); ok {
+		pf("- It is the fewest sub-windows (at most %d) that does both: with k = %d the bounded estimator admits only %s on its worst seed.\n",
+			o.MaxChoice, prev.Config.SubWindows, pct(prev.MinShare()))
+	}
+	r.writeChoiceSensitivity(pf)
+	if c.SubWindows == limiter.DefaultSubWindows && c.Algorithm == Bounded {
+		pf("- `limiter.DefaultSubWindows` is %d and the zero Estimator is Bounded: the library's default is this configuration.\n", limiter.DefaultSubWindows)
 	} else {
-		pf("**No configuration of `limiter.SlidingWindow` with at most %d sub-windows both never overshoots and admits at least %s of the exact log on every bursty seed.**\n\n",
-			o.MaxChoice, pct(o.Target))
-		best, ok := SweepRow{}, false
-		for _, row := range r.Sweep {
-			c := row.Config
-			if (c.Algorithm == Bounded || c.Algorithm == Interpolated) && c.SubWindows <= o.MaxChoice && row.Overshoot <= 1 &&
-				(!ok || row.MinShare() > best.MinShare()) {
-				best, ok = row, true
-			}
+		pf("- The library's default (`limiter.DefaultSubWindows` = %d, Bounded) is not this configuration: change it.\n", limiter.DefaultSubWindows)
+	}
+	if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
+		pf("- The earlier default, bounded with k = 10, admits %s (worst seed %s): it misses the target.\n", pct(cur.Shares[0]), pct(cur.MinShare()))
+	}
+	pf("- Its cost on memcached: %d items per key (%d bytes with a %d-byte key name), read in one get-multi with the incr of the current one; ",
+		ch.Row.Memcached.Items, ch.Row.Memcached.Bytes, len(SimKey))
+	pf("%.2f store calls per decision on the bursty trace (an Add, and a Sub for each refunded denial)", ch.Row.Calls)
+	if cur, ok := r.sweepRow(Config{Algorithm: Bounded, SubWindows: 10}); ok && c.SubWindows != 10 {
+		pf("; k = 10 keeps %d items (%d bytes)", cur.Memcached.Items, cur.Memcached.Bytes)
+	}
+	pf(".\n")
+	if time.Microsecond%time.Duration(c.SubWindows) == 0 {
+		pf("- %d divides every window that is a whole number of microseconds", c.SubWindows)
+		if c.SubWindows != 10 {
+			pf(", as 10 does")
 		}
-		if ok {
-			pf("- The best that never overshoots is %s: %s on its worst bursty seed. The frontier below shows the rest.\n", best.Config.Name(), pct(best.MinShare()))
+		pf(" (30 would not divide a 1 s window).\n")
+	} else {
+		pf("- Note: %d does not divide every window of whole microseconds", c.SubWindows)
+		if time.Second%time.Duration(c.SubWindows) != 0 {
+			pf(" (1 s, for one)")
+		}
+		pf("; the limiter refuses the windows it does not divide with this default.\n")
+	}
+
+	if st, ok := r.result(0, c); ok && c.Algorithm == Bounded {
+		k := float64(c.SubWindows)
+		pf("- Caveat: under a constant flood the bounded estimator behaves like a window of W + W/k and admits down to k/(k+1) of the exact log "+
+			"(%s for k = %d); on the steady trace (%.3gx the limit) it admitted %s. The target is met on bursty traffic, not under a sustained flood.\n",
+			pct(k/(k+1)), c.SubWindows, o.SteadyFactor, pct(share(st, r.reference(0))))
+	}
+}
+
+// writeNoChoice says that no configuration meets the target, and the best
+// one.
+func (r *Report) writeNoChoice(pf func(string, ...any)) {
+	o := r.Options
+	pf("**No configuration of `limiter.SlidingWindow` with at most %d sub-windows both never overshoots and admits at least %s of the exact log on every bursty seed.**\n\n",
+		o.MaxChoice, pct(o.Target))
+	best, ok := SweepRow{}, false
+	for _, row := range r.Sweep {
+		c := row.Config
+		if (c.Algorithm == Bounded || c.Algorithm == Interpolated) && c.SubWindows <= o.MaxChoice && row.Overshoot <= 1 &&
+			(!ok || row.MinShare() > best.MinShare()) {
+			best, ok = row, true
 		}
 	}
+	if ok {
+		pf("- The best that never overshoots is %s: %s on its worst bursty seed. The frontier below shows the rest.\n", best.Config.Name(), pct(best.MinShare()))
+	}
+}
+
+// writeIssueConfigs says which of the configurations first asked about
+// meet the target.
+func (r *Report) writeIssueConfigs(pf func(string, ...any)) {
+	o := r.Options
 	var issue []string
 	for _, row := range r.Sweep {
 		c := row.Config
@@ -335,6 +340,11 @@ func (r *Report) writeRecommendation(pf func(string, ...any)) {
 	} else {
 		pf("- Of the issue's configurations (k = 1, 2, 4, 6, 12, 30 under each estimator), only %s does both.\n", strings.Join(issue, ", "))
 	}
+}
+
+// writeInterpolatedOvershoot says how far the interpolated estimator
+// overshoots.
+func (r *Report) writeInterpolatedOvershoot(pf func(string, ...any)) {
 	var worst, least SweepRow
 	all := true
 	for _, row := range r.Sweep {
@@ -361,6 +371,10 @@ func (r *Report) writeRecommendation(pf func(string, ...any)) {
 			"see the edge-end figure and the tables. It admits close to the exact log on average, which is why it looks good on smooth traffic.\n",
 			every, spread)
 	}
+}
+
+// writeSliced points at the sliced prototype, when the sweep has it.
+func (r *Report) writeSliced(pf func(string, ...any)) {
 	if row, ok := r.sweepRow(Config{Algorithm: Sliced, SubWindows: 10, Slices: 2}); ok {
 		pf("- A cheaper way to the same decisions, for the limiter's owner to consider: keep 10 counters but pack two half-sub-window counts in each "+
 			"(the *sliced* prototype below): it decides exactly as bounded with k = 20 (%s on the worst seed) with %d items per key instead of 21.",
@@ -373,7 +387,6 @@ func (r *Report) writeRecommendation(pf func(string, ...any)) {
 		}
 		pf("\n")
 	}
-	pf("\n")
 }
 
 // previousBounded returns the sweep's bounded row with the most sub-windows
@@ -575,4 +588,30 @@ func (r *Report) writeMethod(pf func(string, ...any)) {
 	pf("so a key with steady traffic holds up to k+1 more, and those of the last 5 s or so, until they expire: about twice the figure, more for sub-windows " +
 		"of a few seconds or less. The hash table adds about 8 bytes per item.\n\n")
 	pf("**Reproducibility.** Fixed seeds, no wall clock, no map iteration in the output: `TestReportIsReproducible` writes the report twice and compares the bytes.\n")
+}
+
+// writeChoiceSensitivity says whether the chosen configuration meets the
+// target on the other limits.
+func (r *Report) writeChoiceSensitivity(pf func(string, ...any)) {
+	o := r.Options
+	if len(r.Sensitivity) > 0 {
+		var limits []string
+		least, over, all := 1.0, 0.0, true
+		for _, s := range r.Sensitivity {
+			if len(s.Chosen.Shares) == 0 {
+				all = false
+				continue
+			}
+			limits = append(limits, fmt.Sprintf("%d per %v", s.Params.Limit, s.Params.Window))
+			least, over = min(least, s.Chosen.MinShare()), max(over, s.Chosen.Overshoot)
+		}
+		if len(limits) > 0 {
+			verdict := "meets the target there too"
+			if least < o.Target || over > 1 || !all {
+				verdict = "does not meet the target on all of them"
+			}
+			pf("- On other limits (%s, traces scaled to the window) it admits at least %s on the worst seed, worst overshoot %s: it %s ([Other limits](#other-limits)).\n",
+				strings.Join(limits, ", "), pct(least), times(over), verdict)
+		}
+	}
 }
