@@ -39,9 +39,10 @@ test: lint
 readme:
 	scripts/readme
 
-## lint: gofmt, go vet (every module)
+## lint: gofmt, go vet (every module), package docs a screen long (scripts/doclen)
 lint: node
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+	scripts/doclen
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
 	cd tools/rie && $(GO) vet ./...
