@@ -21,6 +21,13 @@ type Store struct {
 	b     *Breaker
 }
 
+// KeepsLeased implements [limiter.LeaseKeeper]: what the wrapped store
+// reports.
+func (s *Store) KeepsLeased() bool {
+	k, ok := s.s.(limiter.LeaseKeeper)
+	return ok && k.KeepsLeased()
+}
+
 // Wrap returns s behind a new breaker configured by cfg.
 func Wrap(s limiter.Store, cfg Config) (*Store, error) {
 	if s == nil {

@@ -85,6 +85,9 @@ type Step struct {
 	// packedReads are the fields a packed window's plan uses of each of
 	// Packed.Reads, kept for its judge (the plan is made once).
 	packedReads [MaxPackedReads]packedRead
+	// need is a window's lease take's least units (N is the most): the
+	// decision at hand's cost. Zero for any other step.
+	need int64
 }
 
 // StepResult is a store's answer to one [Step].
@@ -172,6 +175,10 @@ type Outcome struct {
 	// Refunded reports that what the item took was given back because the
 	// batch was denied.
 	Refunded bool
+	// Leased reports that the item was answered from a capacity lease
+	// this process holds (see the limiters' Leases): no store request was
+	// made for it.
+	Leased bool
 	// Throttled reports that the store refused the item's key for capacity
 	// (an error wrapping ErrThrottled, kept in Err), or that the key was so
 	// contended that its writes lost every race within their retries
@@ -230,15 +237,22 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		return -1, nil
 	}
 	t, terr := unixNano("", now) // on error, plan reports it per item
+	// Capacity leases first: an item a live lease covers is decided here.
+	var lr leaseRound
+	leasing := terr == nil && lr.spendLeases(items, out, t)
+	if leasing {
+		defer lr.sendReturns(ctx)
+	}
 	// The deny cache: one cached denial decides.
 	for i, it := range items {
 		s, ok := it.Limit.(stepper)
-		if !ok || it.Shadow || terr != nil {
+		if !ok || it.Shadow || terr != nil || lr.spent(i) {
 			continue
 		}
 		if d, hit := s.denyCache().denied(it.Key, t, it.N); hit {
+			lr.unspendAll(items, out)
 			for j := range out {
-				out[j].Skipped = true
+				out[j] = Outcome{Skipped: true}
 			}
 			out[i] = Outcome{Decision: d, Cached: true}
 			return i, nil
@@ -253,9 +267,15 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		e.item, e.it = i, it
 		if s, ok := it.Limit.(stepper); ok {
 			e.s = s
+			if e.leased = lr.spent(i); e.leased {
+				continue
+			}
 			e.gen = s.denyCache().generation()
 			b.steps[i], e.store, e.err = s.plan(it.Key, now, it.N)
 			b.steps[i].Shadow = it.Shadow
+			if leasing && e.err == nil {
+				lr.planTake(i, &items[i], &b.steps[i], t)
+			}
 		} else if it.Limit == nil {
 			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
 		}
@@ -268,6 +288,9 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		e := &es[i]
 		it, o := &items[i], &out[i]
 		err := e.err
+		if e.leased {
+			continue
+		}
 		if err == nil && e.s != nil && b.res[i].NotApplied && !it.Shadow {
 			o.Skipped = true // another item's denial decided: nothing taken
 			continue
@@ -306,6 +329,13 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		}
 		if !o.Decision.Allowed && !it.Shadow {
 			denied = true
+		}
+	}
+
+	if leasing {
+		lr.settle(items, out, es, t, denied || failErr != nil)
+		if denied || failErr != nil {
+			lr.unspendAll(items, out)
 		}
 	}
 
@@ -468,6 +498,7 @@ type entry struct {
 	item         int
 	it           Item // items[item], for a foreign limiter's calls
 	s            stepper
+	leased       bool // answered from a lease: no step
 	store        Batcher
 	err          error // from plan
 	undo         Step
@@ -566,7 +597,7 @@ func run(ctx context.Context, now time.Time, b batch) {
 		if g.refund {
 			return e.refund
 		}
-		return e.err == nil
+		return e.err == nil && !e.leased
 	}
 	var (
 		storeBuf [scratchItems]Batcher

@@ -25,6 +25,14 @@ type TokenBucketConfig struct {
 	// which is on by default (not for a Strict bucket, whose denials move its refill time): a key the store denied is denied again
 	// without a store request until the denial's RetryAfter has passed.
 	NoDenyCache bool
+	// Leases lets a hot key be decided in this process from capacity
+	// leases: tokens taken in one store step and spent here within
+	// MaxLeaseLife, without a store request, never over the bucket's
+	// bounds (docs/leases.md). A cold key is decided as without them.
+	// Only a bucket that is not Strict leases, and only on a store that
+	// keeps [BucketState.Leased] ([LeaseKeeper]); on another store the
+	// bucket decides every call at the store.
+	Leases bool
 }
 
 // TokenBucket is Smyte's token bucket. A bucket holds up to MaxAmount tokens
@@ -44,6 +52,7 @@ type TokenBucket struct {
 	space string
 	ttl   time.Duration
 	cache *DenyCache
+	lz    *leaser // nil: no leases
 }
 
 // NewTokenBucket returns a token bucket on store, or an error wrapping
@@ -61,11 +70,22 @@ func NewTokenBucket(store BucketStore, cfg TokenBucketConfig) (*TokenBucket, err
 		return nil, configError("token bucket", cfg.Name, "refill time", "must be positive, got %v", cfg.RefillTime)
 	case cfg.RefillAmount < 0:
 		return nil, configError("token bucket", cfg.Name, "refill amount", "must be positive, got %d", cfg.RefillAmount)
+	case cfg.Leases && cfg.Strict:
+		return nil, configError("token bucket", cfg.Name, "leases", "a strict bucket does not lease (its denials move its refill time)")
 	}
+
 	// Time to refill from empty, plus one refill period of slack: after that
 	// an absent bucket (full) and a stored one are the same.
 	steps := (cfg.MaxAmount + cfg.RefillAmount - 1) / cfg.RefillAmount
 	ttl := satMul(time.Duration(steps+1), cfg.RefillTime)
+	var lz *leaser
+	if k, ok := store.(LeaseKeeper); cfg.Leases && ok && k.KeepsLeased() {
+		lz = newLeaser(cfg.MaxAmount)
+		lz.holds = true
+		// Kept until leased units have expired from it: a bucket the
+		// store dropped would start full while leases hold its units.
+		ttl = max(ttl, 3*LeaseEpoch)
+	}
 	return &TokenBucket{
 		cfg:   cfg,
 		store: store,
@@ -73,6 +93,7 @@ func NewTokenBucket(store BucketStore, cfg TokenBucketConfig) (*TokenBucket, err
 		space: "tb:" + strconv.FormatInt(cfg.MaxAmount, 10) + ":" + cfg.RefillTime.String() + ":" + strconv.FormatInt(cfg.RefillAmount, 10),
 		ttl:   ttl,
 		cache: newDenyCache(cfg.NoDenyCache, cfg.Strict),
+		lz:    lz,
 	}, nil
 }
 
@@ -119,7 +140,20 @@ const (
 	opTake opMode = iota
 	opPeek
 	opRefund
+	opLease  // a lease take: at least N, up to Want
+	opReturn // a lease's return alone (Return)
 )
+
+// LeaseEpoch is the length of a lease epoch: a capacity lease of a token
+// bucket lives at most [MaxLeaseLife], and the units it took stay out of
+// the bucket until its return, or until the end of the epoch after the one
+// it was taken in, whichever is first. See docs/leases.md.
+const LeaseEpoch = 1200 * time.Millisecond
+
+// MaxLeaseLife is the longest a capacity lease may be spent: it ends at
+// least LeaseEpoch-MaxLeaseLife before its units expire from the store, so
+// its return lands in time.
+const MaxLeaseLife = time.Second
 
 // BucketOp is one token-bucket step, handed to a [BucketStore]. Its Apply
 // method is the whole algorithm; stores only make it atomic.
@@ -130,15 +164,37 @@ type BucketOp struct {
 	Strict       bool
 	// Now is the caller's time in Unix nanoseconds.
 	Now int64
-	// N is the number of tokens to take (or give back).
-	N    int64
-	mode opMode
+	// N is the number of tokens to take (or give back). For a lease take
+	// it is the least the take may get (the cost of the decision at hand).
+	N int64
+	// Want is the most a lease take may get, Epoch the lease epoch its
+	// units are counted in (see [BucketState.Leased]).
+	Want, Epoch int64
+	// Return is a capacity lease's return, applied before the op: a
+	// process's next op on the key carries its last lease's return.
+	Return LeaseReturn
+	mode   opMode
+}
+
+// LeaseReturn ends a capacity lease of a token bucket: Got tokens were
+// granted in lease epoch Epoch, Unspent of them were not spent. Applied
+// before the epoch has expired, the spent tokens leave the bucket and
+// the lease's hold on it ends; after, it is refused (the epoch's units
+// left the bucket at its end: giving them back would give them twice).
+type LeaseReturn struct {
+	Epoch, Got, Unspent int64
 }
 
 // Take reports whether the op takes tokens (as opposed to reading or
 // refunding). A store that writes conditionally on the token count may use
 // it.
-func (op BucketOp) Take() bool { return op.mode == opTake }
+func (op BucketOp) Take() bool { return op.mode == opTake || op.mode == opLease }
+
+// Leases reports whether the op takes a capacity lease or ends one: a
+// store that keeps [BucketState.Leased] writes it.
+func (op BucketOp) Leases() bool {
+	return op.mode == opLease || op.mode == opReturn || op.Return.Got > 0
+}
 
 // Apply computes the bucket after op from cur (found is false for a new
 // bucket, which starts full at op.Now). It returns the next state (Version
@@ -151,39 +207,56 @@ func (op BucketOp) Apply(cur BucketState, found bool) (next BucketState, d Decis
 		next = BucketState{Tokens: op.MaxAmount, Updated: op.Now, Version: cur.Version}
 		write = true
 	}
-	rt := int64(op.RefillTime)
-	// Refill, Smyte style: whole refills only, the remainder is kept. A
-	// clock behind Updated refills nothing and never moves Updated back.
-	if op.Now > next.Updated {
-		refills := (op.Now - next.Updated) / rt
-		if refills > 0 {
-			if next.Tokens < op.MaxAmount {
-				need := (op.MaxAmount - next.Tokens + op.RefillAmount - 1) / op.RefillAmount
-				if refills >= need {
-					next.Tokens = op.MaxAmount
-				} else {
-					next.Tokens += refills * op.RefillAmount
-				}
-			}
-			next.Updated += refills * rt
-			write = true
-		}
+	if op.expire(&next) {
+		write = true
+	}
+	if op.refill(&next, op.Now) {
+		write = true
 	}
 	if next.Tokens > op.MaxAmount { // parameters changed under a key; never exceed capacity
 		next.Tokens = op.MaxAmount
 		write = true
 	}
+	returned := false
+	if op.Return.Got > 0 {
+		returned = next.giveBack(op.Return)
+		write = write || returned
+	}
+	leased := next.Leased[0].Units + next.Leased[1].Units
+	free := next.Tokens - leased // what is in the bucket for anyone
 	d = Decision{Limit: op.MaxAmount}
 	switch op.mode {
 	case opPeek:
-		d.Allowed = next.Tokens >= op.N
+		d.Allowed = free >= op.N
 		write = false
 	case opRefund:
 		next.Tokens = min(op.MaxAmount, next.Tokens+op.N)
 		d.Allowed = true
 		write = true
+	case opReturn:
+		d.Allowed = returned
+	case opLease:
+		if op.N > free {
+			break
+		}
+		got := min(max(op.Want, op.N), free)
+		s := &next.Leased[op.Epoch&1]
+		switch {
+		case s.Epoch == op.Epoch:
+		case s.Epoch < op.Epoch:
+			*s = LeaseSlot{Epoch: op.Epoch}
+		default: // a later epoch's (a writer ahead of us): a plain take
+			next.Tokens -= op.N
+			d.Allowed, write = true, true
+			got = 0
+		}
+		if got > 0 {
+			s.Units += got
+			d.Granted = got
+			d.Allowed, write = true, true
+		}
 	default:
-		if op.N <= next.Tokens {
+		if op.N <= free {
 			next.Tokens -= op.N
 			d.Allowed = true
 			write = true
@@ -192,13 +265,83 @@ func (op BucketOp) Apply(cur BucketState, found bool) (next BucketState, d Decis
 			write = true
 		}
 	}
-	d.Remaining = max(next.Tokens, 0)
+	free = next.Tokens - next.Leased[0].Units - next.Leased[1].Units
+	d.Remaining = max(free, 0)
 	d.ResetAfter = op.untilTokens(next, op.MaxAmount)
 	if !d.Allowed {
-		d.RetryAfter = max(op.untilTokens(next, op.N), 1)
+		d.RetryAfter = max(op.untilTokens(next, min(op.N+leased, op.MaxAmount)), 1)
 	}
 	return next, d, write
 }
+
+// giveBack applies a lease's return to s, unless its epoch has expired:
+// the spent tokens leave the bucket, the lease's hold ends.
+func (s *BucketState) giveBack(r LeaseReturn) bool {
+	l := &s.Leased[r.Epoch&1]
+	if l.Epoch != r.Epoch || r.Epoch == 0 || l.Units == 0 {
+		return false
+	}
+	spent := r.Got - min(r.Unspent, r.Got)
+	s.Tokens -= spent
+	l.Units = max(l.Units-r.Got, 0)
+	return true
+}
+
+// refill adds the refills due by t to s, Smyte style: whole refills only,
+// the remainder is kept. A clock behind Updated refills nothing and never
+// moves Updated back. It reports whether s changed.
+func (op BucketOp) refill(s *BucketState, t int64) bool {
+	rt := int64(op.RefillTime)
+	if t <= s.Updated {
+		return false
+	}
+	refills := (t - s.Updated) / rt
+	if refills <= 0 {
+		return false
+	}
+	if s.Tokens < op.MaxAmount {
+		need := (op.MaxAmount - s.Tokens + op.RefillAmount - 1) / op.RefillAmount
+		if refills >= need {
+			s.Tokens = op.MaxAmount
+		} else {
+			s.Tokens += refills * op.RefillAmount
+		}
+	}
+	s.Updated += refills * rt
+	return true
+}
+
+// expire takes the units of the lease epochs that ended by op.Now out of
+// s for good, oldest first, each at its end: the bucket is refilled to
+// that instant (capped at MaxAmount with the epoch's units still in it,
+// so a refill the leased units kept out stays out), then loses them. It
+// reports whether s changed.
+func (op BucketOp) expire(s *BucketState) bool {
+	changed := false
+	for {
+		i := -1
+		for j := range s.Leased {
+			e := s.Leased[j]
+			if e != (LeaseSlot{}) && epochExpiry(e.Epoch) <= op.Now && (i < 0 || e.Epoch < s.Leased[i].Epoch) {
+				i = j
+			}
+		}
+		if i < 0 {
+			return changed
+		}
+		op.refill(s, epochExpiry(s.Leased[i].Epoch))
+		s.Tokens -= s.Leased[i].Units
+		s.Leased[i] = LeaseSlot{}
+		changed = true
+	}
+}
+
+// leaseEpochOf is the lease epoch of t (Unix ns).
+func leaseEpochOf(t int64) int64 { return floorDiv(t, int64(LeaseEpoch)) }
+
+// epochExpiry is when the units of lease epoch e leave the bucket: the end
+// of the epoch after it.
+func epochExpiry(e int64) int64 { return (e + 2) * int64(LeaseEpoch) }
 
 // untilTokens is how long until s holds want tokens with no more traffic.
 func (op BucketOp) untilTokens(s BucketState, want int64) time.Duration {

@@ -26,6 +26,9 @@ type Decision struct {
 	// Name is the name of the limit that decided (for a [Stack], the limit
 	// that denied, or the allowing limit with the least remaining).
 	Name string
+	// Granted is what a store's lease take gave a capacity lease (the
+	// decision at hand's cost included); zero for any other step.
+	Granted int64
 }
 
 // Limiter is what every algorithm in this package offers.

@@ -434,6 +434,13 @@ func (w *SlidingWindow) judgePacked(st *Step, res *StepResult, t int64) (Decisio
 		return d, undo, true, nil
 	}
 	total := p.total(c)
+	if st.need > 0 {
+		if got, remaining, ok := leaseGot(total, w.cfg.Limit, st.N, st.need); ok {
+			undo.Packed = packedSub(f, w.r, st.N-got, time.Duration(w.sub))
+			undo.N = st.N - got
+			return leaseTaken(d, undo, got, remaining)
+		}
+	}
 	if total <= w.cfg.Limit {
 		d.Allowed = true
 		d.Remaining = w.cfg.Limit - total

@@ -81,6 +81,16 @@ func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step,
 	}
 	undo := Step{Kind: StepSub, Key: st.Key, Idx: idx, N: st.N}
 	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.k+1)*w.sub - elapsed)}
+	if st.need > 0 {
+		if c.Moved { // counted in an older sub-window than its own: no lease there
+			d.RetryAfter = 1
+			return d, undo, true, nil
+		}
+		if got, remaining, ok := leaseGot(w.boundedTotal(&c), w.cfg.Limit, st.N, st.need); ok {
+			undo.N = st.N - got
+			return leaseTaken(d, undo, got, remaining)
+		}
+	}
 	if ok, remaining := w.estimate(&c, rem, 0); ok {
 		d.Allowed = true
 		d.Remaining = remaining
@@ -207,6 +217,9 @@ func (b *TokenBucket) judge(st *Step, r *StepResult, t int64) (Decision, Step, b
 	d := r.Decision
 	d.Name = b.cfg.Name
 	if !d.Allowed {
+		return d, Step{}, false, nil
+	}
+	if d.Granted > 0 { // a lease's: a denied batch's units stay in the lease
 		return d, Step{}, false, nil
 	}
 	return d, b.refundStep(st.Key, t, st.Bucket.N), false, nil

@@ -155,6 +155,20 @@ type BucketState struct {
 	// Version is opaque to the algorithm: a backend may keep a CAS id or a
 	// version number here.
 	Version uint64
+	// Leased is what capacity leases hold of the bucket: the units taken
+	// by leases of a lease epoch and not yet given back, in the slot of
+	// the epoch's parity (zero when no lease was ever taken). Tokens then
+	// counts them as still in the bucket; [BucketOp.Apply] shows Tokens
+	// minus the leased units, and takes them out of Tokens when their
+	// epoch expires. A store keeps Leased with Tokens and Updated.
+	Leased [2]LeaseSlot
+}
+
+// LeaseSlot is the units that capacity leases of one lease epoch (Unix
+// time divided by [LeaseEpoch]) took from a bucket and have not given
+// back. Epoch 0 with Units 0 is an empty slot.
+type LeaseSlot struct {
+	Epoch, Units int64
 }
 
 // BucketStore is the store the token bucket needs: an atomic
@@ -171,6 +185,16 @@ type BucketState struct {
 // long the state must be kept after the write.
 type BucketStore interface {
 	UpdateBucket(ctx context.Context, key Key, op BucketOp, ttl time.Duration) (Decision, error)
+}
+
+// LeaseKeeper is implemented by a [BucketStore] that keeps
+// [BucketState.Leased] with the rest of a bucket's state, as the package's
+// backends do: a [TokenBucket] with Leases takes capacity leases only on
+// such a store (a store that dropped Leased would let the leased units be
+// spent twice). A store wrapping another reports what the wrapped one
+// does.
+type LeaseKeeper interface {
+	KeepsLeased() bool
 }
 
 // LogStore is the store the sliding log needs: an atomic read-modify-write of

@@ -103,6 +103,13 @@ type SlidingWindowConfig struct {
 	// whose costs may exceed 32 sets MaxCost, which then keeps sub-window
 	// counters under Auto, rather than meeting ErrInvalidCost at run time.
 	MaxCost int64
+	// Leases lets a hot key be decided in this process from capacity
+	// leases: units added to the key's current slot (sub-window) in one
+	// store step and spent here until the slot ends, without a store
+	// request, never over the limit (docs/leases.md). A cold key is
+	// decided as without them. Only a Bounded window that refunds
+	// denials leases; it pays where a slot lasts 100 ms or more.
+	Leases bool
 }
 
 // SlidingWindow is the approximated sliding window: a request is allowed
@@ -144,6 +151,7 @@ type SlidingWindow struct {
 	// maxCostSet: the caller gave MaxCost (else it is the packed default,
 	// and a refused call's error says how to ask for more).
 	maxCostSet bool
+	lz         *leaser // nil: no leases
 }
 
 // NewSlidingWindow returns a sliding window on store, or an error wrapping
@@ -163,6 +171,8 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 		return nil, configError(kind, cfg.Name, "representation", "unknown representation %d", cfg.Representation)
 	case cfg.MaxCost < 0 || cfg.MaxCost > cfg.Limit:
 		return nil, configError(kind, cfg.Name, "max-cost", "must be between 0 and the limit %d, got %d", cfg.Limit, cfg.MaxCost)
+	case cfg.Leases && (cfg.Estimator != Bounded || cfg.CountDenied):
+		return nil, configError(kind, cfg.Name, "leases", "only a bounded window that refunds denials leases")
 	}
 	if cfg.Representation == Auto {
 		cfg.Representation = SubWindowCounters
@@ -200,6 +210,7 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 		k:     cfg.SubWindows,
 		ttl:   windowTTL(int64(sub), cfg.SubWindows+1),
 		cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied),
+		lz:    windowLeaser(cfg.Leases, cfg.Limit),
 	}, nil
 }
 
@@ -247,6 +258,7 @@ func newPackedWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, er
 		packed:     ps,
 		r:          cfg.Slots,
 		maxCostSet: maxCostSet,
+		lz:         windowLeaser(cfg.Leases, packedMaxWant),
 	}, nil
 }
 

@@ -113,6 +113,13 @@ type Config struct {
 	// MaxDetached bounds the refunds in flight without a waiter; a refund
 	// over the bound is waited for. Zero means DefaultMaxDetached.
 	MaxDetached int
+	// BucketLeases lets token buckets with Leases take capacity leases on
+	// this store (it keeps their lease ring; see [Store.KeepsLeased]).
+	// Off by default: never over the limit, but a hot bucket's lease
+	// writes conflict on its item (docs/leases.md, "Measured on the
+	// stores"), so a bucket decides every call at the store unless asked.
+	// Windows lease on every store.
+	BucketLeases bool
 }
 
 // Store keeps limiter state in one DynamoDB table. It implements

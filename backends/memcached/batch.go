@@ -76,7 +76,34 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 		bs = make([]bstep, len(steps))
 	}
 	var addrBuf [doScratchSteps]net.Addr
-	addrs := addrBuf[:0] // the nodes, each once
+	addrs := s.route(ctx, steps, bs, out, addrBuf[:0])
+	// The steps of node j are idx[start(j):ends[j]], in order.
+	var idxBuf, endBuf [doScratchSteps]int
+	idx, ends := idxBuf[:0], endBuf[:0]
+	for j := range addrs {
+		for i := range bs {
+			if !bs[i].done && bs[i].node == j {
+				idx = append(idx, i)
+			}
+		}
+		ends = append(ends, len(idx))
+	}
+	switch len(addrs) {
+	case 0:
+	case 1:
+		s.send(ctx, addrs[0], bs, idx, out)
+	default:
+		s.sendParallel(ctx, slices.Clone(addrs), bs, slices.Clone(idx), slices.Clone(ends), out)
+	}
+	s.again(ctx, steps, bs, out)
+}
+
+// route readies each step of a batch for its node's pipeline and returns
+// the nodes, each once (appended to addrs), with bs[i].node the index of
+// step i's. A step answered on the way (a Sync step, by its single-step
+// method; a refund sent without waiting; a bad step; no node) is marked
+// done, its answer in out[i].
+func (s *Store) route(ctx context.Context, steps []limiter.Step, bs []bstep, out []limiter.StepResult, addrs []net.Addr) []net.Addr {
 	for i := range steps {
 		b := &bs[i]
 		if steps[i].Sync {
@@ -110,25 +137,13 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 		}
 		b.node = j
 	}
-	// The steps of node j are idx[start(j):ends[j]], in order.
-	var idxBuf, endBuf [doScratchSteps]int
-	idx, ends := idxBuf[:0], endBuf[:0]
-	for j := range addrs {
-		for i := range bs {
-			if !bs[i].done && bs[i].node == j {
-				idx = append(idx, i)
-			}
-		}
-		ends = append(ends, len(idx))
-	}
-	switch len(addrs) {
-	case 0:
-	case 1:
-		s.send(ctx, addrs[0], bs, idx, out)
-	default:
-		s.sendParallel(ctx, slices.Clone(addrs), bs, slices.Clone(idx), slices.Clone(ends), out)
-	}
-	// The rare second round: a lost race, a cold cache, a vanished counter.
+	return addrs
+}
+
+// again decides, each on its own, the steps the pipelines left to be sent
+// again: the rare second round of a lost race, a cold cache or a vanished
+// counter.
+func (s *Store) again(ctx context.Context, steps []limiter.Step, bs []bstep, out []limiter.StepResult) {
 	for i := range steps {
 		b, st := &bs[i], &steps[i]
 		if b.done || !b.again {

@@ -79,11 +79,26 @@ func (s *Store) logApply(op limiter.LogOp, ttl time.Duration) applyFunc {
 	}
 }
 
+// KeepsLeased implements [limiter.LeaseKeeper]: a bucket's value holds
+// its leased units (encodeBucket).
+func (s *Store) KeepsLeased() bool { return true }
+
+// encodeBucket is the value of a bucket: its format byte, then Tokens and
+// Updated as varints, then, when a capacity lease holds units, the two
+// lease slots (epoch and units each).
 func encodeBucket(b limiter.BucketState) []byte {
-	out := make([]byte, 0, 1+2*binary.MaxVarintLen64)
+	out := make([]byte, 0, 1+6*binary.MaxVarintLen64)
 	out = append(out, formatBucket)
 	out = binary.AppendVarint(out, b.Tokens)
-	return binary.AppendVarint(out, b.Updated)
+	out = binary.AppendVarint(out, b.Updated)
+	if b.Leased == ([2]limiter.LeaseSlot{}) {
+		return out
+	}
+	for _, l := range b.Leased {
+		out = binary.AppendVarint(out, l.Epoch)
+		out = binary.AppendVarint(out, l.Units)
+	}
+	return out
 }
 
 func decodeBucket(v []byte) (limiter.BucketState, error) {
@@ -97,10 +112,26 @@ func decodeBucket(v []byte) (limiter.BucketState, error) {
 		return b, fmt.Errorf("%w: token bucket tokens", limiter.ErrCorruptState)
 	}
 	u, m := binary.Varint(v[n:])
-	if m <= 0 || n+m != len(v) {
+	if m <= 0 {
 		return b, fmt.Errorf("%w: token bucket time", limiter.ErrCorruptState)
 	}
 	b.Tokens, b.Updated = t, u
+	v = v[n+m:]
+	if len(v) == 0 {
+		return b, nil
+	}
+	var f [4]int64
+	for i := range f {
+		x, k := binary.Varint(v)
+		if k <= 0 {
+			return b, fmt.Errorf("%w: token bucket leases", limiter.ErrCorruptState)
+		}
+		f[i], v = x, v[k:]
+	}
+	if len(v) != 0 {
+		return b, fmt.Errorf("%w: token bucket value has %d trailing bytes", limiter.ErrCorruptState, len(v))
+	}
+	b.Leased = [2]limiter.LeaseSlot{{Epoch: f[0], Units: f[1]}, {Epoch: f[2], Units: f[3]}}
 	return b, nil
 }
 

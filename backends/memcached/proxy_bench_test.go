@@ -30,10 +30,18 @@ import (
 // the same stacks through the same nutcracker in one pipeline (unsafe
 // behind a proxy that may run a pipeline's commands out of order), for
 // the cost of the second round. Run under SLUICE_PIN=1 (the proxy and its
-// shards then run on the servers' CPU).
+// shards then run on the servers' CPU). Each case with two rounds also
+// reports each round alone (floor-r1-p50/get, floor-r2-p50/get), and
+// TwoShardRounds what any round that reaches both shards costs: one get
+// of two keys, one on each shard (get2-p50/get), and two such gets one
+// after the other (get2x2-p50/get): the floor of two dependent rounds
+// that each reach both shards. EmbeddedRules/Tagged: one pipeline through
+// another nutcracker that places each limiter key's items on one shard
+// (tagged), against a raw get through that one.
 func BenchmarkThreeLimitsProxy(b *testing.B) {
 	n := testserver.StartNutcracker(b, testserver.NutcrackerConfig{})
 	mc, rawKey := rawClient(b, n.Addr())
+	b.Run("TwoShardRounds", func(b *testing.B) { twoShardRounds(b, n, mc, rawKey) })
 	for _, proxy := range []bool{true, false} {
 		s := benchStore(b, n.Addr(), memcached.Config{Proxy: proxy})
 		for _, c := range memcached.ThreeLimitCases() {
@@ -47,9 +55,28 @@ func BenchmarkThreeLimitsProxy(b *testing.B) {
 					b.Fatal(err)
 				}
 				latency(b, stack, mc, rawKey, 1)
-				replayRounds(b, n.Addr(), proxy, c.Build, mc, rawKey)
+				replayRounds(b, n.Addr(), memcached.Config{Proxy: proxy}, c.Build, mc, rawKey)
 			})
 		}
+	}
+	// One pipeline through a nutcracker that places each limiter key's
+	// items on one shard (TestHistoryNutcrackerTagged: exact there).
+	tn := testserver.StartNutcracker(b, testserver.NutcrackerConfig{HashTag: tagged.hashTag})
+	tmc, tRawKey := rawClient(b, tn.Addr())
+	cfg := memcached.Config{KeyPrefix: tagged.prefix}
+	s := benchStore(b, tn.Addr(), cfg)
+	for _, c := range memcached.ThreeLimitCases() {
+		if c.Name != "EmbeddedRules" {
+			continue
+		}
+		b.Run(c.Name+"/Tagged", func(b *testing.B) {
+			stack, err := c.Build(s)
+			if err != nil {
+				b.Fatal(err)
+			}
+			latency(b, stack, tmc, tRawKey, 1)
+			replayRounds(b, tn.Addr(), cfg, c.Build, tmc, tRawKey)
+		})
 	}
 }
 
@@ -59,10 +86,10 @@ func BenchmarkThreeLimitsProxy(b *testing.B) {
 // bytes; a bare connection to addr then sends them round by round, each
 // read to its last reply (a get's END, one line for any other command),
 // 2,000 times, each followed by a raw get.
-func replayRounds(b *testing.B, addr string, proxy bool, build func(s *memcached.Store) (limiter.Limiter, error), mc *memcache.Client, rawKey string) {
+func replayRounds(b *testing.B, addr string, cfg memcached.Config, build func(s *memcached.Store) (limiter.Limiter, error), mc *memcache.Client, rawKey string) {
 	b.Helper()
 	rec := testserver.NewProxy(b, addr)
-	l, err := build(benchStore(b, rec.Addr(), memcached.Config{Proxy: proxy}))
+	l, err := build(benchStore(b, rec.Addr(), cfg))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,7 +138,7 @@ func replayRounds(b *testing.B, addr string, proxy bool, build func(s *memcached
 	}
 	defer conn.Close()
 	br := bufio.NewReaderSize(conn, 64<<10)
-	replay := func() error {
+	replay := func(rounds []round) error {
 		for _, r := range rounds {
 			if _, err := conn.Write(r.req); err != nil {
 				return err
@@ -140,12 +167,28 @@ func replayRounds(b *testing.B, addr string, proxy bool, build func(s *memcached
 		}
 		return nil
 	}
+	fp50, rp50 := againstGet(b, mc, rawKey, func() error { return replay(rounds) })
+	b.ReportMetric(float64(fp50.Microseconds()), "floor-p50-µs")
+	b.ReportMetric(float64(fp50)/float64(rp50), "floor-p50/get")
+	b.ReportMetric(float64(len(rounds)), "rounds")
+	if len(rounds) == 2 {
+		for j, unit := range []string{"floor-r1-p50/get", "floor-r2-p50/get"} {
+			p50, g50 := againstGet(b, mc, rawKey, func() error { return replay(rounds[j : j+1]) })
+			b.ReportMetric(float64(p50)/float64(g50), unit)
+		}
+	}
+}
+
+// againstGet runs f 2,000 times, each followed by a raw get of rawKey, and
+// returns the p50 of f and of the gets.
+func againstGet(b *testing.B, mc *memcache.Client, rawKey string, f func() error) (time.Duration, time.Duration) {
+	b.Helper()
 	const n = 2000
 	rep := make([]time.Duration, 0, n)
 	raw := make([]time.Duration, 0, n)
 	for range n {
 		t0 := time.Now()
-		if err := replay(); err != nil {
+		if err := f(); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
@@ -154,8 +197,49 @@ func replayRounds(b *testing.B, addr string, proxy bool, build func(s *memcached
 		}
 		rep, raw = append(rep, t1.Sub(t0)), append(raw, time.Since(t1))
 	}
-	fp50, rp50 := percentile(rep, 0.5), percentile(raw, 0.5)
-	b.ReportMetric(float64(fp50.Microseconds()), "floor-p50-µs")
-	b.ReportMetric(float64(fp50)/float64(rp50), "floor-p50/get")
-	b.ReportMetric(float64(len(rounds)), "rounds")
+	return percentile(rep, 0.5), percentile(raw, 0.5)
+}
+
+// twoShardRounds reports get2-p50/get and get2x2-p50/get (see
+// BenchmarkThreeLimitsProxy): a key on each of n's two shards, found by
+// storing keys through the proxy and asking each shard directly.
+func twoShardRounds(b *testing.B, n *testserver.Nutcracker, mc *memcache.Client, rawKey string) {
+	var keys [2]string
+	shards := []*memcache.Client{memcache.New(n.Shards[0].Addr()), memcache.New(n.Shards[1].Addr())}
+	prefix := fmt.Sprint("two-shards-", time.Now().UnixNano(), "-")
+	for i := 0; keys[0] == "" || keys[1] == ""; i++ {
+		if i == 1000 {
+			b.Fatal("no key on each shard in 1,000 tries")
+		}
+		k := prefix + strconv.Itoa(i)
+		if err := mc.Set(&memcache.Item{Key: k, Value: []byte("12345"), Expiration: 600}); err != nil {
+			b.Fatal(err)
+		}
+		for j, sh := range shards {
+			if _, err := sh.Get(k); err == nil && keys[j] == "" {
+				keys[j] = k
+			}
+		}
+	}
+	get2 := func() error {
+		m, err := mc.GetMulti(keys[:])
+		if err == nil && len(m) != 2 {
+			err = fmt.Errorf("get of two keys: %d items", len(m))
+		}
+		return err
+	}
+	for range b.N {
+		if err := get2(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p50, g50 := againstGet(b, mc, rawKey, get2)
+	b.ReportMetric(float64(p50)/float64(g50), "get2-p50/get")
+	p50, g50 = againstGet(b, mc, rawKey, func() error {
+		if err := get2(); err != nil {
+			return err
+		}
+		return get2()
+	})
+	b.ReportMetric(float64(p50)/float64(g50), "get2x2-p50/get")
 }

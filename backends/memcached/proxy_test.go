@@ -60,7 +60,14 @@ func TestConformanceNutcracker(t *testing.T) {
 // and straddleScenario, which fails the store without Config.Proxy
 // (TestHistoryNutcrackerBroken), on skewed clocks.
 func TestHistoryNutcracker(t *testing.T) {
-	s := newFleetStore(t, true)
+	runFleetHistory(t, newFleetStore(t, true))
+}
+
+// runFleetHistory runs the history checker on s, a Store through the
+// fleet: every algorithm (DefaultScenarios and the packed window, 2 s at
+// most each) on the shared clock, and straddleScenario on skewed clocks.
+func runFleetHistory(t *testing.T, s *memcached.Store) {
+	t.Helper()
 	scs := append(limitertest.DefaultScenarios(), limitertest.PackedScenario())
 	for i := range scs {
 		scs[i].Duration = min(scs[i].Duration, 2*time.Second)
@@ -151,21 +158,14 @@ func TestProxyRoundTrips(t *testing.T) {
 		key := limitertestKey(t) + "/" + c.name
 		// The first decision on a key creates it; the third is warm.
 		for i := range 3 {
-			cb, sb := client.Counts(), n.Counts()
-			var shard [2]int64
-			for j, p := range n.Counters {
-				shard[j] = p.Counts().Segments
-			}
-			d, err := c.l.AllowN(context.Background(), key, time.Now(), 1)
-			if err != nil || !d.Allowed {
-				t.Fatalf("%s: %+v, %v", c.name, d, err)
-			}
-			got, servers := client.Counts().Segments-cb.Segments, n.Counts().Segments-sb.Segments
+			got, shards := countDecision(t, client, n, c.l, key)
 			if got != c.want {
 				t.Errorf("%s, decision %d: %d round trips, want %d", c.name, i+1, got, c.want)
 			}
-			for j, p := range n.Counters {
-				if seg := p.Counts().Segments - shard[j]; seg > c.want {
+			var servers int64
+			for j, seg := range shards {
+				servers += seg
+				if seg > c.want {
 					t.Errorf("%s, decision %d: %d segments at shard %d, want at most %d", c.name, i+1, seg, j, c.want)
 				}
 			}
@@ -174,6 +174,25 @@ func TestProxyRoundTrips(t *testing.T) {
 			}
 		}
 	}
+}
+
+// countDecision makes one decision of l on key, which must be allowed, and
+// returns the request segments it cost at client and at each counter of
+// n (one per shard).
+func countDecision(t *testing.T, client *testserver.Proxy, n *testserver.Nutcracker, l limiter.Limiter, key string) (int64, []int64) {
+	t.Helper()
+	before := client.Counts().Segments
+	shards := make([]int64, len(n.Counters))
+	for j, p := range n.Counters {
+		shards[j] = p.Counts().Segments
+	}
+	if d, err := l.AllowN(context.Background(), key, time.Now(), 1); err != nil || !d.Allowed {
+		t.Fatalf("%s: %+v, %v", key, d, err)
+	}
+	for j, p := range n.Counters {
+		shards[j] = p.Counts().Segments - shards[j]
+	}
+	return client.Counts().Segments - before, shards
 }
 
 // TestProxyGetSplit checks that in proxy mode a batch whose reads exceed
@@ -224,4 +243,79 @@ func TestProxyGetSplit(t *testing.T) {
 		t.Fatalf("%d get commands, want the reads split over several", gets)
 	}
 	t.Logf("%d get commands", gets)
+}
+
+// tagged places every item of one limiter key on one shard behind
+// nutcracker: the Store's KeyPrefix opens the hash tag, and the '|' that
+// starts every item's suffix closes it, so nutcracker places an item by
+// its base, which all the items of one limiter key share. ElastiCache
+// Serverless offers no such placement for memcached; the tests use it to
+// show that where one limiter key's commands reach one shard in order,
+// one pipeline is exact through a sharding proxy.
+var tagged = struct{ hashTag, prefix string }{"{|", "{"}
+
+// newTaggedFleetStore returns a Store in one-pipeline mode (Config.Proxy
+// off) through the fleet of newFleetStore, each limiter key's items on
+// one shard (tagged).
+func newTaggedFleetStore(t *testing.T) *memcached.Store {
+	t.Helper()
+	n := testserver.StartNutcracker(t, testserver.NutcrackerConfig{Proxies: 2, Delay: fleetDelay, HashTag: tagged.hashTag})
+	return newStore(t, memcached.Config{Addrs: []string{n.Addr()}, KeyPrefix: tagged.prefix})
+}
+
+// TestHistoryNutcrackerTagged runs TestHistoryNutcracker's scenarios
+// (every algorithm, and straddleScenario on skewed clocks) on the Store
+// without Config.Proxy, one pipeline per request, through the fleet with
+// each limiter key's items on one shard: exact, where the same Store with
+// keys spread over the shards is not (TestHistoryNutcrackerBroken). What
+// breaks one pipeline behind a sharding proxy is the order across shards,
+// which nutcracker keeps per shard and connection.
+func TestHistoryNutcrackerTagged(t *testing.T) {
+	runFleetHistory(t, newTaggedFleetStore(t))
+}
+
+// TestTaggedRoundTrips counts, at the client and at the two shards, the
+// round trips of decisions in one-pipeline mode through nutcracker with
+// each limiter key's items on one shard (tagged): one at the client, and
+// one segment at each shard that holds one of the decision's limiter keys:
+// exactly one for one limit, at most 2 over both shards for any stack.
+func TestTaggedRoundTrips(t *testing.T) {
+	n := testserver.StartNutcracker(t, testserver.NutcrackerConfig{Count: true, HashTag: tagged.hashTag})
+	client := testserver.NewProxy(t, n.Addr())
+	s := newStore(t, memcached.Config{Addrs: []string{client.Addr()}, KeyPrefix: tagged.prefix})
+	window, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "p", Limit: limiter.MaxPackedLimit, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 1 << 40, RefillTime: time.Hour})
+	token, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "t", Limit: limiter.MaxPackedLimit - 1, Window: time.Minute})
+	stack, err := limiter.NewStack(window, bucket, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		l    limiter.Limiter
+	}{{"packed window", window}, {"bucket", bucket}, {"packed window, bucket, packed window", stack}} {
+		for i := range 20 {
+			key := fmt.Sprintf("%s/%s/%d", limitertestKey(t), c.name, i)
+			for d := range 3 { // the third decision is warm
+				got, shards := countDecision(t, client, n, c.l, key)
+				var sum int64
+				reached := 0
+				for j, seg := range shards {
+					sum += seg
+					if seg > 0 {
+						reached++
+					}
+					if seg > 1 {
+						t.Errorf("%s, key %d, decision %d: %d segments at shard %d, want at most 1", c.name, i, d+1, seg, j)
+					}
+				}
+				if got != 1 || sum > 2 || c.l != stack && reached != 1 {
+					t.Errorf("%s, key %d, decision %d: %d round trips, %d segments at %d shards; want 1, and one shard per limiter key", c.name, i, d+1, got, sum, reached)
+				}
+			}
+		}
+	}
 }

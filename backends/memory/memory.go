@@ -470,6 +470,10 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 	return nil
 }
 
+// KeepsLeased implements [limiter.LeaseKeeper]: the whole bucket state is
+// kept, leased units included.
+func (s *Store) KeepsLeased() bool { return true }
+
 // UpdateBucket implements [limiter.BucketStore] under the shard's lock.
 func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
 	sh, now, err := s.lock(ctx, k)

@@ -41,6 +41,13 @@ type NutcrackerConfig struct {
 	// proxies see each other's writes on different shards in opposite
 	// orders.
 	Delay time.Duration
+	// HashTag, when set, is nutcracker's hash_tag: two characters, and a
+	// key that holds the first is placed by the part between it and the
+	// next second character (all of it when that is missing), so keys
+	// that share that part live on one shard. ElastiCache Serverless
+	// documents no such thing for memcached: tests use it to show what
+	// placing a limiter key's items on one shard changes.
+	HashTag string
 }
 
 // Nutcracker is twemproxy (nutcracker) sharding keys over private
@@ -115,7 +122,7 @@ func StartNutcracker(t testing.TB, cfg NutcrackerConfig) *Nutcracker {
 			}
 			targets = append(targets, addr)
 		}
-		srv := startNutcracker(t, bin, targets)
+		srv := startNutcracker(t, bin, targets, cfg.HashTag)
 		n.Proxies = append(n.Proxies, srv)
 		front = append(front, srv.Addr())
 	}
@@ -126,14 +133,15 @@ func StartNutcracker(t testing.TB, cfg NutcrackerConfig) *Nutcracker {
 	return n
 }
 
-// startNutcracker starts one nutcracker sharding over targets.
-func startNutcracker(t testing.TB, bin string, targets []string) *Server {
+// startNutcracker starts one nutcracker sharding over targets (by
+// hashTag, if set).
+func startNutcracker(t testing.TB, bin string, targets []string, hashTag string) *Server {
 	t.Helper()
 	dir := t.TempDir()
 	stats := freePort()
 	return start(t, "nutcracker", 10*time.Second, func(port int) *exec.Cmd {
 		conf := filepath.Join(dir, "nutcracker.yml")
-		if err := os.WriteFile(conf, []byte(nutcrackerConf(port, targets)), 0o644); err != nil {
+		if err := os.WriteFile(conf, []byte(nutcrackerConf(port, targets, hashTag)), 0o644); err != nil {
 			t.Errorf("testserver: %v", err) // start then fails on the missing file
 		}
 		return serverCommand(bin, "-c", conf,
@@ -180,15 +188,20 @@ func nutcrackerBin() string {
 
 // nutcrackerConf is the configuration of one memcached pool listening on
 // port and sharding over servers (host:port each) by ketama over MD5 of
-// the whole key (no hash tag: ElastiCache Serverless offers none for
-// memcached). Not fnv1a_64: twemproxy keeps its low 32 bits, which a
-// change in a key's last bytes barely moves, so the sub-window counters
-// of one limiter key ("...|c1000", "...|c1001") all land on one shard. One connection per server (the default: more would let the
-// proxy reorder two commands on one key, twemproxy's documented caveat),
-// hosts never ejected, and a server silent for 5 s fails the request.
-func nutcrackerConf(port int, servers []string) string {
+// the whole key, or of its hash-tag part when hashTag is set (by default
+// none: ElastiCache Serverless offers none for memcached). Not fnv1a_64:
+// twemproxy keeps its low 32 bits, which a change in a key's last bytes
+// barely moves, so the sub-window counters of one limiter key
+// ("...|c1000", "...|c1001") all land on one shard. One connection per
+// server (the default: more would let the proxy reorder two commands on
+// one key, twemproxy's documented caveat), hosts never ejected, and a
+// server silent for 5 s fails the request.
+func nutcrackerConf(port int, servers []string, hashTag string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sluice:\n  listen: 127.0.0.1:%d\n  hash: md5\n  distribution: ketama\n", port)
+	if hashTag != "" {
+		fmt.Fprintf(&b, "  hash_tag: %q\n", hashTag)
+	}
 	b.WriteString("  timeout: 5000\n  auto_eject_hosts: false\n  server_connections: 1\n  servers:\n")
 	for i, s := range servers {
 		fmt.Fprintf(&b, "    - %s:1 shard%d\n", s, i)

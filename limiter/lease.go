@@ -1,0 +1,499 @@
+package limiter
+
+import (
+	"context"
+	"hash/maphash"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Capacity leases: a hot key's units taken from the store in one step and
+// spent in this process, one decision at a time, without a store request.
+// The units are counted in the store before they are spent, so no number
+// of processes admits more than the limit. docs/leases.md has the
+// reasoning and the figures.
+
+// LeaseStats counts a limit's capacity leases in this process.
+type LeaseStats struct {
+	// Takes is the lease takes sent to the store; Granted the units they
+	// got (each take's own decision included).
+	Takes, Granted int64
+	// Decisions is the decisions answered from a lease, without a store
+	// request.
+	Decisions int64
+	// Returns is the returns sent; Returned the unspent units they gave
+	// back.
+	Returns, Returned int64
+	// Lost is the unspent units not given back: too few to be worth a
+	// write, a return that failed or was refused after its epoch, or
+	// leases dropped with the process. They under-admit until they expire
+	// from the store, never over-admit.
+	Lost int64
+}
+
+// Lease tuning: see docs/leases.md ("Adaptive size") for the measurements
+// behind each figure.
+const (
+	// leaseDecisions is the decisions a lease is sized for.
+	leaseDecisions = 16
+	// minLeaseLife and MaxLeaseLife bound a lease's lifetime.
+	minLeaseLife = 100 * time.Millisecond
+	// minLease is the smallest lease worth taking, in units: below it a
+	// key is cold and each decision is its own store step, as without
+	// leases.
+	minLease = 4
+	// minReturn is the fewest unspent units worth a return write.
+	minReturn = 4
+	// fairShare divides what the store said remains: a take asks at most
+	// remaining/fairShare, so that near the limit many processes do not
+	// strand units in idle leases.
+	fairShare = 8
+	// drainedFor is how long a process waits before taking again on a
+	// key whose last take got less than it asked.
+	drainedFor = 100 * time.Millisecond
+	// rateHalfLife is the half-life of a key's rate estimate.
+	rateHalfLife = time.Second
+	// maxLeaseKeys bounds the keys a limit tracks per shard.
+	maxLeaseKeys = 256
+	leaseShards  = 16
+)
+
+var leaseSeed = maphash.MakeSeed()
+
+// leaser is one limit's leases in this process: per key, a rate estimate
+// and at most one live lease. Bounded like DenyCache; safe for concurrent
+// use. A nil *leaser leases nothing.
+type leaser struct {
+	shards [leaseShards]leaseShard
+	// maxWant bounds a take (the packed window's field headroom).
+	maxWant int64
+	// holds: the store holds a lease's units until its return (a
+	// bucket's ring), so every lease is returned.
+	holds bool
+	stats struct {
+		takes, granted, decisions, returns, returned, lost atomic.Int64
+	}
+}
+
+type leaseShard struct {
+	mu sync.Mutex
+	m  map[string]*leaseKey
+}
+
+// leaseKey is a key's leasing state in this process.
+type leaseKey struct {
+	sum   float64 // units seen, decayed by their age (half-life rateHalfLife)
+	seen  int64   // stamp of the last update (Unix ns)
+	first int64   // stamp of the first
+	// The live lease: units unspent of got, spendable at stamps in
+	// [from, to), counted in the store at ref (a window's slot, a
+	// bucket's lease epoch); got == 0: none.
+	units, got int64
+	from, to   int64
+	ref        int64
+	// d is the store's decision at the take (Remaining after it).
+	d Decision
+	// remaining is what the store last said remains of the limit
+	// (-1: unknown).
+	remaining int64
+	// drained: no take before this stamp.
+	drained int64
+}
+
+// lease is a closed lease to give back (got == 0: nothing), at stamp at.
+type lease struct {
+	key     string
+	ref     int64
+	got     int64
+	unspent int64
+	at      int64
+	// holds: the store holds the lease's units until its return (a
+	// bucket's), so a return is sent even with nothing unspent.
+	holds bool
+}
+
+func newLeaser(maxWant int64) *leaser {
+	l := &leaser{maxWant: maxWant}
+	for i := range l.shards {
+		l.shards[i].m = make(map[string]*leaseKey)
+	}
+	return l
+}
+
+func (l *leaser) shard(key string) *leaseShard {
+	return &l.shards[maphash.String(leaseSeed, key)%leaseShards]
+}
+
+// Stats returns the counters.
+func (l *leaser) Stats() LeaseStats {
+	if l == nil {
+		return LeaseStats{}
+	}
+	return LeaseStats{
+		Takes: l.stats.takes.Load(), Granted: l.stats.granted.Load(),
+		Decisions: l.stats.decisions.Load(),
+		Returns:   l.stats.returns.Load(), Returned: l.stats.returned.Load(),
+		Lost: l.stats.lost.Load(),
+	}
+}
+
+// entry returns key's state, creating it (evicting an idle key when the
+// shard is full). Called with sh.mu held.
+func (sh *leaseShard) entry(key string, t int64) *leaseKey {
+	if k := sh.m[key]; k != nil {
+		return k
+	}
+	if len(sh.m) >= maxLeaseKeys {
+		// Evict the least recently seen of a few keys holding no lease
+		// (map order is random): a flood of cold keys never evicts a hot
+		// key's lease.
+		var victim string
+		var oldest int64 = math.MaxInt64
+		n := 0
+		for k, v := range sh.m {
+			if v.got == 0 && v.seen < oldest {
+				victim, oldest = k, v.seen
+			}
+			if n++; n == 8 {
+				break
+			}
+		}
+		if oldest == math.MaxInt64 {
+			return nil
+		}
+		delete(sh.m, victim)
+	}
+	k := &leaseKey{seen: t, first: t, remaining: -1}
+	sh.m[key] = k
+	return k
+}
+
+// observe adds n units at t to the key's rate estimate.
+func (k *leaseKey) observe(t, n int64) {
+	if dt := t - k.seen; dt > 0 {
+		k.sum *= math.Exp2(-float64(dt) / float64(rateHalfLife))
+		k.seen = t
+	}
+	k.sum += float64(n)
+}
+
+// minRateAge is the shortest history a rate estimate divides by.
+const minRateAge = 250 * time.Millisecond
+
+// rate is the key's units a second: an exponentially weighted average
+// (half-life rateHalfLife) over the time since the key was first seen, so
+// that a new hot key is known as hot within a fraction of a second rather
+// than after several half-lives.
+func (k *leaseKey) rate() float64 {
+	age := max(float64(k.seen-k.first), float64(minRateAge)) / float64(rateHalfLife)
+	weight := (1 - math.Exp2(-age)) * rateHalfLife.Seconds() / math.Ln2
+	return k.sum / weight
+}
+
+// close ends k's live lease at t: what is to be given back.
+func (k *leaseKey) close(key string, t int64) lease {
+	c := lease{key: key, ref: k.ref, got: k.got, unspent: k.units, at: max(t, k.from)}
+	k.units, k.got = 0, 0
+	return c
+}
+
+// spend answers a decision of n units at t from key's lease: ok when the
+// lease covers it. Otherwise closed is the lease that ended (to give
+// back), if any. Every call counts in the key's rate.
+func (l *leaser) spend(key string, t, n int64) (d Decision, ref int64, ok bool, closed lease) {
+	sh := l.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.entry(key, t)
+	if k == nil {
+		return Decision{}, 0, false, lease{}
+	}
+	k.observe(t, n)
+	if k.got == 0 {
+		return Decision{}, 0, false, lease{}
+	}
+	if t >= k.from && t < k.to && k.units >= n {
+		k.units -= n
+		d = k.d
+		d.Remaining = min(satAdd(d.Remaining, k.units), d.Limit)
+		d.Granted = 0
+		l.stats.decisions.Add(1)
+		return d, k.ref, true, lease{}
+	}
+	if t < k.from {
+		return Decision{}, 0, false, lease{} // a stamp before the take: the store decides
+	}
+	c := k.close(key, t)
+	c.holds = l.holds
+	return Decision{}, 0, false, c
+}
+
+// unspend puts back n units spent from key's lease at ref by a decision
+// its batch then denied.
+func (l *leaser) unspend(key string, ref, n int64) {
+	sh := l.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.m[key]; k != nil && k.got > 0 && k.ref == ref {
+		k.units += n
+		return
+	}
+	l.stats.lost.Add(n)
+}
+
+// want is how many units to take for a decision of n at t whose lease
+// could be spent until end: n (a plain step) for a cold or drained key,
+// else a lease sized to the key's rate, a fair share of what remains and
+// maxWant.
+func (l *leaser) want(key string, t, n, end int64) int64 {
+	sh := l.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.m[key]
+	// A key this process has not yet decided at the store (remaining
+	// unknown) is not leased: its first decision tells the fair share.
+	if k == nil || t < k.drained || k.got > 0 || k.remaining < 0 {
+		return n
+	}
+	rate := k.rate()
+	life := time.Duration(float64(time.Second) * leaseDecisions * float64(n) / max(rate, 1e-9))
+	life = min(max(life, minLeaseLife), MaxLeaseLife)
+	if left := time.Duration(end - t); left-life < life {
+		// What would be left after this lease is shorter than it: one
+		// lease to the end rather than a short one after it.
+		life = min(left, MaxLeaseLife)
+	}
+	w := min(int64(rate*life.Seconds()), k.remaining/fairShare, l.maxWant)
+	if w < minLease || w <= n {
+		return n
+	}
+	return w
+}
+
+// took records a take of want units (at least n) for key at t whose
+// lease may be spent in [t, end) and is counted at ref: got units
+// granted (0: denied or a plain step), d the store's decision. It
+// returns a lease that the new one replaced (to give back).
+func (l *leaser) took(key string, t, n, want, got, end, ref int64, d Decision) lease {
+	sh := l.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.entry(key, t)
+	if k == nil {
+		return lease{}
+	}
+	k.remaining = d.Remaining
+	if want <= n {
+		return lease{} // a plain step
+	}
+	l.stats.takes.Add(1)
+	l.stats.granted.Add(got)
+	if got < want/2 {
+		// Drained: what remains is near what the take asked. (Getting a
+		// little less than asked is not: a fair share of a busy key.)
+		k.drained = t + int64(drainedFor)
+	}
+	if got < n {
+		return lease{}
+	}
+	var old lease
+	if k.got > 0 {
+		if k.ref == ref {
+			// Two takes of this process at once, counted at the same
+			// place: one lease, spendable where both are.
+			k.units += got - n
+			k.got += got
+			k.from, k.to = max(k.from, t), min(k.to, end)
+			return lease{}
+		}
+		old = k.close(key, t)
+		old.holds = l.holds
+	}
+	k.units, k.got, k.from, k.to, k.ref, k.d = got-n, got, t, end, ref, d
+	return old
+}
+
+// returned counts a closed lease's return: sent (ok) or lost.
+func (l *leaser) returned(c lease, sent bool) {
+	if sent {
+		l.stats.returns.Add(1)
+		l.stats.returned.Add(c.unspent)
+		return
+	}
+	l.stats.lost.Add(c.unspent)
+}
+
+// leasable is implemented by the limiters that lease: the lease's terms
+// and its steps.
+type leasable interface {
+	leases() *leaser
+	// leaseTerms is where the units of a lease taken at t are counted
+	// and until when they may be spent.
+	leaseTerms(t int64) (ref, end int64)
+	// leaseStep is the take of want units (at least n) for key at t,
+	// counted at ref.
+	leaseStep(key string, t, n, want, ref int64) Step
+	// returnStep gives back c's unspent units, and the store to send it
+	// to.
+	returnStep(c lease) (Step, Batcher)
+	// carryReturn puts c's return on st, a step of c's key, if it can.
+	carryReturn(st *Step, c lease) bool
+}
+
+// leaseUse is one item's use of leases in a Decide: spent from a live
+// lease (spent, at ref), or a take planned (want > its N).
+type leaseUse struct {
+	lz        leasable
+	spent     bool
+	ref       int64
+	want, end int64
+	// ret is the key's lease that closed at this decision; rode: its
+	// return rides on the item's step.
+	ret  lease
+	rode bool
+}
+
+// leaseRound is a Decide's lease bookkeeping: per item, and the leases
+// that closed meanwhile, to give back after the decision.
+type leaseRound struct {
+	use    []leaseUse
+	closed []closedLease
+	useBuf [scratchItems]leaseUse
+	clBuf  [2 * scratchItems]closedLease
+}
+
+type closedLease struct {
+	lz leasable
+	c  lease
+}
+
+// spendLeases answers the items a live lease covers (Outcome.Leased);
+// it reports whether any item leases at all.
+func (r *leaseRound) spendLeases(items []Item, out []Outcome, t int64) bool {
+	any := false
+	for i, it := range items {
+		lz, ok := it.Limit.(leasable)
+		if !ok || lz.leases() == nil {
+			continue
+		}
+		if !any {
+			any = true
+			r.use = r.useBuf[:0]
+			if len(items) > scratchItems {
+				r.use = make([]leaseUse, 0, len(items))
+			}
+			r.use = r.use[:len(items)]
+			r.closed = r.clBuf[:0]
+		}
+		u := &r.use[i]
+		u.lz = lz
+		d, ref, hit, closed := lz.leases().spend(it.Key, t, it.N)
+		u.ret = closed
+		if hit {
+			u.spent, u.ref = true, ref
+			out[i] = Outcome{Decision: d, Leased: true}
+		}
+	}
+	return any
+}
+
+func (r *leaseRound) close(lz leasable, c lease) {
+	if c.got > 0 {
+		r.closed = append(r.closed, closedLease{lz, c})
+	}
+}
+
+// spent reports whether item i was answered from a lease.
+func (r *leaseRound) spent(i int) bool { return r.use != nil && r.use[i].spent }
+
+// unspendAll puts back what the batch's items spent from leases (the
+// batch was denied).
+func (r *leaseRound) unspendAll(items []Item, out []Outcome) {
+	for i := range r.use {
+		u := &r.use[i]
+		if u.ret.got > 0 && !u.rode {
+			r.close(u.lz, u.ret) // no step carries it: sent alone
+			u.ret = lease{}
+		}
+		if u.spent {
+			u.lz.leases().unspend(items[i].Key, u.ref, items[i].N)
+			out[i].Refunded = true
+		}
+	}
+}
+
+// planTake makes item i's step a lease take when its key is hot.
+func (r *leaseRound) planTake(i int, it *Item, st *Step, t int64) {
+	if r.use == nil || r.use[i].lz == nil {
+		return
+	}
+	u := &r.use[i]
+	defer func() {
+		if u.ret.got > 0 {
+			u.rode = u.lz.carryReturn(st, u.ret)
+		}
+	}()
+	ref, end := u.lz.leaseTerms(t)
+	u.want = u.lz.leases().want(it.Key, t, it.N, end)
+	if u.want > it.N {
+		shadow := st.Shadow
+		*st = u.lz.leaseStep(it.Key, t, it.N, u.want, ref)
+		st.Shadow = shadow
+		u.ref, u.end = ref, end
+	}
+}
+
+// settle records the answers of the batch's steps in the leases: a lease
+// take's units become a lease (all of them when the batch was denied:
+// they were counted, and the decision did not use them), a plain step's
+// Remaining sizes the next take.
+func (r *leaseRound) settle(items []Item, out []Outcome, es []entry, t int64, denied bool) {
+	for i := range r.use {
+		u, o := &r.use[i], &out[i]
+		if u.ret.got > 0 {
+			if u.rode && es[i].err == nil && o.Err == nil && !o.Skipped {
+				u.lz.leases().returned(u.ret, true)
+			} else {
+				r.close(u.lz, u.ret) // sent alone
+			}
+			u.ret = lease{}
+		}
+		if u.lz == nil || u.spent || es[i].err != nil || o.Err != nil || o.Skipped {
+			continue
+		}
+		n, want := items[i].N, max(u.want, items[i].N)
+		if denied && o.Decision.Granted > 0 {
+			n, o.Refunded = 0, true
+		}
+		r.close(u.lz, u.lz.leases().took(items[i].Key, t, n, want, o.Decision.Granted, u.end, u.ref, o.Decision))
+		o.Decision.Granted = 0
+	}
+}
+
+// returnTimeout bounds a return sent after its decision.
+const returnTimeout = time.Second
+
+// sendReturns gives back the closed leases' unspent units, each in a
+// store step of its own sent without waiting; a lease with fewer than
+// minReturn unspent units is counted lost.
+func (r *leaseRound) sendReturns(ctx context.Context) {
+	for _, cl := range r.closed {
+		lz, c := cl.lz, cl.c
+		if c.unspent < minReturn && !c.holds {
+			lz.leases().returned(c, false)
+			continue
+		}
+		st, store := lz.returnStep(c)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), returnTimeout)
+			defer cancel()
+			var res [1]StepResult
+			store.Do(ctx, []Step{st}, res[:])
+			ok := res[0].Err == nil && (st.Kind != StepBucket || res[0].Decision.Allowed)
+			lz.leases().returned(c, ok)
+		}()
+	}
+	r.closed = nil
+}

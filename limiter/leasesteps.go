@@ -1,0 +1,123 @@
+package limiter
+
+import "time"
+
+// The limiters' lease takes and returns (see lease.go).
+
+var (
+	_ leasable = (*SlidingWindow)(nil)
+	_ leasable = (*TokenBucket)(nil)
+)
+
+// packedMaxWant bounds a packed window's lease take: the units of takes
+// in flight share a slot field's headroom with denied calls' (see
+// PackedMaxCost); 64 processes taking 256 at once use half of it.
+const packedMaxWant = 8 * PackedMaxCost
+
+// leaseGot splits the answer to a window's lease take of want units, at
+// least need: total is the window's count with all of them. got is what
+// fits the limit; ok when that is at least need.
+func leaseGot(total, limit, want, need int64) (got, remaining int64, ok bool) {
+	got = want
+	if total > limit {
+		got = want - (total - limit)
+	}
+	if got < need {
+		return 0, 0, false
+	}
+	return got, max(limit-total, 0), true
+}
+
+// leaseTaken is the decision of a window's lease take that got units;
+// undo gives back, at once, the N units that did not fit (none: N 0).
+func leaseTaken(d Decision, undo Step, got, remaining int64) (Decision, Step, bool, error) {
+	d.Allowed, d.Granted, d.Remaining = true, got, remaining
+	if undo.N <= 0 {
+		return d, Step{}, false, nil
+	}
+	return d, undo, true, nil
+}
+
+func (w *SlidingWindow) leases() *leaser { return w.lz }
+
+// LeaseStats returns the window's lease counters in this process.
+func (w *SlidingWindow) LeaseStats() LeaseStats { return w.lz.Stats() }
+
+// leaseTerms: a window's lease is counted in the slot (sub-window) it is
+// taken in and spent only there (docs/leases.md, "A slot-bound lease is
+// exact").
+func (w *SlidingWindow) leaseTerms(t int64) (ref, end int64) {
+	ref = floorDiv(t, w.sub)
+	return ref, (ref + 1) * w.sub
+}
+
+func (w *SlidingWindow) leaseStep(key string, t, n, want, ref int64) Step {
+	k := Key{Space: w.space, Name: key}
+	if w.packed != nil {
+		p := planPacked(ref, w.r, want, time.Duration(w.sub))
+		return Step{Kind: StepPackedAdd, Key: k, N: want, Packed: p.op, packedReads: p.reads, need: n}
+	}
+	return Step{Kind: StepAdd, Key: k, Idx: ref, Span: w.k + 1, N: want, TTL: w.ttl, need: n}
+}
+
+func (w *SlidingWindow) returnStep(c lease) (Step, Batcher) {
+	k := Key{Space: w.space, Name: c.key}
+	if w.packed != nil {
+		return Step{Kind: StepPackedSub, Key: k, N: c.unspent, Packed: packedSub(c.ref, w.r, c.unspent, time.Duration(w.sub))}, w.batch
+	}
+	return Step{Kind: StepSub, Key: k, Idx: c.ref, N: c.unspent}, w.batch
+}
+
+// boundedTotal is the Bounded estimate's count: the view and Later.
+func (w *SlidingWindow) boundedTotal(c *Counts) int64 {
+	full := c.Later
+	for j := 0; j <= w.k; j++ {
+		full = satAdd(full, c.C[j])
+	}
+	return full
+}
+
+// windowLeaser is a window's leaser, nil without leases.
+func windowLeaser(on bool, maxWant int64) *leaser {
+	if !on {
+		return nil
+	}
+	return newLeaser(maxWant)
+}
+
+func (b *TokenBucket) leases() *leaser { return b.lz }
+
+// LeaseStats returns the bucket's lease counters in this process.
+func (b *TokenBucket) LeaseStats() LeaseStats { return b.lz.Stats() }
+
+// leaseTerms: a bucket's lease is counted in its lease epoch and spent
+// within MaxLeaseLife.
+func (b *TokenBucket) leaseTerms(t int64) (ref, end int64) {
+	return leaseEpochOf(t), t + int64(MaxLeaseLife)
+}
+
+func (b *TokenBucket) leaseStep(key string, t, n, want, ref int64) Step {
+	op := b.op(t, n, opLease)
+	op.Want, op.Epoch = want, ref
+	return Step{Kind: StepBucket, Key: Key{Space: b.space, Name: key}, Bucket: op, TTL: b.ttl}
+}
+
+func (b *TokenBucket) returnStep(c lease) (Step, Batcher) {
+	op := b.op(c.at, 0, opReturn)
+	op.Return = LeaseReturn{Epoch: c.ref, Got: c.got, Unspent: c.unspent}
+	return Step{Kind: StepBucket, Key: Key{Space: b.space, Name: c.key}, Bucket: op, TTL: b.ttl}, b.batch
+}
+
+// carryReturn puts c's return on st, the next step of its key: a bucket's
+// lease ends in the same write (every spent lease must end: its hold on
+// the bucket lasts until then). A window's step cannot carry one (its
+// return is to another slot).
+func (b *TokenBucket) carryReturn(st *Step, c lease) bool {
+	if st.Kind != StepBucket || st.Bucket.Return.Got > 0 {
+		return false
+	}
+	st.Bucket.Return = LeaseReturn{Epoch: c.ref, Got: c.got, Unspent: c.unspent}
+	return true
+}
+
+func (w *SlidingWindow) carryReturn(*Step, lease) bool { return false }

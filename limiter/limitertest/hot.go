@@ -1,0 +1,171 @@
+package limitertest
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// HotOptions configures [RunHot]: processes deciding one hot key, each
+// with a limiter of its own (its own store client and leases, as Lambda
+// containers have).
+type HotOptions struct {
+	// Key is the hot key.
+	Key string
+	// Rate is the decisions a second offered, over all processes.
+	Rate float64
+	// Uneven gives process 0 half of Rate; the others share the rest.
+	// Otherwise every process gets Rate/len(limiters).
+	Uneven bool
+	// Duration is how long the processes call.
+	Duration time.Duration
+	// Prefill, with Prefiller, takes that many units of the key at the
+	// run's start in one call of Prefiller (a limiter of the same limit,
+	// without leases), so that the run meets the limit sooner: it is the
+	// first of the report's Calls (Worker -1).
+	Prefill   int64
+	Prefiller limiter.Limiter
+}
+
+// HotReport is what became of a [RunHot]'s decisions.
+type HotReport struct {
+	// Calls are the decisions, as the history checkers take them
+	// (Reached is false for one answered without a store request).
+	Calls []Call
+	// Admitted counts the admitted units (one a decision, and the
+	// prefill's); Leased the decisions answered from a
+	// capacity lease, Cached the deny cache's denials, Throttled those the
+	// store throttled, ThrottledLate those of them stamped after the
+	// run's first second, Failed those whose store failed (decided by no
+	// fail mode: they are errors).
+	Admitted, Leased, Cached, Throttled, ThrottledLate, Failed int64
+	// Leases sums the limiters' lease counters.
+	Leases limiter.LeaseStats
+	// ThrottledAt are the throttled decisions' times since the start.
+	ThrottledAt []time.Duration
+	// FirstErr is the first failed decision's error.
+	FirstErr error
+}
+
+// RunHot has each of limiters (one per process) decide opt.Key at a
+// steady pace, all at once, for opt.Duration, with [limiter.Decide] and a
+// cost of 1, stamped with the wall clock, and reports the decisions.
+func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) HotReport {
+	n := len(limiters)
+	rates := make([]float64, n)
+	for i := range rates {
+		rates[i] = opt.Rate / float64(n)
+		if opt.Uneven && n > 1 {
+			rates[i] = opt.Rate / 2 / float64(n-1)
+			if i == 0 {
+				rates[i] = opt.Rate / 2
+			}
+		}
+	}
+	var (
+		mu  sync.Mutex
+		rep HotReport
+		wg  sync.WaitGroup
+	)
+	begin := time.Now()
+	end := begin.Add(opt.Duration)
+	if opt.Prefill > 0 {
+		d, err := opt.Prefiller.AllowN(ctx, opt.Key, begin, opt.Prefill)
+		rep.Calls = append(rep.Calls, Call{Worker: -1, Key: opt.Key, Stamp: begin, Cost: opt.Prefill, End: time.Since(begin),
+			Reached: true, Allowed: err == nil && d.Allowed, Remaining: d.Remaining, Err: err})
+		if err != nil {
+			rep.Failed++
+		} else if d.Allowed {
+			rep.Admitted += opt.Prefill
+		}
+	}
+	for i, l := range limiters {
+		wg.Go(func() {
+			var local []Call
+			var r HotReport
+			pace := time.Duration(float64(time.Second) / rates[i])
+			// Stagger the processes over one pace interval.
+			next := begin.Add(time.Duration(i) * pace / time.Duration(n))
+			out := make([]limiter.Outcome, 1)
+			for next.Before(end) && ctx.Err() == nil {
+				time.Sleep(time.Until(next))
+				next = next.Add(pace)
+				now := time.Now()
+				start := now.Sub(begin)
+				_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: l, Key: opt.Key, N: 1}}, out)
+				o := out[0]
+				switch {
+				case err != nil:
+					r.Failed++
+					if r.FirstErr == nil {
+						r.FirstErr = err
+					}
+				case o.Throttled:
+					r.Throttled++
+					r.ThrottledAt = append(r.ThrottledAt, start)
+					if start > time.Second {
+						r.ThrottledLate++
+					}
+				case o.Cached:
+					r.Cached++
+				case o.Decision.Allowed:
+					r.Admitted++
+					if o.Leased {
+						r.Leased++
+					}
+				}
+				local = append(local, Call{Worker: i, Key: opt.Key, Stamp: now, Cost: 1, Start: start, End: time.Since(begin),
+					Reached: !o.Cached && !o.Leased, Allowed: err == nil && o.Decision.Allowed, Remaining: o.Decision.Remaining,
+					Cached: o.Cached, Err: err})
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			rep.Calls = append(rep.Calls, local...)
+			rep.Admitted += r.Admitted
+			rep.Leased += r.Leased
+			rep.Cached += r.Cached
+			rep.Throttled += r.Throttled
+			rep.ThrottledLate += r.ThrottledLate
+			rep.Failed += r.Failed
+			if rep.FirstErr == nil {
+				rep.FirstErr = r.FirstErr
+			}
+			rep.ThrottledAt = append(rep.ThrottledAt, r.ThrottledAt...)
+		})
+	}
+	wg.Wait()
+	for _, l := range limiters {
+		if s, ok := l.(interface{ LeaseStats() limiter.LeaseStats }); ok {
+			st := s.LeaseStats()
+			rep.Leases.Takes += st.Takes
+			rep.Leases.Granted += st.Granted
+			rep.Leases.Decisions += st.Decisions
+			rep.Leases.Returns += st.Returns
+			rep.Leases.Returned += st.Returned
+			rep.Leases.Lost += st.Lost
+		}
+	}
+	return rep
+}
+
+// ExactAdmitted replays calls in stamp order, one at a time, on exact (a
+// limiter without leases, on a store of its own) and returns the units it
+// admits: what a serialized limiter admits on the same calls.
+func ExactAdmitted(ctx context.Context, exact limiter.Limiter, calls []Call) (int64, error) {
+	cs := slices.Clone(calls)
+	slices.SortStableFunc(cs, func(a, b Call) int { return a.Stamp.Compare(b.Stamp) })
+	var admitted int64
+	for _, c := range cs {
+		d, err := exact.AllowN(ctx, c.Key, c.Stamp, c.Cost)
+		if err != nil {
+			return admitted, err
+		}
+		if d.Allowed {
+			admitted += c.Cost
+		}
+	}
+	return admitted, nil
+}
