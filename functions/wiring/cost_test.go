@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/backends/breaker"
 	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/internal/testserver"
 )
@@ -256,10 +255,7 @@ func memcachedStats(t *testing.T, addr string) map[string]int64 {
 // a measure counts its own refunds and none of the case before.
 func waitAll(b *Built) {
 	for _, st := range b.Stores {
-		if s, ok := st.(interface{ Unwrap() breaker.Backend }); ok {
-			st = s.Unwrap()
-		}
-		if s, ok := st.(interface{ WaitRefunds(context.Context) error }); ok {
+		if s, ok := unwrap(st).(interface{ WaitRefunds(context.Context) error }); ok {
 			waitRefunds(s, 2*time.Second)
 		}
 	}
