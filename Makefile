@@ -39,10 +39,11 @@ test: lint
 readme:
 	scripts/readme
 
-## lint: gofmt, go vet (every module), package docs a screen long (scripts/doclen)
+## lint: gofmt, go vet (every module), package docs a screen long (scripts/doclen), no function over 80 lines (scripts/funclen)
 lint: node
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	scripts/doclen
+	scripts/funclen
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
 	cd tools/rie && $(GO) vet ./...
