@@ -57,6 +57,10 @@ type Env struct {
 	// without a store request, until the denial's RetryAfter has passed.
 	NoDenyCache bool
 
+	// NoLeases, from EnvLeases=false, turns off capacity leases (on by
+	// default for the limits that allow them).
+	NoLeases bool
+
 	// TestClock, from EnvTestClock (RFC 3339), freezes the clock. It
 	// exists for the golden tests of the built binary; never set it in a
 	// deployment.
@@ -251,12 +255,17 @@ func (e *Env) parseBackends(getenv func(string) string) error {
 			return bad(b.name, "%q is not true or false", v)
 		}
 	}
-	switch v := strings.ToLower(strings.TrimSpace(getenv(EnvDenyCache))); v {
-	case "", "true", "1", "yes":
-	case "false", "0", "no":
-		e.NoDenyCache = true
-	default:
-		return bad(EnvDenyCache, "%q is not true or false", v)
+	for _, b := range []struct {
+		name string
+		off  *bool
+	}{{EnvDenyCache, &e.NoDenyCache}, {EnvLeases, &e.NoLeases}} {
+		switch v := strings.ToLower(strings.TrimSpace(getenv(b.name))); v {
+		case "", "true", "1", "yes":
+		case "false", "0", "no":
+			*b.off = true
+		default:
+			return bad(b.name, "%q is not true or false", v)
+		}
 	}
 	switch e.DefaultBackend {
 	case "":

@@ -42,8 +42,9 @@ const (
 	minLeaseLife = 100 * time.Millisecond
 	// minLease is the smallest lease worth taking, in units: below it a
 	// key is cold and each decision is its own store step, as without
-	// leases.
-	minLease = 4
+	// leases (a smaller lease would save few requests, and a client's
+	// quick handful of requests would lease).
+	minLease = 8
 	// minReturn is the fewest unspent units worth a return write.
 	minReturn = 4
 	// fairShare divides what the store said remains: a take asks at most

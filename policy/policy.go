@@ -41,6 +41,10 @@ type Options struct {
 	// by default a key a store denied is denied again in this process,
 	// without a store request, until the denial's RetryAfter has passed.
 	NoDenyCache bool
+	// NoLeases turns off every limit's capacity leases (SLUICE_LEASES=
+	// false): by default a hot key of a limit that allows them is decided
+	// in process from units leased from the store ([Limit.Lease]).
+	NoLeases bool
 	// Lists are the rule set's allow and deny lists ([Load] takes them
 	// from the document when this is empty).
 	Lists Lists
@@ -153,7 +157,7 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 			if backend == "" {
 				backend = def
 			}
-			lim, err := build(l, backend, opts.Stores, opts.NoDenyCache, c.cost)
+			lim, err := build(l, backend, &opts, c.cost)
 			if err != nil {
 				return nil, ruleError(c.Name, i, fmt.Sprintf("limits[%d].backend", j), "%v", err)
 			}
@@ -222,7 +226,8 @@ func (p *Policy) Backends(opts Options) []string {
 // build makes the limiter of l on the store named backend, for a rule
 // whose requests cost cost (a sliding window's MaxCost: a packed window
 // only where its fields stay exact, limiter.PackedMaxCost).
-func build(l *Limit, backend string, stores map[string]limiter.Store, noDenyCache bool, cost int64) (limiter.Limiter, error) {
+func build(l *Limit, backend string, opts *Options, cost int64) (limiter.Limiter, error) {
+	stores, noDenyCache, leases := opts.Stores, opts.NoDenyCache, !opts.NoLeases && l.leases()
 	store, ok := stores[backend]
 	if !ok || store == nil {
 		names := make([]string, 0, len(stores))
@@ -238,12 +243,12 @@ func build(l *Limit, backend string, stores map[string]limiter.Store, noDenyCach
 	case TokenBucket:
 		return limiter.NewTokenBucket(store, limiter.TokenBucketConfig{
 			Name: l.Name, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: l.RefillAmount, Strict: l.Strict,
-			NoDenyCache: noDenyCache,
+			NoDenyCache: noDenyCache, Leases: leases,
 		})
 	case SlidingWindow:
 		return limiter.NewSlidingWindow(store, limiter.SlidingWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, SubWindows: l.SubWindows, Estimator: l.Estimator, CountDenied: l.CountDenied,
-			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache, MaxCost: cost,
+			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache, MaxCost: cost, Leases: leases,
 		})
 	case FixedWindow:
 		return limiter.NewFixedWindow(store, limiter.FixedWindowConfig{
@@ -319,6 +324,9 @@ const (
 	// short RetryAfter (limiter.ThrottledRetryAfter), whatever the fail
 	// mode, so a hot key is never admitted uncounted.
 	ReasonThrottled Reason = "throttled"
+	// ReasonLease: allowed from a capacity lease this process holds on
+	// the key (docs/leases.md): no store request.
+	ReasonLease Reason = "lease"
 	// ReasonUnauthenticated: a required credential is missing.
 	ReasonUnauthenticated Reason = "unauthenticated"
 )
@@ -387,6 +395,9 @@ type Eval struct {
 	// Throttled reports that the store refused the rule's key for
 	// capacity (Reason throttled, when it decided the rule).
 	Throttled bool
+	// Leased reports that the deciding limit allowed the request from a
+	// capacity lease, without a store request (ReasonLease).
+	Leased bool
 	// Reason says why the rule had its outcome (ReasonLimit, ReasonCache,
 	// ReasonFailOpen, ReasonFailClosed, ...).
 	Reason Reason
@@ -594,6 +605,8 @@ func judgeRule(ev *Eval, o *limiter.Outcome, window time.Duration, fail FailMode
 		ev.Reason = ReasonCache
 	case o.Throttled:
 		ev.Reason = ReasonThrottled
+	case o.Leased:
+		ev.Reason, ev.Leased = ReasonLease, true
 	case o.Failed && fail == FailOpen:
 		ev.Reason = ReasonFailOpen
 	case o.Failed:

@@ -207,6 +207,45 @@ type Limit struct {
 	RefillTime   time.Duration `rule:"refill_time" algs:"token_bucket"`
 	RefillAmount int64         `rule:"refill_amount" algs:"token_bucket"`
 	Strict       bool          `rule:"strict" algs:"token_bucket"`
+
+	// Lease: sliding_window and token_bucket. LeaseAuto (the zero value,
+	// "auto") decides a hot key from capacity leases where the limit
+	// allows them (a bounded window that refunds denials, a bucket that
+	// is not strict; docs/leases.md): a cold key is decided as without
+	// them. LeaseOff ("off") sends every decision to the store.
+	Lease LeaseMode `rule:"lease" algs:"sliding_window token_bucket"`
+}
+
+// LeaseMode is a limit's capacity lease setting ([Limit.Lease]).
+type LeaseMode uint8
+
+const (
+	// LeaseAuto leases a hot key where the limit allows it.
+	LeaseAuto LeaseMode = iota
+	// LeaseOff never leases.
+	LeaseOff
+)
+
+// String returns "auto" or "off".
+func (m LeaseMode) String() string {
+	if m == LeaseOff {
+		return "off"
+	}
+	return "auto"
+}
+
+// leases reports whether l's limiter takes capacity leases (Options.
+// NoLeases aside).
+func (l *Limit) leases() bool {
+	switch {
+	case l.Lease == LeaseOff:
+		return false
+	case l.Algorithm == TokenBucket:
+		return !l.Strict
+	case l.Algorithm == SlidingWindow:
+		return l.Estimator == limiter.Bounded && !l.CountDenied
+	}
+	return false
 }
 
 // Period is the time over which the limit grants its Capacity: a

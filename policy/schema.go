@@ -108,7 +108,7 @@ func (m *mapping) field(name string, p any) (err error) {
 		*p, _, err = m.strs(name)
 	case *time.Duration:
 		*p, _, err = m.duration(name)
-	case *Algorithm, *FailMode, *limiter.Priority, *limiter.Estimator, *limiter.Representation:
+	case *Algorithm, *FailMode, *limiter.Priority, *limiter.Estimator, *limiter.Representation, *LeaseMode:
 		return m.enum(name, p)
 	case *Match, *ClientIP:
 		return m.nested(name, func(sub *mapping) error { return sub.decode(p) })
@@ -158,6 +158,15 @@ func (m *mapping) enum(name string, p any) error {
 	case *limiter.Representation:
 		if *p, err = limiter.ParseRepresentation(s); err != nil || s == "" {
 			return m.errorf(name, "%q is not auto, packed or subwindows", s)
+		}
+	case *LeaseMode:
+		switch s {
+		case "auto":
+			*p = LeaseAuto
+		case "off":
+			*p = LeaseOff
+		default:
+			return m.errorf(name, "%q is not auto or off", s)
 		}
 	}
 	return nil

@@ -23,7 +23,9 @@ const NoRule = "(none)"
 // CacheDenied (Count: denials answered by the deny cache, without a store
 // request; they are in Denied too), Throttled (rule checks whose key the
 // store refused for capacity: DynamoDB throttled its partition; counted
-// in Denied when they decided the rule), ShadowDenied (a shadow rule's
+// in Denied when they decided the rule), Leased (rule checks allowed from
+// a capacity lease, without a store request; in Allowed too),
+// ShadowDenied (a shadow rule's
 // would-be denials; the line counts Allowed), DenyListed and AllowListed
 // (requests the lists decided, without a store request: one "(none)" line
 // each, counted in Denied or Allowed too) and BackendLatency
@@ -58,7 +60,7 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 	mid = append(mid, `,"Dimensions":[["Rule"],[]],"Metrics":[`+
 		`{"Name":"Allowed","Unit":"Count"},{"Name":"Denied","Unit":"Count"},{"Name":"Shed","Unit":"Count"},`+
 		`{"Name":"FailOpen","Unit":"Count"},{"Name":"FailClosed","Unit":"Count"},{"Name":"BackendErrors","Unit":"Count"},`+
-		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},{"Name":"Throttled","Unit":"Count"},`+
+		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},{"Name":"Throttled","Unit":"Count"},{"Name":"Leased","Unit":"Count"},`+
 		`{"Name":"ShadowDenied","Unit":"Count"},{"Name":"DenyListed","Unit":"Count"},{"Name":"AllowListed","Unit":"Count"},`+
 		`{"Name":"BackendLatency","Unit":"Milliseconds"}]}]},"Rule":`...)
 	m.middle = mid
@@ -67,11 +69,11 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 
 // Line is one metric line's values.
 type Line struct {
-	Rule                                                                string
-	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors int
-	CacheDenied, Throttled, ShadowDenied, DenyListed, AllowListed       int
-	BackendLatency                                                      time.Duration
-	Reason                                                              policy.Reason
+	Rule                                                                  string
+	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors   int
+	CacheDenied, Throttled, Leased, ShadowDenied, DenyListed, AllowListed int
+	BackendLatency                                                        time.Duration
+	Reason                                                                policy.Reason
 }
 
 // Record writes the lines of one evaluated request.
@@ -136,6 +138,9 @@ func (m *Metrics) Record(now time.Time, res *policy.Result) {
 		if ev.Throttled {
 			l.Throttled = 1
 		}
+		if ev.Leased {
+			l.Leased = 1
+		}
 		if ev.ShadowDenied {
 			l.ShadowDenied = 1
 		}
@@ -159,6 +164,7 @@ func (m *Metrics) write(now time.Time, l *Line) {
 	b = appendField(b, "ShedErrors", l.ShedErrors)
 	b = appendField(b, "CacheDenied", l.CacheDenied)
 	b = appendField(b, "Throttled", l.Throttled)
+	b = appendField(b, "Leased", l.Leased)
 	b = appendField(b, "ShadowDenied", l.ShadowDenied)
 	b = appendField(b, "DenyListed", l.DenyListed)
 	b = appendField(b, "AllowListed", l.AllowListed)

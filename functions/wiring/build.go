@@ -135,7 +135,7 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 	if clock == nil {
 		clock = limiter.SystemClock
 	}
-	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend, NoDenyCache: env.NoDenyCache, Shadow: env.Shadow}
+	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend, NoDenyCache: env.NoDenyCache, NoLeases: env.NoLeases, Shadow: env.Shadow}
 	if env.Shadow {
 		logger.Warn(config.EnvShadow + " is set: every rule runs in shadow mode and nothing is rate limited (the deny list still denies)")
 	}
