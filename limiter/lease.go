@@ -219,7 +219,7 @@ func (l *leaser) spend(key string, t, n int64) (d Decision, ref int64, ok bool, 
 		k.units -= n
 		d = k.d
 		d.Remaining = min(satAdd(d.Remaining, k.units), d.Limit)
-		d.Granted = 0
+		d.Granted, d.LeaseRef = 0, 0
 		l.stats.decisions.Add(1)
 		return d, k.ref, true, lease{}
 	}
@@ -468,8 +468,12 @@ func (r *leaseRound) settle(items []Item, out []Outcome, es []entry, t int64, de
 		if denied && o.Decision.Granted > 0 {
 			n, o.Refunded = 0, true
 		}
-		r.close(u.lz, u.lz.leases().took(items[i].Key, t, n, want, o.Decision.Granted, u.end, u.ref, o.Decision))
-		o.Decision.Granted = 0
+		ref := u.ref
+		if o.Decision.LeaseRef != 0 {
+			ref = o.Decision.LeaseRef // a bucket's slot
+		}
+		r.close(u.lz, u.lz.leases().took(items[i].Key, t, n, want, o.Decision.Granted, u.end, ref, o.Decision))
+		o.Decision.Granted, o.Decision.LeaseRef = 0, 0
 	}
 }
 

@@ -90,9 +90,10 @@ func TestLeasesHotKey(t *testing.T) {
 			store := newCounted(t)
 			procs, rate := 16, 1600.0 // a second: 100 per process; under every limit
 			if alg == "packed" {
-				// Under its 500 a second; 4 processes, so that each
-				// decides enough in one slot (375 ms) to lease.
-				procs, rate = 4, 400
+				// Under its 500 a second; 2 processes, so that each
+				// decides enough in one slot (375 ms) to lease: a lease
+				// lives one slot.
+				procs, rate = 2, 400
 			}
 			ls, exact := hotLimits(t, alg, store, procs, true)
 			rep := limitertest.RunHot(t.Context(), ls, limitertest.HotOptions{Key: "hot", Rate: rate, Duration: 4 * time.Second})
