@@ -3,6 +3,7 @@ package dynamo
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
@@ -250,6 +251,10 @@ func (s *Store) ringClauses(u *update, a attrs, op limiter.BucketOp, plan bucket
 	}
 }
 
+// settleSkew is how far past a write's stamp its settlement counts s as
+// spent.
+const settleSkew = 50 * time.Millisecond
+
 // settleAt is the step of unsettled consumption at which a write's
 // answer sends a settlement: a quarter of the bucket (at least 4
 // tokens). The bucket then holds at most that many tokens fewer than if
@@ -259,9 +264,9 @@ func settleAt(op limiter.BucketOp) int64 { return max(op.MaxAmount/4, 4) }
 // maybeSettle sends, without waiting, the settlement of stored (the item
 // a write of op just returned, which added added to s) when that write
 // took s past a multiple of settleAt (one write does, not every write
-// that sees s large): s moves into tat as if spent now (the later of op's stamp
-// and the store's clock), by an addition when the bucket is not full
-// then, else by setting tat to the full bucket's less s. Each reads s in
+// that sees s large): s moves into tat as if spent at op.Now plus
+// settleSkew, by an addition when the bucket is not full then, else by
+// setting tat to the full bucket's less s. Each reads s in
 // the write: a settlement whose regime changed before it landed fails
 // and is dropped (the next write's answer sends another).
 func (s *Store) maybeSettle(a attrs, op limiter.BucketOp, stored bucketItem, added int64) {
@@ -269,7 +274,13 @@ func (s *Store) maybeSettle(a attrs, op limiter.BucketOp, stored bucketItem, add
 	if !stored.ring || added <= 0 || stored.unsettled < step || (stored.unsettled-added)/step == stored.unsettled/step {
 		return
 	}
-	now := max(op.Now, s.cfg.Clock().UnixNano())
+	// As if spent settleSkew after the stamp of the write that crossed
+	// the step: every unit in s was spent by then, if the stamps of
+	// writes that reach the item at once are within settleSkew of one
+	// another (what spent later and is settled with them, a late clock's,
+	// is settled early by the difference: the bucket holds that many
+	// more tokens until its next settlement).
+	now := op.Now + int64(settleSkew)
 	rt := int64(op.RefillTime)
 	if now < stored.base {
 		return
