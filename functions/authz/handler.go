@@ -171,9 +171,10 @@ func (h *Handler) Decide(ctx context.Context, event []byte) (Response, policy.Re
 	}
 	now := h.cfg.Clock.Now()
 	dctx, cancel := context.WithTimeout(ctx, h.cfg.Deadline)
-	res := h.cfg.Policy.Policy().Evaluate(dctx, &ev.Request, now)
+	pol := h.cfg.Policy.Policy()
+	res := pol.Evaluate(dctx, &ev.Request, now)
 	cancel()
-	h.cfg.Metrics.Record(now, &res)
+	h.cfg.Metrics.Record(now, &res, pol.LeaseStats)
 	h.logResult(ctx, ev, &res)
 
 	switch res.Outcome {

@@ -176,7 +176,7 @@ func TestAllowTiersShadowThroughLocalAPI(t *testing.T) {
 	// ones are denied from the deny cache, nothing else checked), smallco's
 	// 2nd-3rd. None was denied by it (acme got 5), and each is counted and
 	// logged.
-	if c := strings.Count(metrics.String(), `"Rule":"trial","Allowed":1,"Denied":0,"Shed":0,"FailOpen":0,"FailClosed":0,"BackendErrors":0,"ShedErrors":0,"CacheDenied":0,"Throttled":0,"Leased":0,"ShadowDenied":1`); c != 7 {
+	if c := strings.Count(metrics.String(), `"Rule":"trial","Allowed":1,"Denied":0,"Shed":0,"FailOpen":0,"FailClosed":0,"BackendErrors":0,"ShedErrors":0,"CacheDenied":0,"Throttled":0,"Leased":0,"ShadowDenied":1,"DenyListed":0,"AllowListed":0,"LeaseTakes":0`); c != 7 {
 		t.Errorf("ShadowDenied counted %d times, want 7", c)
 	}
 	if c := strings.Count(logs.String(), `"msg":"would deny","rule":"trial"`); c != 7 {
