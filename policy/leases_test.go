@@ -18,7 +18,7 @@ rules:
 
 // hotCalls evaluates one request a millisecond for 2 s of stamps and
 // counts the reasons and the store requests.
-func hotCalls(t *testing.T, doc string, opts Options) (map[Reason]int, int64) {
+func hotCalls(t *testing.T, doc string, opts Options) (map[Reason]int, int64, limiter.LeaseStats) {
 	t.Helper()
 	cs := newCounting(t)
 	opts.Stores = map[string]limiter.Store{"memory": cs}
@@ -31,19 +31,22 @@ func hotCalls(t *testing.T, doc string, opts Options) (map[Reason]int, int64) {
 		}
 		reasons[res.Reason]++
 	}
-	return reasons, cs.requests()
+	return reasons, cs.requests(), p.LeaseStats("global")
 }
 
 // TestLeases: a hot key of a rule's window is decided from capacity
 // leases by default (reason lease, a fraction of the store requests), and
 // not with lease: off or Options.NoLeases.
 func TestLeases(t *testing.T) {
-	on, onReq := hotCalls(t, strings.ReplaceAll(hotRule, "%s", ""), Options{})
-	off, offReq := hotCalls(t, strings.ReplaceAll(hotRule, "%s", ", lease: off"), Options{})
-	global, globalReq := hotCalls(t, strings.ReplaceAll(hotRule, "%s", ""), Options{NoLeases: true})
-	t.Logf("leases: %v, %d store requests; lease: off: %v, %d; NoLeases: %v, %d", on, onReq, off, offReq, global, globalReq)
+	on, onReq, onStats := hotCalls(t, strings.ReplaceAll(hotRule, "%s", ""), Options{})
+	off, offReq, offStats := hotCalls(t, strings.ReplaceAll(hotRule, "%s", ", lease: off"), Options{})
+	global, globalReq, _ := hotCalls(t, strings.ReplaceAll(hotRule, "%s", ""), Options{NoLeases: true})
+	t.Logf("leases: %v, %d store requests, %+v; lease: off: %v, %d; NoLeases: %v, %d", on, onReq, onStats, off, offReq, global, globalReq)
 	if on[ReasonLease] < 1500 || onReq > 300 {
 		t.Errorf("with leases: %v and %d store requests for 2,000 requests, want most from leases", on, onReq)
+	}
+	if onStats.Takes == 0 || onStats.Decisions != int64(on[ReasonLease]) || offStats != (limiter.LeaseStats{}) {
+		t.Errorf("LeaseStats: %+v with leases (%d lease decisions), %+v with lease: off", onStats, on[ReasonLease], offStats)
 	}
 	for _, c := range []struct {
 		name string
