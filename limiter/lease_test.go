@@ -1,8 +1,6 @@
 package limiter_test
 
 import (
-	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,49 +9,18 @@ import (
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
 
-// counted is a memory store that counts the store calls made to it.
-type counted struct {
-	*memory.Store
-	calls atomic.Int64
-}
-
-func (c *counted) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
-	c.calls.Add(1)
-	return c.Store.Add(ctx, k, cur, span, n, ttl)
-}
-
-func (c *counted) Sub(ctx context.Context, k limiter.Key, idx, n int64) error {
-	c.calls.Add(1)
-	return c.Store.Sub(ctx, k, idx, n)
-}
-
-func (c *counted) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
-	c.calls.Add(1)
-	return c.Store.AddPacked(ctx, k, op)
-}
-
-func (c *counted) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
-	c.calls.Add(1)
-	return c.Store.SubPacked(ctx, k, op)
-}
-
-func (c *counted) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
-	c.calls.Add(1)
-	return c.Store.UpdateBucket(ctx, k, op, ttl)
-}
-
-func newCounted(t *testing.T) *counted {
+func newCounted(t *testing.T) *limitertest.CountingStore {
 	s, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &counted{Store: s}
+	return limitertest.NewCountingStore(s)
 }
 
 // hotLimits builds one limit per process on store (leases as asked) and
 // the exact one (no leases, a store of its own).
-func hotLimits(t *testing.T, alg string, store *counted, procs int, leases bool) ([]limiter.Limiter, limiter.Limiter) {
-	build := func(s *counted, leases bool) limiter.Limiter {
+func hotLimits(t *testing.T, alg string, store *limitertest.CountingStore, procs int, leases bool) ([]limiter.Limiter, limiter.Limiter) {
+	build := func(s *limitertest.CountingStore, leases bool) limiter.Limiter {
 		var l limiter.Limiter
 		var err error
 		switch alg {
@@ -97,7 +64,7 @@ func TestLeasesHotKey(t *testing.T) {
 			}
 			ls, exact := hotLimits(t, alg, store, procs, true)
 			rep := limitertest.RunHot(t.Context(), ls, limitertest.HotOptions{Key: "hot", Rate: rate, Duration: 4 * time.Second})
-			checkHot(t, alg, rep, exact, store.calls.Load())
+			checkHot(t, alg, rep, exact, store.Calls())
 		})
 	}
 }
