@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"math"
 	"sync"
@@ -501,4 +502,52 @@ func (r *leaseRound) sendReturns(ctx context.Context) {
 		}()
 	}
 	r.closed = nil
+}
+
+// closeAll ends every live lease at t: what is to be given back.
+func (l *leaser) closeAll(t int64) []lease {
+	var out []lease
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		for key, k := range sh.m {
+			if k.got > 0 {
+				c := k.close(key, t)
+				c.holds = l.holds
+				out = append(out, c)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// returnLeases ends every live lease of lz at now and gives back the
+// unspent units (a bucket's: ends its hold too), waiting for the writes.
+func returnLeases(ctx context.Context, lz leasable, now time.Time) error {
+	l := lz.leases()
+	if l == nil {
+		return nil
+	}
+	t, err := unixNano("", now)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, c := range l.closeAll(t) {
+		if c.unspent == 0 && !c.holds {
+			l.returned(c, true)
+			continue
+		}
+		st, store := lz.returnStep(c)
+		st.Sync = true
+		var res [1]StepResult
+		store.Do(ctx, []Step{st}, res[:])
+		ok := res[0].Err == nil && (st.Kind != StepBucket || res[0].Decision.Allowed)
+		l.returned(c, ok)
+		if res[0].Err != nil {
+			errs = append(errs, res[0].Err)
+		}
+	}
+	return errors.Join(errs...)
 }

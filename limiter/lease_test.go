@@ -141,3 +141,45 @@ func TestLeaseHistoryFailsBroken(t *testing.T) {
 func TestColdLeases(t *testing.T) {
 	limitertest.RunColdLeases(t, newMemory(t))
 }
+
+// TestReturnLeases: a process's leases given back before it stops leave
+// the store holding exactly what was admitted. A bucket of 10,000 that
+// does not refill during the test, one hot process: after 500 decisions
+// the process holds a lease's unspent tokens; after ReturnLeases the
+// bucket shows 10,000 less the 500 admitted, where without the return it
+// shows fewer (the lease's unspent tokens held out of it).
+func TestReturnLeases(t *testing.T) {
+	for _, ret := range []bool{false, true} {
+		s := newCounted(t)
+		b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "r", MaxAmount: 10000, RefillTime: time.Hour, Leases: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := time.Now()
+		for i := range 500 {
+			if d, err := b.Allow(t.Context(), "k", at.Add(time.Duration(i)*time.Millisecond)); err != nil || !d.Allowed {
+				t.Fatalf("call %d: %+v %v", i, d, err)
+			}
+		}
+		end := at.Add(500 * time.Millisecond)
+		if ret {
+			if err := b.ReturnLeases(t.Context(), end); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := b.Get(t.Context(), "k", end)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := b.LeaseStats()
+		t.Logf("returned %v: %d remaining after 500 admitted; leases %+v", ret, d.Remaining, st)
+		switch {
+		case ret && d.Remaining != 10000-500:
+			t.Errorf("after ReturnLeases: %d remaining, want %d", d.Remaining, 10000-500)
+		case !ret && d.Remaining >= 10000-500:
+			t.Errorf("without returning: %d remaining, want fewer than %d (a lease held)", d.Remaining, 10000-500)
+		case st.Takes == 0:
+			t.Error("no lease was taken")
+		}
+	}
+}

@@ -1,6 +1,9 @@
 package limiter
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // The limiters' lease takes and returns (see lease.go).
 
@@ -42,6 +45,14 @@ func (w *SlidingWindow) leases() *leaser { return w.lz }
 
 // LeaseStats returns the window's lease counters in this process.
 func (w *SlidingWindow) LeaseStats() LeaseStats { return w.lz.Stats() }
+
+// ReturnLeases ends the window's live leases in this process at now and
+// gives their unspent units back, waiting for the writes: for a process
+// about to stop. Leases not returned are not lost for good: their units
+// stay counted until their slot leaves the window.
+func (w *SlidingWindow) ReturnLeases(ctx context.Context, now time.Time) error {
+	return returnLeases(ctx, w, now)
+}
 
 // leaseTerms: a window's lease is counted in the slot (sub-window) it is
 // taken in and spent only there (docs/leases.md, "A slot-bound lease is
@@ -89,6 +100,14 @@ func (b *TokenBucket) leases() *leaser { return b.lz }
 
 // LeaseStats returns the bucket's lease counters in this process.
 func (b *TokenBucket) LeaseStats() LeaseStats { return b.lz.Stats() }
+
+// ReturnLeases ends the bucket's live leases in this process at now and
+// gives their unspent tokens back, waiting for the writes: for a process
+// about to stop. A lease not returned holds its units out of the bucket
+// until its epoch expires (at most 4.8 s).
+func (b *TokenBucket) ReturnLeases(ctx context.Context, now time.Time) error {
+	return returnLeases(ctx, b, now)
+}
 
 // leaseTerms: a bucket's lease is counted in its lease epoch and spent
 // within MaxLeaseLife.

@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -178,4 +180,27 @@ func (p *Policy) LeaseStats(rule string) limiter.LeaseStats {
 		add(t)
 	}
 	return sum
+}
+
+// ReturnLeases gives back, at now, the unspent units of every capacity
+// lease this process holds for the policy's limits (waiting for the
+// writes): for a process about to stop. It returns the errors of the
+// writes that failed; their units stay counted until they expire.
+func (p *Policy) ReturnLeases(ctx context.Context, now time.Time) error {
+	var errs []error
+	for _, r := range p.rules {
+		lists := append([][]limiter.Limiter{r.limits}, r.tiers...)
+		for _, ls := range lists {
+			for _, l := range ls {
+				if rl, ok := l.(interface {
+					ReturnLeases(context.Context, time.Time) error
+				}); ok {
+					if err := rl.ReturnLeases(ctx, now); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

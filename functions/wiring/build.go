@@ -69,10 +69,16 @@ type Built struct {
 	// Logger is the handler's logger.
 	Logger  *slog.Logger
 	closers []func()
+	// returnLeases gives back the policy's capacity leases (Close).
+	returnLeases func()
 }
 
-// Close releases the backends' connections.
+// Close gives back the capacity leases the process holds, then releases
+// the backends' connections.
 func (b *Built) Close() {
+	if b.returnLeases != nil {
+		b.returnLeases()
+	}
 	for _, c := range b.closers {
 		c()
 	}
@@ -151,6 +157,12 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 	source, err := b.buildRules(ctx, ddb, opts)
 	if err != nil {
 		return nil, err
+	}
+	b.returnLeases = func() {
+		// Before the stores close: the leases' unspent units go back.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*env.Deadline)
+		defer cancel()
+		source.Policy().ReturnLeases(ctx, clock.Now()) //nolint:errcheck // best effort: what is not returned expires
 	}
 	var logKey []byte
 	if env.LogKey != "" {
