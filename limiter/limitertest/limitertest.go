@@ -57,6 +57,7 @@ func Run(t *testing.T, s Store) {
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, s) })
 	t.Run("HostileKeys", func(t *testing.T) { testHostileKeys(t, s) })
 	t.Run("BadArguments", func(t *testing.T) { testBadArguments(t, s) })
+	t.Run("ColdLeases", func(t *testing.T) { RunColdLeases(t, s) })
 }
 
 // Key returns a fresh key, unique across runs, for t.
