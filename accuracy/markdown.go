@@ -166,7 +166,7 @@ func (r *Report) figures() []captioned {
 			"exact sliding log. The acceptable region is on the red line, right of the green one (%.0f%%). Configurations with the same point share a label.", 100*r.Options.Target)})
 
 	if r.Shapes != nil {
-		out = append(out, captioned{"shapes-frontier", r.shapesFigure, "Issue 13's frontier: worst shape against keys read",
+		out = append(out, captioned{"shapes-frontier", r.shapesFigure, "The packed window's frontier: worst shape against keys read",
 			fmt.Sprintf("Left: each representation's share of the exact log on its worst shape, limit and seed, against the keys "+
 				"one memcached decision names, at every resolution of the shape matrix (the cached line is its cold, worst-case "+
 				"figure, today's bounded one). Right: each shape's worst share (over the %d limits and %d seeds) against the "+

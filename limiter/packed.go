@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// The packed representation of a sliding window (issue 13): the window is
+// The packed representation of a sliding window: the window is
 // cut into r slots, and the slot counts are kept in counters of 4 fields of
 // 16 bits at 4 levels. Level l's counter of index i covers slots
 // [i*4^l, (i+1)*4^l); its field j is the total of the 4^(l-1) slots from

@@ -203,7 +203,7 @@ func runConcurrently(b *testing.B, g int, f func(i int) error) {
 // BenchmarkThroughput: decisions per second at 1, 16 and 64 goroutines, on
 // one hot key and on 10,000 keys, next to raw gets and raw incrs (of one
 // key) at the same concurrency; each decision row reports x-incr, its rate
-// over the raw incrs' measured just before it in the same run (issue 13's
+// over the raw incrs' measured just before it in the same run (the packed window's
 // acceptance: PackedSliding/keys=10000/g=64 at 0.7 or more). Windows:
 // Sliding12 and Sliding20 (sub-window counters, 20 the default), and
 // PackedSliding (the packed window at the default 160 slots: see
@@ -273,7 +273,7 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
-// BenchmarkInterleavedThroughput: issue 13's acceptance figure, the
+// BenchmarkInterleavedThroughput: the packed window's target figure, the
 // throughput of window decisions on 10,000 keys at 64 goroutines over raw
 // incrs of one key at 64 goroutines, measured in turns: b.N decisions in
 // 20 blocks, each block following a block of as many raw incrs, so that

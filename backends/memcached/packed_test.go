@@ -71,7 +71,7 @@ func packedKeys(cmds [][]string) (keys, read int) {
 // allowed decision, one plus one of noreply decrs for a denied one (its
 // own units given back), none for a denial the deny cache answers; and
 // the keys it names, at every slot offset of a level-4 counter (256
-// slots): at most 12 (issue 13's acceptance; the plan reads at most 8
+// slots): at most 12 (the packed window's target; the plan reads at most 8
 // counters and adds to 4, one of which it also reads), the get at most
 // limiter.MaxPackedReads; at the smallest and largest resolutions (64 and
 // 512 slots) the figures are logged, and bounded by 4 adds and
@@ -137,7 +137,7 @@ func TestPackedOneRoundTrip(t *testing.T) {
 		}
 		t.Logf("r=%d: keys named per decision over 256 slots: at most %d (mean %.2f), at most %d read by the get", r, maxKeys, float64(sumKeys)/256, maxRead)
 	}
-	sweep(w, slot, 12) // the default: issue 13's acceptance
+	sweep(w, slot, 12) // the default: the packed window's target
 	for _, r := range []int{limiter.MinSlots, limiter.MaxSlots} {
 		wr, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "p", Limit: limiter.MaxPackedLimit, Window: time.Minute, Representation: limiter.Packed, Slots: r})
 		if err != nil {

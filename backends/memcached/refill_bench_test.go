@@ -15,7 +15,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// BenchmarkRefillContention is issue 16's hot-key bucket workloads on
+// BenchmarkRefillContention is the hot-key bucket workloads on
 // memcached, as backends/dynamo's benchmark of the same name runs them on
 // DynamoDB Local: 64 independent clients (each its own memcached.Store and
 // connections, like 64 Lambda containers) on one hot key of a bucket

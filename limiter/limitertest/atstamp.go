@@ -170,7 +170,7 @@ func checkBucketHistory(s Store, calls []Call, cfg limiter.TokenBucketConfig, ti
 	return CheckTokenBucket(calls, cfg, timeout)
 }
 
-// HotBucketScenario is issue 16's contention for the history checker: every
+// HotBucketScenario is the hot-key contention for the history checker: every
 // goroutine on ONE key of a bucket of 100 refilled one token per
 // millisecond, no pauses, costs 1 to 3, delays below 2 ms (two refill
 // steps, so late arrivals cross steps all the time), for d. A refill is due

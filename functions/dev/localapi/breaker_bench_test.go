@@ -14,7 +14,7 @@ import (
 // BenchmarkOutageBreakerOpen is one request through the local API (HTTP
 // client, server, REST event, authorizer, echo upstream) while memcached
 // accepts connections and never answers, under a 250 ms deadline, once
-// the breaker has opened: the fail-open rule answers 200 at once. Issue 16
+// the breaker has opened: the fail-open rule answers 200 at once. The target
 // asks for under 5 ms. The no-breaker case (SLUICE_BREAKER_FAILURES=0)
 // waits the deadline on every request.
 func BenchmarkOutage(b *testing.B) {
