@@ -159,6 +159,10 @@ type ReplicationStats struct {
 	// MinDelay and MaxDelay bound the time from a write being read in its
 	// region to its being applied in another (0 before any).
 	MinDelay, MaxDelay time.Duration
+	// Holds is the times a gate held its region's writes back while the
+	// replicator applied, and MaxHold the longest.
+	Holds   int64
+	MaxHold time.Duration
 }
 
 // StartRegions starts cfg.Regions private DynamoDB Local servers (a few
@@ -468,13 +472,16 @@ func (g *Regions) round(r *region) {
 		return
 	}
 	r.writes.Lock()
-	defer r.writes.Unlock()
+	held := time.Now()
 	if err := g.poll(ctx, r); err != nil {
 		g.fail(err)
 	}
 	g.apply(ctx, r, due)
+	r.writes.Unlock()
 	g.mu.Lock()
 	r.applying = 0
+	g.stats.Holds++
+	g.stats.MaxHold = max(g.stats.MaxHold, time.Since(held))
 	g.mu.Unlock()
 }
 
