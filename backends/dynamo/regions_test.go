@@ -1,6 +1,7 @@
 package dynamo_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -37,10 +38,32 @@ const (
 // it, so the limit spans a window and a sub-window.
 const regionRate = regionLimit / float64(regionWindow+regionWindow/regionSubs) * float64(time.Second)
 
-func regionLimiter(tb testing.TB, st limiter.Counter, leases bool) limiter.Limiter {
+// regionAlg is a global limit's algorithm in the runs: the window above,
+// or a token bucket of the same steady rate (a second's burst).
+type regionAlg string
+
+const (
+	regionAlgWindow regionAlg = "window"
+	regionAlgBucket regionAlg = "bucket"
+)
+
+// regionBucket is the bucket: regionRate a second, refilled every 10 ms.
+var regionBucket = limiter.TokenBucketConfig{Name: "global", MaxAmount: int64(regionRate), RefillTime: 10 * time.Millisecond,
+	RefillAmount: int64(regionRate) / 100}
+
+func regionLimiter(tb testing.TB, alg regionAlg, st any, leases bool) limiter.Limiter {
 	tb.Helper()
-	l, err := limiter.NewSlidingWindow(st, limiter.SlidingWindowConfig{Name: "global", Limit: regionLimit, Window: regionWindow,
-		SubWindows: regionSubs, Representation: limiter.SubWindowCounters, Leases: leases})
+	var l limiter.Limiter
+	var err error
+	switch alg {
+	case regionAlgBucket:
+		cfg := regionBucket
+		cfg.Leases = leases
+		l, err = limiter.NewTokenBucket(st.(limiter.BucketStore), cfg)
+	default:
+		l, err = limiter.NewSlidingWindow(st.(limiter.Counter), limiter.SlidingWindowConfig{Name: "global", Limit: regionLimit, Window: regionWindow,
+			SubWindows: regionSubs, Representation: limiter.SubWindowCounters, Leases: leases})
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -56,19 +79,26 @@ type regionDemand struct {
 	Rate     float64
 	Duration time.Duration
 	Prefill  int64
+	// Then, if set, is the split of a second phase as long as the
+	// first, right after it, on the same processes: demand that moves.
+	Then []float64
+	// Alg is the limit's algorithm (the window by default).
+	Alg regionAlg
 }
 
 // regionReport is what became of a run's decisions over the union of
 // regions.
 type regionReport struct {
+	alg                      regionAlg
 	calls                    []limitertest.Call
 	decisions                int64
 	admitted, leased, failed int64
 	firstErr                 error
 	// exact is what one serialized limiter admits on the same calls.
 	exact int64
-	// over are the windows of stamps over the limit; worst the most units
-	// admitted in one window of stamps.
+	// over are the windows (intervals) of stamps over the limit (the
+	// bucket's bound); worst the most units admitted in one window of
+	// stamps (the window only).
 	over  []limitertest.Violation
 	worst int64
 	// requests is the store requests the regions' endpoints received.
@@ -82,8 +112,13 @@ type regionReport struct {
 func (r regionReport) share() float64 { return float64(r.admitted) / float64(max(r.exact, 1)) }
 
 func (r regionReport) String() string {
-	s := fmt.Sprintf("%d decisions, %d admitted (%d from leases), exact %d: %.3f of exact; worst window %d of %d (%d windows over); %d store requests (%.3f a decision)",
-		r.decisions, r.admitted, r.leased, r.exact, r.share(), r.worst, regionLimit, len(r.over), r.requests, float64(r.requests)/float64(r.decisions))
+	s := fmt.Sprintf("%s: %d decisions, %d admitted (%d from leases), exact %d: %.3f of exact; ", r.alg, r.decisions, r.admitted, r.leased, r.exact, r.share())
+	if r.alg == regionAlgBucket {
+		s += fmt.Sprintf("%d intervals over the bound", len(r.over))
+	} else {
+		s += fmt.Sprintf("worst window %d of %d (%d windows over)", r.worst, regionLimit, len(r.over))
+	}
+	s += fmt.Sprintf("; %d store requests (%.3f a decision)", r.requests, float64(r.requests)/float64(r.decisions))
 	if r.p50Raw > 0 {
 		s += fmt.Sprintf("; p50 %v (admitted %v, p99 %v), regional round trip %v: p50 %.3fx", r.p50.Round(time.Microsecond), r.p50Allowed.Round(time.Microsecond),
 			r.p99.Round(time.Millisecond), r.p50Raw.Round(time.Microsecond), float64(r.p50)/float64(r.p50Raw))
@@ -105,18 +140,18 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	procs := make([][]limiter.Limiter, len(endpoints))
 	for i, ep := range endpoints {
 		for range regionProcs {
-			st, err := dynamo.New(newClient(ep), dynamo.Config{Table: table, Timeout: regionTimeout})
+			st, err := dynamo.New(newClient(ep), dynamo.Config{Table: table, Timeout: regionTimeout, BucketLeases: true})
 			if err != nil {
 				tb.Fatal(err)
 			}
-			procs[i] = append(procs[i], regionLimiter(tb, st, true))
+			procs[i] = append(procs[i], regionLimiter(tb, d.Alg, st, true))
 		}
 	}
 	mark := requests()
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
-		rep   regionReport
+		rep   = regionReport{alg: cmp.Or(d.Alg, regionAlgWindow)}
 		raws  []time.Duration
 		stopc = make(chan struct{})
 	)
@@ -141,33 +176,39 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 			}
 		})
 	}
-	var runs sync.WaitGroup
-	for i, ls := range procs {
-		if d.Split[i] == 0 {
-			continue
-		}
-		opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * d.Split[i], Duration: d.Duration}
-		if i == 0 && d.Prefill > 0 {
-			st, err := dynamo.New(newClient(endpoints[0]), dynamo.Config{Table: table, Timeout: regionTimeout})
-			if err != nil {
-				tb.Fatal(err)
+	phase := func(split []float64, prefill int64) {
+		var runs sync.WaitGroup
+		for i, ls := range procs {
+			if split[i] == 0 {
+				continue
 			}
-			opt.Prefill, opt.Prefiller = d.Prefill, regionLimiter(tb, st, false)
-		}
-		runs.Go(func() {
-			h := limitertest.RunHot(ctx, ls, opt)
-			mu.Lock()
-			defer mu.Unlock()
-			rep.calls = append(rep.calls, h.Calls...)
-			rep.admitted += h.Admitted
-			rep.leased += h.Leased
-			rep.failed += h.Failed
-			if rep.firstErr == nil {
-				rep.firstErr = h.FirstErr
+			opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * split[i], Duration: d.Duration}
+			if i == 0 && prefill > 0 {
+				st, err := dynamo.New(newClient(endpoints[0]), dynamo.Config{Table: table, Timeout: regionTimeout})
+				if err != nil {
+					tb.Fatal(err)
+				}
+				opt.Prefill, opt.Prefiller = prefill, regionLimiter(tb, d.Alg, st, false)
 			}
-		})
+			runs.Go(func() {
+				h := limitertest.RunHot(ctx, ls, opt)
+				mu.Lock()
+				defer mu.Unlock()
+				rep.calls = append(rep.calls, h.Calls...)
+				rep.admitted += h.Admitted
+				rep.leased += h.Leased
+				rep.failed += h.Failed
+				if rep.firstErr == nil {
+					rep.firstErr = h.FirstErr
+				}
+			})
+		}
+		runs.Wait()
 	}
-	runs.Wait()
+	phase(d.Split, d.Prefill)
+	if d.Then != nil {
+		phase(d.Then, 0)
+	}
 	close(stopc)
 	wg.Wait()
 	rep.requests = requests() - mark
@@ -191,8 +232,12 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if rep.exact, err = limitertest.ExactAdmitted(ctx, regionLimiter(tb, mem, false), rep.calls); err != nil {
+	if rep.exact, err = limitertest.ExactAdmitted(ctx, regionLimiter(tb, d.Alg, mem, false), rep.calls); err != nil {
 		tb.Fatal(err)
+	}
+	if d.Alg == regionAlgBucket {
+		rep.over = limitertest.CheckBucketBound(rep.calls, regionBucket)
+		return rep
 	}
 	rep.over = limitertest.CheckTrailingWindow(rep.calls, regionLimit, regionWindow)
 	for _, v := range limitertest.CheckTrailingWindow(rep.calls, 0, regionWindow) {
@@ -297,36 +342,56 @@ func startMRSC(tb testing.TB) (*testserver.MRSC, string, []string, func(context.
 	return m, table, eps, func(ctx context.Context) error { return rawUpdate(ctx, regional, key) }
 }
 
-// mrscDemands are the MRSC runs: each split under the limit (0.8 of its
-// rate: every decision admitted, the latency of admissions) and over it
-// (1.2, the window prefilled to half: the share of exact).
-func mrscDemands(d time.Duration) []regionDemand {
+// mrscDemands are the MRSC runs of the window: each split under the limit
+// (0.8 of its steady rate: every decision admitted, the latency of
+// admissions) and over it (1.2, the window prefilled to half: the share
+// of exact). all adds 60/30/10, demand moving from one region to another
+// (98/1/1 then 1/1/98, over the limit) and the token bucket over the limit
+// (98/1/1, 33/33/33).
+func mrscDemands(d time.Duration, all bool) []regionDemand {
 	rate := regionRate
-	var ds []regionDemand
-	for _, s := range []struct {
+	type split struct {
 		name  string
 		split []float64
-	}{{"98/1/1", []float64{0.98, 0.01, 0.01}}, {"33/33/33", []float64{1. / 3, 1. / 3, 1. / 3}}} {
+	}
+	splits := []split{{"98/1/1", []float64{0.98, 0.01, 0.01}}, {"33/33/33", []float64{1. / 3, 1. / 3, 1. / 3}}}
+	if all {
+		splits = append(splits, split{"60/30/10", []float64{0.6, 0.3, 0.1}})
+	}
+	var ds []regionDemand
+	for _, s := range splits {
 		ds = append(ds,
 			regionDemand{Name: s.name + "/under", Split: s.split, Rate: 0.8 * rate, Duration: d},
 			regionDemand{Name: s.name + "/over", Split: s.split, Rate: 1.2 * rate, Duration: d, Prefill: regionLimit / 2})
+	}
+	if all {
+		ds = append(ds, regionDemand{Name: "98/1/1-then-1/1/98/over", Split: splits[0].split, Then: []float64{0.01, 0.01, 0.98},
+			Rate: 1.2 * rate, Duration: d / 2, Prefill: regionLimit / 2})
+		for _, s := range splits[:2] {
+			ds = append(ds, regionDemand{Name: "bucket/" + s.name + "/over", Split: s.split, Rate: 1.2 * rate, Duration: d,
+				Prefill: regionBucket.MaxAmount / 2, Alg: regionAlgBucket})
+		}
 	}
 	return ds
 }
 
 // TestRegionsMRSCLeases: a global window with leases on an MRSC table
 // (three regions, 40 ms added to every request), demand split 98/1/1 and
-// 33/33/33, under and over the limit. It asserts that no window of stamps
-// over the union of regions is over the limit and no decision failed; it
-// reports the share of exact, the store requests per decision and the
-// p50 decision latency against a regional round trip measured in the same
-// run (BenchmarkRegionsMRSC reports them as metrics).
+// 33/33/33, under and over the limit, and a global token bucket with
+// leases over it (33/33/33). It asserts that no window (interval) of
+// stamps over the union of regions is over the limit (the bucket's bound)
+// and no decision failed; it reports the share of exact, the store
+// requests per decision and the p50 decision latency against a regional
+// round trip measured in the same run (BenchmarkRegionsMRSC reports them
+// as metrics).
 func TestRegionsMRSCLeases(t *testing.T) {
 	if testing.Short() {
-		t.Skip("12 s against DynamoDB Local")
+		t.Skip("15 s against DynamoDB Local")
 	}
 	m, table, eps, raw := startMRSC(t)
-	for _, d := range mrscDemands(3 * time.Second) {
+	ds := append(mrscDemands(3*time.Second, false), regionDemand{Name: "bucket/33/33/33/over", Split: []float64{1. / 3, 1. / 3, 1. / 3},
+		Rate: 1.2 * regionRate, Duration: 3 * time.Second, Prefill: regionBucket.MaxAmount / 2, Alg: regionAlgBucket})
+	for _, d := range ds {
 		t.Run(d.Name, func(t *testing.T) {
 			rep := runRegions(t, table, eps, m.Requests, raw, d)
 			t.Logf("mrsc %s: %v", d.Name, rep)
@@ -373,7 +438,7 @@ func BenchmarkRegionsEventual(b *testing.B) {
 // measured in the same run, and p99.
 func BenchmarkRegionsMRSC(b *testing.B) {
 	m, table, eps, raw := startMRSC(b)
-	for _, d := range mrscDemands(10 * time.Second) {
+	for _, d := range mrscDemands(10*time.Second, true) {
 		b.Run(d.Name, func(b *testing.B) {
 			for i := range b.N {
 				run := d
@@ -392,7 +457,10 @@ func BenchmarkRegionsMRSC(b *testing.B) {
 
 func reportRegions(b *testing.B, rep regionReport) {
 	b.ReportMetric(rep.share(), "exact-share")
-	b.ReportMetric(float64(rep.worst)/regionLimit, "worst-window/limit")
+	if rep.alg != regionAlgBucket {
+		b.ReportMetric(float64(rep.worst)/regionLimit, "worst-window/limit")
+	}
+	b.ReportMetric(float64(len(rep.over)), "over")
 	b.ReportMetric(float64(rep.requests)/float64(rep.decisions), "requests/decision")
 	if rep.failed > 0 {
 		b.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
