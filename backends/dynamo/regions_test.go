@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/internal/regions"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
@@ -134,7 +135,11 @@ func (r regionReport) String() string {
 // checks the decisions over the union of regions. requests returns the
 // store requests so far; raw, if set, is a regional round trip, timed
 // every regionRawEvery during the run.
-func runRegions(tb testing.TB, table string, endpoints []string, requests func() int, raw func(ctx context.Context) error, d regionDemand) regionReport {
+//
+// newProc, if set, makes region i's process limiters on their stores (and
+// then the run has no prefill); otherwise they are d.Alg's with leases.
+func runRegions(tb testing.TB, table string, endpoints []string, requests func() int, raw func(ctx context.Context) error, d regionDemand,
+	newProc func(region int, st *dynamo.Store) limiter.Limiter) regionReport {
 	tb.Helper()
 	ctx := tb.Context()
 	procs := make([][]limiter.Limiter, len(endpoints))
@@ -144,7 +149,11 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 			if err != nil {
 				tb.Fatal(err)
 			}
-			procs[i] = append(procs[i], regionLimiter(tb, d.Alg, st, true))
+			if newProc != nil {
+				procs[i] = append(procs[i], newProc(i, st))
+			} else {
+				procs[i] = append(procs[i], regionLimiter(tb, d.Alg, st, true))
+			}
 		}
 	}
 	mark := requests()
@@ -183,7 +192,7 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 				continue
 			}
 			opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * split[i], Duration: d.Duration}
-			if i == 0 && prefill > 0 {
+			if i == 0 && prefill > 0 && newProc == nil {
 				st, err := dynamo.New(newClient(endpoints[0]), dynamo.Config{Table: table, Timeout: regionTimeout})
 				if err != nil {
 					tb.Fatal(err)
@@ -305,7 +314,7 @@ func TestRegionsEventualOverAdmits(t *testing.T) {
 	testserver.DynamoDBLocal(t) // skip (or fail under make test) without the servers
 	g, table, eps := startEventual(t)
 	d := regionDemand{Name: "33/33/33", Split: []float64{1. / 3, 1. / 3, 1. / 3}, Rate: 3 * regionRate, Duration: 5 * time.Second}
-	rep := runRegions(t, table, eps, regionsGates{g}.requests, nil, d)
+	rep := runRegions(t, table, eps, regionsGates{g}.requests, nil, d, nil)
 	t.Logf("eventual, %s, 3x the limit's rate offered: %v", d.Name, rep)
 	t.Logf("replication: %+v", g.Stats())
 	if rep.failed > 0 {
@@ -393,7 +402,7 @@ func TestRegionsMRSCLeases(t *testing.T) {
 		Rate: 1.2 * regionRate, Duration: 3 * time.Second, Prefill: regionBucket.MaxAmount / 2, Alg: regionAlgBucket})
 	for _, d := range ds {
 		t.Run(d.Name, func(t *testing.T) {
-			rep := runRegions(t, table, eps, m.Requests, raw, d)
+			rep := runRegions(t, table, eps, m.Requests, raw, d, nil)
 			t.Logf("mrsc %s: %v", d.Name, rep)
 			if rep.failed > 0 {
 				t.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
@@ -422,7 +431,7 @@ func BenchmarkRegionsEventual(b *testing.B) {
 			for i := range b.N {
 				run := d
 				run.Name = fmt.Sprintf("%s/%d-%d", d.Name, i, time.Now().UnixNano()) // a key of its own
-				rep := runRegions(b, table, eps, regionsGates{g}.requests, nil, run)
+				rep := runRegions(b, table, eps, regionsGates{g}.requests, nil, run, nil)
 				b.Logf("eventual %s: %v", d.Name, rep)
 				reportRegions(b, rep)
 			}
@@ -443,7 +452,7 @@ func BenchmarkRegionsMRSC(b *testing.B) {
 			for i := range b.N {
 				run := d
 				run.Name = fmt.Sprintf("%s/%d-%d", d.Name, i, time.Now().UnixNano()) // a key of its own
-				rep := runRegions(b, table, eps, m.Requests, raw, run)
+				rep := runRegions(b, table, eps, m.Requests, raw, run, nil)
 				b.Logf("mrsc %s: %v", d.Name, rep)
 				reportRegions(b, rep)
 				b.ReportMetric(float64(rep.p50.Microseconds())/1000, "p50-ms")
@@ -464,5 +473,107 @@ func reportRegions(b *testing.B, rep regionReport) {
 	b.ReportMetric(float64(rep.requests)/float64(rep.decisions), "requests/decision")
 	if rep.failed > 0 {
 		b.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
+	}
+}
+
+// sharePeriod is how often a region's share agent runs.
+const sharePeriod = 250 * time.Millisecond
+
+// runShares runs demand on the default-mode harness with the global
+// window kept as regional shares (internal/regions): per region an agent
+// (ticking every sharePeriod, its ledger entry in the table) and
+// regionProcs processes deciding against the region's shares in force.
+// The processes tell the agent their demand in memory (a deployment would
+// publish it through the table).
+func runShares(tb testing.TB, g *testserver.Regions, table string, eps []string, d regionDemand) (regionReport, []regions.AgentStats) {
+	tb.Helper()
+	cfg := regions.Config{Regions: len(eps), Limit: regionLimit, Window: regionWindow, SubWindows: regionSubs, Leases: true}
+	agents := make([]*regions.Agent, len(eps))
+	for i, ep := range eps {
+		a, err := regions.NewAgent(cfg, i, &regions.DynamoLedger{Client: newClient(ep), Table: table, Name: d.Name})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		agents[i] = a
+	}
+	ctx, cancel := context.WithCancel(tb.Context())
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Go(func() {
+			tick := time.NewTicker(sharePeriod)
+			defer tick.Stop()
+			for {
+				a.Tick(ctx, time.Now()) // errors counted in its stats
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		})
+	}
+	rep := runRegions(tb, table, eps, regionsGates{g}.requests, nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
+		return agents[i].NewLimiter(st, "share")
+	})
+	cancel()
+	wg.Wait()
+	stats := make([]regions.AgentStats, len(agents))
+	for i, a := range agents {
+		stats[i] = a.Stats()
+	}
+	return rep, stats
+}
+
+// TestRegionsEventualShares: the same global window on the default-mode
+// harness (lag 1 s) kept as regional shares, demand 98/1/1 at 1.2 times
+// its steady rate for 8 s. It asserts that no window of stamps over the
+// union of regions is over the limit and no decision failed, and reports
+// the share of exact (BenchmarkRegionsEventualShares: longer runs, every
+// split).
+func TestRegionsEventualShares(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three DynamoDB Locals")
+	}
+	testserver.DynamoDBLocal(t) // skip (or fail under make test) without the servers
+	g, table, eps := startEventual(t)
+	d := regionDemand{Name: "shares/98/1/1", Split: []float64{0.98, 0.01, 0.01}, Rate: 1.2 * regionRate, Duration: 8 * time.Second}
+	rep, stats := runShares(t, g, table, eps, d)
+	t.Logf("shares, %s: %v", d.Name, rep)
+	t.Logf("agents: %+v", stats)
+	if rep.failed > 0 {
+		t.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
+	}
+	for _, v := range rep.over {
+		t.Errorf("over the limit: %v", v)
+	}
+}
+
+// BenchmarkRegionsEventualShares reports the regional shares' figures on
+// the default-mode harness (lag 1 s, 30 s per run, 1.2 times the steady
+// rate; run with -benchtime=1x): share of exact, worst window, requests
+// per decision.
+func BenchmarkRegionsEventualShares(b *testing.B) {
+	g, table, eps := startEventual(b)
+	for _, s := range []struct {
+		name        string
+		split, then []float64
+	}{
+		{"98/1/1", []float64{0.98, 0.01, 0.01}, nil},
+		{"60/30/10", []float64{0.6, 0.3, 0.1}, nil},
+		{"33/33/33", []float64{1. / 3, 1. / 3, 1. / 3}, nil},
+		{"98/1/1-then-1/1/98", []float64{0.98, 0.01, 0.01}, []float64{0.01, 0.01, 0.98}},
+	} {
+		b.Run(s.name, func(b *testing.B) {
+			for i := range b.N {
+				d := regionDemand{Name: fmt.Sprintf("shares/%s/%d-%d", s.name, i, time.Now().UnixNano()), Split: s.split, Then: s.then,
+					Rate: 1.2 * regionRate, Duration: 30 * time.Second}
+				if s.then != nil {
+					d.Duration /= 2
+				}
+				rep, stats := runShares(b, g, table, eps, d)
+				b.Logf("shares %s: %v; agents %+v", s.name, rep, stats)
+				reportRegions(b, rep)
+			}
+		})
 	}
 }
