@@ -92,6 +92,7 @@ type regionDemand struct {
 type regionReport struct {
 	alg                      regionAlg
 	calls                    []limitertest.Call
+	byRegion                 [][]limitertest.Call
 	decisions                int64
 	admitted, leased, failed int64
 	firstErr                 error
@@ -160,7 +161,7 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
-		rep   = regionReport{alg: cmp.Or(d.Alg, regionAlgWindow)}
+		rep   = regionReport{alg: cmp.Or(d.Alg, regionAlgWindow), byRegion: make([][]limitertest.Call, len(endpoints))}
 		raws  []time.Duration
 		stopc = make(chan struct{})
 	)
@@ -204,6 +205,7 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 				mu.Lock()
 				defer mu.Unlock()
 				rep.calls = append(rep.calls, h.Calls...)
+				rep.byRegion[i] = append(rep.byRegion[i], h.Calls...)
 				rep.admitted += h.Admitted
 				rep.leased += h.Leased
 				rep.failed += h.Failed
@@ -575,5 +577,42 @@ func BenchmarkRegionsEventualShares(b *testing.B) {
 				reportRegions(b, rep)
 			}
 		})
+	}
+}
+
+// BenchmarkRegionsEventualSharesPartition: regional shares (33/33/33, 1.2
+// times the steady rate, 50 s) with region 2 cut off from replication
+// from 10 s to 40 s. It reports the share of exact and the worst window
+// over the whole run, and what each region admitted during the partition
+// as a share of its demand then (-benchtime=1x).
+func BenchmarkRegionsEventualSharesPartition(b *testing.B) {
+	g, table, eps := startEventual(b)
+	const from, to = 10 * time.Second, 40 * time.Second
+	for i := range b.N {
+		d := regionDemand{Name: fmt.Sprintf("shares/partition/%d-%d", i, time.Now().UnixNano()), Split: []float64{1. / 3, 1. / 3, 1. / 3},
+			Rate: 1.2 * regionRate, Duration: 50 * time.Second}
+		begin := time.Now()
+		cut := time.AfterFunc(from, func() { g.Partition(2) })
+		heal := time.AfterFunc(to, func() { g.Heal(2) })
+		rep, stats := runShares(b, g, table, eps, d)
+		cut.Stop()
+		if heal.Stop() {
+			g.Heal(2)
+		}
+		b.Logf("shares with region 2 cut off %v-%v: %v; agents %+v", from, to, rep, stats)
+		reportRegions(b, rep)
+		for r, calls := range rep.byRegion {
+			var asked, got int64
+			for _, c := range calls {
+				if at := c.Stamp.Sub(begin); at >= from && at < to {
+					asked++
+					if c.Allowed {
+						got++
+					}
+				}
+			}
+			b.Logf("region %d during the partition: %d of %d decisions admitted (%.2f a second)", r, got, asked, float64(got)/(to-from).Seconds())
+			b.ReportMetric(float64(got)/(to-from).Seconds(), fmt.Sprintf("region%d-admitted/s-cut", r))
+		}
 	}
 }
