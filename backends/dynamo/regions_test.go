@@ -300,36 +300,6 @@ func (g regionsGates) requests() int {
 
 type regionsGates struct{ *testserver.Regions }
 
-// TestRegionsEventualOverAdmits is the baseline a regional-share scheme
-// must fix: a global window shared through a default-mode global table
-// (three regions, lag 1 s), with leases, demand split evenly and each
-// region offering the whole limit's rate. Each region's conditional
-// writes see its own copy only, and whole items replace each other (last
-// writer wins), so the regions together admit up to three times the
-// limit. The test asserts that the history checker over the union of
-// regions finds windows over the limit (it must, or the harness does not
-// replicate as DynamoDB does).
-func TestRegionsEventualOverAdmits(t *testing.T) {
-	if testing.Short() {
-		t.Skip("three DynamoDB Locals")
-	}
-	testserver.DynamoDBLocal(t) // skip (or fail under make test) without the servers
-	g, table, eps := startEventual(t)
-	d := regionDemand{Name: "33/33/33", Split: []float64{1. / 3, 1. / 3, 1. / 3}, Rate: 3 * regionRate, Duration: 5 * time.Second}
-	rep := runRegions(t, table, eps, regionsGates{g}.requests, nil, d, nil)
-	t.Logf("eventual, %s, 3x the limit's rate offered: %v", d.Name, rep)
-	t.Logf("replication: %+v", g.Stats())
-	if rep.failed > 0 {
-		t.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
-	}
-	if len(rep.over) == 0 {
-		t.Errorf("no window over the limit: the regions shared the limit, which a default-mode global table cannot do")
-	}
-	if rep.admitted <= rep.exact {
-		t.Errorf("admitted %d, not above the exact %d", rep.admitted, rep.exact)
-	}
-}
-
 // startMRSC starts the MRSC harness on the shared DynamoDB Local with a
 // table of its own, and a regional round trip: a plain UpdateItem through
 // a proxy with no added latency.
@@ -526,28 +496,56 @@ func runShares(tb testing.TB, g *testserver.Regions, table string, eps []string,
 	return rep, stats
 }
 
-// TestRegionsEventualShares: the same global window on the default-mode
-// harness (lag 1 s) kept as regional shares, demand 98/1/1 at 1.2 times
-// its steady rate for 8 s. It asserts that no window of stamps over the
-// union of regions is over the limit and no decision failed, and reports
-// the share of exact (BenchmarkRegionsEventualShares: longer runs, every
-// split).
-func TestRegionsEventualShares(t *testing.T) {
+// TestRegionsEventual runs a global window with leases on one
+// default-mode harness (three regions, lag 1 s), in two ways:
+//
+//   - shared: one key written in every region, demand split evenly and
+//     each region offering the whole limit's rate. Each region's
+//     conditional writes see its own copy only and whole items replace
+//     each other (last writer wins), so the regions together admit up to
+//     three times the limit: the test asserts that the history checker
+//     over the union of regions finds windows over the limit (it must, or
+//     the harness does not replicate as DynamoDB does). This is the
+//     baseline regional shares must fix.
+//   - shares: the window kept as regional shares (internal/regions),
+//     demand 98/1/1 at 1.2 times its steady rate for 8 s: the test asserts
+//     that no window of stamps over the union of regions is over the limit
+//     (BenchmarkRegionsEventualShares: longer runs, every split).
+//
+// Both assert that no decision failed.
+func TestRegionsEventual(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three DynamoDB Locals")
 	}
 	testserver.DynamoDBLocal(t) // skip (or fail under make test) without the servers
 	g, table, eps := startEventual(t)
-	d := regionDemand{Name: "shares/98/1/1", Split: []float64{0.98, 0.01, 0.01}, Rate: 1.2 * regionRate, Duration: 8 * time.Second}
-	rep, stats := runShares(t, g, table, eps, d)
-	t.Logf("shares, %s: %v", d.Name, rep)
-	t.Logf("agents: %+v", stats)
-	if rep.failed > 0 {
-		t.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
-	}
-	for _, v := range rep.over {
-		t.Errorf("over the limit: %v", v)
-	}
+	t.Run("shared", func(t *testing.T) {
+		d := regionDemand{Name: "33/33/33", Split: []float64{1. / 3, 1. / 3, 1. / 3}, Rate: 3 * regionRate, Duration: 5 * time.Second}
+		rep := runRegions(t, table, eps, regionsGates{g}.requests, nil, d, nil)
+		t.Logf("eventual, %s, 3x the limit's rate offered: %v", d.Name, rep)
+		t.Logf("replication: %+v", g.Stats())
+		if rep.failed > 0 {
+			t.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
+		}
+		if len(rep.over) == 0 {
+			t.Errorf("no window over the limit: the regions shared the limit, which a default-mode global table cannot do")
+		}
+		if rep.admitted <= rep.exact {
+			t.Errorf("admitted %d, not above the exact %d", rep.admitted, rep.exact)
+		}
+	})
+	t.Run("shares", func(t *testing.T) {
+		d := regionDemand{Name: "shares/98/1/1", Split: []float64{0.98, 0.01, 0.01}, Rate: 1.2 * regionRate, Duration: 8 * time.Second}
+		rep, stats := runShares(t, g, table, eps, d)
+		t.Logf("shares, %s: %v", d.Name, rep)
+		t.Logf("agents: %+v", stats)
+		if rep.failed > 0 {
+			t.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
+		}
+		for _, v := range rep.over {
+			t.Errorf("over the limit: %v", v)
+		}
+	})
 }
 
 // BenchmarkRegionsEventualShares reports the regional shares' figures on
