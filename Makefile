@@ -26,24 +26,28 @@ run:
 	$(GO) build -o $(LOCALAPI) ./functions/dev/localapi
 	$(LOCALAPI) $(ARGS)
 
-## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra, the bootstrap under AWS's Runtime Interface Emulator, the README's commands
+## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra, accuracy, the bootstrap under AWS's Runtime Interface Emulator, the README's commands
 test: lint
 	scripts/testenv $(GO) test -race -count=1 ./...
 	$(MAKE) fuzz
 	cd infra && $(GO) test -count=1 ./...
 	cd tools/rie && $(GO) test -count=1 ./...
+	cd accuracy && $(GO) test -race -count=1 ./...
 	scripts/readme
 
 ## readme: run every command README.md prints, in order, and check what it says they print (AWS-only ones skipped, named in scripts/readme)
 readme:
 	scripts/readme
 
-## lint: gofmt, go vet (every module)
+## lint: gofmt, go vet (every module), package docs a screen long (scripts/doclen), no function over 80 lines (scripts/funclen)
 lint: node
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+	scripts/doclen
+	scripts/funclen
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
 	cd tools/rie && $(GO) vet ./...
+	cd accuracy && $(GO) vet ./...
 
 ## fuzz: each fuzz target for a count of executions, or FUZZTIME (rule parsing, event decoding, memcached keys and replies)
 fuzz:
@@ -56,9 +60,9 @@ fuzz:
 bench:
 	scripts/testenv $(GO) test -run '^$$' -bench . $(BENCHFLAGS) $(PKGS)
 
-## accuracy: regenerate docs/accuracy.md and its plots
+## accuracy: regenerate docs/accuracy.md and its plots (accuracy/ is its own module: gonum/plot stays out of the library's go.mod)
 accuracy:
-	$(GO) run ./cmd/accuracy -out docs
+	cd accuracy && $(GO) run ./cmd/accuracy -out ../docs
 
 ## build: the authorizer's and the utilization publisher's bootstraps for provided.al2023 on arm64
 build:

@@ -17,13 +17,14 @@ type ShapeOptions struct {
 	Seed        uint64
 	Seeds       int
 	Resolutions []int
-	// MaxKeys is the most keys a memcached decision may name (issue 13:
-	// 12); Target the share of the exact log to reach on the worst shape.
+	// MaxKeys is the most keys a memcached decision may name (12 by
+	// default); Target the share of the exact log to reach on the worst
+	// shape.
 	MaxKeys int
 	Target  float64
 }
 
-// DefaultShapeOptions are the matrix of `make accuracy`: issue 13's limits
+// DefaultShapeOptions are the matrix of `make accuracy`: four limits
 // (2/s, 10/min, 100/min, 5000/h), 4 seeds, traces of 64 windows, every
 // resolution from 4 to 500 that divides a second, a minute and an hour into
 // sub-windows of at least 1ms.

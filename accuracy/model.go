@@ -8,7 +8,7 @@ import "time"
 // Bounded estimator and r sub-windows on an in-order trace, denied requests
 // refunded (TestModelIsTheLimiter checks it against the real type and
 // against the sliced prototype, which decides as Bounded with k*B
-// sub-windows). Every representation of issue 13 that stays exact at a
+// sub-windows). Every window representation that stays exact at a
 // resolution of r parts per window (sliced counters, packed totals, cached
 // closed sub-windows) decides as this model with that r; they differ only
 // in what a decision reads from the store (representation.go).

@@ -305,13 +305,40 @@ func algorithmColor(a Algorithm) color.Color {
 // Configurations with the same point (sliced k=10x2 decides as bounded
 // k=20) share a label.
 func (r *Report) tradeoffFigure() (*figure, error) {
-	type point struct {
-		x, y  float64
-		names []string
-		group Algorithm
+	pts := r.tradeoffPoints()
+	target := 100 * r.Options.Target
+	minX, maxX, maxY := 100.0, 100.0, 1.0
+	for _, q := range pts {
+		minX, maxX, maxY = min(minX, q.x), max(maxX, q.x), max(maxY, q.y)
 	}
+	f := newFigure("tradeoff", 1, 2, vg.Points(1000), vg.Points(520))
+	all, err := tradeoffPanel(pts, target, fmt.Sprintf("All configurations (limit %d per %v)", r.Options.Params.Limit, r.Options.Params.Window),
+		minX-2, maxX+8, 0.9, maxY+0.25, true, 0.6)
+	if err != nil {
+		return nil, err
+	}
+	near, err := tradeoffPanel(pts, target, "Close-up near the exact log", target-3, 101.5, 0.97, 1.25, false, 1.1)
+	if err != nil {
+		return nil, err
+	}
+	f.set(0, all)
+	f.set(1, near)
+	return f, nil
+}
+
+// tradeoffPoint is a point of the trade-off figure: the configurations
+// (names) at share x and worst overshoot y, of one group.
+type tradeoffPoint struct {
+	x, y  float64
+	names []string
+	group Algorithm
+}
+
+// tradeoffPoints returns the configurations' points, one per distinct
+// point.
+func (r *Report) tradeoffPoints() []*tradeoffPoint {
 	ref := r.reference(1)
-	var pts []*point
+	var pts []*tradeoffPoint
 	for _, c := range r.Configs {
 		res, _ := r.result(1, c)
 		x, y := 100*share(res, ref), r.worstOvershoot(c)
@@ -327,75 +354,63 @@ func (r *Report) tradeoffFigure() (*figure, error) {
 			}
 		}
 		if !found {
-			pts = append(pts, &point{x: x, y: y, names: []string{c.Name()}, group: g})
+			pts = append(pts, &tradeoffPoint{x: x, y: y, names: []string{c.Name()}, group: g})
 		}
 	}
-	groups := []Algorithm{Log, Bounded, Interpolated, Fixed, Sliced, Moment}
-	names := []string{"exact sliding log", "sliding window, bounded", "sliding window, interpolated",
+	return pts
+}
+
+// tradeoffGroups are the trade-off figure's groups, with their legends.
+var (
+	tradeoffGroups = []Algorithm{Log, Bounded, Interpolated, Fixed, Sliced, Moment}
+	tradeoffNames  = []string{"exact sliding log", "sliding window, bounded", "sliding window, interpolated",
 		"fixed window, token bucket", "prototype: sliced counters", "prototype: moment counters"}
-	target := 100 * r.Options.Target
+)
 
-	panel := func(title string, x0, x1, y0, y1 float64, legend bool, rotation float64) (*plot.Plot, error) {
-		pl := newPlot(title, "admitted on the bursty trace, % of the exact sliding log", "worst window over all traces / limit")
-		for gi, g := range groups {
-			var xys plotter.XYs
-			var labels []string
-			for _, q := range pts {
-				if q.group == g && q.x >= x0 && q.x <= x1 && q.y >= y0 && q.y <= y1 {
-					xys = append(xys, plotter.XY{X: q.x, Y: q.y})
-					labels = append(labels, strings.Join(q.names, " = "))
-				}
-			}
-			if len(xys) == 0 {
-				continue
-			}
-			sc, err := plotter.NewScatter(xys)
-			if err != nil {
-				return nil, err
-			}
-			sc.GlyphStyle.Color = algorithmColor(g)
-			sc.GlyphStyle.Radius = vg.Points(3.5)
-			sc.GlyphStyle.Shape = draw.CircleGlyph{}
-			lb, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: labels})
-			if err != nil {
-				return nil, err
-			}
-			for i := range lb.TextStyle {
-				lb.TextStyle[i].Font.Size = vg.Points(7.5)
-				lb.TextStyle[i].Color = algorithmColor(g)
-				lb.TextStyle[i].Rotation = rotation
-			}
-			lb.Offset = vg.Point{X: vg.Points(4), Y: vg.Points(4)}
-			pl.Add(sc, lb)
-			if legend {
-				pl.Legend.Add(names[gi], sc)
+// tradeoffPanel plots the points within [x0, x1] x [y0, y1], labelled
+// (rotated by rotation), with the limit and the target as lines.
+func tradeoffPanel(pts []*tradeoffPoint, target float64, title string, x0, x1, y0, y1 float64, legend bool, rotation float64) (*plot.Plot, error) {
+	pl := newPlot(title, "admitted on the bursty trace, % of the exact sliding log", "worst window over all traces / limit")
+	for gi, g := range tradeoffGroups {
+		var xys plotter.XYs
+		var labels []string
+		for _, q := range pts {
+			if q.group == g && q.x >= x0 && q.x <= x1 && q.y >= y0 && q.y <= y1 {
+				xys = append(xys, plotter.XY{X: q.x, Y: q.y})
+				labels = append(labels, strings.Join(q.names, " = "))
 			}
 		}
-		pl.Add(hline(1, x0, x1, red))
-		if target >= x0 && target <= x1 {
-			pl.Add(vline(target, y0, y1, green))
+		if len(xys) == 0 {
+			continue
 		}
-		pl.X.Min, pl.X.Max, pl.Y.Min, pl.Y.Max = x0, x1, y0, y1
-		return pl, nil
+		sc, err := plotter.NewScatter(xys)
+		if err != nil {
+			return nil, err
+		}
+		sc.GlyphStyle.Color = algorithmColor(g)
+		sc.GlyphStyle.Radius = vg.Points(3.5)
+		sc.GlyphStyle.Shape = draw.CircleGlyph{}
+		lb, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: labels})
+		if err != nil {
+			return nil, err
+		}
+		for i := range lb.TextStyle {
+			lb.TextStyle[i].Font.Size = vg.Points(7.5)
+			lb.TextStyle[i].Color = algorithmColor(g)
+			lb.TextStyle[i].Rotation = rotation
+		}
+		lb.Offset = vg.Point{X: vg.Points(4), Y: vg.Points(4)}
+		pl.Add(sc, lb)
+		if legend {
+			pl.Legend.Add(tradeoffNames[gi], sc)
+		}
 	}
-
-	minX, maxX, maxY := 100.0, 100.0, 1.0
-	for _, q := range pts {
-		minX, maxX, maxY = min(minX, q.x), max(maxX, q.x), max(maxY, q.y)
+	pl.Add(hline(1, x0, x1, red))
+	if target >= x0 && target <= x1 {
+		pl.Add(vline(target, y0, y1, green))
 	}
-	f := newFigure("tradeoff", 1, 2, vg.Points(1000), vg.Points(520))
-	all, err := panel(fmt.Sprintf("All configurations (limit %d per %v)", r.Options.Params.Limit, r.Options.Params.Window),
-		minX-2, maxX+8, 0.9, maxY+0.25, true, 0.6)
-	if err != nil {
-		return nil, err
-	}
-	near, err := panel("Close-up near the exact log", target-3, 101.5, 0.97, 1.25, false, 1.1)
-	if err != nil {
-		return nil, err
-	}
-	f.set(0, all)
-	f.set(1, near)
-	return f, nil
+	pl.X.Min, pl.X.Max, pl.Y.Min, pl.Y.Max = x0, x1, y0, y1
+	return pl, nil
 }
 
 // frontierFigure plots the sweep: admitted share on the bursty traces

@@ -42,7 +42,7 @@ type Options struct {
 	// Draft draws small, low-resolution figures of a few windows (for
 	// tests and quick looks); the numbers do not change.
 	Draft bool
-	// Shapes is issue 13's shape matrix (no limits: not run).
+	// Shapes is the traffic-shape matrix (no limits: not run).
 	Shapes ShapeOptions
 }
 
@@ -83,7 +83,7 @@ type Report struct {
 	// Sensitivity checks the choice on the other limits of
 	// Options.Sensitivity.
 	Sensitivity []SensitivityRow
-	// Shapes is issue 13's shape matrix (nil when Options.Shapes has no
+	// Shapes is the traffic-shape matrix (nil when Options.Shapes has no
 	// limits).
 	Shapes *ShapeMatrix
 	// Packed is the same shapes replayed through the real packed
@@ -156,47 +156,9 @@ func Run(o Options) (*Report, error) {
 	}
 	r.Traces = append(r.Traces, o.Files...)
 
-	// The sweep: every bursty seed, plus the other traces for the
-	// overshoot.
-	sweepTraces := []Trace{r.Traces[0], r.Traces[2], r.Traces[3]}
-	sweepTraces = append(sweepTraces, o.Files...)
-	bursts := make([]Trace, o.Seeds)
-	for i := range bursts {
-		bursts[i] = o.bursty(o.Seed + uint64(i))
-	}
-	sweepTraces = append(sweepTraces, bursts...)
-	var sweepConfigs []Config
-	for _, k := range divisors(p.Window, o.MaxSweep) {
-		for _, c := range []Config{
-			{Algorithm: Bounded, SubWindows: k},
-			{Algorithm: Interpolated, SubWindows: k},
-			{Algorithm: Sliced, SubWindows: k, Slices: 2},
-			{Algorithm: Sliced, SubWindows: k, Slices: 4},
-			{Algorithm: Moment, SubWindows: k},
-		} {
-			if c.valid(p) {
-				sweepConfigs = append(sweepConfigs, c)
-			}
-		}
-	}
-	sweep, err := simulateAll(sweepTraces, p, append([]Config{{Algorithm: Log}}, sweepConfigs...))
-	if err != nil {
+	var err error
+	if r.Sweep, err = r.runSweep(); err != nil {
 		return nil, err
-	}
-	nb := len(sweepTraces) - len(bursts)
-	for j, c := range sweepConfigs {
-		row := SweepRow{Config: c}
-		for i := range sweepTraces {
-			res := sweep[i][j+1]
-			row.Overshoot = max(row.Overshoot, res.Overshoot(p))
-			if i >= nb {
-				row.Shares = append(row.Shares, share(res, sweep[i][0]))
-				if i == nb {
-					row.Memcached, row.Calls = res.Memcached, res.callsPerDecision()
-				}
-			}
-		}
-		r.Sweep = append(r.Sweep, row)
 	}
 	r.Choice = choose(r.Sweep, o)
 
@@ -231,6 +193,57 @@ func Run(o Options) (*Report, error) {
 		}
 	}
 	return r, nil
+}
+
+// runSweep runs every sub-window count up to MaxSweep of each estimator
+// and prototype on every bursty seed, and on the other traces for the
+// overshoot.
+func (r *Report) runSweep() ([]SweepRow, error) {
+	o, p := r.Options, r.Options.Params
+	// The sweep: every bursty seed, plus the other traces for the
+	// overshoot.
+	sweepTraces := []Trace{r.Traces[0], r.Traces[2], r.Traces[3]}
+	sweepTraces = append(sweepTraces, o.Files...)
+	bursts := make([]Trace, o.Seeds)
+	for i := range bursts {
+		bursts[i] = o.bursty(o.Seed + uint64(i))
+	}
+	sweepTraces = append(sweepTraces, bursts...)
+	var sweepConfigs []Config
+	for _, k := range divisors(p.Window, o.MaxSweep) {
+		for _, c := range []Config{
+			{Algorithm: Bounded, SubWindows: k},
+			{Algorithm: Interpolated, SubWindows: k},
+			{Algorithm: Sliced, SubWindows: k, Slices: 2},
+			{Algorithm: Sliced, SubWindows: k, Slices: 4},
+			{Algorithm: Moment, SubWindows: k},
+		} {
+			if c.valid(p) {
+				sweepConfigs = append(sweepConfigs, c)
+			}
+		}
+	}
+	sweep, err := simulateAll(sweepTraces, p, append([]Config{{Algorithm: Log}}, sweepConfigs...))
+	if err != nil {
+		return nil, err
+	}
+	nb := len(sweepTraces) - len(bursts)
+	var rows []SweepRow
+	for j, c := range sweepConfigs {
+		row := SweepRow{Config: c}
+		for i := range sweepTraces {
+			res := sweep[i][j+1]
+			row.Overshoot = max(row.Overshoot, res.Overshoot(p))
+			if i >= nb {
+				row.Shares = append(row.Shares, share(res, sweep[i][0]))
+				if i == nb {
+					row.Memcached, row.Calls = res.Memcached, res.callsPerDecision()
+				}
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
 }
 
 // scaled returns o for another limit (traces of as many windows).

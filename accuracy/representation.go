@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// This file describes the window representations of issue 13 by what a
+// This file describes the window representations by what a
 // memcached decision touches. Each stays exact at a resolution of r slots
 // per window, so its decisions are the Bounded model's with that r
 // (model.go): they differ in the keys a decision names, the items a key

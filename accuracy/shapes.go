@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// This file generates issue 13's demanding traffic shapes. A shape is
+// This file generates the demanding traffic shapes. A shape is
 // generated for a limit, a grid (the resolution r of the configuration
 // replayed on it: shapes aligned to sub-windows land on that
 // configuration's own sub-window boundaries, its worst case) and a seed.
@@ -82,7 +82,7 @@ func pareto(rs *rand.Rand, xm, alpha float64) float64 {
 	return xm / math.Pow(1-rs.Float64(), 1/alpha)
 }
 
-// Shapes are the shapes of issue 13, plus the report's bursty and edge
+// Shapes are the demanding traffic shapes, plus the report's bursty and edge
 // traces, in the order the report shows them.
 func Shapes() []Shape {
 	aligned := func(name string, atEnd, costed bool) func(Params, int, int, uint64) Trace {

@@ -14,7 +14,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
-// This file writes the shape matrix's part of the report: issue 13's
+// This file writes the shape matrix's part of the report: the
 // frontier of accuracy against keys read, and the recommendation for the
 // stores.
 
@@ -43,13 +43,26 @@ func (m *ShapeMatrix) cheapest() (RepPoint, bool) {
 	return best, found
 }
 
+// writeShapes writes the shape matrix's section, part by part.
 func (r *Report) writeShapes(pf func(string, ...any)) {
 	m := r.Shapes
 	if m == nil {
 		return
 	}
+	m.writeIntro(pf)
+	best, found := m.cheapest()
+	m.writeStoresRecommendation(pf, best, found)
+	m.writeFrontier(pf, best, found)
+	m.writePerShape(pf, best, found)
+	r.writePacked(pf)
+	writeStoresImplement(pf)
+}
+
+// writeIntro says what the matrix replays and the representations it
+// compares.
+func (m *ShapeMatrix) writeIntro(pf func(string, ...any)) {
 	o := m.Options
-	pf("## Traffic shapes and the window's representation (issue 13)\n\n")
+	pf("## Traffic shapes and the window's representation\n\n")
 	pf("Every shape below is replayed on %d limits (", len(o.Limits))
 	for i, p := range o.Limits {
 		if i > 0 {
@@ -86,8 +99,12 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		"deltas at every level (memcached: an `incr` of 2^64-delta, a subtraction modulo 2^64 that stays exact after " +
 		"a carry out of the top field wrapped the counter). `TestPackedKeysCoverTheView` checks that the fields read cover exactly the slots Bounded " +
 		"counts.\n\n")
+}
 
-	best, found := m.cheapest()
+// writeStoresRecommendation writes the recommendation: best, the cheapest
+// point of the frontier that reaches the target (found).
+func (m *ShapeMatrix) writeStoresRecommendation(pf func(string, ...any), best RepPoint, found bool) {
+	o := m.Options
 	pf("### Recommendation for the stores\n\n")
 	if i, ok := m.resolutionIndex(todayK); ok {
 		w := m.WorstAt(i)
@@ -122,7 +139,12 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 	pf("- The figures on costed, aligned shapes with small limits are not monotone in r (the request share of the " +
 		"exact log depends on which requests of a burst fit, a path effect): see the frontier table. The unit share " +
 		"is monotone within a point or two.\n\n")
+}
 
+// writeFrontier writes the frontier table: worst share and keys read per
+// resolution and representation.
+func (m *ShapeMatrix) writeFrontier(pf func(string, ...any), best RepPoint, found bool) {
+	o := m.Options
 	pf("### The frontier\n\n")
 	pf("Worst-shape share (the smaller of requests and units, worst seed) and keys per memcached decision at each " +
 		"resolution; \"-\" where the representation cannot have it (bounded and cached stop at 60). Overshoot is the worst over every shape, limit and seed.\n\n")
@@ -150,7 +172,12 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		pf("\n")
 	}
 	pf("\n")
+}
 
+// writePerShape writes each shape's share at a few resolutions, and what
+// the shapes are.
+func (m *ShapeMatrix) writePerShape(pf func(string, ...any), best RepPoint, found bool) {
+	o := m.Options
 	cols := []int{}
 	for _, res := range []int{(o.MaxKeys - 1) / 2, todayK} {
 		if _, ok := m.resolutionIndex(res); ok && !slices.Contains(cols, res) {
@@ -198,9 +225,11 @@ func (r *Report) writeShapes(pf func(string, ...any)) {
 		pf("`%s`: %s.", sh.Name, sh.About)
 	}
 	pf(" L is the limit; rates are multiples of the limit's rate (L per window). Seeds feed PCG (`math/rand/v2`) with the shape, the limit and, for aligned shapes, r.\n\n")
+}
 
-	r.writePacked(pf)
-
+// writeStoresImplement says what each store implements for the packed
+// window.
+func writeStoresImplement(pf func(string, ...any)) {
 	pf("### What the stores implement (`limiter.PackedCounter`)\n\n")
 	pf("The limiter computes every counter (level, index) and packed delta; a store adds the deltas (creating at 0), " +
 		"reads the counters named, and gives back the same deltas on a refund (`AddPacked`, `SubPacked`; the contract, " +

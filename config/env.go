@@ -57,6 +57,10 @@ type Env struct {
 	// without a store request, until the denial's RetryAfter has passed.
 	NoDenyCache bool
 
+	// NoLeases, from EnvLeases=false, turns off capacity leases (on by
+	// default for the limits that allow them).
+	NoLeases bool
+
 	// TestClock, from EnvTestClock (RFC 3339), freezes the clock. It
 	// exists for the golden tests of the built binary; never set it in a
 	// deployment.
@@ -64,7 +68,7 @@ type Env struct {
 }
 
 // Breaker configures the circuit breakers of the network backends
-// (package backends/breaker): one per backend.
+// (package breaker): one per backend.
 type Breaker struct {
 	// Failures, from EnvBreakerFailures, is how many store failures in a
 	// row (unavailable, from 3 distinct keys or a refused connection; a
@@ -175,9 +179,34 @@ func Parse(getenv func(string) string) (Env, error) {
 		Deadline:         DefaultDeadline,
 		LogLevel:         slog.LevelInfo,
 	}
-	bad := func(name, format string, args ...any) (Env, error) {
-		return Env{}, &Error{Name: name, Msg: fmt.Sprintf(format, args...)}
+	for _, parse := range []func(func(string) string) error{e.parseRules, e.parseBackends, e.parseLogs, e.parseClientIP, e.parseBreaker} {
+		if err := parse(getenv); err != nil {
+			return Env{}, err
+		}
 	}
+	shed, err := parseShed(getenv, e)
+	if err != nil {
+		return Env{}, err
+	}
+	e.Shed = shed
+	if v := strings.TrimSpace(getenv(EnvTestClock)); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return Env{}, bad(EnvTestClock, "%q is not an RFC 3339 time", v)
+		}
+		e.TestClock = t
+	}
+	return e, nil
+}
+
+// bad is the error of the variable name.
+func bad(name, format string, args ...any) error {
+	return &Error{Name: name, Msg: fmt.Sprintf(format, args...)}
+}
+
+// parseRules checks that at most one rules source is set, and reads the
+// rules' TTL and the deadline.
+func (e *Env) parseRules(getenv func(string) string) error {
 	sources := 0
 	for _, s := range []string{e.RulesFile, strings.TrimSpace(e.RulesYAML), e.RulesTable} {
 		if s != "" {
@@ -201,6 +230,12 @@ func Parse(getenv func(string) string) (Env, error) {
 		}
 		e.Deadline = d
 	}
+	return nil
+}
+
+// parseBackends reads the memcached nodes, the switches and the default
+// backend.
+func (e *Env) parseBackends(getenv func(string) string) error {
 	if v := strings.TrimSpace(getenv(EnvMemcachedAddrs)); v != "" {
 		for _, a := range strings.Split(v, ",") {
 			if a = strings.TrimSpace(a); a != "" {
@@ -220,12 +255,17 @@ func Parse(getenv func(string) string) (Env, error) {
 			return bad(b.name, "%q is not true or false", v)
 		}
 	}
-	switch v := strings.ToLower(strings.TrimSpace(getenv(EnvDenyCache))); v {
-	case "", "true", "1", "yes":
-	case "false", "0", "no":
-		e.NoDenyCache = true
-	default:
-		return bad(EnvDenyCache, "%q is not true or false", v)
+	for _, b := range []struct {
+		name string
+		off  *bool
+	}{{EnvDenyCache, &e.NoDenyCache}, {EnvLeases, &e.NoLeases}} {
+		switch v := strings.ToLower(strings.TrimSpace(getenv(b.name))); v {
+		case "", "true", "1", "yes":
+		case "false", "0", "no":
+			*b.off = true
+		default:
+			return bad(b.name, "%q is not true or false", v)
+		}
 	}
 	switch e.DefaultBackend {
 	case "":
@@ -241,6 +281,11 @@ func Parse(getenv func(string) string) (Env, error) {
 	default:
 		return bad(EnvDefaultBackend, "%q is not memory, memcached or dynamo", e.DefaultBackend)
 	}
+	return nil
+}
+
+// parseLogs reads the HTTP API's response format and the log level.
+func (e *Env) parseLogs(getenv func(string) string) error {
 	switch e.HTTPResponses {
 	case "":
 		e.HTTPResponses = DefaultHTTPResponses
@@ -252,20 +297,27 @@ func Parse(getenv func(string) string) (Env, error) {
 	if level == "" {
 		level, name = strings.TrimSpace(getenv(EnvLambdaLogLevel)), EnvLambdaLogLevel
 	}
-	if level != "" {
-		switch strings.ToUpper(level) {
-		case "TRACE", "DEBUG":
-			e.LogLevel = slog.LevelDebug
-		case "INFO":
-			e.LogLevel = slog.LevelInfo
-		case "WARN":
-			e.LogLevel = slog.LevelWarn
-		case "ERROR", "FATAL":
-			e.LogLevel = slog.LevelError
-		default:
-			return bad(name, "%q is not DEBUG, INFO, WARN or ERROR", level)
-		}
+	if level == "" {
+		return nil
 	}
+	switch strings.ToUpper(level) {
+	case "TRACE", "DEBUG":
+		e.LogLevel = slog.LevelDebug
+	case "INFO":
+		e.LogLevel = slog.LevelInfo
+	case "WARN":
+		e.LogLevel = slog.LevelWarn
+	case "ERROR", "FATAL":
+		e.LogLevel = slog.LevelError
+	default:
+		return bad(name, "%q is not DEBUG, INFO, WARN or ERROR", level)
+	}
+	return nil
+}
+
+// parseClientIP reads where the client's address comes from, and the edge
+// secret that makes the viewer address trustworthy.
+func (e *Env) parseClientIP(getenv func(string) string) error {
 	e.ClientIP = strings.TrimSpace(getenv(EnvClientIP))
 	e.EdgeSecret = strings.TrimSpace(getenv(EnvEdgeSecret))
 	switch e.ClientIP {
@@ -282,6 +334,11 @@ func Parse(getenv func(string) string) (Env, error) {
 	if v := e.EdgeSecret; v != "" && (len(v) < MinEdgeSecret || len(v) > MaxEdgeSecret || strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f })) {
 		return bad(EnvEdgeSecret, "is not %d to %d printable ASCII characters without spaces", MinEdgeSecret, MaxEdgeSecret)
 	}
+	return nil
+}
+
+// parseBreaker reads the circuit breakers' settings.
+func (e *Env) parseBreaker(getenv func(string) string) error {
 	e.Breaker = Breaker{Failures: DefaultBreakerFailures, OpenFor: DefaultBreakerOpenFor}
 	if v := strings.TrimSpace(getenv(EnvBreakerFailures)); v != "" {
 		n, err := strconv.Atoi(v)
@@ -297,19 +354,7 @@ func Parse(getenv func(string) string) (Env, error) {
 		}
 		e.Breaker.OpenFor = d
 	}
-	shed, err := parseShed(getenv, e)
-	if err != nil {
-		return Env{}, err
-	}
-	e.Shed = shed
-	if v := strings.TrimSpace(getenv(EnvTestClock)); v != "" {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
-			return bad(EnvTestClock, "%q is not an RFC 3339 time", v)
-		}
-		e.TestClock = t
-	}
-	return e, nil
+	return nil
 }
 
 // ParseDeadline parses a value of EnvDeadline: a Go duration in
@@ -333,9 +378,44 @@ func parseShed(getenv func(string) string, e Env) (Shed, error) {
 		Utilization:       strings.TrimSpace(getenv(EnvShedUtilization)),
 		Backend:           strings.TrimSpace(getenv(EnvShedBackend)),
 	}
-	bad := func(name, format string, args ...any) (Shed, error) {
-		return Shed{}, &Error{Name: name, Msg: fmt.Sprintf(format, args...)}
+	if err := s.parseFleet(getenv); err != nil {
+		return Shed{}, err
 	}
+	if v := strings.TrimSpace(getenv(EnvShedUtilizationMaxAge)); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return Shed{}, bad(EnvShedUtilizationMaxAge, "%q is not a positive Go duration such as %v", v, DefaultShedUtilizationMaxAge)
+		}
+		s.UtilizationMaxAge = d
+	}
+	for _, n := range []struct{ name, v string }{{EnvShedUtilization, s.Utilization}, {EnvShedFleetName, s.FleetName}} {
+		if err := CheckStoreName(n.v); err != nil {
+			return Shed{}, bad(n.name, "%v", err)
+		}
+	}
+	if s.FleetName == "" {
+		s.FleetName = DefaultShedFleetName
+	}
+	if s.FleetCapacity > 0 {
+		// The limiter validates the reserve against the shares; a store
+		// that is never called is enough for that.
+		if _, err := limiter.NewFleetShedder(noLeases{}, s.FleetConfig()); err != nil {
+			name := EnvShedFleetShares
+			if s.FleetShares == nil {
+				name = EnvShedFleetReserve
+			}
+			return Shed{}, bad(name, "%v", err)
+		}
+	}
+	if err := s.parseBackend(e); err != nil {
+		return Shed{}, err
+	}
+	return s, nil
+}
+
+// parseFleet reads the fleet shedder's capacity, reserve, shares and
+// lease TTL.
+func (s *Shed) parseFleet(getenv func(string) string) error {
 	if v := strings.TrimSpace(getenv(EnvShedFleetCapacity)); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 || n > MaxShedFleetCapacity {
@@ -364,32 +444,12 @@ func parseShed(getenv func(string) string, e Env) (Shed, error) {
 		}
 		s.LeaseTTL = d
 	}
-	if v := strings.TrimSpace(getenv(EnvShedUtilizationMaxAge)); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return bad(EnvShedUtilizationMaxAge, "%q is not a positive Go duration such as %v", v, DefaultShedUtilizationMaxAge)
-		}
-		s.UtilizationMaxAge = d
-	}
-	for _, n := range []struct{ name, v string }{{EnvShedUtilization, s.Utilization}, {EnvShedFleetName, s.FleetName}} {
-		if err := CheckStoreName(n.v); err != nil {
-			return bad(n.name, "%v", err)
-		}
-	}
-	if s.FleetName == "" {
-		s.FleetName = DefaultShedFleetName
-	}
-	if s.FleetCapacity > 0 {
-		// The limiter validates the reserve against the shares; a store
-		// that is never called is enough for that.
-		if _, err := limiter.NewFleetShedder(noLeases{}, s.FleetConfig()); err != nil {
-			name := EnvShedFleetShares
-			if s.FleetShares == nil {
-				name = EnvShedFleetReserve
-			}
-			return bad(name, "%v", err)
-		}
-	}
+	return nil
+}
+
+// parseBackend checks the shedders' backend, defaulting to the network
+// backend e configures.
+func (s *Shed) parseBackend(e Env) error {
 	switch s.Backend {
 	case "":
 		switch {
@@ -409,7 +469,7 @@ func parseShed(getenv func(string) string, e Env) (Shed, error) {
 	default:
 		return bad(EnvShedBackend, "%q is not memcached or dynamo", s.Backend)
 	}
-	return s, nil
+	return nil
 }
 
 // CheckStoreName checks a name of a key in the shed store

@@ -98,6 +98,9 @@ const (
 
 	// EnvDenyCache is "false" to turn off the deny cache (on by default).
 	EnvDenyCache = "SLUICE_DENY_CACHE"
+	// EnvLeases is "false" to turn off capacity leases (on by default for
+	// the limits that allow them; docs/leases.md).
+	EnvLeases = "SLUICE_LEASES"
 
 	// EnvBreakerFailures is how many store failures in a row open a
 	// network backend's circuit breaker; 0 turns the breakers off.
@@ -121,7 +124,7 @@ func Names() []string {
 		EnvPublishNamespace, EnvPublishMetric, EnvPublishDimensions, EnvPublishStatistic, EnvPublishDivisor, EnvPublishPeriod,
 		EnvShedFleetCapacity, EnvShedFleetReserve, EnvShedFleetShares, EnvShedFleetName,
 		EnvShedLeaseTTL, EnvShedUtilization, EnvShedUtilizationMaxAge, EnvShedBackend,
-		EnvBreakerFailures, EnvBreakerOpenFor, EnvDenyCache,
+		EnvBreakerFailures, EnvBreakerOpenFor, EnvDenyCache, EnvLeases,
 	}
 }
 

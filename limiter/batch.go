@@ -243,10 +243,40 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 	if leasing {
 		defer lr.sendReturns(ctx)
 	}
-	// The deny cache: one cached denial decides.
+	if terr == nil {
+		if i := cachedDenial(items, out, t, &lr); i >= 0 {
+			return i, nil
+		}
+	}
+
+	b := newBatch(len(items))
+	defer b.release()
+	planAll(b, items, now, t, &lr, leasing)
+	run(ctx, now, b)
+	denied, failErr := judgeAll(b, items, out, t)
+	if leasing {
+		lr.settle(items, out, b.es, t, denied || failErr != nil)
+		if denied || failErr != nil {
+			lr.unspendAll(items, out)
+		}
+	}
+	if terr == nil {
+		rememberDenials(b, items, out, t)
+	}
+	giveBackTakes(ctx, now, b, items, out, denied || failErr != nil)
+	if failErr != nil {
+		return -1, failErr
+	}
+	return decider(items, out), nil
+}
+
+// cachedDenial answers the batch from the deny cache: the index of the
+// first enforcing item whose key a denial still covers (the others
+// Skipped, what leases spent put back), or -1.
+func cachedDenial(items []Item, out []Outcome, t int64, lr *leaseRound) int {
 	for i, it := range items {
 		s, ok := it.Limit.(stepper)
-		if !ok || it.Shadow || terr != nil || lr.spent(i) {
+		if !ok || it.Shadow || lr.spent(i) {
 			continue
 		}
 		if d, hit := s.denyCache().denied(it.Key, t, it.N); hit {
@@ -255,42 +285,49 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 				out[j] = Outcome{Skipped: true}
 			}
 			out[i] = Outcome{Decision: d, Cached: true}
-			return i, nil
+			return i
 		}
 	}
+	return -1
+}
 
-	b := newBatch(len(items))
-	defer b.release()
-	es := b.es
+// planAll makes every item's step (a lease take for a hot key when
+// leasing), or its error; an item answered from a lease has none.
+func planAll(b batch, items []Item, now time.Time, t int64, lr *leaseRound, leasing bool) {
 	for i, it := range items {
-		e := &es[i]
+		e := &b.es[i]
 		e.item, e.it = i, it
-		if s, ok := it.Limit.(stepper); ok {
-			e.s = s
-			if e.leased = lr.spent(i); e.leased {
-				continue
+		s, ok := it.Limit.(stepper)
+		if !ok {
+			if it.Limit == nil {
+				e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
 			}
-			e.gen = s.denyCache().generation()
-			b.steps[i], e.store, e.err = s.plan(it.Key, now, it.N)
-			b.steps[i].Shadow = it.Shadow
-			if leasing && e.err == nil {
-				lr.planTake(i, &items[i], &b.steps[i], t)
-			}
-		} else if it.Limit == nil {
-			e.err = fmt.Errorf("%w: batch item %d has no limit", ErrInvalidConfig, i)
+			continue
+		}
+		e.s = s
+		if e.leased = lr.spent(i); e.leased {
+			continue
+		}
+		e.gen = s.denyCache().generation()
+		b.steps[i], e.store, e.err = s.plan(it.Key, now, it.N)
+		b.steps[i].Shadow = it.Shadow
+		if leasing && e.err == nil {
+			lr.planTake(i, &items[i], &b.steps[i], t)
 		}
 	}
-	run(ctx, now, b)
+}
 
-	var failErr error
-	denied := false
-	for i := range es {
-		e := &es[i]
+// judgeAll turns the answers into outcomes: it reports whether an
+// enforcing item was denied, and the first error of an item without a
+// Fail decision (the batch then fails).
+func judgeAll(b batch, items []Item, out []Outcome, t int64) (denied bool, failErr error) {
+	for i := range b.es {
+		e := &b.es[i]
 		it, o := &items[i], &out[i]
-		err := e.err
 		if e.leased {
 			continue
 		}
+		err := e.err
 		if err == nil && e.s != nil && b.res[i].NotApplied && !it.Shadow {
 			o.Skipped = true // another item's denial decided: nothing taken
 			continue
@@ -313,9 +350,7 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 				// units were not counted, so admitting it would be free),
 				// whatever the fail mode, which is for a failing store.
 				o.Throttled, o.Decision = true, throttledDecision(it.Limit)
-				if !it.Shadow {
-					denied = true
-				}
+				denied = denied || !it.Shadow
 				continue
 			}
 			if it.Fail == nil {
@@ -331,30 +366,28 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 			denied = true
 		}
 	}
+	return denied, failErr
+}
 
-	if leasing {
-		lr.settle(items, out, es, t, denied || failErr != nil)
-		if denied || failErr != nil {
-			lr.unspendAll(items, out)
-		}
-	}
-
-	// Remember the store's denials, before anything is given back (a
-	// give-back bumps the cache's generation).
+// rememberDenials puts the store's denials in the deny caches, before
+// anything is given back (a give-back bumps a cache's generation).
+func rememberDenials(b batch, items []Item, out []Outcome, t int64) {
 	for i, it := range items {
 		o := &out[i]
-		if es[i].s == nil || o.Skipped || o.Failed || o.Decision.Allowed || o.Decision.RetryAfter <= 0 || terr != nil {
+		if b.es[i].s == nil || o.Skipped || o.Failed || o.Decision.Allowed || o.Decision.RetryAfter <= 0 {
 			continue
 		}
-		es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision, es[i].gen)
+		b.es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision, b.es[i].gen)
 	}
+}
 
-	// Give back: a denied window's own take always, and every take when
-	// the batch is denied or failed.
+// giveBackTakes gives back a denied window's own take always, and every
+// take when the batch was denied or failed (undo), in one more round.
+func giveBackTakes(ctx context.Context, now time.Time, b batch, items []Item, out []Outcome, undo bool) {
 	refunding := false
-	for i := range es {
-		e, o := &es[i], &out[i]
-		batchUndo := (denied || failErr != nil) && o.Decision.Allowed && !o.Failed && o.Err == nil
+	for i := range b.es {
+		e, o := &b.es[i], &out[i]
+		batchUndo := undo && o.Decision.Allowed && !o.Failed && o.Err == nil
 		switch {
 		case e.s == nil:
 			e.fallbackUndo = batchUndo
@@ -372,40 +405,36 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 			refunding = true
 		}
 	}
-	if refunding {
-		run(ctx, now, b)
-		for i := range es {
-			e := &es[i]
-			if !e.refund {
-				continue
+	if !refunding {
+		return
+	}
+	run(ctx, now, b)
+	for i := range b.es {
+		e := &b.es[i]
+		if !e.refund {
+			continue
+		}
+		if err := b.res[i].Err; err != nil {
+			out[i].Refunded = false
+			if !errors.Is(err, ErrRefund) {
+				err = fmt.Errorf("limiter: %q: %w: %w", out[i].Decision.Name, ErrRefund, err)
 			}
-			if err := b.res[i].Err; err != nil {
-				out[i].Refunded = false
-				if !errors.Is(err, ErrRefund) {
-					err = fmt.Errorf("limiter: %q: %w: %w", out[i].Decision.Name, ErrRefund, err)
-				}
-				out[i].Err = errors.Join(out[i].Err, err)
-			}
-			switch {
-			case e.s == nil || b.res[i].Err != nil:
-			case out[i].Refunded:
-				// A batch's take given back (or sent): a denial of this
-				// limit decided meanwhile may have seen it, so it is not
-				// kept, nor one cached since.
-				e.s.denyCache().forget(items[i].Key)
-			default:
-				// A denied window's own take: the same for the others'
-				// denials in flight, but this denial, made without it,
-				// stands.
-				e.s.denyCache().bump()
-			}
+			out[i].Err = errors.Join(out[i].Err, err)
+		}
+		switch {
+		case e.s == nil || b.res[i].Err != nil:
+		case out[i].Refunded:
+			// A batch's take given back (or sent): a denial of this
+			// limit decided meanwhile may have seen it, so it is not
+			// kept, nor one cached since.
+			e.s.denyCache().forget(items[i].Key)
+		default:
+			// A denied window's own take: the same for the others'
+			// denials in flight, but this denial, made without it,
+			// stands.
+			e.s.denyCache().bump()
 		}
 	}
-
-	if failErr != nil {
-		return -1, failErr
-	}
-	return decider(items, out), nil
 }
 
 // giveBack gives back the N units each item took at now, as one batch: the
@@ -585,8 +614,39 @@ func (g *groups) start(j int) int {
 // parallel, and calls the foreign limiters' own AllowN (Refund in a refund
 // round) at now.
 func run(ctx context.Context, now time.Time, b batch) {
-	es := b.es
-	var g groups
+	var (
+		storeBuf [scratchItems]Batcher
+		endBuf   [scratchItems]int
+		orderBuf [scratchItems]int
+	)
+	g := groups{stores: storeBuf[:0], ends: endBuf[:0], order: orderBuf[:0]}
+	gather, nforeign := g.build(b.es)
+	jobs := len(g.stores) + nforeign
+	if jobs == 0 {
+		return
+	}
+	// The groups' steps and answers gathered, aligned with order, when
+	// some group's items are not contiguous; else nil.
+	var gs gathered
+	if gather {
+		if nb := g.start(len(g.stores)); b.sc != nil {
+			gs.steps, gs.res = b.sc.gsteps[:nb], b.sc.gres[:nb]
+		} else {
+			gs.steps, gs.res = make([]Step, nb), make([]StepResult, nb)
+		}
+	}
+	if jobs == 1 {
+		runJob(ctx, now, b, &g, gs, 0)
+		return
+	}
+	runParallel(ctx, now, b, g.clone(), gs, jobs)
+}
+
+// build groups the active entries of es by store (a refund round when
+// any entry is marked refund): it reports whether some group's items are
+// not contiguous, and the number of foreign limiters' entries (last in
+// order).
+func (g *groups) build(es []entry) (gather bool, nforeign int) {
 	for i := range es {
 		if es[i].refund {
 			g.refund = true
@@ -599,13 +659,6 @@ func run(ctx context.Context, now time.Time, b batch) {
 		}
 		return e.err == nil && !e.leased
 	}
-	var (
-		storeBuf [scratchItems]Batcher
-		endBuf   [scratchItems]int
-		orderBuf [scratchItems]int
-	)
-	g.stores, g.ends, g.order = storeBuf[:0], endBuf[:0], orderBuf[:0]
-	nforeign := 0
 	for i := range es {
 		e := &es[i]
 		if !active(e) {
@@ -627,7 +680,6 @@ func run(ctx context.Context, now time.Time, b batch) {
 			e.group = len(g.stores) - 1
 		}
 	}
-	gather := false // some group's items are not contiguous
 	for j := range g.stores {
 		lo := len(g.order)
 		for i := range es {
@@ -638,32 +690,12 @@ func run(ctx context.Context, now time.Time, b batch) {
 		}
 		g.ends = append(g.ends, len(g.order))
 	}
-	jobs := len(g.stores) + nforeign
-	if jobs == 0 {
-		return
-	}
-	if nforeign > 0 {
-		for i := range es {
-			if e := &es[i]; e.s == nil && active(e) {
-				g.order = append(g.order, i)
-			}
+	for i := range es {
+		if e := &es[i]; e.s == nil && active(e) {
+			g.order = append(g.order, i)
 		}
 	}
-	// The groups' steps and answers gathered, aligned with order, when
-	// some group's items are not contiguous; else nil.
-	var gs gathered
-	if gather {
-		if nb := g.start(len(g.stores)); b.sc != nil {
-			gs.steps, gs.res = b.sc.gsteps[:nb], b.sc.gres[:nb]
-		} else {
-			gs.steps, gs.res = make([]Step, nb), make([]StepResult, nb)
-		}
-	}
-	if jobs == 1 {
-		runJob(ctx, now, b, &g, gs, 0)
-		return
-	}
-	runParallel(ctx, now, b, g.clone(), gs, jobs)
+	return gather, nforeign
 }
 
 // gathered holds the steps and answers of run's groups, aligned with

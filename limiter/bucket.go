@@ -147,7 +147,8 @@ const (
 // LeaseEpoch is the length of a lease epoch: a capacity lease of a token
 // bucket lives at most [MaxLeaseLife], and the units it took stay out of
 // the bucket until its return, or until the end of the epoch after the one
-// it was taken in, whichever is first. See docs/leases.md.
+// its slot is labelled with (its own or, for a slot a lease took over, two
+// later), whichever is first. See docs/leases.md.
 const LeaseEpoch = 1200 * time.Millisecond
 
 // MaxLeaseLife is the longest a capacity lease may be spent: it ends at
@@ -240,21 +241,15 @@ func (op BucketOp) Apply(cur BucketState, found bool) (next BucketState, d Decis
 			break
 		}
 		got := min(max(op.Want, op.N), free)
-		s := &next.Leased[op.Epoch&1]
-		switch {
-		case s.Epoch == op.Epoch:
-		case s.Epoch < op.Epoch:
-			*s = LeaseSlot{Epoch: op.Epoch}
-		default: // a later epoch's (a writer ahead of us): a plain take
+		s := next.leaseSlot(op.Epoch)
+		if s == nil { // no slot free of an older epoch: a plain take
 			next.Tokens -= op.N
 			d.Allowed, write = true, true
-			got = 0
+			break
 		}
-		if got > 0 {
-			s.Units += got
-			d.Granted = got
-			d.Allowed, write = true, true
-		}
+		s.Units += got
+		d.Granted, d.LeaseRef = got, s.Epoch
+		d.Allowed, write = true, true
 	default:
 		if op.N <= free {
 			next.Tokens -= op.N
@@ -277,7 +272,11 @@ func (op BucketOp) Apply(cur BucketState, found bool) (next BucketState, d Decis
 // giveBack applies a lease's return to s, unless its epoch has expired:
 // the spent tokens leave the bucket, the lease's hold ends.
 func (s *BucketState) giveBack(r LeaseReturn) bool {
-	l := &s.Leased[r.Epoch&1]
+	i := 0
+	if s.Leased[1].Epoch == r.Epoch {
+		i = 1
+	}
+	l := &s.Leased[i]
 	if l.Epoch != r.Epoch || r.Epoch == 0 || l.Units == 0 {
 		return false
 	}
@@ -285,6 +284,36 @@ func (s *BucketState) giveBack(r LeaseReturn) bool {
 	s.Tokens -= spent
 	l.Units = max(l.Units-r.Got, 0)
 	return true
+}
+
+// leaseAhead is how many epochs past its own a slot taken over by a lease
+// is labelled: the slot then serves the leases of leaseAhead+1 epochs
+// before another must be taken over (on DynamoDB every process's first
+// take after a takeover loses one race), and holds a lost lease's units
+// at most leaseAhead epochs longer.
+const leaseAhead = 2
+
+// leaseSlot is the slot for the units of a lease taken in epoch e: the
+// one labelled e or later with the earliest label (its units expire no
+// sooner than e's would), else a free one, labelled e+leaseAhead; nil
+// when the only free-less slot holds an older epoch not yet expired.
+func (s *BucketState) leaseSlot(e int64) *LeaseSlot {
+	var best *LeaseSlot
+	for i := range s.Leased {
+		if l := &s.Leased[i]; l.Epoch >= e && (best == nil || l.Epoch < best.Epoch) {
+			best = l
+		}
+	}
+	if best != nil {
+		return best
+	}
+	for i := range s.Leased {
+		if l := &s.Leased[i]; *l == (LeaseSlot{}) {
+			*l = LeaseSlot{Epoch: e + leaseAhead}
+			return l
+		}
+	}
+	return nil
 }
 
 // refill adds the refills due by t to s, Smyte style: whole refills only,

@@ -28,7 +28,9 @@ type Decision struct {
 	Name string
 	// Granted is what a store's lease take gave a capacity lease (the
 	// decision at hand's cost included); zero for any other step.
-	Granted int64
+	// LeaseRef is where a bucket's lease take counted them: the lease
+	// epoch of its slot, which its return names.
+	Granted, LeaseRef int64
 }
 
 // Limiter is what every algorithm in this package offers.

@@ -42,8 +42,9 @@ const (
 	minLeaseLife = 100 * time.Millisecond
 	// minLease is the smallest lease worth taking, in units: below it a
 	// key is cold and each decision is its own store step, as without
-	// leases.
-	minLease = 4
+	// leases (a smaller lease would save few requests, and a client's
+	// quick handful of requests would lease).
+	minLease = 8
 	// minReturn is the fewest unspent units worth a return write.
 	minReturn = 4
 	// fairShare divides what the store said remains: a take asks at most
@@ -218,7 +219,7 @@ func (l *leaser) spend(key string, t, n int64) (d Decision, ref int64, ok bool, 
 		k.units -= n
 		d = k.d
 		d.Remaining = min(satAdd(d.Remaining, k.units), d.Limit)
-		d.Granted = 0
+		d.Granted, d.LeaseRef = 0, 0
 		l.stats.decisions.Add(1)
 		return d, k.ref, true, lease{}
 	}
@@ -467,8 +468,12 @@ func (r *leaseRound) settle(items []Item, out []Outcome, es []entry, t int64, de
 		if denied && o.Decision.Granted > 0 {
 			n, o.Refunded = 0, true
 		}
-		r.close(u.lz, u.lz.leases().took(items[i].Key, t, n, want, o.Decision.Granted, u.end, u.ref, o.Decision))
-		o.Decision.Granted = 0
+		ref := u.ref
+		if o.Decision.LeaseRef != 0 {
+			ref = o.Decision.LeaseRef // a bucket's slot
+		}
+		r.close(u.lz, u.lz.leases().took(items[i].Key, t, n, want, o.Decision.Granted, u.end, ref, o.Decision))
+		o.Decision.Granted, o.Decision.LeaseRef = 0, 0
 	}
 }
 

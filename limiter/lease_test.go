@@ -1,8 +1,6 @@
 package limiter_test
 
 import (
-	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,49 +9,18 @@ import (
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
 
-// counted is a memory store that counts the store calls made to it.
-type counted struct {
-	*memory.Store
-	calls atomic.Int64
-}
-
-func (c *counted) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
-	c.calls.Add(1)
-	return c.Store.Add(ctx, k, cur, span, n, ttl)
-}
-
-func (c *counted) Sub(ctx context.Context, k limiter.Key, idx, n int64) error {
-	c.calls.Add(1)
-	return c.Store.Sub(ctx, k, idx, n)
-}
-
-func (c *counted) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
-	c.calls.Add(1)
-	return c.Store.AddPacked(ctx, k, op)
-}
-
-func (c *counted) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
-	c.calls.Add(1)
-	return c.Store.SubPacked(ctx, k, op)
-}
-
-func (c *counted) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
-	c.calls.Add(1)
-	return c.Store.UpdateBucket(ctx, k, op, ttl)
-}
-
-func newCounted(t *testing.T) *counted {
+func newCounted(t *testing.T) *limitertest.CountingStore {
 	s, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &counted{Store: s}
+	return limitertest.NewCountingStore(s)
 }
 
 // hotLimits builds one limit per process on store (leases as asked) and
 // the exact one (no leases, a store of its own).
-func hotLimits(t *testing.T, alg string, store *counted, procs int, leases bool) ([]limiter.Limiter, limiter.Limiter) {
-	build := func(s *counted, leases bool) limiter.Limiter {
+func hotLimits(t *testing.T, alg string, store *limitertest.CountingStore, procs int, leases bool) ([]limiter.Limiter, limiter.Limiter) {
+	build := func(s *limitertest.CountingStore, leases bool) limiter.Limiter {
 		var l limiter.Limiter
 		var err error
 		switch alg {
@@ -90,13 +57,14 @@ func TestLeasesHotKey(t *testing.T) {
 			store := newCounted(t)
 			procs, rate := 16, 1600.0 // a second: 100 per process; under every limit
 			if alg == "packed" {
-				// Under its 500 a second; 4 processes, so that each
-				// decides enough in one slot (375 ms) to lease.
-				procs, rate = 4, 400
+				// Under its 500 a second; 2 processes, so that each
+				// decides enough in one slot (375 ms) to lease: a lease
+				// lives one slot.
+				procs, rate = 2, 400
 			}
 			ls, exact := hotLimits(t, alg, store, procs, true)
 			rep := limitertest.RunHot(t.Context(), ls, limitertest.HotOptions{Key: "hot", Rate: rate, Duration: 4 * time.Second})
-			checkHot(t, alg, rep, exact, store.calls.Load())
+			checkHot(t, alg, rep, exact, store.Calls())
 		})
 	}
 }
@@ -122,4 +90,54 @@ func checkHot(t *testing.T, alg string, rep limitertest.HotReport, exact limiter
 	if rep.Leased == 0 {
 		t.Error("no decision came from a lease")
 	}
+}
+
+func newMemory(t *testing.T) *memory.Store {
+	s, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestLeaseHistory: capacity leases never over the limit on the memory
+// store, 4 processes at four times the limit, arrivals reordered.
+func TestLeaseHistory(t *testing.T) {
+	limitertest.RunLeaseHistory(t, newMemory(t), newMemory(t))
+}
+
+// TestLeaseHistoryFailsBroken: the same checks find the stores whose
+// defects only leases expose: a window store that counts one unit of a
+// lease take, a bucket store that forgets the lease ring.
+func TestLeaseHistoryFailsBroken(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		store limitertest.Store
+		sc    int // index in LeaseScenarios
+	}{
+		{"window-drops-leased-units", limitertest.DropLeasedUnits(newMemory(t)), 0},
+		{"bucket-forgets-ring", limitertest.NewForgetfulBuckets(), -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			scs := limitertest.LeaseScenarios(c.store)
+			sc := scs[0]
+			if c.sc < 0 {
+				sc = scs[len(scs)-1]
+			}
+			rep, err := limitertest.LeaseHistory(t.Context(), c.store, newMemory(t), sc, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s on %s: %d admitted of %d decisions (%d from leases), exact %d; %d windows over the limit",
+				sc.Name, c.name, rep.Hot.Admitted, len(rep.Hot.Calls), rep.Hot.Leased, rep.Exact, len(rep.Violations))
+			if len(rep.Violations) == 0 {
+				t.Errorf("the history checker found no window over the limit on %s", c.name)
+			}
+		})
+	}
+}
+
+// TestColdLeases: a cold key decides the same with and without leases.
+func TestColdLeases(t *testing.T) {
+	limitertest.RunColdLeases(t, newMemory(t))
 }

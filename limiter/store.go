@@ -207,6 +207,16 @@ type LogStore interface {
 	UpdateLog(ctx context.Context, key Key, op LogOp, ttl time.Duration) (Decision, error)
 }
 
+// Store is a store of every kind the algorithms of a rule use: a backend
+// (memory, memcached, DynamoDB) or a wrapper of one. A Store that also
+// implements [PackedCounter] or [Batcher] serves packed windows or
+// batches.
+type Store interface {
+	Counter
+	BucketStore
+	LogStore
+}
+
 // AsBatcher returns store as a [Batcher]: store itself when it is one,
 // else a plain loop that performs each step in turn with the single-step
 // method of its kind ([Counter], [PackedCounter], [BucketStore],

@@ -3,12 +3,12 @@
 // rate-limit keys from request attributes, and evaluating every matching
 // rule's stacked limits into one decision.
 //
-// A rules document is parsed by [Parse] into [Rule] values; invalid rules
-// fail with an error naming the rule and the field. [New] compiles rules into
-// a [Policy] against injected stores (a map from backend name to a value
-// implementing [limiter.Counter], [limiter.BucketStore] and/or
-// [limiter.LogStore]), so this package never imports a backend, the AWS SDK
-// or aws-lambda-go. A [Request] is a plain struct of attributes (source IP,
+// A rules document is parsed by [Parse] into [Rule] values, by one schema:
+// the `rule` tags of [Rule] and [Limit] name the fields; invalid rules fail
+// with an error naming the rule, the field and its line. [New] compiles
+// rules into a [Policy] against injected stores (a map from backend name
+// to a [limiter.Store]), so this package never imports a backend, the AWS
+// SDK or aws-lambda-go. A [Request] is a plain struct of attributes (source IP,
 // method, path, route key, stage, headers, query, API key, token) that the
 // caller fills from its event.
 //

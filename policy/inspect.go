@@ -148,3 +148,34 @@ func placeholderName(p keyPart) string {
 	}
 	return "?"
 }
+
+// LeaseStats sums the capacity lease counters (limiter.LeaseStats) of
+// rule's limits, every tier's included, in this process: zero for a rule
+// whose limits do not lease, or an unknown rule.
+func (p *Policy) LeaseStats(rule string) limiter.LeaseStats {
+	var sum limiter.LeaseStats
+	r, err := p.rule(rule)
+	if err != nil {
+		return sum
+	}
+	add := func(ls []limiter.Limiter) {
+		for _, l := range ls {
+			s, ok := l.(interface{ LeaseStats() limiter.LeaseStats })
+			if !ok {
+				continue
+			}
+			st := s.LeaseStats()
+			sum.Takes += st.Takes
+			sum.Granted += st.Granted
+			sum.Decisions += st.Decisions
+			sum.Returns += st.Returns
+			sum.Returned += st.Returned
+			sum.Lost += st.Lost
+		}
+	}
+	add(r.limits)
+	for _, t := range r.tiers {
+		add(t)
+	}
+	return sum
+}

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
-
-	"github.com/sluicehq/sluice/limiter"
 )
 
 // MaxDocumentSize is the largest rules document Parse reads.
@@ -99,10 +97,10 @@ func ParseDocument(data []byte) (Document, error) {
 			return out, err
 		}
 		if _, err := compile(r, i); err != nil {
-			return out, err
+			return out, atLine(err, n)
 		}
 		if j, dup := seen[r.Name]; dup {
-			return out, ruleError(r.Name, i, "name", "already used by rules[%d]", j)
+			return out, atLine(ruleError(r.Name, i, "name", "already used by rules[%d]", j), n)
 		}
 		seen[r.Name] = i
 		rules = append(rules, r)
@@ -192,7 +190,7 @@ func ParseRule(data []byte, name string) (Rule, error) {
 		return Rule{}, ruleError(r.Name, 0, "name", "does not match the item's name %q", name)
 	}
 	if _, err := compile(r, 0); err != nil {
-		return Rule{}, err
+		return Rule{}, atLine(err, root)
 	}
 	return r, nil
 }
@@ -238,9 +236,10 @@ func noAliases(n *yaml.Node, depth int) error {
 	return nil
 }
 
+// decodeRule decodes rules[index] by the schema (schema.go).
 func decodeRule(n *yaml.Node, index int) (Rule, error) {
 	var r Rule
-	if n.Kind == yaml.MappingNode {
+	if n.Kind == yaml.MappingNode { // the name first, so that every message names the rule
 		if v, ok := mappingValue(n, "name"); ok && v.Kind == yaml.ScalarNode && len(v.Value) <= 64 {
 			r.Name = v.Value
 		}
@@ -249,255 +248,7 @@ func decodeRule(n *yaml.Node, index int) (Rule, error) {
 	if err != nil {
 		return r, err
 	}
-	if err := m.only("name", "description", "match", "key", "skip_if_missing", "client_ip", "limits", "cost", "priority", "fail", "require",
-		"shadow", "tier", "tier_lookup", "tiers", "concurrency"); err != nil {
-		return r, err
-	}
-	if r.Name, _, err = m.str("name"); err != nil {
-		return r, err
-	}
-	if r.Description, _, err = m.str("description"); err != nil {
-		return r, err
-	}
-	if r.Key, _, err = m.str("key"); err != nil {
-		return r, err
-	}
-	if r.SkipIfMissing, _, err = m.boolean("skip_if_missing"); err != nil {
-		return r, err
-	}
-	if r.Cost, _, err = m.integer("cost"); err != nil {
-		return r, err
-	}
-	if r.Require, _, err = m.strs("require"); err != nil {
-		return r, err
-	}
-	if r.Shadow, _, err = m.boolean("shadow"); err != nil {
-		return r, err
-	}
-	if r.Tier, _, err = m.str("tier"); err != nil {
-		return r, err
-	}
-	if r.TierLookup, _, err = m.boolean("tier_lookup"); err != nil {
-		return r, err
-	}
-	if cm, ok, err := m.mapping("concurrency"); err != nil {
-		return r, err
-	} else if ok {
-		if err := cm.only("name", "limit", "lease_ttl"); err != nil {
-			return r, err
-		}
-		cc := &ConcurrencyLimit{}
-		if cc.Name, _, err = cm.str("name"); err != nil {
-			return r, err
-		}
-		if cc.Limit, _, err = cm.integer("limit"); err != nil {
-			return r, err
-		}
-		if cc.LeaseTTL, _, err = cm.duration("lease_ttl"); err != nil {
-			return r, err
-		}
-		r.Concurrency = cc
-	}
-	if tn, ok := m.fields["tiers"]; ok && tn.Tag != "!!null" {
-		if tn.Kind != yaml.MappingNode {
-			return r, m.errorf("tiers", "want a mapping of tier names to lists of limits, got %s (line %d)", kindName(tn), tn.Line)
-		}
-		if len(tn.Content)/2 > MaxTiers {
-			return r, m.errorf("tiers", "%d tiers; at most %d per rule", len(tn.Content)/2, MaxTiers)
-		}
-		seenTier := map[string]bool{}
-		for i := 0; i+1 < len(tn.Content); i += 2 {
-			k, v := tn.Content[i], tn.Content[i+1]
-			if k.Kind != yaml.ScalarNode {
-				return r, m.errorf("tiers", "a tier name must be a string (line %d)", k.Line)
-			}
-			field := "tiers." + clip(k.Value)
-			if seenTier[k.Value] {
-				return r, m.errorf(field, "given twice (line %d)", k.Line)
-			}
-			seenTier[k.Value] = true
-			if v.Kind != yaml.SequenceNode {
-				return r, m.errorf(field, "want a list of limits, got %s (line %d)", kindName(v), v.Line)
-			}
-			if len(v.Content) > MaxLimitsPerRule {
-				return r, m.errorf(field, "%d limits; at most %d per tier", len(v.Content), MaxLimitsPerRule)
-			}
-			t := Tier{Name: k.Value}
-			for j, ln := range v.Content {
-				l, err := decodeLimit(ln, fmt.Sprintf("%s[%d]", field, j), index, r.Name)
-				if err != nil {
-					return r, err
-				}
-				t.Limits = append(t.Limits, l)
-			}
-			r.Tiers = append(r.Tiers, t)
-		}
-	}
-	if s, ok, err := m.str("priority"); err != nil {
-		return r, err
-	} else if ok {
-		if r.Priority, err = parsePriority(s); err != nil {
-			return r, m.errorf("priority", "%v", err)
-		}
-	}
-	if s, ok, err := m.str("fail"); err != nil {
-		return r, err
-	} else if ok {
-		switch s {
-		case "open":
-			r.Fail = FailOpen
-		case "closed":
-			r.Fail = FailClosed
-		default:
-			return r, m.errorf("fail", "%q is not open or closed", s)
-		}
-	}
-	if mm, ok, err := m.mapping("match"); err != nil {
-		return r, err
-	} else if ok {
-		if err := mm.only("methods", "paths", "stages", "routes", "case_sensitive"); err != nil {
-			return r, err
-		}
-		if r.Match.Methods, _, err = mm.strs("methods"); err != nil {
-			return r, err
-		}
-		if r.Match.Paths, _, err = mm.strs("paths"); err != nil {
-			return r, err
-		}
-		if r.Match.Stages, _, err = mm.strs("stages"); err != nil {
-			return r, err
-		}
-		if r.Match.Routes, _, err = mm.strs("routes"); err != nil {
-			return r, err
-		}
-		if r.Match.CaseSensitive, _, err = mm.boolean("case_sensitive"); err != nil {
-			return r, err
-		}
-	}
-	if cm, ok, err := m.mapping("client_ip"); err != nil {
-		return r, err
-	} else if ok {
-		if err := cm.only("from", "hops", "ipv6_prefix"); err != nil {
-			return r, err
-		}
-		if r.ClientIP.From, _, err = cm.str("from"); err != nil {
-			return r, err
-		}
-		var n int64
-		if n, _, err = cm.integer("hops"); err != nil {
-			return r, err
-		}
-		r.ClientIP.Hops = int(min(max(n, -1), 1<<20))
-		if n, _, err = cm.integer("ipv6_prefix"); err != nil {
-			return r, err
-		}
-		r.ClientIP.IPv6Prefix = int(min(max(n, -1), 1<<20))
-	}
-	limits, ok := m.fields["limits"]
-	if !ok {
-		return r, m.errorf("limits", "required: a list of limits")
-	}
-	if limits.Kind != yaml.SequenceNode {
-		return r, m.errorf("limits", "want a list of limits, got %s (line %d)", kindName(limits), limits.Line)
-	}
-	if len(limits.Content) > MaxLimitsPerRule {
-		return r, m.errorf("limits", "%d limits; at most %d per rule", len(limits.Content), MaxLimitsPerRule)
-	}
-	for i, ln := range limits.Content {
-		l, err := decodeLimit(ln, fmt.Sprintf("limits[%d]", i), index, r.Name)
-		if err != nil {
-			return r, err
-		}
-		r.Limits = append(r.Limits, l)
-	}
-	return r, nil
-}
-
-func decodeLimit(n *yaml.Node, path string, index int, rule string) (Limit, error) {
-	var l Limit
-	m, err := asMapping(n, path, index, rule)
-	if err != nil {
-		return l, err
-	}
-	alg, ok, err := m.str("algorithm")
-	if err != nil {
-		return l, err
-	}
-	if !ok {
-		return l, m.errorf("algorithm", "required (token_bucket, sliding_window, fixed_window or sliding_log)")
-	}
-	if l.Algorithm, ok = algorithmNames[alg]; !ok {
-		return l, m.errorf("algorithm", "%q is not token_bucket, sliding_window, fixed_window or sliding_log", alg)
-	}
-	common := []string{"name", "algorithm", "backend"}
-	var own []string
-	switch l.Algorithm {
-	case TokenBucket:
-		own = []string{"max_amount", "refill_time", "refill_amount", "strict"}
-	case SlidingWindow:
-		own = []string{"limit", "window", "sub_windows", "estimator", "count_denied", "representation", "slots"}
-	case FixedWindow:
-		own = []string{"limit", "window", "count_denied"}
-	case SlidingLog:
-		own = []string{"limit", "window"}
-	}
-	for k, v := range m.fields {
-		if !slices.Contains(common, k) && !slices.Contains(own, k) {
-			return l, m.errorf(k, "not a field of %s (it takes %s) (line %d)", alg, strings.Join(own, ", "), v.Line)
-		}
-	}
-	if l.Name, _, err = m.str("name"); err != nil {
-		return l, err
-	}
-	if l.Backend, _, err = m.str("backend"); err != nil {
-		return l, err
-	}
-	if l.Limit, _, err = m.integer("limit"); err != nil {
-		return l, err
-	}
-	if l.Window, _, err = m.duration("window"); err != nil {
-		return l, err
-	}
-	var sub int64
-	if sub, _, err = m.integer("sub_windows"); err != nil {
-		return l, err
-	}
-	l.SubWindows = int(min(max(sub, -1), 1<<20))
-	if s, ok, err := m.str("estimator"); err != nil {
-		return l, err
-	} else if ok {
-		if l.Estimator, err = limiter.ParseEstimator(s); err != nil {
-			return l, m.errorf("estimator", "%q is not bounded or interpolated", s)
-		}
-	}
-	if s, ok, err := m.str("representation"); err != nil {
-		return l, err
-	} else if ok {
-		if l.Representation, err = limiter.ParseRepresentation(s); err != nil || s == "" {
-			return l, m.errorf("representation", "%q is not auto, packed or subwindows", s)
-		}
-	}
-	var slots int64
-	if slots, _, err = m.integer("slots"); err != nil {
-		return l, err
-	}
-	l.Slots = int(min(max(slots, -1), 1<<20))
-	if l.CountDenied, _, err = m.boolean("count_denied"); err != nil {
-		return l, err
-	}
-	if l.MaxAmount, _, err = m.integer("max_amount"); err != nil {
-		return l, err
-	}
-	if l.RefillTime, _, err = m.duration("refill_time"); err != nil {
-		return l, err
-	}
-	if l.RefillAmount, _, err = m.integer("refill_amount"); err != nil {
-		return l, err
-	}
-	if l.Strict, _, err = m.boolean("strict"); err != nil {
-		return l, err
-	}
-	return l, nil
+	return r, m.decode(&r)
 }
 
 // mapping is a YAML mapping being decoded, with where it is for messages.

@@ -317,12 +317,6 @@ func TestNewBackendErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `rule "r" (rules[0]): limits[0].backend: "memcached" is not configured (configured: memory)`) {
 		t.Fatalf("err = %v", err)
 	}
-	// A store that only counts cannot hold a token bucket.
-	rules = []Rule{{Name: "r", Key: "{ip}", Limits: []Limit{{Algorithm: TokenBucket, MaxAmount: 1, RefillTime: time.Second}}}}
-	_, err = New(rules, Options{Stores: map[string]any{"memory": counterOnly{}}})
-	if err == nil || !strings.Contains(err.Error(), `"memory" does not support token_bucket`) {
-		t.Fatalf("err = %v", err)
-	}
 }
 
 // FuzzParse checks that no document makes Parse panic, and that whatever

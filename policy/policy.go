@@ -22,11 +22,8 @@ const DefaultBackend = "memory"
 // Options configures [New].
 type Options struct {
 	// Stores maps backend names ("memory", "memcached", "dynamo") to
-	// stores. A store implements the interfaces of the algorithms it
-	// serves: [limiter.Counter] for sliding_window and fixed_window,
-	// [limiter.BucketStore] for token_bucket, [limiter.LogStore] for
-	// sliding_log.
-	Stores map[string]any
+	// stores.
+	Stores map[string]limiter.Store
 	// DefaultBackend is used for limits that name no backend. Empty means
 	// DefaultBackend ("memory").
 	DefaultBackend string
@@ -44,6 +41,10 @@ type Options struct {
 	// by default a key a store denied is denied again in this process,
 	// without a store request, until the denial's RetryAfter has passed.
 	NoDenyCache bool
+	// NoLeases turns off every limit's capacity leases (SLUICE_LEASES=
+	// false): by default a hot key of a limit that allows them is decided
+	// in process from units leased from the store ([Limit.Lease]).
+	NoLeases bool
 	// Lists are the rule set's allow and deny lists ([Load] takes them
 	// from the document when this is empty).
 	Lists Lists
@@ -124,8 +125,8 @@ type Source interface {
 func (p *Policy) Policy() *Policy { return p }
 
 // New validates rules (as [Parse] does) and builds their limits on the
-// stores of opts. A limit whose backend is not in opts.Stores, or whose store
-// does not serve its algorithm, is an error naming the rule and the limit.
+// stores of opts. A limit whose backend is not in opts.Stores, or that its
+// store cannot serve, is an error naming the rule and the limit.
 func New(rules []Rule, opts Options) (*Policy, error) {
 	if len(rules) > MaxRules {
 		return nil, fmt.Errorf("%w: %d rules; at most %d", ErrInvalidRule, len(rules), MaxRules)
@@ -156,7 +157,7 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 			if backend == "" {
 				backend = def
 			}
-			lim, err := build(l, backend, opts.Stores, opts.NoDenyCache, c.cost)
+			lim, err := build(l, backend, &opts, c.cost)
 			if err != nil {
 				return nil, ruleError(c.Name, i, fmt.Sprintf("limits[%d].backend", j), "%v", err)
 			}
@@ -225,7 +226,8 @@ func (p *Policy) Backends(opts Options) []string {
 // build makes the limiter of l on the store named backend, for a rule
 // whose requests cost cost (a sliding window's MaxCost: a packed window
 // only where its fields stay exact, limiter.PackedMaxCost).
-func build(l *Limit, backend string, stores map[string]any, noDenyCache bool, cost int64) (limiter.Limiter, error) {
+func build(l *Limit, backend string, opts *Options, cost int64) (limiter.Limiter, error) {
+	stores, noDenyCache, leases := opts.Stores, opts.NoDenyCache, !opts.NoLeases && l.leases()
 	store, ok := stores[backend]
 	if !ok || store == nil {
 		names := make([]string, 0, len(stores))
@@ -237,41 +239,24 @@ func build(l *Limit, backend string, stores map[string]any, noDenyCache bool, co
 		slices.Sort(names)
 		return nil, fmt.Errorf("%q is not configured (configured: %s)", backend, strings.Join(names, ", "))
 	}
-	unsupported := fmt.Errorf("%q does not support %s", backend, l.Algorithm)
 	switch l.Algorithm {
 	case TokenBucket:
-		s, ok := store.(limiter.BucketStore)
-		if !ok {
-			return nil, unsupported
-		}
-		return limiter.NewTokenBucket(s, limiter.TokenBucketConfig{
+		return limiter.NewTokenBucket(store, limiter.TokenBucketConfig{
 			Name: l.Name, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: l.RefillAmount, Strict: l.Strict,
-			NoDenyCache: noDenyCache,
+			NoDenyCache: noDenyCache, Leases: leases,
 		})
 	case SlidingWindow:
-		s, ok := store.(limiter.Counter)
-		if !ok {
-			return nil, unsupported
-		}
-		return limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{
+		return limiter.NewSlidingWindow(store, limiter.SlidingWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, SubWindows: l.SubWindows, Estimator: l.Estimator, CountDenied: l.CountDenied,
-			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache, MaxCost: cost,
+			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache, MaxCost: cost, Leases: leases,
 		})
 	case FixedWindow:
-		s, ok := store.(limiter.Counter)
-		if !ok {
-			return nil, unsupported
-		}
-		return limiter.NewFixedWindow(s, limiter.FixedWindowConfig{
+		return limiter.NewFixedWindow(store, limiter.FixedWindowConfig{
 			Name: l.Name, Limit: l.Limit, Window: l.Window, CountDenied: l.CountDenied,
 			NoDenyCache: noDenyCache,
 		})
 	case SlidingLog:
-		s, ok := store.(limiter.LogStore)
-		if !ok {
-			return nil, unsupported
-		}
-		return limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Name: l.Name, Limit: l.Limit, Window: l.Window, NoDenyCache: noDenyCache})
+		return limiter.NewSlidingLog(store, limiter.SlidingLogConfig{Name: l.Name, Limit: l.Limit, Window: l.Window, NoDenyCache: noDenyCache})
 	}
 	return nil, fmt.Errorf("unknown algorithm %d", l.Algorithm)
 }
@@ -339,6 +324,9 @@ const (
 	// short RetryAfter (limiter.ThrottledRetryAfter), whatever the fail
 	// mode, so a hot key is never admitted uncounted.
 	ReasonThrottled Reason = "throttled"
+	// ReasonLease: allowed from a capacity lease this process holds on
+	// the key (docs/leases.md): no store request.
+	ReasonLease Reason = "lease"
 	// ReasonUnauthenticated: a required credential is missing.
 	ReasonUnauthenticated Reason = "unauthenticated"
 )
@@ -407,6 +395,9 @@ type Eval struct {
 	// Throttled reports that the store refused the rule's key for
 	// capacity (Reason throttled, when it decided the rule).
 	Throttled bool
+	// Leased reports that the deciding limit allowed the request from a
+	// capacity lease, without a store request (ReasonLease).
+	Leased bool
 	// Reason says why the rule had its outcome (ReasonLimit, ReasonCache,
 	// ReasonFailOpen, ReasonFailClosed, ...).
 	Reason Reason
@@ -488,11 +479,6 @@ func (p *Policy) Evaluate(ctx context.Context, req *Request, now time.Time) Resu
 // place that refunds and picks the deciding limit.
 func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matched []*boundRule, res *Result) {
 	var keyBuf [MaxKeyLen + hashLen + 64]byte
-	var ibuf [16]limiter.Item
-	var obuf [16]limiter.Outcome
-	var rbuf [16]int // the rule (index in matched) of each item
-	var wbuf [16]time.Duration
-	items, owner, windows := ibuf[:0], rbuf[:0], wbuf[:0]
 	for i, r := range matched {
 		ev := &res.Evals[i]
 		ev.Key = string(r.renderKey(keyBuf[:0], req))
@@ -501,27 +487,19 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 	if !p.acquireLeases(ctx, now, matched, res) {
 		return
 	}
-	for i, r := range matched {
-		ev := &res.Evals[i]
-		limits, fails, ws := r.limits, r.failed, r.windows
-		ti, tier := r.tierIndex(req, p.tierOf)
-		if ti >= 0 {
-			limits, fails, ws = r.tiers[ti], r.tierFailed[ti], r.tierWindows[ti]
-		}
-		ev.Tier = tier
-		for k, l := range limits {
-			items = append(items, limiter.Item{Limit: l, Key: ev.Key, N: r.cost, Fail: &fails[k], Shadow: ev.Shadow})
-			owner = append(owner, i)
-			windows = append(windows, ws[k])
-		}
+	var ibuf [16]limiter.Item
+	var obuf [16]limiter.Outcome
+	var rbuf [16]int
+	var wbuf [16]time.Duration
+	b := batch{items: ibuf[:0], owner: rbuf[:0], windows: wbuf[:0]}
+	b = b.build(req, matched, res, p.tierOf)
+	b.out = obuf[:0]
+	if len(b.items) > len(obuf) {
+		b.out = make([]limiter.Outcome, len(b.items))
 	}
-	out := obuf[:0]
-	if len(items) > len(obuf) {
-		out = make([]limiter.Outcome, len(items))
-	}
-	out = out[:len(items)]
+	b.out = b.out[:len(b.items)]
 	start := time.Now() // a duration measurement, not algorithm time
-	decider, err := limiter.Decide(ctx, now, items, out)
+	decider, err := limiter.Decide(ctx, now, b.items, b.out)
 	latency := time.Since(start)
 	if err != nil {
 		// Every item has a Fail decision, so Decide cannot fail; if it
@@ -534,17 +512,65 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		}
 		return
 	}
-
-	// Each rule's part: its first denied limit; else, when a limit's
-	// backend failed, that limit (the fail mode decides a rule it could
-	// not check in full: reason, log line and metrics then agree); else
-	// its tightest.
-	best := make([]int, len(matched))
-	for i := range best {
-		best[i] = -1
+	b.judge(matched, res, latency)
+	if decider < 0 {
+		return
 	}
-	for j, o := range out {
-		i, ev := owner[j], &res.Evals[owner[j]]
+	// The deciding rule's own decision: the limit that decided it (its
+	// fail mode's when a limit of it failed), with its reason.
+	ev := &res.Evals[b.owner[decider]]
+	res.Rule, res.Decision, res.Reason, res.Window = ev.Rule, ev.Decision, ev.Reason, ev.Window
+	if !b.out[decider].Decision.Allowed {
+		res.Outcome = Deny
+		p.releaseLeases(ctx, res)
+	}
+}
+
+// batch is one request's limits as a [limiter.Decide] batch (decide
+// makes its slices on buffers that cover the usual request without
+// allocating).
+type batch struct {
+	items   []limiter.Item
+	out     []limiter.Outcome
+	owner   []int           // the rule (index in matched) of each item
+	windows []time.Duration // each item's window
+}
+
+// build returns b with every limit of the matched rules (of the tier req
+// is in) added, with the rule's key and cost.
+func (b batch) build(req *Request, matched []*boundRule, res *Result, tierOf TierOf) batch {
+	for i, r := range matched {
+		ev := &res.Evals[i]
+		limits, fails, ws := r.limits, r.failed, r.windows
+		ti, tier := r.tierIndex(req, tierOf)
+		if ti >= 0 {
+			limits, fails, ws = r.tiers[ti], r.tierFailed[ti], r.tierWindows[ti]
+		}
+		ev.Tier = tier
+		for k, l := range limits {
+			b.items = append(b.items, limiter.Item{Limit: l, Key: ev.Key, N: r.cost, Fail: &fails[k], Shadow: ev.Shadow})
+			b.owner = append(b.owner, i)
+			b.windows = append(b.windows, ws[k])
+		}
+	}
+	return b
+}
+
+// judge fills in each matched rule's Eval from the outcomes of its limits:
+// its first denied limit; else, when a limit's backend failed, that limit
+// (the fail mode decides a rule it could not check in full: reason, log
+// line and metrics then agree); else its tightest ([limiter.Tighter]).
+func (b batch) judge(matched []*boundRule, res *Result, latency time.Duration) {
+	var bestBuf [16]int
+	best := bestBuf[:0]
+	if len(matched) > len(bestBuf) {
+		best = make([]int, 0, len(matched))
+	}
+	for range matched {
+		best = append(best, -1)
+	}
+	for j, o := range b.out {
+		i, ev := b.owner[j], &res.Evals[b.owner[j]]
 		if o.Skipped {
 			continue
 		}
@@ -554,49 +580,42 @@ func (p *Policy) decide(ctx context.Context, req *Request, now time.Time, matche
 		}
 		ev.Refunded = ev.Refunded || o.Refunded
 		ev.Throttled = ev.Throttled || o.Throttled
-		if b := best[i]; b < 0 || limiter.Tighter(&out[j], &out[b], true) {
+		if k := best[i]; k < 0 || limiter.Tighter(&b.out[j], &b.out[k], true) {
 			best[i] = j
 		}
 	}
 	for i := range matched {
-		ev, j := &res.Evals[i], best[i]
-		if j < 0 {
-			continue // skipped: a cached denial decided
-		}
-		o := &out[j]
-		ev.Decision, ev.Cached, ev.Window = o.Decision, o.Cached, windows[j]
-		ev.Failed = o.Failed // the fail mode decided (a failure elsewhere in the rule is in Err)
-		ev.Outcome, ev.Reason = Allow, ReasonLimit
-		if !o.Decision.Allowed {
-			ev.Outcome = Deny
-		}
-		switch {
-		case o.Cached:
-			ev.Reason = ReasonCache
-		case o.Throttled:
-			ev.Reason = ReasonThrottled
-		case o.Failed && matched[i].Fail == FailOpen:
-			ev.Reason = ReasonFailOpen
-		case o.Failed:
-			ev.Reason = ReasonFailClosed
-		}
-		if ev.Refunded && ev.Outcome == Deny {
-			ev.Refunded = false // its own denial: nothing was taken
-		}
-		if ev.Shadow && ev.Outcome == Deny {
-			ev.Outcome, ev.ShadowDenied = Allow, true // would deny; never does
+		if j := best[i]; j >= 0 { // else skipped: a cached denial decided
+			judgeRule(&res.Evals[i], &b.out[j], b.windows[j], matched[i].Fail)
 		}
 	}
-	if decider < 0 {
-		return
+}
+
+// judgeRule sets ev, the Eval of a rule of fail mode fail, from o, the
+// outcome of the limit that decided it, whose window is window.
+func judgeRule(ev *Eval, o *limiter.Outcome, window time.Duration, fail FailMode) {
+	ev.Decision, ev.Cached, ev.Window = o.Decision, o.Cached, window
+	ev.Failed = o.Failed // the fail mode decided (a failure elsewhere in the rule is in Err)
+	ev.Outcome, ev.Reason = Allow, ReasonLimit
+	if !o.Decision.Allowed {
+		ev.Outcome = Deny
 	}
-	i := owner[decider]
-	ev := &res.Evals[i]
-	// The deciding rule's own decision: the limit that decided it (its
-	// fail mode's when a limit of it failed), with its reason.
-	res.Rule, res.Decision, res.Reason, res.Window = ev.Rule, ev.Decision, ev.Reason, ev.Window
-	if !out[decider].Decision.Allowed {
-		res.Outcome = Deny
-		p.releaseLeases(ctx, res)
+	switch {
+	case o.Cached:
+		ev.Reason = ReasonCache
+	case o.Throttled:
+		ev.Reason = ReasonThrottled
+	case o.Leased:
+		ev.Reason, ev.Leased = ReasonLease, true
+	case o.Failed && fail == FailOpen:
+		ev.Reason = ReasonFailOpen
+	case o.Failed:
+		ev.Reason = ReasonFailClosed
+	}
+	if ev.Refunded && ev.Outcome == Deny {
+		ev.Refunded = false // its own denial: nothing was taken
+	}
+	if ev.Shadow && ev.Outcome == Deny {
+		ev.Outcome, ev.ShadowDenied = Allow, true // would deny; never does
 	}
 }

@@ -14,23 +14,14 @@ import (
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func memStores(t testing.TB) map[string]any {
+func memStores(t testing.TB) map[string]limiter.Store {
 	t.Helper()
 	s, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]any{"memory": s}
+	return map[string]limiter.Store{"memory": s}
 }
-
-// counterOnly is a store that only implements limiter.Counter (and does
-// nothing).
-type counterOnly struct{}
-
-func (counterOnly) Add(context.Context, limiter.Key, int64, int, int64, time.Duration) (limiter.Counts, error) {
-	return limiter.Counts{}, nil
-}
-func (counterOnly) Sub(context.Context, limiter.Key, int64, int64) error { return nil }
 
 // failing is a store whose every call fails (a stopped backend). It counts
 // its calls.
@@ -293,8 +284,17 @@ rules:
 	}
 }
 
-// hanging is a Counter that waits for its context.
+// hanging is a store that waits for its context.
 type hanging struct{}
+
+func (hanging) UpdateBucket(ctx context.Context, _ limiter.Key, _ limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
+	<-ctx.Done()
+	return limiter.Decision{}, ctx.Err()
+}
+func (hanging) UpdateLog(ctx context.Context, _ limiter.Key, _ limiter.LogOp, _ time.Duration) (limiter.Decision, error) {
+	<-ctx.Done()
+	return limiter.Decision{}, ctx.Err()
+}
 
 func (hanging) Add(ctx context.Context, _ limiter.Key, _ int64, _ int, _ int64, _ time.Duration) (limiter.Counts, error) {
 	<-ctx.Done()

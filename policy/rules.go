@@ -40,61 +40,61 @@ type Rule struct {
 	// Name identifies the rule in decisions, metrics and keys: 1 to 64
 	// bytes of letters, digits, '.', '_' and '-', starting with a letter
 	// or digit. Unique within a document.
-	Name string
+	Name string `rule:"name"`
 	// Description is free text for people.
-	Description string
+	Description string `rule:"description"`
 	// Match selects the requests the rule applies to; the zero Match
 	// selects every request.
-	Match Match
+	Match Match `rule:"match"`
 	// Key is the key template, e.g. "{ip}" or "tenant:{header:X-Tenant}"
 	// (see docs/rules.md). Requests with the same rendered key share the
 	// rule's limits.
-	Key string
+	Key string `rule:"key"`
 	// ClientIP says where {ip} comes from.
-	ClientIP ClientIP
+	ClientIP ClientIP `rule:"client_ip"`
 	// SkipIfMissing makes the rule not apply to a request that lacks a
 	// value for one of its key's attributes (no such header, an empty
 	// token). By default such a request renders the value as empty, so all
 	// of them share one key.
-	SkipIfMissing bool
+	SkipIfMissing bool `rule:"skip_if_missing"`
 	// Limits are checked together on the key (all must pass).
-	Limits []Limit
+	Limits []Limit `rule:"limits" required:": a list of limits"`
 	// Cost is the units one request takes from each limit. Zero means 1.
-	Cost int64
+	Cost int64 `rule:"cost"`
 	// Priority ranks the requests the rule matches, for the load shedders
 	// (the zero value is limiter.PriorityNormal). A request's priority is
 	// the highest of its matching rules'.
-	Priority limiter.Priority
+	Priority limiter.Priority `rule:"priority"`
 	// Fail says what happens when a backend errs or times out.
-	Fail FailMode
+	Fail FailMode `rule:"fail"`
 	// Require lists attributes (as in key templates, without braces:
 	// "token", "api_key", "header:X-Api-Key") that a matching request must
 	// carry; a request without one gets an authentication failure rather
 	// than a rate-limit decision.
-	Require []string
+	Require []string `rule:"require"`
 	// Shadow evaluates the rule without enforcing it: its limits are
 	// checked and counted, a would-be denial is reported (Eval.Shadow,
 	// the ShadowDenied metric, a log line) and the request goes on. A
 	// shadow rule takes no capacity from the enforcing rules.
-	Shadow bool
+	Shadow bool `rule:"shadow"`
 	// Tier is a template of one placeholder, e.g. "{header:X-Plan}", whose
 	// value picks the rule's limits per request among Tiers; a request
 	// whose value is missing or names no tier gets Limits (the default
 	// tier). With TierLookup the value is first mapped to a tier name by
 	// Options.TierOf (the rules table's tier items).
-	Tier string
+	Tier string `rule:"tier"`
 	// TierLookup maps the Tier value through Options.TierOf instead of
 	// taking it as a tier name (for values that are secrets or too many to
 	// list, such as API keys).
-	TierLookup bool
+	TierLookup bool `rule:"tier_lookup"`
 	// Tiers are the rule's limits per tier, besides the default tier
 	// (Limits). Only with Tier.
-	Tiers []Tier
+	Tiers []Tier `rule:"tiers"`
 	// Concurrency, when not nil, is Stripe's concurrent-requests limit on
 	// the rule's key: at most Concurrency.Limit requests of one key in
 	// flight. The authorizer acquires a lease and passes it on in its
 	// context; the integration releases it (lambdawrap).
-	Concurrency *ConcurrencyLimit
+	Concurrency *ConcurrencyLimit `rule:"concurrency"`
 }
 
 // Tier is one named set of a rule's limits.
@@ -117,14 +117,14 @@ const MaxTiers = 16
 type ConcurrencyLimit struct {
 	// Name identifies the limit (it is part of the stored key); default
 	// "<rule>.concurrency".
-	Name string
+	Name string `rule:"name"`
 	// Limit is the number of requests of one key in flight, 1 to
 	// limiter.MaxLeases.
-	Limit int64
+	Limit int64 `rule:"limit"`
 	// LeaseTTL bounds how long a lease whose release was lost holds its
 	// slot: set it above the integration's timeout. Zero means
 	// DefaultLeaseTTL.
-	LeaseTTL time.Duration
+	LeaseTTL time.Duration `rule:"lease_ttl"`
 }
 
 // DefaultLeaseTTL is a concurrency limit's lease TTL when the rule gives
@@ -136,20 +136,20 @@ const DefaultLeaseTTL = 30 * time.Second
 type Match struct {
 	// Methods are HTTP methods (case-insensitive); "ANY" or "*" matches
 	// every method.
-	Methods []string
+	Methods []string `rule:"methods"`
 	// Paths are globs over the request path: '*' and '?' match within one
 	// segment, a "**" segment matches any number of segments.
-	Paths []string
+	Paths []string `rule:"paths"`
 	// Stages are API stage names.
-	Stages []string
+	Stages []string `rule:"stages"`
 	// Routes are route keys ("GET /pets/{id}", "$default"); REST APIs
 	// give "METHOD resource".
-	Routes []string
+	Routes []string `rule:"routes"`
 	// CaseSensitive compares Paths with the request path in exact case,
 	// and renders {path} keys in it. By default paths are compared and
 	// keyed lower-cased: "/DEMO/hello" is "/demo/hello", as servers that
 	// route ignoring case (Express by default) serve it.
-	CaseSensitive bool
+	CaseSensitive bool `rule:"case_sensitive"`
 }
 
 // ClientIP configures the {ip} attribute.
@@ -157,16 +157,16 @@ type ClientIP struct {
 	// From is "source_ip" (the default: the request context's source
 	// address, which the client cannot forge) or "x-forwarded-for" (only
 	// behind proxies you trust, which append the client's address).
-	From string
+	From string `rule:"from"`
 	// Hops picks the Hops-th address from the right of X-Forwarded-For:
 	// 1 (the default) is the address the last proxy appended. Addresses
 	// further left are client-controlled. When the header is missing or
 	// too short, {ip} falls back to the source IP.
-	Hops int
+	Hops int `rule:"hops"`
 	// IPv6Prefix groups IPv6 clients by network prefix length, since one
 	// subscriber usually holds a whole /64. Zero means 64; 128 keys every
 	// address apart.
-	IPv6Prefix int
+	IPv6Prefix int `rule:"ipv6_prefix"`
 }
 
 // The values of ClientIP.From.
@@ -179,34 +179,73 @@ const (
 // algorithm; setting another algorithm's field is an error.
 type Limit struct {
 	// Name identifies the limit in decisions; default "<rule>/<index>".
-	Name string
+	Name string `rule:"name"`
 	// Algorithm is required.
-	Algorithm Algorithm
+	Algorithm Algorithm `rule:"algorithm"`
 	// Backend names the store ("memory", "memcached", "dynamo"); empty
 	// means the policy's default backend.
-	Backend string
+	Backend string `rule:"backend"`
 
 	// Limit and Window: sliding_window, fixed_window, sliding_log.
-	Limit  int64
-	Window time.Duration
+	Limit  int64         `rule:"limit" algs:"sliding_window fixed_window sliding_log"`
+	Window time.Duration `rule:"window" algs:"sliding_window fixed_window sliding_log"`
 	// SubWindows, Estimator, Representation and Slots: sliding_window.
 	// Representation zero is limiter.Auto: packed counters at Slots slots
 	// per window (zero: limiter.DefaultSlots) where the window allows it,
 	// else SubWindows sub-windows (zero: limiter.DefaultSubWindows). Naming
 	// sub_windows asks for sub-window counters.
-	SubWindows     int
-	Estimator      limiter.Estimator
-	Representation limiter.Representation
-	Slots          int
+	SubWindows     int                    `rule:"sub_windows" algs:"sliding_window"`
+	Estimator      limiter.Estimator      `rule:"estimator" algs:"sliding_window"`
+	Representation limiter.Representation `rule:"representation" algs:"sliding_window"`
+	Slots          int                    `rule:"slots" algs:"sliding_window"`
 	// CountDenied keeps denied requests in a window's count (ClassDojo).
-	CountDenied bool
+	CountDenied bool `rule:"count_denied" algs:"sliding_window fixed_window"`
 
 	// MaxAmount, RefillTime, RefillAmount (zero means 1) and Strict:
 	// token_bucket (Smyte's parameters).
-	MaxAmount    int64
-	RefillTime   time.Duration
-	RefillAmount int64
-	Strict       bool
+	MaxAmount    int64         `rule:"max_amount" algs:"token_bucket"`
+	RefillTime   time.Duration `rule:"refill_time" algs:"token_bucket"`
+	RefillAmount int64         `rule:"refill_amount" algs:"token_bucket"`
+	Strict       bool          `rule:"strict" algs:"token_bucket"`
+
+	// Lease: sliding_window and token_bucket. LeaseAuto (the zero value,
+	// "auto") decides a hot key from capacity leases where the limit
+	// allows them (a bounded window that refunds denials, a bucket that
+	// is not strict; docs/leases.md): a cold key is decided as without
+	// them. LeaseOff ("off") sends every decision to the store.
+	Lease LeaseMode `rule:"lease" algs:"sliding_window token_bucket"`
+}
+
+// LeaseMode is a limit's capacity lease setting ([Limit.Lease]).
+type LeaseMode uint8
+
+const (
+	// LeaseAuto leases a hot key where the limit allows it.
+	LeaseAuto LeaseMode = iota
+	// LeaseOff never leases.
+	LeaseOff
+)
+
+// String returns "auto" or "off".
+func (m LeaseMode) String() string {
+	if m == LeaseOff {
+		return "off"
+	}
+	return "auto"
+}
+
+// leases reports whether l's limiter takes capacity leases (Options.
+// NoLeases aside).
+func (l *Limit) leases() bool {
+	switch {
+	case l.Lease == LeaseOff:
+		return false
+	case l.Algorithm == TokenBucket:
+		return !l.Strict
+	case l.Algorithm == SlidingWindow:
+		return l.Estimator == limiter.Bounded && !l.CountDenied
+	}
+	return false
 }
 
 // Period is the time over which the limit grants its Capacity: a
@@ -241,15 +280,35 @@ var (
 
 // ruleError is an error about a field of a rule.
 func ruleError(rule string, index int, field, format string, args ...any) error {
-	who := fmt.Sprintf("rules[%d]", index)
-	if rule != "" {
-		who = fmt.Sprintf("rule %q (rules[%d])", rule, index)
-	}
-	if field == "" {
-		return fmt.Errorf("%w: %s: %s", ErrInvalidRule, who, fmt.Sprintf(format, args...))
-	}
-	return fmt.Errorf("%w: %s: %s: %s", ErrInvalidRule, who, field, fmt.Sprintf(format, args...))
+	return &fieldError{rule: rule, index: index, field: field, msg: fmt.Sprintf(format, args...)}
 }
+
+// fieldError is an error about a field of rules[index]; line, when not
+// zero, is where the rules document gives it (atLine).
+type fieldError struct {
+	rule  string
+	index int
+	field string
+	msg   string
+	line  int
+}
+
+func (e *fieldError) Error() string {
+	who := fmt.Sprintf("rules[%d]", e.index)
+	if e.rule != "" {
+		who = fmt.Sprintf("rule %q (rules[%d])", e.rule, e.index)
+	}
+	at := ""
+	if e.line > 0 {
+		at = fmt.Sprintf(" (line %d)", e.line)
+	}
+	if e.field == "" {
+		return fmt.Sprintf("%v: %s: %s%s", ErrInvalidRule, who, e.msg, at)
+	}
+	return fmt.Sprintf("%v: %s: %s: %s%s", ErrInvalidRule, who, e.field, e.msg, at)
+}
+
+func (e *fieldError) Unwrap() error { return ErrInvalidRule }
 
 // compiledRule is a validated rule with its templates and globs compiled.
 type compiledRule struct {
@@ -263,7 +322,8 @@ type compiledRule struct {
 }
 
 // compile validates r (rules[index]) and returns it compiled, with defaults
-// applied. Error messages use the rules-file names of the fields.
+// applied, phase by phase. Error messages use the rules-file names of the
+// fields.
 func compile(r Rule, index int) (*compiledRule, error) {
 	bad := func(field, format string, args ...any) error {
 		return ruleError(r.Name, index, field, format, args...)
@@ -275,181 +335,224 @@ func compile(r Rule, index int) (*compiledRule, error) {
 		return nil, bad("name", "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", r.Name)
 	}
 	c := &compiledRule{Rule: r}
+	if err := c.compileMatch(bad); err != nil {
+		return nil, err
+	}
+	if err := c.compileKey(bad); err != nil {
+		return nil, err
+	}
+	names := map[string]bool{} // limit names, unique across the rule's tiers
+	minCap := int64(MaxCount)  // the smallest capacity of its limits
+	var err error
+	if c.Limits, err = compileLimits(r.Limits, "limits", r.Name, "rule", names, &minCap, bad); err != nil {
+		return nil, err
+	}
+	if err := c.compileTiers(names, &minCap, bad); err != nil {
+		return nil, err
+	}
+	if err := c.compileConcurrency(bad); err != nil {
+		return nil, err
+	}
+	if err := c.compileRest(minCap, bad); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
 
-	for i, m := range r.Match.Methods {
+// badFunc makes the error of a field of the rule being compiled.
+type badFunc func(field, format string, args ...any) error
+
+// compileMatch validates the match and compiles its methods and globs.
+func (c *compiledRule) compileMatch(bad badFunc) error {
+	for i, m := range c.Match.Methods {
 		u := strings.ToUpper(m)
 		if u == "ANY" || u == "*" {
 			c.methods = nil
 			break
 		}
 		if !methodRE.MatchString(u) {
-			return nil, bad(fmt.Sprintf("match.methods[%d]", i), "%q is not an HTTP method", m)
+			return bad(fmt.Sprintf("match.methods[%d]", i), "%q is not an HTTP method", m)
 		}
 		c.methods = append(c.methods, u)
 	}
-	for i, p := range r.Match.Paths {
-		g, err := compileGlob(p, !r.Match.CaseSensitive)
+	for i, p := range c.Match.Paths {
+		g, err := compileGlob(p, !c.Match.CaseSensitive)
 		if err != nil {
-			return nil, bad(fmt.Sprintf("match.paths[%d]", i), "%v", err)
+			return bad(fmt.Sprintf("match.paths[%d]", i), "%v", err)
 		}
 		c.globs = append(c.globs, g)
 	}
-	for i, s := range r.Match.Stages {
+	for i, s := range c.Match.Stages {
 		if err := checkText(s, 128); err != nil {
-			return nil, bad(fmt.Sprintf("match.stages[%d]", i), "%v", err)
+			return bad(fmt.Sprintf("match.stages[%d]", i), "%v", err)
 		}
 	}
-	for i, s := range r.Match.Routes {
+	for i, s := range c.Match.Routes {
 		if err := checkText(s, 512); err != nil {
-			return nil, bad(fmt.Sprintf("match.routes[%d]", i), "%v", err)
+			return bad(fmt.Sprintf("match.routes[%d]", i), "%v", err)
 		}
 	}
+	return nil
+}
 
-	if r.Key == "" {
-		return nil, bad("key", `required (for example "{ip}", or a constant such as "all" for one limit shared by every request)`)
+// compileKey compiles the key template and validates client_ip, filling
+// in its defaults.
+func (c *compiledRule) compileKey(bad badFunc) error {
+	if c.Key == "" {
+		return bad("key", `required (for example "{ip}", or a constant such as "all" for one limit shared by every request)`)
 	}
-	k, err := compileKey(r.Key)
+	k, err := compileKey(c.Key)
 	if err != nil {
-		return nil, bad("key", "%v", err)
+		return bad("key", "%v", err)
 	}
 	c.key = k
-
 	ip := &c.ClientIP
 	switch ip.From {
 	case "", FromSourceIP:
 		ip.From = FromSourceIP
 		if ip.Hops != 0 {
-			return nil, bad("client_ip.hops", "only applies with from: %s", FromXForwardedFor)
+			return bad("client_ip.hops", "only applies with from: %s", FromXForwardedFor)
 		}
 	case FromXForwardedFor:
 		if ip.Hops == 0 {
 			ip.Hops = 1
 		}
 		if ip.Hops < 1 || ip.Hops > MaxXFFHops {
-			return nil, bad("client_ip.hops", "%d is outside 1..%d", ip.Hops, MaxXFFHops)
+			return bad("client_ip.hops", "%d is outside 1..%d", ip.Hops, MaxXFFHops)
 		}
 	default:
-		return nil, bad("client_ip.from", "%q is not %s or %s", ip.From, FromSourceIP, FromXForwardedFor)
+		return bad("client_ip.from", "%q is not %s or %s", ip.From, FromSourceIP, FromXForwardedFor)
 	}
 	if ip.IPv6Prefix == 0 {
 		ip.IPv6Prefix = 64
 	}
 	if ip.IPv6Prefix < 1 || ip.IPv6Prefix > 128 {
-		return nil, bad("client_ip.ipv6_prefix", "%d is outside 1..128", ip.IPv6Prefix)
+		return bad("client_ip.ipv6_prefix", "%d is outside 1..128", ip.IPv6Prefix)
 	}
+	return nil
+}
 
-	if len(r.Limits) == 0 {
-		return nil, bad("limits", "at least one limit is required")
+// compileLimits validates the limits at field (of the rule or of one of
+// its tiers, per; owner names their default names), returning them with
+// their defaults. names holds the limit names seen so far in the rule,
+// minCap the smallest capacity.
+func compileLimits(limits []Limit, field, owner, per string, names map[string]bool, minCap *int64, bad badFunc) ([]Limit, error) {
+	if len(limits) == 0 {
+		return nil, bad(field, "at least one limit is required")
 	}
-	if len(r.Limits) > MaxLimitsPerRule {
-		return nil, bad("limits", "%d limits; at most %d per rule", len(r.Limits), MaxLimitsPerRule)
+	if len(limits) > MaxLimitsPerRule {
+		return nil, bad(field, "%d limits; at most %d per %s", len(limits), MaxLimitsPerRule, per)
 	}
-	c.Limits = make([]Limit, len(r.Limits))
-	names := make(map[string]bool, len(r.Limits))
-	minCap := int64(MaxCount)
-	for i, l := range r.Limits {
-		field := fmt.Sprintf("limits[%d]", i)
-		if err := checkLimit(&l, r.Name, i); err != nil {
-			return nil, bad(field, "%v", err)
+	out := make([]Limit, len(limits))
+	for i, l := range limits {
+		lfield := fmt.Sprintf("%s[%d]", field, i)
+		if err := checkLimit(&l, owner, i); err != nil {
+			return nil, bad(lfield, "%v", err)
 		}
 		if names[l.Name] {
-			return nil, bad(field+".name", "%q is used twice in this rule", l.Name)
+			if per == "tier" {
+				return nil, bad(lfield+".name", "%q is used twice in this rule (limit names are unique across its tiers)", l.Name)
+			}
+			return nil, bad(lfield+".name", "%q is used twice in this rule", l.Name)
 		}
 		names[l.Name] = true
-		minCap = min(minCap, l.Capacity())
-		c.Limits[i] = l
+		*minCap = min(*minCap, l.Capacity())
+		out[i] = l
 	}
+	return out, nil
+}
 
-	tierNames := map[string]bool{DefaultTier: true}
+// compileTiers validates tier, tier_lookup and tiers, and compiles the
+// tier template.
+func (c *compiledRule) compileTiers(names map[string]bool, minCap *int64, bad badFunc) error {
 	switch {
-	case r.Tier == "" && len(r.Tiers) > 0:
-		return nil, bad("tier", `required with tiers (for example "{header:X-Plan}")`)
-	case r.Tier == "" && r.TierLookup:
-		return nil, bad("tier_lookup", "only applies with tier")
-	case r.Tier != "":
-		p, err := compileTier(r.Tier)
+	case c.Tier == "" && len(c.Tiers) > 0:
+		return bad("tier", `required with tiers (for example "{header:X-Plan}")`)
+	case c.Tier == "" && c.TierLookup:
+		return bad("tier_lookup", "only applies with tier")
+	case c.Tier != "":
+		p, err := compileTier(c.Tier)
 		if err != nil {
-			return nil, bad("tier", "%v", err)
+			return bad("tier", "%v", err)
 		}
 		c.tier = &p
 	}
-	if len(r.Tiers) > MaxTiers {
-		return nil, bad("tiers", "%d tiers; at most %d per rule", len(r.Tiers), MaxTiers)
+	if len(c.Tiers) > MaxTiers {
+		return bad("tiers", "%d tiers; at most %d per rule", len(c.Tiers), MaxTiers)
 	}
-	c.Tiers = slices.Clone(r.Tiers)
-	for ti, t := range r.Tiers {
-		tfield := fmt.Sprintf("tiers.%s", t.Name)
+	tiers := slices.Clone(c.Tiers)
+	seen := map[string]bool{DefaultTier: true}
+	for ti, t := range c.Tiers {
+		tfield := "tiers." + t.Name
 		if !nameRE.MatchString(t.Name) {
-			return nil, bad(fmt.Sprintf("tiers[%d]", ti), "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", t.Name)
+			return bad(fmt.Sprintf("tiers[%d]", ti), "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", t.Name)
 		}
-		if tierNames[t.Name] {
+		if seen[t.Name] {
 			if t.Name == DefaultTier {
-				return nil, bad(tfield, "%q is the rule's own limits: give them under limits", t.Name)
+				return bad(tfield, "%q is the rule's own limits: give them under limits", t.Name)
 			}
-			return nil, bad(tfield, "given twice")
+			return bad(tfield, "given twice")
 		}
-		tierNames[t.Name] = true
-		if len(t.Limits) == 0 {
-			return nil, bad(tfield, "at least one limit is required")
+		seen[t.Name] = true
+		limits, err := compileLimits(t.Limits, tfield, c.Name+"/"+t.Name, "tier", names, minCap, bad)
+		if err != nil {
+			return err
 		}
-		if len(t.Limits) > MaxLimitsPerRule {
-			return nil, bad(tfield, "%d limits; at most %d per tier", len(t.Limits), MaxLimitsPerRule)
-		}
-		limits := make([]Limit, len(t.Limits))
-		for i, l := range t.Limits {
-			field := fmt.Sprintf("%s[%d]", tfield, i)
-			if err := checkLimit(&l, r.Name+"/"+t.Name, i); err != nil {
-				return nil, bad(field, "%v", err)
-			}
-			if names[l.Name] {
-				return nil, bad(field+".name", "%q is used twice in this rule (limit names are unique across its tiers)", l.Name)
-			}
-			names[l.Name] = true
-			minCap = min(minCap, l.Capacity())
-			limits[i] = l
-		}
-		c.Tiers[ti] = Tier{Name: t.Name, Limits: limits}
+		tiers[ti] = Tier{Name: t.Name, Limits: limits}
 	}
-	if r.Concurrency != nil {
-		cc := *r.Concurrency
-		if cc.Name == "" {
-			cc.Name = r.Name + ".concurrency"
-		} else if !nameRE.MatchString(cc.Name) {
-			return nil, bad("concurrency.name", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", cc.Name)
-		}
-		if cc.Limit < 1 || cc.Limit > limiter.MaxLeases {
-			return nil, bad("concurrency.limit", "%d is outside 1..%d", cc.Limit, limiter.MaxLeases)
-		}
-		if cc.LeaseTTL == 0 {
-			cc.LeaseTTL = DefaultLeaseTTL
-		}
-		if cc.LeaseTTL < time.Millisecond || cc.LeaseTTL > MaxLeaseTTL {
-			return nil, bad("concurrency.lease_ttl", "%v is outside 1ms..%v", cc.LeaseTTL, MaxLeaseTTL)
-		}
-		c.Concurrency = &cc
-	}
+	c.Tiers = tiers
+	return nil
+}
 
-	c.cost = r.Cost
+// compileConcurrency validates the concurrency limit, filling in its
+// defaults.
+func (c *compiledRule) compileConcurrency(bad badFunc) error {
+	if c.Concurrency == nil {
+		return nil
+	}
+	cc := *c.Concurrency
+	if cc.Name == "" {
+		cc.Name = c.Name + ".concurrency"
+	} else if !nameRE.MatchString(cc.Name) {
+		return bad("concurrency.name", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", cc.Name)
+	}
+	if cc.Limit < 1 || cc.Limit > limiter.MaxLeases {
+		return bad("concurrency.limit", "%d is outside 1..%d", cc.Limit, limiter.MaxLeases)
+	}
+	if cc.LeaseTTL == 0 {
+		cc.LeaseTTL = DefaultLeaseTTL
+	}
+	if cc.LeaseTTL < time.Millisecond || cc.LeaseTTL > MaxLeaseTTL {
+		return bad("concurrency.lease_ttl", "%v is outside 1ms..%v", cc.LeaseTTL, MaxLeaseTTL)
+	}
+	c.Concurrency = &cc
+	return nil
+}
+
+// compileRest validates cost (against minCap, the smallest capacity of
+// the rule's limits), priority, fail and require.
+func (c *compiledRule) compileRest(minCap int64, bad badFunc) error {
+	c.cost = c.Cost
 	if c.cost == 0 {
 		c.cost = 1
 	}
 	if c.cost < 1 || c.cost > minCap {
-		return nil, bad("cost", "%d is outside 1..%d (a request costing more than a limit's capacity could never pass)", r.Cost, minCap)
+		return bad("cost", "%d is outside 1..%d (a request costing more than a limit's capacity could never pass)", c.Cost, minCap)
 	}
-	if r.Priority < limiter.PriorityLow || r.Priority > limiter.PriorityCritical {
-		return nil, bad("priority", "%d is outside %d (low) to %d (critical)", r.Priority, limiter.PriorityLow, limiter.PriorityCritical)
+	if c.Priority < limiter.PriorityLow || c.Priority > limiter.PriorityCritical {
+		return bad("priority", "%d is outside %d (low) to %d (critical)", c.Priority, limiter.PriorityLow, limiter.PriorityCritical)
 	}
-	if r.Fail != FailOpen && r.Fail != FailClosed {
-		return nil, bad("fail", "unknown fail mode %d", r.Fail)
+	if c.Fail != FailOpen && c.Fail != FailClosed {
+		return bad("fail", "unknown fail mode %d", c.Fail)
 	}
-	for i, a := range r.Require {
+	for i, a := range c.Require {
 		p, err := parsePlaceholder(a)
 		if err != nil {
-			return nil, bad(fmt.Sprintf("require[%d]", i), "%v", err)
+			return bad(fmt.Sprintf("require[%d]", i), "%v", err)
 		}
 		c.require = append(c.require, p)
 	}
-	return c, nil
+	return nil
 }
 
 // checkLimit validates l and fills in its defaults (Name, SubWindows,
@@ -475,51 +578,7 @@ func checkLimit(l *Limit, rule string, index int) error {
 		}
 		return nil
 	}
-	// Fields that do not belong to the algorithm.
-	var stray []string
-	isBucket := l.Algorithm == TokenBucket
-	if isBucket {
-		if l.Limit != 0 {
-			stray = append(stray, "limit")
-		}
-		if l.Window != 0 {
-			stray = append(stray, "window")
-		}
-		if l.CountDenied {
-			stray = append(stray, "count_denied")
-		}
-	} else {
-		if l.MaxAmount != 0 {
-			stray = append(stray, "max_amount")
-		}
-		if l.RefillTime != 0 {
-			stray = append(stray, "refill_time")
-		}
-		if l.RefillAmount != 0 {
-			stray = append(stray, "refill_amount")
-		}
-		if l.Strict {
-			stray = append(stray, "strict")
-		}
-	}
-	if l.Algorithm != SlidingWindow {
-		if l.SubWindows != 0 {
-			stray = append(stray, "sub_windows")
-		}
-		if l.Estimator != limiter.Bounded {
-			stray = append(stray, "estimator")
-		}
-		if l.Representation != limiter.Auto {
-			stray = append(stray, "representation")
-		}
-		if l.Slots != 0 {
-			stray = append(stray, "slots")
-		}
-	}
-	if l.Algorithm == SlidingLog && l.CountDenied {
-		stray = append(stray, "count_denied")
-	}
-
+	stray := l.strays() // fields that do not belong to the algorithm
 	var err error
 	switch l.Algorithm {
 	case TokenBucket:

@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
 
-// Benchmarks of one batch per request (issue 15) on DynamoDB Local, each
+// Benchmarks of one batch per request on DynamoDB Local, each
 // reporting its figures as ratios to a raw UpdateItem measured in the same
 // run (docs/benchmarks.md, "One batch per request: DynamoDB").
 

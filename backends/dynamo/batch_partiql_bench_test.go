@@ -15,7 +15,7 @@ import (
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
 
-// The PartiQL design of issue 15, measured without a store implementation
+// The PartiQL design of one batch per request, measured without a store implementation
 // (docs/benchmarks.md, "One batch per request: DynamoDB", says why there is
 // none): a decision of k limits on k items as one BatchExecuteStatement of
 // k UPDATE ... RETURNING ALL NEW * statements, one request whatever k. A

@@ -18,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
 
-// The TransactWriteItems design of issue 15, as far as it can be measured
+// The TransactWriteItems design of one batch per request, as far as it can be measured
 // without a store implementation (see docs/benchmarks.md for why there is
 // none): a decision of k limits is one transaction of k Updates, each
 // conditioned on the version of the item the process last saw (a condition

@@ -18,14 +18,7 @@ const bucketKind = "token bucket"
 const (
 	attrBase = "b" // Unix ns: the origin of the refill grid
 	attrTat  = "t" // tokens: the refills since base that the takes so far use up
-	// The capacity lease ring (limiter.BucketState.Leased), present once a
-	// lease was taken: slot j's lease epoch and units.
-	attrEpoch0, attrUnits0 = "e0", "u0"
-	attrEpoch1, attrUnits1 = "e1", "u1"
 )
-
-// ringAttrs are the attributes of ring slot j.
-var ringAttrs = [2][2]string{{attrEpoch0, attrUnits0}, {attrEpoch1, attrUnits1}}
 
 // bucketItem is a bucket as stored: a refill grid (base, base+RefillTime,
 // ...) and tat, the number of refill tokens counted from base that the
@@ -39,9 +32,13 @@ var ringAttrs = [2][2]string{{attrEpoch0, attrUnits0}, {attrEpoch1, attrUnits1}}
 // due, so concurrent takes never conflict over the refill time.
 type bucketItem struct {
 	base, tat int64
-	// leased is the lease ring; ring reports that its attributes exist.
-	leased [2]limiter.LeaseSlot
-	ring   bool
+	// The lease ring (bucketring.go), when ring: the leased units per
+	// epoch, the consumption not yet settled into tat (unsettled), and the
+	// sums kept for the conditions (committed = tat + held, held =
+	// unsettled + the leased units).
+	ring                       bool
+	leased                     [2]limiter.LeaseSlot
+	unsettled, committed, held int64
 }
 
 // bucketView is an op's view of a bucketItem: its step on the grid and the
@@ -79,14 +76,13 @@ func (it bucketItem) view(op limiter.BucketOp) (v bucketView, ok bool) {
 	if tokens > op.MaxAmount {
 		tokens, v.full = op.MaxAmount, true
 	}
-	v.state = limiter.BucketState{Tokens: tokens, Updated: it.base + k*rt, Leased: it.leased}
+	v.state = limiter.BucketState{Tokens: tokens - it.unsettled, Updated: it.base + k*rt, Leased: it.leased}
 	return v, true
 }
 
 // KeepsLeased implements [limiter.LeaseKeeper]: a bucket item keeps its
-// capacity lease ring (attributes e0, u0, e1, u1), when Config.BucketLeases
-// asks that buckets lease here.
-func (s *Store) KeepsLeased() bool { return s.cfg.BucketLeases }
+// capacity lease ring (bucketring.go), unless Config.NoBucketLeases.
+func (s *Store) KeepsLeased() bool { return !s.cfg.NoBucketLeases }
 
 // UpdateBucket implements [limiter.BucketStore] with conditional writes and
 // no read in the common case: one UpdateItem per decision whatever the
@@ -182,6 +178,7 @@ func (p *bucketPart) written(_ context.Context, item map[string]types.AttributeV
 		// was stored.
 		if stored, found, err := decodeBucket(a, item); err == nil && found {
 			s.cache.put(a.cacheKey(), stored)
+			s.maybeSettle(a, op, stored, p.plan.ring.added())
 		} else {
 			s.cache.remove(a.cacheKey())
 		}
@@ -256,7 +253,7 @@ const (
 	writeStrict                  // base = now, tat -= level, on condition tat > level-n
 	writeCreate                  // a new item, on condition it does not exist
 	writeExact                   // base and tat, on condition on the exact old item
-	writeRing                    // a bucket with capacity leases: see ringClauses
+	writeRing                    // a bucket with capacity leases (bucketring.go)
 )
 
 // bucketPlan is the write an op makes on the state last seen: its form and
@@ -268,11 +265,8 @@ type bucketPlan struct {
 	read  bool  // confirm with a read first (a Get on a remembered state)
 	base  int64 // the grid the condition is on
 	level int64 // RefillAmount*k on that grid
-	// writeRing: the bucket was full at the op's step, and the units the
-	// op leaves free (what other writers may take meanwhile without
-	// changing its decision; -1: the decision does not depend on them).
-	full   bool
-	budget int64
+	// ring is a writeRing's write.
+	ring ringWrite
 }
 
 // relative reports whether the write changes tat relative to the stored
@@ -386,18 +380,18 @@ func (s *Store) bucketClauses(u *update, a attrs, op limiter.BucketOp, cur bucke
 	if broken {
 		defer u.dropConds(len(u.cond))
 	}
-	b, t := u.name(a.pre+attrBase), u.name(a.pre+attrTat)
 	u.keepTTL(ttl)
 	if plan.kind == writeRing {
-		s.ringClauses(u, a, op, cur, plan, next)
+		s.ringClauses(u, a, op, plan)
 		return
 	}
+	b, t := u.name(a.pre+attrBase), u.name(a.pre+attrTat)
 	floor := plan.level - op.MaxAmount // below it, the bucket is full at the op's step
 	onGrid := func() string { return b + " = " + u.num(plan.base) }
 	if plan.kind == writeTake || plan.kind == writeFull {
 		// Decided without a lease ring: none may have appeared meanwhile
 		// (its units would be taken twice).
-		u.cond = append(u.cond, "attribute_not_exists("+u.name(a.pre+attrEpoch0)+") AND attribute_not_exists("+u.name(a.pre+attrEpoch1)+")")
+		u.cond = append(u.cond, "attribute_not_exists("+u.name(a.pre+attrHeld)+")")
 	}
 	switch plan.kind {
 	case writeTake:
@@ -418,9 +412,7 @@ func (s *Store) bucketClauses(u *update, a attrs, op limiter.BucketOp, cur bucke
 	case writeCreate:
 		u.set = append(u.set, b+" = "+u.num(next.base), t+" = "+u.num(next.tat))
 		u.cond = append(u.cond, "attribute_not_exists("+t+") AND attribute_not_exists("+b+")")
-		if next.ring {
-			ringSets(u, a, next)
-		}
+
 	case writeExact:
 		u.set = append(u.set, b+" = "+u.num(next.base), t+" = "+u.num(next.tat))
 		u.cond = append(u.cond, b+" = "+u.num(cur.base)+" AND "+t+" = "+u.num(cur.tat))
@@ -456,17 +448,8 @@ func decodeBucket(a attrs, item map[string]types.AttributeValue) (it bucketItem,
 	if it.base, err = getInt(bucketKind, a.pk, item, a.pre+attrBase); err != nil {
 		return bucketItem{}, false, err
 	}
-	for j, names := range ringAttrs {
-		if _, ok := item[a.pre+names[0]]; !ok {
-			continue
-		}
-		it.ring = true
-		if it.leased[j].Epoch, err = getInt(bucketKind, a.pk, item, a.pre+names[0]); err != nil {
-			return bucketItem{}, false, err
-		}
-		if it.leased[j].Units, err = getInt(bucketKind, a.pk, item, a.pre+names[1]); err != nil {
-			return bucketItem{}, false, err
-		}
+	if err := decodeRing(a, item, &it); err != nil {
+		return bucketItem{}, false, err
 	}
 	return it, true, nil
 }
@@ -483,128 +466,6 @@ func (s *Store) readBucket(ctx context.Context, a attrs) (bucketItem, bool, erro
 		return bucketItem{}, false, mapError("token bucket read", err)
 	}
 	return s.bucketFromItem(a, out.Item)
-}
-
-// planRing plans an op on a bucket with capacity leases (or one taking or
-// ending a lease): op.Apply decides on the item's view, ring included,
-// and the write is a writeRing (ringClauses), or a create.
-func planRing(op limiter.BucketOp, cur bucketItem, found, fromServer bool) (bucketPlan, bucketItem, limiter.Decision, error) {
-	if !found {
-		st, d, write := op.Apply(limiter.BucketState{}, false)
-		if !write && !fromServer {
-			return bucketPlan{read: true}, bucketItem{}, d, nil
-		}
-		if !write {
-			return bucketPlan{}, bucketItem{}, d, nil
-		}
-		return bucketPlan{kind: writeCreate}, bucketItem{base: st.Updated, tat: -st.Tokens, leased: st.Leased, ring: true}, d, nil
-	}
-	v, ok := cur.view(op)
-	if !ok {
-		// Decades from the grid's origin: not served with leases.
-		return bucketPlan{}, bucketItem{}, limiter.Decision{}, fmt.Errorf("stamp %d out of range of the bucket's refill grid (base %d)", op.Now, cur.base)
-	}
-	st, d, write := op.Apply(v.state, true)
-	next := fromState(op, cur, v, st)
-	next.leased, next.ring = st.Leased, true
-	if !write {
-		// A denial or a read on a remembered state: confirm it.
-		return bucketPlan{read: !fromServer}, next, d, nil
-	}
-	plan := bucketPlan{kind: writeRing, base: cur.base, level: v.level, full: v.full, budget: -1}
-	if op.Take() {
-		plan.budget = d.Remaining
-	}
-	return plan, next, d, nil
-}
-
-// ringClauses adds the write of plan (writeRing), which stores next,
-// computed from cur, to u. Every change is relative (tat and the units of
-// a slot of the same epoch are added to), on conditions that make the
-// op's decision hold whatever other writers did meanwhile: base
-// unchanged, the bucket not full where cur was not, and, when the op
-// takes, tat and each slot's units grown by at most a share of the units
-// the op leaves free (plan.budget). A slot whose epoch changes (an
-// expired epoch's units leaving the bucket, a new epoch's first lease) is
-// set on condition that it is exactly as seen.
-func (s *Store) ringClauses(u *update, a attrs, op limiter.BucketOp, cur bucketItem, plan bucketPlan, next bucketItem) {
-	b, t := u.name(a.pre+attrBase), u.name(a.pre+attrTat)
-	u.cond = append(u.cond, b+" = "+u.num(plan.base))
-	floor := plan.level - op.MaxAmount // below it, the bucket is full at the op's step
-	// The budget, by what grows under leases: tat by every spent unit
-	// (returns, plain takes: at the rate of the key's admissions), a
-	// slot's units by takes, down by returns (about steady).
-	var share [3]int64 // tat, slot 0, slot 1
-	if plan.budget >= 0 {
-		share[1], share[2] = plan.budget/16, plan.budget/16
-		share[0] = plan.budget - share[1] - share[2]
-	}
-	switch dt := next.tat - cur.tat; {
-	case plan.full && next.tat != floor:
-		// Full at the op's step whatever tat is below floor.
-		u.set = append(u.set, t+" = "+u.num(next.tat))
-		u.cond = append(u.cond, t+" < "+u.num(floor))
-	case plan.full:
-		if plan.budget >= 0 {
-			u.cond = append(u.cond, t+" <= "+u.num(floor+share[0]))
-		}
-	case dt < 0: // tokens given back: on the exact tat
-		u.set = append(u.set, t+" = "+u.num(next.tat))
-		u.cond = append(u.cond, t+" = "+u.num(cur.tat))
-	default:
-		if dt > 0 {
-			u.set = append(u.set, t+" = "+t+" + "+u.num(dt))
-		}
-		if plan.budget >= 0 {
-			u.cond = append(u.cond, t+" BETWEEN "+u.num(floor)+" AND "+u.num(cur.tat+share[0]))
-		} else {
-			u.cond = append(u.cond, t+" >= "+u.num(floor))
-		}
-	}
-	for j := range 2 {
-		c, n := cur.leased[j], next.leased[j]
-		if c == n && plan.budget < 0 {
-			continue
-		}
-		un := u.name(a.pre + ringAttrs[j][1])
-		e := func() string { return u.name(a.pre + ringAttrs[j][0]) }
-		// budget is the slot's condition of the op's budget.
-		budget := func() string { return un + " <= " + u.num(c.Units+share[1+j]) }
-		switch {
-		case c == n:
-			if c == (limiter.LeaseSlot{}) {
-				u.cond = append(u.cond, "(attribute_not_exists("+un+") OR "+budget()+")")
-			} else {
-				u.cond = append(u.cond, budget())
-			}
-		case c.Epoch == n.Epoch && c.Epoch != 0:
-			d := n.Units - c.Units
-			u.set = append(u.set, un+" = "+un+" + "+u.num(d))
-			u.cond = append(u.cond, e()+" = "+u.num(c.Epoch))
-			if d < 0 {
-				u.cond = append(u.cond, un+" >= "+u.num(-d))
-			}
-			if plan.budget >= 0 {
-				u.cond = append(u.cond, budget())
-			}
-		default:
-			en := e()
-			u.set = append(u.set, en+" = "+u.num(n.Epoch), un+" = "+u.num(n.Units))
-			if c == (limiter.LeaseSlot{}) {
-				u.cond = append(u.cond, "(attribute_not_exists("+en+") OR "+en+" = "+u.num(0)+")")
-			} else {
-				u.cond = append(u.cond, en+" = "+u.num(c.Epoch)+" AND "+un+" = "+u.num(c.Units))
-			}
-		}
-	}
-	u.allNew = true
-}
-
-// ringSets adds the ring of a created bucket to u.
-func ringSets(u *update, a attrs, it bucketItem) {
-	for j := range 2 {
-		u.set = append(u.set, u.name(a.pre+ringAttrs[j][0])+" = "+u.num(it.leased[j].Epoch), u.name(a.pre+ringAttrs[j][1])+" = "+u.num(it.leased[j].Units))
-	}
 }
 
 // floorDiv is a/b rounded toward minus infinity.

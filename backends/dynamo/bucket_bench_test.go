@@ -67,7 +67,7 @@ func newWireCounter(b testing.TB, endpoint string) *wireCounter {
 	return w
 }
 
-// BenchmarkRefillContention is issue 16's acceptance: 64 independent
+// BenchmarkRefillContention is the hot-key contention figure: 64 independent
 // clients (each its own SDK client and store, like 64 Lambda containers)
 // on one hot key of a bucket refilled 1 token per interval, for
 // SLUICE_BENCH_RUN (3 s) after a warm-up, each decision under the

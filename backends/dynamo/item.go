@@ -264,49 +264,8 @@ func (s *Store) writeItem(ctx context.Context, pk string, ps []part, errs []erro
 	in := make([]int, 0, len(ps))
 	w := s.writer()
 	for lost := 0; ; {
-		u := newUpdate()
-		in = in[:0]
-		denied := false
-		for i, p := range ps {
-			if !active[i] {
-				continue
-			}
-			write, err := p.next(ctx, u)
-			switch {
-			case err != nil:
-				errs[i], active[i] = err, false
-			case !write:
-				active[i] = false
-				if d, ok := p.(denier); ok && d.denied() {
-					denied = true
-				}
-			default:
-				in = append(in, i)
-			}
-		}
-		if denied && len(ps) > 1 {
-			// The batch is denied: the takes not written yet need not
-			// be (Decide would give them back).
-			kept := in[:0]
-			for _, i := range in {
-				if sk, ok := ps[i].(skippable); ok && sk.skip() {
-					active[i] = false
-					continue
-				}
-				kept = append(kept, i)
-			}
-			if len(kept) < len(in) {
-				// Clauses of skipped parts are in u: build it again.
-				in = kept
-				u = newUpdate()
-				for _, i := range in {
-					if _, err := ps[i].next(ctx, u); err != nil {
-						errs[i], active[i] = err, false
-					}
-				}
-			}
-		}
-		if len(in) == 0 {
+		var u *update
+		if u, in = nextWrite(ctx, ps, active, errs, in[:0]); len(in) == 0 {
 			return
 		}
 		req := s.input(pk, u)
@@ -326,15 +285,7 @@ func (s *Store) writeItem(ctx context.Context, pk string, ps []part, errs []erro
 			}
 			return
 		}
-		retry := false
-		for _, i := range in {
-			r, err := ps[i].lost(old)
-			if !r {
-				errs[i], active[i] = err, false
-			}
-			retry = retry || r
-		}
-		if !retry {
+		if !lostTo(old, ps, in, active, errs) {
 			return
 		}
 		if w.lost != nil {
@@ -350,6 +301,71 @@ func (s *Store) writeItem(ctx context.Context, pk string, ps []part, errs []erro
 			return
 		}
 	}
+}
+
+// nextWrite builds the update of the active parts (each part's clauses,
+// its conditions ANDed) and appends to in the parts it writes. A part
+// with nothing to write is no longer active; when one of them is denied
+// on the store's state and the write has several parts, the takes not
+// written yet are not sent (skippable).
+func nextWrite(ctx context.Context, ps []part, active []bool, errs []error, in []int) (*update, []int) {
+	u := newUpdate()
+	denied := false
+	for i, p := range ps {
+		if !active[i] {
+			continue
+		}
+		write, err := p.next(ctx, u)
+		switch {
+		case err != nil:
+			errs[i], active[i] = err, false
+		case !write:
+			active[i] = false
+			if d, ok := p.(denier); ok && d.denied() {
+				denied = true
+			}
+		default:
+			in = append(in, i)
+		}
+	}
+	if !denied || len(ps) <= 1 {
+		return u, in
+	}
+	// The batch is denied: the takes not written yet need not be (Decide
+	// would give them back).
+	kept := in[:0]
+	for _, i := range in {
+		if sk, ok := ps[i].(skippable); ok && sk.skip() {
+			active[i] = false
+			continue
+		}
+		kept = append(kept, i)
+	}
+	if len(kept) < len(in) {
+		// Clauses of skipped parts are in u: build it again.
+		in = kept
+		u = newUpdate()
+		for _, i := range in {
+			if _, err := ps[i].next(ctx, u); err != nil {
+				errs[i], active[i] = err, false
+			}
+		}
+	}
+	return u, in
+}
+
+// lostTo hands old, the item a failed condition returned, to the parts
+// written (in), and reports whether any is to be tried again; the others
+// are done, with their error.
+func lostTo(old map[string]types.AttributeValue, ps []part, in []int, active []bool, errs []error) (retry bool) {
+	for _, i := range in {
+		r, err := ps[i].lost(old)
+		if !r {
+			errs[i], active[i] = err, false
+		}
+		retry = retry || r
+	}
+	return retry
 }
 
 // writeOne writes one part (a single-step call) and returns its error.

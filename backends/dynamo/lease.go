@@ -139,9 +139,18 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 		exp = math.MaxInt64
 	}
 
-	// Fast path: add the lease if the map has room, expired leases counted.
-	// Its failed condition is not a lost race (the set is full, or there
-	// is no item): the slow path starts from the item it returned.
+	d, item, full, err := l.addLease(ctx, pk, what, op, exp)
+	if err != nil || !full {
+		return d, err
+	}
+	return l.rewriteLeases(ctx, pk, what, op, item)
+}
+
+// addLease is the fast path: add the lease if the map has room, expired
+// leases counted. Its failed condition is not a lost race (the set is
+// full, or there is no item): full reports it, with the item it returned
+// (nil: none), for the slow path.
+func (l *Leases) addLease(ctx context.Context, pk, what string, op limiter.LeaseOp, exp int64) (d limiter.Decision, item map[string]types.AttributeValue, full bool, err error) {
 	out, err := l.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:           l.table,
 		Key:                 keyAttr(pk),
@@ -161,26 +170,30 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}, l.optFns...)
-	if err == nil {
-		cur, _, err := parseLeaseItem(out.Attributes)
-		if err != nil {
-			return limiter.Decision{}, fmt.Errorf("dynamo: %s: %w", what, err)
+	if err != nil {
+		item, failed := conditionFailed(err)
+		if !failed {
+			return limiter.Decision{}, nil, false, mapError(what, err)
 		}
-		_, d, _ := op.Apply(cur)
-		if !d.Allowed { // cannot happen: the item holds our lease
-			return limiter.Decision{}, fmt.Errorf("dynamo: %s: %w: written lease missing", what, limiter.ErrCorruptState)
-		}
-		return d, nil
+		return limiter.Decision{}, item, true, nil
 	}
-	item, failed := conditionFailed(err)
-	if !failed {
-		return limiter.Decision{}, mapError(what, err)
+	cur, _, err := parseLeaseItem(out.Attributes)
+	if err != nil {
+		return limiter.Decision{}, nil, false, fmt.Errorf("dynamo: %s: %w", what, err)
 	}
+	_, d, _ = op.Apply(cur)
+	if !d.Allowed { // cannot happen: the item holds our lease
+		return limiter.Decision{}, nil, false, fmt.Errorf("dynamo: %s: %w: written lease missing", what, limiter.ErrCorruptState)
+	}
+	return d, nil, false, nil
+}
 
-	// Slow path: apply to the item DynamoDB returned, write it whole on
-	// condition that nothing changed since.
+// rewriteLeases is the slow path: apply op to item, the item DynamoDB
+// returned (nil: none), and write it whole on condition that nothing
+// changed since, again from the item a lost race returns.
+func (l *Leases) rewriteLeases(ctx context.Context, pk, what string, op limiter.LeaseOp, item map[string]types.AttributeValue) (limiter.Decision, error) {
 	var d limiter.Decision
-	err = l.writer().conditional(ctx, what, condWrite{
+	err := l.writer().conditional(ctx, what, condWrite{
 		next: func(context.Context) (*dynamodb.UpdateItemInput, error) {
 			cur, version, err := parseLeaseItem(item)
 			if err != nil {
@@ -191,31 +204,7 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 			if !write {
 				return nil, nil
 			}
-			m := make(map[string]types.AttributeValue, len(next))
-			for _, e := range next {
-				m[e.ID] = numAttr(e.Expires)
-			}
-			in := &dynamodb.UpdateItemInput{
-				TableName:        l.table,
-				Key:              keyAttr(pk),
-				UpdateExpression: aws.String("SET #ls = :m, #lv = :v, #ttl = :ttl"),
-				ExpressionAttributeNames: map[string]string{
-					"#ls": attrLeases, "#lv": attrLeaseVersion, "#ttl": AttrTTL,
-				},
-				ExpressionAttributeValues: map[string]types.AttributeValue{
-					":m":   &types.AttributeValueMemberM{Value: m},
-					":v":   numAttr(version + 1),
-					":ttl": l.ttlAttr(limiter.LeaseExpiry(next, op.Now)),
-				},
-			}
-			if item == nil {
-				in.ConditionExpression = aws.String("attribute_not_exists(#pk)")
-				in.ExpressionAttributeNames["#pk"] = AttrPK
-			} else {
-				in.ConditionExpression = aws.String("#lv = :seen")
-				in.ExpressionAttributeValues[":seen"] = numAttr(version)
-			}
-			return in, nil
+			return l.leasesInput(pk, next, op.Now, version, item == nil), nil
 		},
 		lost: func(old map[string]types.AttributeValue) (bool, error) {
 			item = old
@@ -226,6 +215,36 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 		return limiter.Decision{}, err
 	}
 	return d, nil
+}
+
+// leasesInput writes the leases next of item pk whole, at version+1, on
+// condition that the item is at version (or, when missing, still is).
+func (l *Leases) leasesInput(pk string, next []limiter.LeaseEntry, now, version int64, missing bool) *dynamodb.UpdateItemInput {
+	m := make(map[string]types.AttributeValue, len(next))
+	for _, e := range next {
+		m[e.ID] = numAttr(e.Expires)
+	}
+	in := &dynamodb.UpdateItemInput{
+		TableName:        l.table,
+		Key:              keyAttr(pk),
+		UpdateExpression: aws.String("SET #ls = :m, #lv = :v, #ttl = :ttl"),
+		ExpressionAttributeNames: map[string]string{
+			"#ls": attrLeases, "#lv": attrLeaseVersion, "#ttl": AttrTTL,
+		},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":m":   &types.AttributeValueMemberM{Value: m},
+			":v":   numAttr(version + 1),
+			":ttl": l.ttlAttr(limiter.LeaseExpiry(next, now)),
+		},
+	}
+	if missing {
+		in.ConditionExpression = aws.String("attribute_not_exists(#pk)")
+		in.ExpressionAttributeNames["#pk"] = AttrPK
+	} else {
+		in.ConditionExpression = aws.String("#lv = :seen")
+		in.ExpressionAttributeValues[":seen"] = numAttr(version)
+	}
+	return in
 }
 
 // ReleaseLease implements [limiter.LeaseStore]: one UpdateItem removing

@@ -113,13 +113,12 @@ type Config struct {
 	// MaxDetached bounds the refunds in flight without a waiter; a refund
 	// over the bound is waited for. Zero means DefaultMaxDetached.
 	MaxDetached int
-	// BucketLeases lets token buckets with Leases take capacity leases on
-	// this store (it keeps their lease ring; see [Store.KeepsLeased]).
-	// Off by default: never over the limit, but a hot bucket's lease
-	// writes conflict on its item (docs/leases.md, "Measured on the
-	// stores"), so a bucket decides every call at the store unless asked.
-	// Windows lease on every store.
-	BucketLeases bool
+	// NoBucketLeases stops token buckets with Leases from taking capacity
+	// leases on this store: they then decide every call at the store.
+	// By default a bucket item keeps a lease ring once a lease is taken
+	// ([Store.KeepsLeased]; docs/stores.md has the layout). Windows lease
+	// on every store.
+	NoBucketLeases bool
 }
 
 // Store keeps limiter state in one DynamoDB table. It implements
@@ -136,6 +135,7 @@ type Store struct {
 	optFns  []func(*dynamodb.Options)
 	counter struct {
 		conflicts, reads, cleanups, moves, lostRefunds, packedStale atomic.Int64
+		settlements, settlesLost                                    atomic.Int64
 	}
 	// refunds: the refunds Do sends without waiting (batch.go).
 	refunds *pending.Refunds
@@ -203,6 +203,11 @@ type Stats struct {
 	PackedStale int64
 	// CachedKeys is the number of keys in the state cache.
 	CachedKeys int
+	// Settlements counts the writes that settled a leasing bucket's
+	// unsettled consumption into its tat, SettlesLost those that failed
+	// (the bucket's regime changed before they landed; the next write's
+	// answer sends another).
+	Settlements, SettlesLost int64
 }
 
 // Stats returns the store's counters.
@@ -214,6 +219,8 @@ func (s *Store) Stats() Stats {
 		Moves:       s.counter.moves.Load(),
 		LostRefunds: s.counter.lostRefunds.Load(),
 		PackedStale: s.counter.packedStale.Load(),
+		Settlements: s.counter.settlements.Load(),
+		SettlesLost: s.counter.settlesLost.Load(),
 		CachedKeys:  s.cache.len(),
 	}
 }

@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/sluicehq/sluice/internal/circuit"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -40,8 +37,8 @@ type BreakerConfig struct {
 
 // Defaults of [BreakerConfig].
 const (
-	DefaultBreakerFailures = circuit.DefaultFailures
-	DefaultBreakerOpenFor  = circuit.DefaultOpenFor
+	DefaultBreakerFailures = breaker.DefaultFailures
+	DefaultBreakerOpenFor  = breaker.DefaultOpenFor
 )
 
 // BreakerState is the state of one node's breaker (see [Store.Breakers]).
@@ -52,88 +49,40 @@ type BreakerState struct {
 	Opens, Closes, Probes, Rejected, Failures int64
 }
 
-// nodeBreakers holds a breaker per node address, made on the node's first
-// call. A nil *nodeBreakers has none: every method lets everything
-// through.
-type nodeBreakers struct {
-	cfg circuit.Config
-	on  func(node, from, to string)
-
-	mu sync.Mutex
-	m  map[string]*circuit.Breaker
-}
-
-func newNodeBreakers(cfg *BreakerConfig) (*nodeBreakers, error) {
+// newNodeBreakers returns the node breakers of cfg: nil (none) when cfg
+// is nil.
+func newNodeBreakers(cfg *BreakerConfig) (*breaker.Nodes, error) {
 	if cfg == nil {
 		return nil, nil
 	}
 	if cfg.Failures < 0 || cfg.OpenFor < 0 {
 		return nil, fmt.Errorf("%w: memcached: Breaker: negative Failures or OpenFor", limiter.ErrInvalidConfig)
 	}
-	return &nodeBreakers{
-		cfg: circuit.Config{Name: "memcached", Failures: cfg.Failures, OpenFor: cfg.OpenFor, Logger: cfg.Logger},
-		on:  cfg.OnChange,
-		m:   make(map[string]*circuit.Breaker),
-	}, nil
+	var on func(node string, from, to breaker.State)
+	if cfg.OnChange != nil {
+		on = func(node string, from, to breaker.State) { cfg.OnChange(node, from.String(), to.String()) }
+	}
+	return breaker.NewNodes(breaker.Config{Name: "memcached", Failures: cfg.Failures, OpenFor: cfg.OpenFor, Logger: cfg.Logger}, on)
 }
 
-// get returns the breaker of node (nil when nb is nil).
-func (nb *nodeBreakers) get(node string) *circuit.Breaker {
+// breakerStates returns every node breaker's state, by node (nil without
+// breakers).
+func breakerStates(nb *breaker.Nodes) []BreakerState {
 	if nb == nil {
 		return nil
 	}
-	nb.mu.Lock()
-	defer nb.mu.Unlock()
-	b := nb.m[node]
-	if b == nil {
-		cfg := nb.cfg
-		cfg.Node = node
-		if nb.on != nil {
-			cfg.OnChange = func(_ string, from, to circuit.State) { nb.on(node, from.String(), to.String()) }
-		}
-		b, _ = circuit.New(cfg) // cfg was checked by newNodeBreakers
-		nb.m[node] = b
-	}
-	return b
-}
-
-// retain forgets the breakers of nodes not in nodes (nodes that left the
-// ring on an auto-discovery refresh), so a cluster that replaces its nodes
-// over months does not keep a breaker per node it ever had. A node that
-// comes back starts with a new, closed breaker.
-func (nb *nodeBreakers) retain(nodes []string) {
-	if nb == nil {
-		return
-	}
-	nb.mu.Lock()
-	defer nb.mu.Unlock()
-	for node := range nb.m {
-		if !slices.Contains(nodes, node) {
-			delete(nb.m, node)
-		}
-	}
-}
-
-// states returns every node breaker's state, by node.
-func (nb *nodeBreakers) states() []BreakerState {
-	if nb == nil {
-		return nil
-	}
-	nb.mu.Lock()
-	out := make([]BreakerState, 0, len(nb.m))
-	for node, b := range nb.m {
-		st := b.Stats()
-		out = append(out, BreakerState{Node: node, State: st.State.String(), Opens: st.Opens, Closes: st.Closes,
+	stats := nb.Stats()
+	out := make([]BreakerState, 0, len(stats))
+	for _, st := range stats {
+		out = append(out, BreakerState{Node: st.Node, State: st.State.String(), Opens: st.Opens, Closes: st.Closes,
 			Probes: st.Probes, Rejected: st.Rejected, Failures: st.Failures})
 	}
-	nb.mu.Unlock()
-	slices.SortFunc(out, func(a, b BreakerState) int { return strings.Compare(a.Node, b.Node) })
 	return out
 }
 
 // Breakers returns the state of each node's circuit breaker (the nodes
 // called since New), sorted by node; nil when Config.Breaker is nil.
-func (s *Store) Breakers() []BreakerState { return s.pool.breakers.states() }
+func (s *Store) Breakers() []BreakerState { return breakerStates(s.pool.breakers) }
 
 // execErr is what an exec's error tells the node's breaker: nil when the
 // node answered (success, a reply that breaks the protocol, a corrupt
@@ -157,7 +106,7 @@ func execErr(ctx context.Context, err error) error {
 // (watch), since gomemcache's calls end where this package cannot see.
 type selector struct {
 	*Ring
-	nb *nodeBreakers
+	nb *breaker.Nodes
 }
 
 // PickServer returns the node that owns key, or the error of its open
@@ -167,14 +116,15 @@ func (s selector) PickServer(key string) (net.Addr, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.nb.get(a.String()).Allow(); err != nil {
+	if _, err := s.nb.Get(a.String()).Allow(); err != nil {
 		return nil, err
 	}
 	return a, nil
 }
 
-// clientSelector returns the gomemcache client's selector over r.
-func (nb *nodeBreakers) clientSelector(r *Ring) memcache.ServerSelector {
+// clientSelector returns the gomemcache client's selector over r, with
+// nb's breakers.
+func clientSelector(nb *breaker.Nodes, r *Ring) memcache.ServerSelector {
 	if nb == nil {
 		return r
 	}
@@ -186,12 +136,12 @@ func (nb *nodeBreakers) clientSelector(r *Ring) memcache.ServerSelector {
 // counts as a failure; the first bytes read after a write (a reply) as
 // the node's answer. A report goes as Done(true, err): while half-open it
 // decides the probe PickServer let through.
-func (nb *nodeBreakers) clientDialer(dial dialFunc) dialFunc {
+func clientDialer(nb *breaker.Nodes, dial dialFunc) dialFunc {
 	if nb == nil {
 		return dial
 	}
 	return func(ctx context.Context, network, address string) (net.Conn, error) {
-		b := nb.get(address)
+		b := nb.Get(address)
 		c, err := dial(ctx, network, address)
 		if err != nil {
 			b.Done(true, fmt.Errorf("%w: %w", ErrUnavailable, err))
@@ -205,7 +155,7 @@ func (nb *nodeBreakers) clientDialer(dial dialFunc) dialFunc {
 // gomemcache uses a connection from one goroutine at a time.
 type watched struct {
 	net.Conn
-	b     *circuit.Breaker
+	b     *breaker.Breaker
 	wrote bool // a request was written whose reply has not been read
 }
 

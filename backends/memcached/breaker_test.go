@@ -45,7 +45,7 @@ func TestNodeBreakerExec(t *testing.T) {
 		defer p.close()
 		a, b := &addr{"tcp", "127.0.0.1:1"}, &addr{"tcp", "127.0.0.2:1"}
 		ok := func(*pconn) error { return nil }
-		state := func(node string) string { return nb.get(node).State().String() }
+		state := func(node string) string { return nb.Get(node).State().String() }
 
 		for range 5 { // answers, even malformed ones, are answers
 			if err := p.exec(t.Context(), a, func(*pconn) error { return replyError("get", []byte("BOGUS\r\n")) }); !errors.Is(err, errProtocol) {
@@ -139,7 +139,7 @@ func (r *recorder) of(node string) []string {
 	return out
 }
 
-func (s *Store) breakerState(node string) string { return s.pool.breakers.get(node).State().String() }
+func (s *Store) breakerState(node string) string { return s.pool.breakers.Get(node).State().String() }
 
 // fast runs f and fails if it takes 5 ms or more or its error does not
 // wrap limiter.ErrBreakerOpen and limiter.ErrUnavailable.
@@ -176,7 +176,7 @@ func countDials(s *Store, addr string) *atomic.Int64 {
 		return base(ctx, network, address)
 	}
 	s.pool.dial = counting
-	s.mc.DialContext = s.pool.breakers.clientDialer(counting)
+	s.mc.DialContext = clientDialer(s.pool.breakers, counting)
 	return &n
 }
 
@@ -321,7 +321,7 @@ func TestNodeBreakerHungBuckets(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Logf("breaker closed %v after the node resumed (OpenFor %v)", time.Since(back), openFor)
-	// The bound that holds (backends/breaker's TestRecoveryBound): a probe
+	// The bound that holds (package breaker's TestRecoveryBound): a probe
 	// that left for the hung node just before it resumed fails at its
 	// timeout, and the breaker waits another OpenFor.
 	if d, bound := time.Since(back), openFor+100*time.Millisecond+50*time.Millisecond; d > bound {

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/breaker"
 )
 
 // pool holds idle connections per node for the counter commands, which
@@ -22,7 +24,7 @@ type pool struct {
 	maxIdle int
 	// breakers, when not nil, holds a circuit breaker per node (see
 	// breaker.go): exec asks the node's before running and reports to it.
-	breakers *nodeBreakers
+	breakers *breaker.Nodes
 
 	mu   sync.Mutex
 	idle map[string][]*pconn
@@ -55,7 +57,7 @@ var errProtocol = errors.New("memcached: unexpected reply")
 // limiter.ErrUnavailable); otherwise it runs f and reports the outcome
 // (execErr).
 func (p *pool) exec(ctx context.Context, addr net.Addr, f func(c *pconn) error) error {
-	b := p.breakers.get(addr.String())
+	b := p.breakers.Get(addr.String())
 	if b == nil {
 		return p.run(ctx, addr, f)
 	}
@@ -166,7 +168,7 @@ func (p *pool) drop(addr string) {
 
 // retain closes the idle connections to nodes not in addrs.
 func (p *pool) retain(addrs []string) {
-	p.breakers.retain(addrs)
+	p.breakers.Retain(addrs)
 	p.mu.Lock()
 	var gone []*pconn
 	for a, l := range p.idle {

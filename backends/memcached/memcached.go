@@ -196,10 +196,10 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	dial := dialer(cfg)
-	mc := memcache.NewFromSelector(breakers.clientSelector(ring))
+	mc := memcache.NewFromSelector(clientSelector(breakers, ring))
 	mc.Timeout = cfg.Timeout
 	mc.MaxIdleConns = cfg.MaxIdleConns
-	mc.DialContext = breakers.clientDialer(dial)
+	mc.DialContext = clientDialer(breakers, dial)
 	s := &Store{
 		mc:         mc,
 		ring:       ring,

@@ -77,7 +77,7 @@ func rulesFile(t *testing.T) string {
 
 // authorizer is the authorizer's policy on stores (without a deny cache,
 // so that each request reaches the store, as in a new process).
-func authorizer(t *testing.T, stores map[string]any, backend string) *policy.Policy {
+func authorizer(t *testing.T, stores map[string]limiter.Store, backend string) *policy.Policy {
 	t.Helper()
 	p, err := policy.Load([]byte(testRules), policy.Options{Stores: stores, DefaultBackend: backend, NoDenyCache: true})
 	if err != nil {
@@ -171,7 +171,7 @@ func TestMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stores := map[string]any{"memory": mem}
+	stores := map[string]limiter.Store{"memory": mem}
 	exhaustAndReset(t, env{stores: stores}, authorizer(t, stores, "memory"))
 }
 
@@ -184,7 +184,7 @@ func TestMemcached(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	exhaustAndReset(t, env{}, authorizer(t, map[string]any{"memcached": s}, "memcached"), "-memcached", addr)
+	exhaustAndReset(t, env{}, authorizer(t, map[string]limiter.Store{"memcached": s}, "memcached"), "-memcached", addr)
 }
 
 // TestDynamo: the walkthrough against DynamoDB Local (behind the test cap
@@ -207,7 +207,7 @@ func TestDynamo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exhaustAndReset(t, env{}, authorizer(t, map[string]any{"dynamo": s}, "dynamo"), "-dynamo-table", table, "-dynamo-endpoint", endpoint)
+	exhaustAndReset(t, env{}, authorizer(t, map[string]limiter.Store{"dynamo": s}, "dynamo"), "-dynamo-table", table, "-dynamo-endpoint", endpoint)
 }
 
 // TestKeysAndTiers: -attr for a key of two attributes, -tier, a constant
@@ -217,7 +217,7 @@ func TestKeysAndTiers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stores := map[string]any{"memory": mem}
+	stores := map[string]limiter.Store{"memory": mem}
 	p := authorizer(t, stores, "memory")
 	ctx := context.Background()
 	req := &policy.Request{SourceIP: "2001:db8::7", Path: "/tenant/a", Headers: policy.Header{"X-Tenant": "acme co", "X-Plan": "pro"}}
@@ -249,7 +249,7 @@ func TestConfirm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stores := map[string]any{"memory": mem}
+	stores := map[string]limiter.Store{"memory": mem}
 	p := authorizer(t, stores, "memory")
 	p.Evaluate(context.Background(), &policy.Request{Path: "/constant"}, t0) // constant: used up
 	file := rulesFile(t)

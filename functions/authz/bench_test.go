@@ -38,7 +38,7 @@ func benchHandler(b *testing.B) *Handler {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := policy.Load([]byte(benchRules), policy.Options{Stores: map[string]any{"memory": mem}})
+	p, err := policy.Load([]byte(benchRules), policy.Options{Stores: map[string]limiter.Store{"memory": mem}})
 	if err != nil {
 		b.Fatal(err)
 	}

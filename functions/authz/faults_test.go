@@ -26,6 +26,9 @@ func (downStore) Sub(context.Context, limiter.Key, int64, int64) error { return 
 func (downStore) UpdateBucket(context.Context, limiter.Key, limiter.BucketOp, time.Duration) (limiter.Decision, error) {
 	return limiter.Decision{}, limiter.ErrUnavailable
 }
+func (downStore) UpdateLog(context.Context, limiter.Key, limiter.LogOp, time.Duration) (limiter.Decision, error) {
+	return limiter.Decision{}, limiter.ErrUnavailable
+}
 
 // TestPartialFailure: a rule whose per-minute limit answers and whose
 // burst limit's backend is down. The answer, the decision log line and the
@@ -67,7 +70,7 @@ rules:
 				t.Fatal(err)
 			}
 			doc := strings.Replace(strings.Replace(rules, "%s", tt.fail, 1), "%d", strconv.Itoa(tt.perMinute), 1)
-			p, err := policy.Load([]byte(doc), policy.Options{Stores: map[string]any{"memory": mem, "down": downStore{}}})
+			p, err := policy.Load([]byte(doc), policy.Options{Stores: map[string]limiter.Store{"memory": mem, "down": downStore{}}})
 			if err != nil {
 				t.Fatal(err)
 			}

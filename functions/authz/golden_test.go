@@ -28,7 +28,7 @@ func newGoldenHandler(t testing.TB, stdout io.Writer) *Handler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.Load(DefaultRules, policy.Options{Stores: map[string]any{"memory": mem}, DefaultBackend: "memory"})
+	p, err := policy.Load(DefaultRules, policy.Options{Stores: map[string]limiter.Store{"memory": mem}, DefaultBackend: "memory"})
 	if err != nil {
 		t.Fatal(err)
 	}

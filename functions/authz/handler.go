@@ -171,9 +171,10 @@ func (h *Handler) Decide(ctx context.Context, event []byte) (Response, policy.Re
 	}
 	now := h.cfg.Clock.Now()
 	dctx, cancel := context.WithTimeout(ctx, h.cfg.Deadline)
-	res := h.cfg.Policy.Policy().Evaluate(dctx, &ev.Request, now)
+	pol := h.cfg.Policy.Policy()
+	res := pol.Evaluate(dctx, &ev.Request, now)
 	cancel()
-	h.cfg.Metrics.Record(now, &res)
+	h.cfg.Metrics.Record(now, &res, pol.LeaseStats)
 	h.logResult(ctx, ev, &res)
 
 	switch res.Outcome {
@@ -193,6 +194,13 @@ func (h *Handler) Decide(ctx context.Context, event []byte) (Response, policy.Re
 // logResult logs one decision: backend failures at warn, denials and
 // refusals at info, the rest at debug.
 func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) {
+	h.logFailures(ctx, ev, res)
+	h.logDecision(ctx, ev, res)
+}
+
+// logFailures logs the backends' and the shedder's errors (warn) and the
+// shadow rules' would-be denials (info).
+func (h *Handler) logFailures(ctx context.Context, ev *Event, res *policy.Result) {
 	for i := range res.Evals {
 		e := &res.Evals[i]
 		if e.Err == nil || !h.log.Enabled(ctx, slog.LevelWarn) {
@@ -228,6 +236,11 @@ func (h *Handler) logResult(ctx context.Context, ev *Event, res *policy.Result) 
 				slog.String("kind", ev.Kind.String()))
 		}
 	}
+}
+
+// logDecision logs the decision: at info when it refused the request or
+// an allow list let it through, else at debug.
+func (h *Handler) logDecision(ctx context.Context, ev *Event, res *policy.Result) {
 	level := slog.LevelDebug
 	if res.Outcome != policy.Allow || res.Reason == policy.ReasonAllowList {
 		level = slog.LevelInfo

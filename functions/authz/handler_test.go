@@ -33,7 +33,7 @@ func newTestHandler(t testing.TB, rules string, mutate func(*Config)) *testHandl
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]any{"memory": mem}})
+	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]limiter.Store{"memory": mem}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +417,7 @@ func (shedAll) Check(context.Context, limiter.Priority, time.Time) (limiter.Deci
 // metric line saying so.
 func TestShedFailsTheInvocation(t *testing.T) {
 	mem, _ := memory.New(memory.Config{})
-	p, err := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]any{"memory": mem}, Shedder: shedAll{}})
+	p, err := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]limiter.Store{"memory": mem}, Shedder: shedAll{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,7 +472,7 @@ func TestMetricLines(t *testing.T) {
 			t.Fatalf("line %s: %v", l, err)
 		}
 		d := m.AWS.CloudWatchMetrics[0]
-		if m.AWS.Timestamp != golden.Clock.UnixMilli() || d.Namespace != "Test" || len(d.Dimensions) != 2 || d.Dimensions[0][0] != "Rule" || len(d.Dimensions[1]) != 0 || len(d.Metrics) != 13 {
+		if m.AWS.Timestamp != golden.Clock.UnixMilli() || d.Namespace != "Test" || len(d.Dimensions) != 2 || d.Dimensions[0][0] != "Rule" || len(d.Dimensions[1]) != 0 || len(d.Metrics) != 17 {
 			t.Errorf("bad EMF metadata: %s", l)
 		}
 		if m.Allowed+m.Denied+m.Shed != 1 {
@@ -508,7 +508,7 @@ func TestNewConfigErrors(t *testing.T) {
 		t.Error("no policy accepted")
 	}
 	mem, _ := memory.New(memory.Config{})
-	p, _ := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]any{"memory": mem}})
+	p, _ := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]limiter.Store{"memory": mem}})
 	if _, err := New(Config{Policy: p, HTTPResponses: "xml"}); err == nil {
 		t.Error("bad HTTPResponses accepted")
 	}

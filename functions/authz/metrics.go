@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -23,11 +24,16 @@ const NoRule = "(none)"
 // CacheDenied (Count: denials answered by the deny cache, without a store
 // request; they are in Denied too), Throttled (rule checks whose key the
 // store refused for capacity: DynamoDB throttled its partition; counted
-// in Denied when they decided the rule), ShadowDenied (a shadow rule's
+// in Denied when they decided the rule), Leased (rule checks allowed from
+// a capacity lease, without a store request; in Allowed too),
+// ShadowDenied (a shadow rule's
 // would-be denials; the line counts Allowed), DenyListed and AllowListed
 // (requests the lists decided, without a store request: one "(none)" line
 // each, counted in Denied or Allowed too) and BackendLatency
-// (Milliseconds). Every line carries the property Reason (the rule's, or
+// (Milliseconds), and LeaseTakes, LeaseReturns and LeaseUnitsLost
+// (Count: the rule's capacity lease takes, returns and units not given
+// back in this instance since its previous line; docs/leases.md). Every
+// line carries the property Reason (the rule's, or
 // the request's on a "(none)" line: policy.Reason), which Logs Insights
 // can group by without another dimension. A request gets one line per matching rule
 // that was checked (or shed); a request no rule matched gets one line with
@@ -43,6 +49,8 @@ type Metrics struct {
 	middle []byte // ,"CloudWatchMetrics":[...]},"Rule":
 	mu     sync.Mutex
 	buf    []byte
+	// leases are each rule's lease counters at its previous line.
+	leases map[string]limiter.LeaseStats
 }
 
 // NewMetrics returns a Metrics writing to w (Lambda: os.Stdout) in the
@@ -58,8 +66,9 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 	mid = append(mid, `,"Dimensions":[["Rule"],[]],"Metrics":[`+
 		`{"Name":"Allowed","Unit":"Count"},{"Name":"Denied","Unit":"Count"},{"Name":"Shed","Unit":"Count"},`+
 		`{"Name":"FailOpen","Unit":"Count"},{"Name":"FailClosed","Unit":"Count"},{"Name":"BackendErrors","Unit":"Count"},`+
-		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},{"Name":"Throttled","Unit":"Count"},`+
+		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},{"Name":"Throttled","Unit":"Count"},{"Name":"Leased","Unit":"Count"},`+
 		`{"Name":"ShadowDenied","Unit":"Count"},{"Name":"DenyListed","Unit":"Count"},{"Name":"AllowListed","Unit":"Count"},`+
+		`{"Name":"LeaseTakes","Unit":"Count"},{"Name":"LeaseReturns","Unit":"Count"},{"Name":"LeaseUnitsLost","Unit":"Count"},`+
 		`{"Name":"BackendLatency","Unit":"Milliseconds"}]}]},"Rule":`...)
 	m.middle = mid
 	return m
@@ -67,15 +76,18 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 
 // Line is one metric line's values.
 type Line struct {
-	Rule                                                                string
-	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors int
-	CacheDenied, Throttled, ShadowDenied, DenyListed, AllowListed       int
-	BackendLatency                                                      time.Duration
-	Reason                                                              policy.Reason
+	Rule                                                                  string
+	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors   int
+	CacheDenied, Throttled, Leased, ShadowDenied, DenyListed, AllowListed int
+	LeaseTakes, LeaseReturns, LeaseUnitsLost                              int64
+	BackendLatency                                                        time.Duration
+	Reason                                                                policy.Reason
 }
 
-// Record writes the lines of one evaluated request.
-func (m *Metrics) Record(now time.Time, res *policy.Result) {
+// Record writes the lines of one evaluated request. leases, when not
+// nil, gives a rule's lease counters (policy.Policy.LeaseStats): each
+// rule's line carries what they grew by since its previous line.
+func (m *Metrics) Record(now time.Time, res *policy.Result, leases func(rule string) limiter.LeaseStats) {
 	if m == nil {
 		return
 	}
@@ -136,11 +148,34 @@ func (m *Metrics) Record(now time.Time, res *policy.Result) {
 		if ev.Throttled {
 			l.Throttled = 1
 		}
+		if ev.Leased {
+			l.Leased = 1
+		}
 		if ev.ShadowDenied {
 			l.ShadowDenied = 1
 		}
 		l.ShedErrors, shedErr = shedErr, 0
+		if leases != nil {
+			m.leaseDelta(&l, leases(ev.Rule))
+		}
 		m.write(now, &l)
+	}
+}
+
+// leaseDelta sets l's lease counts to what cur grew by since the rule's
+// previous line (all of cur when a counter went down: the policy was
+// loaded again, its limits anew). Call with m.mu held.
+func (m *Metrics) leaseDelta(l *Line, cur limiter.LeaseStats) {
+	if m.leases == nil {
+		m.leases = map[string]limiter.LeaseStats{}
+	}
+	last := m.leases[l.Rule]
+	if cur.Takes < last.Takes || cur.Returns < last.Returns || cur.Lost < last.Lost {
+		last = limiter.LeaseStats{}
+	}
+	l.LeaseTakes, l.LeaseReturns, l.LeaseUnitsLost = cur.Takes-last.Takes, cur.Returns-last.Returns, cur.Lost-last.Lost
+	if cur != last {
+		m.leases[l.Rule] = cur
 	}
 }
 
@@ -159,9 +194,13 @@ func (m *Metrics) write(now time.Time, l *Line) {
 	b = appendField(b, "ShedErrors", l.ShedErrors)
 	b = appendField(b, "CacheDenied", l.CacheDenied)
 	b = appendField(b, "Throttled", l.Throttled)
+	b = appendField(b, "Leased", l.Leased)
 	b = appendField(b, "ShadowDenied", l.ShadowDenied)
 	b = appendField(b, "DenyListed", l.DenyListed)
 	b = appendField(b, "AllowListed", l.AllowListed)
+	b = appendField(b, "LeaseTakes", int(l.LeaseTakes))
+	b = appendField(b, "LeaseReturns", int(l.LeaseReturns))
+	b = appendField(b, "LeaseUnitsLost", int(l.LeaseUnitsLost))
 	b = append(b, `,"Reason":`...)
 	b = appendJSONString(b, string(l.Reason))
 	b = append(b, `,"BackendLatency":`...)

@@ -6,7 +6,7 @@ import (
 )
 
 // Breaker writes the metric line of a circuit breaker's transition (see
-// backends/breaker), in the same namespace as the decision lines, with the
+// package breaker), in the same namespace as the decision lines, with the
 // dimension set [["Backend"]]: BreakerOpened is 1 when the breaker of
 // backend opened (from closed, or after a failed probe), BreakerClosed 1
 // when a probe closed it, and BreakerOpen (None) is the state it entered:

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/sluicehq/sluice/backends/breaker"
 	"github.com/sluicehq/sluice/backends/memcached"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
 )
@@ -48,7 +48,7 @@ func memcachedBreaker(env Env, logger *slog.Logger, metrics *authz.Metrics) *mem
 // behind a circuit breaker configured by env.Breaker, in place, and
 // returns the breakers by backend; nil when the breakers are off.
 // Transitions are logged and written as metric lines.
-func wrapBreakers(env Env, stores map[string]any, logger *slog.Logger, metrics *authz.Metrics) (map[string]*breaker.Breaker, error) {
+func wrapBreakers(env Env, stores map[string]limiter.Store, logger *slog.Logger, metrics *authz.Metrics) (map[string]*breaker.Breaker, error) {
 	if !env.Breaker.Enabled() {
 		return nil, nil
 	}
@@ -58,11 +58,7 @@ func wrapBreakers(env Env, stores map[string]any, logger *slog.Logger, metrics *
 		if !ok {
 			continue
 		}
-		be, ok := st.(breaker.Backend)
-		if !ok {
-			return nil, fmt.Errorf("wiring: %s store %T is not a breaker.Backend", name, st)
-		}
-		w, err := breaker.Wrap(be, breaker.Config{
+		w, err := breaker.Wrap(st, breaker.Config{
 			Name: name, Failures: env.Breaker.Failures, OpenFor: env.Breaker.OpenFor, Logger: logger,
 			OnChange: func(name string, from, to breaker.State) {
 				metrics.Breaker(limiter.SystemClock.Now(), name, from.String(), to.String())
@@ -105,7 +101,7 @@ func (b *Built) memcachedBreakers() []memcached.BreakerState {
 }
 
 // unwrap returns the store behind a breaker, or s itself.
-func unwrap(s any) any {
+func unwrap(s limiter.Store) limiter.Store {
 	if w, ok := s.(*breaker.Store); ok {
 		return w.Unwrap()
 	}

@@ -12,10 +12,10 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"github.com/sluicehq/sluice/backends/breaker"
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
@@ -31,12 +31,12 @@ type Outputs struct {
 	// before any limit, once, from the configured stores ("memory",
 	// "memcached", "dynamo"), instead of the shedders of the SLUICE_SHED_*
 	// variables. A nil shedder sheds nothing.
-	Shedder func(ctx context.Context, env Env, stores map[string]any) (limiter.Shedder, error)
+	Shedder func(ctx context.Context, env Env, stores map[string]limiter.Store) (limiter.Shedder, error)
 	// ShedStore, when not nil, holds the leases and the published
 	// utilization of the SLUICE_SHED_* shedders instead of the store of
 	// SLUICE_SHED_BACKEND. For tests: a memory.Leases, which the
 	// environment refuses because it counts per Lambda container.
-	ShedStore ShedStore
+	ShedStore breaker.ShedStore
 	// Clock, when not nil, is the handler's and the shedders' time (tests:
 	// a fake clock). It takes precedence over SLUICE_TEST_CLOCK.
 	Clock limiter.Clock
@@ -51,7 +51,7 @@ type Built struct {
 	Handler *authz.Handler
 	Env     Env
 	// Stores are the configured backends by name.
-	Stores map[string]any
+	Stores map[string]limiter.Store
 	// Rules describes the rules' source, e.g. "embedded" or "table t".
 	Rules string
 	// Shedding holds the load shedders of the SLUICE_SHED_* variables; nil
@@ -107,71 +107,24 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		out.Stderr = os.Stderr
 	}
 	logger := slog.New(slog.NewJSONHandler(out.Stderr, &slog.HandlerOptions{Level: env.LogLevel}))
-	b := &Built{Env: env, Logger: logger, Stores: map[string]any{}}
-	fail := func(err error) (*Built, error) {
+	b := &Built{Env: env, Logger: logger, Stores: map[string]limiter.Store{}}
+	metrics := authz.NewMetrics(out.Stdout, env.MetricsNamespace)
+	h, err := b.build(ctx, out, metrics)
+	if err != nil {
 		b.Close()
 		return nil, err
 	}
+	b.Handler = h
+	return b, nil
+}
 
-	metrics := authz.NewMetrics(out.Stdout, env.MetricsNamespace)
-	mem, err := memory.New(memory.Config{})
+// build builds b's parts in turn: the stores, the shedders and leases, the
+// rules and the handler.
+func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) (*authz.Handler, error) {
+	env, logger := b.Env, b.Logger
+	ddb, err := b.buildStores(ctx, out.CreateTable, metrics)
 	if err != nil {
-		return fail(fmt.Errorf("wiring: memory store: %w", err))
-	}
-	b.Stores[BackendMemory] = mem
-	if len(env.MemcachedAddrs) > 0 {
-		cfg := memcached.Config{Addrs: env.MemcachedAddrs, Timeout: env.Deadline, Proxy: env.MemcachedProxy,
-			Breaker: memcachedBreaker(env, logger, metrics)}
-		if env.MemcachedTLS {
-			cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
-		mc, err := memcached.New(cfg)
-		if err != nil {
-			return fail(fmt.Errorf("wiring: %s: %w", config.EnvMemcachedAddrs, err))
-		}
-		b.Stores[BackendMemcached] = mc
-		b.closers = append(b.closers, func() {
-			waitRefunds(mc, env.Deadline)
-			mc.Close()
-		})
-	}
-	var ddb *dynamodb.Client
-	if env.DynamoTable != "" || env.RulesTable != "" {
-		awsCfg, err := loadAWSConfig(ctx, env, logger)
-		if err != nil {
-			return fail(fmt.Errorf("wiring: AWS configuration: %w", err))
-		}
-		ddb = dynamodb.NewFromConfig(awsCfg)
-	}
-	if env.DynamoTable != "" && out.CreateTable {
-		cctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := dynamo.CreateTable(cctx, ddb, env.DynamoTable)
-		cancel()
-		if err != nil {
-			return fail(fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err))
-		}
-	}
-	if env.DynamoTable != "" {
-		st, err := dynamo.New(ddb, dynamo.Config{Table: env.DynamoTable, Timeout: env.Deadline})
-		if err != nil {
-			return fail(fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err))
-		}
-		b.Stores[BackendDynamo] = st
-		b.closers = append(b.closers, func() { waitRefunds(st, env.Deadline) })
-	}
-	if b.Breakers, err = wrapBreakers(env, b.Stores, logger, metrics); err != nil {
-		return fail(err)
-	}
-	// Open the network backends' connections now, at init, rather than in
-	// the first decision, whose deadline a TLS handshake to DynamoDB or a
-	// cold connection can exceed. Best effort, bounded by the deadline.
-	for _, name := range []string{BackendMemcached, BackendDynamo} {
-		if c, ok := b.Stores[name].(limiter.Counter); ok {
-			warm(ctx, logger, name, c, env.Deadline)
-		}
-	}
-	if _, ok := b.Stores[env.DefaultBackend]; !ok {
-		return fail(fmt.Errorf("wiring: %s: %s is not configured (set %s)", config.EnvDefaultBackend, env.DefaultBackend, config.BackendVar(env.DefaultBackend)))
+		return nil, err
 	}
 	clock := out.Clock
 	if clock == nil && !env.TestClock.IsZero() {
@@ -182,109 +135,28 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 	if clock == nil {
 		clock = limiter.SystemClock
 	}
-
-	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend, NoDenyCache: env.NoDenyCache, Shadow: env.Shadow}
+	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend, NoDenyCache: env.NoDenyCache, NoLeases: env.NoLeases, Shadow: env.Shadow}
 	if env.Shadow {
 		logger.Warn(config.EnvShadow + " is set: every rule runs in shadow mode and nothing is rate limited (the deny list still denies)")
 	}
-	switch {
-	case out.Shedder != nil:
-		shedder, err := out.Shedder(ctx, env, b.Stores)
-		if err != nil {
-			return fail(fmt.Errorf("wiring: load shedder: %w", err))
-		}
-		opts.Shedder = shedder
-	case env.Shed.Enabled():
-		store, backend := out.ShedStore, "injected"
-		if store == nil {
-			st, err := newShedStore(env, b.Stores, ddb)
-			if err != nil {
-				return fail(fmt.Errorf("wiring: load shedder: %w", err))
-			}
-			if br := b.Breakers[env.Shed.Backend]; br != nil {
-				if st, err = breaker.WrapLeases(st, br); err != nil {
-					return fail(fmt.Errorf("wiring: load shedder: %w", err))
-				}
-			}
-			store, backend = st, env.Shed.Backend
-			if backend == BackendMemcached {
-				warmShed(ctx, logger, store, env.Deadline)
-			}
-		}
-		sh, err := buildShedding(env.Shed, store, backend, clock)
-		if err != nil {
-			return fail(fmt.Errorf("wiring: load shedder: %w", err))
-		}
-		b.Shedding = sh
-		opts.Shedder = sh.Shedder()
-		b.Leases = store
-		logger.Info("load shedding on", "backend", backend,
-			"fleet_capacity", env.Shed.FleetCapacity, "fleet_reserve", env.Shed.FleetReserve, "lease_ttl", env.Shed.LeaseTTL.String(),
-			"utilization", env.Shed.Utilization)
+	if opts.Shedder, err = b.buildShedder(ctx, out, ddb, clock); err != nil {
+		return nil, err
 	}
-
 	if b.Leases == nil {
 		if b.Leases, err = leaseStore(env, b.Stores, ddb, out.ShedStore); err != nil {
-			return fail(fmt.Errorf("wiring: concurrency leases: %w", err))
+			return nil, fmt.Errorf("wiring: concurrency leases: %w", err)
 		}
 	}
 	opts.Leases = b.Leases
-
-	var source policy.Source
-	switch {
-	case env.RulesTable != "":
-		b.Rules = "table " + env.RulesTable
-		load := func(ctx context.Context) (*policy.Policy, error) {
-			doc, tiers, err := LoadRulesDocument(ctx, ddb, env.RulesTable)
-			if err != nil {
-				return nil, err
-			}
-			o := opts
-			o.Lists, o.TierOf = doc.Lists, tiers.Lookup
-			return policy.New(doc.Rules, o)
-		}
-		cache, err := policy.NewCache(ctx, load, policy.CacheConfig{
-			TTL: env.RulesTTL,
-			OnError: func(err error) {
-				logger.Error("reloading rules failed; keeping the previous rules", "table", env.RulesTable, "error", err.Error())
-			},
-		})
-		if err != nil {
-			return fail(fmt.Errorf("wiring: %s: %w", config.EnvRulesTable, hint(err)))
-		}
-		source = cache
-	case env.RulesFile != "":
-		b.Rules = "file " + env.RulesFile
-		data, err := os.ReadFile(env.RulesFile)
-		if err != nil {
-			return fail(fmt.Errorf("wiring: %s: %w", config.EnvRulesFile, err))
-		}
-		p, err := policy.Load(data, opts)
-		if err != nil {
-			return fail(fmt.Errorf("wiring: %s %s: %w", config.EnvRulesFile, env.RulesFile, hint(err)))
-		}
-		source = p
-	case env.RulesYAML != "":
-		b.Rules = config.EnvRulesYAML
-		p, err := policy.Load([]byte(env.RulesYAML), opts)
-		if err != nil {
-			return fail(fmt.Errorf("wiring: %s: %w", config.EnvRulesYAML, hint(err)))
-		}
-		source = p
-	default:
-		b.Rules = "embedded"
-		p, err := policy.Load(authz.DefaultRules, opts)
-		if err != nil {
-			return fail(fmt.Errorf("wiring: embedded rules: %w", hint(err)))
-		}
-		source = p
+	source, err := b.buildRules(ctx, ddb, opts)
+	if err != nil {
+		return nil, err
 	}
-
 	var logKey []byte
 	if env.LogKey != "" {
 		logKey = []byte(env.LogKey)
 	}
-	h, err := authz.New(authz.Config{
+	return authz.New(authz.Config{
 		Policy:        source,
 		Deadline:      env.Deadline,
 		Clock:         clock,
@@ -295,11 +167,175 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		ClientIP:      env.ClientIP,
 		EdgeSecret:    env.EdgeSecret,
 	})
+}
+
+// buildStores builds the memory store and the network backends env
+// configures, behind their breakers, and warms their connections. It
+// returns the DynamoDB client (nil without DynamoDB).
+func (b *Built) buildStores(ctx context.Context, createTable bool, metrics *authz.Metrics) (*dynamodb.Client, error) {
+	env, logger := b.Env, b.Logger
+	mem, err := memory.New(memory.Config{})
 	if err != nil {
-		return fail(err)
+		return nil, fmt.Errorf("wiring: memory store: %w", err)
 	}
-	b.Handler = h
-	return b, nil
+	b.Stores[BackendMemory] = mem
+	if len(env.MemcachedAddrs) > 0 {
+		cfg := memcached.Config{Addrs: env.MemcachedAddrs, Timeout: env.Deadline, Proxy: env.MemcachedProxy,
+			Breaker: memcachedBreaker(env, logger, metrics)}
+		if env.MemcachedTLS {
+			cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		mc, err := memcached.New(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("wiring: %s: %w", config.EnvMemcachedAddrs, err)
+		}
+		b.Stores[BackendMemcached] = mc
+		b.closers = append(b.closers, func() {
+			waitRefunds(mc, env.Deadline)
+			mc.Close()
+		})
+	}
+	ddb, err := b.buildDynamo(ctx, createTable)
+	if err != nil {
+		return nil, err
+	}
+	if b.Breakers, err = wrapBreakers(env, b.Stores, logger, metrics); err != nil {
+		return nil, err
+	}
+	// Open the network backends' connections now, at init, rather than in
+	// the first decision, whose deadline a TLS handshake to DynamoDB or a
+	// cold connection can exceed. Best effort, bounded by the deadline.
+	for _, name := range []string{BackendMemcached, BackendDynamo} {
+		if c, ok := b.Stores[name]; ok {
+			warm(ctx, logger, name, c, env.Deadline)
+		}
+	}
+	if _, ok := b.Stores[env.DefaultBackend]; !ok {
+		return nil, fmt.Errorf("wiring: %s: %s is not configured (set %s)", config.EnvDefaultBackend, env.DefaultBackend, config.BackendVar(env.DefaultBackend))
+	}
+	return ddb, nil
+}
+
+// buildDynamo makes the DynamoDB client when env names a state or rules
+// table (nil otherwise), creates the state table when asked, and adds the
+// DynamoDB store.
+func (b *Built) buildDynamo(ctx context.Context, createTable bool) (*dynamodb.Client, error) {
+	env := b.Env
+	if env.DynamoTable == "" && env.RulesTable == "" {
+		return nil, nil
+	}
+	awsCfg, err := loadAWSConfig(ctx, env, b.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("wiring: AWS configuration: %w", err)
+	}
+	ddb := dynamodb.NewFromConfig(awsCfg)
+	if env.DynamoTable == "" {
+		return ddb, nil
+	}
+	if createTable {
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := dynamo.CreateTable(cctx, ddb, env.DynamoTable)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err)
+		}
+	}
+	st, err := dynamo.New(ddb, dynamo.Config{Table: env.DynamoTable, Timeout: env.Deadline})
+	if err != nil {
+		return nil, fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err)
+	}
+	b.Stores[BackendDynamo] = st
+	b.closers = append(b.closers, func() { waitRefunds(st, env.Deadline) })
+	return ddb, nil
+}
+
+// buildShedder returns the load shedder the policy asks before any limit:
+// Outputs.Shedder's, or the SLUICE_SHED_* shedders (whose store then holds
+// b.Leases too), or none.
+func (b *Built) buildShedder(ctx context.Context, out Outputs, ddb *dynamodb.Client, clock limiter.Clock) (limiter.Shedder, error) {
+	env := b.Env
+	switch {
+	case out.Shedder != nil:
+		shedder, err := out.Shedder(ctx, env, b.Stores)
+		if err != nil {
+			return nil, fmt.Errorf("wiring: load shedder: %w", err)
+		}
+		return shedder, nil
+	case !env.Shed.Enabled():
+		return nil, nil
+	}
+	store, backend := out.ShedStore, "injected"
+	if store == nil {
+		st, err := newShedStore(env, b.Stores, ddb)
+		if err != nil {
+			return nil, fmt.Errorf("wiring: load shedder: %w", err)
+		}
+		if br := b.Breakers[env.Shed.Backend]; br != nil {
+			if st, err = breaker.WrapLeases(st, br); err != nil {
+				return nil, fmt.Errorf("wiring: load shedder: %w", err)
+			}
+		}
+		store, backend = st, env.Shed.Backend
+		if backend == BackendMemcached {
+			warmShed(ctx, b.Logger, store, env.Deadline)
+		}
+	}
+	sh, err := buildShedding(env.Shed, store, backend, clock)
+	if err != nil {
+		return nil, fmt.Errorf("wiring: load shedder: %w", err)
+	}
+	b.Shedding = sh
+	b.Leases = store
+	b.Logger.Info("load shedding on", "backend", backend,
+		"fleet_capacity", env.Shed.FleetCapacity, "fleet_reserve", env.Shed.FleetReserve, "lease_ttl", env.Shed.LeaseTTL.String(),
+		"utilization", env.Shed.Utilization)
+	return sh.Shedder(), nil
+}
+
+// buildRules loads the rules from their source (the rules table, a file,
+// inline YAML or the embedded rules) on the stores of opts.
+func (b *Built) buildRules(ctx context.Context, ddb *dynamodb.Client, opts policy.Options) (policy.Source, error) {
+	env := b.Env
+	load := func(what, name string, data []byte) (policy.Source, error) {
+		b.Rules = what
+		p, err := policy.Load(data, opts)
+		if err != nil {
+			return nil, fmt.Errorf("wiring: %s: %w", name, hint(err))
+		}
+		return p, nil
+	}
+	switch {
+	case env.RulesTable != "":
+		b.Rules = "table " + env.RulesTable
+		loadTable := func(ctx context.Context) (*policy.Policy, error) {
+			doc, tiers, err := LoadRulesDocument(ctx, ddb, env.RulesTable)
+			if err != nil {
+				return nil, err
+			}
+			o := opts
+			o.Lists, o.TierOf = doc.Lists, tiers.Lookup
+			return policy.New(doc.Rules, o)
+		}
+		cache, err := policy.NewCache(ctx, loadTable, policy.CacheConfig{
+			TTL: env.RulesTTL,
+			OnError: func(err error) {
+				b.Logger.Error("reloading rules failed; keeping the previous rules", "table", env.RulesTable, "error", err.Error())
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("wiring: %s: %w", config.EnvRulesTable, hint(err))
+		}
+		return cache, nil
+	case env.RulesFile != "":
+		data, err := os.ReadFile(env.RulesFile)
+		if err != nil {
+			return nil, fmt.Errorf("wiring: %s: %w", config.EnvRulesFile, err)
+		}
+		return load("file "+env.RulesFile, config.EnvRulesFile+" "+env.RulesFile, data)
+	case env.RulesYAML != "":
+		return load(config.EnvRulesYAML, config.EnvRulesYAML, []byte(env.RulesYAML))
+	}
+	return load("embedded", "embedded rules", authz.DefaultRules)
 }
 
 // warm makes one read-only counter call (n = 0) on a key of its own.

@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// TestBuildShedderHook checks the hook that issue 7's shedders plug into.
+// TestBuildShedderHook checks the hook that the load shedders plug into.
 func TestBuildShedderHook(t *testing.T) {
 	env, err := ParseEnv(func(string) string { return "" })
 	if err != nil {
@@ -22,7 +22,7 @@ func TestBuildShedderHook(t *testing.T) {
 	var metrics bytes.Buffer
 	var gotStores []string
 	b, err := Build(t.Context(), env, Outputs{Stdout: &metrics, Stderr: io.Discard,
-		Shedder: func(_ context.Context, _ Env, stores map[string]any) (limiter.Shedder, error) {
+		Shedder: func(_ context.Context, _ Env, stores map[string]limiter.Store) (limiter.Shedder, error) {
 			for k := range stores {
 				gotStores = append(gotStores, k)
 			}
@@ -40,7 +40,7 @@ func TestBuildShedderHook(t *testing.T) {
 		t.Errorf("the hook saw stores %v", gotStores)
 	}
 	if _, err := Build(t.Context(), env, Outputs{Stdout: io.Discard, Stderr: io.Discard,
-		Shedder: func(context.Context, Env, map[string]any) (limiter.Shedder, error) {
+		Shedder: func(context.Context, Env, map[string]limiter.Store) (limiter.Shedder, error) {
 			return nil, errors.New("no lease store")
 		}}); err == nil ||
 		!strings.Contains(err.Error(), "load shedder: no lease store") {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/backends/breaker"
 	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/internal/testserver"
 )
 

@@ -67,13 +67,15 @@ func LoadRulesDocument(ctx context.Context, client ScanAPI, table string) (polic
 // memory by every authorizer instance).
 const maxTierItems = 100000
 
+// ruleEntry is a rule item of a rules table, with its order.
+type ruleEntry struct {
+	rule     policy.Rule
+	order    float64
+	hasOrder bool
+}
+
 func loadRulesTable(ctx context.Context, client ScanAPI, table string, lists *policy.Lists, tiers policy.Tiers) ([]policy.Rule, error) {
-	type entry struct {
-		rule     policy.Rule
-		order    float64
-		hasOrder bool
-	}
-	var entries []entry
+	var entries []ruleEntry
 	in := &dynamodb.ScanInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true)}
 	for {
 		out, err := client.Scan(ctx, in)
@@ -81,45 +83,12 @@ func loadRulesTable(ctx context.Context, client ScanAPI, table string, lists *po
 			return nil, fmt.Errorf("rules table %s: %w", table, err)
 		}
 		for _, item := range out.Items {
-			name, ok := item[RulesAttrName].(*types.AttributeValueMemberS)
-			if !ok || name.Value == "" {
-				return nil, fmt.Errorf("rules table %s: an item has no string %q attribute", table, RulesAttrName)
-			}
-			if value, ok := strings.CutPrefix(name.Value, RulesTierPrefix); ok {
-				tier, ok := item[RulesAttrTier].(*types.AttributeValueMemberS)
-				if !ok || value == "" || tier.Value == "" {
-					return nil, fmt.Errorf("rules table %s: item %q: a tier item needs a value after %q and a string attribute %q naming the tier", table, name.Value, RulesTierPrefix, RulesAttrTier)
-				}
-				if len(tiers) >= maxTierItems {
-					return nil, fmt.Errorf("rules table %s: more than %d tier items", table, maxTierItems)
-				}
-				tiers[value] = tier.Value
-				continue
-			}
-			body, ok := item[RulesAttrRule].(*types.AttributeValueMemberS)
-			if !ok {
-				return nil, fmt.Errorf("rules table %s: item %q: want a string attribute %q holding the rule as YAML or JSON", table, name.Value, RulesAttrRule)
-			}
-			if name.Value == RulesListsItem {
-				if *lists, err = policy.ParseLists([]byte(body.Value)); err != nil {
-					return nil, fmt.Errorf("rules table %s: item %q: %w", table, name.Value, err)
-				}
-				continue
-			}
-			r, err := policy.ParseRule([]byte(body.Value), name.Value)
+			e, isRule, err := readRulesItem(item, lists, tiers)
 			if err != nil {
-				return nil, fmt.Errorf("rules table %s: item %q: %w", table, name.Value, err)
+				return nil, fmt.Errorf("rules table %s: %w", table, err)
 			}
-			e := entry{rule: r}
-			if av, ok := item[RulesAttrOrder]; ok {
-				n, ok := av.(*types.AttributeValueMemberN)
-				if !ok {
-					return nil, fmt.Errorf("rules table %s: item %q: attribute %q must be a number", table, name.Value, RulesAttrOrder)
-				}
-				if e.order, err = strconv.ParseFloat(n.Value, 64); err != nil {
-					return nil, fmt.Errorf("rules table %s: item %q: attribute %q: %w", table, name.Value, RulesAttrOrder, err)
-				}
-				e.hasOrder = true
+			if !isRule {
+				continue
 			}
 			entries = append(entries, e)
 			if len(entries) > policy.MaxRules {
@@ -131,7 +100,7 @@ func loadRulesTable(ctx context.Context, client ScanAPI, table string, lists *po
 		}
 		in.ExclusiveStartKey = out.LastEvaluatedKey
 	}
-	slices.SortFunc(entries, func(a, b entry) int {
+	slices.SortFunc(entries, func(a, b ruleEntry) int {
 		if a.hasOrder != b.hasOrder {
 			if a.hasOrder {
 				return -1
@@ -148,4 +117,48 @@ func loadRulesTable(ctx context.Context, client ScanAPI, table string, lists *po
 		rules[i] = e.rule
 	}
 	return rules, nil
+}
+
+// readRulesItem reads one item of a rules table: a tier item (into
+// tiers), the lists item (into lists), or a rule (isRule).
+func readRulesItem(item map[string]types.AttributeValue, lists *policy.Lists, tiers policy.Tiers) (e ruleEntry, isRule bool, err error) {
+	name, ok := item[RulesAttrName].(*types.AttributeValueMemberS)
+	if !ok || name.Value == "" {
+		return e, false, fmt.Errorf("an item has no string %q attribute", RulesAttrName)
+	}
+	if value, ok := strings.CutPrefix(name.Value, RulesTierPrefix); ok {
+		tier, ok := item[RulesAttrTier].(*types.AttributeValueMemberS)
+		if !ok || value == "" || tier.Value == "" {
+			return e, false, fmt.Errorf("item %q: a tier item needs a value after %q and a string attribute %q naming the tier", name.Value, RulesTierPrefix, RulesAttrTier)
+		}
+		if len(tiers) >= maxTierItems {
+			return e, false, fmt.Errorf("more than %d tier items", maxTierItems)
+		}
+		tiers[value] = tier.Value
+		return e, false, nil
+	}
+	body, ok := item[RulesAttrRule].(*types.AttributeValueMemberS)
+	if !ok {
+		return e, false, fmt.Errorf("item %q: want a string attribute %q holding the rule as YAML or JSON", name.Value, RulesAttrRule)
+	}
+	if name.Value == RulesListsItem {
+		if *lists, err = policy.ParseLists([]byte(body.Value)); err != nil {
+			return e, false, fmt.Errorf("item %q: %w", name.Value, err)
+		}
+		return e, false, nil
+	}
+	if e.rule, err = policy.ParseRule([]byte(body.Value), name.Value); err != nil {
+		return e, false, fmt.Errorf("item %q: %w", name.Value, err)
+	}
+	if av, ok := item[RulesAttrOrder]; ok {
+		n, ok := av.(*types.AttributeValueMemberN)
+		if !ok {
+			return e, false, fmt.Errorf("item %q: attribute %q must be a number", name.Value, RulesAttrOrder)
+		}
+		if e.order, err = strconv.ParseFloat(n.Value, 64); err != nil {
+			return e, false, fmt.Errorf("item %q: attribute %q: %w", name.Value, RulesAttrOrder, err)
+		}
+		e.hasOrder = true
+	}
+	return e, true, nil
 }

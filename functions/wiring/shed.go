@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
@@ -42,14 +43,6 @@ const (
 // worker-utilization shedders, package limiter), from the SLUICE_SHED_*
 // variables. Both are off by default.
 type ShedEnv = config.Shed
-
-// ShedStore holds the fleet shedder's leases and the published
-// utilization: memcached.Leases, dynamo.Leases, or memory.Leases (tests
-// only, through [Outputs.ShedStore]: it counts per process).
-type ShedStore interface {
-	limiter.LeaseStore
-	limiter.GaugeStore
-}
 
 // Shedding is what [Build] made of the SLUICE_SHED_* variables.
 type Shedding struct {
@@ -139,7 +132,7 @@ func (f *fleetShedders) ReleaseLease(ctx context.Context, l policy.Lease) error 
 }
 
 // buildShedding builds the shedders of env on store, at clock's time.
-func buildShedding(env ShedEnv, store ShedStore, backend string, clock limiter.Clock) (*Shedding, error) {
+func buildShedding(env ShedEnv, store breaker.ShedStore, backend string, clock limiter.Clock) (*Shedding, error) {
 	s := &Shedding{Backend: backend}
 	if env.Utilization != "" {
 		signal := limiter.NewCachedUtilization(&limiter.PublishedUtilization{
@@ -166,7 +159,7 @@ func buildShedding(env ShedEnv, store ShedStore, backend string, clock limiter.C
 // env.Shed.Backend, on the clients the counter stores already hold: the
 // memcached Store's gomemcache client (its nodes, TLS dialer, timeout and
 // pool), or the DynamoDB client and state table.
-func newShedStore(env Env, stores map[string]any, ddb *dynamodb.Client) (ShedStore, error) {
+func newShedStore(env Env, stores map[string]limiter.Store, ddb *dynamodb.Client) (breaker.ShedStore, error) {
 	switch env.Shed.Backend {
 	case BackendMemcached:
 		mc, ok := unwrap(stores[BackendMemcached]).(*memcached.Store)
@@ -194,7 +187,7 @@ func newShedStore(env Env, stores map[string]any, ddb *dynamodb.Client) (ShedSto
 // connection at init rather than in the first decision (the counter
 // store's warm-up opens its own pool, not the gomemcache client's). Best
 // effort.
-func warmShed(ctx context.Context, log *slog.Logger, store ShedStore, deadline time.Duration) {
+func warmShed(ctx context.Context, log *slog.Logger, store breaker.ShedStore, deadline time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	start := time.Now()
@@ -211,7 +204,7 @@ func warmShed(ctx context.Context, log *slog.Logger, store ShedStore, deadline t
 // per process (the local API, where the integration runs in the same
 // process; a deployed authorizer should keep its limits on a network
 // backend).
-func leaseStore(env Env, stores map[string]any, ddb *dynamodb.Client, injected ShedStore) (limiter.LeaseStore, error) {
+func leaseStore(env Env, stores map[string]limiter.Store, ddb *dynamodb.Client, injected breaker.ShedStore) (limiter.LeaseStore, error) {
 	if injected != nil {
 		return injected, nil
 	}

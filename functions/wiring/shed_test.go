@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/internal/testserver"
@@ -56,7 +57,7 @@ func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 // buildShed builds the handler through FromEnv's path (ParseEnv, then
 // Build) with the shedders' store and the clock injected, capturing
 // metrics and logs.
-func buildShed(t *testing.T, vars map[string]string, store ShedStore, clock limiter.Clock) (b *Built, metrics, logs *bytes.Buffer) {
+func buildShed(t *testing.T, vars map[string]string, store breaker.ShedStore, clock limiter.Clock) (b *Built, metrics, logs *bytes.Buffer) {
 	t.Helper()
 	env, err := ParseEnv(func(k string) string { return vars[k] })
 	if err != nil {

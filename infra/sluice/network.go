@@ -150,36 +150,44 @@ func (r *RateLimiter) buildCache() {
 	if name == "" {
 		name = defaultCacheName(r)
 	}
-
 	if c.Mode == CacheServerless {
-		sc := awselasticache.NewCfnServerlessCache(r, jsii.String("Cache"), &awselasticache.CfnServerlessCacheProps{
-			Engine:              jsii.String("memcached"),
-			ServerlessCacheName: jsii.String(name),
-			MajorEngineVersion:  jsii.String("1.6"),
-			Description:         jsii.String("Sluice rate-limit counters (regional)"),
-			SubnetIds:           toAny(*subnetIDs),
-			SecurityGroupIds:    &[]any{sg.SecurityGroupId()},
-			CacheUsageLimits: &awselasticache.CfnServerlessCache_CacheUsageLimitsProperty{
-				DataStorage: &awselasticache.CfnServerlessCache_DataStorageProperty{
-					Maximum: jsii.Number(float64(c.MaxDataStorageGB)),
-					Unit:    jsii.String("GB"),
-				},
-				EcpuPerSecond: &awselasticache.CfnServerlessCache_ECPUPerSecondProperty{
-					Maximum: jsii.Number(float64(c.MaxECPUPerSecond)),
-				},
-			},
-		})
-		// One endpoint with shards behind it (a proxy that may reorder a
-		// pipelined request); TLS only.
-		r.cache = &cacheInfo{
-			addrs: *awscdk.Fn_Join(jsii.String(":"), &[]*string{sc.AttrEndpointAddress(), sc.AttrEndpointPort()}),
-			tls:   true,
-			proxy: true,
-			port:  port,
-		}
+		r.cache = r.serverlessCache(c, name, subnetIDs, sg, port)
 		return
 	}
+	r.cache = r.nodeCache(c, name, subnetIDs, sg, port)
+}
 
+// serverlessCache creates an ElastiCache Serverless memcached cache.
+func (r *RateLimiter) serverlessCache(c *Cache, name string, subnetIDs *[]*string, sg awsec2.SecurityGroup, port int) *cacheInfo {
+	sc := awselasticache.NewCfnServerlessCache(r, jsii.String("Cache"), &awselasticache.CfnServerlessCacheProps{
+		Engine:              jsii.String("memcached"),
+		ServerlessCacheName: jsii.String(name),
+		MajorEngineVersion:  jsii.String("1.6"),
+		Description:         jsii.String("Sluice rate-limit counters (regional)"),
+		SubnetIds:           toAny(*subnetIDs),
+		SecurityGroupIds:    &[]any{sg.SecurityGroupId()},
+		CacheUsageLimits: &awselasticache.CfnServerlessCache_CacheUsageLimitsProperty{
+			DataStorage: &awselasticache.CfnServerlessCache_DataStorageProperty{
+				Maximum: jsii.Number(float64(c.MaxDataStorageGB)),
+				Unit:    jsii.String("GB"),
+			},
+			EcpuPerSecond: &awselasticache.CfnServerlessCache_ECPUPerSecondProperty{
+				Maximum: jsii.Number(float64(c.MaxECPUPerSecond)),
+			},
+		},
+	})
+	// One endpoint with shards behind it (a proxy that may reorder a
+	// pipelined request); TLS only.
+	return &cacheInfo{
+		addrs: *awscdk.Fn_Join(jsii.String(":"), &[]*string{sc.AttrEndpointAddress(), sc.AttrEndpointPort()}),
+		tls:   true,
+		proxy: true,
+		port:  port,
+	}
+}
+
+// nodeCache creates a node-based memcached cluster.
+func (r *RateLimiter) nodeCache(c *Cache, name string, subnetIDs *[]*string, sg awsec2.SecurityGroup, port int) *cacheInfo {
 	group := awselasticache.NewCfnSubnetGroup(r, jsii.String("CacheSubnets"), &awselasticache.CfnSubnetGroupProps{
 		Description: jsii.String("Sluice memcached subnets"),
 		SubnetIds:   toAny(*subnetIDs),
@@ -206,7 +214,7 @@ func (r *RateLimiter) buildCache() {
 			Reason: jsii.String("The cache is reachable only from the authorizer's security group; a non-default port adds no protection. Set Cache.Port to change it."),
 		}}, nil)
 	}
-	r.cache = &cacheInfo{addrs: nodeAddresses(cluster, c.Nodes, port), tls: *c.TLS, port: port}
+	return &cacheInfo{addrs: nodeAddresses(cluster, c.Nodes, port), tls: *c.TLS, port: port}
 }
 
 // defaultCacheName derives an ElastiCache name (lower case, at most 40

@@ -136,20 +136,67 @@ func (r *RateLimiter) buildPublisher() {
 	if pub == nil {
 		return
 	}
+	dir, c, env, ok := r.publisherSetup()
+	if !ok {
+		return
+	}
+	backend := r.env[config.EnvShedBackend]
+	scope := constructs.NewConstruct(r, jsii.String("Publisher"))
+	logs := awslogs.NewLogGroup(scope, jsii.String("Logs"), &awslogs.LogGroupProps{
+		Retention:     p.Function.LogRetention,
+		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+	})
+	role := r.publisherRole(scope, logs, backend)
+	fp := &awslambda.FunctionProps{
+		Description:  jsii.String("Sluice utilization publisher: " + c.Namespace + " " + c.Metric + " -> " + p.Shedding.Utilization),
+		Runtime:      awslambda.Runtime_PROVIDED_AL2023(),
+		Architecture: awslambda.Architecture_ARM_64(),
+		Handler:      jsii.String("bootstrap"),
+		Code:         awslambda.Code_FromAsset(jsii.String(dir), nil),
+		MemorySize:   jsii.Number(128),
+		Timeout:      awscdk.Duration_Seconds(jsii.Number(30)),
+		Environment:  &env,
+		Role:         role,
+		LogGroup:     logs,
+		// One run at a time is plenty; a stuck run must not pile up.
+		ReservedConcurrentExecutions: jsii.Number(1),
+	}
+	if backend == config.BackendMemcached && r.vpc != nil {
+		fp.Vpc = r.vpc
+		fp.VpcSubnets = r.subnets()
+		fp.SecurityGroups = &[]awsec2.ISecurityGroup{r.sg}
+	}
+	fn := awslambda.NewFunction(scope, jsii.String("Function"), fp)
+	awsevents.NewRule(scope, jsii.String("Schedule"), &awsevents.RuleProps{
+		Description: jsii.String("Runs the Sluice utilization publisher every period"),
+		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(c.Period.Minutes()))),
+		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(fn, &awseventstargets.LambdaFunctionProps{
+			RetryAttempts: jsii.Number(0), // the next period's run is the retry
+		})},
+	})
+	r.publisher = fn
+}
+
+// publisherSetup checks the publisher's settings and returns its
+// bootstrap's directory, its configuration and its environment (ok false:
+// r.fail was called).
+func (r *RateLimiter) publisherSetup() (dir string, c config.Publish, env map[string]*string, ok bool) {
+	p := &r.props
+	pub := p.Shedding.Publisher
 	if p.Shedding.Utilization == "" {
 		r.fail("Shedding.Publisher: set Shedding.Utilization, the name it publishes under")
-		return
+		return "", c, nil, false
 	}
 	pubEnv, c, err := pub.env()
 	if err != nil {
 		r.fail("%v", err)
-		return
+		return "", c, nil, false
 	}
 	if maxAge, _ := time.ParseDuration(r.env[config.EnvShedUtilizationMaxAge]); maxAge < c.Period {
 		r.fail("Shedding.UtilizationMaxAge: %v is shorter than Shedding.Publisher.Period (%v): the utilization would be stale between runs (leave it unset for %g periods)", maxAge, c.Period, config.PublishMaxAgePeriods)
-		return
+		return "", c, nil, false
 	}
-	dir := pub.BootstrapDir
+	dir = pub.BootstrapDir
 	if dir == "" {
 		dir = DefaultPublisherBootstrapDir
 		if v, ok := r.Node().TryGetContext(jsii.String(ContextPublisherBootstrapDir)).(string); ok && v != "" {
@@ -158,9 +205,9 @@ func (r *RateLimiter) buildPublisher() {
 	}
 	if err := checkBootstrap(dir); err != nil {
 		r.fail("Shedding.Publisher.BootstrapDir: %v (build it with `make build`, or pass -c %s=<dir holding bootstrap>)", err, ContextPublisherBootstrapDir)
-		return
+		return "", c, nil, false
 	}
-	env := map[string]*string{}
+	env = map[string]*string{}
 	for k, v := range pubEnv {
 		env[k] = jsii.String(v)
 	}
@@ -175,12 +222,13 @@ func (r *RateLimiter) buildPublisher() {
 	} else {
 		env[config.EnvDynamoTable] = jsii.String(r.env[config.EnvDynamoTable])
 	}
+	return dir, c, env, true
+}
 
-	scope := constructs.NewConstruct(r, jsii.String("Publisher"))
-	logs := awslogs.NewLogGroup(scope, jsii.String("Logs"), &awslogs.LogGroupProps{
-		Retention:     p.Function.LogRetention,
-		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
-	})
+// publisherRole is the publisher's role: its own logs, GetMetricData, and
+// the gauge's write (DynamoDB) or the VPC's network interfaces (memcached).
+func (r *RateLimiter) publisherRole(scope constructs.Construct, logs awslogs.LogGroup, backend string) awsiam.Role {
+	p := &r.props
 	role := awsiam.NewRole(scope, jsii.String("Role"), &awsiam.RoleProps{
 		AssumedBy:   awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil),
 		Description: jsii.String("Sluice utilization publisher: own logs, one CloudWatch read, one gauge write"),
@@ -212,34 +260,7 @@ func (r *RateLimiter) buildPublisher() {
 	}
 	cdknag.NagSuppressions_AddResourceSuppressions(role, &suppress, jsii.Bool(true))
 
-	fp := &awslambda.FunctionProps{
-		Description:  jsii.String("Sluice utilization publisher: " + c.Namespace + " " + c.Metric + " -> " + p.Shedding.Utilization),
-		Runtime:      awslambda.Runtime_PROVIDED_AL2023(),
-		Architecture: awslambda.Architecture_ARM_64(),
-		Handler:      jsii.String("bootstrap"),
-		Code:         awslambda.Code_FromAsset(jsii.String(dir), nil),
-		MemorySize:   jsii.Number(128),
-		Timeout:      awscdk.Duration_Seconds(jsii.Number(30)),
-		Environment:  &env,
-		Role:         role,
-		LogGroup:     logs,
-		// One run at a time is plenty; a stuck run must not pile up.
-		ReservedConcurrentExecutions: jsii.Number(1),
-	}
-	if backend == config.BackendMemcached && r.vpc != nil {
-		fp.Vpc = r.vpc
-		fp.VpcSubnets = r.subnets()
-		fp.SecurityGroups = &[]awsec2.ISecurityGroup{r.sg}
-	}
-	fn := awslambda.NewFunction(scope, jsii.String("Function"), fp)
-	awsevents.NewRule(scope, jsii.String("Schedule"), &awsevents.RuleProps{
-		Description: jsii.String("Runs the Sluice utilization publisher every period"),
-		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Minutes(jsii.Number(c.Period.Minutes()))),
-		Targets: &[]awsevents.IRuleTarget{awseventstargets.NewLambdaFunction(fn, &awseventstargets.LambdaFunctionProps{
-			RetryAttempts: jsii.Number(0), // the next period's run is the retry
-		})},
-	})
-	r.publisher = fn
+	return role
 }
 
 // Publisher is the utilization publisher function, nil unless

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -525,13 +526,6 @@ func propOf(err error) string {
 	return "Props"
 }
 
-func cmp(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
 func durationOr(d, def time.Duration) time.Duration {
 	if d == 0 {
 		return def
@@ -644,7 +638,7 @@ func (s Shedding) Env(cache bool) (map[string]string, error) {
 			reserve = *s.FleetReserve
 		}
 		env[config.EnvShedFleetReserve] = strconv.FormatFloat(reserve, 'g', -1, 64)
-		env[config.EnvShedFleetName] = cmp(s.FleetName, config.DefaultShedFleetName)
+		env[config.EnvShedFleetName] = cmp.Or(s.FleetName, config.DefaultShedFleetName)
 		env[config.EnvShedLeaseTTL] = durationOr(s.LeaseTTL, config.DefaultShedLeaseTTL).String()
 		if len(s.FleetShares) > 0 {
 			env[config.EnvShedFleetShares] = config.FormatShares(s.FleetShares)

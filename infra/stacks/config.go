@@ -432,6 +432,25 @@ func (c *Config) Validate() error {
 	if len(c.Regions) == 0 {
 		return errNoRegions
 	}
+	seen := c.validateRegions(bad)
+	c.validateRules(bad)
+	c.Memcached.validate(bad)
+	c.Authorizer.validate(bad)
+	c.validateShedding(bad)
+	c.validateAPI(bad, seen)
+	c.validateAlarmsVPC(bad, seen)
+	if c.Edge != nil {
+		c.Edge.validate(bad)
+	}
+	return errors.Join(errs...)
+}
+
+// badFunc records the error of a field.
+type badFunc = func(field, format string, args ...any)
+
+// validateRegions checks the names, the account, the regions and the
+// table, and returns the regions.
+func (c *Config) validateRegions(bad badFunc) map[string]bool {
 	if !prefixRE.MatchString(c.StackPrefix) {
 		bad("stackPrefix", "%q must start with a letter and hold up to 30 letters, digits or '-'", c.StackPrefix)
 	}
@@ -475,7 +494,11 @@ func (c *Config) Validate() error {
 			bad(jsonField(field), "%s", msg)
 		}
 	}
+	return seen
+}
 
+// validateRules checks that exactly one rules source is set.
+func (c *Config) validateRules(bad badFunc) {
 	sources := 0
 	for _, set := range []bool{c.Rules.Inline != "", c.Rules.File != "", c.Rules.BundlePath != "", c.Rules.Table} {
 		if set {
@@ -488,8 +511,10 @@ func (c *Config) Validate() error {
 	if strings.HasPrefix(c.Rules.BundlePath, "/") || strings.Contains(c.Rules.BundlePath, "..") {
 		bad("rules.bundlePath", "%q must be a relative path inside the bundle", c.Rules.BundlePath)
 	}
+}
 
-	m := c.Memcached
+// validate checks the memcached section.
+func (m MemcachedConfig) validate(bad badFunc) {
 	switch m.Mode {
 	case MemcachedServerless:
 		if m.MaxDataStorageGB < 1 || m.MaxDataStorageGB > 5000 {
@@ -512,8 +537,10 @@ func (c *Config) Validate() error {
 	default:
 		bad("memcached.mode", "%q is not one of %q, %q, %q", m.Mode, MemcachedServerless, MemcachedNodes, MemcachedNone)
 	}
+}
 
-	a := c.Authorizer
+// validate checks the authorizer section.
+func (a AuthorizerConfig) validate(bad badFunc) {
 	if a.MemoryMB < 128 || a.MemoryMB > 10240 {
 		bad("authorizer.memoryMB", "%d is outside 128..10240", a.MemoryMB)
 	}
@@ -534,9 +561,10 @@ func (c *Config) Validate() error {
 	if a.ReservedConcurrency < 0 {
 		bad("authorizer.reservedConcurrency", "%d is negative", a.ReservedConcurrency)
 	}
+}
 
-	c.validateShedding(bad)
-
+// validateAPI checks the API section; seen holds the regions.
+func (c *Config) validateAPI(bad badFunc, seen map[string]bool) {
 	p := c.API
 	if !stageNameRE.MatchString(p.StageName) {
 		bad("api.stageName", "%q may hold only letters, digits and '_'", p.StageName)
@@ -555,7 +583,11 @@ func (c *Config) Validate() error {
 			bad("api.webAclArns", "region %q is not one of regions", r)
 		}
 	}
+}
 
+// validateAlarmsVPC checks the alarms and VPC sections; seen holds the
+// regions.
+func (c *Config) validateAlarmsVPC(bad badFunc, seen map[string]bool) {
 	if c.Alarms.DeniedRatio <= 0 || c.Alarms.DeniedRatio >= 1 {
 		bad("alarms.deniedRatio", "%g is outside (0, 1)", c.Alarms.DeniedRatio)
 	}
@@ -586,21 +618,22 @@ func (c *Config) Validate() error {
 			bad("vpc.availabilityZones", "region %q is not one of regions", r)
 		}
 	}
-	if e := c.Edge; e != nil {
-		if !hostRE.MatchString(e.DomainName) || !strings.HasSuffix(e.DomainName, "."+strings.TrimSuffix(e.ZoneName, ".")) {
-			bad("edge.domainName", "%q is not a host name in the zone %q", e.DomainName, e.ZoneName)
-		}
-		if e.OriginName != "" && (!hostRE.MatchString(e.OriginName) || !strings.HasSuffix(e.OriginName, "."+strings.TrimSuffix(e.ZoneName, "."))) {
-			bad("edge.originName", "%q is not a host name in the zone %q", e.OriginName, e.ZoneName)
-		}
-		if !zoneIDRE.MatchString(e.HostedZoneID) {
-			bad("edge.hostedZoneId", "%q is not a Route 53 hosted zone id", e.HostedZoneID)
-		}
-		if e.Secret == "" {
-			bad("edge", "the secret shared by CloudFront and the authorizers is missing: pass -c %s=<16 to 256 printable characters>", CtxEdgeSecret)
-		}
+}
+
+// validate checks the edge section.
+func (e *EdgeConfig) validate(bad badFunc) {
+	if !hostRE.MatchString(e.DomainName) || !strings.HasSuffix(e.DomainName, "."+strings.TrimSuffix(e.ZoneName, ".")) {
+		bad("edge.domainName", "%q is not a host name in the zone %q", e.DomainName, e.ZoneName)
 	}
-	return errors.Join(errs...)
+	if e.OriginName != "" && (!hostRE.MatchString(e.OriginName) || !strings.HasSuffix(e.OriginName, "."+strings.TrimSuffix(e.ZoneName, "."))) {
+		bad("edge.originName", "%q is not a host name in the zone %q", e.OriginName, e.ZoneName)
+	}
+	if !zoneIDRE.MatchString(e.HostedZoneID) {
+		bad("edge.hostedZoneId", "%q is not a Route 53 hosted zone id", e.HostedZoneID)
+	}
+	if e.Secret == "" {
+		bad("edge", "the secret shared by CloudFront and the authorizers is missing: pass -c %s=<16 to 256 printable characters>", CtxEdgeSecret)
+	}
 }
 
 // validateShedding checks the shedding section with the construct's own

@@ -21,6 +21,53 @@ import (
 func newMonitoring(s awscdk.Stack, c *Config, region string, limiter *sluice.RateLimiter) {
 	m := limiter.Metrics()
 	fn := limiter.Function()
+	alarms := newAlarms(s, c, region, limiter)
+	graph := func(title string, left ...awscloudwatch.IMetric) awscloudwatch.IWidget {
+		return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{
+			Title: jsii.String(title), Left: &left, Width: jsii.Number(12), Height: jsii.Number(6),
+		})
+	}
+	dash := awscloudwatch.NewDashboard(s, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
+		DashboardName: jsii.String(c.StackPrefix + "-" + region),
+	})
+	p50 := m.BackendLatency.With(&awscloudwatch.MetricOptions{Statistic: jsii.String("p50")})
+	dash.AddWidgets(
+		graph("Decisions", m.Allowed, m.Denied, m.Shed),
+		graph("Denied ratio", m.DeniedRatio),
+	)
+	dash.AddWidgets(
+		graph("Backend failures", m.FailOpen, m.FailClosed, m.BackendErrors, m.ShedErrors),
+		graph("Backend latency (ms)", p50, m.BackendLatency),
+	)
+	dash.AddWidgets(
+		graph("Denied by rule", m.ByRule(sluice.MetricDenied)),
+		graph("Allowed by rule", m.ByRule(sluice.MetricAllowed)),
+	)
+	dash.AddWidgets(
+		graph("Shed by rule (503)", m.ByRule(sluice.MetricShed)),
+		graph("Load shedder failures (fail open)", m.ShedErrors),
+	)
+	dash.AddWidgets(
+		graph("State table throttled requests (this region)", limiter.TableThrottledRequests()),
+		graph("Throttled by rule (decided without the store)", m.ByRule(sluice.MetricThrottled)),
+	)
+	dash.AddWidgets(
+		graph("Authorizer duration (ms)", fn.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})),
+		graph("Authorizer errors and throttles", fn.MetricErrors(nil), fn.MetricThrottles(nil)),
+	)
+	widgets := []awscloudwatch.IWidget{}
+	for _, a := range alarms {
+		widgets = append(widgets, awscloudwatch.NewAlarmWidget(&awscloudwatch.AlarmWidgetProps{
+			Alarm: a, Title: a.Node().Id(), Width: jsii.Number(8), Height: jsii.Number(6),
+		}))
+	}
+	dash.AddWidgets(widgets...)
+}
+
+// newAlarms adds the region's alarms (its own and the construct's), with
+// the region's alarm topic as their action when it has one.
+func newAlarms(s awscdk.Stack, c *Config, region string, limiter *sluice.RateLimiter) []awscloudwatch.Alarm {
+	m := limiter.Metrics()
 	alarms := []awscloudwatch.Alarm{
 		awscloudwatch.NewAlarm(s, jsii.String("DeniedRateAlarm"), &awscloudwatch.AlarmProps{
 			AlarmDescription:   jsii.String(fmt.Sprintf("Sluice (%s): more than %g of decisions denied for 5 minutes", region, c.Alarms.DeniedRatio)),
@@ -63,45 +110,5 @@ func newMonitoring(s awscdk.Stack, c *Config, region string, limiter *sluice.Rat
 			a.AddAlarmAction(awscloudwatchactions.NewSnsAction(topic))
 		}
 	}
-
-	graph := func(title string, left ...awscloudwatch.IMetric) awscloudwatch.IWidget {
-		return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{
-			Title: jsii.String(title), Left: &left, Width: jsii.Number(12), Height: jsii.Number(6),
-		})
-	}
-	dash := awscloudwatch.NewDashboard(s, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
-		DashboardName: jsii.String(c.StackPrefix + "-" + region),
-	})
-	p50 := m.BackendLatency.With(&awscloudwatch.MetricOptions{Statistic: jsii.String("p50")})
-	dash.AddWidgets(
-		graph("Decisions", m.Allowed, m.Denied, m.Shed),
-		graph("Denied ratio", m.DeniedRatio),
-	)
-	dash.AddWidgets(
-		graph("Backend failures", m.FailOpen, m.FailClosed, m.BackendErrors, m.ShedErrors),
-		graph("Backend latency (ms)", p50, m.BackendLatency),
-	)
-	dash.AddWidgets(
-		graph("Denied by rule", m.ByRule(sluice.MetricDenied)),
-		graph("Allowed by rule", m.ByRule(sluice.MetricAllowed)),
-	)
-	dash.AddWidgets(
-		graph("Shed by rule (503)", m.ByRule(sluice.MetricShed)),
-		graph("Load shedder failures (fail open)", m.ShedErrors),
-	)
-	dash.AddWidgets(
-		graph("State table throttled requests (this region)", limiter.TableThrottledRequests()),
-		graph("Throttled by rule (decided without the store)", m.ByRule(sluice.MetricThrottled)),
-	)
-	dash.AddWidgets(
-		graph("Authorizer duration (ms)", fn.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})),
-		graph("Authorizer errors and throttles", fn.MetricErrors(nil), fn.MetricThrottles(nil)),
-	)
-	widgets := []awscloudwatch.IWidget{}
-	for _, a := range alarms {
-		widgets = append(widgets, awscloudwatch.NewAlarmWidget(&awscloudwatch.AlarmWidgetProps{
-			Alarm: a, Title: a.Node().Id(), Width: jsii.Number(8), Height: jsii.Number(6),
-		}))
-	}
-	dash.AddWidgets(widgets...)
+	return alarms
 }

@@ -1,5 +1,5 @@
 // Package contention holds what the hot-key bucket benchmarks of every
-// backend share (issue 16's refill-contention workloads): the workloads,
+// backend share (the refill-contention workloads): the workloads,
 // a hammer of independent clients on one key, latency percentiles, and an
 // exactness check of the admitted calls against a Smyte bucket serialized
 // in stamp order. It is test support: only benchmarks and tests import it.
@@ -17,7 +17,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// Workload is one of issue 16's hot-key buckets: max tokens, one refilled
+// Workload is one of the hot-key buckets: max tokens, one refilled
 // per interval.
 type Workload struct {
 	Name     string
@@ -30,7 +30,8 @@ func (wl Workload) Op(now time.Time) limiter.BucketOp {
 	return limiter.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: now.UnixNano(), N: 1}
 }
 
-// Workloads are the three buckets of issue 16's table.
+// Workloads are the three buckets of BenchmarkRefillContention
+// (docs/benchmarks.md).
 var Workloads = []Workload{
 	{"cap200-1per5ms", 200, 5 * time.Millisecond},
 	{"cap100-1per10ms", 100, 10 * time.Millisecond},

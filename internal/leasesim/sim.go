@@ -699,17 +699,7 @@ func (s *sim) reply(r *request, now int64) {
 		p.inflight = nil
 	}
 	if r.throttled {
-		// Nothing applied: the returns wait for the next write.
-		p.closing = append(p.closing, r.rets...)
-		if len(r.rets) > 0 {
-			s.push(now+int64(c.Policy.MergeWait), evReturnDue, r.proc, nil)
-		}
-		for _, w := range r.waiters {
-			s.decide(w.idx, w.stamp, false)
-		}
-		if r.take {
-			p.denyUntil = max(p.denyUntil, now+p.skew+int64(ThrottleRetry))
-		}
+		s.throttled(r, now)
 		return
 	}
 	if !r.take {
@@ -741,6 +731,44 @@ func (s *sim) reply(r *request, now int64) {
 		}
 	}
 	t := now + p.skew
+	s.holdOff(r, t)
+	if !l.single && l.got > 0 {
+		s.keep(r.proc, l, now, t)
+	}
+	for _, w := range again {
+		if p.lease != nil && p.lease.left > 0 && w.stamp >= p.lease.from && w.stamp < p.lease.to {
+			s.spend(p.lease, w.stamp)
+			s.res.FromLease++
+			s.decide(w.idx, w.stamp, true)
+			continue
+		}
+		// Its own take at its own stamp (a late writer to the store).
+		s.sendTake(r.proc, now, w.stamp, 1, 0, 1, w)
+	}
+}
+
+// throttled handles a request the store throttled: nothing applied, so
+// its returns wait for the next write, its waiters are denied, and a take
+// keeps the process from taking again for ThrottleRetry.
+func (s *sim) throttled(r *request, now int64) {
+	p := &s.procs[r.proc]
+	p.closing = append(p.closing, r.rets...)
+	if len(r.rets) > 0 {
+		s.push(now+int64(s.cfg.Policy.MergeWait), evReturnDue, r.proc, nil)
+	}
+	for _, w := range r.waiters {
+		s.decide(w.idx, w.stamp, false)
+	}
+	if r.take {
+		p.denyUntil = max(p.denyUntil, now+p.skew+int64(ThrottleRetry))
+	}
+}
+
+// holdOff remembers, after the take r answered at the process's time t,
+// how long the process denies the key (a denial) or takes no more (less
+// than it asked).
+func (s *sim) holdOff(r *request, t int64) {
+	c, p, res := s.cfg, &s.procs[r.proc], r.res
 	switch {
 	case res.got == 0:
 		// Denied: remembered until the store's RetryAfter (a window: the
@@ -763,29 +791,23 @@ func (s *sim) reply(r *request, now int64) {
 		// lifetime.
 		p.noTakeUntil = max(p.noTakeUntil, min(r.to, r.from+int64(c.Policy.MinLife)))
 	}
-	if !l.single && l.got > 0 {
-		if p.lease != nil {
-			// A lease taken by a take sent alongside (n == 1 then): keep
-			// the newer, close the older.
-			s.close(r.proc, now)
-		}
-		p.lease = l
-		if l.left == 0 || t >= l.to {
-			s.close(r.proc, now)
-		} else {
-			s.seq++
-			heap.Push(&s.ev, event{at: l.to - p.skew, seq: s.seq, kind: evLeaseEnd, proc: r.proc, lease: l})
-		}
+}
+
+// keep makes l, a lease just taken, the process's lease (at its time t),
+// to end at l.to; one used up or already past its end is closed.
+func (s *sim) keep(proc int, l *lease, now, t int64) {
+	p := &s.procs[proc]
+	if p.lease != nil {
+		// A lease taken by a take sent alongside (n == 1 then): keep
+		// the newer, close the older.
+		s.close(proc, now)
 	}
-	for _, w := range again {
-		if p.lease != nil && p.lease.left > 0 && w.stamp >= p.lease.from && w.stamp < p.lease.to {
-			s.spend(p.lease, w.stamp)
-			s.res.FromLease++
-			s.decide(w.idx, w.stamp, true)
-			continue
-		}
-		// Its own take at its own stamp (a late writer to the store).
-		s.sendTake(r.proc, now, w.stamp, 1, 0, 1, w)
+	p.lease = l
+	if l.left == 0 || t >= l.to {
+		s.close(proc, now)
+	} else {
+		s.seq++
+		heap.Push(&s.ev, event{at: l.to - p.skew, seq: s.seq, kind: evLeaseEnd, proc: proc, lease: l})
 	}
 }
 

@@ -776,12 +776,7 @@ func (x *exchange) getItem() error {
 // cap proxy of the process (a raw client, a server restart, TTL deletion):
 // then a before may be stale until the item's next failed condition.
 func (x *exchange) writeItem() error {
-	var in struct {
-		TableName                           string
-		Key, Item                           attrs
-		ReturnValues                        string
-		ReturnValuesOnConditionCheckFailure string
-	}
+	var in writeRequest
 	if err := json.Unmarshal(x.body, &in); err != nil {
 		return err
 	}
@@ -800,43 +795,16 @@ func (x *exchange) writeItem() error {
 	unlock := t.lock(item)
 	defer unlock()
 
-	body := x.body
-	// What the proxy adds to the request, to cut from the answer.
-	addedAttrs, addedItem := false, false
-	afterProbe := false
-	switch x.op {
-	case "UpdateItem":
-		switch in.ReturnValues {
-		case "", "NONE":
-			addedAttrs = true
-			body, err = setMember(body, "ReturnValues", `"ALL_NEW"`)
-		case "ALL_NEW":
-		default:
-			afterProbe = true
-		}
-	default:
-		switch in.ReturnValues {
-		case "", "NONE":
-			addedAttrs = true
-			body, err = setMember(body, "ReturnValues", `"ALL_OLD"`)
-		}
-	}
+	w := &itemWrite{in: &in, t: t, key: key, item: item}
+	body, err := w.ask(x.op, x.body)
 	if err != nil {
 		return err
 	}
-	if v := in.ReturnValuesOnConditionCheckFailure; v == "" || v == "NONE" {
-		addedItem = true
-		if body, err = setMember(body, "ReturnValuesOnConditionCheckFailure", `"ALL_OLD"`); err != nil {
-			return err
-		}
-	}
-
 	before, known := t.size(item)
 	if !known && x.op == "UpdateItem" && in.ReturnValues != "ALL_OLD" {
 		if before, err = x.probe(t, key); err != nil {
 			return err
 		}
-		known = true
 	}
 	var after int64 // known at admission for PutItem and DeleteItem
 	if x.op == "PutItem" {
@@ -852,8 +820,69 @@ func (x *exchange) writeItem() error {
 		}
 		return err
 	}
-	final := []charge{{write: true, table: in.TableName, partition: part}}
-	changed := false
+	final := []charge{{write: true, table: in.TableName, partition: part, units: adm[0].units}}
+	changed := w.settle(x, u, &final[0], before, after)
+	x.p.settle(x.op, adm, final)
+	x.reply(u, changed)
+	return nil
+}
+
+// writeRequest is what the proxy reads of a PutItem, UpdateItem or
+// DeleteItem request.
+type writeRequest struct {
+	TableName                           string
+	Key, Item                           attrs
+	ReturnValues                        string
+	ReturnValuesOnConditionCheckFailure string
+}
+
+// itemWrite is one PutItem, UpdateItem or DeleteItem through the proxy,
+// with what the proxy added to the request.
+type itemWrite struct {
+	in                    *writeRequest
+	t                     *tableInfo
+	key                   attrs
+	item                  string
+	addedAttrs, addedItem bool // the proxy asked for Attributes, or for Item on a failed condition
+	afterProbe            bool // an UpdateItem's after is read with a probe
+}
+
+// ask returns body asking for the item's before or after and, on a
+// failed condition, the item as it is.
+func (w *itemWrite) ask(op string, body []byte) ([]byte, error) {
+	var err error
+	switch op {
+	case "UpdateItem":
+		switch w.in.ReturnValues {
+		case "", "NONE":
+			w.addedAttrs = true
+			body, err = setMember(body, "ReturnValues", `"ALL_NEW"`)
+		case "ALL_NEW":
+		default:
+			w.afterProbe = true
+		}
+	default:
+		switch w.in.ReturnValues {
+		case "", "NONE":
+			w.addedAttrs = true
+			body, err = setMember(body, "ReturnValues", `"ALL_OLD"`)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if v := w.in.ReturnValuesOnConditionCheckFailure; v == "" || v == "NONE" {
+		w.addedItem = true
+		return setMember(body, "ReturnValuesOnConditionCheckFailure", `"ALL_OLD"`)
+	}
+	return body, nil
+}
+
+// settle sets the units of final (at first the admission's) from the
+// server's answer u, records the item's size, and cuts from u what the
+// proxy added (changed).
+func (w *itemWrite) settle(x *exchange, u *upstream, final *charge, before, after int64) (changed bool) {
+	t, item := w.t, w.item
 	switch u.errorType() {
 	case "":
 		var out struct{ Attributes attrs }
@@ -861,11 +890,11 @@ func (x *exchange) writeItem() error {
 		ret, err := itemSize(out.Attributes)
 		switch {
 		case err != nil:
-		case x.op == "UpdateItem" && afterProbe:
-			if in.ReturnValues == "ALL_OLD" {
+		case x.op == "UpdateItem" && w.afterProbe:
+			if w.in.ReturnValues == "ALL_OLD" {
 				before = ret
 			}
-			after, err = x.probe(t, key)
+			after, err = x.probe(t, w.key)
 		case x.op == "UpdateItem":
 			after = ret
 		default: // PutItem, DeleteItem: ALL_OLD
@@ -873,12 +902,11 @@ func (x *exchange) writeItem() error {
 		}
 		if err != nil { // cannot happen with DynamoDB Local's answers
 			t.forget(item)
-			final[0].units = adm[0].units
 		} else {
-			final[0].units = writeUnits(max(before, after))
+			final.units = writeUnits(max(before, after))
 			t.setSize(item, after)
 		}
-		if addedAttrs {
+		if w.addedAttrs {
 			u.body, changed = removeMember(u.body, "Attributes")
 		}
 	case "ConditionalCheckFailedException":
@@ -886,12 +914,11 @@ func (x *exchange) writeItem() error {
 		json.Unmarshal(u.body, &out)
 		if cur, err := itemSize(out.Item); err != nil {
 			t.forget(item)
-			final[0].units = adm[0].units
 		} else {
-			final[0].units = writeUnits(cur)
+			final.units = writeUnits(cur)
 			t.setSize(item, cur)
 		}
-		if addedItem {
+		if w.addedItem {
 			u.body, changed = removeMember(u.body, "Item")
 		}
 	default:
@@ -901,11 +928,9 @@ func (x *exchange) writeItem() error {
 		if u.status >= 500 {
 			t.forget(item)
 		}
-		final = []charge{{write: true, table: in.TableName, partition: part}}
+		final.units = 0
 	}
-	x.p.settle(x.op, adm, final)
-	x.reply(u, changed)
-	return nil
+	return changed
 }
 
 // probe reads an item's size with a consistent GetItem, for the proxy
@@ -988,49 +1013,9 @@ func (x *exchange) writeSet(items []*txItem) (func(), error) {
 // prepare phase of a cancelled transaction. An Update's after is probed
 // once the transaction has been applied.
 func (x *exchange) transactWrite() error {
-	type action struct {
-		TableName string
-		Key, Item attrs
-	}
-	var in struct {
-		TransactItems []struct{ ConditionCheck, Put, Delete, Update *action }
-	}
-	if err := json.Unmarshal(x.body, &in); err != nil {
+	items, err := x.txItems()
+	if err != nil {
 		return err
-	}
-	var items []*txItem
-	for _, a := range in.TransactItems {
-		it := &txItem{after: -1}
-		var act *action
-		switch {
-		case a.Put != nil:
-			act = a.Put
-			s, err := itemSize(act.Item)
-			if err != nil {
-				return err
-			}
-			it.after, it.key = s, act.Item
-		case a.Delete != nil:
-			act, it.after = a.Delete, 0
-		case a.Update != nil:
-			act, it.update = a.Update, true
-		case a.ConditionCheck != nil:
-			act = a.ConditionCheck
-		default:
-			return errors.New("empty transaction item")
-		}
-		t, err := x.p.reg.table(x.r.Context(), x.p, act.TableName)
-		if err != nil {
-			return err
-		}
-		if it.key == nil {
-			it.key = act.Key
-		}
-		it.t = t
-		if it.part, it.item, err = t.keys(it.key); err != nil {
-			return err
-		}
-		items = append(items, it)
 	}
 	unlock, err := x.writeSet(items)
 	if err != nil {
@@ -1077,6 +1062,57 @@ func (x *exchange) transactWrite() error {
 	x.p.settle(x.op, adm, charges())
 	x.reply(u, false)
 	return nil
+}
+
+// txItems resolves the items of a TransactWriteItems request: an item's
+// after is known for a Put (its size) and a Delete (0), once written for
+// an Update, and is its before for a ConditionCheck.
+func (x *exchange) txItems() ([]*txItem, error) {
+	type action struct {
+		TableName string
+		Key, Item attrs
+	}
+	var in struct {
+		TransactItems []struct{ ConditionCheck, Put, Delete, Update *action }
+	}
+	if err := json.Unmarshal(x.body, &in); err != nil {
+		return nil, err
+	}
+	var items []*txItem
+	for _, a := range in.TransactItems {
+		it := &txItem{after: -1}
+		var act *action
+		switch {
+		case a.Put != nil:
+			act = a.Put
+			s, err := itemSize(act.Item)
+			if err != nil {
+				return nil, err
+			}
+			it.after, it.key = s, act.Item
+		case a.Delete != nil:
+			act, it.after = a.Delete, 0
+		case a.Update != nil:
+			act, it.update = a.Update, true
+		case a.ConditionCheck != nil:
+			act = a.ConditionCheck
+		default:
+			return nil, errors.New("empty transaction item")
+		}
+		t, err := x.p.reg.table(x.r.Context(), x.p, act.TableName)
+		if err != nil {
+			return nil, err
+		}
+		if it.key == nil {
+			it.key = act.Key
+		}
+		it.t = t
+		if it.part, it.item, err = t.keys(it.key); err != nil {
+			return nil, err
+		}
+		items = append(items, it)
+	}
+	return items, nil
 }
 
 // batchWrite: each put or delete billed as a write of its item. Unlike

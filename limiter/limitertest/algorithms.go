@@ -9,6 +9,13 @@ import (
 )
 
 func testTokenBucket(t *testing.T, s Store) {
+	testTokenBucketSmyte(t, s)
+	testTokenBucketStripe(t, s)
+	testTokenBucketEdges(t, s)
+}
+
+// testTokenBucketSmyte: Smyte's examples, refill steps and strict mode.
+func testTokenBucketSmyte(t *testing.T, s Store) {
 	// Smyte: "RL.REDUCE TwoPerMin 2 60" three times: 2, 1, then blocked;
 	// refills arrive one at a time every refill time.
 	t.Run("Smyte", func(t *testing.T) {
@@ -62,6 +69,10 @@ func testTokenBucket(t *testing.T, s Store) {
 			{at: 80 * time.Second, allowed: true, remaining: 0},
 		})
 	})
+}
+
+// testTokenBucketStripe: Stripe's example and caller timestamps.
+func testTokenBucketStripe(t *testing.T, s Store) {
 	// Stripe's request rate limiter test: replenish 100/s, capacity 500.
 	t.Run("Stripe", func(t *testing.T) {
 		b := bucket(t, s, limiter.TokenBucketConfig{MaxAmount: 500, RefillTime: time.Second, RefillAmount: 100})
@@ -93,6 +104,11 @@ func testTokenBucket(t *testing.T, s Store) {
 			}
 		}
 	})
+}
+
+// testTokenBucketEdges: a clock going backwards, refunds, the parameters
+// in the key, expiry.
+func testTokenBucketEdges(t *testing.T, s Store) {
 	t.Run("Backwards", func(t *testing.T) {
 		for _, strict := range []bool{false, true} {
 			b := bucket(t, s, limiter.TokenBucketConfig{MaxAmount: 2, RefillTime: time.Minute, Strict: strict})
@@ -148,6 +164,13 @@ func testTokenBucket(t *testing.T, s Store) {
 }
 
 func testSlidingWindow(t *testing.T, s Store) {
+	testSlidingWindowArticles(t, s)
+	testSlidingWindowBounded(t, s)
+	testSlidingWindowEdges(t, s)
+}
+
+// testSlidingWindowArticles: ClassDojo's and Criteo's worked examples.
+func testSlidingWindowArticles(t *testing.T, s Store) {
 	classDojo := func(t *testing.T, k int, burstAt func(i int) time.Duration) (*limiter.SlidingWindow, string) {
 		w := sliding(t, s, limiter.SlidingWindowConfig{Name: "per-minute", Limit: 100, Window: time.Minute, SubWindows: k, Estimator: limiter.Interpolated})
 		key := Key(t)
@@ -207,6 +230,11 @@ func testSlidingWindow(t *testing.T, s Store) {
 			t.Fatalf("at 00:01:43: %d more allowed, want 82", n)
 		}
 	})
+}
+
+// testSlidingWindowBounded: the bounded estimator never overshoots;
+// retry-after; counting denied requests.
+func testSlidingWindowBounded(t *testing.T, s Store) {
 	t.Run("BoundedNeverOvershoots", func(t *testing.T) {
 		const limit, window = 10, 10 * time.Second
 		for _, k := range []int{1, 2, 5} {
@@ -260,6 +288,10 @@ func testSlidingWindow(t *testing.T, s Store) {
 			}
 		}
 	})
+}
+
+// testSlidingWindowEdges: refunds, a clock behind another, expiry.
+func testSlidingWindowEdges(t *testing.T, s Store) {
 	t.Run("Refund", func(t *testing.T) {
 		w := sliding(t, s, limiter.SlidingWindowConfig{Limit: 5, Window: 10 * time.Second, SubWindows: 2})
 		key := Key(t)

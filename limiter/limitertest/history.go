@@ -474,6 +474,30 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 		return nil, fmt.Errorf("limitertest: scenario %s: duration %v", sc.Name, sc.Duration)
 	}
 	ds := NewDelayStore(s, sc.MaxDelay, opt.Seed)
+	lim, boundary, err := sc.limiter(s, ds)
+	if err != nil {
+		return nil, err
+	}
+	if sc.Keys > 0 {
+		opt.Keys = sc.Keys
+	}
+	keys, err := sc.keys(clock, opt.Keys)
+	if err != nil {
+		return nil, err
+	}
+	perWorker, late := sc.run(ctx, lim, keys, sc.stamper(clock, opt), opt)
+	rep := &HistoryReport{Scenario: sc.Name, Clock: clock, Seed: opt.Seed, Arrivals: ds.Arrivals(), LateInRealTime: late}
+	for _, cs := range perWorker {
+		rep.Calls = append(rep.Calls, cs...)
+	}
+	rep.tally(boundary)
+	rep.check(s, sc, opt)
+	return rep, nil
+}
+
+// limiter returns the scenario's limiter on ds (which delays the calls to
+// s) and the period whose boundaries the report counts.
+func (sc Scenario) limiter(s Store, ds *DelayStore) (limiter.Limiter, time.Duration, error) {
 	var (
 		lim      limiter.Limiter
 		err      error
@@ -488,10 +512,10 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 	if c := sc.Sliding; c != nil {
 		kinds++
 		if c.Estimator != limiter.Bounded {
-			return nil, fmt.Errorf("limitertest: scenario %s: the %v estimator is not exact; only Bounded is checked", sc.Name, c.Estimator)
+			return nil, 0, fmt.Errorf("limitertest: scenario %s: the %v estimator is not exact; only Bounded is checked", sc.Name, c.Estimator)
 		}
 		if _, ok := s.(limiter.PackedCounter); c.Representation == limiter.Packed && !ok {
-			return nil, fmt.Errorf("limitertest: scenario %s: the store %T does not implement limiter.PackedCounter", sc.Name, s)
+			return nil, 0, fmt.Errorf("limitertest: scenario %s: the store %T does not implement limiter.PackedCounter", sc.Name, s)
 		}
 		var w *limiter.SlidingWindow
 		if w, err = limiter.NewSlidingWindow(ds, *c); err == nil {
@@ -515,16 +539,17 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 		boundary = c.RefillTime
 	}
 	if kinds != 1 {
-		return nil, fmt.Errorf("limitertest: scenario %s: set exactly one of Fixed, Sliding, Log and Bucket (%d set)", sc.Name, kinds)
+		return nil, 0, fmt.Errorf("limitertest: scenario %s: set exactly one of Fixed, Sliding, Log and Bucket (%d set)", sc.Name, kinds)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("limitertest: scenario %s: %w", sc.Name, err)
+		return nil, 0, fmt.Errorf("limitertest: scenario %s: %w", sc.Name, err)
 	}
+	return lim, boundary, nil
+}
 
-	if sc.Keys > 0 {
-		opt.Keys = sc.Keys
-	}
-	keys := make([]string, opt.Keys)
+// keys returns n keys of the scenario, new for every run.
+func (sc Scenario) keys(clock Clock, n int) ([]string, error) {
+	keys := make([]string, n)
 	for i := range keys {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {
@@ -532,6 +557,12 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 		}
 		keys[i] = "history." + sc.Name + "." + clock.String() + "." + strconv.Itoa(i) + "." + hex.EncodeToString(b[:])
 	}
+	return keys, nil
+}
+
+// stamper returns each worker's clock: the machine's, one shared strictly
+// increasing clock, or the machine's skewed per worker.
+func (sc Scenario) stamper(clock Clock, opt HistoryOptions) func(worker int) time.Time {
 	var shared sharedClock
 	stamp := func(int) time.Time { return time.Now() }
 	switch clock {
@@ -547,6 +578,13 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 		stamp = func(w int) time.Time { return time.Now().Add(offsets[w]) }
 	}
 
+	return stamp
+}
+
+// run runs the workers' calls for the scenario's duration and returns
+// each worker's calls, and how many returned more than a window after
+// their stamps.
+func (sc Scenario) run(ctx context.Context, lim limiter.Limiter, keys []string, stamp func(int) time.Time, opt HistoryOptions) ([][]Call, int) {
 	// Each goroutine records into its own slice: no lock on the hot path.
 	perWorker := make([][]Call, opt.Workers)
 	var lateInRealTime atomic.Int64
@@ -603,12 +641,12 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 	close(start)
 	wg.Wait()
 
-	rep := &HistoryReport{Scenario: sc.Name, Clock: clock, Seed: opt.Seed, Arrivals: ds.Arrivals(), LateInRealTime: int(lateInRealTime.Load())}
-	for _, cs := range perWorker {
-		rep.Calls = append(rep.Calls, cs...)
-	}
-	rep.tally(boundary)
+	return perWorker, int(lateInRealTime.Load())
+}
 
+// check checks the calls against the model of the scenario's algorithm,
+// and says what the run did not cover.
+func (rep *HistoryReport) check(s Store, sc Scenario, opt HistoryOptions) {
 	// A failed call is not a failure of the check: it was not admitted,
 	// and the bucket model lets it have happened or not. Safety is what is
 	// checked here; the count and the first error are in the summary.
@@ -676,7 +714,6 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 	if rep.Boundaries == 0 {
 		rep.uncovered("the stamps crossed no window boundary: the run checks nothing across boundaries")
 	}
-	return rep, nil
 }
 
 // writeHistory writes rep's calls to path as JSON.

@@ -366,3 +366,10 @@ func (s *DelayStore) SubPacked(ctx context.Context, k limiter.Key, op *limiter.P
 	defer s.leave(s.arrive(ctx, k, op.Slot, true, true, 0, 0, true))
 	return p.SubPacked(ctx, k, op)
 }
+
+// KeepsLeased reports what the inner store does ([limiter.LeaseKeeper]),
+// so that buckets with leases lease through a DelayStore.
+func (d *DelayStore) KeepsLeased() bool {
+	k, ok := d.inner.(limiter.LeaseKeeper)
+	return ok && k.KeepsLeased()
+}

@@ -55,85 +55,21 @@ type HotReport struct {
 // cost of 1, stamped with the wall clock, and reports the decisions.
 func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) HotReport {
 	n := len(limiters)
-	rates := make([]float64, n)
-	for i := range rates {
-		rates[i] = opt.Rate / float64(n)
-		if opt.Uneven && n > 1 {
-			rates[i] = opt.Rate / 2 / float64(n-1)
-			if i == 0 {
-				rates[i] = opt.Rate / 2
-			}
-		}
-	}
 	var (
 		mu  sync.Mutex
 		rep HotReport
 		wg  sync.WaitGroup
 	)
 	begin := time.Now()
-	end := begin.Add(opt.Duration)
 	if opt.Prefill > 0 {
-		d, err := opt.Prefiller.AllowN(ctx, opt.Key, begin, opt.Prefill)
-		rep.Calls = append(rep.Calls, Call{Worker: -1, Key: opt.Key, Stamp: begin, Cost: opt.Prefill, End: time.Since(begin),
-			Reached: true, Allowed: err == nil && d.Allowed, Remaining: d.Remaining, Err: err})
-		if err != nil {
-			rep.Failed++
-		} else if d.Allowed {
-			rep.Admitted += opt.Prefill
-		}
+		rep.prefill(ctx, opt, begin)
 	}
 	for i, l := range limiters {
 		wg.Go(func() {
-			var local []Call
-			var r HotReport
-			pace := time.Duration(float64(time.Second) / rates[i])
-			// Stagger the processes over one pace interval.
-			next := begin.Add(time.Duration(i) * pace / time.Duration(n))
-			out := make([]limiter.Outcome, 1)
-			for next.Before(end) && ctx.Err() == nil {
-				time.Sleep(time.Until(next))
-				next = next.Add(pace)
-				now := time.Now()
-				start := now.Sub(begin)
-				_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: l, Key: opt.Key, N: 1}}, out)
-				o := out[0]
-				switch {
-				case err != nil:
-					r.Failed++
-					if r.FirstErr == nil {
-						r.FirstErr = err
-					}
-				case o.Throttled:
-					r.Throttled++
-					r.ThrottledAt = append(r.ThrottledAt, start)
-					if start > time.Second {
-						r.ThrottledLate++
-					}
-				case o.Cached:
-					r.Cached++
-				case o.Decision.Allowed:
-					r.Admitted++
-					if o.Leased {
-						r.Leased++
-					}
-				}
-				local = append(local, Call{Worker: i, Key: opt.Key, Stamp: now, Cost: 1, Start: start, End: time.Since(begin),
-					Reached: !o.Cached && !o.Leased, Allowed: err == nil && o.Decision.Allowed, Remaining: o.Decision.Remaining,
-					Cached: o.Cached, Err: err})
-			}
+			r := runProcess(ctx, l, i, n, opt, begin)
 			mu.Lock()
 			defer mu.Unlock()
-			rep.Calls = append(rep.Calls, local...)
-			rep.Admitted += r.Admitted
-			rep.Leased += r.Leased
-			rep.Cached += r.Cached
-			rep.Throttled += r.Throttled
-			rep.ThrottledLate += r.ThrottledLate
-			rep.Failed += r.Failed
-			if rep.FirstErr == nil {
-				rep.FirstErr = r.FirstErr
-			}
-			rep.ThrottledAt = append(rep.ThrottledAt, r.ThrottledAt...)
+			rep.add(&r)
 		})
 	}
 	wg.Wait()
@@ -149,6 +85,87 @@ func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) Hot
 		}
 	}
 	return rep
+}
+
+// prefill takes opt.Prefill units with opt.Prefiller at begin: the
+// report's first call.
+func (rep *HotReport) prefill(ctx context.Context, opt HotOptions, begin time.Time) {
+	d, err := opt.Prefiller.AllowN(ctx, opt.Key, begin, opt.Prefill)
+	rep.Calls = append(rep.Calls, Call{Worker: -1, Key: opt.Key, Stamp: begin, Cost: opt.Prefill, End: time.Since(begin),
+		Reached: true, Allowed: err == nil && d.Allowed, Remaining: d.Remaining, Err: err})
+	if err != nil {
+		rep.Failed++
+	} else if d.Allowed {
+		rep.Admitted += opt.Prefill
+	}
+}
+
+// rate is process i's decisions a second, of n.
+func (opt HotOptions) rate(i, n int) float64 {
+	if opt.Uneven && n > 1 {
+		if i == 0 {
+			return opt.Rate / 2
+		}
+		return opt.Rate / 2 / float64(n-1)
+	}
+	return opt.Rate / float64(n)
+}
+
+// runProcess is process i's decisions with l.
+func runProcess(ctx context.Context, l limiter.Limiter, i, n int, opt HotOptions, begin time.Time) HotReport {
+	var r HotReport
+	end := begin.Add(opt.Duration)
+	pace := time.Duration(float64(time.Second) / opt.rate(i, n))
+	// Stagger the processes over one pace interval.
+	next := begin.Add(time.Duration(i) * pace / time.Duration(n))
+	out := make([]limiter.Outcome, 1)
+	for next.Before(end) && ctx.Err() == nil {
+		time.Sleep(time.Until(next))
+		next = next.Add(pace)
+		now := time.Now()
+		start := now.Sub(begin)
+		_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: l, Key: opt.Key, N: 1}}, out)
+		o := out[0]
+		switch {
+		case err != nil:
+			r.Failed++
+			if r.FirstErr == nil {
+				r.FirstErr = err
+			}
+		case o.Throttled:
+			r.Throttled++
+			r.ThrottledAt = append(r.ThrottledAt, start)
+			if start > time.Second {
+				r.ThrottledLate++
+			}
+		case o.Cached:
+			r.Cached++
+		case o.Decision.Allowed:
+			r.Admitted++
+			if o.Leased {
+				r.Leased++
+			}
+		}
+		r.Calls = append(r.Calls, Call{Worker: i, Key: opt.Key, Stamp: now, Cost: 1, Start: start, End: time.Since(begin),
+			Reached: !o.Cached && !o.Leased, Allowed: err == nil && o.Decision.Allowed, Remaining: o.Decision.Remaining,
+			Cached: o.Cached, Err: err})
+	}
+	return r
+}
+
+// add adds a process's report to rep.
+func (rep *HotReport) add(r *HotReport) {
+	rep.Calls = append(rep.Calls, r.Calls...)
+	rep.Admitted += r.Admitted
+	rep.Leased += r.Leased
+	rep.Cached += r.Cached
+	rep.Throttled += r.Throttled
+	rep.ThrottledLate += r.ThrottledLate
+	rep.Failed += r.Failed
+	if rep.FirstErr == nil {
+		rep.FirstErr = r.FirstErr
+	}
+	rep.ThrottledAt = append(rep.ThrottledAt, r.ThrottledAt...)
 }
 
 // ExactAdmitted replays calls in stamp order, one at a time, on exact (a

@@ -218,6 +218,24 @@ func testLeaseBackwards(t *testing.T, s limiter.LeaseStore) {
 // counts itself in an atomic "held" counter after its acquire returns and
 // out before it releases; the counter's maximum must never pass 10. Once
 // they are done every slot is free again (no lease was lost or leaked).
+// releaseHard releases l, retrying a busy store within the deadline: a
+// lost release would hold its slot for the TTL (an hour) and fail the
+// contention check.
+func releaseHard(c *limiter.Concurrency, l limiter.Lease) error {
+	cx, cancel := context.WithTimeout(context.Background(), 3*opTimeout)
+	defer cancel()
+	for {
+		err := c.Release(cx, l)
+		if err == nil {
+			return nil
+		}
+		if cx.Err() != nil || !busy(err) {
+			return fmt.Errorf("release: %w", err)
+		}
+		backOff()
+	}
+}
+
 func testLeaseContention(t *testing.T, s limiter.LeaseStore, workers int) {
 	const capacity, rounds = 10, 8
 	c := concurrency(t, s, capacity, time.Hour)
@@ -258,22 +276,9 @@ func testLeaseContention(t *testing.T, s limiter.LeaseStore, workers int) {
 				}
 				time.Sleep(time.Duration(rand.IntN(5000)) * time.Microsecond) // the "work"
 				held.Add(-1)
-				// A release must not be lost: retry it within the
-				// deadline (a lost one would hold its slot for the
-				// TTL, an hour, and fail the check below).
-				cx, cancel = context.WithTimeout(context.Background(), 3*opTimeout)
-				for {
-					err := c.Release(cx, l)
-					if err == nil {
-						break
-					}
-					if cx.Err() != nil || !busy(err) {
-						errs <- fmt.Errorf("release: %w", err)
-						break
-					}
-					backOff()
+				if err := releaseHard(c, l); err != nil {
+					errs <- err
 				}
-				cancel()
 			}
 		})
 	}

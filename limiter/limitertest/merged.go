@@ -161,7 +161,6 @@ func RunMergedScenario(ctx context.Context, s Store, sc MergedScenario, clock Cl
 	if w.Config().Estimator != limiter.Bounded {
 		return nil, errors.New("limitertest: a merged scenario's window must be Bounded")
 	}
-	limits := []limiter.Limiter{w, b, f}
 	keys := make([]string, max(sc.Keys, 1))
 	for i := range keys {
 		var r [8]byte
@@ -177,12 +176,27 @@ func RunMergedScenario(ctx context.Context, s Store, sc MergedScenario, clock Cl
 		}
 		return time.Now()
 	}
-	type record struct {
-		calls  [3][]Call
-		rep    MergedReport
-		denied [3]int // batches each limit decided, and its single calls denied
-	}
-	recs := make([]record, opt.Workers)
+	recs := sc.run(ctx, [3]limiter.Limiter{w, b, f}, keys, stamp, opt)
+	rep := &MergedReport{Arrivals: ds.Arrivals()}
+	denied := rep.gather(recs)
+	rep.check(sc, denied)
+	return rep, nil
+}
+
+// mergedRecord is what one worker of a merged scenario recorded: each
+// limit's calls, its counts, and the denials each limit decided (batches
+// and single calls).
+type mergedRecord struct {
+	calls  [3][]Call
+	rep    MergedReport
+	denied [3]int
+}
+
+// run runs the workers' calls on the three limits (window, bucket, fixed
+// window) for the scenario's duration: a batch of all three, or one in
+// four calls a single limit's AllowN.
+func (sc MergedScenario) run(ctx context.Context, limits [3]limiter.Limiter, keys []string, stamp func() time.Time, opt HistoryOptions) []mergedRecord {
+	recs := make([]mergedRecord, opt.Workers)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	origin := time.Now()
@@ -194,75 +208,89 @@ func RunMergedScenario(ctx context.Context, s Store, sc MergedScenario, clock Cl
 			rec := &recs[wk]
 			<-start
 			for time.Since(origin) < sc.Duration {
-				key := keys[r.IntN(len(keys))]
-				var tr Trace
-				cctx, cancel := context.WithTimeout(WithTrace(WithDelayRand(ctx, r), &tr), opTimeout)
-				c := Call{Worker: wk, Key: key, Cost: 1}
-				c.Start = time.Since(origin)
-				c.Stamp = stamp()
-				one := -1
-				var out [3]limiter.Outcome
-				var allowed [3]bool
-				var err error
-				if r.IntN(4) == 0 {
-					one = r.IntN(3)
-					var d limiter.Decision
-					d, err = limits[one].AllowN(cctx, key, c.Stamp, 1)
-					allowed[one] = err == nil && d.Allowed
-					if err == nil && !d.Allowed {
-						rec.denied[one]++
-					}
-				} else {
-					items := []limiter.Item{{Limit: w, Key: key, N: 1}, {Limit: b, Key: key, N: 1}, {Limit: f, Key: key, N: 1}}
-					var dec int
-					dec, err = limiter.Decide(cctx, c.Stamp, items, out[:])
-					rec.rep.Batches++
-					for j := range out {
-						if out[j].Skipped {
-							rec.rep.Skipped++
-						}
-						if out[j].Err != nil && err == nil {
-							err = out[j].Err
-						}
-					}
-					ok := err == nil && dec >= 0 && out[dec].Decision.Allowed
-					switch {
-					case err != nil:
-						rec.rep.Failed++
-					case ok:
-						rec.rep.Allowed++
-					default:
-						rec.rep.Denied++
-						rec.denied[dec]++
-					}
-					allowed = [3]bool{ok, ok, ok}
-				}
-				c.End = time.Since(origin)
-				cancel()
-				if err != nil && rec.rep.FirstErr == nil {
-					rec.rep.FirstErr = err
-				}
-				c.Err = err
-				c.Reached, c.Late, c.PastHorizon = tr.Reached, tr.Late, tr.PastHorizon
-				if tr.Reached {
-					c.Arrived, c.Returned = tr.Arrived.Sub(origin), tr.Returned.Sub(origin)
-				}
-				for j := range limits {
-					if one >= 0 && j != one {
-						continue
-					}
-					cj := c
-					cj.Allowed = allowed[j]
-					rec.calls[j] = append(rec.calls[j], cj)
-				}
+				rec.call(ctx, limits, keys[r.IntN(len(keys))], r, wk, origin, stamp)
 			}
 		}()
 	}
 	close(start)
 	wg.Wait()
+	return recs
+}
 
-	rep := &MergedReport{Arrivals: ds.Arrivals()}
-	var denied [3]int
+// call makes one call of worker wk on key and records it.
+func (rec *mergedRecord) call(ctx context.Context, limits [3]limiter.Limiter, key string, r *mrand.Rand, wk int, origin time.Time, stamp func() time.Time) {
+	var tr Trace
+	cctx, cancel := context.WithTimeout(WithTrace(WithDelayRand(ctx, r), &tr), opTimeout)
+	c := Call{Worker: wk, Key: key, Cost: 1}
+	c.Start = time.Since(origin)
+	c.Stamp = stamp()
+	one := -1
+	var allowed [3]bool
+	var err error
+	if r.IntN(4) == 0 {
+		one = r.IntN(3)
+		var d limiter.Decision
+		d, err = limits[one].AllowN(cctx, key, c.Stamp, 1)
+		allowed[one] = err == nil && d.Allowed
+		if err == nil && !d.Allowed {
+			rec.denied[one]++
+		}
+	} else {
+		var ok bool
+		ok, err = rec.batch(cctx, limits, key, c.Stamp)
+		allowed = [3]bool{ok, ok, ok}
+	}
+	c.End = time.Since(origin)
+	cancel()
+	if err != nil && rec.rep.FirstErr == nil {
+		rec.rep.FirstErr = err
+	}
+	c.Err = err
+	c.Reached, c.Late, c.PastHorizon = tr.Reached, tr.Late, tr.PastHorizon
+	if tr.Reached {
+		c.Arrived, c.Returned = tr.Arrived.Sub(origin), tr.Returned.Sub(origin)
+	}
+	for j := range limits {
+		if one >= 0 && j != one {
+			continue
+		}
+		cj := c
+		cj.Allowed = allowed[j]
+		rec.calls[j] = append(rec.calls[j], cj)
+	}
+}
+
+// batch decides the three limits as one batch on key at stamp and counts
+// the outcome.
+func (rec *mergedRecord) batch(ctx context.Context, limits [3]limiter.Limiter, key string, stamp time.Time) (bool, error) {
+	var out [3]limiter.Outcome
+	items := []limiter.Item{{Limit: limits[0], Key: key, N: 1}, {Limit: limits[1], Key: key, N: 1}, {Limit: limits[2], Key: key, N: 1}}
+	dec, err := limiter.Decide(ctx, stamp, items, out[:])
+	rec.rep.Batches++
+	for j := range out {
+		if out[j].Skipped {
+			rec.rep.Skipped++
+		}
+		if out[j].Err != nil && err == nil {
+			err = out[j].Err
+		}
+	}
+	ok := err == nil && dec >= 0 && out[dec].Decision.Allowed
+	switch {
+	case err != nil:
+		rec.rep.Failed++
+	case ok:
+		rec.rep.Allowed++
+	default:
+		rec.rep.Denied++
+		rec.denied[dec]++
+	}
+	return ok, err
+}
+
+// gather adds up the workers' records into rep, and returns the denials
+// each limit decided.
+func (rep *MergedReport) gather(recs []mergedRecord) (denied [3]int) {
 	for i := range recs {
 		rec := &recs[i]
 		rep.Window = append(rep.Window, rec.calls[0]...)
@@ -280,6 +308,12 @@ func RunMergedScenario(ctx context.Context, s Store, sc MergedScenario, clock Cl
 			denied[j] += rec.denied[j]
 		}
 	}
+	return denied
+}
+
+// check checks each limit's history and says what the run did not cover
+// (denied: the denials each limit decided).
+func (rep *MergedReport) check(sc MergedScenario, denied [3]int) {
 	var vs []Violation
 	vs = append(vs, CheckTrailingWindow(rep.Window, sc.Window.Limit, sc.Window.Window)...)
 	vs = append(vs, CheckBucketBound(rep.Bucket, sc.Bucket)...)
@@ -306,7 +340,6 @@ func RunMergedScenario(ctx context.Context, s Store, sc MergedScenario, clock Cl
 			rep.Uncovered++
 		}
 	}
-	return rep, nil
 }
 
 // RunMergedHistory runs DefaultMergedScenario on s with the wall and the

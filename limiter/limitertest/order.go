@@ -15,6 +15,15 @@ import (
 // never free; refunds land on the counter they were taken from even after
 // the window rolled.
 func testOutOfOrder(t *testing.T, s Store) {
+	testNewerThenOlder(t, s)
+	testPastHorizon(t, s)
+	testRefundAfterRoll(t, s)
+	testSlippedWrite(t, s)
+}
+
+// testNewerThenOlder: within the horizon, a writer whose stamp is older
+// than the newest decides as on its stamp.
+func testNewerThenOlder(t *testing.T, s Store) {
 	ms := time.Millisecond
 	// Fixed window, limit 2 per second: 0.9 s arrives after 1.1 s, when
 	// [0, 1 s) already holds 2.
@@ -91,7 +100,11 @@ func testOutOfOrder(t *testing.T, s Store) {
 			{at: 13 * time.Second, allowed: true, remaining: 0},
 		})
 	})
+}
 
+// testPastHorizon: past the horizon, what a late writer takes is counted.
+func testPastHorizon(t *testing.T, s Store) {
+	ms := time.Millisecond
 	// Past the horizon a store either still holds the late writer's view
 	// (and decides on it) or counts the late units where the newest writer
 	// sees them: either way the late writer and the newest one together
@@ -107,7 +120,11 @@ func testOutOfOrder(t *testing.T, s Store) {
 		pastHorizon(t, slidingLog(t, s, limiter.SlidingLogConfig{Limit: 2, Window: time.Second}), 500*ms, 5500*ms)
 	})
 	t.Run("LateWriters", func(t *testing.T) { LateWriters(t, s) })
+}
 
+// testRefundAfterRoll: a refund lands on the counter it was taken from.
+func testRefundAfterRoll(t *testing.T, s Store) {
+	ms := time.Millisecond
 	// A refund that arrives after the window rolled goes back to the
 	// counter it was taken from, not to the new window.
 	t.Run("FixedRefundAfterRoll", func(t *testing.T) {
@@ -142,7 +159,12 @@ func testOutOfOrder(t *testing.T, s Store) {
 			{at: 1500 * ms, allowed: false},
 		})
 	})
+}
 
+// testSlippedWrite: a denial's refund after another writer's add that
+// rolled the window.
+func testSlippedWrite(t *testing.T, s Store) {
+	ms := time.Millisecond
 	// A lost race between two steps of a store: another writer's newer add
 	// slips in between a denial's add and its refund, and rolls the
 	// window. The refund still lands on the denial's own counter.

@@ -51,10 +51,19 @@ func testPacked(t *testing.T, s Store) {
 		})
 		return
 	}
-	ms := time.Millisecond
-	t0 := packedT0()
 	t.Run("Store", func(t *testing.T) { testPackedStore(t, ps) })
 	t.Run("RefundsAfterTopCarry", func(t *testing.T) { testPackedTopCarry(t, ps) })
+	testPackedExamples(t, s)
+	testPackedRefunds(t, s, ps)
+	testPackedStack(t, s, ps)
+	t.Run("AgainstBounded", func(t *testing.T) { testPackedAgainstModel(t, s) })
+}
+
+// testPackedExamples: worked examples across slot and level boundaries,
+// and requests out of order within and past the horizon.
+func testPackedExamples(t *testing.T, s Store) {
+	ms := time.Millisecond
+	t0 := packedT0()
 	t.Run("Basic", func(t *testing.T) {
 		w := packedWindow(t, s, 3)
 		runSteps(t, w, Key(t), []step{
@@ -104,6 +113,11 @@ func testPacked(t *testing.T, s Store) {
 	t.Run("PastHorizon", func(t *testing.T) {
 		pastHorizonCheck(t, packedWindow(t, s, 2), 500*ms, 5500*ms)
 	})
+}
+
+// testPackedRefunds: refunds after a roll and after a slipped write.
+func testPackedRefunds(t *testing.T, s Store, ps limiter.PackedCounter) {
+	t0 := packedT0()
 	t.Run("RefundAfterRoll", func(t *testing.T) {
 		w := packedWindow(t, s, 3)
 		key := Key(t)
@@ -146,6 +160,12 @@ func testPacked(t *testing.T, s Store) {
 			}
 		}
 	})
+}
+
+// testPackedStack: a packed window stacked with a fixed window.
+func testPackedStack(t *testing.T, s Store, ps limiter.PackedCounter) {
+	ms := time.Millisecond
+	t0 := packedT0()
 	t.Run("Stack", func(t *testing.T) {
 		// A packed window of 3 per 640 ms under a per-slot fixed window of
 		// 1: each slot's second request is denied by the fixed window and
@@ -174,7 +194,6 @@ func testPacked(t *testing.T, s Store) {
 			t.Fatalf("the packed window holds %d after the stack's refunds, want 3", got)
 		}
 	})
-	t.Run("AgainstBounded", func(t *testing.T) { testPackedAgainstModel(t, s) })
 }
 
 // packedSpace is the key space of a packed window (as the limiter names
@@ -239,6 +258,14 @@ func testPackedStore(t *testing.T, ps limiter.PackedCounter) {
 	if got := packedRead(t, ps, k, t0); got != 9 {
 		t.Fatalf("view of t0 holds %d after a refund of 3, want 9", got)
 	}
+	testPackedStoreHorizon(t, ps, k, add)
+}
+
+// testPackedStoreHorizon continues testPackedStore on its key k, where
+// the newest slot written is t0 (add adds n at slot f): writers past and
+// at the horizon.
+func testPackedStoreHorizon(t *testing.T, ps limiter.PackedCounter, k limiter.Key, add func(f, n int64) limiter.PackedCounts) {
+	t0 := packedT0()
 	// The newest moves 300 slots on: t0-1 is then past the horizon (65)
 	// and behind Keep (129). A store that tracks the newest refuses it
 	// (Stale, nothing created); one that keeps counters by age still

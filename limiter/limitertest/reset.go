@@ -69,95 +69,100 @@ func inspectCases() []inspectCase {
 func RunReset(t *testing.T, s ResetStore) {
 	now := Base.Add(17*time.Second + 250*time.Millisecond) // mid-window
 	for _, c := range inspectCases() {
-		t.Run(c.name, func(t *testing.T) {
-			l := c.make(t, s)
-			key := Key(t)
-			peek := func(at time.Time) limiter.Decision {
-				t.Helper()
-				d, err := l.Peek(ctx(t), key, at)
-				if err != nil {
-					t.Fatalf("Peek: %v", err)
-				}
-				return d
-			}
-			if d := peek(now); !d.Allowed || d.Remaining != c.limit || d.Limit != c.limit || d.ResetAfter != 0 || d.RetryAfter != 0 {
-				t.Fatalf("fresh key: Peek = %+v; want allowed, %d remaining, no reset or retry", d, c.limit)
-			}
-			allow(t, l, key, now, 3)
-			for i := range 20 {
-				if d := peek(now); !d.Allowed || d.Remaining != c.limit-3 || d.ResetAfter <= 0 {
-					t.Fatalf("peek %d after taking 3: %+v; want allowed, %d remaining, a ResetAfter", i, d, c.limit-3)
-				}
-			}
-			if d := allow(t, l, key, now, 1); !d.Allowed || d.Remaining != c.limit-4 {
-				t.Fatalf("a request after 20 peeks: %+v; want allowed with %d remaining: a peek took something", d, c.limit-4)
-			}
-			allow(t, l, key, now, 1)
-			denied := allow(t, l, key, now, 1)
-			if denied.Allowed {
-				t.Fatalf("the sixth request was allowed: %+v", denied)
-			}
-			d := peek(now)
-			if d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 || d.ResetAfter < d.RetryAfter {
-				t.Fatalf("exhausted: Peek = %+v; want denied, 0 remaining, 0 < RetryAfter <= ResetAfter", d)
-			}
-			if c.exact && d.RetryAfter != denied.RetryAfter || !c.exact && d.RetryAfter > denied.RetryAfter {
-				t.Fatalf("exhausted: Peek's RetryAfter %v, a denied request's %v", d.RetryAfter, denied.RetryAfter)
-			}
-
-			if err := l.Reset(ctx(t), key, now); err != nil {
-				t.Fatalf("Reset: %v", err)
-			}
-			if d := peek(now); !d.Allowed || d.Remaining != c.limit || d.ResetAfter != 0 {
-				t.Fatalf("after Reset: Peek = %+v; want full", d)
-			}
-			other := c.make(t, s) // another process: no deny cache of its own
-			if d := allow(t, other, key, now, 1); !d.Allowed || d.Remaining != c.limit-1 {
-				t.Fatalf("after Reset, another limiter's request: %+v; want allowed with %d remaining", d, c.limit-1)
-			}
-			if d := allow(t, l, key, now, 1); !d.Allowed || d.Remaining != c.limit-2 {
-				t.Fatalf("after Reset, this limiter's request (its deny cache forgot the key): %+v; want allowed with %d remaining", d, c.limit-2)
-			}
-			// A later reset, where the key's counters are no longer the
-			// current (sub-)window's: still all of them.
-			if err := l.Reset(ctx(t), key, now.Add(45*time.Second)); err != nil {
-				t.Fatalf("Reset: %v", err)
-			}
-			if d := peek(now); d.Remaining != c.limit {
-				t.Fatalf("after a Reset 45s later: Peek at the take's time = %+v; want full", d)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { testResetCase(t, s, c, now) })
 	}
 	t.Run("Concurrent", func(t *testing.T) { testResetConcurrent(t, s, now) })
-	t.Run("OneLimitOfAKey", func(t *testing.T) {
-		// Every limit on one key Name, all exhausted; resetting each
-		// leaves the others exhausted.
-		key := Key(t)
-		cases := inspectCases()
-		ls := make([]limiter.Inspector, len(cases))
-		for i, c := range cases {
-			ls[i] = c.make(t, s)
-			allow(t, ls[i], key, now, c.limit)
+	t.Run("OneLimitOfAKey", func(t *testing.T) { testResetOneLimit(t, s, now) })
+}
+
+// testResetCase: Peek and Reset of one algorithm (see RunReset).
+func testResetCase(t *testing.T, s ResetStore, c inspectCase, now time.Time) {
+	l := c.make(t, s)
+	key := Key(t)
+	peek := func(at time.Time) limiter.Decision {
+		t.Helper()
+		d, err := l.Peek(ctx(t), key, at)
+		if err != nil {
+			t.Fatalf("Peek: %v", err)
 		}
-		for i, c := range cases {
-			if err := ls[i].Reset(ctx(t), key, now); err != nil {
-				t.Fatalf("Reset %s: %v", c.name, err)
+		return d
+	}
+	if d := peek(now); !d.Allowed || d.Remaining != c.limit || d.Limit != c.limit || d.ResetAfter != 0 || d.RetryAfter != 0 {
+		t.Fatalf("fresh key: Peek = %+v; want allowed, %d remaining, no reset or retry", d, c.limit)
+	}
+	allow(t, l, key, now, 3)
+	for i := range 20 {
+		if d := peek(now); !d.Allowed || d.Remaining != c.limit-3 || d.ResetAfter <= 0 {
+			t.Fatalf("peek %d after taking 3: %+v; want allowed, %d remaining, a ResetAfter", i, d, c.limit-3)
+		}
+	}
+	if d := allow(t, l, key, now, 1); !d.Allowed || d.Remaining != c.limit-4 {
+		t.Fatalf("a request after 20 peeks: %+v; want allowed with %d remaining: a peek took something", d, c.limit-4)
+	}
+	allow(t, l, key, now, 1)
+	denied := allow(t, l, key, now, 1)
+	if denied.Allowed {
+		t.Fatalf("the sixth request was allowed: %+v", denied)
+	}
+	d := peek(now)
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 || d.ResetAfter < d.RetryAfter {
+		t.Fatalf("exhausted: Peek = %+v; want denied, 0 remaining, 0 < RetryAfter <= ResetAfter", d)
+	}
+	if c.exact && d.RetryAfter != denied.RetryAfter || !c.exact && d.RetryAfter > denied.RetryAfter {
+		t.Fatalf("exhausted: Peek's RetryAfter %v, a denied request's %v", d.RetryAfter, denied.RetryAfter)
+	}
+
+	if err := l.Reset(ctx(t), key, now); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	if d := peek(now); !d.Allowed || d.Remaining != c.limit || d.ResetAfter != 0 {
+		t.Fatalf("after Reset: Peek = %+v; want full", d)
+	}
+	other := c.make(t, s) // another process: no deny cache of its own
+	if d := allow(t, other, key, now, 1); !d.Allowed || d.Remaining != c.limit-1 {
+		t.Fatalf("after Reset, another limiter's request: %+v; want allowed with %d remaining", d, c.limit-1)
+	}
+	if d := allow(t, l, key, now, 1); !d.Allowed || d.Remaining != c.limit-2 {
+		t.Fatalf("after Reset, this limiter's request (its deny cache forgot the key): %+v; want allowed with %d remaining", d, c.limit-2)
+	}
+	// A later reset, where the key's counters are no longer the
+	// current (sub-)window's: still all of them.
+	if err := l.Reset(ctx(t), key, now.Add(45*time.Second)); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	if d := peek(now); d.Remaining != c.limit {
+		t.Fatalf("after a Reset 45s later: Peek at the take's time = %+v; want full", d)
+	}
+}
+
+// testResetOneLimit: every limit on one key Name, all exhausted;
+// resetting each leaves the others exhausted.
+func testResetOneLimit(t *testing.T, s ResetStore, now time.Time) {
+	key := Key(t)
+	cases := inspectCases()
+	ls := make([]limiter.Inspector, len(cases))
+	for i, c := range cases {
+		ls[i] = c.make(t, s)
+		allow(t, ls[i], key, now, c.limit)
+	}
+	for i, c := range cases {
+		if err := ls[i].Reset(ctx(t), key, now); err != nil {
+			t.Fatalf("Reset %s: %v", c.name, err)
+		}
+		for j, o := range cases {
+			d, err := ls[j].Peek(ctx(t), key, now)
+			if err != nil {
+				t.Fatalf("Peek %s: %v", o.name, err)
 			}
-			for j, o := range cases {
-				d, err := ls[j].Peek(ctx(t), key, now)
-				if err != nil {
-					t.Fatalf("Peek %s: %v", o.name, err)
-				}
-				want := int64(0)
-				if j <= i {
-					want = o.limit
-				}
-				if d.Remaining != want {
-					t.Fatalf("after resetting %s: %s has %d remaining, want %d", cases[i].name, o.name, d.Remaining, want)
-				}
+			want := int64(0)
+			if j <= i {
+				want = o.limit
+			}
+			if d.Remaining != want {
+				t.Fatalf("after resetting %s: %s has %d remaining, want %d", cases[i].name, o.name, d.Remaining, want)
 			}
 		}
-	})
+	}
 }
 
 // testResetConcurrent resets keys while requests run on them, every

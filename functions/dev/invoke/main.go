@@ -115,6 +115,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if rep == nil {
 		return 1
 	}
+	printReport(rep, stdout, stderr)
+	if err != nil || rep.Failed(*n) {
+		return 1
+	}
+	return 0
+}
+
+// printReport prints the responses (errors too) to stdout, and the init
+// time, each invocation's time and how the function exited to stderr.
+func printReport(rep *runtimeapi.Report, stdout, stderr io.Writer) {
 	if rep.Init > 0 {
 		fmt.Fprintf(stderr, "invoke: init %v (process start to first Runtime API request)\n", rep.Init.Round(10*time.Microsecond))
 	}
@@ -145,10 +155,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "invoke: the function exited: %v\n", rep.Exit)
 		}
 	}
-	if err != nil || rep.Failed(*n) {
-		return 1
-	}
-	return 0
 }
 
 func printJSON(w io.Writer, v any) {

@@ -50,65 +50,11 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("localapi", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: localapi [flags]\n\n"+
-			"A local HTTP API that runs Sluice's authorizer for every request, in front of\n"+
-			"an echo upstream (`make run`). The authorizer's "+config.Prefix+"* variables apply too;\n"+
-			"flags win. Ctrl-C stops it.\n\n")
-		fs.PrintDefaults()
-	}
-	addr := fs.String("addr", "127.0.0.1:8080", "listen address (keep it on loopback)")
-	rules := fs.String("rules", "", "rules file (default: the embedded rules, or "+config.Prefix+"RULES_*)")
-	kind := fs.String("event", kindREST, "authorizer event to emulate: rest (REQUEST), http (payload 2.0, simple responses) or token (TOKEN)")
-	stage := fs.String("stage", "local", "stage name of the emulated REST API")
-	mc := fs.String("memcached", "", "memcached address(es), comma-separated ("+config.EnvMemcachedAddrs+")")
-	ddbEndpoint := fs.String("dynamo-endpoint", "", "DynamoDB endpoint, e.g. DynamoDB Local's http://127.0.0.1:8000 (AWS_ENDPOINT_URL_DYNAMODB); needs -dynamo-table")
-	ddbTable := fs.String("dynamo-table", "", "DynamoDB state table ("+config.EnvDynamoTable+"); created if missing when -dynamo-endpoint is set")
-	backend := fs.String("backend", "", "backend of limits that name none: memory, memcached or dynamo ("+config.EnvDefaultBackend+")")
-	deadline := fs.String("deadline", "", "bound of one decision, a Go duration ("+config.EnvDeadline+"; default 250ms; DynamoDB Local's cold start may want 2s)")
-	upstream := fs.String("upstream", "", "URL to proxy allowed requests to (default: a built-in echo)")
-	echoDelay := fs.Duration("echo-delay", 0, "how long the built-in echo takes to answer (a slow backend, to watch concurrency limits)")
-	metrics := fs.Bool("metrics", false, "print the EMF metric lines to stdout")
-	legacy := fs.Bool("legacy-ratelimit-headers", false, "also send RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (the ratelimit-headers draft's earlier fields) beside RateLimit-Policy and RateLimit")
-	if err := fs.Parse(args); err != nil {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	switch *kind {
-	case kindREST, kindHTTP, kindToken:
-	default:
-		return fmt.Errorf("-event %q: want rest, http or token", *kind)
-	}
-	var up *url.URL
-	if *upstream != "" {
-		u, err := url.Parse(*upstream)
-		if err != nil || u.Scheme == "" || u.Host == "" {
-			return fmt.Errorf("-upstream %q is not an absolute URL", *upstream)
-		}
-		up = u
-	}
-
-	overrides := map[string]string{}
-	if *rules != "" {
-		overrides[config.EnvRulesFile] = *rules
-		overrides[config.EnvRulesYAML], overrides[config.EnvRulesTable] = "", ""
-	}
-	if *mc != "" {
-		overrides[config.EnvMemcachedAddrs] = *mc
-	}
-	if *ddbTable != "" {
-		overrides[config.EnvDynamoTable] = *ddbTable
-	}
-	if *backend != "" {
-		overrides[config.EnvDefaultBackend] = *backend
-	}
-	if *deadline != "" {
-		overrides[config.EnvDeadline] = *deadline
-	}
+	overrides := o.overrides()
 	env, err := wiring.ParseEnv(func(k string) string {
 		if v, ok := overrides[k]; ok {
 			return v
@@ -118,12 +64,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return flagError(err, overrides)
 	}
-	if err := checkBackends(env, *ddbEndpoint); err != nil {
+	if err := checkBackends(env, o.ddbEndpoint); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if *ddbEndpoint == "" && os.Getenv("AWS_ENDPOINT_URL_DYNAMODB") == "" && os.Getenv("AWS_ENDPOINT_URL") == "" {
+	if o.ddbEndpoint == "" && os.Getenv("AWS_ENDPOINT_URL_DYNAMODB") == "" && os.Getenv("AWS_ENDPOINT_URL") == "" {
 		// Real DynamoDB: say now, in one line, what would otherwise fail
 		// every request.
 		if err := wiring.CheckAWS(ctx, env, 3*time.Second); err != nil {
@@ -131,11 +77,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	out := wiring.Outputs{Stdout: io.Discard, Stderr: stderr}
-	if *ddbEndpoint != "" {
-		localAWS(*ddbEndpoint)
+	if o.ddbEndpoint != "" {
+		localAWS(o.ddbEndpoint)
 		out.CreateTable = true
 	}
-	if *metrics {
+	if o.metrics {
 		out.Stdout = stdout
 	}
 	built, err := wiring.Build(ctx, env, out)
@@ -143,15 +89,95 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return flagError(err, overrides)
 	}
 	defer built.Close()
+	return serve(ctx, stop, o, built, stdout, stderr)
+}
 
-	ln, err := net.Listen("tcp", *addr)
+// options are the command's flags.
+type options struct {
+	addr, rules, kind, stage           string
+	mc, ddbEndpoint, ddbTable, backend string
+	deadline                           string
+	up                                 *url.URL // nil: the built-in echo
+	echoDelay                          time.Duration
+	metrics, legacy                    bool
+}
+
+// parseFlags parses and checks the flags.
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("localapi", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "usage: localapi [flags]\n\n"+
+			"A local HTTP API that runs Sluice's authorizer for every request, in front of\n"+
+			"an echo upstream (`make run`). The authorizer's "+config.Prefix+"* variables apply too;\n"+
+			"flags win. Ctrl-C stops it.\n\n")
+		fs.PrintDefaults()
+	}
+	o := &options{}
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address (keep it on loopback)")
+	fs.StringVar(&o.rules, "rules", "", "rules file (default: the embedded rules, or "+config.Prefix+"RULES_*)")
+	fs.StringVar(&o.kind, "event", kindREST, "authorizer event to emulate: rest (REQUEST), http (payload 2.0, simple responses) or token (TOKEN)")
+	fs.StringVar(&o.stage, "stage", "local", "stage name of the emulated REST API")
+	fs.StringVar(&o.mc, "memcached", "", "memcached address(es), comma-separated ("+config.EnvMemcachedAddrs+")")
+	fs.StringVar(&o.ddbEndpoint, "dynamo-endpoint", "", "DynamoDB endpoint, e.g. DynamoDB Local's http://127.0.0.1:8000 (AWS_ENDPOINT_URL_DYNAMODB); needs -dynamo-table")
+	fs.StringVar(&o.ddbTable, "dynamo-table", "", "DynamoDB state table ("+config.EnvDynamoTable+"); created if missing when -dynamo-endpoint is set")
+	fs.StringVar(&o.backend, "backend", "", "backend of limits that name none: memory, memcached or dynamo ("+config.EnvDefaultBackend+")")
+	fs.StringVar(&o.deadline, "deadline", "", "bound of one decision, a Go duration ("+config.EnvDeadline+"; default 250ms; DynamoDB Local's cold start may want 2s)")
+	upstream := fs.String("upstream", "", "URL to proxy allowed requests to (default: a built-in echo)")
+	fs.DurationVar(&o.echoDelay, "echo-delay", 0, "how long the built-in echo takes to answer (a slow backend, to watch concurrency limits)")
+	fs.BoolVar(&o.metrics, "metrics", false, "print the EMF metric lines to stdout")
+	fs.BoolVar(&o.legacy, "legacy-ratelimit-headers", false, "also send RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset (the ratelimit-headers draft's earlier fields) beside RateLimit-Policy and RateLimit")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() != 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch o.kind {
+	case kindREST, kindHTTP, kindToken:
+	default:
+		return nil, fmt.Errorf("-event %q: want rest, http or token", o.kind)
+	}
+	if *upstream != "" {
+		u, err := url.Parse(*upstream)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			return nil, fmt.Errorf("-upstream %q is not an absolute URL", *upstream)
+		}
+		o.up = u
+	}
+	return o, nil
+}
+
+// overrides are the configuration variables the flags set.
+func (o *options) overrides() map[string]string {
+	m := map[string]string{}
+	if o.rules != "" {
+		m[config.EnvRulesFile] = o.rules
+		m[config.EnvRulesYAML], m[config.EnvRulesTable] = "", ""
+	}
+	for _, f := range []struct{ name, v string }{
+		{config.EnvMemcachedAddrs, o.mc}, {config.EnvDynamoTable, o.ddbTable},
+		{config.EnvDefaultBackend, o.backend}, {config.EnvDeadline, o.deadline},
+	} {
+		if f.v != "" {
+			m[f.name] = f.v
+		}
+	}
+	return m
+}
+
+// serve serves the local API on o.addr until ctx ends (Ctrl-C or SIGTERM;
+// stop lets a second one kill at once), then finishes the requests in
+// flight.
+func serve(ctx context.Context, stop func(), o *options, built *wiring.Built, stdout, stderr io.Writer) error {
+	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return fmt.Errorf("%w (is another `make run` running? try -addr 127.0.0.1:0)", err)
 	}
-	api := newServer(built.Handler, *kind, *stage, up)
-	api.legacyHeaders = *legacy
-	if up == nil {
-		api.upstream = echoAfter(*echoDelay)
+	api := newServer(built.Handler, o.kind, o.stage, o.up)
+	api.legacyHeaders = o.legacy
+	if o.up == nil {
+		api.upstream = echoAfter(o.echoDelay)
 	}
 	// The integration's half of the concurrency limits: leases are
 	// released when the upstream has answered.
@@ -160,21 +186,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		built.Logger.Warn("releasing a lease failed; it lapses at its TTL", "error", err.Error())
 	}
 	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
-	base := "http://" + ln.Addr().String()
-	to := "the built-in echo upstream"
-	if up != nil {
-		to = up.String()
-	}
-	fmt.Fprintf(stdout, "Sluice local API on %s\n", base)
-	fmt.Fprintf(stdout, "  authorizer: %s events, rules: %s, default backend: %s, deadline %v; allowed requests go to %s\n",
-		eventName(*kind), built.Rules, env.DefaultBackend, env.Deadline, to)
-	if sh := built.Shedding; sh != nil {
-		fmt.Fprintf(stdout, "  load shedding on %s: fleet capacity %d (reserve %g), utilization %q\n",
-			sh.Backend, env.Shed.FleetCapacity, env.Shed.FleetReserve, env.Shed.Utilization)
-	}
-	fmt.Fprintf(stdout, "  try:  curl -i %s/pets/42\n", base)
-	fmt.Fprintf(stdout, "        for i in 1 2 3 4; do curl -s -o /dev/null -w '%%{http_code}\\n' %s/demo/hello; done   # the 4th in a minute: 429\n", base)
-	fmt.Fprintf(stdout, "  Ctrl-C stops it.\n")
+	banner(stdout, "http://"+ln.Addr().String(), o, built)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -191,6 +203,25 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stderr, "localapi: stopped")
 	return nil
+}
+
+// banner says where the local API listens and what to try.
+func banner(stdout io.Writer, base string, o *options, built *wiring.Built) {
+	env := built.Env
+	to := "the built-in echo upstream"
+	if o.up != nil {
+		to = o.up.String()
+	}
+	fmt.Fprintf(stdout, "Sluice local API on %s\n", base)
+	fmt.Fprintf(stdout, "  authorizer: %s events, rules: %s, default backend: %s, deadline %v; allowed requests go to %s\n",
+		eventName(o.kind), built.Rules, env.DefaultBackend, env.Deadline, to)
+	if sh := built.Shedding; sh != nil {
+		fmt.Fprintf(stdout, "  load shedding on %s: fleet capacity %d (reserve %g), utilization %q\n",
+			sh.Backend, env.Shed.FleetCapacity, env.Shed.FleetReserve, env.Shed.Utilization)
+	}
+	fmt.Fprintf(stdout, "  try:  curl -i %s/pets/42\n", base)
+	fmt.Fprintf(stdout, "        for i in 1 2 3 4; do curl -s -o /dev/null -w '%%{http_code}\\n' %s/demo/hello; done   # the 4th in a minute: 429\n", base)
+	fmt.Fprintf(stdout, "  Ctrl-C stops it.\n")
 }
 
 // flagNames are the flags that set a configuration variable.

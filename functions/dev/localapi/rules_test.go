@@ -17,7 +17,7 @@ import (
 	"github.com/sluicehq/sluice/policy"
 )
 
-// countingStore is a limiter.Counter that counts its requests: the
+// countingStore is a limiter.Store that counts its requests: the
 // store's request count the lists are checked against. (Not embedding the
 // memory store: a batch interface of its own would bypass the count.)
 type countingStore struct {
@@ -33,6 +33,16 @@ func (c *countingStore) Add(ctx context.Context, k limiter.Key, cur int64, span 
 func (c *countingStore) Sub(ctx context.Context, k limiter.Key, idx, n int64) error {
 	c.requests.Add(1)
 	return c.mem.Sub(ctx, k, idx, n)
+}
+
+func (c *countingStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+	c.requests.Add(1)
+	return c.mem.UpdateBucket(ctx, k, op, ttl)
+}
+
+func (c *countingStore) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+	c.requests.Add(1)
+	return c.mem.UpdateLog(ctx, k, op, ttl)
 }
 
 const operatorRules = `
@@ -68,7 +78,7 @@ func startRulesServer(t *testing.T, kind string, denyLocal bool) (*httptest.Serv
 	if !denyLocal {
 		rules = strings.Replace(rules, `cidrs: ["127.0.0.0/8"]`, `cidrs: ["203.0.113.0/24"]`, 1)
 	}
-	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]any{"memory": store}})
+	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]limiter.Store{"memory": store}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +176,7 @@ func TestAllowTiersShadowThroughLocalAPI(t *testing.T) {
 	// ones are denied from the deny cache, nothing else checked), smallco's
 	// 2nd-3rd. None was denied by it (acme got 5), and each is counted and
 	// logged.
-	if c := strings.Count(metrics.String(), `"Rule":"trial","Allowed":1,"Denied":0,"Shed":0,"FailOpen":0,"FailClosed":0,"BackendErrors":0,"ShedErrors":0,"CacheDenied":0,"Throttled":0,"ShadowDenied":1`); c != 7 {
+	if c := strings.Count(metrics.String(), `"Rule":"trial","Allowed":1,"Denied":0,"Shed":0,"FailOpen":0,"FailClosed":0,"BackendErrors":0,"ShedErrors":0,"CacheDenied":0,"Throttled":0,"Leased":0,"ShadowDenied":1,"DenyListed":0,"AllowListed":0,"LeaseTakes":0`); c != 7 {
 		t.Errorf("ShadowDenied counted %d times, want 7", c)
 	}
 	if c := strings.Count(logs.String(), `"msg":"would deny","rule":"trial"`); c != 7 {

@@ -31,7 +31,7 @@ func startServer(t *testing.T, rules, kind string, shedder limiter.Shedder) *htt
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]any{"memory": mem}, Shedder: shedder})
+	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]limiter.Store{"memory": mem}, Shedder: shedder})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -163,17 +163,33 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
-	rep := &Report{}
-	var runErr error
 	stop := func() {
 		if cmd.Process != nil {
 			cmd.Process.Kill() // by PID; the process is ours
 		}
 	}
+	rep := &Report{}
+	var runErr error
+	rep.Exit, runErr = s.watch(ctx, stop, exited)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.firstNext.IsZero() {
+		rep.Init = s.firstNext.Sub(s.started)
+	}
+	rep.InitError = s.initErr
+	rep.Results = append(rep.Results, s.results...)
+	return rep, runErr
+}
+
+// watch waits for the function to take every event, or to exit, fail its
+// init, time out (the init and each invocation have their own timeout) or
+// be cancelled; stop kills it. It returns how the function exited, when it
+// did on its own, and the harness's error.
+func (s *server) watch(ctx context.Context, stop func(), exited <-chan error) (exit, err error) {
+	cfg := s.cfg
 	deadline := time.NewTimer(cfg.InitTimeout)
 	defer deadline.Stop()
 	phase := "init"
-loop:
 	for {
 		s.mu.Lock()
 		changed := s.changed
@@ -190,25 +206,18 @@ loop:
 				// A runtime exits after reporting an init error; give it
 				// a moment, then stop it.
 				select {
-				case rep.Exit = <-exited:
-					if rep.Exit == nil {
-						rep.Exit = errors.New("exited with status 0")
-					}
-					break loop
+				case err := <-exited:
+					return exitError(err), nil
 				case <-time.After(2 * time.Second):
 				}
 			}
 			stop()
 			<-exited
-			break
+			return nil, nil
 		}
 		select {
 		case err := <-exited:
-			rep.Exit = err
-			if err == nil {
-				rep.Exit = errors.New("exited with status 0")
-			}
-			break loop
+			return exitError(err), nil
 		case <-changed:
 			s.mu.Lock()
 			progressed := len(s.results) != nres
@@ -219,23 +228,22 @@ loop:
 		case <-deadline.C:
 			stop()
 			<-exited
-			runErr = fmt.Errorf("runtimeapi: timed out after %v waiting for the %s", map[string]time.Duration{"init": cfg.InitTimeout, "invoke": cfg.Timeout}[phase], map[string]string{"init": "first request for an event", "invoke": "function's result"}[phase])
-			break loop
+			return nil, fmt.Errorf("runtimeapi: timed out after %v waiting for the %s", map[string]time.Duration{"init": cfg.InitTimeout, "invoke": cfg.Timeout}[phase], map[string]string{"init": "first request for an event", "invoke": "function's result"}[phase])
 		case <-ctx.Done():
 			stop()
 			<-exited
-			runErr = ctx.Err()
-			break loop
+			return nil, ctx.Err()
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.firstNext.IsZero() {
-		rep.Init = s.firstNext.Sub(s.started)
+}
+
+// exitError is how a function that exited on its own exited (an error
+// even for status 0: a runtime never exits by itself).
+func exitError(err error) error {
+	if err == nil {
+		return errors.New("exited with status 0")
 	}
-	rep.InitError = s.initErr
-	rep.Results = append(rep.Results, s.results...)
-	return rep, runErr
+	return err
 }
 
 func orDiscard(w io.Writer) io.Writer {

@@ -12,7 +12,7 @@ var quick = []string{"-bursty", "10", "-steady", "5", "-seeds", "1", "-edge-cycl
 
 func TestRunWritesReport(t *testing.T) {
 	dir := t.TempDir()
-	args := append([]string{"-out", dir, "-trace", "../../accuracy/testdata/sample.txt"}, quick...)
+	args := append([]string{"-out", dir, "-trace", "../../testdata/sample.txt"}, quick...)
 	if err := run(args); err != nil {
 		t.Fatal(err)
 	}

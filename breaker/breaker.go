@@ -1,10 +1,4 @@
-// Package circuit is the state machine of a circuit breaker, shared by
-// backends/breaker (one breaker per backend) and backends/memcached (one
-// per node). backends/breaker's package comment describes its behaviour;
-// that package re-exports these types under its own name.
-//
-// This package imports only the limiter package and the standard library.
-package circuit
+package breaker
 
 import (
 	"context"

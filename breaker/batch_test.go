@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/backends/breaker"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
 )
 

@@ -15,7 +15,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sluicehq/sluice/backends/breaker"
+	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
 )
 

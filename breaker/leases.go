@@ -9,7 +9,8 @@ import (
 )
 
 // ShedStore is the store of the load shedders: leases (the fleet-usage
-// shedder) and gauges (the published utilization).
+// shedder) and gauges (the published utilization): memcached.Leases,
+// dynamo.Leases, or memory.Leases (tests only: it counts per process).
 type ShedStore interface {
 	limiter.LeaseStore
 	limiter.GaugeStore

@@ -3,7 +3,7 @@
 // each with the exact sliding log, and writes OUT/accuracy.md and its
 // figures (PNG and SVG) under OUT/accuracy/.
 //
-//	go run ./cmd/accuracy -out docs
+//	go run ./cmd/accuracy -out ../docs   # from accuracy/: what make accuracy runs
 //	go run ./cmd/accuracy -out /tmp/mine -trace requests.txt
 //
 // A trace file holds one timestamp per line: RFC 3339 or decimal seconds

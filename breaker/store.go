@@ -10,21 +10,13 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// Backend is a store of every kind the policy's algorithms use: memcached
-// and DynamoDB stores are.
-type Backend interface {
-	limiter.Counter
-	limiter.BucketStore
-	limiter.LogStore
-}
+var _ limiter.Store = (*Store)(nil)
 
-var _ Backend = (*Store)(nil)
-
-// Store is a [Backend] behind a [Breaker]: each call asks the breaker,
+// Store is a [limiter.Store] behind a [Breaker]: each call asks the breaker,
 // goes to the backend if allowed and reports its error. Safe for
 // concurrent use if the backend is.
 type Store struct {
-	s     Backend
+	s     limiter.Store
 	batch limiter.Batcher // s's (limiter.AsBatcher)
 	b     *Breaker
 }
@@ -37,7 +29,7 @@ func (s *Store) KeepsLeased() bool {
 }
 
 // Wrap returns s behind a new breaker configured by cfg.
-func Wrap(s Backend, cfg Config) (*Store, error) {
+func Wrap(s limiter.Store, cfg Config) (*Store, error) {
 	if s == nil {
 		return nil, fmt.Errorf("%w: breaker %q: nil store", limiter.ErrInvalidConfig, cfg.Name)
 	}
@@ -52,7 +44,7 @@ func Wrap(s Backend, cfg Config) (*Store, error) {
 func (s *Store) Breaker() *Breaker { return s.b }
 
 // Unwrap returns the wrapped store.
-func (s *Store) Unwrap() Backend { return s.s }
+func (s *Store) Unwrap() limiter.Store { return s.s }
 
 // Add implements [limiter.Counter].
 func (s *Store) Add(ctx context.Context, key limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {

@@ -7,9 +7,9 @@
 // [limiter.PackedCounter] and batches to a backend that has them) with one
 // [Breaker] for the whole backend; [Leases] puts the load shedders' store
 // ([limiter.LeaseStore], [limiter.GaugeStore]) behind the same breaker. The
-// authorizer uses it for DynamoDB; the memcached store has its own breakers
-// per node (memcached.Config.Breaker, on the same state machine), so that
-// one dead node fails only its own keys.
+// authorizer uses it for DynamoDB; [Nodes] is a breaker per node, which the
+// memcached store puts in front of each node (memcached.Config.Breaker), so
+// that one dead node fails only its own keys.
 //
 // A [Breaker] has three states:
 //
@@ -31,9 +31,7 @@
 // the next call (TestRecoveryBound). Transitions are counted (a Breaker's
 // [Stats]), logged with log/slog and reported to Config.OnChange.
 //
-// The state machine lives in internal/circuit; [Breaker], [Config], [State]
-// and [Stats] name its types. docs/authorizer.md ("Circuit breakers") has
-// the settings, metrics and log lines; docs/benchmarks.md what an outage
-// costs with and without it. The package imports only the limiter package,
-// internal/circuit and the standard library.
+// docs/authorizer.md ("Circuit breakers") has the settings, metrics and
+// log lines; docs/benchmarks.md what an outage costs with and without it.
+// The package imports only the limiter package and the standard library.
 package breaker

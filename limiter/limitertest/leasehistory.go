@@ -1,0 +1,293 @@
+package limitertest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// LeaseScenario is one limit run with capacity leases by [LeaseHistory]:
+// Processes limiters of it (Leases on), each its own process, on one
+// store behind a [DelayStore] (arrivals reordered), deciding one hot key
+// at Rate decisions a second each, for Duration, far over the limit.
+type LeaseScenario struct {
+	Name      string
+	Sliding   *limiter.SlidingWindowConfig
+	Bucket    *limiter.TokenBucketConfig
+	Processes int
+	Rate      float64 // per process
+	Duration  time.Duration
+	MaxDelay  time.Duration
+}
+
+// LeaseScenarios are the scenarios [RunLeaseHistory] runs: a window of
+// sub-window counters (100 ms sub-windows), a packed window (slots of
+// 100 ms) where the store serves one, and a token bucket where the store
+// keeps lease rings ([limiter.LeaseKeeper]). Each offers about four times
+// its limit from 4 processes, so that leases are taken, drained and
+// returned at the limit.
+func LeaseScenarios(s Store) []LeaseScenario {
+	sc := []LeaseScenario{{
+		Name:    "window",
+		Sliding: &limiter.SlidingWindowConfig{Name: "lw", Limit: 400, Window: 2 * time.Second, SubWindows: 20, Representation: limiter.SubWindowCounters, Leases: true},
+	}}
+	if limiter.ServesPacked(s) {
+		sc = append(sc, LeaseScenario{
+			Name:    "packed",
+			Sliding: &limiter.SlidingWindowConfig{Name: "lp", Limit: 1600, Window: 16 * time.Second, Slots: 160, Representation: limiter.Packed, Leases: true},
+		})
+	}
+	if k, ok := s.(limiter.LeaseKeeper); ok && k.KeepsLeased() {
+		sc = append(sc, LeaseScenario{
+			Name:   "bucket",
+			Bucket: &limiter.TokenBucketConfig{Name: "lb", MaxAmount: 100, RefillTime: 5 * time.Millisecond, Leases: true},
+		})
+	}
+	for i := range sc {
+		sc[i].Processes, sc[i].Rate, sc[i].Duration, sc[i].MaxDelay = 4, 200, 3*time.Second, 5*time.Millisecond
+	}
+	return sc
+}
+
+// LeaseReport is what [LeaseHistory] found.
+type LeaseReport struct {
+	Hot        HotReport
+	Exact      int64 // units the same limit without leases admits on the calls, serially
+	Violations []Violation
+}
+
+// LeaseHistory runs sc on s and checks the admitted units against the
+// limit with the history checkers (CheckTrailingWindow, CheckBucketBound),
+// whatever order the calls reached the store in. exactStore is a store of
+// its own for the serial replay without leases.
+func LeaseHistory(ctx context.Context, s, exactStore Store, sc LeaseScenario, seed uint64) (LeaseReport, error) {
+	delayed := NewDelayStore(s, sc.MaxDelay, seed)
+	build := func(st Store, leases bool) (limiter.Limiter, error) {
+		switch {
+		case sc.Sliding != nil:
+			cfg := *sc.Sliding
+			cfg.Leases = leases
+			return limiter.NewSlidingWindow(st, cfg)
+		case sc.Bucket != nil:
+			cfg := *sc.Bucket
+			cfg.Leases = leases
+			return limiter.NewTokenBucket(st, cfg)
+		}
+		return nil, fmt.Errorf("lease scenario %q: no limit", sc.Name)
+	}
+	ls := make([]limiter.Limiter, sc.Processes)
+	for i := range ls {
+		l, err := build(delayed, true)
+		if err != nil {
+			return LeaseReport{}, err
+		}
+		ls[i] = l
+	}
+	var rep LeaseReport
+	rep.Hot = RunHot(ctx, ls, HotOptions{Key: "hot-" + sc.Name, Rate: sc.Rate * float64(sc.Processes), Duration: sc.Duration})
+	exact, err := build(exactStore, false)
+	if err != nil {
+		return rep, err
+	}
+	if rep.Exact, err = ExactAdmitted(ctx, exact, rep.Hot.Calls); err != nil {
+		return rep, err
+	}
+	switch {
+	case sc.Sliding != nil:
+		rep.Violations = CheckTrailingWindow(rep.Hot.Calls, sc.Sliding.Limit, sc.Sliding.Window)
+	default:
+		rep.Violations = CheckBucketBound(rep.Hot.Calls, *sc.Bucket)
+	}
+	return rep, nil
+}
+
+// RunLeaseHistory runs [LeaseScenarios] on s (exactStore: a store of its
+// own for the serial replay) and fails t on any window of stamps over the
+// limit, on a failed decision, or when no decision came from a lease. It
+// logs the admitted share of exact and the leases' counters.
+func RunLeaseHistory(t *testing.T, s, exactStore Store) {
+	for i, sc := range LeaseScenarios(s) {
+		t.Run(sc.Name, func(t *testing.T) {
+			rep, err := LeaseHistory(t.Context(), s, exactStore, sc, uint64(i+1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := rep.Hot
+			t.Logf("%s: %d decisions, %d admitted (%d from leases), exact %d (%.3f), %d cached, %d throttled; leases %+v",
+				sc.Name, len(h.Calls), h.Admitted, h.Leased, rep.Exact, float64(h.Admitted)/float64(max(rep.Exact, 1)), h.Cached, h.Throttled, h.Leases)
+			if h.Failed > 0 {
+				t.Errorf("%d decisions failed; the first: %v", h.Failed, h.FirstErr)
+			}
+			if h.Leased == 0 {
+				t.Error("no decision came from a lease: the run did not test leases")
+			}
+			for _, v := range rep.Violations {
+				t.Errorf("over the limit: %v", v)
+			}
+		})
+	}
+}
+
+// DropLeasedUnits returns s with a defect that only leases expose: an Add
+// of more than one unit (a lease take, in a scenario whose calls cost 1)
+// counts one. The leased units are then spent without being counted,
+// and [LeaseHistory] must find windows over the limit. It serves
+// sub-window counters only (not PackedCounter).
+func DropLeasedUnits(s Store) Store { return dropLeased{s} }
+
+type dropLeased struct{ Store }
+
+func (d dropLeased) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+	return d.Store.Add(ctx, k, cur, span, min(n, 1), ttl)
+}
+
+// ForgetfulBuckets is a bucket store with a defect that only leases
+// expose: it claims to keep [limiter.BucketState.Leased] and drops it, so
+// a lease's units are back in the bucket when its epoch has not even
+// ended. [LeaseHistory] must find intervals over the bucket's bound. It
+// serves buckets only.
+type ForgetfulBuckets struct {
+	mu sync.Mutex
+	m  map[limiter.Key]limiter.BucketState
+}
+
+// NewForgetfulBuckets returns an empty ForgetfulBuckets.
+func NewForgetfulBuckets() *ForgetfulBuckets {
+	return &ForgetfulBuckets{m: map[limiter.Key]limiter.BucketState{}}
+}
+
+// KeepsLeased claims what the store does not do.
+func (f *ForgetfulBuckets) KeepsLeased() bool { return true }
+
+// UpdateBucket applies op under a lock and stores the state without its
+// leased units.
+func (f *ForgetfulBuckets) UpdateBucket(_ context.Context, k limiter.Key, op limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur, found := f.m[k]
+	next, d, write := op.Apply(cur, found)
+	if write {
+		next.Leased = [2]limiter.LeaseSlot{}
+		f.m[k] = next
+	}
+	return d, nil
+}
+
+// Add, Sub and UpdateLog are not served.
+func (f *ForgetfulBuckets) Add(context.Context, limiter.Key, int64, int, int64, time.Duration) (limiter.Counts, error) {
+	return limiter.Counts{}, fmt.Errorf("%w: buckets only", limiter.ErrInvalidConfig)
+}
+
+// Sub is not served.
+func (f *ForgetfulBuckets) Sub(context.Context, limiter.Key, int64, int64) error {
+	return fmt.Errorf("%w: buckets only", limiter.ErrInvalidConfig)
+}
+
+// UpdateLog is not served.
+func (f *ForgetfulBuckets) UpdateLog(context.Context, limiter.Key, limiter.LogOp, time.Duration) (limiter.Decision, error) {
+	return limiter.Decision{}, fmt.Errorf("%w: buckets only", limiter.ErrInvalidConfig)
+}
+
+// RunColdLeases checks that leases change nothing for a cold key: the
+// same calls (a few a second, stamps given) on two keys of s, one through
+// limits with Leases and one through the same limits without, get the
+// same decisions and the same number of store calls, one per decision.
+func RunColdLeases(t *testing.T, s Store) {
+	scs := LeaseScenarios(s)
+	for _, sc := range scs {
+		t.Run(sc.Name, func(t *testing.T) {
+			var decisions [2][]limiter.Decision
+			var calls [2]int64
+			at := time.Now()
+			for i, leases := range []bool{true, false} {
+				cs := NewCountingStore(s)
+				var l limiter.Limiter
+				var err error
+				if sc.Sliding != nil {
+					cfg := *sc.Sliding
+					cfg.Leases, cfg.Limit = leases, 5 // a limit a cold key reaches
+					l, err = limiter.NewSlidingWindow(cs, cfg)
+				} else {
+					cfg := *sc.Bucket
+					cfg.Leases, cfg.MaxAmount, cfg.RefillTime = leases, 5, time.Second
+					l, err = limiter.NewTokenBucket(cs, cfg)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				key := fmt.Sprintf("cold-%s-%v-%d", sc.Name, leases, at.UnixNano())
+				for n := range 60 {
+					// Three calls a second, in bursts of two 10 ms apart.
+					stamp := at.Add(time.Duration(n/2)*667*time.Millisecond + time.Duration(n%2)*10*time.Millisecond)
+					d, err := l.AllowN(t.Context(), key, stamp, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					decisions[i] = append(decisions[i], d)
+				}
+				calls[i] = cs.calls.Load()
+			}
+			for n := range decisions[0] {
+				a, b := decisions[0][n], decisions[1][n]
+				if a.Allowed != b.Allowed || a.Remaining != b.Remaining || a.RetryAfter != b.RetryAfter {
+					t.Fatalf("call %d: with leases %+v, without %+v", n, a, b)
+				}
+			}
+			if calls[0] != calls[1] {
+				t.Errorf("%d store calls with leases, %d without", calls[0], calls[1])
+			}
+			t.Logf("%s: 60 calls, identical decisions, %d store calls each", sc.Name, calls[0])
+		})
+	}
+}
+
+// CountingStore counts the store calls made through it (Calls), forwarding
+// the packed and lease-keeping abilities of the store it wraps: a test's
+// count of store requests at the store's interface, for stores that have
+// no wire to count at (the memory store). It is not a Batcher: a batch
+// reaches it one step at a time.
+type CountingStore struct {
+	Store
+	calls atomic.Int64
+}
+
+// NewCountingStore returns s counted.
+func NewCountingStore(s Store) *CountingStore { return &CountingStore{Store: s} }
+
+// Calls is the number of store calls so far.
+func (c *CountingStore) Calls() int64 { return c.calls.Load() }
+
+func (c *CountingStore) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+	c.calls.Add(1)
+	return c.Store.Add(ctx, k, cur, span, n, ttl)
+}
+
+func (c *CountingStore) Sub(ctx context.Context, k limiter.Key, idx, n int64) error {
+	c.calls.Add(1)
+	return c.Store.Sub(ctx, k, idx, n)
+}
+
+func (c *CountingStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+	c.calls.Add(1)
+	return c.Store.UpdateBucket(ctx, k, op, ttl)
+}
+
+func (c *CountingStore) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+	c.calls.Add(1)
+	return c.Store.(limiter.PackedCounter).AddPacked(ctx, k, op)
+}
+
+func (c *CountingStore) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+	c.calls.Add(1)
+	return c.Store.(limiter.PackedCounter).SubPacked(ctx, k, op)
+}
+
+func (c *CountingStore) KeepsLeased() bool {
+	k, ok := c.Store.(limiter.LeaseKeeper)
+	return ok && k.KeepsLeased()
+}
