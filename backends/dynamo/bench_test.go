@@ -24,8 +24,13 @@ import (
 // rawUpdate is the baseline: one UpdateItem (ADD to a counter, no
 // condition, no return values) on key.
 func rawUpdate(ctx context.Context, c *dynamodb.Client, key string) error {
+	return rawUpdateOn(ctx, c, tableName, key)
+}
+
+// rawUpdateOn is rawUpdate on table.
+func rawUpdateOn(ctx context.Context, c *dynamodb.Client, table, key string) error {
 	_, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                 aws.String(tableName),
+		TableName:                 aws.String(table),
 		Key:                       item{"pk": str("raw/" + key)},
 		UpdateExpression:          aws.String("ADD #c :one"),
 		ExpressionAttributeNames:  map[string]string{"#c": "c"},

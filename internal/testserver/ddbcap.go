@@ -542,7 +542,13 @@ func (u *upstream) errorType() string {
 
 // forward sends body to the server with the client's headers.
 func (p *CapProxy) forward(ctx context.Context, h http.Header, body []byte) (*upstream, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.target+"/", bytes.NewReader(body))
+	return post(ctx, p.client, p.target, h, body)
+}
+
+// post sends body to a DynamoDB endpoint (target, an http:// URL) with the
+// headers h (a client's, or localHeader's).
+func post(ctx context.Context, client *http.Client, target string, h http.Header, body []byte) (*upstream, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/", bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -553,7 +559,7 @@ func (p *CapProxy) forward(ctx context.Context, h http.Header, body []byte) (*up
 		}
 		req.Header[k] = vs
 	}
-	resp, err := p.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -1384,11 +1390,7 @@ func (r *registry) table(ctx context.Context, p *CapProxy, name string) (*tableI
 		return t, nil
 	}
 	body, _ := json.Marshal(map[string]string{"TableName": name})
-	h := http.Header{}
-	h.Set("Content-Type", "application/x-amz-json-1.0")
-	h.Set("X-Amz-Target", "DynamoDB_20120810.DescribeTable")
-	h.Set("Authorization", "AWS4-HMAC-SHA256 Credential=local/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00")
-	u, err := p.forward(ctx, h, body)
+	u, err := p.forward(ctx, localHeader("DynamoDB_20120810.DescribeTable"), body)
 	if err != nil {
 		return nil, err
 	}
@@ -1420,6 +1422,17 @@ func (r *registry) table(ctx context.Context, p *CapProxy, name string) (*tableI
 	t.complete = r.complete[name]
 	r.tables[name] = t
 	return t, nil
+}
+
+// localHeader is the headers of the test servers' own requests to DynamoDB
+// Local (it accepts any credentials): target is the X-Amz-Target, e.g.
+// "DynamoDB_20120810.GetItem".
+func localHeader(target string) http.Header {
+	h := http.Header{}
+	h.Set("Content-Type", "application/x-amz-json-1.0")
+	h.Set("X-Amz-Target", target)
+	h.Set("Authorization", "AWS4-HMAC-SHA256 Credential=local/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=00")
+	return h
 }
 
 // keys returns an item's partition (its partition key's identity) and its

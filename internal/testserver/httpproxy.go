@@ -21,6 +21,10 @@ import (
 type HTTPProxy struct {
 	srv   *httptest.Server
 	delay atomic.Int64 // ns each request is held before it is passed on
+	// hold, if set, is called with a request's operation before it is
+	// passed on, and what it returns once the answer is back (a region's
+	// gate, regions.go).
+	hold func(op string) (release func())
 
 	mu   sync.Mutex
 	reqs []HTTPRequest
@@ -38,11 +42,16 @@ type HTTPRequest struct {
 // NewHTTPProxy starts a proxy in front of target (an http:// URL).
 func NewHTTPProxy(t testing.TB, target string) *HTTPProxy {
 	t.Helper()
+	return newHTTPProxy(t, target, nil)
+}
+
+func newHTTPProxy(t testing.TB, target string, hold func(op string) func()) *HTTPProxy {
+	t.Helper()
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatalf("testserver: proxy target %q: %v", target, err)
 	}
-	p := &HTTPProxy{}
+	p := &HTTPProxy{hold: hold}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op := r.Header.Get("X-Amz-Target")
@@ -54,7 +63,13 @@ func NewHTTPProxy(t testing.TB, target string) *HTTPProxy {
 		if d := p.delay.Load(); d > 0 {
 			time.Sleep(time.Duration(d))
 		}
-		rp.ServeHTTP(rec, r)
+		if p.hold != nil {
+			release := p.hold(op)
+			rp.ServeHTTP(rec, r)
+			release()
+		} else {
+			rp.ServeHTTP(rec, r)
+		}
 		p.mu.Lock()
 		p.reqs = append(p.reqs, HTTPRequest{Op: op, Start: start, End: time.Now(), Status: rec.status})
 		p.mu.Unlock()

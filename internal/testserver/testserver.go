@@ -23,6 +23,8 @@
 // and [NewCapProxy] starts a test's own proxy (scaled caps, its own counts).
 // Tests that stop and restart a server (fault tests) start a private one
 // with StartMemcached or StartDynamoDBLocal instead; those are not capped.
+// [StartRegions] and [NewMRSC] stand in for DynamoDB global tables
+// (docs/regions.md).
 //
 // Without the variables (a plain `go test`), tests that need a server are
 // skipped, unless SLUICE_TEST_REQUIRE_SERVERS=1, where they fail.

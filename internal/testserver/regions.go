@@ -1,0 +1,745 @@
+package testserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Local stand-ins for DynamoDB global tables (docs/regions.md):
+//
+//   - [Regions], the default mode: one DynamoDB Local per region and a
+//     replicator that reads each region's stream and puts every item
+//     written there into the other regions after a lag, last writer wins;
+//     a region can be cut off from replication and healed.
+//   - [MRSC], multi-Region strong consistency: one DynamoDB Local (so every
+//     write and read is linearizable across regions) reached through one
+//     proxy per region that holds each request for a cross-region latency.
+
+// DefaultLag is the replication lag of [Regions] when none is given:
+// DynamoDB documents a global table's replication as "typically within a
+// second".
+const DefaultLag = time.Second
+
+// RegionsConfig configures [StartRegions].
+type RegionsConfig struct {
+	// Regions is the number of regions (0 means 3).
+	Regions int
+	// Lag is how long after a write is seen in its region's stream it is
+	// applied in the others (0 means DefaultLag).
+	Lag time.Duration
+}
+
+// Replication timing. A gated write nudges its region's replicator, which
+// reads the stream pollGap later (a burst of writes is one read); with no
+// write it reads every idlePoll (writes that bypass the gate: TTL deletes).
+const (
+	pollGap  = 5 * time.Millisecond
+	idlePoll = 50 * time.Millisecond
+)
+
+// Regions is a local default-mode global table: one private DynamoDB Local
+// per region, each reached through its own gate ([Regions.Endpoint]), and
+// a replicator that applies each region's item writes to the others after
+// [RegionsConfig.Lag], last writer wins, as DynamoDB's asynchronous
+// replication does.
+//
+// How: each region's table has a stream (NEW_IMAGE); the region's
+// replicator reads it, stamps each record with the time it read it (at
+// most a few milliseconds after the write: the gate nudges it), and queues
+// the new image (or the deletion) for every other region, due a lag after
+// the stamp. A region applies what is due with a PutItem (DeleteItem) of
+// the whole item, unless the item's version there is newer (a later stamp;
+// equal stamps: the higher region index wins). While it applies, its gate
+// holds the region's clients' writes back and its stream is read first, so
+// a client's write is never overwritten by an older one between the check
+// and the put. Its own puts come back in its stream and are recognised by
+// their images (they are not replicated again). A conditional write is
+// checked against its own region's copy only, as on DynamoDB.
+//
+// Differences from DynamoDB: a write is stamped when the replicator reads
+// it, not when it commits (two writes of one item in two regions within a
+// few milliseconds may be ordered either way); the lag is the same for
+// every pair of regions and every write; items written before
+// [Regions.Replicate] are not replicated; replicated writes are not billed
+// or throttled. Safe for concurrent use; stopped when the test ends.
+type Regions struct {
+	t      testing.TB
+	rs     []*region
+	lag    time.Duration
+	client *http.Client
+	stop   chan struct{}
+	done   sync.WaitGroup
+
+	mu    sync.Mutex // guards the regions' inboxes, polled, stats and err
+	stats ReplicationStats
+	err   error
+}
+
+// region is one region: its server, its gate and its replicator's state.
+type region struct {
+	i      int
+	server *Server
+	gate   *HTTPProxy
+	// writes is shared by the clients' writes passing the gate and taken
+	// whole by the replicator while it applies.
+	writes sync.RWMutex
+	nudge  chan struct{}
+	cut    atomic.Bool
+
+	// Guarded by Regions.mu: the changes of other regions waiting to be
+	// applied here, those taken to be applied by the round under way, and
+	// when the last completed read of the streams began.
+	inbox    []change
+	applying int
+	polled   time.Time
+
+	// step is held by the replicator for each round (and by Replicate):
+	// it guards the rest.
+	step    sync.Mutex
+	streams []*stream
+	version map[itemID]stamp  // the newest write of each item here
+	expect  map[itemID]change // a replicated put whose record is yet to be read
+}
+
+// stream is one table's stream in a region: an iterator per shard ("":
+// the shard is closed and read to its end).
+type stream struct {
+	table, arn string
+	shards     map[string]string
+}
+
+type itemID struct{ table, key string }
+
+// stamp orders the writes of an item: when its region's replicator read
+// it, then the region.
+type stamp struct {
+	at  time.Time
+	src int
+}
+
+func (a stamp) after(b stamp) bool {
+	return a.at.After(b.at) || a.at.Equal(b.at) && a.src > b.src
+}
+
+// change is a write to replicate: the item's new image (nil: deleted).
+type change struct {
+	id    itemID
+	keys  attrs
+	image json.RawMessage
+	st    stamp
+	due   time.Time
+}
+
+// ReplicationStats is what a [Regions]' replicator did. Matrices are
+// indexed [from][to].
+type ReplicationStats struct {
+	// Local is the writes, per region, that its own clients made (read
+	// from its stream).
+	Local []int64
+	// Applied is the writes put into another region. Superseded is those
+	// another region did not take because it held a newer write of the
+	// item (last writer wins); Coalesced those a newer write of the item,
+	// due at the same time, replaced before they were applied.
+	Applied, Superseded, Coalesced [][]int64
+	// Echoes is the replicated puts read back from their destination's
+	// stream (not replicated again).
+	Echoes int64
+	// Pending is the writes waiting for their lag or for a partition to
+	// heal.
+	Pending int
+	// MinDelay and MaxDelay bound the time from a write being read in its
+	// region to its being applied in another (0 before any).
+	MinDelay, MaxDelay time.Duration
+	// Holds is the times a gate held its region's writes back while the
+	// replicator applied, and MaxHold the longest.
+	Holds   int64
+	MaxHold time.Duration
+}
+
+// StartRegions starts cfg.Regions private DynamoDB Local servers (a few
+// seconds each, and a JVM each: start them only in tests that need them),
+// each behind its gate, and their replicator. Tables are created through
+// the regions' endpoints as in one region, then handed to
+// [Regions.Replicate] while still empty.
+func StartRegions(t testing.TB, cfg RegionsConfig) *Regions {
+	t.Helper()
+	n := cfg.Regions
+	if n == 0 {
+		n = 3
+	}
+	if n < 2 || cfg.Lag < 0 {
+		t.Fatalf("testserver: regions: %d regions, lag %v: want 2 or more, and a lag of 0 or more", n, cfg.Lag)
+	}
+	g := &Regions{
+		t:      t,
+		lag:    orDefault(cfg.Lag, DefaultLag),
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute}},
+		stop:   make(chan struct{}),
+	}
+	g.stats = ReplicationStats{Local: make([]int64, n), Applied: square(n), Superseded: square(n), Coalesced: square(n)}
+	for i := range n {
+		r := &region{i: i, server: StartDynamoDBLocal(t), nudge: make(chan struct{}, 1),
+			version: map[itemID]stamp{}, expect: map[itemID]change{}}
+		r.gate = newHTTPProxy(t, r.server.Endpoint(), r.hold)
+		g.rs = append(g.rs, r)
+	}
+	for _, r := range g.rs {
+		g.done.Go(func() { g.run(r) })
+	}
+	t.Cleanup(func() {
+		close(g.stop)
+		g.done.Wait()
+		if err := g.Err(); err != nil {
+			t.Errorf("testserver: regions: %v", err)
+		}
+	})
+	return g
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func square(n int) [][]int64 {
+	m := make([][]int64, n)
+	for i := range m {
+		m[i] = make([]int64, n)
+	}
+	return m
+}
+
+// gatedOps are the operations that write items: the gate holds them back
+// while the replicator applies.
+var gatedOps = map[string]bool{
+	"PutItem": true, "UpdateItem": true, "DeleteItem": true, "BatchWriteItem": true, "TransactWriteItems": true,
+	"ExecuteStatement": true, "BatchExecuteStatement": true, "ExecuteTransaction": true,
+}
+
+// hold is the gate: a write passes while the replicator is not applying,
+// and nudges it once answered.
+func (r *region) hold(op string) func() {
+	if !gatedOps[op] {
+		return func() {}
+	}
+	r.writes.RLock()
+	return func() {
+		r.writes.RUnlock()
+		select {
+		case r.nudge <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Len returns the number of regions.
+func (g *Regions) Len() int { return len(g.rs) }
+
+// Lag returns the replication lag.
+func (g *Regions) Lag() time.Duration { return g.lag }
+
+// Endpoint returns region i's endpoint URL (its gate) for clients.
+func (g *Regions) Endpoint(i int) string { return g.rs[i].gate.URL() }
+
+// Gate returns region i's gate, which records its clients' requests (Len,
+// Since).
+func (g *Regions) Gate(i int) *HTTPProxy { return g.rs[i].gate }
+
+// Partition cuts region i off: its writes are not applied elsewhere, and
+// nothing is applied to it, until Heal; they wait (Pending).
+func (g *Regions) Partition(i int) { g.rs[i].cut.Store(true) }
+
+// Heal ends region i's partition: what waited is applied at once (its lag
+// has passed), last writer wins.
+func (g *Regions) Heal(i int) {
+	g.rs[i].cut.Store(false)
+	for _, r := range g.rs {
+		r.poke()
+	}
+}
+
+func (r *region) poke() {
+	select {
+	case r.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// Err returns the replicator's first error (a stream or a put that
+// failed), also reported as a test error when the test ends.
+func (g *Regions) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+func (g *Regions) fail(err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err == nil {
+		g.err = err
+	}
+}
+
+// Stats returns a snapshot of the replicator's counts.
+func (g *Regions) Stats() ReplicationStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := g.stats
+	s.Local = slices.Clone(s.Local)
+	clone := func(m [][]int64) [][]int64 {
+		c := make([][]int64, len(m))
+		for i := range m {
+			c[i] = slices.Clone(m[i])
+		}
+		return c
+	}
+	s.Applied, s.Superseded, s.Coalesced = clone(s.Applied), clone(s.Superseded), clone(s.Coalesced)
+	for _, r := range g.rs {
+		s.Pending += len(r.inbox)
+	}
+	return s
+}
+
+// Settle waits until every write made before it was called has been
+// applied in every region, or superseded there (none waits on a
+// partition), or until ctx ends.
+func (g *Regions) Settle(ctx context.Context) error {
+	mark := time.Now()
+	for {
+		for _, r := range g.rs {
+			r.poke()
+		}
+		g.mu.Lock()
+		done := true
+		for _, r := range g.rs {
+			if !r.polled.After(mark) || len(r.inbox) > 0 || r.applying > 0 {
+				done = false
+			}
+		}
+		g.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("testserver: regions: settle: %w (%d writes pending)", ctx.Err(), g.Stats().Pending)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Replicate starts replicating table, which exists (empty) in every
+// region: it enables the table's stream (NEW_IMAGE) in each and reads it
+// from its start.
+func (g *Regions) Replicate(ctx context.Context, table string) error {
+	for _, r := range g.rs {
+		target := r.server.Endpoint()
+		var desc struct {
+			Table struct {
+				StreamSpecification struct{ StreamEnabled bool }
+				LatestStreamArn     string
+			}
+		}
+		if err := g.call(ctx, target, "DynamoDB_20120810.DescribeTable", map[string]string{"TableName": table}, &desc); err != nil {
+			return err
+		}
+		if !desc.Table.StreamSpecification.StreamEnabled {
+			var upd struct {
+				TableDescription struct{ LatestStreamArn string }
+			}
+			spec := map[string]any{"TableName": table, "StreamSpecification": map[string]any{"StreamEnabled": true, "StreamViewType": "NEW_IMAGE"}}
+			if err := g.call(ctx, target, "DynamoDB_20120810.UpdateTable", spec, &upd); err != nil {
+				return err
+			}
+			desc.Table.LatestStreamArn = upd.TableDescription.LatestStreamArn
+		}
+		s := &stream{table: table, arn: desc.Table.LatestStreamArn, shards: map[string]string{}}
+		r.step.Lock()
+		err := g.describe(ctx, r, s)
+		if err == nil {
+			r.streams = append(r.streams, s)
+		}
+		r.step.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// describe adds the stream's shards it does not know yet, read from
+// their start. r.step is held.
+func (g *Regions) describe(ctx context.Context, r *region, s *stream) error {
+	var out struct {
+		StreamDescription struct {
+			Shards []struct{ ShardId string }
+		}
+	}
+	if err := g.call(ctx, r.server.Endpoint(), "DynamoDBStreams_20120810.DescribeStream", map[string]string{"StreamArn": s.arn}, &out); err != nil {
+		return err
+	}
+	for _, sh := range out.StreamDescription.Shards {
+		if _, ok := s.shards[sh.ShardId]; ok {
+			continue
+		}
+		var it struct{ ShardIterator string }
+		in := map[string]string{"StreamArn": s.arn, "ShardId": sh.ShardId, "ShardIteratorType": "TRIM_HORIZON"}
+		if err := g.call(ctx, r.server.Endpoint(), "DynamoDBStreams_20120810.GetShardIterator", in, &it); err != nil {
+			return err
+		}
+		s.shards[sh.ShardId] = it.ShardIterator
+	}
+	return nil
+}
+
+// call sends one request of the replicator's own to a region's server.
+func (g *Regions) call(ctx context.Context, target, op string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	u, err := post(ctx, g.client, target, localHeader(op), body)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if u.status != http.StatusOK {
+		return fmt.Errorf("%s: %d %s", op, u.status, u.body)
+	}
+	if out != nil {
+		if err := json.Unmarshal(u.body, out); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	return nil
+}
+
+// run is region r's replicator: a round after each nudge (pollGap later),
+// when a change is due, and every idlePoll.
+func (g *Regions) run(r *region) {
+	timer := time.NewTimer(idlePoll)
+	defer timer.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-r.nudge:
+			select {
+			case <-g.stop:
+				return
+			case <-time.After(pollGap):
+			}
+		case <-timer.C:
+		}
+		g.round(r)
+		wait := idlePoll
+		if due, ok := g.nextDue(r); ok {
+			wait = min(wait, max(time.Until(due), 0))
+		}
+		timer.Reset(wait)
+	}
+}
+
+// round reads r's streams, then applies what is due in r: with the gate
+// closed, after reading the streams again, so that every write of r's
+// clients that completed is known (and newer) before an older one is put.
+func (g *Regions) round(r *region) {
+	r.step.Lock()
+	defer r.step.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := g.poll(ctx, r); err != nil {
+		g.fail(err)
+		return
+	}
+	g.mu.Lock()
+	r.polled = start
+	g.mu.Unlock()
+	due := g.takeDue(r, time.Now())
+	if len(due) == 0 {
+		return
+	}
+	r.writes.Lock()
+	held := time.Now()
+	if err := g.poll(ctx, r); err != nil {
+		g.fail(err)
+	}
+	g.apply(ctx, r, due)
+	r.writes.Unlock()
+	g.mu.Lock()
+	r.applying = 0
+	g.stats.Holds++
+	g.stats.MaxHold = max(g.stats.MaxHold, time.Since(held))
+	g.mu.Unlock()
+}
+
+// streamRecord is the part of a stream record the replicator reads.
+type streamRecord struct {
+	EventName string `json:"eventName"`
+	Dynamodb  struct {
+		Keys     attrs
+		NewImage json.RawMessage
+	} `json:"dynamodb"`
+}
+
+// getRecordsLimit is GetRecords' largest page.
+const getRecordsLimit = 1000
+
+// poll reads r's streams to their ends. r.step is held.
+func (g *Regions) poll(ctx context.Context, r *region) error {
+	for _, s := range r.streams {
+		closed := false
+		for id, it := range s.shards {
+			for it != "" {
+				var out struct {
+					Records           []streamRecord
+					NextShardIterator string
+				}
+				if err := g.call(ctx, r.server.Endpoint(), "DynamoDBStreams_20120810.GetRecords", map[string]any{"ShardIterator": it, "Limit": getRecordsLimit}, &out); err != nil {
+					return fmt.Errorf("region %d, table %s: %w", r.i, s.table, err)
+				}
+				now := time.Now()
+				for _, rec := range out.Records {
+					if err := g.record(r, s.table, rec, now); err != nil {
+						return err
+					}
+				}
+				it = out.NextShardIterator
+				if it == "" {
+					closed = true
+				}
+				if len(out.Records) < getRecordsLimit {
+					break
+				}
+			}
+			s.shards[id] = it
+		}
+		if closed {
+			// A closed shard has children: read them from their start.
+			if err := g.describe(ctx, r, s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// record takes one record of r's stream, read at now: the echo of a
+// replicated put, or a write of r's clients, queued for the others.
+func (g *Regions) record(r *region, table string, rec streamRecord, now time.Time) error {
+	key, err := keyID(rec.Dynamodb.Keys)
+	if err != nil {
+		return fmt.Errorf("region %d, table %s: %w", r.i, table, err)
+	}
+	id := itemID{table, key}
+	var image json.RawMessage
+	if rec.EventName != "REMOVE" {
+		image = rec.Dynamodb.NewImage
+	}
+	if exp, ok := r.expect[id]; ok {
+		// The first record of the item after a replicated put is the put
+		// itself, or (a put that changed nothing has no record) a
+		// client's later write, which changed the item.
+		delete(r.expect, id)
+		if sameImage(exp.image, image) {
+			g.mu.Lock()
+			g.stats.Echoes++
+			g.mu.Unlock()
+			return nil
+		}
+	}
+	st := stamp{now, r.i}
+	r.version[id] = st
+	c := change{id: id, keys: rec.Dynamodb.Keys, image: image, st: st, due: now.Add(g.lag)}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.stats.Local[r.i]++
+	for _, o := range g.rs {
+		if o != r {
+			o.inbox = append(o.inbox, c)
+		}
+	}
+	return nil
+}
+
+// keyID is an item's identity in its table from its key attributes.
+func keyID(keys attrs) (string, error) {
+	names := make([]string, 0, len(keys))
+	for n := range keys {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	for _, n := range names {
+		v, err := keyString(keys[n])
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(n + "=" + v + "\x00")
+	}
+	return b.String(), nil
+}
+
+// sameImage reports whether two item images (nil: none) hold the same
+// attributes, whatever their order.
+func sameImage(a, b json.RawMessage) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return len(a) == len(b)
+	}
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+// takeDue removes from r's inbox the changes due at now whose source is
+// not cut off (none when r is).
+func (g *Regions) takeDue(r *region, now time.Time) []change {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if r.cut.Load() {
+		return nil
+	}
+	var due []change
+	keep := r.inbox[:0]
+	for _, c := range r.inbox {
+		if !c.due.After(now) && !g.rs[c.st.src].cut.Load() {
+			due = append(due, c)
+		} else {
+			keep = append(keep, c)
+		}
+	}
+	clear(r.inbox[len(keep):])
+	r.inbox = keep
+	r.applying = len(due)
+	return due
+}
+
+// nextDue is when the next change r may apply is due.
+func (g *Regions) nextDue(r *region) (time.Time, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if r.cut.Load() {
+		return time.Time{}, false
+	}
+	var next time.Time
+	for _, c := range r.inbox {
+		if !g.rs[c.st.src].cut.Load() && (next.IsZero() || c.due.Before(next)) {
+			next = c.due
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// apply puts the newest due change of each item into r, unless r holds a
+// newer write of it. r.step and r's gate are held.
+func (g *Regions) apply(ctx context.Context, r *region, due []change) {
+	best := map[itemID]change{}
+	var order []itemID
+	for _, c := range due {
+		b, ok := best[c.id]
+		switch {
+		case !ok:
+			best[c.id] = c
+			order = append(order, c.id)
+			continue
+		case c.st.after(b.st):
+			best[c.id] = c
+			c = b
+		}
+		g.mu.Lock()
+		g.stats.Coalesced[c.st.src][r.i]++
+		g.mu.Unlock()
+	}
+	for _, id := range order {
+		c := best[id]
+		if v, ok := r.version[id]; ok && !c.st.after(v) {
+			g.mu.Lock()
+			g.stats.Superseded[c.st.src][r.i]++
+			g.mu.Unlock()
+			continue
+		}
+		var err error
+		if c.image == nil {
+			err = g.call(ctx, r.server.Endpoint(), "DynamoDB_20120810.DeleteItem", map[string]any{"TableName": id.table, "Key": c.keys}, nil)
+		} else {
+			err = g.call(ctx, r.server.Endpoint(), "DynamoDB_20120810.PutItem", map[string]any{"TableName": id.table, "Item": c.image}, nil)
+		}
+		if err != nil {
+			g.fail(fmt.Errorf("apply in region %d: %w", r.i, err))
+			continue
+		}
+		r.version[id] = c.st
+		r.expect[id] = c
+		delay := time.Since(c.st.at)
+		g.mu.Lock()
+		g.stats.Applied[c.st.src][r.i]++
+		if g.stats.MinDelay == 0 || delay < g.stats.MinDelay {
+			g.stats.MinDelay = delay
+		}
+		g.stats.MaxDelay = max(g.stats.MaxDelay, delay)
+		g.mu.Unlock()
+	}
+}
+
+// MRSCRegions is the number of regions of an MRSC table: exactly three.
+const MRSCRegions = 3
+
+// MRSC is a local multi-Region strongly consistent global table: one
+// DynamoDB Local (one copy of each item, so that every conditional write
+// and every read is linearizable across the regions) reached through one
+// [HTTPProxy] per region that holds every request for the cross-region
+// latency, as an MRSC write (a cross-region quorum) and a strongly
+// consistent read pay it. Differences from DynamoDB: eventually consistent
+// reads pay it too (DynamoDB answers them in the region), and concurrent
+// writes of one item from two regions never fail with
+// ReplicatedWriteConflictException (they are serialized by the one
+// server). Each proxy records its requests.
+type MRSC struct {
+	proxies []*HTTPProxy
+}
+
+// NewMRSC starts the three regions' proxies in front of target (a
+// DynamoDB Local's URL: the shared one serves) with latency added to every
+// request; they close when the test ends.
+func NewMRSC(t testing.TB, target string, latency time.Duration) *MRSC {
+	t.Helper()
+	if latency < 0 {
+		t.Fatalf("testserver: mrsc: latency %v is negative", latency)
+	}
+	m := &MRSC{}
+	for range MRSCRegions {
+		p := NewHTTPProxy(t, target)
+		p.SetDelay(latency)
+		m.proxies = append(m.proxies, p)
+	}
+	return m
+}
+
+// Endpoint returns region i's endpoint URL.
+func (m *MRSC) Endpoint(i int) string { return m.proxies[i].URL() }
+
+// Proxy returns region i's proxy (its recorded requests: Len, Since).
+func (m *MRSC) Proxy(i int) *HTTPProxy { return m.proxies[i] }
+
+// Requests returns the requests the regions' proxies passed on so far.
+func (m *MRSC) Requests() int {
+	n := 0
+	for _, p := range m.proxies {
+		n += p.Len()
+	}
+	return n
+}
