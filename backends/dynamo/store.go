@@ -113,12 +113,15 @@ type Config struct {
 	// MaxDetached bounds the refunds in flight without a waiter; a refund
 	// over the bound is waited for. Zero means DefaultMaxDetached.
 	MaxDetached int
-	// NoBucketLeases stops token buckets with Leases from taking capacity
-	// leases on this store: they then decide every call at the store.
-	// By default a bucket item keeps a lease ring once a lease is taken
-	// ([Store.KeepsLeased]; docs/stores.md has the layout). Windows lease
+	// BucketLeases lets token buckets with Leases take capacity leases on
+	// this store: a bucket item then keeps a lease ring once a lease is
+	// taken ([Store.KeepsLeased]; docs/stores.md has the layout). Off by
+	// default: never over the limit, but a hot bucket that stays full
+	// under-admits (its spent tokens are settled as if spent at the
+	// settlement, while the bucket refilled them; docs/leases.md), so a
+	// bucket decides every call at the store unless asked. Windows lease
 	// on every store.
-	NoBucketLeases bool
+	BucketLeases bool
 }
 
 // Store keeps limiter state in one DynamoDB table. It implements
