@@ -77,3 +77,29 @@ func TestLeaseSetting(t *testing.T) {
 		}
 	}
 }
+
+// TestScope: a rule's scope is region (the default) or global, and a
+// global rule's every limit names backend dynamo.
+func TestScope(t *testing.T) {
+	for _, c := range []struct{ scope, limits, err string }{
+		{"", "{algorithm: token_bucket, max_amount: 5, refill_time: 1s}", ""},
+		{"scope: region", "{algorithm: token_bucket, max_amount: 5, refill_time: 1s, backend: memcached}", ""},
+		{"scope: global", "{algorithm: token_bucket, max_amount: 5, refill_time: 1s, backend: dynamo}", ""},
+		{"scope: global", "{algorithm: token_bucket, max_amount: 5, refill_time: 1s}", `global needs every limit on backend dynamo`},
+		{"scope: global", "{algorithm: sliding_window, limit: 5, window: 1m, backend: memcached}", `has backend "memcached"`},
+		{"scope: everywhere", "{algorithm: token_bucket, max_amount: 5, refill_time: 1s, backend: dynamo}", `"everywhere" is not region or global`},
+	} {
+		doc := "rules:\n  - name: r\n    key: all\n    " + c.scope + "\n    limits:\n      - " + c.limits + "\n"
+		_, err := Load([]byte(doc), Options{})
+		if c.err == "" && err != nil && !strings.Contains(err.Error(), "not configured") {
+			t.Errorf("%s %s: %v", c.scope, c.limits, err)
+		}
+		if c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%s %s: error %v, want one containing %q", c.scope, c.limits, err, c.err)
+		}
+	}
+	rules, err := Parse([]byte("rules:\n  - name: r\n    key: all\n    scope: global\n    limits:\n      - {algorithm: token_bucket, max_amount: 5, refill_time: 1s, backend: dynamo}\n"))
+	if err != nil || rules[0].Scope != ScopeGlobal || rules[0].Scope.String() != "global" {
+		t.Errorf("parsed %+v, %v: want scope global", rules, err)
+	}
+}

@@ -95,6 +95,32 @@ type Rule struct {
 	// flight. The authorizer acquires a lease and passes it on in its
 	// context; the integration releases it (lambdawrap).
 	Concurrency *ConcurrencyLimit `rule:"concurrency"`
+	// Scope says where the rule's limits hold: ScopeRegion (the zero
+	// value, "region": a limit per region, whatever the store) or
+	// ScopeGlobal ("global": one limit across the deployment's regions,
+	// which only a DynamoDB table that is strongly consistent across
+	// regions serves; every limit of the rule then names backend dynamo,
+	// and the construct refuses the rule on any other table;
+	// docs/regions.md).
+	Scope Scope `rule:"scope"`
+}
+
+// Scope is where a rule's limits hold ([Rule.Scope]).
+type Scope uint8
+
+const (
+	// ScopeRegion: a limit per region.
+	ScopeRegion Scope = iota
+	// ScopeGlobal: one limit across regions.
+	ScopeGlobal
+)
+
+// String returns "region" or "global".
+func (s Scope) String() string {
+	if s == ScopeGlobal {
+		return "global"
+	}
+	return "region"
 }
 
 // Tier is one named set of a rule's limits.
@@ -552,7 +578,23 @@ func (c *compiledRule) compileRest(minCap int64, bad badFunc) error {
 		}
 		c.require = append(c.require, p)
 	}
+	if c.Scope == ScopeGlobal {
+		for _, l := range c.allLimits() {
+			if l.Backend != "dynamo" {
+				return bad("scope", "global needs every limit on backend dynamo (memcached and memory keep a limit per region); %s has backend %q", l.Name, l.Backend)
+			}
+		}
+	}
 	return nil
+}
+
+// allLimits is every limit of the rule, every tier's included.
+func (c *compiledRule) allLimits() []Limit {
+	ls := append([]Limit(nil), c.Limits...)
+	for _, t := range c.Tiers {
+		ls = append(ls, t.Limits...)
+	}
+	return ls
 }
 
 // checkLimit validates l and fills in its defaults (Name, SubWindows,

@@ -108,7 +108,7 @@ func (m *mapping) field(name string, p any) (err error) {
 		*p, _, err = m.strs(name)
 	case *time.Duration:
 		*p, _, err = m.duration(name)
-	case *Algorithm, *FailMode, *limiter.Priority, *limiter.Estimator, *limiter.Representation, *LeaseMode:
+	case *Algorithm, *FailMode, *limiter.Priority, *limiter.Estimator, *limiter.Representation, *LeaseMode, *Scope:
 		return m.enum(name, p)
 	case *Match, *ClientIP:
 		return m.nested(name, func(sub *mapping) error { return sub.decode(p) })
@@ -167,6 +167,15 @@ func (m *mapping) enum(name string, p any) error {
 			*p = LeaseOff
 		default:
 			return m.errorf(name, "%q is not auto or off", s)
+		}
+	case *Scope:
+		switch s {
+		case "region":
+			*p = ScopeRegion
+		case "global":
+			*p = ScopeGlobal
+		default:
+			return m.errorf(name, "%q is not region or global", s)
 		}
 	}
 	return nil

@@ -74,6 +74,14 @@ type Props struct {
 	// throughput (docs/infra.md "Sizing the state table"). Zero: AWS's
 	// defaults. With Table set, size your table where you define it.
 	TableThroughput TableThroughput
+	// TableMode says what the state table is across regions, for the
+	// rules' scope: TableRegional (""; a table in one region, or memcached
+	// alone), TableEventual (a global table in the default mode: writes
+	// replicate asynchronously, last writer wins) or TableMRSC (a global
+	// table with multi-Region strong consistency). A rule with scope
+	// global is refused at synth unless it is TableMRSC: only that table
+	// keeps one limit across regions (docs/regions.md).
+	TableMode string
 
 	// Function configures the authorizer function.
 	Function Function
@@ -120,6 +128,13 @@ type Props struct {
 	// alone (a Deny is then API Gateway's default 403). Default true.
 	GatewayResponses *bool
 }
+
+// The state table's modes across regions ([Props].TableMode).
+const (
+	TableRegional = ""
+	TableEventual = "eventual"
+	TableMRSC     = "mrsc"
+)
 
 // Rules says where the authorizer reads its rules: exactly one field. A
 // document given here (YAML, File, BundlePath) is parsed with package

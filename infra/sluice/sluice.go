@@ -25,6 +25,7 @@ import (
 	"github.com/cdklabs/cdk-nag-go/cdknag/v2"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/policy"
 )
 
 // Attribute names of the tables, as backends/dynamo and the rules-table
@@ -139,6 +140,7 @@ func New(scope constructs.Construct, id string, props *Props) *RateLimiter {
 		r.fail("%v", err)
 	}
 	r.rules = rules
+	r.checkScopes()
 	r.deriveRetryAfter()
 	if len(r.errs) > 0 {
 		// Nothing sensible can be built; synthesis reports the errors.
@@ -662,4 +664,32 @@ func (s Shedding) Env(cache bool) (map[string]string, error) {
 		return nil, fmt.Errorf("%s: %w", propOf(err), err)
 	}
 	return env, nil
+}
+
+// checkScopes refuses a rule with scope global unless the state table
+// serves one limit across regions (Props.TableMode TableMRSC): a
+// regional table keeps a limit per region, and an eventual global table
+// lets every region admit the whole limit (up to N times it across N
+// regions).
+func (r *RateLimiter) checkScopes() {
+	p := &r.props
+	switch p.TableMode {
+	case TableRegional, TableEventual, TableMRSC:
+	default:
+		r.fail("TableMode: %q is not %q, %q or %q", p.TableMode, TableRegional, TableEventual, TableMRSC)
+		return
+	}
+	if r.rules == nil || p.TableMode == TableMRSC {
+		return
+	}
+	for _, rule := range r.rules.rules {
+		if rule.Scope != policy.ScopeGlobal {
+			continue
+		}
+		why := "a regional table keeps a limit per region"
+		if p.TableMode == TableEventual {
+			why = "an eventual global table lets each region admit the whole limit"
+		}
+		r.fail("rule %q: scope global needs TableMode %q (a DynamoDB table with multi-Region strong consistency); %s", rule.Name, TableMRSC, why)
+	}
 }

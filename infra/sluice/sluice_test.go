@@ -774,6 +774,11 @@ func TestPropErrors(t *testing.T) {
 			"sluice: TableThroughput.MaxReadRequestUnits: -1 is negative"},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableThroughput: sluice.TableThroughput{WarmWriteUnitsPerSecond: 5000, MaxWriteRequestUnits: 4500}},
 			"sluice: TableThroughput.WarmWriteUnitsPerSecond: 5000 is above MaxWriteRequestUnits (4500), which would throttle it"},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: globalRule}},
+			`sluice: rule "global": scope global needs TableMode "mrsc" (a DynamoDB table with multi-Region strong consistency); a regional table keeps a limit per region`},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: globalRule}, TableMode: sluice.TableEventual},
+			`sluice: rule "global": scope global needs TableMode "mrsc" (a DynamoDB table with multi-Region strong consistency); an eventual global table lets each region admit the whole limit`},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableMode: "strong"}, `sluice: TableMode: "strong" is not`},
 	} {
 		s := awscdk.NewStack(app, jsii.String(fmt.Sprintf("S%d", i)), &awscdk.StackProps{Env: env})
 		p := tt.props
@@ -803,6 +808,19 @@ func TestPropErrors(t *testing.T) {
 	errs = sluice.New(s, "RateLimit", &sluice.Props{RestAPI: api, BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML},
 		Table: awsdynamodb.Table_FromTableName(s, jsii.String("State"), jsii.String("state")), TableThroughput: sluice.TableThroughput{MaxWriteRequestUnits: 100}}).Errors()
 	if !slices.ContainsFunc(errs, func(e string) bool { return strings.HasPrefix(e, "sluice: TableThroughput: sizes a table New creates") }) {
+		t.Errorf("errors %q", errs)
+	}
+}
+
+// globalRule is one limit across regions, on DynamoDB.
+const globalRule = "rules:\n  - name: global\n    key: all\n    scope: global\n    limits:\n      - {algorithm: sliding_window, limit: 1000, window: 1m, backend: dynamo}\n"
+
+// A rule with scope global is served on a table with multi-Region strong
+// consistency: New accepts it there (TestPropErrors has the refusals).
+func TestGlobalRuleOnMRSC(t *testing.T) {
+	app := awscdk.NewApp(nil)
+	s := awscdk.NewStack(app, jsii.String("Global"), &awscdk.StackProps{Env: env})
+	if errs := sluice.New(s, "RateLimit", &sluice.Props{RestAPI: petsAPI(s), BootstrapDir: bootDir, Rules: sluice.Rules{YAML: globalRule}, TableMode: sluice.TableMRSC}).Errors(); len(errs) != 0 {
 		t.Errorf("errors %q", errs)
 	}
 }

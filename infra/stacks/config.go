@@ -810,3 +810,15 @@ var retentionNames = []string{"ONE_DAY", "THREE_DAYS", "FIVE_DAYS", "ONE_WEEK", 
 func retention(days int) awslogs.RetentionDays {
 	return awslogs.RetentionDays(retentionNames[slices.Index(logRetentionDays, days)])
 }
+
+// tableMode is the state table's mode across regions, for the rules'
+// scope (sluice.Props.TableMode).
+func (c *Config) tableMode() string {
+	switch {
+	case c.Consistency == ConsistencyMRSC:
+		return sluice.TableMRSC
+	case len(c.Regions) > 1:
+		return sluice.TableEventual
+	}
+	return sluice.TableRegional
+}

@@ -2,6 +2,7 @@ package stacks
 
 import (
 	"fmt"
+	"github.com/sluicehq/sluice/infra/sluice"
 	"os"
 	"path/filepath"
 	"slices"
@@ -268,3 +269,22 @@ func TestShedding(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// The table's mode across regions, which decides whether a rule may be
+// global: mrsc only.
+func TestTableMode(t *testing.T) {
+	for _, c := range []struct {
+		regions     []string
+		consistency string
+		want        string
+	}{
+		{[]string{"us-east-1"}, ConsistencyDefault, sluice.TableRegional},
+		{[]string{"us-east-1", "eu-west-1"}, ConsistencyDefault, sluice.TableEventual},
+		{[]string{"us-east-1", "us-east-2", "us-west-2"}, ConsistencyMRSC, sluice.TableMRSC},
+	} {
+		cfg := Config{Regions: c.regions, Consistency: c.consistency}
+		if got := cfg.tableMode(); got != c.want {
+			t.Errorf("%v %s: %q, want %q", c.regions, c.consistency, got, c.want)
+		}
+	}
+}

@@ -65,6 +65,7 @@ func NewRegionStack(scope awscdk.App, p RegionStackProps) *RegionStack {
 		RetryAfter:             time.Duration(c.API.RetryAfterSeconds) * time.Second,
 		ContextHeaders:         c.API.ContextHeaders,
 		LegacyRateLimitHeaders: c.API.LegacyRateLimitHeaders,
+		TableMode:              c.tableMode(),
 	}
 	props.Function.LogicalID = AuthorizerLogicalID
 	if c.Edge != nil {
