@@ -34,6 +34,14 @@ type LeaseStats struct {
 	Lost int64
 }
 
+// Add returns the sum of s and o.
+func (s LeaseStats) Add(o LeaseStats) LeaseStats {
+	return LeaseStats{
+		Takes: s.Takes + o.Takes, Granted: s.Granted + o.Granted, Decisions: s.Decisions + o.Decisions,
+		Returns: s.Returns + o.Returns, Returned: s.Returned + o.Returned, Lost: s.Lost + o.Lost,
+	}
+}
+
 // Lease tuning: see docs/leases.md ("Adaptive size") for the measurements
 // behind each figure.
 const (

@@ -156,28 +156,12 @@ func placeholderName(p keyPart) string {
 // whose limits do not lease, or an unknown rule.
 func (p *Policy) LeaseStats(rule string) limiter.LeaseStats {
 	var sum limiter.LeaseStats
-	r, err := p.rule(rule)
-	if err != nil {
-		return sum
-	}
-	add := func(ls []limiter.Limiter) {
-		for _, l := range ls {
-			s, ok := l.(interface{ LeaseStats() limiter.LeaseStats })
-			if !ok {
-				continue
+	if r, err := p.rule(rule); err == nil {
+		r.eachLimit(func(l limiter.Limiter) {
+			if s, ok := l.(interface{ LeaseStats() limiter.LeaseStats }); ok {
+				sum = sum.Add(s.LeaseStats())
 			}
-			st := s.LeaseStats()
-			sum.Takes += st.Takes
-			sum.Granted += st.Granted
-			sum.Decisions += st.Decisions
-			sum.Returns += st.Returns
-			sum.Returned += st.Returned
-			sum.Lost += st.Lost
-		}
-	}
-	add(r.limits)
-	for _, t := range r.tiers {
-		add(t)
+		})
 	}
 	return sum
 }
@@ -189,18 +173,28 @@ func (p *Policy) LeaseStats(rule string) limiter.LeaseStats {
 func (p *Policy) ReturnLeases(ctx context.Context, now time.Time) error {
 	var errs []error
 	for _, r := range p.rules {
-		lists := append([][]limiter.Limiter{r.limits}, r.tiers...)
-		for _, ls := range lists {
-			for _, l := range ls {
-				if rl, ok := l.(interface {
-					ReturnLeases(context.Context, time.Time) error
-				}); ok {
-					if err := rl.ReturnLeases(ctx, now); err != nil {
-						errs = append(errs, err)
-					}
+		r.eachLimit(func(l limiter.Limiter) {
+			if rl, ok := l.(interface {
+				ReturnLeases(context.Context, time.Time) error
+			}); ok {
+				if err := rl.ReturnLeases(ctx, now); err != nil {
+					errs = append(errs, err)
 				}
 			}
-		}
+		})
 	}
 	return errors.Join(errs...)
+}
+
+// eachLimit calls f with each of the rule's limiters, every tier's
+// included.
+func (r *boundRule) eachLimit(f func(limiter.Limiter)) {
+	for _, l := range r.limits {
+		f(l)
+	}
+	for _, t := range r.tiers {
+		for _, l := range t {
+			f(l)
+		}
+	}
 }

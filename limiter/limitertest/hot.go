@@ -75,13 +75,7 @@ func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) Hot
 	wg.Wait()
 	for _, l := range limiters {
 		if s, ok := l.(interface{ LeaseStats() limiter.LeaseStats }); ok {
-			st := s.LeaseStats()
-			rep.Leases.Takes += st.Takes
-			rep.Leases.Granted += st.Granted
-			rep.Leases.Decisions += st.Decisions
-			rep.Leases.Returns += st.Returns
-			rep.Leases.Returned += st.Returned
-			rep.Leases.Lost += st.Lost
+			rep.Leases = rep.Leases.Add(s.LeaseStats())
 		}
 	}
 	return rep
