@@ -52,6 +52,9 @@ func hotLimits(t *testing.T, alg string, store *limitertest.CountingStore, procs
 // without leases on the same calls, and at most 0.1 store calls per
 // decision.
 func TestLeasesHotKey(t *testing.T) {
+	if raceOn {
+		t.Skip("a throughput measurement: make test runs it without -race")
+	}
 	for _, alg := range []string{"bucket", "window", "packed"} {
 		t.Run(alg, func(t *testing.T) {
 			store := newCounted(t)

@@ -81,8 +81,8 @@ func (it bucketItem) view(op limiter.BucketOp) (v bucketView, ok bool) {
 }
 
 // KeepsLeased implements [limiter.LeaseKeeper]: a bucket item keeps its
-// capacity lease ring (bucketring.go) when Config.BucketLeases asks.
-func (s *Store) KeepsLeased() bool { return s.cfg.BucketLeases }
+// capacity lease ring (bucketring.go) once a lease is taken.
+func (s *Store) KeepsLeased() bool { return true }
 
 // UpdateBucket implements [limiter.BucketStore] with conditional writes and
 // no read in the common case: one UpdateItem per decision whatever the

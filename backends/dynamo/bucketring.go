@@ -26,7 +26,7 @@ import (
 // (ADD) and do not conflict with one another; a slot taken over by a new
 // epoch is set on condition that it is as seen (an expired epoch's slot
 // no longer changes). Settlement, a write of its own sent without waiting
-// once s reaches an eighth of MaxAmount, moves s into tat: by adding it
+// when s passes a step (settleAt), moves s into tat: by adding it
 // when the bucket is not full at that instant, or, when it is, by setting
 // tat to the full bucket's minus s (the refill the bucket could not hold
 // is dropped, as every full bucket's is). It reads s in the write itself,
@@ -257,9 +257,17 @@ const settleSkew = 50 * time.Millisecond
 
 // settleAt is the step of unsettled consumption at which a write's
 // answer sends a settlement: a quarter of the bucket (at least 4
-// tokens). The bucket then holds at most that many tokens fewer than if
-// every spent token were settled at once.
-func settleAt(op limiter.BucketOp) int64 { return max(op.MaxAmount/4, 4) }
+// tokens), or a thirty-second when the bucket is full and the write is a
+// lease's. Only a full bucket shows fewer tokens than it holds while s
+// is unsettled (its refill since the spending is credited at the
+// settlement), by up to the step: a hot key's step is small, a cold
+// key's (which leased once) costs a settlement per quarter of its bucket.
+func settleAt(op limiter.BucketOp, full bool) int64 {
+	if full && op.Leases() {
+		return max(op.MaxAmount/32, 4)
+	}
+	return max(op.MaxAmount/4, 4)
+}
 
 // maybeSettle sends, without waiting, the settlement of stored (the item
 // a write of op just returned, which added added to s) when that write
@@ -270,8 +278,7 @@ func settleAt(op limiter.BucketOp) int64 { return max(op.MaxAmount/4, 4) }
 // the write: a settlement whose regime changed before it landed fails
 // and is dropped (the next write's answer sends another).
 func (s *Store) maybeSettle(a attrs, op limiter.BucketOp, stored bucketItem, added int64) {
-	step := settleAt(op)
-	if !stored.ring || added <= 0 || stored.unsettled < step || (stored.unsettled-added)/step == stored.unsettled/step {
+	if !stored.ring || added <= 0 {
 		return
 	}
 	// As if spent settleSkew after the stamp of the write that crossed
@@ -286,6 +293,10 @@ func (s *Store) maybeSettle(a attrs, op limiter.BucketOp, stored bucketItem, add
 		return
 	}
 	floor := op.RefillAmount*((now-stored.base)/rt) - op.MaxAmount
+	step := settleAt(op, stored.tat < floor)
+	if stored.unsettled < step || (stored.unsettled-added)/step == stored.unsettled/step {
+		return
+	}
 	u := newUpdate()
 	name := func(attr string) string { return u.name(a.pre + attr) }
 	t, sn, hn := name(attrTat), name(attrUnsettled), name(attrHeld)

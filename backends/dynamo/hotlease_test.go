@@ -3,6 +3,7 @@ package dynamo_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,15 +35,16 @@ const (
 // other half, 1.2 times the limit, the key prefilled so that the limit
 // binds). It asserts, for every run, that the admitted units never
 // exceed the limit in any window of stamps (the history checkers) and
-// no failure; for the window, also at least 97% of what the same limiter
-// without leases admits on the same calls in stamp order, no throttled
-// decision after the first second and at most 0.1 store requests per
-// decision under the limit (counted at the proxy). The bucket (with
-// Config.BucketLeases) under-admits while it stays full (docs/leases.md):
-// its share, requests and throttles are reported.
+// no failure, and at least 97% of what the same limiter without leases
+// admits on the same calls in stamp order; under the limit, also no
+// throttled decision after the first second and at most 0.1 store
+// requests per decision (counted at the proxy).
 func TestLeasesHotKeyCapped(t *testing.T) {
 	if testing.Short() {
-		t.Skip("20 s against DynamoDB Local")
+		t.Skip("30 s against DynamoDB Local")
+	}
+	if raceOn {
+		t.Skip("a throughput measurement: make test runs it without -race")
 	}
 	for _, alg := range []string{"bucket", "window"} {
 		for _, uneven := range []bool{false, true} {
@@ -95,11 +97,12 @@ func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 	if err := dynamo.CreateTable(ctx, newClient(local), table); err != nil {
 		t.Fatal(err)
 	}
+	warmHot(t, local, table)
 	proxy := testserver.NewCapProxy(t, local, testserver.CapConfig{Scale: leaseScale})
 	ls := make([]limiter.Limiter, leaseProcs)
 	stores := make([]*dynamo.Store, leaseProcs)
 	for i := range ls {
-		st, err := dynamo.New(newClient(proxy.URL()), dynamo.Config{Table: table, Timeout: 2 * time.Second, BucketLeases: true})
+		st, err := dynamo.New(newClient(proxy.URL()), dynamo.Config{Table: table, Timeout: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,19 +160,17 @@ func leaseRun(t *testing.T, alg string, uneven bool) {
 		t.Errorf("%d decisions failed; the first: %v", rep.Failed, rep.FirstErr)
 	}
 	// The share is of what the run's decisions could get: the prefill
-	// (admitted alike by both) left out. A leasing bucket on DynamoDB
-	// under-admits while it stays full (docs/leases.md): its share is
-	// reported, not asserted.
-	if got, want := rep.Admitted-r.prefill, r.exact-r.prefill; alg == "window" && float64(got) < 0.97*float64(want) {
+	// (admitted alike by both) left out.
+	if got, want := rep.Admitted-r.prefill, r.exact-r.prefill; float64(got) < 0.97*float64(want) {
 		t.Errorf("admitted %d, below 97%% of the exact %d (the prefill of %d left out)", got, want, r.prefill)
 	}
 	// Over the limit (uneven), denied decisions cost a request each when
 	// the deny cache does not answer them: not asserted there.
-	if alg == "window" {
+	if !uneven {
 		if rep.ThrottledLate != 0 {
 			t.Errorf("%d decisions throttled after the first second", rep.ThrottledLate)
 		}
-		if !uneven && r.perDecision > 0.1 {
+		if r.perDecision > 0.1 {
 			t.Errorf("%.3f store requests a decision, above 0.1", r.perDecision)
 		}
 	}
@@ -211,6 +212,33 @@ func BenchmarkLeasesHotKey(b *testing.B) {
 }
 
 // ls0Store is a store of its own on table through the proxy.
+// warmed is the DynamoDB Local whose JIT a hot run has warmed.
+var warmed sync.Map // endpoint -> struct{}
+
+// warmHot runs both hot keys once, for a second and a half, on local
+// directly (no cap proxy), the first time a process measures on it: the
+// first seconds of a fresh DynamoDB Local JVM serve its first 64-way
+// storm of bucket writes at 150-300 ms a request (its JIT compiling),
+// several times what the same writes take once warm and what DynamoDB
+// takes, and a measured run that met that instead would measure the
+// emulator's warm-up.
+func warmHot(t testing.TB, local, table string) {
+	if _, done := warmed.LoadOrStore(local, struct{}{}); done {
+		return
+	}
+	for _, alg := range []string{"bucket", "window"} {
+		ls := make([]limiter.Limiter, leaseProcs)
+		for i := range ls {
+			st, err := dynamo.New(newClient(local), dynamo.Config{Table: table, Timeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls[i] = leaseLimiter(t, alg, st, true)
+		}
+		limitertest.RunHot(t.Context(), ls, limitertest.HotOptions{Key: "warm-" + alg, Rate: 0.8 * leaseLimit, Duration: 1500 * time.Millisecond})
+	}
+}
+
 func ls0Store(t testing.TB, table, endpoint string) *dynamo.Store {
 	st, err := dynamo.New(newClient(endpoint), dynamo.Config{Table: table, Timeout: 2 * time.Second})
 	if err != nil {
@@ -225,7 +253,7 @@ func ls0Store(t testing.TB, table, endpoint string) *dynamo.Store {
 // limit with arrivals reordered: never over the limit
 // (limitertest.RunLeaseHistory).
 func TestLeaseHistory(t *testing.T) {
-	st, _, _ := newStore(t, dynamo.Config{BucketLeases: true})
+	st, _, _ := newStore(t, dynamo.Config{})
 	mem, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -234,8 +262,10 @@ func TestLeaseHistory(t *testing.T) {
 }
 
 // TestColdLeases: a cold key decides the same with and without leases on
-// DynamoDB, one store call per decision the deny cache does not answer.
+// DynamoDB, with the same requests on the wire (counted per attempt by
+// the client's middleware), one per decision the deny cache does not
+// answer.
 func TestColdLeases(t *testing.T) {
-	st, _, _ := newStore(t, dynamo.Config{BucketLeases: true})
-	limitertest.RunColdLeases(t, st)
+	st, r, _ := newStore(t, dynamo.Config{})
+	limitertest.RunColdLeasesWire(t, st, r.load)
 }

@@ -18,7 +18,7 @@ import (
 // refill). A ring that counted a lease's units twice admitted 2,051 of
 // the memory store's 4,485 here.
 func TestLeaseRingMatchesMemory(t *testing.T) {
-	st, _, _ := newStore(t, dynamo.Config{BucketLeases: true})
+	st, _, _ := newStore(t, dynamo.Config{})
 	mem, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -148,7 +148,7 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	procs := make([][]limiter.Limiter, len(endpoints))
 	for i, ep := range endpoints {
 		for range regionProcs {
-			st, err := dynamo.New(newClient(ep), dynamo.Config{Table: table, Timeout: regionTimeout, BucketLeases: true})
+			st, err := dynamo.New(newClient(ep), dynamo.Config{Table: table, Timeout: regionTimeout})
 			if err != nil {
 				tb.Fatal(err)
 			}

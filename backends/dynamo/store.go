@@ -113,15 +113,6 @@ type Config struct {
 	// MaxDetached bounds the refunds in flight without a waiter; a refund
 	// over the bound is waited for. Zero means DefaultMaxDetached.
 	MaxDetached int
-	// BucketLeases lets token buckets with Leases take capacity leases on
-	// this store: a bucket item then keeps a lease ring once a lease is
-	// taken ([Store.KeepsLeased]; docs/stores.md has the layout). Off by
-	// default: never over the limit, but a hot bucket that stays full
-	// under-admits (its spent tokens are settled as if spent at the
-	// settlement, while the bucket refilled them; docs/leases.md), so a
-	// bucket decides every call at the store unless asked. Windows lease
-	// on every store.
-	BucketLeases bool
 }
 
 // Store keeps limiter state in one DynamoDB table. It implements

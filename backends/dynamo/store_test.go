@@ -19,6 +19,14 @@ func TestConformance(t *testing.T) {
 		r.load(), r.failed.Load(), st.Conflicts, st.Reads, st.Cleanups, st.LostRefunds, st.PackedStale)
 }
 
+// TestConformanceLeased runs the suite with capacity leases on every
+// token bucket and sliding window.
+func TestConformanceLeased(t *testing.T) {
+	s, r, _ := newStore(t, dynamo.Config{})
+	limitertest.RunLeased(t, limitertest.BucketsAtStamp(s))
+	t.Logf("%d requests", r.load())
+}
+
 // The acceptance: a bucket of 100 with a one-hour refill, 64
 // goroutines x 50 tries: exactly 100 allowed, and fewer than 1.5 requests
 // per decision (relative writes let concurrent takes that fit all succeed).

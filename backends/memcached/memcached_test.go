@@ -36,6 +36,12 @@ func TestConformance(t *testing.T) {
 	limitertest.Run(t, newStore(t, memcached.Config{KeyPrefix: "conformance:"}))
 }
 
+// TestConformanceLeased runs the suite with capacity leases on every
+// token bucket and sliding window.
+func TestConformanceLeased(t *testing.T) {
+	limitertest.RunLeased(t, newStore(t, memcached.Config{KeyPrefix: "conformance-leased:"}))
+}
+
 // limitertestKey returns a fresh key for t.
 func limitertestKey(t testing.TB) string { return limitertest.Key(t) }
 

@@ -126,3 +126,9 @@ func TestNewRejectsNegativeCap(t *testing.T) {
 		t.Fatal("negative MaxKeys accepted")
 	}
 }
+
+// TestConformanceLeased runs the suite with capacity leases on every
+// token bucket and sliding window.
+func TestConformanceLeased(t *testing.T) {
+	limitertest.RunLeased(t, newStore(t, memory.Config{}))
+}

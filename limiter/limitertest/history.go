@@ -518,7 +518,7 @@ func (sc Scenario) limiter(s Store, ds *DelayStore) (limiter.Limiter, time.Durat
 			return nil, 0, fmt.Errorf("limitertest: scenario %s: the store %T does not implement limiter.PackedCounter", sc.Name, s)
 		}
 		var w *limiter.SlidingWindow
-		if w, err = limiter.NewSlidingWindow(ds, *c); err == nil {
+		if w, err = limiter.NewSlidingWindow(ds, leaseWindow(*c)); err == nil {
 			lim = w
 			cfg := w.Config()
 			if cfg.Representation == limiter.Packed {
@@ -535,7 +535,7 @@ func (sc Scenario) limiter(s Store, ds *DelayStore) (limiter.Limiter, time.Durat
 	}
 	if c := sc.Bucket; c != nil {
 		kinds++
-		lim, err = limiter.NewTokenBucket(ds, *c)
+		lim, err = limiter.NewTokenBucket(ds, leaseBucket(*c))
 		boundary = c.RefillTime
 	}
 	if kinds != 1 {

@@ -197,14 +197,22 @@ func (f *ForgetfulBuckets) UpdateLog(context.Context, limiter.Key, limiter.LogOp
 // same calls (a few a second, stamps given) on two keys of s, one through
 // limits with Leases and one through the same limits without, get the
 // same decisions and the same number of store calls, one per decision.
-func RunColdLeases(t *testing.T, s Store) {
+func RunColdLeases(t *testing.T, s Store) { RunColdLeasesWire(t, s, nil) }
+
+// RunColdLeasesWire is [RunColdLeases] that also compares the requests
+// the store sent, as wire counts (a running total of requests on the
+// wire, or at the server) before and after each half.
+func RunColdLeasesWire(t *testing.T, s Store, wire func() int64) {
 	scs := LeaseScenarios(s)
 	for _, sc := range scs {
 		t.Run(sc.Name, func(t *testing.T) {
 			var decisions [2][]limiter.Decision
-			var calls [2]int64
+			var calls, sent [2]int64
 			at := time.Now()
 			for i, leases := range []bool{true, false} {
+				if wire != nil {
+					sent[i] = -wire()
+				}
 				cs := NewCountingStore(s)
 				var l limiter.Limiter
 				var err error
@@ -231,6 +239,9 @@ func RunColdLeases(t *testing.T, s Store) {
 					decisions[i] = append(decisions[i], d)
 				}
 				calls[i] = cs.calls.Load()
+				if wire != nil {
+					sent[i] += wire()
+				}
 			}
 			for n := range decisions[0] {
 				a, b := decisions[0][n], decisions[1][n]
@@ -241,7 +252,10 @@ func RunColdLeases(t *testing.T, s Store) {
 			if calls[0] != calls[1] {
 				t.Errorf("%d store calls with leases, %d without", calls[0], calls[1])
 			}
-			t.Logf("%s: 60 calls, identical decisions, %d store calls each", sc.Name, calls[0])
+			if wire != nil && sent[0] != sent[1] {
+				t.Errorf("%d requests on the wire with leases, %d without", sent[0], sent[1])
+			}
+			t.Logf("%s: 60 calls, identical decisions, %d store calls each (wire: %d requests with leases, %d without)", sc.Name, calls[0], sent[0], sent[1])
 		})
 	}
 }

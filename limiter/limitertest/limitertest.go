@@ -46,6 +46,11 @@ const opTimeout = 10 * time.Second
 
 // Run runs the whole suite against s.
 func Run(t *testing.T, s Store) {
+	runSuite(t, s)
+	t.Run("ColdLeases", func(t *testing.T) { RunColdLeases(t, s) })
+}
+
+func runSuite(t *testing.T, s Store) {
 	t.Run("TokenBucket", func(t *testing.T) { testTokenBucket(t, s) })
 	t.Run("SlidingWindow", func(t *testing.T) { testSlidingWindow(t, s) })
 	t.Run("FixedWindow", func(t *testing.T) { testFixedWindow(t, s) })
@@ -57,7 +62,6 @@ func Run(t *testing.T, s Store) {
 	t.Run("Concurrency", func(t *testing.T) { testConcurrency(t, s) })
 	t.Run("HostileKeys", func(t *testing.T) { testHostileKeys(t, s) })
 	t.Run("BadArguments", func(t *testing.T) { testBadArguments(t, s) })
-	t.Run("ColdLeases", func(t *testing.T) { RunColdLeases(t, s) })
 }
 
 // Key returns a fresh key, unique across runs, for t.
@@ -142,11 +146,19 @@ func must[T any](t testing.TB) func(T, error) T {
 }
 
 func bucket(t testing.TB, s Store, cfg limiter.TokenBucketConfig) *limiter.TokenBucket {
-	return must[*limiter.TokenBucket](t)(limiter.NewTokenBucket(s, cfg))
+	b := must[*limiter.TokenBucket](t)(limiter.NewTokenBucket(s, leaseBucket(cfg)))
+	if leasesOn {
+		leased = append(leased, b)
+	}
+	return b
 }
 
 func sliding(t testing.TB, s Store, cfg limiter.SlidingWindowConfig) *limiter.SlidingWindow {
-	return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, cfg))
+	w := must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, leaseWindow(cfg)))
+	if leasesOn {
+		leased = append(leased, w)
+	}
+	return w
 }
 
 func fixed(t testing.TB, s Store, cfg limiter.FixedWindowConfig) *limiter.FixedWindow {
@@ -194,3 +206,44 @@ func Hammer(t *testing.T, l limiter.Limiter, key string, at time.Time, workers, 
 }
 
 func isInvalidCost(err error) bool { return errors.Is(err, limiter.ErrInvalidCost) }
+
+// leasesOn is set while [RunLeased] runs: the suite's token buckets and
+// sliding windows then take capacity leases. (The suite's tests do not
+// run in parallel with one another, so a package variable suffices.)
+var leasesOn bool
+
+// leased are the limiters the suite's helpers made during a run, whose
+// lease counters RunLeased sums.
+var leased []interface{ LeaseStats() limiter.LeaseStats }
+
+// leaseBucket turns Leases on in c while RunLeased runs, where a bucket
+// takes them (not strict).
+func leaseBucket(c limiter.TokenBucketConfig) limiter.TokenBucketConfig {
+	c.Leases = c.Leases || leasesOn && !c.Strict
+	return c
+}
+
+// leaseWindow turns Leases on in c while RunLeased runs, where a window
+// takes them (bounded, refunding denials).
+func leaseWindow(c limiter.SlidingWindowConfig) limiter.SlidingWindowConfig {
+	c.Leases = c.Leases || leasesOn && c.Estimator == limiter.Bounded && !c.CountDenied
+	return c
+}
+
+// RunLeased runs the suite (but ColdLeases) with Leases on every token
+// bucket and sliding window it makes: leases must not change any of its
+// worked examples, exactness checks or histories. Not safe to run in
+// parallel with another run of the suite in the same process.
+func RunLeased(t *testing.T, s Store) {
+	leasesOn, leased = true, nil
+	defer func() { leasesOn, leased = false, nil }()
+	runSuite(t, s)
+	var st limiter.LeaseStats
+	for _, l := range leased {
+		st = st.Add(l.LeaseStats())
+	}
+	t.Logf("leases of the suite's %d bucket and window limiters: %+v", len(leased), st)
+	if st.Takes == 0 {
+		t.Error("no lease was taken: the run did not test leases")
+	}
+}

@@ -152,8 +152,8 @@ func RunMergedScenario(ctx context.Context, s Store, sc MergedScenario, clock Cl
 	}
 	ds := NewDelayStore(s, sc.MaxDelay, opt.Seed)
 	ds.MergeBatches()
-	w, err1 := limiter.NewSlidingWindow(ds, sc.Window)
-	b, err2 := limiter.NewTokenBucket(ds, sc.Bucket)
+	w, err1 := limiter.NewSlidingWindow(ds, leaseWindow(sc.Window))
+	b, err2 := limiter.NewTokenBucket(ds, leaseBucket(sc.Bucket))
 	f, err3 := limiter.NewFixedWindow(ds, sc.Fixed)
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, err

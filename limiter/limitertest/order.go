@@ -180,7 +180,7 @@ func testSlippedWrite(t *testing.T, s Store) {
 				return must[*limiter.FixedWindow](t)(limiter.NewFixedWindow(c, limiter.FixedWindowConfig{Limit: 2, Window: time.Second}))
 			}, 1500 * ms, 1, time.Second},
 			{"sliding", func(c limiter.Counter) limiter.Limiter {
-				return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(c, limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, SubWindows: 10}))
+				return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(c, leaseWindow(limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, SubWindows: 10})))
 			}, 1150 * ms, 11, 100 * time.Millisecond},
 		} {
 			t.Run(c.name, func(t *testing.T) {
@@ -285,7 +285,7 @@ func LateWriters(t *testing.T, s limiter.Counter) {
 			return must[*limiter.FixedWindow](t)(limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 2, Window: time.Second, NoDenyCache: true}))
 		}},
 		{"Sliding", func() limiter.Limiter {
-			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, SubWindows: 10, NoDenyCache: true}))
+			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, leaseWindow(limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, SubWindows: 10, NoDenyCache: true})))
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -44,7 +44,7 @@ func testPacked(t *testing.T, s Store) {
 	ps, ok := s.(limiter.PackedCounter)
 	if !ok {
 		t.Run("Refused", func(t *testing.T) {
-			_, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, Representation: limiter.Packed, Slots: packedR})
+			_, err := limiter.NewSlidingWindow(s, leaseWindow(limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, Representation: limiter.Packed, Slots: packedR}))
 			if !errors.Is(err, limiter.ErrInvalidConfig) {
 				t.Fatalf("a packed window on %T (no PackedCounter): %v, want ErrInvalidConfig", s, err)
 			}

@@ -34,16 +34,16 @@ type inspectCase struct {
 func inspectCases() []inspectCase {
 	return []inspectCase{
 		{"TokenBucket", func(t *testing.T, s ResetStore) limiter.Inspector {
-			return must[*limiter.TokenBucket](t)(limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "tb", MaxAmount: 5, RefillTime: time.Minute}))
+			return must[*limiter.TokenBucket](t)(limiter.NewTokenBucket(s, leaseBucket(limiter.TokenBucketConfig{Name: "tb", MaxAmount: 5, RefillTime: time.Minute})))
 		}, 5, true},
 		{"SlidingWindowPacked", func(t *testing.T, s ResetStore) limiter.Inspector {
-			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "swp", Limit: 5, Window: time.Minute, Representation: limiter.Packed}))
+			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, leaseWindow(limiter.SlidingWindowConfig{Name: "swp", Limit: 5, Window: time.Minute, Representation: limiter.Packed})))
 		}, 5, false},
 		{"SlidingWindow", func(t *testing.T, s ResetStore) limiter.Inspector {
-			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "sw", Limit: 5, Window: time.Minute, Representation: limiter.SubWindowCounters}))
+			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, leaseWindow(limiter.SlidingWindowConfig{Name: "sw", Limit: 5, Window: time.Minute, Representation: limiter.SubWindowCounters})))
 		}, 5, true},
 		{"Interpolated", func(t *testing.T, s ResetStore) limiter.Inspector {
-			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "swi", Limit: 5, Window: time.Minute, SubWindows: 6, Estimator: limiter.Interpolated}))
+			return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(s, leaseWindow(limiter.SlidingWindowConfig{Name: "swi", Limit: 5, Window: time.Minute, SubWindows: 6, Estimator: limiter.Interpolated})))
 		}, 5, true},
 		{"FixedWindow", func(t *testing.T, s ResetStore) limiter.Inspector {
 			return must[*limiter.FixedWindow](t)(limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "fw", Limit: 5, Window: time.Minute}))

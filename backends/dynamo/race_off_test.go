@@ -1,0 +1,5 @@
+//go:build !race
+
+package dynamo_test
+
+const raceOn = false

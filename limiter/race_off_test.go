@@ -1,0 +1,5 @@
+//go:build !race
+
+package limiter_test
+
+const raceOn = false
