@@ -120,11 +120,15 @@ func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 	if uneven {
 		// Over the limit from the start: 1.2 times its rate offered, and
 		// the key prefilled so that the limit binds within the run (the
-		// bucket emptied; the window's minute filled but for 4 s of its rate).
+		// bucket emptied; the window's minute filled but for 8 s of its rate).
 		opt.Rate = 1.2 * leaseLimit
 		opt.Prefill = leaseLimit
+		// Twice as long: at the limit, what leases hold when the run
+		// stops (spent later in a run that goes on) is about 1.4% of
+		// exact in 5 s, half that in 10.
+		opt.Duration = 2 * leaseDuration
 		if alg != "bucket" {
-			opt.Prefill = 56 * leaseLimit
+			opt.Prefill = 52 * leaseLimit
 		}
 	}
 	var r leaseResult
