@@ -278,19 +278,13 @@ const (
 	Skipped
 )
 
+// outcomeNames are the Outcomes' names, in their order.
+var outcomeNames = [...]string{Allow: "allow", Deny: "deny", Shed: "shed", Unauthenticated: "unauthenticated", Skipped: "skipped"}
+
 // String returns "allow", "deny", "shed", "unauthenticated" or "skipped".
 func (o Outcome) String() string {
-	switch o {
-	case Allow:
-		return "allow"
-	case Deny:
-		return "deny"
-	case Shed:
-		return "shed"
-	case Unauthenticated:
-		return "unauthenticated"
-	case Skipped:
-		return "skipped"
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
 	}
 	return "outcome(" + fmt.Sprint(uint8(o)) + ")"
 }
