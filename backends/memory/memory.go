@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/lru"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -48,16 +49,16 @@ var (
 )
 
 type shard struct {
-	mu   sync.Mutex
-	m    map[limiter.Key]*entry
-	head entry // sentinel of the LRU list: head.next is the most recent
-	_    [64]byte
+	mu  sync.Mutex
+	m   map[limiter.Key]*entry
+	lru lru.List[entry, *entry] // most recent at the front
+	_   [64]byte
 }
 
 type entry struct {
-	key        limiter.Key
-	expires    int64 // Unix ns; the entry is absent at or after it
-	prev, next *entry
+	key     limiter.Key
+	expires int64 // Unix ns; the entry is absent at or after it
+	lru.Links[entry]
 
 	// Window counters: slots[idx mod len(slots)] for idx in
 	// (newest-len(slots), newest], newest being the newest sub-window
@@ -107,7 +108,7 @@ func New(cfg Config) (*Store, error) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.m = make(map[limiter.Key]*entry)
-		sh.head.next, sh.head.prev = &sh.head, &sh.head
+		sh.lru.Init()
 	}
 	return s, nil
 }
@@ -147,8 +148,7 @@ func (s *Store) entry(sh *shard, k limiter.Key, now int64) *entry {
 			e.reset()
 			s.expired.Add(1)
 		}
-		sh.unlink(e)
-		sh.pushFront(e)
+		sh.lru.MoveToFront(e)
 		return e
 	}
 	if len(sh.m) >= s.perShard {
@@ -156,7 +156,7 @@ func (s *Store) entry(sh *shard, k limiter.Key, now int64) *entry {
 	}
 	e = &entry{key: k}
 	sh.m[k] = e
-	sh.pushFront(e)
+	sh.lru.PushFront(e)
 	return e
 }
 
@@ -164,8 +164,8 @@ func (s *Store) entry(sh *shard, k limiter.Key, now int64) *entry {
 // failing that the least recently used entry.
 func (s *Store) makeRoom(sh *shard, now int64) {
 	removed := 0
-	for e := sh.head.prev; e != &sh.head && removed < 16; {
-		prev := e.prev
+	for e := sh.lru.Back(); e != nil && removed < 16; {
+		prev := sh.lru.Prev(e)
 		if now >= e.expires {
 			sh.remove(e)
 			s.expired.Add(1)
@@ -174,7 +174,7 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 		e = prev
 	}
 	if removed == 0 {
-		sh.remove(sh.head.prev)
+		sh.remove(sh.lru.Back())
 		s.evictions.Add(1)
 	}
 }
@@ -190,18 +190,8 @@ func (e *entry) reset() {
 	e.pnewest, e.pkeep = 0, 0
 }
 
-func (sh *shard) pushFront(e *entry) {
-	e.prev, e.next = &sh.head, sh.head.next
-	sh.head.next.prev = e
-	sh.head.next = e
-}
-
-func (sh *shard) unlink(e *entry) {
-	e.prev.next, e.next.prev = e.next, e.prev
-}
-
 func (sh *shard) remove(e *entry) {
-	sh.unlink(e)
+	sh.lru.Remove(e)
 	delete(sh.m, e.key)
 }
 
