@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Capacity leases on a hot key far above its partition's cap: DynamoDB
@@ -64,9 +65,9 @@ func leaseLimiter(t testing.TB, alg string, s any, leases bool) limiter.Limiter 
 	switch alg {
 	case "bucket":
 		// 5,000 a second, refilled 5 every millisecond, a second's burst.
-		l, err = limiter.NewTokenBucket(s.(limiter.BucketStore), limiter.TokenBucketConfig{Name: "global", MaxAmount: leaseLimit, RefillTime: time.Millisecond, RefillAmount: leaseLimit / 1000, Leases: leases})
+		l, err = limiter.NewTokenBucket(s.(storage.BucketStore), limiter.TokenBucketConfig{Name: "global", MaxAmount: leaseLimit, RefillTime: time.Millisecond, RefillAmount: leaseLimit / 1000, Leases: leases})
 	default:
-		l, err = limiter.NewSlidingWindow(s.(limiter.Counter), limiter.SlidingWindowConfig{Name: "global", Limit: 60 * leaseLimit, Window: time.Minute, Leases: leases})
+		l, err = limiter.NewSlidingWindow(s.(storage.Counter), limiter.SlidingWindowConfig{Name: "global", Limit: 60 * leaseLimit, Window: time.Minute, Leases: leases})
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // A global sliding window with leases, decided in three regions of a
@@ -62,9 +63,9 @@ func regionLimiter(tb testing.TB, alg regionAlg, st any, leases bool) limiter.Li
 	case regionAlgBucket:
 		cfg := regionBucket
 		cfg.Leases = leases
-		l, err = limiter.NewTokenBucket(st.(limiter.BucketStore), cfg)
+		l, err = limiter.NewTokenBucket(st.(storage.BucketStore), cfg)
 	default:
-		l, err = limiter.NewSlidingWindow(st.(limiter.Counter), limiter.SlidingWindowConfig{Name: "global", Limit: regionLimit, Window: regionWindow,
+		l, err = limiter.NewSlidingWindow(st.(storage.Counter), limiter.SlidingWindowConfig{Name: "global", Limit: regionLimit, Window: regionWindow,
 			SubWindows: regionSubs, Representation: limiter.SubWindowCounters, Leases: leases})
 	}
 	if err != nil {
