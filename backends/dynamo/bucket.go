@@ -3,6 +3,7 @@ package dynamo
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -39,6 +40,10 @@ type bucketItem struct {
 	ring                       bool
 	leased                     [2]storage.LeaseSlot
 	unsettled, committed, held int64
+	// settled counts the settlements; grid bounds the stamps in
+	// unsettled (bucketring.go).
+	settled int64
+	grid    []int64
 }
 
 // bucketView is an op's view of a bucketItem: its step on the grid and the
@@ -178,7 +183,7 @@ func (p *bucketPart) written(_ context.Context, item map[string]types.AttributeV
 		// was stored.
 		if stored, found, err := decodeBucket(a, item); err == nil && found {
 			s.cache.put(a.cacheKey(), stored)
-			s.maybeSettle(a, op, stored, p.plan.ring.added())
+			s.maybeSettle(a, op, stored, p.plan.ring.added(), !slices.Contains(p.cur.grid, gridOf(op.Now)))
 		} else {
 			s.cache.remove(a.cacheKey())
 		}

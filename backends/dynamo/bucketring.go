@@ -3,6 +3,8 @@ package dynamo
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -17,7 +19,9 @@ import (
 //     epoch e_j and not yet given back;
 //   - s: consumption not yet settled into tat (spent units of returned
 //     leases, plain takes, an expired epoch's units);
-//   - h = s + u0 + u1 and c = tat + h, kept by every write.
+//   - h = s + u0 + u1 and c = tat + h, kept by every write;
+//   - g and n: bounds of the stamps in s, and the settlements so far
+//     (below).
 //
 // What is free for a take is min(MaxAmount - h, level - c): each bound is
 // one attribute, so a take's condition ("c <= level - n AND h <= max - n")
@@ -26,19 +30,31 @@ import (
 // (ADD) and do not conflict with one another; a slot taken over by a new
 // epoch is set on condition that it is as seen (an expired epoch's slot
 // no longer changes). Settlement, a write of its own sent without waiting
-// when s passes a step (settleAt), moves s into tat: by adding it
-// when the bucket is not full at that instant, or, when it is, by setting
-// tat to the full bucket's minus s (the refill the bucket could not hold
-// is dropped, as every full bucket's is). It reads s in the write itself,
-// so settlements never conflict with one another either. Counting s as
-// spent at the settlement rather than when it was spent is stricter: the
-// bucket holds up to s fewer tokens until then.
+// when s passes a step (settleAt), moves s into tat as if spent at one
+// instant at or after every unit's stamp: by adding it when the bucket is
+// not full at that instant, or, when it is, by setting tat to the full
+// bucket's minus s (the refill the bucket could not hold is dropped, as
+// every full bucket's is).
+// A settlement moves what s held in the item its trigger (the write whose
+// answer sends it) read, as if spent at one instant no earlier than any
+// of their stamps, on condition that no other settlement landed since (n
+// counts them); units that arrived since stay in s for the next. The
+// instant comes from g, a number set to which every write adding to s
+// adds its stamp rounded up to settleSkew (sets merge: the adds never
+// conflict): the largest element the trigger read bounds every unit it
+// read in s, however late or reordered their writes were. A settlement
+// deletes the elements below that one and keeps it (it still bounds the
+// units of a write that added the same element after the read). Counting
+// s as spent then rather than when it was spent is stricter: the bucket
+// holds up to s fewer tokens until then.
 const (
 	attrEpoch0, attrUnits0 = "e0", "u0"
 	attrEpoch1, attrUnits1 = "e1", "u1"
 	attrUnsettled          = "s"
 	attrHeld               = "h"
 	attrCommitted          = "c"
+	attrSettled            = "n"
+	attrGrid               = "g"
 )
 
 // ringAttrs are the attributes of ring slot j.
@@ -51,6 +67,30 @@ func decodeRing(a attrs, item map[string]types.AttributeValue, it *bucketItem) e
 	}
 	it.ring = true
 	var err error
+	if av, ok := item[a.pre+attrGrid]; ok {
+		ns, isNS := av.(*types.AttributeValueMemberNS)
+		if !isNS {
+			return corrupt(bucketKind, a.pk, a.pre+attrGrid, "not a number set")
+		}
+		it.grid = it.grid[:0]
+		for _, v := range ns.Value {
+			g, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return corrupt(bucketKind, a.pk, a.pre+attrGrid, "%q: %v", v, err)
+			}
+			it.grid = append(it.grid, g)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+	}{{attrSettled, &it.settled}} {
+		if _, ok := item[a.pre+f.name]; ok {
+			if *f.v, err = getInt(bucketKind, a.pk, item, a.pre+f.name); err != nil {
+				return err
+			}
+		}
+	}
 	for _, f := range []struct {
 		name string
 		v    *int64
@@ -196,6 +236,14 @@ func (s *Store) ringClauses(u *update, a attrs, op storage.BucketOp, plan bucket
 			u.set = append(u.set, name(ringAttrs[j][0])+" = "+u.num(w.to[j].Epoch), name(ringAttrs[j][1])+" = "+u.num(w.to[j].Units))
 		}
 	}
+	if w.added() > 0 || w.mode != ringOps {
+		gn, gv := name(attrGrid), u.numSet(gridOf(op.Now))
+		if w.mode == ringOps {
+			u.add = append(u.add, gn+" "+gv)
+		} else {
+			u.set = append(u.set, gn+" = "+gv)
+		}
+	}
 	switch w.mode {
 	case ringNew:
 		b, t := name(attrBase), name(attrTat)
@@ -251,9 +299,24 @@ func (s *Store) ringClauses(u *update, a attrs, op storage.BucketOp, plan bucket
 	}
 }
 
-// settleSkew is how far past a write's stamp its settlement counts s as
-// spent.
+// gridOf is stamp rounded up to settleSkew, in settleSkews.
+func gridOf(stamp int64) int64 {
+	k := int64(settleSkew)
+	g := stamp / k
+	if stamp%k > 0 {
+		g++
+	}
+	return g
+}
+
+// settleSkew is g's step: a settlement counts what it moves as spent up
+// to that long after the latest of their stamps (stricter the longer);
+// shorter adds more elements to g.
 const settleSkew = 50 * time.Millisecond
+
+// maxGrid is the size of g that sends a settlement whatever s holds, so
+// that a bucket that leased once and went cold keeps a small item.
+const maxGrid = 8
 
 // settleAt is the step of unsettled consumption at which a write's
 // answer sends a settlement: a quarter of the bucket (at least 4
@@ -272,44 +335,52 @@ func settleAt(op storage.BucketOp, full bool) int64 {
 // maybeSettle sends, without waiting, the settlement of stored (the item
 // a write of op just returned, which added added to s) when that write
 // took s past a multiple of settleAt (one write does, not every write
-// that sees s large): s moves into tat as if spent at op.Now plus
-// settleSkew, by an addition when the bucket is not full then, else by
-// setting tat to the full bucket's less s. Each reads s in
-// the write: a settlement whose regime changed before it landed fails
-// and is dropped (the next write's answer sends another).
-func (s *Store) maybeSettle(a attrs, op storage.BucketOp, stored bucketItem, added int64) {
-	if !stored.ring || added <= 0 {
+// that sees s large), or added the maxGrid-th element of g (newGrid: its
+// element was not in the state it wrote on): what s held moves into tat
+// as if spent at g's largest element, by an addition when the bucket is
+// not full then, else by setting tat to the full bucket's less it. A
+// settlement that another beat, or whose regime changed before it
+// landed, fails and is dropped (a later write's answer sends another).
+func (s *Store) maybeSettle(a attrs, op storage.BucketOp, stored bucketItem, added int64, newGrid bool) {
+	if !stored.ring || added <= 0 || len(stored.grid) == 0 {
 		return
 	}
-	// As if spent settleSkew after the stamp of the write that crossed
-	// the step: every unit in s was spent by then, if the stamps of
-	// writes that reach the item at once are within settleSkew of one
-	// another (what spent later and is settled with them, a late clock's,
-	// is settled early by the difference: the bucket holds that many
-	// more tokens until its next settlement).
-	now := op.Now + int64(settleSkew)
+	// What stored holds in s, as if spent at its largest g: no unit of it
+	// is stamped later.
+	top := slices.Max(stored.grid)
+	now := top * int64(settleSkew)
 	rt := int64(op.RefillTime)
 	if now < stored.base {
 		return
 	}
 	floor := op.RefillAmount*((now-stored.base)/rt) - op.MaxAmount
 	step := settleAt(op, stored.tat < floor)
-	if stored.unsettled < step || (stored.unsettled-added)/step == stored.unsettled/step {
+	crossed := stored.unsettled >= step && (stored.unsettled-added)/step != stored.unsettled/step
+	if !crossed && !(newGrid && len(stored.grid) >= maxGrid) {
 		return
 	}
 	u := newUpdate()
 	name := func(attr string) string { return u.name(a.pre + attr) }
-	t, sn, hn := name(attrTat), name(attrUnsettled), name(attrHeld)
-	u.cond = append(u.cond, name(attrBase)+" = "+u.num(stored.base), sn+" > "+u.num(0))
+	t, sn, hn, nn := name(attrTat), name(attrUnsettled), name(attrHeld), name(attrSettled)
+	amount := u.num(stored.unsettled)
+	u.cond = append(u.cond, name(attrBase)+" = "+u.num(stored.base), sn+" >= "+amount)
+	if stored.settled == 0 {
+		u.cond = append(u.cond, "attribute_not_exists("+nn+")")
+	} else {
+		u.cond = append(u.cond, nn+" = "+u.num(stored.settled))
+	}
 	if stored.tat >= floor {
-		u.set = append(u.set, t+" = "+t+" + "+sn)
+		u.set = append(u.set, t+" = "+t+" + "+amount)
 		u.cond = append(u.cond, t+" >= "+u.num(floor))
 	} else {
 		f := u.num(floor)
-		u.set = append(u.set, t+" = "+f+" + "+sn, name(attrCommitted)+" = "+f+" + "+hn)
+		u.set = append(u.set, t+" = "+f+" + "+amount, name(attrCommitted)+" = "+f+" + "+hn)
 		u.cond = append(u.cond, t+" < "+f)
 	}
-	u.set = append(u.set, hn+" = "+hn+" - "+sn, sn+" = "+u.num(0))
+	u.set = append(u.set, hn+" = "+hn+" - "+amount, sn+" = "+sn+" - "+amount, nn+" = "+u.num(stored.settled+1))
+	if below := slices.DeleteFunc(slices.Clone(stored.grid), func(g int64) bool { return g == top }); len(below) > 0 {
+		u.del = append(u.del, name(attrGrid)+" "+u.numSet(below...))
+	}
 	timeout := s.cfg.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout

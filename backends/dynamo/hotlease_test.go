@@ -264,6 +264,8 @@ func TestLeaseHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	limitertest.RunLeaseHistory(t, st, mem)
+	ss := st.Stats()
+	t.Logf("store: %d conflicts, %d settlements (%d failed)", ss.Conflicts, ss.Settlements, ss.SettlesLost)
 }
 
 // TestColdLeases: a cold key decides the same with and without leases on

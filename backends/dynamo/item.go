@@ -79,7 +79,7 @@ type update struct {
 	names                  map[string]string // placeholder -> attribute
 	byAttr                 map[string]string // attribute -> placeholder
 	values                 map[string]types.AttributeValue
-	add, set, remove, cond []string
+	add, set, remove, del, cond []string
 	ttl                    time.Duration
 	setTTL                 bool
 	allNew                 bool
@@ -109,6 +109,15 @@ func (u *update) value(av types.AttributeValue) string {
 // num returns a placeholder for the number v.
 func (u *update) num(v int64) string { return u.value(numAttr(v)) }
 
+// numSet returns a placeholder for the number set of vs (not empty).
+func (u *update) numSet(vs ...int64) string {
+	ns := make([]string, len(vs))
+	for i, v := range vs {
+		ns[i] = strconv.FormatInt(v, 10)
+	}
+	return u.value(&types.AttributeValueMemberNS{Value: ns})
+}
+
 // typeN is the placeholder of the string "N" (attribute_type checks).
 func (u *update) typeN() string {
 	if _, ok := u.values[":N"]; !ok {
@@ -127,7 +136,7 @@ func (u *update) keepTTL(ttl time.Duration) {
 func (u *update) dropConds(n int) {
 	dropped := strings.Join(u.cond[n:], " ")
 	u.cond = u.cond[:n]
-	used := strings.Join(slices.Concat(u.add, u.set, u.cond), " ")
+	used := strings.Join(slices.Concat(u.add, u.set, u.del, u.cond), " ")
 	for vp := range u.values {
 		if strings.Contains(dropped, vp) && !containsToken(used, vp) {
 			delete(u.values, vp)
@@ -168,7 +177,7 @@ func (s *Store) input(pk string, u *update) *dynamodb.UpdateItemInput {
 	for _, c := range []struct {
 		verb  string
 		parts []string
-	}{{"ADD", u.add}, {"SET", u.set}, {"REMOVE", u.remove}} {
+	}{{"ADD", u.add}, {"SET", u.set}, {"REMOVE", u.remove}, {"DELETE", u.del}} {
 		if len(c.parts) == 0 {
 			continue
 		}
