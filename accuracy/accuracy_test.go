@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // The tests use shorter traces than the report (the report's take seconds;
@@ -58,13 +58,13 @@ func TestExactLogIsExact(t *testing.T) {
 				}
 			}
 			// The log's stored size, tracked incrementally, is the largest
-			// limiter.AppendLog of the entries in view, plus a format byte.
+			// storage.AppendLog of the entries in view, plus a format byte.
 			maxLen, head := 0, 0
 			for i, a := range admitted {
 				for admitted[head] <= a-int64(p.Window) {
 					head++
 				}
-				maxLen = max(maxLen, 1+len(limiter.AppendLog(nil, admitted[head:i+1])))
+				maxLen = max(maxLen, 1+len(storage.AppendLog(nil, admitted[head:i+1])))
 			}
 			if res.Memcached.ValueLen != maxLen {
 				t.Errorf("%v, %s: log value of %d bytes, AppendLog says %d", p, tr.Name, res.Memcached.ValueLen, maxLen)

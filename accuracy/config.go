@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Params are the limit every configuration enforces: Limit requests per
@@ -22,8 +22,8 @@ var DefaultParams = Params{Limit: 100, Window: time.Minute}
 
 func (p Params) validate() error {
 	switch {
-	case p.Limit <= 0 || p.Limit > limiter.MaxLogLimit:
-		return fmt.Errorf("accuracy: limit must be between 1 and %d (the exact sliding log's maximum), got %d", limiter.MaxLogLimit, p.Limit)
+	case p.Limit <= 0 || p.Limit > storage.MaxLogLimit:
+		return fmt.Errorf("accuracy: limit must be between 1 and %d (the exact sliding log's maximum), got %d", storage.MaxLogLimit, p.Limit)
 	case p.Window < time.Second:
 		return fmt.Errorf("accuracy: window must be at least 1s, got %v", p.Window)
 	}

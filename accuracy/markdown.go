@@ -571,7 +571,7 @@ func (r *Report) writeMethod(pf func(string, ...any)) {
 	pf("**Configurations.** Each runs the real limiter type on a fresh `backends/memory` store whose clock is the trace's time, ")
 	pf("calling `AllowN(ctx, %q, t, 1)` for each request: `limiter.SlidingLog` (the reference), `FixedWindow`, `SlidingWindow` with ", SimKey)
 	pf("`Bounded` and `Interpolated`, and `TokenBucket` (capacity = limit, refilled at limit per window). Denied requests are refunded (the default). ")
-	pf("The prototypes run in `accuracy/` on the same store through the same `limiter.Counter` interface.\n\n")
+	pf("The prototypes run in `accuracy/` on the same store through the same `storage.Counter` interface.\n\n")
 	pf("**Metrics.** Worst window: the most admitted requests in any interval (t-W, t], found at every admission (the maximum is always reached at one). ")
 	pf("Overshoot: worst window / limit. Admitted: admitted requests / the exact log's admitted requests on the same trace ")
 	pf("(the sweeps and the other limits count the exact log's admissions with `accuracy.ExactAdmits`, which makes `limiter.SlidingLog`'s decisions in constant time; `TestExactLogIsExact` checks both agree). ")
@@ -583,7 +583,7 @@ func (r *Report) writeMethod(pf func(string, ...any)) {
 	pf("statistics under `make test`. Keys and values are as `backends/memcached` writes them: `k:<space>/<name>|c<sub-window index>`, ")
 	pf("a counter's value its decimal digits (the most it reached: memcached keeps the longest number an incr wrote). ")
 	pf("The key name is %q (%d bytes); bytes/key is the number of items times the chunk of the longest key and value seen. ", SimKey, len(SimKey))
-	pf("Items are those a decision reads. Counters live 2(k+1) sub-windows (the out-of-order horizon of `limiter.Counter`, docs/consistency.md), ")
+	pf("Items are those a decision reads. Counters live 2(k+1) sub-windows (the out-of-order horizon of `storage.Counter`, docs/consistency.md), ")
 	pf("rounded up to a second, plus 4 s of slack (memcached's clock and clock skew) and up to 1 s of jitter, ")
 	pf("so a key with steady traffic holds up to k+1 more, and those of the last 5 s or so, until they expire: about twice the figure, more for sub-windows " +
 		"of a few seconds or less. The hash table adds about 8 bytes per item.\n\n")

@@ -10,11 +10,12 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // PackedReplay is the shape matrix at one resolution replayed through the
 // real limiter type, limiter.SlidingWindow with the Packed representation,
-// on the memory store (backends/memory, limiter.PackedCounter): what the
+// on the memory store (backends/memory, storage.PackedCounter): what the
 // library does, rather than the model (model.go) the matrix uses.
 type PackedReplay struct {
 	// Slots is the resolution (limiter.SlidingWindowConfig.Slots).
@@ -47,13 +48,13 @@ func (p *PackedReplay) Worst() Worst {
 
 // packedKeysNamed is the most counters (level, index) one decision of the
 // limiter names at resolution r, over every slot offset of a top-level
-// counter, from limiter.PackedPlan.
+// counter, from storage.PackedPlan.
 func packedKeysNamed(r int) int {
 	most := 0
 	base := int64(1) << 40
-	for f := base; f < base+1<<(2*limiter.PackedLevels); f++ {
-		op := limiter.PackedPlan(f, r, 1, time.Millisecond)
-		seen := map[limiter.PackedCell]bool{}
+	for f := base; f < base+1<<(2*storage.PackedLevels); f++ {
+		op := storage.PackedPlan(f, r, 1, time.Millisecond)
+		seen := map[storage.PackedCell]bool{}
 		for _, a := range op.Adds {
 			seen[a.Cell] = true
 		}

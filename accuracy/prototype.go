@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // This file holds two prototype estimators for limiter.SlidingWindow. Both
@@ -41,7 +42,7 @@ import (
 // bits-1 bits, and denied requests are refunded (a counter holds at most
 // the limit plus the requests in flight).
 type SlicedWindow struct {
-	store      limiter.Counter
+	store      storage.Counter
 	limit, sub int64
 	k, b       int
 	bits       uint
@@ -51,7 +52,7 @@ type SlicedWindow struct {
 
 // NewSlicedWindow returns a sliced window enforcing p with k sub-windows of b
 // slices.
-func NewSlicedWindow(store limiter.Counter, p Params, k, b int) (*SlicedWindow, error) {
+func NewSlicedWindow(store storage.Counter, p Params, k, b int) (*SlicedWindow, error) {
 	if k < 1 || k > limiter.MaxSubWindows || b < 1 || b > 64 || p.Window%time.Duration(k*b) != 0 {
 		return nil, fmt.Errorf("accuracy: sliced window: %d sub-windows of %d slices do not divide %v", k, b, p.Window)
 	}
@@ -96,7 +97,7 @@ func (w *SlicedWindow) AllowN(ctx context.Context, key string, now time.Time, n 
 		return limiter.Decision{}, fmt.Errorf("%w: cost %d", limiter.ErrInvalidCost, n)
 	}
 	idx, slice, delta := w.delta(now.UnixNano(), n)
-	k := limiter.Key{Space: w.space, Name: key}
+	k := storage.Key{Space: w.space, Name: key}
 	c, err := w.store.Add(ctx, k, idx, w.k+1, delta, w.ttl)
 	if err != nil {
 		return limiter.Decision{}, err
@@ -119,7 +120,7 @@ func (w *SlicedWindow) AllowN(ctx context.Context, key string, now time.Time, n 
 // Refund implements limiter.Limiter.
 func (w *SlicedWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
 	idx, _, delta := w.delta(now.UnixNano(), n)
-	return w.store.Sub(ctx, limiter.Key{Space: w.space, Name: key}, idx, delta)
+	return w.store.Sub(ctx, storage.Key{Space: w.space, Name: key}, idx, delta)
 }
 
 // momentQuanta is the resolution of MomentWindow's offsets: a sub-window is
@@ -135,7 +136,7 @@ const momentQuanta = 1024
 // them (Markov's inequality, tight for counts alone), and the estimate
 // counts min(count, floor(S/m)) of the oldest instead of the whole count.
 type MomentWindow struct {
-	store      limiter.Counter
+	store      storage.Counter
 	limit, sub int64
 	k          int
 	space      string
@@ -143,7 +144,7 @@ type MomentWindow struct {
 }
 
 // NewMomentWindow returns a moment window enforcing p with k sub-windows.
-func NewMomentWindow(store limiter.Counter, p Params, k int) (*MomentWindow, error) {
+func NewMomentWindow(store storage.Counter, p Params, k int) (*MomentWindow, error) {
 	if k < 1 || k > limiter.MaxSubWindows || p.Window%time.Duration(k) != 0 {
 		return nil, fmt.Errorf("accuracy: moment window: %d sub-windows do not divide %v", k, p.Window)
 	}
@@ -171,7 +172,7 @@ func (w *MomentWindow) AllowN(ctx context.Context, key string, now time.Time, n 
 		return limiter.Decision{}, fmt.Errorf("%w: cost %d", limiter.ErrInvalidCost, n)
 	}
 	idx, m, delta := w.delta(now.UnixNano(), n)
-	k := limiter.Key{Space: w.space, Name: key}
+	k := storage.Key{Space: w.space, Name: key}
 	c, err := w.store.Add(ctx, k, idx, w.k+1, delta, w.ttl)
 	if err != nil {
 		return limiter.Decision{}, err
@@ -196,7 +197,7 @@ func (w *MomentWindow) AllowN(ctx context.Context, key string, now time.Time, n 
 // Refund implements limiter.Limiter.
 func (w *MomentWindow) Refund(ctx context.Context, key string, now time.Time, n int64) error {
 	idx, _, delta := w.delta(now.UnixNano(), n)
-	return w.store.Sub(ctx, limiter.Key{Space: w.space, Name: key}, idx, delta)
+	return w.store.Sub(ctx, storage.Key{Space: w.space, Name: key}, idx, delta)
 }
 
 var (

@@ -17,7 +17,7 @@ type RepKind uint8
 const (
 	// RepBounded is today's limiter.SlidingWindow: one memcached counter
 	// per sub-window (r = k <= 60); a decision incrs its own and gets the k
-	// in view and the k newer ones (limiter.Ahead): 2k+1 keys.
+	// in view and the k newer ones (storage.Ahead): 2k+1 keys.
 	RepBounded RepKind = iota
 	// RepPacked is a hierarchy of packed counters: Levels families, the
 	// counters of level l holding 4 fields of 16 bits, each the total of

@@ -1,8 +1,6 @@
 package accuracy
 
 import (
-	"github.com/sluicehq/sluice/limiter"
-
 	"fmt"
 	"image/color"
 	"math"
@@ -12,6 +10,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // This file writes the shape matrix's part of the report: the
@@ -82,7 +82,7 @@ func (m *ShapeMatrix) writeIntro(pf func(string, ...any)) {
 		"never above the limit), so one replay per r measures them all; they differ in what one memcached decision names " +
 		"(keys incr'ed or read, worst case over the offsets in a slot) and how many counters it writes:\n\n")
 	pf("- **bounded (today)**: one counter per sub-window, r = k <= 60; a decision incrs its own and gets k in view and " +
-		"k ahead (`limiter.Ahead`): 2k+1 keys, 1 write.\n")
+		"k ahead (`storage.Ahead`): 2k+1 keys, 1 write.\n")
 	pf("- **cached closed sub-windows**: bounded with the closed sub-windows' counts kept in the process. A count in view " +
 		"can still rise (a writer up to a window late, the out-of-order horizon) and fall (refunds): a cached count is " +
 		"only an upper bound once no writer can add to it, which today's horizon never gives within the view. So today " +
@@ -230,7 +230,7 @@ func (m *ShapeMatrix) writePerShape(pf func(string, ...any), best RepPoint, foun
 // writeStoresImplement says what each store implements for the packed
 // window.
 func writeStoresImplement(pf func(string, ...any)) {
-	pf("### What the stores implement (`limiter.PackedCounter`)\n\n")
+	pf("### What the stores implement (`storage.PackedCounter`)\n\n")
 	pf("The limiter computes every counter (level, index) and packed delta; a store adds the deltas (creating at 0), " +
 		"reads the counters named, and gives back the same deltas on a refund (`AddPacked`, `SubPacked`; the contract, " +
 		"with its out-of-order rules, is in `limiter/store.go` and docs/consistency.md). `limiter.SlidingWindowConfig` " +
@@ -239,7 +239,7 @@ func writeStoresImplement(pf func(string, ...any)) {
 		"without a `MaxCost` it takes calls of cost up to 32 and refuses larger ones with `ErrInvalidCost`), with " +
 		"`CountDenied` or `Interpolated`. **It is the " +
 		"default**: the zero value, `limiter.Auto`, is `Packed` at 160 slots when the store serves it (all three do; " +
-		"`limiter.ServesPacked`), the limit is at most 32767, `MaxCost` at most 32, the estimator Bounded, `CountDenied` " +
+		"`storage.ServesPacked`), the limit is at most 32767, `MaxCost` at most 32, the estimator Bounded, `CountDenied` " +
 		"off, no `SubWindows` " +
 		"named and 160 cuts the window into slots of at least 100 us; otherwise it is 20 sub-windows, as before. Rules " +
 		"choose with `representation` and `slots` (docs/rules.md).\n\n")
@@ -351,8 +351,8 @@ func (r *Report) writePacked(pf func(string, ...any)) {
 	pf("### The packed window through the real limiter\n\n")
 	pf("The same shapes, limits and seeds replayed through `limiter.SlidingWindow` with `Representation: limiter.Packed`, "+
 		"`Slots: %d` (%d levels of 4 fields of %d bits), on the memory store (`backends/memory`, which implements "+
-		"`limiter.PackedCounter`), with the deny cache on as by default; aligned shapes land on its slot grid (W/%d).\n\n",
-		pr.Slots, limiter.PackedLevels, limiter.PackedFieldBits, pr.Slots)
+		"`storage.PackedCounter`), with the deny cache on as by default; aligned shapes land on its slot grid (W/%d).\n\n",
+		pr.Slots, storage.PackedLevels, storage.PackedFieldBits, pr.Slots)
 	verdict := "identical to"
 	if pr.Mismatches > 0 {
 		verdict = fmt.Sprintf("**different from** (first: %s)", pr.FirstMismatch)
@@ -361,7 +361,7 @@ func (r *Report) writePacked(pf func(string, ...any)) {
 		pr.Decisions, pr.Mismatches, pr.Slots, verdict)
 	pf("- Worst shape: %s of the exact log (%s); overshoot %.2f (1.00: never above the limit in any window).\n",
 		pct(w.Share), m.where(w), w.Overshoot)
-	pf("- At most %d counters named per decision (adds and reads, every slot offset; `limiter.PackedPlan`).\n\n", pr.Keys)
+	pf("- At most %d counters named per decision (adds and reads, every slot offset; `storage.PackedPlan`).\n\n", pr.Keys)
 	pf("| limit | worst shape | worst share | overshoot |\n|---|---|---:|---:|\n")
 	for l, p := range m.Options.Limits {
 		lw := Worst{Share: 2}

@@ -188,7 +188,7 @@ func TestPackedKeysCoverTheView(t *testing.T) {
 			}
 		}
 	}
-	// Today's window: 2k+1 (limiter.Ahead).
+	// Today's window: 2k+1 (storage.Ahead).
 	if got, _ := (Representation{Kind: RepBounded}).KeysRead(20); got != 41 {
 		t.Errorf("bounded k=20: %d keys, want 41", got)
 	}

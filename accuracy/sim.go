@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // SimKey is the key every simulated request is counted under (16 bytes, the
@@ -72,12 +73,12 @@ type countingStore struct {
 }
 
 var (
-	_ limiter.Counter     = (*countingStore)(nil)
-	_ limiter.BucketStore = (*countingStore)(nil)
-	_ limiter.LogStore    = (*countingStore)(nil)
+	_ storage.Counter     = (*countingStore)(nil)
+	_ storage.BucketStore = (*countingStore)(nil)
+	_ storage.LogStore    = (*countingStore)(nil)
 )
 
-func (c *countingStore) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+func (c *countingStore) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	c.calls++
 	r, err := c.s.Add(ctx, k, cur, span, n, ttl)
 	c.maxCounter = max(c.maxCounter, r.C[0])
@@ -85,18 +86,18 @@ func (c *countingStore) Add(ctx context.Context, k limiter.Key, cur int64, span 
 	return r, err
 }
 
-func (c *countingStore) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+func (c *countingStore) Sub(ctx context.Context, k storage.Key, idx int64, n int64) error {
 	c.calls++
 	return c.s.Sub(ctx, k, idx, n)
 }
 
-func (c *countingStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+func (c *countingStore) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	c.calls++
 	c.space = k.Space
 	return c.s.UpdateBucket(ctx, k, op, ttl)
 }
 
-func (c *countingStore) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+func (c *countingStore) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
 	c.calls++
 	c.space = k.Space
 	return c.s.UpdateLog(ctx, k, op, ttl)
@@ -162,7 +163,7 @@ func Simulate(tr Trace, p Params, c Config) (Result, error) {
 	head := 0         // res.Admits[head:] are the admissions in the trailing window
 	var costs []int64 // the admissions' costs, when the trace has costs
 	var units int64   // the admitted units in the trailing window
-	// The length of limiter.AppendLog of the log's entries (the admissions
+	// The length of storage.AppendLog of the log's entries (the admissions
 	// in view), kept up to date: the count, the first entry, and the
 	// deltas between consecutive entries, whose lengths are summed here.
 	deltas, maxLogBytes := 0, 0
@@ -232,7 +233,7 @@ func uvarintLen(x uint64) int {
 // backends/memcached writes them: the key "k:" Space "/" Name and a suffix
 // ("|c" and the sub-window index for a counter, "|b" for a bucket, "|l" for
 // a log); a counter's value is its decimal digits, a bucket's 'B' and two
-// varints (tokens, update time), a log's 'L' and limiter.AppendLog.
+// varints (tokens, update time), a log's 'L' and storage.AppendLog.
 func footprint(s *countingStore, p Params, c Config, last int64, maxLogBytes int) Footprint {
 	base := len("k:") + len(s.space) + len("/") + len(SimKey)
 	var f Footprint

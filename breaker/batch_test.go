@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // fakeBatcher is a fakeStore that also batches: Do answers every step
@@ -19,10 +20,10 @@ type fakeBatcher struct {
 	batches atomic.Int64
 }
 
-func (f *fakeBatcher) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+func (f *fakeBatcher) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
 	f.batches.Add(1)
 	for i := range steps {
-		out[i] = limiter.DoStep(ctx, &f.fakeStore, &steps[i])
+		out[i] = storage.DoStep(ctx, &f.fakeStore, &steps[i])
 	}
 }
 
@@ -68,7 +69,7 @@ func TestBatchForwarded(t *testing.T) {
 
 	fail.Store(true)
 	for i := range 3 {
-		if err := decideKey(t, s, fmt.Sprint("k", i)); !errors.Is(err, limiter.ErrUnavailable) {
+		if err := decideKey(t, s, fmt.Sprint("k", i)); !errors.Is(err, storage.ErrUnavailable) {
 			t.Fatalf("failing batch %d: %v, want ErrUnavailable", i, err)
 		}
 	}
@@ -77,7 +78,7 @@ func TestBatchForwarded(t *testing.T) {
 	}
 	before := f.calls.Load()
 	err := decide(t, s)
-	if !errors.Is(err, limiter.ErrBreakerOpen) || f.calls.Load() != before {
+	if !errors.Is(err, storage.ErrBreakerOpen) || f.calls.Load() != before {
 		t.Fatalf("batch on an open breaker: %v, %d calls reached the backend", err, f.calls.Load()-before)
 	}
 }

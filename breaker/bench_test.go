@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // hangs is a backend that never answers: each call waits for its context's
@@ -14,7 +15,7 @@ import (
 func hangs() *fakeStore {
 	return &fakeStore{
 		block: func(ctx context.Context) { <-ctx.Done() },
-		err:   func() error { return limiter.ErrUnavailable },
+		err:   func() error { return storage.ErrUnavailable },
 	}
 }
 
@@ -37,7 +38,7 @@ func BenchmarkDecisionOutageNoBreaker(b *testing.B) {
 	benchOutage(b, hangs(), false)
 }
 
-func benchOutage(b *testing.B, store limiter.BucketStore, open bool) {
+func benchOutage(b *testing.B, store storage.BucketStore, open bool) {
 	tb, err := limiter.NewTokenBucket(store, limiter.TokenBucketConfig{MaxAmount: 100, RefillTime: time.Second})
 	if err != nil {
 		b.Fatal(err)
@@ -75,7 +76,7 @@ func BenchmarkClosed(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			s.UpdateBucket(ctx, key, limiter.BucketOp{}, time.Minute)
+			s.UpdateBucket(ctx, key, storage.BucketOp{}, time.Minute)
 		}
 	})
 }

@@ -13,11 +13,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // ErrOpen is wrapped by the error of a call the breaker refused; the same
-// error wraps [limiter.ErrUnavailable].
-var ErrOpen = limiter.ErrBreakerOpen
+// error wraps [storage.ErrUnavailable].
+var ErrOpen = storage.ErrBreakerOpen
 
 // Defaults of [Config].
 const (
@@ -62,7 +63,7 @@ type Config struct {
 	// "node" attribute of the log lines.
 	Node string
 	// Failures is how many failures in a row (errors wrapping
-	// limiter.ErrUnavailable) open the breaker (DefaultFailures when 0).
+	// storage.ErrUnavailable) open the breaker (DefaultFailures when 0).
 	Failures int
 	// Keys is how many distinct keys those failures must come from
 	// (DefaultKeys when 0, at most Failures): a run of one hot or slow
@@ -144,7 +145,7 @@ func New(cfg Config) (*Breaker, error) {
 	return &Breaker{
 		cfg:      cfg,
 		failKeys: make([]uint64, cfg.Failures),
-		openErr:  fmt.Errorf("breaker %s: %w, failing fast: %w", name, ErrOpen, limiter.ErrUnavailable),
+		openErr:  fmt.Errorf("breaker %s: %w, failing fast: %w", name, ErrOpen, storage.ErrUnavailable),
 	}, nil
 }
 
@@ -171,7 +172,7 @@ func (b *Breaker) Stats() Stats {
 }
 
 // Allow asks whether a call may go to the store. It returns an error
-// wrapping [ErrOpen] and [limiter.ErrUnavailable] when it may not;
+// wrapping [ErrOpen] and [storage.ErrUnavailable] when it may not;
 // otherwise the caller makes the call and reports its error with Done,
 // passing on probe.
 func (b *Breaker) Allow() (probe bool, err error) {
@@ -218,19 +219,19 @@ func (b *Breaker) Done(probe bool, err error) { b.DoneKey(probe, 0, err) }
 
 // DoneKey reports the error of a call Allow let through for the key whose
 // hash is key (0: unknown, or the backend as a whole). A throttle
-// (limiter.ErrThrottled) is an answer: the store refused that key for
-// capacity and is up. Failures (limiter.ErrUnavailable) open the breaker
+// (storage.ErrThrottled) is an answer: the store refused that key for
+// capacity and is up. Failures (storage.ErrUnavailable) open the breaker
 // when Config.Failures of them come in a row from at least Config.Keys
 // distinct keys.
 func (b *Breaker) DoneKey(probe bool, key uint64, err error) {
 	var outcome int // 1: the store answered; -1: it failed; 0: neither
 	switch {
-	case err == nil || errors.Is(err, limiter.ErrConflict) || errors.Is(err, limiter.ErrCorruptState) ||
-		errors.Is(err, limiter.ErrThrottled):
+	case err == nil || errors.Is(err, storage.ErrConflict) || errors.Is(err, storage.ErrCorruptState) ||
+		errors.Is(err, storage.ErrThrottled):
 		outcome = 1
-	case errors.Is(err, limiter.ErrBreakerOpen):
+	case errors.Is(err, storage.ErrBreakerOpen):
 		// A wrapped store's own breaker: not this backend's answer.
-	case errors.Is(err, limiter.ErrUnavailable):
+	case errors.Is(err, storage.ErrUnavailable):
 		outcome = -1
 		b.failures.Add(1)
 		if refused(err) {

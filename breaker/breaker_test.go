@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // fakeStore answers every call with err() (nil: an empty success), after
@@ -38,21 +39,21 @@ func (f *fakeStore) answer(ctx context.Context) error {
 	return f.err()
 }
 
-func (f *fakeStore) Add(ctx context.Context, _ limiter.Key, _ int64, _ int, _ int64, _ time.Duration) (limiter.Counts, error) {
-	return limiter.Counts{}, f.answer(ctx)
+func (f *fakeStore) Add(ctx context.Context, _ storage.Key, _ int64, _ int, _ int64, _ time.Duration) (storage.Counts, error) {
+	return storage.Counts{}, f.answer(ctx)
 }
-func (f *fakeStore) Sub(ctx context.Context, _ limiter.Key, _, _ int64) error { return f.answer(ctx) }
-func (f *fakeStore) UpdateBucket(ctx context.Context, _ limiter.Key, _ limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
-	return limiter.Decision{Allowed: true}, f.answer(ctx)
+func (f *fakeStore) Sub(ctx context.Context, _ storage.Key, _, _ int64) error { return f.answer(ctx) }
+func (f *fakeStore) UpdateBucket(ctx context.Context, _ storage.Key, _ storage.BucketOp, _ time.Duration) (storage.Decision, error) {
+	return storage.Decision{Allowed: true}, f.answer(ctx)
 }
-func (f *fakeStore) UpdateLog(ctx context.Context, _ limiter.Key, _ limiter.LogOp, _ time.Duration) (limiter.Decision, error) {
-	return limiter.Decision{Allowed: true}, f.answer(ctx)
+func (f *fakeStore) UpdateLog(ctx context.Context, _ storage.Key, _ storage.LogOp, _ time.Duration) (storage.Decision, error) {
+	return storage.Decision{Allowed: true}, f.answer(ctx)
 }
 
 var (
-	down      = fmt.Errorf("store: connection refused: %w", limiter.ErrUnavailable)
-	throttled = fmt.Errorf("store: slow down: %w", limiter.ErrThrottled)
-	key       = limiter.Key{Space: "s", Name: "k"}
+	down      = fmt.Errorf("store: connection refused: %w", storage.ErrUnavailable)
+	throttled = fmt.Errorf("store: slow down: %w", storage.ErrThrottled)
+	key       = storage.Key{Space: "s", Name: "k"}
 )
 
 // errOf returns a fake store error function reading *e.
@@ -74,7 +75,7 @@ func wrap(t *testing.T, f *fakeStore, cfg breaker.Config) *breaker.Store {
 // and returns its error.
 func call(s *breaker.Store, i int) error {
 	ctx := context.Background()
-	key := limiter.Key{Space: key.Space, Name: fmt.Sprint(key.Name, i%8)}
+	key := storage.Key{Space: key.Space, Name: fmt.Sprint(key.Name, i%8)}
 	switch i % 4 {
 	case 0:
 		_, err := s.Add(ctx, key, 1, 2, 1, time.Minute)
@@ -82,17 +83,17 @@ func call(s *breaker.Store, i int) error {
 	case 1:
 		return s.Sub(ctx, key, 1, 1)
 	case 2:
-		_, err := s.UpdateBucket(ctx, key, limiter.BucketOp{}, time.Minute)
+		_, err := s.UpdateBucket(ctx, key, storage.BucketOp{}, time.Minute)
 		return err
 	default:
-		_, err := s.UpdateLog(ctx, key, limiter.LogOp{}, time.Minute)
+		_, err := s.UpdateLog(ctx, key, storage.LogOp{}, time.Minute)
 		return err
 	}
 }
 
 // Failures in a row open the breaker, through every method; then calls
 // fail at once, without reaching the store, with an error wrapping
-// ErrOpen and limiter.ErrUnavailable.
+// ErrOpen and storage.ErrUnavailable.
 func TestOpensAfterFailures(t *testing.T) {
 	for _, cause := range []error{down} {
 		t.Run(cause.Error(), func(t *testing.T) {
@@ -112,7 +113,7 @@ func TestOpensAfterFailures(t *testing.T) {
 				}
 				for i := range 8 {
 					err := call(s, i)
-					if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, limiter.ErrUnavailable) || !strings.Contains(err.Error(), "mc") {
+					if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, storage.ErrUnavailable) || !strings.Contains(err.Error(), "mc") {
 						t.Errorf("open, call %d: %v", i, err)
 					}
 				}
@@ -137,8 +138,8 @@ func TestWhatCounts(t *testing.T) {
 		open    bool // after 2 failures, the in-between error, 2 failures
 	}{
 		{nil, false},
-		{fmt.Errorf("x: %w", limiter.ErrConflict), false},
-		{fmt.Errorf("x: %w", limiter.ErrCorruptState), false},
+		{fmt.Errorf("x: %w", storage.ErrConflict), false},
+		{fmt.Errorf("x: %w", storage.ErrCorruptState), false},
 		{fmt.Errorf("x: %w", limiter.ErrInvalidCost), true},
 		{errors.New("an error of no kind"), true},
 		{down, true},
@@ -315,7 +316,7 @@ func TestLogs(t *testing.T) {
 		call(s, 0)
 		out := buf.String()
 		for _, want := range []string{
-			`"level":"WARN","msg":"circuit breaker open","backend":"memcached","failures":1,"open_for":"1s","error":"store: connection refused: limiter: store unavailable"`,
+			`"level":"WARN","msg":"circuit breaker open","backend":"memcached","failures":1,"open_for":"1s","error":"store: connection refused: storage: store unavailable"`,
 			`"level":"WARN","msg":"circuit breaker probe failed; open again","backend":"memcached"`,
 			`"level":"INFO","msg":"circuit breaker closed","backend":"memcached"`,
 		} {
@@ -345,8 +346,8 @@ func TestConfig(t *testing.T) {
 // connection, which is about the backend as a whole.
 func TestOneKeyNeverOpens(t *testing.T) {
 	ctx := context.Background()
-	slow := fmt.Errorf("store: %w: %w", limiter.ErrUnavailable, context.DeadlineExceeded)
-	refusedErr := fmt.Errorf("store: %w: %w", limiter.ErrUnavailable,
+	slow := fmt.Errorf("store: %w: %w", storage.ErrUnavailable, context.DeadlineExceeded)
+	refusedErr := fmt.Errorf("store: %w: %w", storage.ErrUnavailable,
 		&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
 	for _, tt := range []struct {
 		name string
@@ -366,7 +367,7 @@ func TestOneKeyNeverOpens(t *testing.T) {
 			f := &fakeStore{err: errOf(&mu, &cur)}
 			s := wrap(t, f, breaker.Config{Failures: 5, OpenFor: time.Hour})
 			for _, k := range tt.keys {
-				if _, err := s.UpdateBucket(ctx, limiter.Key{Space: "s", Name: k}, limiter.BucketOp{}, time.Minute); errors.Is(err, breaker.ErrOpen) {
+				if _, err := s.UpdateBucket(ctx, storage.Key{Space: "s", Name: k}, storage.BucketOp{}, time.Minute); errors.Is(err, breaker.ErrOpen) {
 					break
 				}
 			}
@@ -381,7 +382,7 @@ func TestOneKeyNeverOpens(t *testing.T) {
 			cur = nil
 			mu.Unlock()
 			before := f.calls.Load()
-			if _, err := s.UpdateBucket(ctx, limiter.Key{Space: "s", Name: "victim"}, limiter.BucketOp{}, time.Minute); err != nil || f.calls.Load() != before+1 {
+			if _, err := s.UpdateBucket(ctx, storage.Key{Space: "s", Name: "victim"}, storage.BucketOp{}, time.Minute); err != nil || f.calls.Load() != before+1 {
 				t.Fatalf("another key: %v, %d calls reached the store", err, f.calls.Load()-before)
 			}
 		})
@@ -438,7 +439,7 @@ func TestRecoveryBound(t *testing.T) {
 				decide := func(i int) {
 					ctx, cancel := context.WithTimeout(context.Background(), deadline)
 					defer cancel()
-					s.UpdateBucket(ctx, limiter.Key{Space: "s", Name: fmt.Sprint(i % 8)}, limiter.BucketOp{}, time.Minute)
+					s.UpdateBucket(ctx, storage.Key{Space: "s", Name: fmt.Sprint(i % 8)}, storage.BucketOp{}, time.Minute)
 				}
 				// Traffic every gap, each request on its own goroutine (a
 				// hung call does not hold the others back).
@@ -481,11 +482,11 @@ type hangStore struct {
 	hung *atomic.Bool
 }
 
-func (h *hangStore) UpdateBucket(ctx context.Context, key limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+func (h *hangStore) UpdateBucket(ctx context.Context, key storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	if h.hung.Load() {
 		h.calls.Add(1)
 		<-ctx.Done()
-		return limiter.Decision{}, fmt.Errorf("store: %w: %w", limiter.ErrUnavailable, ctx.Err())
+		return storage.Decision{}, fmt.Errorf("store: %w: %w", storage.ErrUnavailable, ctx.Err())
 	}
 	return h.fakeStore.UpdateBucket(ctx, key, op, ttl)
 }

@@ -2,11 +2,11 @@
 // a backend is down, decisions follow each rule's fail mode at once
 // instead of each waiting for the deadline.
 //
-// [Store] wraps a store implementing [limiter.Counter],
-// [limiter.BucketStore] and [limiter.LogStore] (and forwards
-// [limiter.PackedCounter] and batches to a backend that has them) with one
+// [Store] wraps a store implementing [storage.Counter],
+// [storage.BucketStore] and [storage.LogStore] (and forwards
+// [storage.PackedCounter] and batches to a backend that has them) with one
 // [Breaker] for the whole backend; [Leases] puts the load shedders' store
-// ([limiter.LeaseStore], [limiter.GaugeStore]) behind the same breaker. The
+// ([storage.LeaseStore], [storage.GaugeStore]) behind the same breaker. The
 // authorizer uses it for DynamoDB; [Nodes] is a breaker per node, which the
 // memcached store puts in front of each node (memcached.Config.Breaker), so
 // that one dead node fails only its own keys.
@@ -15,13 +15,13 @@
 //
 //   - Closed: every call goes to the store. Config.Failures calls in a row
 //     that found the backend unavailable (errors wrapping
-//     [limiter.ErrUnavailable]), from Config.Keys distinct keys or with a
+//     [storage.ErrUnavailable]), from Config.Keys distinct keys or with a
 //     refused connection, open it, so one hot or slow key never opens it for
 //     the others. A call the store answered resets the count: a success,
-//     [limiter.ErrConflict], [limiter.ErrCorruptState], and a throttle
-//     ([limiter.ErrThrottled]: the store refused one key for capacity).
+//     [storage.ErrConflict], [storage.ErrCorruptState], and a throttle
+//     ([storage.ErrThrottled]: the store refused one key for capacity).
 //   - Open: every call fails at once with an error wrapping
-//     [limiter.ErrBreakerOpen] and [limiter.ErrUnavailable] (so the rule's
+//     [storage.ErrBreakerOpen] and [storage.ErrUnavailable] (so the rule's
 //     fail mode applies), for Config.OpenFor.
 //   - Half-open: the next call is the one probe; a probe the store answers
 //     closes the breaker, one that fails opens it for another OpenFor.

@@ -6,14 +6,15 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // ShedStore is the store of the load shedders: leases (the fleet-usage
 // shedder) and gauges (the published utilization): memcached.Leases,
 // dynamo.Leases, or memory.Leases (tests only: it counts per process).
 type ShedStore interface {
-	limiter.LeaseStore
-	limiter.GaugeStore
+	storage.LeaseStore
+	storage.GaugeStore
 }
 
 var _ ShedStore = (*Leases)(nil)
@@ -37,20 +38,20 @@ func WrapLeases(s ShedStore, b *Breaker) (*Leases, error) {
 // Unwrap returns the wrapped store.
 func (l *Leases) Unwrap() ShedStore { return l.s }
 
-// AcquireLease implements [limiter.LeaseStore].
-func (l *Leases) AcquireLease(ctx context.Context, key limiter.Key, op limiter.LeaseOp) (limiter.Decision, error) {
+// AcquireLease implements [storage.LeaseStore].
+func (l *Leases) AcquireLease(ctx context.Context, key storage.Key, op storage.LeaseOp) (storage.Decision, error) {
 	probe, err := l.b.Allow()
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	d, err := l.s.AcquireLease(ctx, key, op)
 	l.b.Done(probe, err)
 	return d, err
 }
 
-// ReleaseLease implements [limiter.LeaseStore]. A release the breaker
+// ReleaseLease implements [storage.LeaseStore]. A release the breaker
 // refuses leaves the lease to expire.
-func (l *Leases) ReleaseLease(ctx context.Context, key limiter.Key, op limiter.ReleaseOp) error {
+func (l *Leases) ReleaseLease(ctx context.Context, key storage.Key, op storage.ReleaseOp) error {
 	probe, err := l.b.Allow()
 	if err != nil {
 		return err
@@ -60,8 +61,8 @@ func (l *Leases) ReleaseLease(ctx context.Context, key limiter.Key, op limiter.R
 	return err
 }
 
-// PutGauge implements [limiter.GaugeStore].
-func (l *Leases) PutGauge(ctx context.Context, key limiter.Key, g limiter.Gauge, ttl time.Duration) error {
+// PutGauge implements [storage.GaugeStore].
+func (l *Leases) PutGauge(ctx context.Context, key storage.Key, g storage.Gauge, ttl time.Duration) error {
 	probe, err := l.b.Allow()
 	if err != nil {
 		return err
@@ -71,11 +72,11 @@ func (l *Leases) PutGauge(ctx context.Context, key limiter.Key, g limiter.Gauge,
 	return err
 }
 
-// GetGauge implements [limiter.GaugeStore].
-func (l *Leases) GetGauge(ctx context.Context, key limiter.Key) (limiter.Gauge, bool, error) {
+// GetGauge implements [storage.GaugeStore].
+func (l *Leases) GetGauge(ctx context.Context, key storage.Key) (storage.Gauge, bool, error) {
 	probe, err := l.b.Allow()
 	if err != nil {
-		return limiter.Gauge{}, false, err
+		return storage.Gauge{}, false, err
 	}
 	g, found, err := l.s.GetGauge(ctx, key)
 	l.b.Done(probe, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // fakeShed is a shed store answering every call with err.
@@ -16,21 +17,21 @@ type fakeShed struct {
 	err   error
 }
 
-func (f *fakeShed) AcquireLease(context.Context, limiter.Key, limiter.LeaseOp) (limiter.Decision, error) {
+func (f *fakeShed) AcquireLease(context.Context, storage.Key, storage.LeaseOp) (storage.Decision, error) {
 	f.calls++
-	return limiter.Decision{Allowed: true}, f.err
+	return storage.Decision{Allowed: true}, f.err
 }
-func (f *fakeShed) ReleaseLease(context.Context, limiter.Key, limiter.ReleaseOp) error {
+func (f *fakeShed) ReleaseLease(context.Context, storage.Key, storage.ReleaseOp) error {
 	f.calls++
 	return f.err
 }
-func (f *fakeShed) PutGauge(context.Context, limiter.Key, limiter.Gauge, time.Duration) error {
+func (f *fakeShed) PutGauge(context.Context, storage.Key, storage.Gauge, time.Duration) error {
 	f.calls++
 	return f.err
 }
-func (f *fakeShed) GetGauge(context.Context, limiter.Key) (limiter.Gauge, bool, error) {
+func (f *fakeShed) GetGauge(context.Context, storage.Key) (storage.Gauge, bool, error) {
 	f.calls++
-	return limiter.Gauge{}, false, f.err
+	return storage.Gauge{}, false, f.err
 }
 
 // The shed store shares the counter store's breaker: failures of either
@@ -46,18 +47,18 @@ func TestLeasesShareTheBreaker(t *testing.T) {
 	ctx := context.Background()
 	call(s, 0)
 	call(s, 1)
-	l.AcquireLease(ctx, key, limiter.LeaseOp{})
+	l.AcquireLease(ctx, key, storage.LeaseOp{})
 	l.GetGauge(ctx, key)
 	if s.Breaker().State() != breaker.Open {
 		t.Fatalf("state %v after 4 failures of the two stores", s.Breaker().State())
 	}
 	calls := sh.calls
-	_, err1 := l.AcquireLease(ctx, key, limiter.LeaseOp{})
-	err2 := l.ReleaseLease(ctx, key, limiter.ReleaseOp{})
-	err3 := l.PutGauge(ctx, key, limiter.Gauge{}, time.Minute)
+	_, err1 := l.AcquireLease(ctx, key, storage.LeaseOp{})
+	err2 := l.ReleaseLease(ctx, key, storage.ReleaseOp{})
+	err3 := l.PutGauge(ctx, key, storage.Gauge{}, time.Minute)
 	_, _, err4 := l.GetGauge(ctx, key)
 	for i, err := range []error{err1, err2, err3, err4} {
-		if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, limiter.ErrUnavailable) {
+		if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, storage.ErrUnavailable) {
 			t.Errorf("call %d with the breaker open: %v", i, err)
 		}
 	}

@@ -9,9 +9,10 @@ import (
 
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-// fakePacked is a fakeStore that also implements limiter.PackedCounter.
+// fakePacked is a fakeStore that also implements storage.PackedCounter.
 type fakePacked struct {
 	fakeStore
 	added, subbed int
@@ -19,16 +20,16 @@ type fakePacked struct {
 
 // AddPacked answers as a fresh key: each counter added to holds its
 // delta.
-func (f *fakePacked) AddPacked(ctx context.Context, _ limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+func (f *fakePacked) AddPacked(ctx context.Context, _ storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
 	f.added++
-	var c limiter.PackedCounts
+	var c storage.PackedCounts
 	for i, a := range op.Adds {
 		c.Added[i] = a.Delta
 	}
 	return c, f.answer(ctx)
 }
 
-func (f *fakePacked) SubPacked(ctx context.Context, _ limiter.Key, _ *limiter.PackedOp) error {
+func (f *fakePacked) SubPacked(ctx context.Context, _ storage.Key, _ *storage.PackedOp) error {
 	f.subbed++
 	return f.answer(ctx)
 }
@@ -59,16 +60,16 @@ func TestPackedForwarded(t *testing.T) {
 		t.Fatalf("the backend got %d AddPacked and %d SubPacked, want 1 and 1", f.added, f.subbed)
 	}
 	f.err = func() error { return down }
-	op := limiter.PackedPlan(1000, limiter.DefaultSlots, 1, time.Millisecond)
+	op := storage.PackedPlan(1000, limiter.DefaultSlots, 1, time.Millisecond)
 	for i := range 3 {
 		var err error
-		k := limiter.Key{Space: key.Space, Name: fmt.Sprint(key.Name, i)} // failures on distinct keys
+		k := storage.Key{Space: key.Space, Name: fmt.Sprint(key.Name, i)} // failures on distinct keys
 		if i%2 == 0 {
 			_, err = s.AddPacked(ctx, k, &op)
 		} else {
 			err = s.SubPacked(ctx, k, &op)
 		}
-		if !errors.Is(err, limiter.ErrUnavailable) {
+		if !errors.Is(err, storage.ErrUnavailable) {
 			t.Fatalf("failing call %d: %v", i, err)
 		}
 	}
@@ -76,7 +77,7 @@ func TestPackedForwarded(t *testing.T) {
 		t.Fatalf("after 3 failed packed calls: %+v, want open", st)
 	}
 	before := f.calls.Load()
-	if _, err := s.AddPacked(ctx, key, &op); !errors.Is(err, limiter.ErrBreakerOpen) || f.calls.Load() != before {
+	if _, err := s.AddPacked(ctx, key, &op); !errors.Is(err, storage.ErrBreakerOpen) || f.calls.Load() != before {
 		t.Fatalf("AddPacked on an open breaker: %v, %d calls reached the backend", err, f.calls.Load()-before)
 	}
 }
@@ -87,7 +88,7 @@ func TestPackedForwarded(t *testing.T) {
 func TestPackedNotImplemented(t *testing.T) {
 	f := &fakeStore{}
 	s := wrap(t, f, breaker.Config{Failures: 1, OpenFor: time.Hour})
-	op := limiter.PackedPlan(1000, limiter.DefaultSlots, 1, time.Millisecond)
+	op := storage.PackedPlan(1000, limiter.DefaultSlots, 1, time.Millisecond)
 	for range 3 {
 		if _, err := s.AddPacked(context.Background(), key, &op); !errors.Is(err, limiter.ErrInvalidConfig) {
 			t.Fatalf("AddPacked: %v, want ErrInvalidConfig", err)

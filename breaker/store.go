@@ -8,28 +8,29 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-var _ limiter.Store = (*Store)(nil)
+var _ storage.Store = (*Store)(nil)
 
-// Store is a [limiter.Store] behind a [Breaker]: each call asks the breaker,
+// Store is a [storage.Store] behind a [Breaker]: each call asks the breaker,
 // goes to the backend if allowed and reports its error. Safe for
 // concurrent use if the backend is.
 type Store struct {
-	s     limiter.Store
-	batch limiter.Batcher // s's (limiter.AsBatcher)
+	s     storage.Store
+	batch storage.Batcher // s's (storage.AsBatcher)
 	b     *Breaker
 }
 
-// KeepsLeased implements [limiter.LeaseKeeper]: what the wrapped store
+// KeepsLeased implements [storage.LeaseKeeper]: what the wrapped store
 // reports.
 func (s *Store) KeepsLeased() bool {
-	k, ok := s.s.(limiter.LeaseKeeper)
+	k, ok := s.s.(storage.LeaseKeeper)
 	return ok && k.KeepsLeased()
 }
 
 // Wrap returns s behind a new breaker configured by cfg.
-func Wrap(s limiter.Store, cfg Config) (*Store, error) {
+func Wrap(s storage.Store, cfg Config) (*Store, error) {
 	if s == nil {
 		return nil, fmt.Errorf("%w: breaker %q: nil store", limiter.ErrInvalidConfig, cfg.Name)
 	}
@@ -37,28 +38,28 @@ func Wrap(s limiter.Store, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{s: s, batch: limiter.AsBatcher(s), b: b}, nil
+	return &Store{s: s, batch: storage.AsBatcher(s), b: b}, nil
 }
 
 // Breaker returns the store's breaker.
 func (s *Store) Breaker() *Breaker { return s.b }
 
 // Unwrap returns the wrapped store.
-func (s *Store) Unwrap() limiter.Store { return s.s }
+func (s *Store) Unwrap() storage.Store { return s.s }
 
-// Add implements [limiter.Counter].
-func (s *Store) Add(ctx context.Context, key limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+// Add implements [storage.Counter].
+func (s *Store) Add(ctx context.Context, key storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	probe, err := s.b.Allow()
 	if err != nil {
-		return limiter.Counts{}, err
+		return storage.Counts{}, err
 	}
 	c, err := s.s.Add(ctx, key, cur, span, n, ttl)
 	s.b.DoneKey(probe, keyHash(key), err)
 	return c, err
 }
 
-// Sub implements [limiter.Counter].
-func (s *Store) Sub(ctx context.Context, key limiter.Key, idx int64, n int64) error {
+// Sub implements [storage.Counter].
+func (s *Store) Sub(ctx context.Context, key storage.Key, idx int64, n int64) error {
 	probe, err := s.b.Allow()
 	if err != nil {
 		return err
@@ -68,41 +69,41 @@ func (s *Store) Sub(ctx context.Context, key limiter.Key, idx int64, n int64) er
 	return err
 }
 
-// UpdateBucket implements [limiter.BucketStore].
-func (s *Store) UpdateBucket(ctx context.Context, key limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+// UpdateBucket implements [storage.BucketStore].
+func (s *Store) UpdateBucket(ctx context.Context, key storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	probe, err := s.b.Allow()
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	d, err := s.s.UpdateBucket(ctx, key, op, ttl)
 	s.b.DoneKey(probe, keyHash(key), err)
 	return d, err
 }
 
-// UpdateLog implements [limiter.LogStore].
-func (s *Store) UpdateLog(ctx context.Context, key limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+// UpdateLog implements [storage.LogStore].
+func (s *Store) UpdateLog(ctx context.Context, key storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
 	probe, err := s.b.Allow()
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	d, err := s.s.UpdateLog(ctx, key, op, ttl)
 	s.b.DoneKey(probe, keyHash(key), err)
 	return d, err
 }
 
-var _ limiter.Batcher = (*Store)(nil)
+var _ storage.Batcher = (*Store)(nil)
 
-// Do implements [limiter.Batcher], so that wrapping a batching backend
+// Do implements [storage.Batcher], so that wrapping a batching backend
 // keeps its batches: the batch is one call to the breaker (one Allow; one
 // Done with the batch's error, see batchErr), sent to the backend's Do when
 // it has one, else step by step through its single-step methods
-// ([limiter.AsBatcher]). When the
+// ([storage.AsBatcher]). When the
 // breaker refuses, every step gets its error.
-func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+func (s *Store) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
 	probe, err := s.b.Allow()
 	if err != nil {
 		for i := range steps {
-			out[i] = limiter.StepResult{Err: err}
+			out[i] = storage.StepResult{Err: err}
 		}
 		return
 	}
@@ -116,18 +117,18 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 // nil when some step was answered (a conflict, corrupt state or a
 // throttle is an answer), else the first error (only a wrapped store's
 // own open breaker).
-func batchErr(steps []limiter.Step, out []limiter.StepResult) (uint64, error) {
+func batchErr(steps []storage.Step, out []storage.StepResult) (uint64, error) {
 	var first error
 	answered := false
 	for i, r := range out {
 		switch err := r.Err; {
 		case err == nil:
 			answered = true
-		case errors.Is(err, limiter.ErrBreakerOpen):
+		case errors.Is(err, storage.ErrBreakerOpen):
 			if first == nil {
 				first = err
 			}
-		case errors.Is(err, limiter.ErrUnavailable):
+		case errors.Is(err, storage.ErrUnavailable):
 			return keyHash(steps[i].Key), err
 		default:
 			answered = true
@@ -144,7 +145,7 @@ var keySeed = maphash.MakeSeed()
 
 // keyHash names key to the breaker, which opens only on failures from
 // several distinct keys. Never 0 (0 is "no key").
-func keyHash(key limiter.Key) uint64 {
+func keyHash(key storage.Key) uint64 {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	h.WriteString(key.Space)
@@ -153,35 +154,35 @@ func keyHash(key limiter.Key) uint64 {
 	return h.Sum64() | 1
 }
 
-var _ limiter.PackedCounter = (*Store)(nil)
+var _ storage.PackedCounter = (*Store)(nil)
 
 // ServesPacked reports whether the backend serves packed windows
-// ([limiter.ServesPacked]): a window whose representation is Auto is
+// ([storage.ServesPacked]): a window whose representation is Auto is
 // packed on the wrapper only then.
-func (s *Store) ServesPacked() bool { return limiter.ServesPacked(s.s) }
+func (s *Store) ServesPacked() bool { return storage.ServesPacked(s.s) }
 
-// AddPacked implements [limiter.PackedCounter] when the backend does (the
+// AddPacked implements [storage.PackedCounter] when the backend does (the
 // DynamoDB store): a packed window on the wrapped store goes through the
 // breaker like the backend's other calls. On a backend without it, it
 // fails with an error wrapping limiter.ErrInvalidConfig, without asking
 // the breaker (so a packed window is then refused at its first call, not
 // at NewSlidingWindow).
-func (s *Store) AddPacked(ctx context.Context, key limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+func (s *Store) AddPacked(ctx context.Context, key storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
 	p, err := s.packed()
 	if err != nil {
-		return limiter.PackedCounts{}, err
+		return storage.PackedCounts{}, err
 	}
 	probe, err := s.b.Allow()
 	if err != nil {
-		return limiter.PackedCounts{}, err
+		return storage.PackedCounts{}, err
 	}
 	c, err := p.AddPacked(ctx, key, op)
 	s.b.DoneKey(probe, keyHash(key), err)
 	return c, err
 }
 
-// SubPacked implements [limiter.PackedCounter] as AddPacked does.
-func (s *Store) SubPacked(ctx context.Context, key limiter.Key, op *limiter.PackedOp) error {
+// SubPacked implements [storage.PackedCounter] as AddPacked does.
+func (s *Store) SubPacked(ctx context.Context, key storage.Key, op *storage.PackedOp) error {
 	p, err := s.packed()
 	if err != nil {
 		return err
@@ -195,11 +196,11 @@ func (s *Store) SubPacked(ctx context.Context, key limiter.Key, op *limiter.Pack
 	return err
 }
 
-// packed returns the backend as a limiter.PackedCounter.
-func (s *Store) packed() (limiter.PackedCounter, error) {
-	p, ok := s.s.(limiter.PackedCounter)
+// packed returns the backend as a storage.PackedCounter.
+func (s *Store) packed() (storage.PackedCounter, error) {
+	p, ok := s.s.(storage.PackedCounter)
 	if !ok {
-		return nil, fmt.Errorf("%w: breaker %q: store %T does not implement limiter.PackedCounter", limiter.ErrInvalidConfig, s.b.Name(), s.s)
+		return nil, fmt.Errorf("%w: breaker %q: store %T does not implement storage.PackedCounter", limiter.ErrInvalidConfig, s.b.Name(), s.s)
 	}
 	return p, nil
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -89,8 +90,8 @@ func TestParseBounds(t *testing.T) {
 			t.Errorf("%s=%s: err %v, want a *config.Error naming %s", tt.name, tt.bad, err, tt.name)
 		}
 	}
-	if MaxShedFleetCapacity != limiter.MaxLeases {
-		t.Errorf("MaxShedFleetCapacity %d, limiter.MaxLeases %d", MaxShedFleetCapacity, limiter.MaxLeases)
+	if MaxShedFleetCapacity != storage.MaxLeases {
+		t.Errorf("MaxShedFleetCapacity %d, storage.MaxLeases %d", MaxShedFleetCapacity, storage.MaxLeases)
 	}
 }
 

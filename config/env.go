@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Env is the authorizer's configuration, read from the environment by
@@ -495,8 +496,8 @@ func parseShares(v string) (map[limiter.Priority]float64, error) {
 		if !ok {
 			return nil, fmt.Errorf("%q is not priority=share", part)
 		}
-		p, err := limiter.ParsePriority(strings.TrimSpace(name))
-		if err != nil || p == limiter.PriorityCritical {
+		var p limiter.Priority
+		if err := p.UnmarshalText([]byte(strings.TrimSpace(name))); err != nil || p == limiter.PriorityCritical {
 			return nil, fmt.Errorf("%q is not low, normal or high (critical traffic is never shed)", strings.TrimSpace(name))
 		}
 		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
@@ -539,9 +540,9 @@ func FormatShares(shares map[string]float64) string {
 // noLeases is a lease store that is never called (validation only).
 type noLeases struct{}
 
-func (noLeases) AcquireLease(context.Context, limiter.Key, limiter.LeaseOp) (limiter.Decision, error) {
-	return limiter.Decision{}, errors.New("not a store")
+func (noLeases) AcquireLease(context.Context, storage.Key, storage.LeaseOp) (storage.Decision, error) {
+	return storage.Decision{}, errors.New("not a store")
 }
-func (noLeases) ReleaseLease(context.Context, limiter.Key, limiter.ReleaseOp) error {
+func (noLeases) ReleaseLease(context.Context, storage.Key, storage.ReleaseOp) error {
 	return errors.New("not a store")
 }

@@ -3,7 +3,7 @@ package config
 import (
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Prefix begins the name of every variable of the contract.
@@ -177,8 +177,8 @@ const (
 	// for critical traffic.
 	DefaultShedFleetReserve = 0.2
 	// MaxShedFleetCapacity is the largest EnvShedFleetCapacity: one stored
-	// value holds the fleet's leases (limiter.MaxLeases).
-	MaxShedFleetCapacity = limiter.MaxLeases
+	// value holds the fleet's leases (storage.MaxLeases).
+	MaxShedFleetCapacity = storage.MaxLeases
 	// DefaultShedFleetName names the fleet shedder's lease key.
 	DefaultShedFleetName = "fleet"
 	// DefaultShedLeaseTTL is how long a request let through by the fleet

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // NamedLease is a lease and the name of the limit that granted it (a
@@ -92,13 +93,13 @@ func LeasesFromContext(authorizer map[string]any) []NamedLease {
 // dynamo.Leases; memory.Leases in the same process). Safe for concurrent
 // use.
 type StoreReleaser struct {
-	store limiter.LeaseStore
+	store storage.LeaseStore
 	mu    sync.Mutex
 	by    map[string]*limiter.Concurrency
 }
 
 // NewStoreReleaser returns a releaser on store.
-func NewStoreReleaser(store limiter.LeaseStore) *StoreReleaser {
+func NewStoreReleaser(store storage.LeaseStore) *StoreReleaser {
 	if store == nil {
 		panic("lambdawrap: NewStoreReleaser needs a store")
 	}

@@ -7,131 +7,9 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
-
-// StepKind names the operation of a [Step].
-type StepKind uint8
-
-const (
-	// StepAdd is [Counter.Add](Key, Idx, Span, N, TTL): a window's take.
-	StepAdd StepKind = iota + 1
-	// StepSub is [Counter.Sub](Key, Idx, N): a window's refund. A store may
-	// send it without waiting for the answer (StepResult.Err then reports
-	// only a failure to send).
-	StepSub
-	// StepBucket is [BucketStore.UpdateBucket](Key, Bucket, TTL).
-	StepBucket
-	// StepLog is [LogStore.UpdateLog](Key, Log, TTL).
-	StepLog
-	// StepPackedAdd is [PackedCounter.AddPacked](Key, &Packed): a packed
-	// window's take. N is the units (for the limiter; the store uses
-	// Packed only).
-	StepPackedAdd
-	// StepPackedSub is [PackedCounter.SubPacked](Key, &Packed): a packed
-	// window's refund. A store may send it without waiting for the answer,
-	// as StepSub.
-	StepPackedSub
-)
-
-// String returns "add", "sub", "bucket", "log", "packed-add" or
-// "packed-sub".
-func (k StepKind) String() string {
-	switch k {
-	case StepAdd:
-		return "add"
-	case StepSub:
-		return "sub"
-	case StepBucket:
-		return "bucket"
-	case StepLog:
-		return "log"
-	case StepPackedAdd:
-		return "packed-add"
-	case StepPackedSub:
-		return "packed-sub"
-	}
-	return fmt.Sprintf("step(%d)", uint8(k))
-}
-
-// Step is one limit's storage step in a batch: what one call of the
-// single-step interfaces ([Counter], [BucketStore], [LogStore],
-// [PackedCounter]) would do.
-// The fields a kind does not use are zero.
-type Step struct {
-	Kind StepKind
-	Key  Key
-	// Idx is the sub-window of StepAdd (cur) and StepSub.
-	Idx int64
-	// Span is StepAdd's view.
-	Span int
-	// N is the units of StepAdd and StepSub.
-	N int64
-	// TTL is how long the state must be kept (StepAdd, StepBucket, StepLog).
-	TTL    time.Duration
-	Bucket BucketOp
-	Log    LogOp
-	// Packed is the op of StepPackedAdd and StepPackedSub.
-	Packed PackedOp
-	// Shadow reports that the step is a Shadow item's: its denial does
-	// not deny the batch (a store must not skip other steps for it, see
-	// StepResult.NotApplied).
-	Shadow bool
-	// Sync reports that the caller waits for the step's outcome (the
-	// public Refund methods' give-backs): a store must not send it without
-	// waiting, as it may a batch's refunds, and Err reports whether it
-	// landed. A store that batches may perform it with its single-step
-	// method.
-	Sync bool
-	// packedReads are the fields a packed window's plan uses of each of
-	// Packed.Reads, kept for its judge (the plan is made once).
-	packedReads [MaxPackedReads]packedRead
-	// need is a window's lease take's least units (N is the most): the
-	// decision at hand's cost. Zero for any other step.
-	need int64
-}
-
-// StepResult is a store's answer to one [Step].
-type StepResult struct {
-	// Counts answers StepAdd.
-	Counts Counts
-	// Decision answers StepBucket and StepLog.
-	Decision Decision
-	// Packed answers StepPackedAdd.
-	Packed PackedCounts
-	// Err is the step's error: the same errors the single-step method
-	// returns.
-	Err error
-	// NotApplied reports that the store did not perform the step, on
-	// purpose: it is a take (StepAdd with N > 0, StepPackedAdd, a take
-	// StepBucket or StepLog) and another step of the same Do, not Shadow,
-	// was denied by the store (a bucket or log take Decision not Allowed),
-	// so the batch is denied and the take would only be given back. Nothing
-	// was taken and nothing is to be given back; the other fields are zero.
-	// A store that merges the steps on one key into one write (DynamoDB)
-	// answers it for the takes it had not written when the denial was
-	// decided; a Shadow step is never NotApplied.
-	NotApplied bool
-}
-
-// Batcher is a store that performs several steps (on any keys, of any
-// kinds it serves) in one round trip of latency: memcached pipelines them
-// per node, DynamoDB sends them at once.
-//
-// Do performs steps[i] and writes its answer to out[i] (len(out) >=
-// len(steps)). Each step is exactly as atomic as the single-step method it
-// stands for; the batch as a whole need not be (a store that makes it
-// all-or-nothing says so). Do returns when every step that waits for an
-// answer has one, or at ctx's deadline with errors in the unanswered ones.
-// It must not change steps: the limiter judges the answers against them.
-//
-// It is the one store interface of the decision path: the package's
-// limiters send every step through it, to a store that has only the
-// single-step methods through [AsBatcher]'s plain loop. [Decide] groups a
-// batch's steps by store with ==, so a Batcher's type must be comparable
-// (a pointer, as the backends' stores are).
-type Batcher interface {
-	Do(ctx context.Context, steps []Step, out []StepResult)
-}
 
 // Item is one limit's part in a [Decide] batch.
 type Item struct {
@@ -193,26 +71,27 @@ type Outcome struct {
 type stepper interface {
 	// plan returns the step of taking n units for key at now, and the
 	// store to send it to.
-	plan(key string, now time.Time, n int64) (Step, Batcher, error)
+	plan(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error)
 	// refund returns the step of giving back n units taken for key at
 	// now by an allowed take (the public Refund), and the store.
-	refund(key string, now time.Time, n int64) (Step, Batcher, error)
+	refund(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error)
 	// storeErr wraps a store's error with the limit's kind and name.
 	storeErr(err error) error
 	// judge turns the answer into a decision. undo is the step that gives
 	// back what was taken (Kind 0: nothing). When the item was denied,
 	// undoNow reports that undo must be sent anyway (a window refunding its
 	// own denied take); otherwise undo is sent only if the batch is denied.
-	// t is now in Unix nanoseconds.
-	judge(st *Step, r *StepResult, t int64) (d Decision, undo Step, undoNow bool, err error)
+	// t is now in Unix nanoseconds, n the item's cost (a window's step
+	// that takes more is a lease take: see leaseNeed).
+	judge(st *storage.Step, r *storage.StepResult, t, n int64) (d Decision, undo storage.Step, undoNow bool, err error)
 	// denyCache returns the limit's deny cache, nil for none.
-	denyCache() *DenyCache
+	denyCache() *denyCache
 }
 
 // Decide checks every item at now, as one batch: the steps bound for the
-// same store go in one [Batcher.Do] (a store without one gets
-// [AsBatcher]'s plain loop), stores in parallel. It is the one place that refunds and picks the
-// deciding item:
+// same store go in one [storage.Batcher.Do] (a store without one gets the
+// plain loop, [storage.Steps]), stores in parallel. It is the one place that
+// refunds and picks the deciding item:
 //
 //   - The batch is denied when an item that is not Shadow is denied (by the
 //     store, by its Fail decision, by the deny cache, or because the store
@@ -334,9 +213,9 @@ func judgeAll(b batch, items []Item, out []Outcome, t int64) (denied bool, failE
 		}
 		if err == nil {
 			if e.s != nil {
-				o.Decision, e.undo, e.undoNow, err = e.s.judge(&b.steps[i], &b.res[i], t)
+				o.Decision, e.undo, e.undoNow, err = e.s.judge(&b.steps[i], &b.res[i], t, it.N)
 			} else {
-				o.Decision, err = b.res[i].Decision, b.res[i].Err
+				o.Decision, err = e.foreign, b.res[i].Err
 				if errors.Is(err, ErrRefund) && o.Decision.Limit != 0 {
 					o.Err, err = err, nil // its own refund failed; the decision stands
 				}
@@ -344,7 +223,7 @@ func judgeAll(b batch, items []Item, out []Outcome, t int64) (denied bool, failE
 		}
 		if err != nil {
 			o.Err = err
-			e.undo = Step{}
+			e.undo = storage.Step{}
 			if throttled(err) {
 				// The store refused this key for capacity: deny it (its
 				// units were not counted, so admitting it would be free),
@@ -401,7 +280,7 @@ func giveBackTakes(ctx context.Context, now time.Time, b batch, items []Item, ou
 		}
 		if e.refund || e.fallbackUndo {
 			e.refund = true
-			b.steps[i], b.res[i] = e.undo, StepResult{}
+			b.steps[i], b.res[i] = e.undo, storage.StepResult{}
 			refunding = true
 		}
 	}
@@ -438,7 +317,7 @@ func giveBackTakes(ctx context.Context, now time.Time, b batch, items []Item, ou
 }
 
 // giveBack gives back the N units each item took at now, as one batch: the
-// undo steps bound for the same store in one [Batcher.Do], stores in
+// undo steps bound for the same store in one [storage.Batcher.Do], stores in
 // parallel, a foreign limiter by its own Refund; errs[i] is item i's
 // error (len(errs) >= len(items)). Each limit's deny cache forgets the
 // key. It is the public Refund of the package's limiters (a batch of one)
@@ -473,7 +352,7 @@ func giveBack(ctx context.Context, now time.Time, items []Item, errs []error) {
 			}
 		}
 		if e.s != nil {
-			e.s.denyCache().forget(items[i].Key) // after the give-back: see DenyCache.gen
+			e.s.denyCache().forget(items[i].Key) // after the give-back: see denyCache.gen
 		}
 	}
 }
@@ -528,12 +407,13 @@ type entry struct {
 	it           Item // items[item], for a foreign limiter's calls
 	s            stepper
 	leased       bool // answered from a lease: no step
-	store        Batcher
+	store        storage.Batcher
 	err          error // from plan
-	undo         Step
+	undo         storage.Step
 	undoNow      bool
-	refund       bool // this round sends undo
-	fallbackUndo bool // a foreign limiter's Refund
+	refund       bool     // this round sends undo
+	fallbackUndo bool     // a foreign limiter's Refund
+	foreign      Decision // a foreign limiter's AllowN
 	gen          uint64
 	group        int // run's group of this round
 }
@@ -543,8 +423,8 @@ type entry struct {
 // store whose items are contiguous go to its Do in place.
 type batch struct {
 	es    []entry
-	steps []Step
-	res   []StepResult
+	steps []storage.Step
+	res   []storage.StepResult
 	sc    *batchScratch // the pooled memory they live in, if any
 }
 
@@ -557,10 +437,10 @@ const scratchItems = 4
 // answers of run's groups whose items are not contiguous.
 type batchScratch struct {
 	es     [scratchItems]entry
-	steps  [scratchItems]Step
-	res    [scratchItems]StepResult
-	gsteps [scratchItems]Step
-	gres   [scratchItems]StepResult
+	steps  [scratchItems]storage.Step
+	res    [scratchItems]storage.StepResult
+	gsteps [scratchItems]storage.Step
+	gres   [scratchItems]storage.StepResult
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
@@ -569,7 +449,7 @@ var scratchPool = sync.Pool{New: func() any { return new(batchScratch) }}
 // when n <= scratchItems.
 func newBatch(n int) batch {
 	if n > scratchItems {
-		return batch{es: make([]entry, n), steps: make([]Step, n), res: make([]StepResult, n)}
+		return batch{es: make([]entry, n), steps: make([]storage.Step, n), res: make([]storage.StepResult, n)}
 	}
 	sc := scratchPool.Get().(*batchScratch)
 	return batch{es: sc.es[:n], steps: sc.steps[:n], res: sc.res[:n], sc: sc}
@@ -597,7 +477,7 @@ func (b batch) release() {
 // stores[g]), then the foreign limiters' entries.
 type groups struct {
 	refund bool
-	stores []Batcher
+	stores []storage.Batcher
 	ends   []int
 	order  []int
 }
@@ -615,7 +495,7 @@ func (g *groups) start(j int) int {
 // round) at now.
 func run(ctx context.Context, now time.Time, b batch) {
 	var (
-		storeBuf [scratchItems]Batcher
+		storeBuf [scratchItems]storage.Batcher
 		endBuf   [scratchItems]int
 		orderBuf [scratchItems]int
 	)
@@ -632,7 +512,7 @@ func run(ctx context.Context, now time.Time, b batch) {
 		if nb := g.start(len(g.stores)); b.sc != nil {
 			gs.steps, gs.res = b.sc.gsteps[:nb], b.sc.gres[:nb]
 		} else {
-			gs.steps, gs.res = make([]Step, nb), make([]StepResult, nb)
+			gs.steps, gs.res = make([]storage.Step, nb), make([]storage.StepResult, nb)
 		}
 	}
 	if jobs == 1 {
@@ -702,8 +582,8 @@ func (g *groups) build(es []entry) (gather bool, nforeign int) {
 // groups.order, when some group's items are not contiguous (nil slices
 // otherwise).
 type gathered struct {
-	steps []Step
-	res   []StepResult
+	steps []storage.Step
+	res   []storage.StepResult
 }
 
 // clone copies g's plan off the caller's stack, for goroutines.
@@ -736,19 +616,19 @@ func runJob(ctx context.Context, now time.Time, b batch, g *groups, gs gathered,
 		return
 	}
 	i := g.order[g.start(len(g.stores))+j-len(g.stores)]
-	it, r := &b.es[i].it, &b.res[i]
+	e, r := &b.es[i], &b.res[i]
 	if g.refund {
-		r.Err = it.Limit.Refund(ctx, it.Key, now, it.N)
+		r.Err = e.it.Limit.Refund(ctx, e.it.Key, now, e.it.N)
 		return
 	}
 	// Not one of ours: its own AllowN.
-	r.Decision, r.Err = it.Limit.AllowN(ctx, it.Key, now, it.N)
+	e.foreign, r.Err = e.it.Limit.AllowN(ctx, e.it.Key, now, e.it.N)
 }
 
 // runGroup sends the steps of the items idx (ascending) to store in one
 // Do: in place when steps is nil (every group's items are contiguous),
 // else gathered in steps and answered in res (len(idx) each).
-func runGroup(ctx context.Context, store Batcher, b batch, idx []int, steps []Step, res []StepResult) {
+func runGroup(ctx context.Context, store storage.Batcher, b batch, idx []int, steps []storage.Step, res []storage.StepResult) {
 	if steps == nil {
 		first := idx[0]
 		store.Do(ctx, b.steps[first:first+len(idx)], b.res[first:first+len(idx)])

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 var ccBase = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
@@ -24,7 +25,7 @@ func ccLeases(t testing.TB) *memory.Leases {
 	return l
 }
 
-func ccNew(t testing.TB, s limiter.LeaseStore, cfg limiter.ConcurrencyConfig) *limiter.Concurrency {
+func ccNew(t testing.TB, s storage.LeaseStore, cfg limiter.ConcurrencyConfig) *limiter.Concurrency {
 	t.Helper()
 	c, err := limiter.NewConcurrency(s, cfg)
 	if err != nil {
@@ -37,7 +38,7 @@ func ccNew(t testing.TB, s limiter.LeaseStore, cfg limiter.ConcurrencyConfig) *l
 func TestLeaseOpApply(t *testing.T) {
 	const ttl = 10 * time.Second
 	at := func(d time.Duration) int64 { return ccBase.Add(d).UnixNano() }
-	var set []limiter.LeaseEntry
+	var set []storage.LeaseEntry
 	steps := []struct {
 		at        time.Duration
 		id        string
@@ -66,14 +67,14 @@ func TestLeaseOpApply(t *testing.T) {
 	}
 	for i, st := range steps {
 		if st.release {
-			next, write := limiter.ReleaseOp{ID: st.id, Now: at(st.at)}.Apply(set)
+			next, write := storage.ReleaseOp{ID: st.id, Now: at(st.at)}.Apply(set)
 			if write != st.write || len(next) != st.live {
 				t.Fatalf("step %d: release %s at %v: write=%v live=%d, want %v %d", i, st.id, st.at, write, len(next), st.write, st.live)
 			}
 			set = next
 			continue
 		}
-		op := limiter.LeaseOp{Capacity: 2, Now: at(st.at), TTL: ttl, ID: st.id}
+		op := storage.LeaseOp{Capacity: 2, Now: at(st.at), TTL: ttl, ID: st.id}
 		next, d, write := op.Apply(set)
 		if d.Allowed != st.allowed || write != st.write || d.Remaining != st.remaining || d.Limit != 2 ||
 			d.ResetAfter != st.reset || d.RetryAfter != st.retry || len(next) != st.live {
@@ -85,9 +86,9 @@ func TestLeaseOpApply(t *testing.T) {
 }
 
 func TestLeaseEncoding(t *testing.T) {
-	in := []limiter.LeaseEntry{{ID: "a", Expires: 1}, {ID: "AbC-_9", Expires: -1 << 63}, {ID: strings.Repeat("x", limiter.MaxLeaseIDLen), Expires: 1<<63 - 1}}
-	b := limiter.AppendLeases([]byte{'X'}, in)
-	out, err := limiter.ParseLeases(b[1:], nil)
+	in := []storage.LeaseEntry{{ID: "a", Expires: 1}, {ID: "AbC-_9", Expires: -1 << 63}, {ID: strings.Repeat("x", storage.MaxLeaseIDLen), Expires: 1<<63 - 1}}
+	b := storage.AppendLeases([]byte{'X'}, in)
+	out, err := storage.ParseLeases(b[1:], nil)
 	if err != nil || len(out) != len(in) {
 		t.Fatalf("round trip: %v, %v", out, err)
 	}
@@ -96,7 +97,7 @@ func TestLeaseEncoding(t *testing.T) {
 			t.Fatalf("lease %d: %+v, want %+v", i, out[i], in[i])
 		}
 	}
-	if out, err := limiter.ParseLeases(limiter.AppendLeases(nil, nil), nil); err != nil || len(out) != 0 {
+	if out, err := storage.ParseLeases(storage.AppendLeases(nil, nil), nil); err != nil || len(out) != 0 {
 		t.Fatalf("empty set: %v, %v", out, err)
 	}
 	for name, v := range map[string][]byte{
@@ -104,12 +105,12 @@ func TestLeaseEncoding(t *testing.T) {
 		"truncated":   b[1 : len(b)-1],
 		"trailing":    append(append([]byte{}, b[1:]...), 0),
 		"huge count":  {0xff, 0xff, 0x03},
-		"bad ID":      limiter.AppendLeases(nil, []limiter.LeaseEntry{{ID: "a b", Expires: 1}}),
-		"empty ID":    limiter.AppendLeases(nil, []limiter.LeaseEntry{{ID: "", Expires: 1}}),
-		"long ID":     limiter.AppendLeases(nil, []limiter.LeaseEntry{{ID: strings.Repeat("x", limiter.MaxLeaseIDLen+1), Expires: 1}}),
+		"bad ID":      storage.AppendLeases(nil, []storage.LeaseEntry{{ID: "a b", Expires: 1}}),
+		"empty ID":    storage.AppendLeases(nil, []storage.LeaseEntry{{ID: "", Expires: 1}}),
+		"long ID":     storage.AppendLeases(nil, []storage.LeaseEntry{{ID: strings.Repeat("x", storage.MaxLeaseIDLen+1), Expires: 1}}),
 		"ID past end": {1, 10, 'a'},
 	} {
-		if _, err := limiter.ParseLeases(v, nil); !errors.Is(err, limiter.ErrCorruptState) {
+		if _, err := storage.ParseLeases(v, nil); !errors.Is(err, storage.ErrCorruptState) {
 			t.Errorf("%s: %v, want ErrCorruptState", name, err)
 		}
 	}
@@ -117,7 +118,7 @@ func TestLeaseEncoding(t *testing.T) {
 
 func TestLeaseText(t *testing.T) {
 	for _, key := range []string{"", "user-1", "a.b.c", "\x00\xff\r\n", strings.Repeat("k", 1000)} {
-		l := limiter.Lease{Key: key, ID: limiter.NewLeaseID(), Expires: ccBase}
+		l := limiter.Lease{Key: key, ID: "Xq3-_9aZ0bc", Expires: ccBase}
 		got, err := limiter.ParseLease(l.String())
 		if err != nil || got.Key != key || got.ID != l.ID {
 			t.Fatalf("ParseLease(%q) = %+v, %v; want key %q id %q", l.String(), got, err, key, l.ID)
@@ -131,22 +132,26 @@ func TestLeaseText(t *testing.T) {
 			t.Errorf("ParseLease(%q): %v, want ErrUnknownLease", s, err)
 		}
 	}
-	if id := limiter.NewLeaseID(); len(id) != 11 || id == limiter.NewLeaseID() {
-		t.Fatalf("NewLeaseID: %q", id)
+	// The default IDs: 64 random bits, base64url-encoded.
+	c := ccNew(t, ccLeases(t), limiter.ConcurrencyConfig{Name: "ids", Capacity: 2, LeaseTTL: time.Second})
+	a, _, err1 := c.Acquire(context.Background(), "k", ccBase)
+	b, _, err2 := c.Acquire(context.Background(), "k", ccBase)
+	if err1 != nil || err2 != nil || len(a.ID) != 11 || a.ID == b.ID {
+		t.Fatalf("default lease IDs %q and %q (%v, %v)", a.ID, b.ID, err1, err2)
 	}
 }
 
 func TestConcurrencyInvalidConfig(t *testing.T) {
 	s := ccLeases(t)
 	for _, c := range []struct {
-		store limiter.LeaseStore
+		store storage.LeaseStore
 		cfg   limiter.ConcurrencyConfig
 		field string
 	}{
 		{nil, limiter.ConcurrencyConfig{Capacity: 1, LeaseTTL: time.Second}, "store"},
 		{s, limiter.ConcurrencyConfig{Capacity: 0, LeaseTTL: time.Second}, "capacity"},
 		{s, limiter.ConcurrencyConfig{Capacity: -1, LeaseTTL: time.Second}, "capacity"},
-		{s, limiter.ConcurrencyConfig{Capacity: limiter.MaxLeases + 1, LeaseTTL: time.Second}, "capacity"},
+		{s, limiter.ConcurrencyConfig{Capacity: storage.MaxLeases + 1, LeaseTTL: time.Second}, "capacity"},
 		{s, limiter.ConcurrencyConfig{Capacity: 1}, "lease TTL"},
 		{s, limiter.ConcurrencyConfig{Capacity: 1, LeaseTTL: -time.Second}, "lease TTL"},
 	} {
@@ -256,11 +261,11 @@ type failingLeases struct{}
 
 var errLeaseStore = errors.New("lease store down")
 
-func (failingLeases) AcquireLease(context.Context, limiter.Key, limiter.LeaseOp) (limiter.Decision, error) {
-	return limiter.Decision{}, errLeaseStore
+func (failingLeases) AcquireLease(context.Context, storage.Key, storage.LeaseOp) (storage.Decision, error) {
+	return storage.Decision{}, errLeaseStore
 }
 
-func (failingLeases) ReleaseLease(context.Context, limiter.Key, limiter.ReleaseOp) error {
+func (failingLeases) ReleaseLease(context.Context, storage.Key, storage.ReleaseOp) error {
 	return errLeaseStore
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Decision is the outcome of one rate-limit check.
@@ -31,6 +33,15 @@ type Decision struct {
 	// LeaseRef is where a bucket's lease take counted them: the lease
 	// epoch of its slot, which its return names.
 	Granted, LeaseRef int64
+}
+
+// fromStore is a store's decision d as limit name's.
+func fromStore(d storage.Decision, name string) Decision {
+	return Decision{
+		Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+		ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter, Name: name,
+		Granted: d.Granted, LeaseRef: d.LeaseRef,
+	}
 }
 
 // Limiter is what every algorithm in this package offers.
@@ -64,28 +75,22 @@ var (
 	// ErrInvalidCost is wrapped when a request's cost is not positive or
 	// exceeds what the limit could ever allow.
 	ErrInvalidCost = errors.New("limiter: invalid cost")
-	// ErrConflict is what backends wrap when an optimistic update lost a
-	// race (a CAS mismatch, a failed condition) and retries ran out.
-	ErrConflict = errors.New("limiter: conflicting concurrent update")
-	// ErrCorruptState is what backends wrap when stored state cannot be
-	// decoded. The limiter never treats it as an empty (full) bucket.
-	ErrCorruptState = errors.New("limiter: corrupt stored state")
 	// ErrInvalidTime is wrapped when now lies outside the years 1678 to
 	// 2261, which Unix nanoseconds cannot represent.
 	ErrInvalidTime = errors.New("limiter: time out of range")
 	// ErrRefund is wrapped when giving back units after a denial failed;
 	// the accompanying Decision is still valid.
 	ErrRefund = errors.New("limiter: refund failed")
-	// ErrUnavailable is what backends wrap when the store could not be
-	// reached or did not answer within the deadline (network errors,
-	// timeouts, server errors, a missing table): the cases where a rule's
-	// fail mode applies.
-	ErrUnavailable = errors.New("limiter: store unavailable")
-	// ErrThrottled is what backends wrap when the store refused the request
-	// for capacity (DynamoDB throttling) and retries within the deadline did
-	// not get through. Like every store error, it follows the rule's fail
-	// mode.
-	ErrThrottled = errors.New("limiter: store throttled")
+	// ErrUnknownLease is wrapped by [ParseLease] when its input is not a
+	// lease.
+	ErrUnknownLease = errors.New("limiter: not a lease")
+	// ErrNoUtilization is wrapped when the utilization signal could not be
+	// read. The accompanying decision of [UtilizationShedder.Check] is
+	// still valid.
+	ErrNoUtilization = errors.New("limiter: utilization unavailable")
+	// ErrStaleUtilization is wrapped when a published utilization is
+	// missing or older than its MaxAge.
+	ErrStaleUtilization = errors.New("limiter: published utilization is missing or stale")
 )
 
 // unixNano returns now in Unix nanoseconds, or an error if it does not fit.

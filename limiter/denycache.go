@@ -7,14 +7,14 @@ import (
 	"time"
 )
 
-// DefaultDenyCacheSize is how many keys a limit's deny cache holds.
-const DefaultDenyCacheSize = 4096
+// denyCacheSize is how many keys a limit's deny cache holds.
+const denyCacheSize = 4096
 
 const denyShards = 16
 
 var denySeed = maphash.MakeSeed()
 
-// DenyCache remembers, per key, a store's denial until its RetryAfter has
+// denyCache remembers, per key, a store's denial until its RetryAfter has
 // passed, so that the same process denies the key again without a store
 // request (Upstash's ephemeral cache, envoy's local over-limit cache). A
 // flood on one key then costs no store request at all.
@@ -37,9 +37,9 @@ var denySeed = maphash.MakeSeed()
 // bucket) have no cache.
 //
 // It is bounded: when a shard is full, expired entries are dropped, then an
-// arbitrary one. A nil *DenyCache remembers nothing. Safe for concurrent
+// arbitrary one. A nil *denyCache remembers nothing. Safe for concurrent
 // use.
-type DenyCache struct {
+type denyCache struct {
 	shards [denyShards]denyShard
 	max    int // per shard
 	// gen counts the units given back through the limit in this process.
@@ -77,21 +77,21 @@ type denial struct {
 // land (a network round trip, or a few under a lost race).
 const givebackLands = time.Second
 
-// NewDenyCache returns a cache of about size keys (at least one per shard).
-func NewDenyCache(size int) *DenyCache {
-	c := &DenyCache{max: max(size/denyShards, 1)}
+// makeDenyCache returns a cache of about size keys (at least one per shard).
+func makeDenyCache(size int) *denyCache {
+	c := &denyCache{max: max(size/denyShards, 1)}
 	for i := range c.shards {
 		c.shards[i].m = make(map[string]denial)
 	}
 	return c
 }
 
-func (c *DenyCache) shard(key string) *denyShard {
+func (c *denyCache) shard(key string) *denyShard {
 	return &c.shards[maphash.String(denySeed, key)%denyShards]
 }
 
 // denied answers from the cache for n units of key at t.
-func (c *DenyCache) denied(key string, t, n int64) (Decision, bool) {
+func (c *denyCache) denied(key string, t, n int64) (Decision, bool) {
 	if c == nil {
 		return Decision{}, false
 	}
@@ -113,7 +113,7 @@ func (c *DenyCache) denied(key string, t, n int64) (Decision, bool) {
 }
 
 // generation returns the count of give-backs so far (0 for a nil cache).
-func (c *DenyCache) generation() uint64 {
+func (c *denyCache) generation() uint64 {
 	if c == nil {
 		return 0
 	}
@@ -121,8 +121,8 @@ func (c *DenyCache) generation() uint64 {
 }
 
 // remember records a store's denial d of n units of key at t, unless units
-// were given back through the limit since gen (see DenyCache.gen).
-func (c *DenyCache) remember(key string, t, n int64, d Decision, gen uint64) {
+// were given back through the limit since gen (see denyCache.gen).
+func (c *denyCache) remember(key string, t, n int64, d Decision, gen uint64) {
 	if c == nil || d.Allowed || d.RetryAfter <= 0 {
 		return
 	}
@@ -150,7 +150,7 @@ func (c *DenyCache) remember(key string, t, n int64, d Decision, gen uint64) {
 
 // forget drops key: units were given back to it through this limit. It
 // also makes every denial being decided at this moment unrememberable.
-func (c *DenyCache) forget(key string) {
+func (c *denyCache) forget(key string) {
 	if c == nil {
 		return
 	}
@@ -166,7 +166,7 @@ func (c *DenyCache) forget(key string) {
 
 // evict makes room in a full shard: expired denials and marks first, then
 // arbitrary entries. The caller holds sh.mu.
-func (c *DenyCache) evict(sh *denyShard, t int64) {
+func (c *denyCache) evict(sh *denyShard, t int64) {
 	wall := time.Now().UnixNano()
 	for k, v := range sh.m {
 		if v.until <= t && v.dirty <= wall {
@@ -183,7 +183,7 @@ func (c *DenyCache) evict(sh *denyShard, t int64) {
 
 // bump makes every denial being decided at this moment unrememberable
 // (units were given back through the limit), without forgetting any.
-func (c *DenyCache) bump() {
+func (c *denyCache) bump() {
 	if c != nil {
 		c.gen.Add(1)
 	}
@@ -191,7 +191,7 @@ func (c *DenyCache) bump() {
 
 // Len returns the number of keys held (expired ones included until they
 // are dropped).
-func (c *DenyCache) Len() int {
+func (c *denyCache) Len() int {
 	if c == nil {
 		return 0
 	}

@@ -12,7 +12,7 @@ import (
 // without the mark: the stale denial would be answered from the cache.
 func TestDenyCacheGivebackMark(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := NewDenyCache(64)
+		c := makeDenyCache(64)
 		d := Decision{Limit: 30, Name: "w", RetryAfter: time.Hour, ResetAfter: time.Hour}
 		t0 := time.Now().UnixNano()
 
@@ -48,7 +48,7 @@ func TestDenyCacheGivebackMark(t *testing.T) {
 
 // The marks are bounded like denials: a full shard evicts.
 func TestDenyCacheMarksBounded(t *testing.T) {
-	c := NewDenyCache(denyShards) // one entry per shard
+	c := makeDenyCache(denyShards) // one entry per shard
 	for i := range 1000 {
 		c.forget(string(rune('a'+i%26)) + string(rune(i)))
 	}

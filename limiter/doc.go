@@ -1,5 +1,5 @@
-// Package limiter holds Sluice's rate-limiting algorithms and the small store
-// interfaces they need.
+// Package limiter holds Sluice's rate-limiting algorithms: what a caller of
+// the limits uses.
 //
 // Algorithms:
 //
@@ -29,15 +29,15 @@
 //
 // A request's limits are decided as one batch by [Decide] (the limiters'
 // AllowN, Refund and [Stack] use it): the steps bound for one store go to
-// it at once, as one [Batcher.Do] (a store that does not batch gets
-// [AsBatcher]'s loop over its single-step methods), one place refunds a
-// denied batch and picks the deciding limit ([Tighter]), and a
-// [DenyCache] answers a key its store denied until the denial's RetryAfter,
-// without a store request. The stores are interfaces shaped at the level of
-// one decision's storage step, so that a backend can answer in one round
-// trip ([Counter], [BucketStore], [LogStore], [LeaseStore], [GaugeStore]);
-// backends/memory, backends/memcached and backends/dynamo implement them.
-// This package imports the standard library only.
+// it at once, as one [storage.Batcher.Do], one place refunds a denied batch
+// and picks the deciding limit ([Tighter]), and a deny cache answers a key
+// its store denied until the denial's RetryAfter, without a store request.
+// The stores are interfaces shaped at the level of one decision's storage
+// step, so that a backend can answer in one round trip: package
+// limiter/storage states them (what a store implementer needs, in one
+// place), and backends/memory, backends/memcached and backends/dynamo
+// implement them. This package imports the standard library and
+// limiter/storage only.
 //
 // docs/consistency.md says what holds under concurrency and out-of-order
 // arrivals; docs/stores.md how each backend keeps the state.

@@ -2,10 +2,11 @@ package limiter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // An operator's view of one key: how much is left (Peek, without taking
@@ -22,7 +23,7 @@ type Inspector interface {
 	// request of cost 1 (RetryAfter is zero when it would pass).
 	Peek(ctx context.Context, key string, now time.Time) (Decision, error)
 	// Reset forgets key's state for this limit, so that it has its full
-	// capacity again (see [Resetter] for what holds under concurrency),
+	// capacity again (see [storage.Resetter] for what holds under concurrency),
 	// and the key's denial cached in this process.
 	Reset(ctx context.Context, key string, now time.Time) error
 }
@@ -34,66 +35,11 @@ var (
 	_ Inspector = (*SlidingLog)(nil)
 )
 
-// ErrUnsupported is wrapped when a store does not offer an optional
-// operation ([Resetter], [LogReader]).
-var ErrUnsupported = errors.New("limiter: not supported by the store")
-
-// ResetOp says which state of one limit a [Resetter] forgets.
-type ResetOp struct {
-	// Kind is the step kind that writes the state: StepAdd (a window's
-	// sub-window counters), StepPackedAdd (a packed window's counters),
-	// StepBucket or StepLog.
-	Kind StepKind
-	// From and To bound, for StepAdd, the sub-windows and, for
-	// StepPackedAdd, the slots whose counters may hold units that are in
-	// view of a writer now or will come into view: a store that keeps a
-	// key's counters in one place (memory, a DynamoDB item) forgets them
-	// all and needs no bounds; one that cannot list them (memcached)
-	// deletes those named in the bounds, widened by its own expiry slack.
-	// The bounds cover every counter still alive under its TTL whose
-	// writer's clock was within a window of the caller's.
-	From, To int64
-	// Unit is the length of a sub-window (StepAdd) or slot
-	// (StepPackedAdd).
-	Unit time.Duration
-}
-
-// Cells returns the first and last index of the packed counters of level
-// (1 to PackedLevels) that cover the slots From to To.
-func (op *ResetOp) Cells(level int) (first, last int64) {
-	return op.From >> (2 * level), op.To >> (2 * level)
-}
-
-// Resetter is an optional store interface: it forgets the state of one
-// limit (key.Space) on one key (key.Name), and only that limit's: a store
-// that keeps several limits of a key together (DynamoDB's item per Name)
-// removes this limit's part and leaves the others as they are.
-//
-// Reset is exact when nothing else writes the key meanwhile: the limit is
-// then full, as for a key never seen. Under concurrency, state that
-// requests in flight write is either removed with the rest or kept:
-// a request in flight during the reset may or may not be counted. A
-// refund that lands after the reset, for units taken before it, is given
-// to the new state (a window's counter a new request created again, a
-// bucket), so at worst the key admits as if it were new plus the units of
-// the denied requests that were being refunded at that moment.
-type Resetter interface {
-	Reset(ctx context.Context, key Key, op *ResetOp) error
-}
-
-// LogReader is an optional [LogStore] interface: ReadLog returns key's
-// timestamps (nil when it holds none) without writing anything, for
-// [SlidingLog.Peek]. (LogOp.Apply writes when it prunes old entries, even
-// when it takes nothing, so UpdateLog cannot peek.)
-type LogReader interface {
-	ReadLog(ctx context.Context, key Key) ([]int64, error)
-}
-
 // resetStore returns store as a Resetter, or an error naming the limit.
-func resetStore(store any, kind, name string) (Resetter, error) {
-	r, ok := store.(Resetter)
+func resetStore(store any, kind, name string) (storage.Resetter, error) {
+	r, ok := store.(storage.Resetter)
 	if !ok {
-		return nil, fmt.Errorf("limiter: %s %q: reset: %w (%T is not a limiter.Resetter)", kind, name, ErrUnsupported, store)
+		return nil, fmt.Errorf("limiter: %s %q: reset: %w (%T is not a storage.Resetter)", kind, name, storage.ErrUnsupported, store)
 	}
 	return r, nil
 }
@@ -106,7 +52,7 @@ func (w *SlidingWindow) Peek(ctx context.Context, key string, now time.Time) (De
 	if err != nil {
 		return Decision{}, err
 	}
-	k := Key{Space: w.space, Name: key}
+	k := storage.Key{Space: w.space, Name: key}
 	if w.packed != nil {
 		return w.peekPacked(ctx, k, t)
 	}
@@ -142,10 +88,10 @@ func (w *SlidingWindow) Peek(ctx context.Context, key string, now time.Time) (De
 
 // peekPacked is Peek of a packed window: the op of a decision at t with
 // no adds, only its reads.
-func (w *SlidingWindow) peekPacked(ctx context.Context, k Key, t int64) (Decision, error) {
+func (w *SlidingWindow) peekPacked(ctx context.Context, k storage.Key, t int64) (Decision, error) {
 	f := floorDiv(t, w.sub)
-	p := planPacked(f, w.r, 0, time.Duration(w.sub))
-	c, err := w.packed.AddPacked(ctx, k, &p.op)
+	op := storage.PackedPlan(f, w.r, 0, time.Duration(w.sub))
+	c, err := w.packed.AddPacked(ctx, k, &op)
 	if err != nil {
 		return Decision{}, fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
 	}
@@ -155,10 +101,10 @@ func (w *SlidingWindow) peekPacked(ctx context.Context, k Key, t int64) (Decisio
 	}
 	elapsed := t - f*w.sub
 	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name}
-	total := p.total(&c)
+	total := storage.PackedTotal(&op, w.r, &c)
 	d.Remaining = max(w.cfg.Limit-total, 0)
-	var buf [4*MaxPackedReads + 3*3]fieldSpan
-	fs := refineAtSlot(p.fields(&c, buf[:0]), &c, f)
+	var buf [4*storage.MaxPackedReads + 3*3]storage.PackedSpan
+	fs := refineAtSlot(storage.PackedSpans(&op, w.r, &c, buf[:0]), &c, f)
 	if total+1 <= w.cfg.Limit {
 		d.Allowed = true
 	} else {
@@ -169,8 +115,8 @@ func (w *SlidingWindow) peekPacked(ctx context.Context, k Key, t int64) (Decisio
 	// (a view at slot g reads slots from g-r).
 	last, seen := int64(0), false
 	for _, x := range fs {
-		if x.n > 0 && (!seen || x.last > last) {
-			last, seen = x.last, true
+		if x.N > 0 && (!seen || x.Last > last) {
+			last, seen = x.Last, true
 		}
 	}
 	if seen {
@@ -179,7 +125,7 @@ func (w *SlidingWindow) peekPacked(ctx context.Context, k Key, t int64) (Decisio
 	return d, nil
 }
 
-// Reset forgets the window's counters of key (see [Resetter]): those of
+// Reset forgets the window's counters of key (see [storage.Resetter]): those of
 // every sub-window (slot) that may be in view now or later, as
 // ResetOp.From and To bound them around now.
 func (w *SlidingWindow) Reset(ctx context.Context, key string, now time.Time) error {
@@ -198,9 +144,9 @@ func (w *SlidingWindow) Reset(ctx context.Context, key string, now time.Time) er
 		// A packed view reaches r slots either side; a counter of the
 		// top level covers 4^PackedLevels slots.
 		span := int64(w.r) + 1
-		op = ResetOp{Kind: StepPackedAdd, From: idx - 4*span - pow4(PackedLevels), To: idx + 2*span, Unit: time.Duration(w.sub)}
+		op = storage.ResetOp{Kind: storage.StepPackedAdd, From: idx - 4*span - pow4(storage.PackedLevels), To: idx + 2*span, Unit: time.Duration(w.sub)}
 	}
-	if err := r.Reset(ctx, Key{Space: w.space, Name: key}, &op); err != nil {
+	if err := r.Reset(ctx, storage.Key{Space: w.space, Name: key}, &op); err != nil {
 		return fmt.Errorf("limiter: sliding window %q: reset: %w", w.cfg.Name, err)
 	}
 	return nil
@@ -210,8 +156,8 @@ func (w *SlidingWindow) Reset(ctx context.Context, key string, now time.Time) er
 // sub-window idx: the counters a writer up to a window behind or ahead of
 // idx may have created within their TTL (2*span sub-windows) or will read
 // (a late writer reads span more behind, an early one span ahead).
-func windowReset(idx, span, sub int64) ResetOp {
-	return ResetOp{Kind: StepAdd, From: idx - 4*span, To: idx + 2*span, Unit: time.Duration(sub)}
+func windowReset(idx, span, sub int64) storage.ResetOp {
+	return storage.ResetOp{Kind: storage.StepAdd, From: idx - 4*span, To: idx + 2*span, Unit: time.Duration(sub)}
 }
 
 // Peek reports the window's state for key at now: its counter (a
@@ -223,7 +169,7 @@ func (w *FixedWindow) Peek(ctx context.Context, key string, now time.Time) (Deci
 	}
 	win := int64(w.cfg.Window)
 	idx := floorDiv(t, win)
-	c, err := w.store.Add(ctx, Key{Space: w.space, Name: key}, idx, 1, 0, windowTTL(win, 1))
+	c, err := w.store.Add(ctx, storage.Key{Space: w.space, Name: key}, idx, 1, 0, windowTTL(win, 1))
 	if err != nil {
 		return Decision{}, fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
 	}
@@ -242,7 +188,7 @@ func (w *FixedWindow) Peek(ctx context.Context, key string, now time.Time) (Deci
 	return d, nil
 }
 
-// Reset forgets the window's counters of key (see [Resetter]).
+// Reset forgets the window's counters of key (see [storage.Resetter]).
 func (w *FixedWindow) Reset(ctx context.Context, key string, now time.Time) error {
 	defer w.cache.forget(key)
 	t, err := unixNano(w.cfg.Name, now)
@@ -255,7 +201,7 @@ func (w *FixedWindow) Reset(ctx context.Context, key string, now time.Time) erro
 	}
 	win := int64(w.cfg.Window)
 	op := windowReset(floorDiv(t, win), 1, win)
-	if err := r.Reset(ctx, Key{Space: w.space, Name: key}, &op); err != nil {
+	if err := r.Reset(ctx, storage.Key{Space: w.space, Name: key}, &op); err != nil {
 		return fmt.Errorf("limiter: fixed window %q: reset: %w", w.cfg.Name, err)
 	}
 	return nil
@@ -267,7 +213,7 @@ func (b *TokenBucket) Peek(ctx context.Context, key string, now time.Time) (Deci
 	return b.Get(ctx, key, now)
 }
 
-// Reset forgets the bucket of key (see [Resetter]): it is full again.
+// Reset forgets the bucket of key (see [storage.Resetter]): it is full again.
 func (b *TokenBucket) Reset(ctx context.Context, key string, now time.Time) error {
 	defer b.cache.forget(key)
 	if _, err := unixNano(b.cfg.Name, now); err != nil {
@@ -277,39 +223,39 @@ func (b *TokenBucket) Reset(ctx context.Context, key string, now time.Time) erro
 	if err != nil {
 		return err
 	}
-	if err := r.Reset(ctx, Key{Space: b.space, Name: key}, &ResetOp{Kind: StepBucket}); err != nil {
+	if err := r.Reset(ctx, storage.Key{Space: b.space, Name: key}, &storage.ResetOp{Kind: storage.StepBucket}); err != nil {
 		return fmt.Errorf("limiter: token bucket %q: reset: %w", b.cfg.Name, err)
 	}
 	return nil
 }
 
 // Peek reports the log's state for key at now from its timestamps, read
-// with the store's [LogReader] (a store without one answers an error
+// with the store's [storage.LogReader] (a store without one answers an error
 // wrapping ErrUnsupported).
 func (l *SlidingLog) Peek(ctx context.Context, key string, now time.Time) (Decision, error) {
 	t, err := unixNano(l.cfg.Name, now)
 	if err != nil {
 		return Decision{}, err
 	}
-	lr, ok := l.store.(LogReader)
+	lr, ok := l.store.(storage.LogReader)
 	if !ok {
-		return Decision{}, fmt.Errorf("limiter: sliding log %q: peek: %w (%T is not a limiter.LogReader)", l.cfg.Name, ErrUnsupported, l.store)
+		return Decision{}, fmt.Errorf("limiter: sliding log %q: peek: %w (%T is not a storage.LogReader)", l.cfg.Name, storage.ErrUnsupported, l.store)
 	}
-	entries, err := lr.ReadLog(ctx, Key{Space: l.space, Name: key})
+	entries, err := lr.ReadLog(ctx, storage.Key{Space: l.space, Name: key})
 	if err != nil {
 		return Decision{}, fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, err)
 	}
 	// What is left now (a refund of nothing), then what a request of 1
 	// would get, each on its own copy: nothing is written.
-	read := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, mode: opRefund}
+	read := storage.LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, Mode: storage.ModeRefund}
 	_, d, _ := read.Apply(slices.Clone(entries))
-	take := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: 1, mode: opTake}
+	take := storage.LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: 1, Mode: storage.ModeTake}
 	_, one, _ := take.Apply(slices.Clone(entries))
-	d.Allowed, d.RetryAfter, d.Name = one.Allowed, one.RetryAfter, l.cfg.Name
-	return d, nil
+	d.Allowed, d.RetryAfter = one.Allowed, one.RetryAfter
+	return fromStore(d, l.cfg.Name), nil
 }
 
-// Reset forgets the log of key (see [Resetter]).
+// Reset forgets the log of key (see [storage.Resetter]).
 func (l *SlidingLog) Reset(ctx context.Context, key string, now time.Time) error {
 	defer l.cache.forget(key)
 	if _, err := unixNano(l.cfg.Name, now); err != nil {
@@ -319,7 +265,7 @@ func (l *SlidingLog) Reset(ctx context.Context, key string, now time.Time) error
 	if err != nil {
 		return err
 	}
-	if err := r.Reset(ctx, Key{Space: l.space, Name: key}, &ResetOp{Kind: StepLog}); err != nil {
+	if err := r.Reset(ctx, storage.Key{Space: l.space, Name: key}, &storage.ResetOp{Kind: storage.StepLog}); err != nil {
 		return fmt.Errorf("limiter: sliding log %q: reset: %w", l.cfg.Name, err)
 	}
 	return nil

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Capacity leases: a hot key's units taken from the store in one step and
@@ -73,7 +75,7 @@ const (
 var leaseSeed = maphash.MakeSeed()
 
 // leaser is one limit's leases in this process: per key, a rate estimate
-// and at most one live lease. Bounded like DenyCache; safe for concurrent
+// and at most one live lease. Bounded like denyCache; safe for concurrent
 // use. A nil *leaser leases nothing.
 type leaser struct {
 	shards [leaseShards]leaseShard
@@ -269,11 +271,11 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 	}
 	rate := k.rate()
 	life := time.Duration(float64(time.Second) * leaseDecisions * float64(n) / max(rate, 1e-9))
-	life = min(max(life, minLeaseLife), MaxLeaseLife)
+	life = min(max(life, minLeaseLife), storage.MaxLeaseLife)
 	if left := time.Duration(end - t); left-life < life {
 		// What would be left after this lease is shorter than it: one
 		// lease to the end rather than a short one after it.
-		life = min(left, MaxLeaseLife)
+		life = min(left, storage.MaxLeaseLife)
 	}
 	w := min(int64(rate*life.Seconds()), k.remaining/fairShare, l.maxWant)
 	if w < minLease || w <= n {
@@ -344,12 +346,12 @@ type leasable interface {
 	leaseTerms(t int64) (ref, end int64)
 	// leaseStep is the take of want units (at least n) for key at t,
 	// counted at ref.
-	leaseStep(key string, t, n, want, ref int64) Step
+	leaseStep(key string, t, n, want, ref int64) storage.Step
 	// returnStep gives back c's unspent units, and the store to send it
 	// to.
-	returnStep(c lease) (Step, Batcher)
+	returnStep(c lease) (storage.Step, storage.Batcher)
 	// carryReturn puts c's return on st, a step of c's key, if it can.
-	carryReturn(st *Step, c lease) bool
+	carryReturn(st *storage.Step, c lease) bool
 }
 
 // leaseUse is one item's use of leases in a Decide: spent from a live
@@ -435,7 +437,7 @@ func (r *leaseRound) unspendAll(items []Item, out []Outcome) {
 }
 
 // planTake makes item i's step a lease take when its key is hot.
-func (r *leaseRound) planTake(i int, it *Item, st *Step, t int64) {
+func (r *leaseRound) planTake(i int, it *Item, st *storage.Step, t int64) {
 	if r.use == nil || r.use[i].lz == nil {
 		return
 	}
@@ -503,9 +505,9 @@ func (r *leaseRound) sendReturns(ctx context.Context) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), returnTimeout)
 			defer cancel()
-			var res [1]StepResult
-			store.Do(ctx, []Step{st}, res[:])
-			ok := res[0].Err == nil && (st.Kind != StepBucket || res[0].Decision.Allowed)
+			var res [1]storage.StepResult
+			store.Do(ctx, []storage.Step{st}, res[:])
+			ok := res[0].Err == nil && (st.Kind != storage.StepBucket || res[0].Decision.Allowed)
 			lz.leases().returned(c, ok)
 		}()
 	}
@@ -549,9 +551,9 @@ func returnLeases(ctx context.Context, lz leasable, now time.Time) error {
 		}
 		st, store := lz.returnStep(c)
 		st.Sync = true
-		var res [1]StepResult
-		store.Do(ctx, []Step{st}, res[:])
-		ok := res[0].Err == nil && (st.Kind != StepBucket || res[0].Decision.Allowed)
+		var res [1]storage.StepResult
+		store.Do(ctx, []storage.Step{st}, res[:])
+		ok := res[0].Err == nil && (st.Kind != storage.StepBucket || res[0].Decision.Allowed)
 		l.returned(c, ok)
 		if res[0].Err != nil {
 			errs = append(errs, res[0].Err)

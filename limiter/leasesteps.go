@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // The limiters' lease takes and returns (see lease.go).
@@ -33,10 +35,10 @@ func leaseGot(total, limit, want, need int64) (got, remaining int64, ok bool) {
 
 // leaseTaken is the decision of a window's lease take that got units;
 // undo gives back, at once, the N units that did not fit (none: N 0).
-func leaseTaken(d Decision, undo Step, got, remaining int64) (Decision, Step, bool, error) {
+func leaseTaken(d Decision, undo storage.Step, got, remaining int64) (Decision, storage.Step, bool, error) {
 	d.Allowed, d.Granted, d.Remaining = true, got, remaining
 	if undo.N <= 0 {
-		return d, Step{}, false, nil
+		return d, storage.Step{}, false, nil
 	}
 	return d, undo, true, nil
 }
@@ -62,25 +64,25 @@ func (w *SlidingWindow) leaseTerms(t int64) (ref, end int64) {
 	return ref, (ref + 1) * w.sub
 }
 
-func (w *SlidingWindow) leaseStep(key string, t, n, want, ref int64) Step {
-	k := Key{Space: w.space, Name: key}
+func (w *SlidingWindow) leaseStep(key string, t, n, want, ref int64) storage.Step {
+	k := storage.Key{Space: w.space, Name: key}
 	if w.packed != nil {
-		p := planPacked(ref, w.r, want, time.Duration(w.sub))
-		return Step{Kind: StepPackedAdd, Key: k, N: want, Packed: p.op, packedReads: p.reads, need: n}
+		op := storage.PackedPlan(ref, w.r, want, time.Duration(w.sub))
+		return storage.Step{Kind: storage.StepPackedAdd, Key: k, N: want, Packed: op}
 	}
-	return Step{Kind: StepAdd, Key: k, Idx: ref, Span: w.k + 1, N: want, TTL: w.ttl, need: n}
+	return storage.Step{Kind: storage.StepAdd, Key: k, Idx: ref, Span: w.k + 1, N: want, TTL: w.ttl}
 }
 
-func (w *SlidingWindow) returnStep(c lease) (Step, Batcher) {
-	k := Key{Space: w.space, Name: c.key}
+func (w *SlidingWindow) returnStep(c lease) (storage.Step, storage.Batcher) {
+	k := storage.Key{Space: w.space, Name: c.key}
 	if w.packed != nil {
-		return Step{Kind: StepPackedSub, Key: k, N: c.unspent, Packed: packedSub(c.ref, w.r, c.unspent, time.Duration(w.sub))}, w.batch
+		return storage.Step{Kind: storage.StepPackedSub, Key: k, N: c.unspent, Packed: packedSub(c.ref, w.r, c.unspent, time.Duration(w.sub))}, w.batch
 	}
-	return Step{Kind: StepSub, Key: k, Idx: c.ref, N: c.unspent}, w.batch
+	return storage.Step{Kind: storage.StepSub, Key: k, Idx: c.ref, N: c.unspent}, w.batch
 }
 
 // boundedTotal is the Bounded estimate's count: the view and Later.
-func (w *SlidingWindow) boundedTotal(c *Counts) int64 {
+func (w *SlidingWindow) boundedTotal(c *storage.Counts) int64 {
 	full := c.Later
 	for j := 0; j <= w.k; j++ {
 		full = satAdd(full, c.C[j])
@@ -112,31 +114,31 @@ func (b *TokenBucket) ReturnLeases(ctx context.Context, now time.Time) error {
 // leaseTerms: a bucket's lease is counted in its lease epoch and spent
 // within MaxLeaseLife.
 func (b *TokenBucket) leaseTerms(t int64) (ref, end int64) {
-	return leaseEpochOf(t), t + int64(MaxLeaseLife)
+	return leaseEpochOf(t), t + int64(storage.MaxLeaseLife)
 }
 
-func (b *TokenBucket) leaseStep(key string, t, n, want, ref int64) Step {
-	op := b.op(t, n, opLease)
+func (b *TokenBucket) leaseStep(key string, t, n, want, ref int64) storage.Step {
+	op := b.op(t, n, storage.ModeLease)
 	op.Want, op.Epoch = want, ref
-	return Step{Kind: StepBucket, Key: Key{Space: b.space, Name: key}, Bucket: op, TTL: b.ttl}
+	return storage.Step{Kind: storage.StepBucket, Key: storage.Key{Space: b.space, Name: key}, Bucket: op, TTL: b.ttl}
 }
 
-func (b *TokenBucket) returnStep(c lease) (Step, Batcher) {
-	op := b.op(c.at, 0, opReturn)
-	op.Return = LeaseReturn{Epoch: c.ref, Got: c.got, Unspent: c.unspent}
-	return Step{Kind: StepBucket, Key: Key{Space: b.space, Name: c.key}, Bucket: op, TTL: b.ttl}, b.batch
+func (b *TokenBucket) returnStep(c lease) (storage.Step, storage.Batcher) {
+	op := b.op(c.at, 0, storage.ModeReturn)
+	op.Return = storage.LeaseReturn{Epoch: c.ref, Got: c.got, Unspent: c.unspent}
+	return storage.Step{Kind: storage.StepBucket, Key: storage.Key{Space: b.space, Name: c.key}, Bucket: op, TTL: b.ttl}, b.batch
 }
 
 // carryReturn puts c's return on st, the next step of its key: a bucket's
 // lease ends in the same write (every spent lease must end: its hold on
 // the bucket lasts until then). A window's step cannot carry one (its
 // return is to another slot).
-func (b *TokenBucket) carryReturn(st *Step, c lease) bool {
-	if st.Kind != StepBucket || st.Bucket.Return.Got > 0 {
+func (b *TokenBucket) carryReturn(st *storage.Step, c lease) bool {
+	if st.Kind != storage.StepBucket || st.Bucket.Return.Got > 0 {
 		return false
 	}
-	st.Bucket.Return = LeaseReturn{Epoch: c.ref, Got: c.got, Unspent: c.unspent}
+	st.Bucket.Return = storage.LeaseReturn{Epoch: c.ref, Got: c.got, Unspent: c.unspent}
 	return true
 }
 
-func (w *SlidingWindow) carryReturn(*Step, lease) bool { return false }
+func (w *SlidingWindow) carryReturn(*storage.Step, lease) bool { return false }

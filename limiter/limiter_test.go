@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 func newStore(t testing.TB) *memory.Store {
@@ -149,7 +150,7 @@ func TestInvalidConfig(t *testing.T) {
 			Representation: limiter.Packed, MaxCost: limiter.PackedMaxCost + 1}), "max-cost"},
 		{"fixed zero limit", fw(limiter.FixedWindowConfig{Name: "f", Window: time.Minute}), "limit"},
 		{"fixed zero window", fw(limiter.FixedWindowConfig{Name: "f", Limit: 1}), "window"},
-		{"log limit too big", sl(limiter.SlidingLogConfig{Name: "l", Limit: limiter.MaxLogLimit + 1, Window: time.Minute}), "limit"},
+		{"log limit too big", sl(limiter.SlidingLogConfig{Name: "l", Limit: storage.MaxLogLimit + 1, Window: time.Minute}), "limit"},
 		{"log zero window", sl(limiter.SlidingLogConfig{Name: "l", Limit: 1}), "window"},
 		{"empty stack", func() error { _, err := limiter.NewStack(); return err }(), "at least one"},
 		{"stack with nil", func() error { _, err := limiter.NewStack(nil); return err }(), "nil"},

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // failedMove is a Counter whose every Add is a late writer's failed move:
@@ -13,11 +14,11 @@ import (
 // Moved with Later saturated (as the DynamoDB store does).
 type failedMove struct{ subs int }
 
-func (c *failedMove) Add(_ context.Context, _ limiter.Key, cur int64, _ int, _ int64, _ time.Duration) (limiter.Counts, error) {
-	return limiter.Counts{Moved: true, At: cur, Later: 1<<63 - 1}, nil
+func (c *failedMove) Add(_ context.Context, _ storage.Key, cur int64, _ int, _ int64, _ time.Duration) (storage.Counts, error) {
+	return storage.Counts{Moved: true, At: cur, Later: 1<<63 - 1}, nil
 }
 
-func (c *failedMove) Sub(context.Context, limiter.Key, int64, int64) error { c.subs++; return nil }
+func (c *failedMove) Sub(context.Context, storage.Key, int64, int64) error { c.subs++; return nil }
 
 // A moved writer is judged against everything newer: a failed move denies
 // every window (the fixed window used to read only C[0] and admitted it).

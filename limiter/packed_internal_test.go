@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // The packed plan against brute force, at every slot offset of a top-level
@@ -15,147 +17,32 @@ import (
 var planResolutions = []int{MinSlots, 65, 100, DefaultSlots, 250, 256, 257, MaxSlots}
 
 func eachSlot(do func(f int64)) {
-	for _, base := range []int64{-3 * pow4(PackedLevels), 0, 1 << 40} {
-		for f := base; f < base+pow4(PackedLevels); f++ {
+	for _, base := range []int64{-3 * pow4(storage.PackedLevels), 0, 1 << 40} {
+		for f := base; f < base+pow4(storage.PackedLevels); f++ {
 			do(f)
 		}
 	}
 }
 
-// fieldsOf lists the read fields of p, each with its first and last slot
-// and level.
-type planField struct {
-	first, last int64
-	level       int
-}
-
-func planFields(p *packedPlan) []planField {
-	var out []planField
-	for i := 0; i < p.op.NReads; i++ {
-		c := p.op.Reads[i]
-		w := pow4(int(c.Level) - 1)
-		for j := p.reads[i].lo; j <= p.reads[i].hi; j++ {
-			first := c.First() + int64(j)*w
-			out = append(out, planField{first, first + w - 1, int(c.Level)})
+// countsOf is what a store holding the slot counts answers to op.
+func countsOf(op *storage.PackedOp, slots map[int64]uint64) storage.PackedCounts {
+	value := func(cell storage.PackedCell) uint64 {
+		var v uint64
+		for s, n := range slots {
+			if idx, fld := storage.PackedField(s, int(cell.Level)); idx == cell.Index {
+				v += n << (storage.PackedFieldBits * fld)
+			}
 		}
+		return v
 	}
-	return out
-}
-
-func TestPackedPlanCoversTheView(t *testing.T) {
-	for _, r := range planResolutions {
-		maxKeys := 0
-		eachSlot(func(f int64) {
-			p := planPacked(f, r, 1, time.Millisecond)
-			lo, hi := f-int64(r), f+int64(r)
-			// Every slot of [f-r, f+r] is counted exactly once; none
-			// before; after f+r only the rest of the top-level field
-			// holding f+r (newer slots, counted as Later).
-			cover := map[int64]int{}
-			for _, x := range planFields(&p) {
-				if x.first < lo {
-					t.Fatalf("r=%d f=%d: a field of level %d starts at %d, before the oldest slot in view %d", r, f, x.level, x.first, lo)
-				}
-				if x.first > hi {
-					t.Fatalf("r=%d f=%d: a field of level %d starts at %d, after f+r %d", r, f, x.level, x.first, hi)
-				}
-				if x.last > hi && x.level != PackedLevels {
-					t.Fatalf("r=%d f=%d: a field of level %d runs past f+r to %d", r, f, x.level, x.last)
-				}
-				for s := x.first; s <= x.last; s++ {
-					cover[s]++
-				}
-			}
-			for s := lo; s <= hi; s++ {
-				if cover[s] != 1 {
-					t.Fatalf("r=%d f=%d: slot %d (offset %d) counted %d times", r, f, s, s-f, cover[s])
-				}
-			}
-			for s, n := range cover {
-				if n != 1 {
-					t.Fatalf("r=%d f=%d: slot %d counted %d times", r, f, s, n)
-				}
-			}
-			// Adds: the counter holding f at every level, its field.
-			for l := 1; l <= PackedLevels; l++ {
-				a := p.op.Adds[l-1]
-				if int(a.Cell.Level) != l || a.Cell.First() > f || a.Cell.Last() < f || a.Cell.Last()-a.Cell.First()+1 != pow4(l) {
-					t.Fatalf("r=%d f=%d: level %d adds to %+v", r, f, l, a.Cell)
-				}
-				j := (f - a.Cell.First()) / pow4(l-1)
-				if a.Delta != 1<<(16*j) {
-					t.Fatalf("r=%d f=%d: level %d delta %#x, want field %d", r, f, l, a.Delta, j)
-				}
-				if want := time.Duration(pow4(l)+PackedKeep(r)+1) * time.Millisecond; a.TTL != want {
-					t.Fatalf("r=%d f=%d: level %d TTL %v, want %v", r, f, l, a.TTL, want)
-				}
-			}
-			names := map[PackedCell]bool{}
-			for _, a := range p.op.Adds {
-				names[a.Cell] = true
-			}
-			for _, c := range p.op.Reads[:p.op.NReads] {
-				names[c] = true
-			}
-			maxKeys = max(maxKeys, len(names))
-		})
-		if r == DefaultSlots && maxKeys != 8 {
-			t.Errorf("r=%d: at most %d counters named per decision, want 8 (docs/accuracy.md)", r, maxKeys)
-		}
-		t.Logf("r=%d: at most %d counters named per decision", r, maxKeys)
+	var c storage.PackedCounts
+	for i, cell := range op.Reads[:op.NReads] {
+		c.Read[i] = value(cell)
 	}
-}
-
-// counters builds every level's counter values from slot counts.
-func counters(slots map[int64]uint64) map[PackedCell]uint64 {
-	m := map[PackedCell]uint64{}
-	for s, n := range slots {
-		for l := 1; l <= PackedLevels; l++ {
-			idx, fld := PackedField(s, l)
-			m[PackedCell{uint8(l), idx}] += n << (16 * fld)
-		}
-	}
-	return m
-}
-
-func read(p *packedPlan, m map[PackedCell]uint64) PackedCounts {
-	var c PackedCounts
-	for i, cell := range p.op.Reads[:p.op.NReads] {
-		c.Read[i] = m[cell]
-	}
-	for l, a := range p.op.Adds {
-		c.Added[l] = m[a.Cell]
+	for l, a := range op.Adds {
+		c.Added[l] = value(a.Cell)
 	}
 	return c
-}
-
-func TestPackedTotalIsBounded(t *testing.T) {
-	rs := rand.New(rand.NewPCG(13, 1))
-	for _, r := range planResolutions {
-		eachSlot(func(f int64) {
-			if rs.IntN(8) != 0 {
-				return
-			}
-			// Traffic from two windows before the view to f+r, none
-			// after: the plan's total is exactly Bounded's with r
-			// sub-windows.
-			slots := map[int64]uint64{}
-			for s := f - 2*int64(r) - 300; s <= f+int64(r); s++ {
-				if rs.IntN(3) == 0 {
-					slots[s] = uint64(rs.IntN(40))
-				}
-			}
-			p := planPacked(f, r, 1, time.Millisecond)
-			c := read(&p, counters(slots))
-			var want int64
-			for s := f - int64(r); s <= f+int64(r); s++ {
-				want += int64(slots[s])
-			}
-			if got := p.total(&c); got != want {
-				t.Fatalf("r=%d f=%d: total %d, want %d (slots f-r..f+r)", r, f, got, want)
-			}
-		})
-	}
 }
 
 // Units all at the writer's own slot are where the adds' counters say,
@@ -167,15 +54,14 @@ func TestPackedRetryAfterRecentUnits(t *testing.T) {
 		for _, f := range []int64{1 << 20, 1<<20 + 37, 1<<20 + 63, 5<<20 + 200} {
 			const limit = 3
 			slots := map[int64]uint64{f: limit}
-			p := planPacked(f, r, 1, time.Millisecond)
-			m := counters(slots)
-			c := read(&p, m)
-			fs := refineAtSlot(p.fields(&c, nil), &c, f)
+			op := storage.PackedPlan(f, r, 1, time.Millisecond)
+			c := countsOf(&op, slots)
+			fs := refineAtSlot(storage.PackedSpans(&op, r, &c, nil), &c, f)
 			if j := packedRetryAfter(fs, f, r, 1, limit); j != int64(r)+1 {
 				t.Errorf("r=%d f=%d: RetryAfter %d slots, want %d", r, f, j, r+1)
 			}
 			// Without the split, the bound is coarser (the old answer).
-			if j := packedRetryAfter(p.fields(&c, nil), f, r, 1, limit); j > int64(r)+1 {
+			if j := packedRetryAfter(storage.PackedSpans(&op, r, &c, nil), f, r, 1, limit); j > int64(r)+1 {
 				t.Errorf("r=%d f=%d: unrefined RetryAfter %d slots, above the exact %d", r, f, j, r+1)
 			}
 		}
@@ -201,9 +87,9 @@ func TestPackedRetryAfterIsALowerBound(t *testing.T) {
 				}
 			}
 			n := int64(1 + rs.IntN(10))
-			p := planPacked(f, r, n, time.Millisecond)
-			c := read(&p, counters(slots))
-			if p.total(&c)+n <= limit {
+			op := storage.PackedPlan(f, r, n, time.Millisecond)
+			c := countsOf(&op, slots)
+			if storage.PackedTotal(&op, r, &c)+n <= limit {
 				return // would be admitted
 			}
 			if rs.IntN(3) == 0 {
@@ -213,7 +99,7 @@ func TestPackedRetryAfterIsALowerBound(t *testing.T) {
 					c.Added[l] /= 2
 				}
 			}
-			fs := refineAtSlot(p.fields(&c, nil), &c, f)
+			fs := refineAtSlot(storage.PackedSpans(&op, r, &c, nil), &c, f)
 			j := packedRetryAfter(fs, f, r, n, limit)
 			exact := func(g int64) int64 {
 				var sum int64
@@ -235,32 +121,32 @@ func TestPackedRetryAfterIsALowerBound(t *testing.T) {
 }
 
 func TestPackedOverflowDetected(t *testing.T) {
-	p := planPacked(5, DefaultSlots, 3, time.Millisecond)
-	var c PackedCounts
-	for l, a := range p.op.Adds {
+	op := storage.PackedPlan(5, DefaultSlots, 3, time.Millisecond)
+	var c storage.PackedCounts
+	for l, a := range op.Adds {
 		c.Added[l] = a.Delta * 7
 	}
-	if p.overflowed(&c, 3) {
+	if overflowed(&op, &c, 3) {
 		t.Fatal("no overflow reported as one")
 	}
 	// Level 2's field wrapped: 0xffff + 3 = 2 there, a carry above.
-	_, fld := PackedField(5, 2)
+	_, fld := storage.PackedField(5, 2)
 	c.Added[1] = 2<<(16*fld) + 1<<(16*(fld+1))
-	if !p.overflowed(&c, 3) {
+	if !overflowed(&op, &c, 3) {
 		t.Fatal("a wrapped field not reported")
 	}
 }
 
 // packedFake is a store with PackedCounter that does nothing (for
 // configuration checks).
-type packedFake struct{ Counter }
+type packedFake struct{ storage.Counter }
 
-func (packedFake) AddPacked(context.Context, Key, *PackedOp) (PackedCounts, error) {
-	return PackedCounts{}, nil
+func (packedFake) AddPacked(context.Context, storage.Key, *storage.PackedOp) (storage.PackedCounts, error) {
+	return storage.PackedCounts{}, nil
 }
-func (packedFake) SubPacked(context.Context, Key, *PackedOp) error { return nil }
+func (packedFake) SubPacked(context.Context, storage.Key, *storage.PackedOp) error { return nil }
 
-type counterOnly struct{ Counter }
+type counterOnly struct{ storage.Counter }
 
 func TestPackedConfig(t *testing.T) {
 	ok := SlidingWindowConfig{Name: "p", Limit: 100, Window: time.Second, Representation: Packed}
@@ -273,7 +159,7 @@ func TestPackedConfig(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name  string
-		store Counter
+		store storage.Counter
 		edit  func(*SlidingWindowConfig)
 		field string
 	}{
@@ -301,12 +187,13 @@ func TestPackedConfig(t *testing.T) {
 		t.Fatalf("MaxPackedLimit %d", MaxPackedLimit)
 	}
 	for _, s := range []string{"packed", "subwindows", ""} {
-		r, err := ParseRepresentation(s)
-		if err != nil || (s != "" && r.String() != s) {
-			t.Fatalf("ParseRepresentation(%q) = %v, %v", s, r, err)
+		var r Representation
+		if err := r.UnmarshalText([]byte(s)); err != nil || (s != "" && r.String() != s) {
+			t.Fatalf("UnmarshalText(%q) = %v, %v", s, r, err)
 		}
 	}
-	if _, err := ParseRepresentation("sliced"); !errors.Is(err, ErrInvalidConfig) {
+	var r Representation
+	if err := r.UnmarshalText([]byte("sliced")); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("unknown representation parsed: %v", err)
 	}
 }
@@ -323,36 +210,13 @@ func TestPackedStaleAndOverflowDeny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, undo, undoNow, err := w.judge(&st, &StepResult{Packed: PackedCounts{Stale: true}}, now)
+	d, undo, undoNow, err := w.judge(&st, &storage.StepResult{Packed: storage.PackedCounts{Stale: true}}, now, 5)
 	if err != nil || d.Allowed || d.RetryAfter <= 0 || undo.Kind != 0 || undoNow {
 		t.Fatalf("Stale: %+v undo %v now %v err %v: want a denial with nothing to give back", d, undo.Kind, undoNow, err)
 	}
-	var c PackedCounts // every added field reads 0 < 5: wrapped
-	d, undo, undoNow, err = w.judge(&st, &StepResult{Packed: c}, now)
-	if err != nil || d.Allowed || undo.Kind != StepPackedSub || !undoNow || undo.Packed.Adds != st.Packed.Adds {
+	var c storage.PackedCounts // every added field reads 0 < 5: wrapped
+	d, undo, undoNow, err = w.judge(&st, &storage.StepResult{Packed: c}, now, 5)
+	if err != nil || d.Allowed || undo.Kind != storage.StepPackedSub || !undoNow || undo.Packed.Adds != st.Packed.Adds {
 		t.Fatalf("overflow: %+v undo %v now %v err %v: want a denial giving back the same deltas", d, undo.Kind, undoNow, err)
-	}
-}
-
-// TestPackedOpCheck: a planned op passes; each malformed shape a store
-// refuses is refused.
-func TestPackedOpCheck(t *testing.T) {
-	ok := PackedPlan(1<<20, 160, 3, time.Millisecond)
-	if err := ok.Check(); err != nil {
-		t.Fatalf("a planned op: %v", err)
-	}
-	var nilOp *PackedOp
-	for name, op := range map[string]*PackedOp{
-		"nil":          nilOp,
-		"keep 0":       func() *PackedOp { o := ok; o.Keep = 0; return &o }(),
-		"keep huge":    func() *PackedOp { o := ok; o.Keep = maxPackedKeep + 1; return &o }(),
-		"reads < 0":    func() *PackedOp { o := ok; o.NReads = -1; return &o }(),
-		"reads > max":  func() *PackedOp { o := ok; o.NReads = MaxPackedReads + 1; return &o }(),
-		"add level":    func() *PackedOp { o := ok; o.Adds[1].Cell.Level = 3; return &o }(),
-		"read level 0": func() *PackedOp { o := ok; o.NReads = 1; o.Reads[0].Level = 0; return &o }(),
-	} {
-		if err := op.Check(); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
 	}
 }

@@ -8,18 +8,19 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-// doCounter is a batching store (memory's steps, through AsBatcher's
-// loop) that counts its Do calls and steps by kind.
+// doCounter is a batching store (memory's steps, through the plain loop)
+// that counts its Do calls and steps by kind.
 type doCounter struct {
 	*memory.Store
 	dos   int
 	syncs int // steps with Sync
-	kinds map[limiter.StepKind]int
+	kinds map[storage.StepKind]int
 }
 
-func (c *doCounter) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+func (c *doCounter) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
 	c.dos++
 	for _, st := range steps {
 		c.kinds[st.Kind]++
@@ -27,7 +28,7 @@ func (c *doCounter) Do(ctx context.Context, steps []limiter.Step, out []limiter.
 			c.syncs++
 		}
 	}
-	limiter.AsBatcher(c.Store).Do(ctx, steps, out)
+	storage.AsBatcher(c.Store).Do(ctx, steps, out)
 }
 
 // TestRefundIsABatch checks that the public Refund methods and a Stack's
@@ -40,7 +41,7 @@ func TestRefundIsABatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &doCounter{Store: mem, kinds: map[limiter.StepKind]int{}}
+	s := &doCounter{Store: mem, kinds: map[storage.StepKind]int{}}
 	tb, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "tb", MaxAmount: 2, RefillTime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -80,8 +81,8 @@ func TestRefundIsABatch(t *testing.T) {
 	if s.syncs != 4 {
 		t.Errorf("Sync steps: %d, want 4 (each Refund's, and no batch refund)", s.syncs)
 	}
-	if s.kinds[limiter.StepSub] != 4 {
-		t.Errorf("StepSub steps: %d, want 4 (each window's Refund, and the give-back of its own denied take)", s.kinds[limiter.StepSub])
+	if s.kinds[storage.StepSub] != 4 {
+		t.Errorf("StepSub steps: %d, want 4 (each window's Refund, and the give-back of its own denied take)", s.kinds[storage.StepSub])
 	}
 
 	st, err := limiter.NewStack(fw, tb)
@@ -111,7 +112,7 @@ func TestDecideGroupsByStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &doCounter{Store: mem, kinds: map[limiter.StepKind]int{}}
+		return &doCounter{Store: mem, kinds: map[storage.StepKind]int{}}
 	}
 	a, b := newStore(), newStore()
 	fw := func(s *doCounter, limit int64) limiter.Limiter {

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Priority ranks traffic for the load shedders: the higher, the more
@@ -42,27 +44,29 @@ func (p Priority) String() string {
 	return "priority(" + strconv.Itoa(int(p)) + ")"
 }
 
-// ParsePriority parses the names String returns; "" is PriorityNormal.
-func ParsePriority(s string) (Priority, error) {
-	switch s {
+// UnmarshalText parses the names String returns; "" is PriorityNormal.
+func (p *Priority) UnmarshalText(text []byte) error {
+	switch s := string(text); s {
 	case "low":
-		return PriorityLow, nil
+		*p = PriorityLow
 	case "normal", "":
-		return PriorityNormal, nil
+		*p = PriorityNormal
 	case "high":
-		return PriorityHigh, nil
+		*p = PriorityHigh
 	case "critical":
-		return PriorityCritical, nil
+		*p = PriorityCritical
+	default:
+		return fmt.Errorf("%w: unknown priority %q (want low, normal, high or critical)", ErrInvalidConfig, s)
 	}
-	return 0, fmt.Errorf("%w: unknown priority %q (want low, normal, high or critical)", ErrInvalidConfig, s)
+	return nil
 }
 
 // valid reports whether p is one of the four priorities.
 func (p Priority) valid() bool { return p >= PriorityLow && p <= PriorityCritical }
 
-// DefaultShedRetryAfter is the RetryAfter of a shedding decision when the
+// defaultShedRetryAfter is the RetryAfter of a shedding decision when the
 // shedder's configuration gives none.
-const DefaultShedRetryAfter = time.Second
+const defaultShedRetryAfter = time.Second
 
 // FleetShedderConfig configures a [FleetShedder].
 type FleetShedderConfig struct {
@@ -86,8 +90,8 @@ type FleetShedderConfig struct {
 	// LeaseTTL bounds how long a request holds its slot when its release
 	// is lost (see [ConcurrencyConfig]).
 	LeaseTTL time.Duration
-	// RetryAfter is the RetryAfter of a shedding decision. Zero means
-	// DefaultShedRetryAfter.
+	// RetryAfter is the RetryAfter of a shedding decision. Zero means one
+	// second.
 	RetryAfter time.Duration
 	// NewID makes lease IDs (see [ConcurrencyConfig]).
 	NewID func() string
@@ -116,13 +120,13 @@ const fleetKey = "fleet"
 
 // NewFleetShedder returns a fleet-usage shedder on store, or an error
 // wrapping [ErrInvalidConfig] naming the bad field.
-func NewFleetShedder(store LeaseStore, cfg FleetShedderConfig) (*FleetShedder, error) {
+func NewFleetShedder(store storage.LeaseStore, cfg FleetShedderConfig) (*FleetShedder, error) {
 	const kind = "fleet shedder"
 	if cfg.Name == "" {
 		cfg.Name = "fleet"
 	}
 	if cfg.RetryAfter == 0 {
-		cfg.RetryAfter = DefaultShedRetryAfter
+		cfg.RetryAfter = defaultShedRetryAfter
 	}
 	switch {
 	case !(cfg.Reserve >= 0 && cfg.Reserve < 1):
@@ -255,22 +259,18 @@ func (f UtilizationFunc) Utilization(ctx context.Context) (float64, error) { ret
 
 // Defaults of a [UtilizationShedder], Stripe's numbers.
 const (
-	// DefaultGoodMark is END_OF_GOOD_UTILIZATION: below it, shedding
+	// defaultGoodMark is END_OF_GOOD_UTILIZATION: below it, shedding
 	// recedes.
-	DefaultGoodMark = 0.7
-	// DefaultBadMark is START_OF_BAD_UTILIZATION: above it, shedding
+	defaultGoodMark = 0.7
+	// defaultBadMark is START_OF_BAD_UTILIZATION: above it, shedding
 	// grows.
-	DefaultBadMark = 0.8
-	// DefaultShedWait is NUMBER_OF_SECONDS_BEFORE_SHEDDING_STARTS (with an
+	defaultBadMark = 0.8
+	// defaultShedWait is NUMBER_OF_SECONDS_BEFORE_SHEDDING_STARTS (with an
 	// 8 s sample rate, 28 s guarantees 3 samples).
-	DefaultShedWait = 28 * time.Second
-	// DefaultShedRamp is NUMBER_OF_SECONDS_TO_SHED_ALL_TRAFFIC.
-	DefaultShedRamp = 120 * time.Second
+	defaultShedWait = 28 * time.Second
+	// defaultShedRamp is NUMBER_OF_SECONDS_TO_SHED_ALL_TRAFFIC.
+	defaultShedRamp = 120 * time.Second
 )
-
-// ErrNoUtilization is wrapped when the utilization signal could not be read.
-// The accompanying decision of [UtilizationShedder.Check] is still valid.
-var ErrNoUtilization = errors.New("limiter: utilization unavailable")
 
 // UtilizationShedderConfig configures a [UtilizationShedder]. Zero fields
 // take Stripe's values.
@@ -281,17 +281,17 @@ type UtilizationShedderConfig struct {
 	// Utilization is the signal (required).
 	Utilization Utilization
 	// GoodMark and BadMark bound the dead zone: 0 < GoodMark <= BadMark
-	// < 1. Zero means DefaultGoodMark and DefaultBadMark.
+	// < 1. Zero means Stripe's 0.7 and 0.8.
 	GoodMark, BadMark float64
 	// Wait is how long utilization must stay bad before shedding starts,
 	// from rest. It also caps the time one check may advance the
 	// controller (Stripe's clamp: a reading says little about a long gap
-	// before it), so it must be at least a second. Zero means
-	// DefaultShedWait.
+	// before it), so it must be at least a second. Zero means 28 s
+	// (Stripe's: three samples 8 s apart).
 	Wait time.Duration
 	// Ramp is how long fully bad utilization takes to go from shedding
 	// nothing to shedding all non-critical traffic, and fully good
-	// utilization to come back. Zero means DefaultShedRamp.
+	// utilization to come back. Zero means 120 s (Stripe's).
 	Ramp time.Duration
 	// Uniform gives every non-critical request the same drop chance, the
 	// shed amount (Stripe's sketch, which has one class of non-critical
@@ -302,8 +302,8 @@ type UtilizationShedderConfig struct {
 	// seeded from the operating system. It is used under the shedder's
 	// lock, so it need not be safe for concurrent use.
 	Rand rand.Source
-	// RetryAfter is the RetryAfter of a shedding decision. Zero means
-	// DefaultShedRetryAfter.
+	// RetryAfter is the RetryAfter of a shedding decision. Zero means one
+	// second.
 	RetryAfter time.Duration
 }
 
@@ -349,19 +349,19 @@ func NewUtilizationShedder(cfg UtilizationShedderConfig) (*UtilizationShedder, e
 		cfg.Name = "utilization"
 	}
 	if cfg.GoodMark == 0 {
-		cfg.GoodMark = DefaultGoodMark
+		cfg.GoodMark = defaultGoodMark
 	}
 	if cfg.BadMark == 0 {
-		cfg.BadMark = DefaultBadMark
+		cfg.BadMark = defaultBadMark
 	}
 	if cfg.Wait == 0 {
-		cfg.Wait = DefaultShedWait
+		cfg.Wait = defaultShedWait
 	}
 	if cfg.Ramp == 0 {
-		cfg.Ramp = DefaultShedRamp
+		cfg.Ramp = defaultShedRamp
 	}
 	if cfg.RetryAfter == 0 {
-		cfg.RetryAfter = DefaultShedRetryAfter
+		cfg.RetryAfter = defaultShedRetryAfter
 	}
 	switch {
 	case cfg.Utilization == nil:
@@ -507,41 +507,21 @@ func clamp(v, lo, hi float64) float64 {
 	return v
 }
 
-// Gauge is a value published at a time.
-type Gauge struct {
-	Value float64
-	// At is the publisher's time in Unix nanoseconds.
-	At int64
-}
-
-// GaugeStore holds named values that one part of a system publishes for
-// another to read: the backend fleet's utilization, read by the shedders.
-// PutGauge overwrites key's value (last writer wins), to be kept at least
-// ttl; GetGauge reads it (found is false when there is none).
-type GaugeStore interface {
-	PutGauge(ctx context.Context, key Key, g Gauge, ttl time.Duration) error
-	GetGauge(ctx context.Context, key Key) (g Gauge, found bool, err error)
-}
-
-// ErrStaleUtilization is wrapped when a published utilization is missing or
-// older than its MaxAge.
-var ErrStaleUtilization = errors.New("limiter: published utilization is missing or stale")
-
-// DefaultMaxAge is the MaxAge of a [PublishedUtilization] when it gives none.
-const DefaultMaxAge = time.Minute
+// defaultMaxAge is the MaxAge of a [PublishedUtilization] when it gives none.
+const defaultMaxAge = time.Minute
 
 // PublishedUtilization is a [Utilization] that the backend fleet (or a job
-// watching it) publishes into a [GaugeStore] with Publish, and shedders read
+// watching it) publishes into a [storage.GaugeStore] with Publish, and shedders read
 // with Utilization. A value older than MaxAge, or none, is an error wrapping
 // [ErrStaleUtilization]: a publisher that stopped is noticed, not trusted.
 // Wrap it in a [CachedUtilization] so that a shedder reads the store once
 // in a while rather than on every request. Safe for concurrent use.
 type PublishedUtilization struct {
 	// Store holds the value (required).
-	Store GaugeStore
+	Store storage.GaugeStore
 	// Name is the value's key (one per fleet).
 	Name string
-	// MaxAge is how old a value may be. Zero means DefaultMaxAge.
+	// MaxAge is how old a value may be. Zero means a minute.
 	MaxAge time.Duration
 	// Clock judges the age. Nil means SystemClock.
 	Clock Clock
@@ -558,7 +538,7 @@ func (p *PublishedUtilization) clock() Clock {
 
 func (p *PublishedUtilization) maxAge() time.Duration {
 	if p.MaxAge <= 0 {
-		return DefaultMaxAge
+		return defaultMaxAge
 	}
 	return p.MaxAge
 }
@@ -569,8 +549,8 @@ func (p *PublishedUtilization) Publish(ctx context.Context, u float64, now time.
 	if math.IsNaN(u) {
 		return fmt.Errorf("limiter: publish utilization %q: NaN", p.Name)
 	}
-	g := Gauge{Value: clamp(u, 0, 1), At: now.UnixNano()}
-	if err := p.Store.PutGauge(ctx, Key{Space: gaugeSpace, Name: p.Name}, g, p.maxAge()); err != nil {
+	g := storage.Gauge{Value: clamp(u, 0, 1), At: now.UnixNano()}
+	if err := p.Store.PutGauge(ctx, storage.Key{Space: gaugeSpace, Name: p.Name}, g, p.maxAge()); err != nil {
 		return fmt.Errorf("limiter: publish utilization %q: %w", p.Name, err)
 	}
 	return nil
@@ -579,7 +559,7 @@ func (p *PublishedUtilization) Publish(ctx context.Context, u float64, now time.
 // Utilization implements [Utilization]: the published value if it is at
 // most MaxAge old.
 func (p *PublishedUtilization) Utilization(ctx context.Context) (float64, error) {
-	g, found, err := p.Store.GetGauge(ctx, Key{Space: gaugeSpace, Name: p.Name})
+	g, found, err := p.Store.GetGauge(ctx, storage.Key{Space: gaugeSpace, Name: p.Name})
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("limiter: published utilization %q: %w", p.Name, err)
@@ -596,11 +576,14 @@ func (p *PublishedUtilization) Utilization(ctx context.Context) (float64, error)
 // answers from its last reading in between (an error too is kept for
 // Every, so a failing store is not asked on every request; a failure caused
 // by the caller's own context is not kept). Concurrent callers wait for one
-// reading. Create it with [NewCachedUtilization].
+// reading. Use it by pointer, once its fields are set.
 type CachedUtilization struct {
-	u     Utilization
-	every time.Duration
-	clock Clock
+	// Signal is the Utilization read (required).
+	Signal Utilization
+	// Every is how often Signal is read at most.
+	Every time.Duration
+	// Clock tells the time. Nil means SystemClock.
+	Clock Clock
 
 	mu    sync.Mutex
 	at    time.Time
@@ -609,24 +592,19 @@ type CachedUtilization struct {
 	valid bool
 }
 
-// NewCachedUtilization returns u read at most once per every, by clock (nil
-// means SystemClock).
-func NewCachedUtilization(u Utilization, every time.Duration, clock Clock) *CachedUtilization {
-	if clock == nil {
-		clock = SystemClock
-	}
-	return &CachedUtilization{u: u, every: every, clock: clock}
-}
-
 // Utilization implements [Utilization].
 func (c *CachedUtilization) Utilization(ctx context.Context) (float64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	now := c.clock.Now()
-	if c.valid && now.Sub(c.at) < c.every && !now.Before(c.at) {
+	clock := c.Clock
+	if clock == nil {
+		clock = SystemClock
+	}
+	now := clock.Now()
+	if c.valid && now.Sub(c.at) < c.Every && !now.Before(c.at) {
 		return c.value, c.err
 	}
-	v, err := c.u.Utilization(ctx)
+	v, err := c.Signal.Utilization(ctx)
 	if err != nil && ctx.Err() != nil {
 		return v, err // this caller's deadline, not the signal's fault: not kept
 	}

@@ -323,15 +323,15 @@ func TestUtilizationShedderConfig(t *testing.T) {
 
 func TestPriority(t *testing.T) {
 	for _, p := range []limiter.Priority{limiter.PriorityLow, limiter.PriorityNormal, limiter.PriorityHigh, limiter.PriorityCritical} {
-		got, err := limiter.ParsePriority(p.String())
-		if err != nil || got != p {
-			t.Fatalf("ParsePriority(%q) = %v, %v", p.String(), got, err)
+		var got limiter.Priority
+		if err := got.UnmarshalText([]byte(p.String())); err != nil || got != p {
+			t.Fatalf("UnmarshalText(%q) = %v, %v", p.String(), got, err)
 		}
 	}
-	if p, err := limiter.ParsePriority(""); err != nil || p != limiter.PriorityNormal {
-		t.Fatalf(`ParsePriority("") = %v, %v`, p, err)
+	if p := limiter.PriorityHigh; p.UnmarshalText(nil) != nil || p != limiter.PriorityNormal {
+		t.Fatalf(`UnmarshalText("") = %v`, p)
 	}
-	if _, err := limiter.ParsePriority("urgent"); !errors.Is(err, limiter.ErrInvalidConfig) {
+	if err := new(limiter.Priority).UnmarshalText([]byte("urgent")); !errors.Is(err, limiter.ErrInvalidConfig) {
 		t.Fatalf("unknown priority: %v", err)
 	}
 	var zero limiter.Priority
@@ -447,7 +447,7 @@ func (c *countingSignal) Utilization(context.Context) (float64, error) {
 func TestCachedUtilization(t *testing.T) {
 	now := ccBase
 	sig := &countingSignal{}
-	c := limiter.NewCachedUtilization(sig, 5*time.Second, limiter.ClockFunc(func() time.Time { return now }))
+	c := &limiter.CachedUtilization{Signal: sig, Every: 5 * time.Second, Clock: limiter.ClockFunc(func() time.Time { return now })}
 	ctx := context.Background()
 	for _, st := range []struct {
 		at    time.Duration
@@ -492,7 +492,7 @@ func TestPublishedUtilizationShedder(t *testing.T) {
 	clock := limiter.ClockFunc(func() time.Time { return now })
 	pub := &limiter.PublishedUtilization{Store: ccLeases(t), Name: "fleet", MaxAge: 30 * time.Second, Clock: clock}
 	s, err := limiter.NewUtilizationShedder(limiter.UtilizationShedderConfig{
-		Utilization: limiter.NewCachedUtilization(pub, time.Second, clock),
+		Utilization: &limiter.CachedUtilization{Signal: pub, Every: time.Second, Clock: clock},
 		Uniform:     true, Rand: rand.NewPCG(3, 4),
 	})
 	if err != nil {

@@ -3,6 +3,8 @@ package limiter
 import (
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // The package's limiters as batch items (see [Decide]): each turns a call
@@ -18,56 +20,93 @@ var (
 // newDenyCache returns the cache of a limit: none when off, or when the
 // limit's denials change what the store holds (then a cached denial would
 // hide them from it).
-func newDenyCache(off, denialsWrite bool) *DenyCache {
+func newDenyCache(off, denialsWrite bool) *denyCache {
 	if off || denialsWrite {
 		return nil
 	}
-	return NewDenyCache(DefaultDenyCacheSize)
+	return makeDenyCache(denyCacheSize)
 }
 
-func (w *SlidingWindow) denyCache() *DenyCache { return w.cache }
+func (w *SlidingWindow) denyCache() *denyCache { return w.cache }
 
-func (w *SlidingWindow) plan(key string, now time.Time, n int64) (Step, Batcher, error) {
+// batcher returns what a limiter sends its steps to: its store itself when
+// the store batches, else a plain loop over its single-step methods: of
+// every kind for a [storage.Store], else loop, of the kinds the limiter
+// sends (the store in their fields).
+func batcher(loop storage.Steps) storage.Batcher {
+	// A store of every kind: its own Batcher or its plain loop over every
+	// kind, the same for each limit on it (one group in Decide).
+	if s, ok := loop.Counter.(storage.Store); ok {
+		return storage.AsBatcher(s)
+	}
+	if s, ok := loop.Bucket.(storage.Store); ok {
+		return storage.AsBatcher(s)
+	}
+	if s, ok := loop.Log.(storage.Store); ok {
+		return storage.AsBatcher(s)
+	}
+	if b, ok := loop.Counter.(storage.Batcher); ok {
+		return b
+	}
+	if b, ok := loop.Bucket.(storage.Batcher); ok {
+		return b
+	}
+	if b, ok := loop.Log.(storage.Batcher); ok {
+		return b
+	}
+	return loop
+}
+
+// leaseNeed is what a window's step st must get for the decision at hand,
+// of n units: n when st is a lease take (it asks for more), else 0.
+func leaseNeed(st *storage.Step, n int64) int64 {
+	if st.N > n {
+		return n
+	}
+	return 0
+}
+
+func (w *SlidingWindow) plan(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if err := w.checkCost(n); err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
 	t, err := unixNano(w.cfg.Name, now)
 	if err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
-	k := Key{Space: w.space, Name: key}
+	k := storage.Key{Space: w.space, Name: key}
 	if w.packed != nil {
-		p := planPacked(floorDiv(t, w.sub), w.r, n, time.Duration(w.sub))
-		return Step{Kind: StepPackedAdd, Key: k, N: n, Packed: p.op, packedReads: p.reads}, w.batch, nil
+		op := storage.PackedPlan(floorDiv(t, w.sub), w.r, n, time.Duration(w.sub))
+		return storage.Step{Kind: storage.StepPackedAdd, Key: k, N: n, Packed: op}, w.batch, nil
 	}
-	return Step{Kind: StepAdd, Key: k, Idx: floorDiv(t, w.sub), Span: w.k + 1, N: n, TTL: w.ttl}, w.batch, nil
+	return storage.Step{Kind: storage.StepAdd, Key: k, Idx: floorDiv(t, w.sub), Span: w.k + 1, N: n, TTL: w.ttl}, w.batch, nil
 }
 
-func (w *SlidingWindow) refund(key string, now time.Time, n int64) (Step, Batcher, error) {
+func (w *SlidingWindow) refund(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if err := w.checkCost(n); err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
 	t, err := unixNano(w.cfg.Name, now)
 	if err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
-	k, idx := Key{Space: w.space, Name: key}, floorDiv(t, w.sub)
+	k, idx := storage.Key{Space: w.space, Name: key}, floorDiv(t, w.sub)
 	if w.packed != nil {
-		return Step{Kind: StepPackedSub, Key: k, N: n, Packed: packedSub(idx, w.r, n, time.Duration(w.sub))}, w.batch, nil
+		return storage.Step{Kind: storage.StepPackedSub, Key: k, N: n, Packed: packedSub(idx, w.r, n, time.Duration(w.sub))}, w.batch, nil
 	}
-	return Step{Kind: StepSub, Key: k, Idx: idx, N: n}, w.batch, nil
+	return storage.Step{Kind: storage.StepSub, Key: k, Idx: idx, N: n}, w.batch, nil
 }
 
 func (w *SlidingWindow) storeErr(err error) error {
 	return fmt.Errorf("limiter: sliding window %q: %w", w.cfg.Name, err)
 }
 
-func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+func (w *SlidingWindow) judge(st *storage.Step, r *storage.StepResult, t, n int64) (Decision, storage.Step, bool, error) {
 	if w.packed != nil {
-		return w.judgePacked(st, r, t)
+		return w.judgePacked(st, r, t, n)
 	}
 	if r.Err != nil {
-		return Decision{}, Step{}, false, w.storeErr(r.Err)
+		return Decision{}, storage.Step{}, false, w.storeErr(r.Err)
 	}
 	c := r.Counts
 	sanitize(&c, w.k+1)
@@ -79,14 +118,14 @@ func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step,
 		// there, with the oldest sub-window fully in view (stricter).
 		idx, rem = c.At, w.sub
 	}
-	undo := Step{Kind: StepSub, Key: st.Key, Idx: idx, N: st.N}
+	undo := storage.Step{Kind: storage.StepSub, Key: st.Key, Idx: idx, N: st.N}
 	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.k+1)*w.sub - elapsed)}
-	if st.need > 0 {
+	if need := leaseNeed(st, n); need > 0 {
 		if c.Moved { // counted in an older sub-window than its own: no lease there
 			d.RetryAfter = 1
 			return d, undo, true, nil
 		}
-		if got, remaining, ok := leaseGot(w.boundedTotal(&c), w.cfg.Limit, st.N, st.need); ok {
+		if got, remaining, ok := leaseGot(w.boundedTotal(&c), w.cfg.Limit, st.N, need); ok {
 			undo.N = st.N - got
 			return leaseTaken(d, undo, got, remaining)
 		}
@@ -97,7 +136,7 @@ func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step,
 		return d, undo, false, nil
 	}
 	if w.cfg.CountDenied {
-		undo = Step{}
+		undo = storage.Step{}
 	} else {
 		c.C[0] = max(c.C[0]-st.N, 0)
 	}
@@ -105,38 +144,38 @@ func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step,
 	return d, undo, undo.Kind != 0, nil
 }
 
-func (w *FixedWindow) denyCache() *DenyCache { return w.cache }
+func (w *FixedWindow) denyCache() *denyCache { return w.cache }
 
-func (w *FixedWindow) plan(key string, now time.Time, n int64) (Step, Batcher, error) {
+func (w *FixedWindow) plan(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if n <= 0 || n > w.cfg.Limit {
-		return Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
+		return storage.Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
 	}
 	t, err := unixNano(w.cfg.Name, now)
 	if err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
 	win := int64(w.cfg.Window)
-	return Step{Kind: StepAdd, Key: Key{Space: w.space, Name: key}, Idx: floorDiv(t, win), Span: 1, N: n, TTL: windowTTL(win, 1)}, w.batch, nil
+	return storage.Step{Kind: storage.StepAdd, Key: storage.Key{Space: w.space, Name: key}, Idx: floorDiv(t, win), Span: 1, N: n, TTL: windowTTL(win, 1)}, w.batch, nil
 }
 
-func (w *FixedWindow) refund(key string, now time.Time, n int64) (Step, Batcher, error) {
+func (w *FixedWindow) refund(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if n <= 0 || n > w.cfg.Limit {
-		return Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
+		return storage.Step{}, nil, costError(w.cfg.Name, n, w.cfg.Limit)
 	}
 	t, err := unixNano(w.cfg.Name, now)
 	if err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
-	return Step{Kind: StepSub, Key: Key{Space: w.space, Name: key}, Idx: floorDiv(t, int64(w.cfg.Window)), N: n}, w.batch, nil
+	return storage.Step{Kind: storage.StepSub, Key: storage.Key{Space: w.space, Name: key}, Idx: floorDiv(t, int64(w.cfg.Window)), N: n}, w.batch, nil
 }
 
 func (w *FixedWindow) storeErr(err error) error {
 	return fmt.Errorf("limiter: fixed window %q: %w", w.cfg.Name, err)
 }
 
-func (w *FixedWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+func (w *FixedWindow) judge(st *storage.Step, r *storage.StepResult, t, n int64) (Decision, storage.Step, bool, error) {
 	if r.Err != nil {
-		return Decision{}, Step{}, false, w.storeErr(r.Err)
+		return Decision{}, storage.Step{}, false, w.storeErr(r.Err)
 	}
 	c := r.Counts
 	sanitize(&c, 1)
@@ -151,7 +190,7 @@ func (w *FixedWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, b
 		idx = c.At
 		used = satAdd(used, c.Later)
 	}
-	undo := Step{Kind: StepSub, Key: st.Key, Idx: idx, N: st.N}
+	undo := storage.Step{Kind: storage.StepSub, Key: st.Key, Idx: idx, N: st.N}
 	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: left}
 	if used <= w.cfg.Limit {
 		d.Allowed = true
@@ -160,113 +199,111 @@ func (w *FixedWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step, b
 	}
 	d.RetryAfter = left
 	if w.cfg.CountDenied {
-		return d, Step{}, false, nil
+		return d, storage.Step{}, false, nil
 	}
 	return d, undo, true, nil
 }
 
-func (b *TokenBucket) denyCache() *DenyCache { return b.cache }
+func (b *TokenBucket) denyCache() *denyCache { return b.cache }
 
-func (b *TokenBucket) op(t, n int64, mode opMode) BucketOp {
-	return BucketOp{
+func (b *TokenBucket) op(t, n int64, mode storage.Mode) storage.BucketOp {
+	return storage.BucketOp{
 		MaxAmount:    b.cfg.MaxAmount,
 		RefillTime:   b.cfg.RefillTime,
 		RefillAmount: b.cfg.RefillAmount,
 		Strict:       b.cfg.Strict,
 		Now:          t,
 		N:            n,
-		mode:         mode,
+		Mode:         mode,
 	}
 }
 
-func (b *TokenBucket) plan(key string, now time.Time, n int64) (Step, Batcher, error) {
+func (b *TokenBucket) plan(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if n <= 0 || n > b.cfg.MaxAmount {
-		return Step{}, nil, costError(b.cfg.Name, n, b.cfg.MaxAmount)
+		return storage.Step{}, nil, costError(b.cfg.Name, n, b.cfg.MaxAmount)
 	}
 	t, err := unixNano(b.cfg.Name, now)
 	if err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
-	return Step{Kind: StepBucket, Key: Key{Space: b.space, Name: key}, Bucket: b.op(t, n, opTake), TTL: b.ttl}, b.batch, nil
+	return storage.Step{Kind: storage.StepBucket, Key: storage.Key{Space: b.space, Name: key}, Bucket: b.op(t, n, storage.ModeTake), TTL: b.ttl}, b.batch, nil
 }
 
-func (b *TokenBucket) refund(key string, now time.Time, n int64) (Step, Batcher, error) {
+func (b *TokenBucket) refund(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if n <= 0 || n > b.cfg.MaxAmount {
-		return Step{}, nil, costError(b.cfg.Name, n, b.cfg.MaxAmount)
+		return storage.Step{}, nil, costError(b.cfg.Name, n, b.cfg.MaxAmount)
 	}
 	t, err := unixNano(b.cfg.Name, now)
 	if err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
-	return b.refundStep(Key{Space: b.space, Name: key}, t, n), b.batch, nil
+	return b.refundStep(storage.Key{Space: b.space, Name: key}, t, n), b.batch, nil
 }
 
 // refundStep gives back n tokens of key at t.
-func (b *TokenBucket) refundStep(k Key, t, n int64) Step {
-	return Step{Kind: StepBucket, Key: k, Bucket: b.op(t, n, opRefund), TTL: b.ttl}
+func (b *TokenBucket) refundStep(k storage.Key, t, n int64) storage.Step {
+	return storage.Step{Kind: storage.StepBucket, Key: k, Bucket: b.op(t, n, storage.ModeRefund), TTL: b.ttl}
 }
 
 func (b *TokenBucket) storeErr(err error) error {
 	return fmt.Errorf("limiter: token bucket %q: %w", b.cfg.Name, err)
 }
 
-func (b *TokenBucket) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+func (b *TokenBucket) judge(st *storage.Step, r *storage.StepResult, t, n int64) (Decision, storage.Step, bool, error) {
 	if r.Err != nil {
-		return Decision{}, Step{}, false, b.storeErr(r.Err)
+		return Decision{}, storage.Step{}, false, b.storeErr(r.Err)
 	}
-	d := r.Decision
-	d.Name = b.cfg.Name
+	d := fromStore(r.Decision, b.cfg.Name)
 	if !d.Allowed {
-		return d, Step{}, false, nil
+		return d, storage.Step{}, false, nil
 	}
 	if d.Granted > 0 { // a lease's: a denied batch's units stay in the lease
-		return d, Step{}, false, nil
+		return d, storage.Step{}, false, nil
 	}
 	return d, b.refundStep(st.Key, t, st.Bucket.N), false, nil
 }
 
-func (l *SlidingLog) denyCache() *DenyCache { return l.cache }
+func (l *SlidingLog) denyCache() *denyCache { return l.cache }
 
-func (l *SlidingLog) plan(key string, now time.Time, n int64) (Step, Batcher, error) {
+func (l *SlidingLog) plan(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if n <= 0 || n > l.cfg.Limit {
-		return Step{}, nil, costError(l.cfg.Name, n, l.cfg.Limit)
+		return storage.Step{}, nil, costError(l.cfg.Name, n, l.cfg.Limit)
 	}
 	t, err := unixNano(l.cfg.Name, now)
 	if err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
-	return l.step(Key{Space: l.space, Name: key}, t, n, opTake), l.batch, nil
+	return l.step(storage.Key{Space: l.space, Name: key}, t, n, storage.ModeTake), l.batch, nil
 }
 
-func (l *SlidingLog) refund(key string, now time.Time, n int64) (Step, Batcher, error) {
+func (l *SlidingLog) refund(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if n <= 0 || n > l.cfg.Limit {
-		return Step{}, nil, costError(l.cfg.Name, n, l.cfg.Limit)
+		return storage.Step{}, nil, costError(l.cfg.Name, n, l.cfg.Limit)
 	}
 	t, err := unixNano(l.cfg.Name, now)
 	if err != nil {
-		return Step{}, nil, err
+		return storage.Step{}, nil, err
 	}
-	return l.step(Key{Space: l.space, Name: key}, t, n, opRefund), l.batch, nil
+	return l.step(storage.Key{Space: l.space, Name: key}, t, n, storage.ModeRefund), l.batch, nil
 }
 
-// step records (opTake) or removes (opRefund) n entries of key at t.
-func (l *SlidingLog) step(k Key, t, n int64, mode opMode) Step {
-	op := LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: n, mode: mode}
-	return Step{Kind: StepLog, Key: k, Log: op, TTL: satMul(2, l.cfg.Window)}
+// step records (ModeTake) or removes (ModeRefund) n entries of key at t.
+func (l *SlidingLog) step(k storage.Key, t, n int64, mode storage.Mode) storage.Step {
+	op := storage.LogOp{Limit: l.cfg.Limit, Window: l.cfg.Window, Now: t, N: n, Mode: mode}
+	return storage.Step{Kind: storage.StepLog, Key: k, Log: op, TTL: satMul(2, l.cfg.Window)}
 }
 
 func (l *SlidingLog) storeErr(err error) error {
 	return fmt.Errorf("limiter: sliding log %q: %w", l.cfg.Name, err)
 }
 
-func (l *SlidingLog) judge(st *Step, r *StepResult, t int64) (Decision, Step, bool, error) {
+func (l *SlidingLog) judge(st *storage.Step, r *storage.StepResult, t, n int64) (Decision, storage.Step, bool, error) {
 	if r.Err != nil {
-		return Decision{}, Step{}, false, l.storeErr(r.Err)
+		return Decision{}, storage.Step{}, false, l.storeErr(r.Err)
 	}
-	d := r.Decision
-	d.Name = l.cfg.Name
+	d := fromStore(r.Decision, l.cfg.Name)
 	if !d.Allowed {
-		return d, Step{}, false, nil
+		return d, storage.Step{}, false, nil
 	}
-	return d, l.step(st.Key, st.Log.Now, st.Log.N, opRefund), false, nil
+	return d, l.step(st.Key, st.Log.Now, st.Log.N, storage.ModeRefund), false, nil
 }

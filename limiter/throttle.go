@@ -3,11 +3,13 @@ package limiter
 import (
 	"errors"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // ThrottledRetryAfter is the RetryAfter of a decision [Decide] makes for an
-// item whose store throttled its key (an error wrapping [ErrThrottled], or
-// [ErrConflict]: every conditional write on the key lost its race):
+// item whose store throttled its key (an error wrapping [storage.ErrThrottled], or
+// [storage.ErrConflict]: every conditional write on the key lost its race):
 // the key is denied, never admitted uncounted, and the deny cache then
 // keeps this process from sending the key to the store again for that
 // long. A partition that refused a write has no capacity left for about a
@@ -20,7 +22,9 @@ const ThrottledRetryAfter = 100 * time.Millisecond
 // conditional writes lost every race within their retries (ErrConflict):
 // answers about that key, not failures of the store. Either way nothing
 // was counted, and the key is busy: the one that most needs its limit.
-func throttled(err error) bool { return errors.Is(err, ErrThrottled) || errors.Is(err, ErrConflict) }
+func throttled(err error) bool {
+	return errors.Is(err, storage.ErrThrottled) || errors.Is(err, storage.ErrConflict)
+}
 
 // described is implemented by the package's limiters: the name and
 // capacity a decision reports.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // throttling is a memory store that refuses the key named hot for
@@ -21,23 +22,23 @@ type throttling struct {
 	calls atomic.Int64
 }
 
-var errThrottled = fmt.Errorf("test store: throughput exceeded: %w", limiter.ErrThrottled)
+var errThrottled = fmt.Errorf("test store: throughput exceeded: %w", storage.ErrThrottled)
 
-func (s *throttling) Add(ctx context.Context, key limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+func (s *throttling) Add(ctx context.Context, key storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	s.calls.Add(1)
 	if key.Name == s.hot {
-		return limiter.Counts{}, errThrottled
+		return storage.Counts{}, errThrottled
 	}
 	return s.Store.Add(ctx, key, cur, span, n, ttl)
 }
 
-func (s *throttling) UpdateBucket(ctx context.Context, key limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+func (s *throttling) UpdateBucket(ctx context.Context, key storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	s.calls.Add(1)
 	switch key.Name {
 	case s.hot:
-		return limiter.Decision{}, errThrottled
+		return storage.Decision{}, errThrottled
 	case "contended":
-		return limiter.Decision{}, fmt.Errorf("test store: %w after 8 attempts", limiter.ErrConflict)
+		return storage.Decision{}, fmt.Errorf("test store: %w after 8 attempts", storage.ErrConflict)
 	}
 	return s.Store.UpdateBucket(ctx, key, op, ttl)
 }
@@ -73,7 +74,7 @@ func TestDecideThrottled(t *testing.T) {
 		t.Fatalf("decider %d, want the throttled item 1", i)
 	}
 	o := out[1]
-	if o.Decision.Allowed || !o.Throttled || o.Failed || !errors.Is(o.Err, limiter.ErrThrottled) {
+	if o.Decision.Allowed || !o.Throttled || o.Failed || !errors.Is(o.Err, storage.ErrThrottled) {
 		t.Fatalf("throttled item: %+v, want denied, Throttled, not Failed, Err ErrThrottled", o)
 	}
 	if want := (limiter.Decision{Limit: 50, RetryAfter: limiter.ThrottledRetryAfter, ResetAfter: limiter.ThrottledRetryAfter, Name: "burst"}); o.Decision != want {
@@ -134,7 +135,7 @@ func TestDecideContended(t *testing.T) {
 	if _, err := limiter.Decide(context.Background(), time.Unix(1e9, 0), items, out); err != nil {
 		t.Fatal(err)
 	}
-	if o := out[0]; o.Decision.Allowed || !o.Throttled || o.Failed || !errors.Is(o.Err, limiter.ErrConflict) {
+	if o := out[0]; o.Decision.Allowed || !o.Throttled || o.Failed || !errors.Is(o.Err, storage.ErrConflict) {
 		t.Fatalf("contended: %+v, want denied, Throttled, not Failed", o)
 	}
 }

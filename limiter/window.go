@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"strconv"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Estimator selects how a [SlidingWindow] turns sub-window counters into an
@@ -36,20 +38,22 @@ func (e Estimator) String() string {
 	return "estimator(" + strconv.Itoa(int(e)) + ")"
 }
 
-// ParseEstimator parses the names String returns.
-func ParseEstimator(s string) (Estimator, error) {
-	switch s {
+// UnmarshalText parses the names String returns ("" is Bounded).
+func (e *Estimator) UnmarshalText(text []byte) error {
+	switch s := string(text); s {
 	case "bounded", "":
-		return Bounded, nil
+		*e = Bounded
 	case "interpolated":
-		return Interpolated, nil
+		*e = Interpolated
+	default:
+		return fmt.Errorf("%w: unknown estimator %q (want bounded or interpolated)", ErrInvalidConfig, s)
 	}
-	return 0, fmt.Errorf("%w: unknown estimator %q (want bounded or interpolated)", ErrInvalidConfig, s)
+	return nil
 }
 
 const (
 	// MaxSubWindows is the largest sub-window count of a [SlidingWindow].
-	MaxSubWindows = 60
+	MaxSubWindows = storage.MaxSpan - 1
 	// DefaultSubWindows is the sub-window count used when none is given.
 	// With the Bounded estimator it is the fewest sub-windows that admits
 	// at least 97% of what an exact sliding log admits on bursty traffic
@@ -75,14 +79,14 @@ type SlidingWindowConfig struct {
 	// behaviour: a client that keeps hammering stays blocked). By default a
 	// denied request is refunded. Such a window has no deny cache.
 	CountDenied bool
-	// NoDenyCache turns off the limit's deny cache (see [DenyCache]),
+	// NoDenyCache turns off the limit's deny cache (docs/consistency.md, "The deny cache"),
 	// which is on by default: a key the store denied is denied again
 	// without a store request until the denial's RetryAfter has passed.
 	NoDenyCache bool
 	// Representation chooses how the counts are stored: Auto (the zero
 	// value: Packed where the store and the window allow it, else
 	// SubWindowCounters; see [Auto]), SubWindowCounters (every store) or
-	// Packed (a store implementing [PackedCounter]; NewSlidingWindow
+	// Packed (a store implementing [storage.PackedCounter]; NewSlidingWindow
 	// refuses a store without it, and limits above MaxPackedLimit,
 	// CountDenied and Interpolated). A window's keys differ between the
 	// two, so changing the representation of a live limit starts its
@@ -137,16 +141,16 @@ type SlidingWindowConfig struct {
 // refunds are in flight.
 type SlidingWindow struct {
 	cfg   SlidingWindowConfig
-	store Counter
-	batch Batcher // store's
+	store storage.Counter
+	batch storage.Batcher // store's
 	space string
 	sub   int64 // sub-window length in ns
 	k     int
 	ttl   time.Duration
-	cache *DenyCache
+	cache *denyCache
 	// Packed: the store, and the slots per window (sub is the slot
 	// length).
-	packed PackedCounter
+	packed storage.PackedCounter
 	r      int
 	// maxCostSet: the caller gave MaxCost (else it is the packed default,
 	// and a refused call's error says how to ask for more).
@@ -156,7 +160,7 @@ type SlidingWindow struct {
 
 // NewSlidingWindow returns a sliding window on store, or an error wrapping
 // [ErrInvalidConfig] naming the bad field.
-func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, error) {
+func NewSlidingWindow(store storage.Counter, cfg SlidingWindowConfig) (*SlidingWindow, error) {
 	const kind = "sliding window"
 	switch {
 	case store == nil:
@@ -204,7 +208,7 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 	return &SlidingWindow{
 		cfg:   cfg,
 		store: store,
-		batch: AsBatcher(store),
+		batch: batcher(storage.Steps{Counter: store}),
 		space: space,
 		sub:   int64(sub),
 		k:     cfg.SubWindows,
@@ -215,15 +219,15 @@ func NewSlidingWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, e
 }
 
 // newPackedWindow is NewSlidingWindow for the Packed representation.
-func newPackedWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, error) {
+func newPackedWindow(store storage.Counter, cfg SlidingWindowConfig) (*SlidingWindow, error) {
 	const kind = "sliding window"
 	if cfg.Slots == 0 {
 		cfg.Slots = DefaultSlots
 	}
-	ps, ok := store.(PackedCounter)
+	ps, ok := store.(storage.PackedCounter)
 	switch {
 	case !ok:
-		return nil, configError(kind, cfg.Name, "representation", "packed needs a store implementing limiter.PackedCounter; %T does not (use subwindows)", store)
+		return nil, configError(kind, cfg.Name, "representation", "packed needs a store implementing storage.PackedCounter; %T does not (use subwindows)", store)
 	case cfg.Limit > MaxPackedLimit:
 		return nil, configError(kind, cfg.Name, "limit", "%d is above %d, the largest a packed window's 16-bit fields hold (use subwindows)", cfg.Limit, MaxPackedLimit)
 	case cfg.Estimator != Bounded:
@@ -247,11 +251,11 @@ func newPackedWindow(store Counter, cfg SlidingWindowConfig) (*SlidingWindow, er
 		cfg.MaxCost = min(PackedMaxCost, cfg.Limit)
 	}
 	slot := cfg.Window / time.Duration(cfg.Slots)
-	space := "swp:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + ":" + strconv.Itoa(cfg.Slots) + ":" + strconv.Itoa(PackedLevels)
+	space := "swp:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + ":" + strconv.Itoa(cfg.Slots) + ":" + strconv.Itoa(storage.PackedLevels)
 	return &SlidingWindow{
 		cfg:        cfg,
 		store:      store,
-		batch:      AsBatcher(store),
+		batch:      batcher(storage.Steps{Counter: store, Packed: ps}),
 		space:      space,
 		sub:        int64(slot),
 		cache:      newDenyCache(cfg.NoDenyCache, false),
@@ -301,7 +305,7 @@ func (w *SlidingWindow) Refund(ctx context.Context, key string, now time.Time, n
 
 // estimate reports whether the counts plus extra fit the limit when the
 // oldest sub-window has rem ns left in view, and what remains.
-func (w *SlidingWindow) estimate(c *Counts, rem, extra int64) (bool, int64) {
+func (w *SlidingWindow) estimate(c *storage.Counts, rem, extra int64) (bool, int64) {
 	full := satAdd(c.Later, extra)
 	for j := 0; j < w.k; j++ {
 		full = satAdd(full, c.C[j])
@@ -320,7 +324,7 @@ func (w *SlidingWindow) estimate(c *Counts, rem, extra int64) (bool, int64) {
 }
 
 // retryAfter is how long until n more units would fit, with no more traffic.
-func (w *SlidingWindow) retryAfter(c *Counts, elapsed, n int64) time.Duration {
+func (w *SlidingWindow) retryAfter(c *storage.Counts, elapsed, n int64) time.Duration {
 	s, k, limit := w.sub, w.k, w.cfg.Limit
 	for j := 0; j <= k; j++ {
 		// In sub-window idx+j the view holds c[0..k-j]; c[k-j] is oldest.
@@ -367,7 +371,7 @@ type FixedWindowConfig struct {
 	Limit       int64
 	Window      time.Duration
 	CountDenied bool
-	// NoDenyCache turns off the limit's deny cache (see [DenyCache]),
+	// NoDenyCache turns off the limit's deny cache (docs/consistency.md, "The deny cache"),
 	// which is on by default: a key the store denied is denied again
 	// without a store request until the denial's RetryAfter has passed.
 	NoDenyCache bool
@@ -379,15 +383,15 @@ type FixedWindowConfig struct {
 // decision is one Counter.Add. Safe for concurrent use.
 type FixedWindow struct {
 	cfg   FixedWindowConfig
-	store Counter
-	batch Batcher // store's
+	store storage.Counter
+	batch storage.Batcher // store's
 	space string
-	cache *DenyCache
+	cache *denyCache
 }
 
 // NewFixedWindow returns a fixed window on store, or an error wrapping
 // [ErrInvalidConfig].
-func NewFixedWindow(store Counter, cfg FixedWindowConfig) (*FixedWindow, error) {
+func NewFixedWindow(store storage.Counter, cfg FixedWindowConfig) (*FixedWindow, error) {
 	const kind = "fixed window"
 	switch {
 	case store == nil:
@@ -401,7 +405,7 @@ func NewFixedWindow(store Counter, cfg FixedWindowConfig) (*FixedWindow, error) 
 	if cfg.CountDenied {
 		space += ":d"
 	}
-	return &FixedWindow{cfg: cfg, store: store, batch: AsBatcher(store), space: space, cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied)}, nil
+	return &FixedWindow{cfg: cfg, store: store, batch: batcher(storage.Steps{Counter: store}), space: space, cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied)}, nil
 }
 
 // Config returns the window's configuration.
@@ -425,14 +429,14 @@ func (w *FixedWindow) Refund(ctx context.Context, key string, now time.Time, n i
 
 // windowTTL is how long a store must keep a sub-window counter of length sub
 // after creating it, for a view of span: the view and the horizon behind the
-// newest writer ([Horizon]), 2*span sub-windows.
+// newest writer ([storage.Horizon]), 2*span sub-windows.
 func windowTTL(sub int64, span int) time.Duration {
-	return satMul(time.Duration(sub), time.Duration(int64(span)+Horizon(span)))
+	return satMul(time.Duration(sub), time.Duration(int64(span)+storage.Horizon(span)))
 }
 
 // sanitize clears negative counts a store may report, so that a misbehaving
 // store never mints capacity through them. Entries past span are never read.
-func sanitize(c *Counts, span int) {
+func sanitize(c *storage.Counts, span int) {
 	for i := range c.C[:span] {
 		c.C[i] = max(c.C[i], 0)
 	}

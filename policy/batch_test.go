@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/backends/memory"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // countingStore counts the store requests of a memory store: Adds and Subs
@@ -17,17 +17,17 @@ type countingStore struct {
 	adds, subs, buckets atomic.Int64
 }
 
-func (c *countingStore) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+func (c *countingStore) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	c.adds.Add(1)
 	return c.Store.Add(ctx, k, cur, span, n, ttl)
 }
 
-func (c *countingStore) Sub(ctx context.Context, k limiter.Key, idx, n int64) error {
+func (c *countingStore) Sub(ctx context.Context, k storage.Key, idx, n int64) error {
 	c.subs.Add(1)
 	return c.Store.Sub(ctx, k, idx, n)
 }
 
-func (c *countingStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+func (c *countingStore) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	c.buckets.Add(1)
 	return c.Store.UpdateBucket(ctx, k, op, ttl)
 }
@@ -62,7 +62,7 @@ func TestDenyCache(t *testing.T) {
 	cs := newCounting(t)
 	// Without capacity leases: the same stamps again and again make the
 	// keys hot, and a lease's return is a store request of its own.
-	p := mustLoad(t, twoRules, Options{Stores: map[string]limiter.Store{"memory": cs}, NoLeases: true})
+	p := mustLoad(t, twoRules, Options{Stores: map[string]storage.Store{"memory": cs}, NoLeases: true})
 	r := get("192.0.2.7", "/")
 	for i := range 2 {
 		if res := p.Evaluate(t.Context(), r, t0); res.Outcome != Allow || res.Reason != ReasonLimit {
@@ -109,7 +109,7 @@ func TestDenyCache(t *testing.T) {
 
 	// Switched off, every denial reaches the store.
 	cs = newCounting(t)
-	p = mustLoad(t, twoRules, Options{Stores: map[string]limiter.Store{"memory": cs}, NoDenyCache: true})
+	p = mustLoad(t, twoRules, Options{Stores: map[string]storage.Store{"memory": cs}, NoDenyCache: true})
 	for range 3 {
 		p.Evaluate(t.Context(), r, t0)
 	}
@@ -124,7 +124,7 @@ func TestDenyCache(t *testing.T) {
 // fail-closed name themselves, and an allowed request says "limit".
 func TestOneBatchReasons(t *testing.T) {
 	stores := memStores(t)
-	stores["down"] = &failing{err: limiter.ErrUnavailable}
+	stores["down"] = &failing{err: storage.ErrUnavailable}
 	p := mustLoad(t, `
 rules:
   - name: open

@@ -7,8 +7,8 @@ import (
 )
 
 // TestDependencies keeps the direction honest: policy may import limiter,
-// the standard library and yaml.v3, never a backend, the AWS SDK or
-// aws-lambda-go.
+// limiter/storage, the standard library and yaml.v3, never a backend, the
+// AWS SDK or aws-lambda-go.
 func TestDependencies(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -24,7 +24,8 @@ func TestDependencies(t *testing.T) {
 			continue // the standard library
 		}
 		switch dep {
-		case "github.com/sluicehq/sluice/policy", "github.com/sluicehq/sluice/limiter", "gopkg.in/yaml.v3":
+		case "github.com/sluicehq/sluice/policy", "github.com/sluicehq/sluice/limiter",
+			"github.com/sluicehq/sluice/limiter/storage", "gopkg.in/yaml.v3":
 			continue
 		}
 		t.Errorf("policy depends on %s", dep)

@@ -7,7 +7,7 @@
 // the `rule` tags of [Rule] and [Limit] name the fields; invalid rules fail
 // with an error naming the rule, the field and its line. [New] compiles
 // rules into a [Policy] against injected stores (a map from backend name
-// to a [limiter.Store]), so this package never imports a backend, the AWS
+// to a [storage.Store]), so this package never imports a backend, the AWS
 // SDK or aws-lambda-go. A [Request] is a plain struct of attributes (source IP,
 // method, path, route key, stage, headers, query, API key, token) that the
 // caller fills from its event.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 func evalAt(t *testing.T, p *Policy, req *Request, at time.Time) Result {
@@ -28,7 +29,7 @@ rules:
     limits: [{algorithm: fixed_window, limit: 2, window: 1m}]
 `
 	store := newCounting(t)
-	p := mustLoad(t, doc, Options{Stores: map[string]limiter.Store{"memory": store}})
+	p := mustLoad(t, doc, Options{Stores: map[string]storage.Store{"memory": store}})
 	req := get("192.0.2.1", "/x")
 	var wouldDeny int
 	for i := 1; i <= 6; i++ {
@@ -158,7 +159,7 @@ rules:
   - name: tight
     key: "{ip}"
     limits: [{algorithm: fixed_window, limit: 1, window: 1m}]
-`, Options{Stores: map[string]limiter.Store{"memory": store}, Shedder: shedder})
+`, Options{Stores: map[string]storage.Store{"memory": store}, Shedder: shedder})
 	for i := range 50 {
 		res := evalAt(t, p, get("203.0.113.9", "/x"), t0)
 		if res.Outcome != Deny || res.Reason != ReasonDenyList || res.List != (ListMatch{"deny", "cidr"}) || res.Decision.RetryAfter != DenyListRetryAfter {
@@ -205,7 +206,7 @@ rules:
     key: "{ip}"
     concurrency: {limit: 2, lease_ttl: 1m}
     limits: [{algorithm: fixed_window, limit: 3, window: 1m}]
-`, Options{Stores: map[string]limiter.Store{"memory": store}, Leases: leases})
+`, Options{Stores: map[string]storage.Store{"memory": store}, Leases: leases})
 	req := get("192.0.2.1", "/x")
 	r1, r2 := evalAt(t, p, req, t0), evalAt(t, p, req, t0)
 	if r1.Outcome != Allow || r2.Outcome != Allow || len(r1.Leases) != 1 || r1.Leases[0].Limit != "in-flight.concurrency" || !r2.Leases[0].Lease.Held() {

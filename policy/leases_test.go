@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const hotRule = `
@@ -21,7 +22,7 @@ rules:
 func hotCalls(t *testing.T, doc string, opts Options) (map[Reason]int, int64, limiter.LeaseStats) {
 	t.Helper()
 	cs := newCounting(t)
-	opts.Stores = map[string]limiter.Store{"memory": cs}
+	opts.Stores = map[string]storage.Store{"memory": cs}
 	p := mustLoad(t, doc, opts)
 	reasons := map[Reason]int{}
 	for i := range 2000 {

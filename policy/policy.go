@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // FailClosedRetryAfter is the RetryAfter of a denial made by a fail-closed
@@ -23,7 +24,7 @@ const DefaultBackend = "memory"
 type Options struct {
 	// Stores maps backend names ("memory", "memcached", "dynamo") to
 	// stores.
-	Stores map[string]limiter.Store
+	Stores map[string]storage.Store
 	// DefaultBackend is used for limits that name no backend. Empty means
 	// DefaultBackend ("memory").
 	DefaultBackend string
@@ -56,7 +57,7 @@ type Options struct {
 	TierOf TierOf
 	// Leases holds the rules' concurrency limits' leases (the shed store);
 	// required when a rule has a concurrency limit.
-	Leases limiter.LeaseStore
+	Leases storage.LeaseStore
 }
 
 // Policy is a compiled set of rules bound to stores. It is immutable and
@@ -278,19 +279,13 @@ const (
 	Skipped
 )
 
+// outcomeNames are the Outcomes' names, in their order.
+var outcomeNames = [...]string{Allow: "allow", Deny: "deny", Shed: "shed", Unauthenticated: "unauthenticated", Skipped: "skipped"}
+
 // String returns "allow", "deny", "shed", "unauthenticated" or "skipped".
 func (o Outcome) String() string {
-	switch o {
-	case Allow:
-		return "allow"
-	case Deny:
-		return "deny"
-	case Shed:
-		return "shed"
-	case Unauthenticated:
-		return "unauthenticated"
-	case Skipped:
-		return "skipped"
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
 	}
 	return "outcome(" + fmt.Sprint(uint8(o)) + ")"
 }

@@ -10,17 +10,18 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func memStores(t testing.TB) map[string]limiter.Store {
+func memStores(t testing.TB) map[string]storage.Store {
 	t.Helper()
 	s, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]limiter.Store{"memory": s}
+	return map[string]storage.Store{"memory": s}
 }
 
 // failing is a store whose every call fails (a stopped backend). It counts
@@ -30,21 +31,21 @@ type failing struct {
 	calls atomic.Int64
 }
 
-func (f *failing) Add(context.Context, limiter.Key, int64, int, int64, time.Duration) (limiter.Counts, error) {
+func (f *failing) Add(context.Context, storage.Key, int64, int, int64, time.Duration) (storage.Counts, error) {
 	f.calls.Add(1)
-	return limiter.Counts{}, f.err
+	return storage.Counts{}, f.err
 }
-func (f *failing) Sub(context.Context, limiter.Key, int64, int64) error {
+func (f *failing) Sub(context.Context, storage.Key, int64, int64) error {
 	f.calls.Add(1)
 	return f.err
 }
-func (f *failing) UpdateBucket(context.Context, limiter.Key, limiter.BucketOp, time.Duration) (limiter.Decision, error) {
+func (f *failing) UpdateBucket(context.Context, storage.Key, storage.BucketOp, time.Duration) (storage.Decision, error) {
 	f.calls.Add(1)
-	return limiter.Decision{}, f.err
+	return storage.Decision{}, f.err
 }
-func (f *failing) UpdateLog(context.Context, limiter.Key, limiter.LogOp, time.Duration) (limiter.Decision, error) {
+func (f *failing) UpdateLog(context.Context, storage.Key, storage.LogOp, time.Duration) (storage.Decision, error) {
 	f.calls.Add(1)
-	return limiter.Decision{}, f.err
+	return storage.Decision{}, f.err
 }
 
 func mustLoad(t testing.TB, doc string, opts Options) *Policy {
@@ -287,20 +288,20 @@ rules:
 // hanging is a store that waits for its context.
 type hanging struct{}
 
-func (hanging) UpdateBucket(ctx context.Context, _ limiter.Key, _ limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
+func (hanging) UpdateBucket(ctx context.Context, _ storage.Key, _ storage.BucketOp, _ time.Duration) (storage.Decision, error) {
 	<-ctx.Done()
-	return limiter.Decision{}, ctx.Err()
+	return storage.Decision{}, ctx.Err()
 }
-func (hanging) UpdateLog(ctx context.Context, _ limiter.Key, _ limiter.LogOp, _ time.Duration) (limiter.Decision, error) {
+func (hanging) UpdateLog(ctx context.Context, _ storage.Key, _ storage.LogOp, _ time.Duration) (storage.Decision, error) {
 	<-ctx.Done()
-	return limiter.Decision{}, ctx.Err()
+	return storage.Decision{}, ctx.Err()
 }
 
-func (hanging) Add(ctx context.Context, _ limiter.Key, _ int64, _ int, _ int64, _ time.Duration) (limiter.Counts, error) {
+func (hanging) Add(ctx context.Context, _ storage.Key, _ int64, _ int, _ int64, _ time.Duration) (storage.Counts, error) {
 	<-ctx.Done()
-	return limiter.Counts{}, ctx.Err()
+	return storage.Counts{}, ctx.Err()
 }
-func (hanging) Sub(ctx context.Context, _ limiter.Key, _, _ int64) error {
+func (hanging) Sub(ctx context.Context, _ storage.Key, _, _ int64) error {
 	<-ctx.Done()
 	return ctx.Err()
 }

@@ -7,10 +7,11 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// parsePriority parses a rule's priority: a name of [limiter.ParsePriority]
+// parsePriority parses a rule's priority: a name of [limiter.Priority]
 // (low, normal, high, critical) or the same as a number (-1 to 2).
 func parsePriority(s string) (limiter.Priority, error) {
-	if p, err := limiter.ParsePriority(s); err == nil {
+	var p limiter.Priority
+	if err := p.UnmarshalText([]byte(s)); err == nil {
 		return p, nil
 	}
 	n, err := strconv.Atoi(s)

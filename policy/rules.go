@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Bounds on rules, so that a rules file cannot make the authorizer allocate
@@ -145,7 +146,7 @@ type ConcurrencyLimit struct {
 	// "<rule>.concurrency".
 	Name string `rule:"name"`
 	// Limit is the number of requests of one key in flight, 1 to
-	// limiter.MaxLeases.
+	// storage.MaxLeases.
 	Limit int64 `rule:"limit"`
 	// LeaseTTL bounds how long a lease whose release was lost holds its
 	// slot: set it above the integration's timeout. Zero means
@@ -542,8 +543,8 @@ func (c *compiledRule) compileConcurrency(bad badFunc) error {
 	} else if !nameRE.MatchString(cc.Name) {
 		return bad("concurrency.name", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", cc.Name)
 	}
-	if cc.Limit < 1 || cc.Limit > limiter.MaxLeases {
-		return bad("concurrency.limit", "%d is outside 1..%d", cc.Limit, limiter.MaxLeases)
+	if cc.Limit < 1 || cc.Limit > storage.MaxLeases {
+		return bad("concurrency.limit", "%d is outside 1..%d", cc.Limit, storage.MaxLeases)
 	}
 	if cc.LeaseTTL == 0 {
 		cc.LeaseTTL = DefaultLeaseTTL
@@ -639,7 +640,7 @@ func checkLimit(l *Limit, rule string, index int) error {
 	case FixedWindow:
 		err = errors.Join(count(l.Limit, "limit", MaxCount), window(l.Window, "window"))
 	case SlidingLog:
-		err = errors.Join(count(l.Limit, "limit", limiter.MaxLogLimit), window(l.Window, "window"))
+		err = errors.Join(count(l.Limit, "limit", storage.MaxLogLimit), window(l.Window, "window"))
 	case 0:
 		return fmt.Errorf("algorithm: required (token_bucket, sliding_window, fixed_window or sliding_log)")
 	default:

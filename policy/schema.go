@@ -152,11 +152,11 @@ func (m *mapping) enum(name string, p any) error {
 			return m.errorf(name, "%v", err)
 		}
 	case *limiter.Estimator:
-		if *p, err = limiter.ParseEstimator(s); err != nil {
+		if err = p.UnmarshalText([]byte(s)); err != nil {
 			return m.errorf(name, "%q is not bounded or interpolated", s)
 		}
 	case *limiter.Representation:
-		if *p, err = limiter.ParseRepresentation(s); err != nil || s == "" {
+		if err = p.UnmarshalText([]byte(s)); err != nil || s == "" {
 			return m.errorf(name, "%q is not auto, packed or subwindows", s)
 		}
 	case *LeaseMode:

@@ -8,15 +8,16 @@ import (
 	"sync"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-var _ limiter.Batcher = (*Store)(nil)
+var _ storage.Batcher = (*Store)(nil)
 
 // DefaultMaxDetached is the default of Config.MaxDetached.
 const DefaultMaxDetached = 64
 
-// Do implements [limiter.Batcher]: the steps of a batch on the same key
-// name (limiter.Key.Name) go to their one item in ONE conditional
+// Do implements [storage.Batcher]: the steps of a batch on the same key
+// name (storage.Key.Name) go to their one item in ONE conditional
 // UpdateItem whose expression is the union of what each step's
 // single-step method sends (Add, Sub, AddPacked, SubPacked, UpdateBucket,
 // UpdateLog), the conditions ANDed, retried in the store's
@@ -41,7 +42,7 @@ const DefaultMaxDetached = 64
 // on the same key name waits for the key's detached refunds first, so a
 // process reads its own refunds. A detached refund that fails is lost: its
 // units stay counted (never free), and are counted in Stats.LostRefunds.
-func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+func (s *Store) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 	var (
@@ -51,7 +52,7 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 	)
 	for i := range steps {
 		st := &steps[i]
-		out[i] = limiter.StepResult{}
+		out[i] = storage.StepResult{}
 		if st.Sync {
 			single = append(single, i) // a public Refund's: its single-step method, which waits
 			continue
@@ -66,7 +67,7 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 		case err != nil:
 			out[i].Err = err
 			continue
-		case p == nil && st.Kind == limiter.StepSub:
+		case p == nil && st.Kind == storage.StepSub:
 			continue // a refund of nothing
 		case p == nil:
 			single = append(single, i)
@@ -88,7 +89,7 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = limiter.DoStep(ctx, s, &steps[i])
+			out[i] = storage.DoStep(ctx, s, &steps[i])
 		}()
 	}
 	for j, g := range groups {
@@ -127,7 +128,7 @@ func addToGroup(gs []*itemGroup, a attrs, i int, p part) []*itemGroup {
 
 // run writes the group (after the detached refunds on its item) and puts
 // each step's answer in out.
-func (g *itemGroup) run(ctx context.Context, s *Store, out []limiter.StepResult) {
+func (g *itemGroup) run(ctx context.Context, s *Store, out []storage.StepResult) {
 	errs := make([]error, len(g.parts))
 	if err := s.waitRefunds(ctx, g.pk); err != nil {
 		for j := range errs {
@@ -145,7 +146,7 @@ func (g *itemGroup) run(ctx context.Context, s *Store, out []limiter.StepResult)
 	}
 	for j, i := range g.idx {
 		if errs[j] != nil {
-			out[i] = limiter.StepResult{Err: errs[j]}
+			out[i] = storage.StepResult{Err: errs[j]}
 			continue
 		}
 		out[i] = g.parts[j].result()
@@ -155,17 +156,17 @@ func (g *itemGroup) run(ctx context.Context, s *Store, out []limiter.StepResult)
 // stepPart returns the part of st on its item (a), nil for a step that is
 // not a write (a read, sent on its own; or a Sub of nothing), or the error
 // its single-step method would return for a bad op.
-func (s *Store) stepPart(a attrs, st *limiter.Step) (part, error) {
+func (s *Store) stepPart(a attrs, st *storage.Step) (part, error) {
 	switch st.Kind {
-	case limiter.StepAdd:
-		if st.Span < 1 || st.Span > limiter.MaxSpan || st.N < 0 {
+	case storage.StepAdd:
+		if st.Span < 1 || st.Span > storage.MaxSpan || st.N < 0 {
 			return nil, fmt.Errorf("dynamo: bad window add (span %d, n %d)", st.Span, st.N)
 		}
 		if st.N == 0 {
 			return nil, nil
 		}
 		return &windowAdd{s: s, a: a, cur: st.Idx, span: st.Span, n: st.N, ttl: st.TTL, shadow: st.Shadow}, nil
-	case limiter.StepSub:
+	case storage.StepSub:
 		if st.N < 0 {
 			return nil, fmt.Errorf("dynamo: bad window sub (n %d)", st.N)
 		}
@@ -173,21 +174,21 @@ func (s *Store) stepPart(a attrs, st *limiter.Step) (part, error) {
 			return nil, nil
 		}
 		return &windowSub{a: a, name: a.pre + slotName(st.Idx), n: st.N, take: st.N}, nil
-	case limiter.StepBucket:
+	case storage.StepBucket:
 		if err := validBucket(st.Bucket); err != nil {
 			return nil, err
 		}
 		p := s.newBucketPart(a, st.Bucket, st.TTL)
 		p.shadow = st.Shadow
 		return p, nil
-	case limiter.StepLog:
+	case storage.StepLog:
 		if err := validLog(st.Log); err != nil {
 			return nil, err
 		}
 		p := s.newLogPart(a, st.Log, st.TTL)
 		p.shadow = st.Shadow
 		return p, nil
-	case limiter.StepPackedAdd:
+	case storage.StepPackedAdd:
 		if err := validPacked(&st.Packed); err != nil {
 			return nil, err
 		}
@@ -195,7 +196,7 @@ func (s *Store) stepPart(a attrs, st *limiter.Step) (part, error) {
 			return nil, nil
 		}
 		return &packedAdd{s: s, a: a, op: &st.Packed, shadow: st.Shadow}, nil
-	case limiter.StepPackedSub:
+	case storage.StepPackedSub:
 		if err := validPacked(&st.Packed); err != nil {
 			return nil, err
 		}
@@ -205,13 +206,13 @@ func (s *Store) stepPart(a attrs, st *limiter.Step) (part, error) {
 }
 
 // isRefund reports whether st only gives back what an earlier step took.
-func isRefund(st *limiter.Step) bool {
+func isRefund(st *storage.Step) bool {
 	switch st.Kind {
-	case limiter.StepSub, limiter.StepPackedSub:
+	case storage.StepSub, storage.StepPackedSub:
 		return true
-	case limiter.StepBucket:
+	case storage.StepBucket:
 		return st.Bucket.Refund()
-	case limiter.StepLog:
+	case storage.StepLog:
 		return st.Log.Refund()
 	}
 	return false

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // The prototype of the merged item (docs/benchmarks.md, "One item per key:
@@ -131,7 +132,7 @@ func (q *mergedReq) name(ph, attr string) string { q.names[ph] = attr; return ph
 // mergedDecision is what one request asks and how to read its answer.
 type mergedDecision struct {
 	in   *dynamodb.UpdateItemInput
-	op   limiter.PackedOp // the packed window's op
+	op   storage.PackedOp // the packed window's op
 	cur  int64            // the window's sub-window or slot
 	fcur int64            // the fixed window's window
 	lvl  int64            // the bucket's level (RefillAmount*k)
@@ -161,7 +162,7 @@ func (m *merged) build(now time.Time, staleBase bool) mergedDecision {
 	if m.packed {
 		f := mergeFloorDiv(t, int64(mergeStep))
 		d.cur = f
-		d.op = limiter.PackedPlan(f, mergeSlots, 1, mergeStep)
+		d.op = storage.PackedPlan(f, mergeSlots, 1, mergeStep)
 		added := map[string]bool{}
 		for i, a := range d.op.Adds {
 			ph := q.name("#a"+strconv.Itoa(i), m.w+dynamo.PackedName(a.Cell))
@@ -172,10 +173,10 @@ func (m *merged) build(now time.Time, staleBase bool) mergedDecision {
 			q.cond = append(q.cond, fmt.Sprintf("(attribute_not_exists(%s) OR (attribute_type(%s, :N) AND %s >= :z))", ph, ph, ph))
 		}
 		from := f&^3 - d.op.Keep
-		for l := 1; l <= limiter.PackedLevels; l++ {
+		for l := 1; l <= storage.PackedLevels; l++ {
 			idx := from >> (2 * l)
 			for i := int64(1); i <= 2; i++ {
-				m.removeName(q, m.w+dynamo.PackedName(limiter.PackedCell{Level: uint8(l), Index: idx - i}))
+				m.removeName(q, m.w+dynamo.PackedName(storage.PackedCell{Level: uint8(l), Index: idx - i}))
 			}
 		}
 		for _, c := range d.op.Reads[:d.op.NReads] {
@@ -314,7 +315,7 @@ func (m *merged) judge(now time.Time, d mergedDecision, it item) error {
 	// in full), and within the limit.
 	var got, want int64
 	if m.packed {
-		var c limiter.PackedCounts
+		var c storage.PackedCounts
 		var err error
 		for l, a := range d.op.Adds {
 			if c.Added[l], err = mergedCounter(it, m.w+dynamo.PackedName(a.Cell)); err != nil {
@@ -326,11 +327,11 @@ func (m *merged) judge(now time.Time, d mergedDecision, it item) error {
 				return err
 			}
 		}
-		got = limiter.PackedTotal(&d.op, mergeSlots, &c)
+		got = storage.PackedTotal(&d.op, mergeSlots, &c)
 		for s := d.cur - mergeSlots; s <= d.cur+mergeSlots; s++ {
 			want += m.win[s]
 		}
-		if a := limiter.FieldOf(c.Added[0], int(d.cur&3)); a != uint64(m.win[d.cur]) {
+		if a := storage.FieldOf(c.Added[0], int(d.cur&3)); a != uint64(m.win[d.cur]) {
 			return fmt.Errorf("packed: slot %d holds %d, want %d", d.cur, a, m.win[d.cur])
 		}
 		if got > limiter.MaxPackedLimit {
@@ -416,7 +417,7 @@ func (m *merged) live(name string, cur int64) bool {
 		return within(v, cur-2*mergeSpan+1, cur+mergeSpan, 30)
 	}
 	l := int(v>>28) + 1
-	from := cur&^3 - limiter.PackedKeep(mergeSlots)
+	from := cur&^3 - storage.PackedKeep(mergeSlots)
 	return within(v&(1<<28-1), from>>(2*l), (cur+mergeSlots)>>(2*l), 28)
 }
 

@@ -9,7 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const bucketKind = "token bucket"
@@ -37,16 +37,16 @@ type bucketItem struct {
 	// sums kept for the conditions (committed = tat + held, held =
 	// unsettled + the leased units).
 	ring                       bool
-	leased                     [2]limiter.LeaseSlot
+	leased                     [2]storage.LeaseSlot
 	unsettled, committed, held int64
 }
 
 // bucketView is an op's view of a bucketItem: its step on the grid and the
-// bucket there, as the limiter.BucketState that op.Apply decides on.
+// bucket there, as the storage.BucketState that op.Apply decides on.
 type bucketView struct {
 	step  int64 // k, the op's grid step (negative: stamped before base)
 	level int64 // RefillAmount*k
-	state limiter.BucketState
+	state storage.BucketState
 	full  bool // tat is below the cap at k: the bucket holds MaxAmount
 }
 
@@ -58,7 +58,7 @@ const maxLevel = 1 << 61
 // when op.Now is so far from base that the level would leave maxLevel
 // (a caller stamp centuries away, or a tiny RefillTime with a large
 // RefillAmount on a key never idle for decades).
-func (it bucketItem) view(op limiter.BucketOp) (v bucketView, ok bool) {
+func (it bucketItem) view(op storage.BucketOp) (v bucketView, ok bool) {
 	rt := int64(op.RefillTime)
 	d := op.Now - it.base
 	if (d < 0) != (op.Now < it.base) { // the difference overflowed
@@ -76,38 +76,38 @@ func (it bucketItem) view(op limiter.BucketOp) (v bucketView, ok bool) {
 	if tokens > op.MaxAmount {
 		tokens, v.full = op.MaxAmount, true
 	}
-	v.state = limiter.BucketState{Tokens: tokens - it.unsettled, Updated: it.base + k*rt, Leased: it.leased}
+	v.state = storage.BucketState{Tokens: tokens - it.unsettled, Updated: it.base + k*rt, Leased: it.leased}
 	return v, true
 }
 
-// KeepsLeased implements [limiter.LeaseKeeper]: a bucket item keeps its
+// KeepsLeased implements [storage.LeaseKeeper]: a bucket item keeps its
 // capacity lease ring (bucketring.go) once a lease is taken.
 func (s *Store) KeepsLeased() bool { return true }
 
-// UpdateBucket implements [limiter.BucketStore] with conditional writes and
+// UpdateBucket implements [storage.BucketStore] with conditional writes and
 // no read in the common case: one UpdateItem per decision whatever the
 // refill rate; see the package documentation.
-func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+func (s *Store) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	if err := validBucket(op); err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	a, err := s.attrsOf(k)
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 	if err := s.waitRefunds(ctx, a.pk); err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	p := s.newBucketPart(a, op, ttl)
 	if err := s.writeOne(ctx, a.pk, p); err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	return p.d, nil
 }
 
-func validBucket(op limiter.BucketOp) error {
+func validBucket(op storage.BucketOp) error {
 	if op.MaxAmount <= 0 || op.MaxAmount > maxLevel || op.RefillTime <= 0 || op.RefillAmount <= 0 || op.N < 0 || op.N > op.MaxAmount {
 		return fmt.Errorf("dynamo: bad bucket op (max %d, refill %v by %d, n %d)", op.MaxAmount, op.RefillTime, op.RefillAmount, op.N)
 	}
@@ -118,20 +118,20 @@ func validBucket(op limiter.BucketOp) error {
 type bucketPart struct {
 	s          *Store
 	a          attrs
-	op         limiter.BucketOp
+	op         storage.BucketOp
 	ttl        time.Duration
 	shadow     bool       // a Shadow step: its denial does not deny the batch
 	cur        bucketItem // the state last seen
 	found      bool       // cur is a stored bucket (else: assume none is stored)
 	fromServer bool       // cur came from DynamoDB during this call
 	next_      bucketItem // the item after the write
-	d          limiter.Decision
+	d          storage.Decision
 	plan       bucketPlan
 	merged     bool // sent with other parts (Store.brokenMerged)
 	notApplied bool
 }
 
-func (s *Store) newBucketPart(a attrs, op limiter.BucketOp, ttl time.Duration) *bucketPart {
+func (s *Store) newBucketPart(a attrs, op storage.BucketOp, ttl time.Duration) *bucketPart {
 	p := &bucketPart{s: s, a: a, op: op, ttl: ttl}
 	if v, ok := s.cache.get(a.cacheKey()); ok {
 		p.cur, p.found = v.(bucketItem), true
@@ -225,11 +225,11 @@ func (p *bucketPart) lost(old map[string]types.AttributeValue) (bool, error) {
 	return err == nil, err
 }
 
-func (p *bucketPart) result() limiter.StepResult {
+func (p *bucketPart) result() storage.StepResult {
 	if p.notApplied {
-		return limiter.StepResult{NotApplied: true}
+		return storage.StepResult{NotApplied: true}
 	}
-	return limiter.StepResult{Decision: p.d}
+	return storage.StepResult{Decision: p.d}
 }
 
 // skip marks a take not applied (another part denied the batch).
@@ -278,12 +278,12 @@ func (p bucketPlan) relative() bool {
 // planBucket applies op to cur (found: cur is stored; fromServer: it came
 // from DynamoDB during this call) and picks the write: it returns the plan,
 // the item after the write and the decision.
-func (s *Store) planBucket(op limiter.BucketOp, cur bucketItem, found, fromServer bool) (bucketPlan, bucketItem, limiter.Decision, error) {
+func (s *Store) planBucket(op storage.BucketOp, cur bucketItem, found, fromServer bool) (bucketPlan, bucketItem, storage.Decision, error) {
 	if cur.ring || op.Leases() {
 		return planRing(op, cur, found, fromServer)
 	}
 	if !found {
-		st, d, write := op.Apply(limiter.BucketState{}, false)
+		st, d, write := op.Apply(storage.BucketState{}, false)
 		if !write {
 			if !fromServer { // a Get of a bucket this process never saw
 				return bucketPlan{read: true}, bucketItem{}, d, nil
@@ -295,16 +295,16 @@ func (s *Store) planBucket(op limiter.BucketOp, cur bucketItem, found, fromServe
 	v, ok := cur.view(op)
 	if !ok {
 		if op.Now < cur.base {
-			return bucketPlan{}, bucketItem{}, limiter.Decision{}, fmt.Errorf("stamp %d too far behind the bucket's refill grid (base %d)", op.Now, cur.base)
+			return bucketPlan{}, bucketItem{}, storage.Decision{}, fmt.Errorf("stamp %d too far behind the bucket's refill grid (base %d)", op.Now, cur.base)
 		}
 		// Move the grid forward (same phase) to where the numbers are
 		// small again, with an exact write.
 		moved, err := rebase(op, cur)
 		if err != nil {
-			return bucketPlan{}, bucketItem{}, limiter.Decision{}, err
+			return bucketPlan{}, bucketItem{}, storage.Decision{}, err
 		}
 		if v, ok = moved.view(op); !ok {
-			return bucketPlan{}, bucketItem{}, limiter.Decision{}, fmt.Errorf("stamp %d out of range of the bucket's refill grid", op.Now)
+			return bucketPlan{}, bucketItem{}, storage.Decision{}, fmt.Errorf("stamp %d out of range of the bucket's refill grid", op.Now)
 		}
 		st, d, _ := op.Apply(v.state, true)
 		return bucketPlan{kind: writeExact}, fromState(op, moved, v, st), d, nil
@@ -347,7 +347,7 @@ func (s *Store) planBucket(op limiter.BucketOp, cur bucketItem, found, fromServe
 
 // fromState is the item holding st, the state op.Apply returned for view v
 // of it.
-func fromState(op limiter.BucketOp, it bucketItem, v bucketView, st limiter.BucketState) bucketItem {
+func fromState(op storage.BucketOp, it bucketItem, v bucketView, st storage.BucketState) bucketItem {
 	if st.Updated != v.state.Updated { // strict mode restarted the grid at op.Now
 		return bucketItem{base: st.Updated, tat: -st.Tokens}
 	}
@@ -356,7 +356,7 @@ func fromState(op limiter.BucketOp, it bucketItem, v bucketView, st limiter.Buck
 
 // rebase moves it's grid forward by whole steps to the last grid point not
 // after op.Now, keeping the bucket (full when the level overflowed).
-func rebase(op limiter.BucketOp, it bucketItem) (bucketItem, error) {
+func rebase(op storage.BucketOp, it bucketItem) (bucketItem, error) {
 	rt := int64(op.RefillTime)
 	k := (op.Now - it.base) / rt
 	if k <= 0 || it.base > op.Now {
@@ -376,7 +376,7 @@ func rebase(op limiter.BucketOp, it bucketItem) (bucketItem, error) {
 // computed from cur, to u.
 // broken drops the condition (tests show the history checker fails such a
 // store).
-func (s *Store) bucketClauses(u *update, a attrs, op limiter.BucketOp, cur bucketItem, plan bucketPlan, next bucketItem, ttl time.Duration, broken bool) {
+func (s *Store) bucketClauses(u *update, a attrs, op storage.BucketOp, cur bucketItem, plan bucketPlan, next bucketItem, ttl time.Duration, broken bool) {
 	if broken {
 		defer u.dropConds(len(u.cond))
 	}

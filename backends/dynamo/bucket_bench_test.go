@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/internal/contention"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // wireCounter is a reverse proxy in front of DynamoDB Local that counts the
@@ -94,7 +95,7 @@ func BenchmarkRefillContention(b *testing.B) {
 			wire := newWireCounter(b, endpoint)
 			cfg := limiter.TokenBucketConfig{MaxAmount: wl.Max, RefillTime: wl.Interval, NoDenyCache: true}
 			tb := mustB(limiter.NewTokenBucket(nopBuckets{}, cfg))(b)
-			key := limiter.Key{Space: tb.Space(), Name: fmt.Sprintf("hot-%d", time.Now().UnixNano())}
+			key := storage.Key{Space: tb.Space(), Name: fmt.Sprintf("hot-%d", time.Now().UnixNano())}
 			stores := make([]*dynamo.Store, workers)
 			raws := make([]*dynamodb.Client, workers)
 			for w := range workers {
@@ -108,7 +109,7 @@ func BenchmarkRefillContention(b *testing.B) {
 			decide := func(w int, at time.Time) (bool, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), contention.Deadline)
 				defer cancel()
-				d, err := stores[w].UpdateBucket(ctx, key, limiter.BucketOp{
+				d, err := stores[w].UpdateBucket(ctx, key, storage.BucketOp{
 					MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: at.UnixNano(), N: 1,
 				}, time.Minute)
 				return d.Allowed, err
@@ -131,12 +132,12 @@ func BenchmarkRefillContention(b *testing.B) {
 			contention.Hammer(workers, run, func(w int, at time.Time) (bool, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), contention.Deadline)
 				defer cancel()
-				d, err := stores[w].UpdateBucket(ctx, warm, limiter.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: at.UnixNano(), N: 1}, time.Minute)
+				d, err := stores[w].UpdateBucket(ctx, warm, storage.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: at.UnixNano(), N: 1}, time.Minute)
 				return d.Allowed, err
 			})
 			time.Sleep(time.Second) // let the server drain what the warm-up left queued
 			first := time.Now()
-			create := limiter.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: first.UnixNano(), N: 1}
+			create := storage.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: first.UnixNano(), N: 1}
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if d, err := stores[0].UpdateBucket(cctx, key, create, time.Minute); err != nil || !d.Allowed {
@@ -200,6 +201,6 @@ func BenchmarkRefillContention(b *testing.B) {
 // one to compute the key space.
 type nopBuckets struct{}
 
-func (nopBuckets) UpdateBucket(context.Context, limiter.Key, limiter.BucketOp, time.Duration) (limiter.Decision, error) {
-	return limiter.Decision{}, fmt.Errorf("nopBuckets: not a store")
+func (nopBuckets) UpdateBucket(context.Context, storage.Key, storage.BucketOp, time.Duration) (storage.Decision, error) {
+	return storage.Decision{}, fmt.Errorf("nopBuckets: not a store")
 }

@@ -7,10 +7,10 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-// A token bucket with capacity leases (limiter.BucketState.Leased) keeps,
+// A token bucket with capacity leases (storage.BucketState.Leased) keeps,
 // besides base and tat:
 //
 //   - e0, u0, e1, u1: the lease ring, the units granted to leases of lease
@@ -87,7 +87,7 @@ type ringWrite struct {
 	du       [2]int64
 	cond     [2]int64
 	reset    [2]bool
-	from, to [2]limiter.LeaseSlot
+	from, to [2]storage.LeaseSlot
 	// need is what the op takes: free must hold it (0: no condition).
 	need  int64
 	level int64 // RefillAmount*k at the op's step
@@ -99,9 +99,9 @@ type ringWrite struct {
 // takes or ends a lease: op.Apply decides on the item's view (tokens
 // less s, the ring), and the write carries the op's effect relative to
 // the stored item.
-func planRing(op limiter.BucketOp, cur bucketItem, found, fromServer bool) (bucketPlan, bucketItem, limiter.Decision, error) {
+func planRing(op storage.BucketOp, cur bucketItem, found, fromServer bool) (bucketPlan, bucketItem, storage.Decision, error) {
 	if !found {
-		st, d, write := op.Apply(limiter.BucketState{}, false)
+		st, d, write := op.Apply(storage.BucketState{}, false)
 		if !write {
 			return bucketPlan{read: !fromServer}, bucketItem{}, d, nil
 		}
@@ -109,14 +109,14 @@ func planRing(op limiter.BucketOp, cur bucketItem, found, fromServer bool) (buck
 		// consumed, unsettled.
 		w := ringWrite{mode: ringNew, tat: -op.MaxAmount, consumed: op.MaxAmount - st.Tokens}
 		for j := range 2 {
-			w.reset[j], w.to[j] = st.Leased[j] != (limiter.LeaseSlot{}), st.Leased[j]
+			w.reset[j], w.to[j] = st.Leased[j] != (storage.LeaseSlot{}), st.Leased[j]
 		}
 		return bucketPlan{kind: writeRing, base: st.Updated, ring: w}, bucketItem{}, d, nil
 	}
 	v, ok := cur.view(op)
 	if !ok {
 		// Decades from the grid's origin: not served with leases.
-		return bucketPlan{}, bucketItem{}, limiter.Decision{}, fmt.Errorf("stamp %d out of range of the bucket's refill grid (base %d)", op.Now, cur.base)
+		return bucketPlan{}, bucketItem{}, storage.Decision{}, fmt.Errorf("stamp %d out of range of the bucket's refill grid (base %d)", op.Now, cur.base)
 	}
 	st, d, write := op.Apply(v.state, true)
 	if !write {
@@ -124,7 +124,7 @@ func planRing(op limiter.BucketOp, cur bucketItem, found, fromServer bool) (buck
 		return bucketPlan{read: !fromServer}, bucketItem{}, d, nil
 	}
 	if st.Updated != v.state.Updated {
-		return bucketPlan{}, bucketItem{}, limiter.Decision{}, fmt.Errorf("a strict bucket does not lease")
+		return bucketPlan{}, bucketItem{}, storage.Decision{}, fmt.Errorf("a strict bucket does not lease")
 	}
 	w := ringWrite{mode: ringOps, level: v.level}
 	if !cur.ring {
@@ -138,11 +138,11 @@ func planRing(op limiter.BucketOp, cur bucketItem, found, fromServer bool) (buck
 		c, n := cur.leased[j], st.Leased[j]
 		switch {
 		case c == n:
-		case n == (limiter.LeaseSlot{}): // expired, left as stored
+		case n == (storage.LeaseSlot{}): // expired, left as stored
 			expired += c.Units
 		case c.Epoch == n.Epoch:
 			w.du[j], w.cond[j] = n.Units-c.Units, c.Epoch
-		case c != (limiter.LeaseSlot{}) && !fromServer:
+		case c != (storage.LeaseSlot{}) && !fromServer:
 			// A new epoch takes over a slot that expired in a state
 			// remembered from before: another process has most likely
 			// taken it over since. Add to it as the new epoch's; if no
@@ -178,7 +178,7 @@ func (w *ringWrite) added() int64 {
 }
 
 // ringClauses adds plan's writeRing to u.
-func (s *Store) ringClauses(u *update, a attrs, op limiter.BucketOp, plan bucketPlan) {
+func (s *Store) ringClauses(u *update, a attrs, op storage.BucketOp, plan bucketPlan) {
 	w := &plan.ring
 	name := func(attr string) string { return u.name(a.pre + attr) }
 	// held is the change of h (and of c): the consumption and the leased
@@ -262,7 +262,7 @@ const settleSkew = 50 * time.Millisecond
 // is unsettled (its refill since the spending is credited at the
 // settlement), by up to the step: a hot key's step is small, a cold
 // key's (which leased once) costs a settlement per quarter of its bucket.
-func settleAt(op limiter.BucketOp, full bool) int64 {
+func settleAt(op storage.BucketOp, full bool) int64 {
 	if full && op.Leases() {
 		return max(op.MaxAmount/32, 4)
 	}
@@ -277,7 +277,7 @@ func settleAt(op limiter.BucketOp, full bool) int64 {
 // setting tat to the full bucket's less s. Each reads s in
 // the write: a settlement whose regime changed before it landed fails
 // and is dropped (the next write's answer sends another).
-func (s *Store) maybeSettle(a attrs, op limiter.BucketOp, stored bucketItem, added int64) {
+func (s *Store) maybeSettle(a attrs, op storage.BucketOp, stored bucketItem, added int64) {
 	if !stored.ring || added <= 0 {
 		return
 	}

@@ -3,6 +3,8 @@ package dynamo
 import (
 	"hash/maphash"
 	"sync"
+
+	"github.com/sluicehq/sluice/internal/lru"
 )
 
 const cacheShards = 16
@@ -16,15 +18,15 @@ type cache struct {
 }
 
 type cacheShard struct {
-	mu   sync.Mutex
-	m    map[string]*cacheNode
-	head cacheNode // sentinel: head.next is the most recently used
+	mu  sync.Mutex
+	m   map[string]*cacheNode
+	lru lru.List[cacheNode, *cacheNode] // most recently used at the front
 }
 
 type cacheNode struct {
-	key        string
-	val        any
-	prev, next *cacheNode
+	key string
+	val any
+	lru.Links[cacheNode]
 }
 
 func newCache(size int) *cache {
@@ -35,7 +37,7 @@ func newCache(size int) *cache {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.m = make(map[string]*cacheNode)
-		sh.head.next, sh.head.prev = &sh.head, &sh.head
+		sh.lru.Init()
 	}
 	return c
 }
@@ -56,8 +58,7 @@ func (c *cache) get(key string) (any, bool) {
 	if !ok {
 		return nil, false
 	}
-	sh.unlink(n)
-	sh.pushFront(n)
+	sh.lru.MoveToFront(n)
 	return n.val, true
 }
 
@@ -72,18 +73,17 @@ func (c *cache) put(key string, val any) {
 	defer sh.mu.Unlock()
 	if n, ok := sh.m[key]; ok {
 		n.val = val
-		sh.unlink(n)
-		sh.pushFront(n)
+		sh.lru.MoveToFront(n)
 		return
 	}
 	if len(sh.m) >= c.perShard {
-		old := sh.head.prev
-		sh.unlink(old)
+		old := sh.lru.Back()
+		sh.lru.Remove(old)
 		delete(sh.m, old.key)
 	}
 	n := &cacheNode{key: key, val: val}
 	sh.m[key] = n
-	sh.pushFront(n)
+	sh.lru.PushFront(n)
 }
 
 // remove forgets key.
@@ -95,7 +95,7 @@ func (c *cache) remove(key string) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if n, ok := sh.m[key]; ok {
-		sh.unlink(n)
+		sh.lru.Remove(n)
 		delete(sh.m, key)
 	}
 }
@@ -122,17 +122,7 @@ func (c *cache) clear() {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		clear(sh.m)
-		sh.head.next, sh.head.prev = &sh.head, &sh.head
+		sh.lru.Init()
 		sh.mu.Unlock()
 	}
-}
-
-func (sh *cacheShard) pushFront(n *cacheNode) {
-	n.prev, n.next = &sh.head, sh.head.next
-	sh.head.next.prev = n
-	sh.head.next = n
-}
-
-func (sh *cacheShard) unlink(n *cacheNode) {
-	n.prev.next, n.next.prev = n.next, n.prev
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // writer sends the conditional writes of a [Store] or a [Leases]: its
@@ -67,7 +67,7 @@ type condWrite struct {
 // failed write returned, without a read); later ones wait a full-jitter
 // pause in [0, min(BackoffMax, BackoffBase*2^(i-2))]. After MaxAttempts
 // lost races, or when the next pause would outlast ctx's deadline, the call
-// fails with an error wrapping limiter.ErrConflict; when ctx is done, with
+// fails with an error wrapping storage.ErrConflict; when ctx is done, with
 // one wrapping ErrUnavailable and ctx's error (the store did not answer in
 // time: a lost race can also be this call's own write, applied by an
 // attempt whose reply was lost and then retried by the SDK, as when the
@@ -117,7 +117,7 @@ func (w writer) backoff(ctx context.Context, what string, lost int) error {
 		return fmt.Errorf("dynamo: %s: %w after %d lost races: %w", what, ErrUnavailable, lost, err)
 	}
 	if lost >= w.maxAttempts {
-		return fmt.Errorf("dynamo: %s: %w after %d attempts", what, limiter.ErrConflict, lost)
+		return fmt.Errorf("dynamo: %s: %w after %d attempts", what, storage.ErrConflict, lost)
 	}
 	if lost == 1 {
 		return nil
@@ -125,7 +125,7 @@ func (w writer) backoff(ctx context.Context, what string, lost int) error {
 	ceiling := min(w.base<<min(lost-2, 20), w.max)
 	pause := time.Duration(rand.Int64N(int64(ceiling) + 1))
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < pause {
-		return fmt.Errorf("dynamo: %s: %w after %d attempts (deadline too close to retry)", what, limiter.ErrConflict, lost)
+		return fmt.Errorf("dynamo: %s: %w after %d attempts (deadline too close to retry)", what, storage.ErrConflict, lost)
 	}
 	t := time.NewTimer(pause)
 	defer t.Stop()

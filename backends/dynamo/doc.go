@@ -1,8 +1,8 @@
 // Package dynamo keeps limiter state in one DynamoDB table, with one
 // request per decision in the common case and no lost update under any
-// contention. [Store] implements [limiter.BucketStore] (token buckets),
-// [limiter.Counter] (sliding and fixed windows), [limiter.PackedCounter]
-// (packed sliding windows) and [limiter.LogStore] (sliding logs); [Leases]
+// contention. [Store] implements [storage.BucketStore] (token buckets),
+// [storage.Counter] (sliding and fixed windows), [storage.PackedCounter]
+// (packed sliding windows) and [storage.LogStore] (sliding logs); [Leases]
 // keeps the concurrency limiter's leases and the load shedders' gauges.
 //
 //	cfg, err := config.LoadDefaultConfig(ctx, config.WithHTTPClient(dynamo.NewHTTPClient(250*time.Millisecond)))
@@ -21,7 +21,7 @@
 // [Store.Do] sends a request's items at once: one round trip of latency.
 //
 // Errors wrap [ErrThrottled], [ErrUnavailable] (and so the limiter's),
-// [limiter.ErrConflict] or [limiter.ErrCorruptState] (a damaged item is
+// [storage.ErrConflict] or [storage.ErrCorruptState] (a damaged item is
 // never read as a full bucket). Calls run under the caller's deadline
 // (Config.Timeout when it has none), retried by [NewRetryer]; use
 // [NewHTTPClient] so that a stalled endpoint cannot pile up connections.

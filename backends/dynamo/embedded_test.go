@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // embedded is the embedded rules' limits (functions/authz/rules.yaml) as
@@ -108,7 +109,7 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 		return cost{r.total.Load() - r0, r.wcuMilli.Load() - w0, r.failed.Load() - f0, proxyWU() - p0}
 	}
 	useKeys := func(e *embedded) {
-		keys = []string{dynamo.ItemKey(limiter.Key{Name: e.ip}), dynamo.ItemKey(limiter.Key{Name: e.tok})}
+		keys = []string{dynamo.ItemKey(storage.Key{Name: e.ip}), dynamo.ItemKey(storage.Key{Name: e.tok})}
 	}
 	per := func(c cost, n int) string {
 		return fmt.Sprintf("%.2f requests, %.2f WCU (Local), %.2f WCU (proxy)", float64(c.reqs)/float64(n), float64(c.wcuMilli)/1000/float64(n), c.wu/float64(n))
@@ -124,7 +125,7 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 			}
 		}
 	})
-	t.Logf("allowed, light client (half with a token): %s per request; per-ip item %d bytes", per(got, light), itemSize(get(t, c, dynamo.ItemKey(limiter.Key{Name: e.ip}))))
+	t.Logf("allowed, light client (half with a token): %s per request; per-ip item %d bytes", per(got, light), itemSize(get(t, c, dynamo.ItemKey(storage.Key{Name: e.ip}))))
 	if want := int64(light + light/2); got.reqs != want || got.wcuMilli != 1000*want || got.wu != float64(want) {
 		t.Errorf("%d requests for %d WCU (Local), %.1f WCU (proxy), want %d and %d (1 without a token, 2 with one)", got.reqs, got.wcuMilli/1000, got.wu, want, want)
 	}
@@ -158,7 +159,7 @@ func TestWriteUnitsEmbeddedRules(t *testing.T) {
 			e2.decide(t, ctx, base.Add(time.Duration(2*limiter.DefaultSlots+i)*375*time.Millisecond), false)
 		}
 	})
-	t.Logf("allowed, busy client (a request every slot): %s per request; per-ip item %d bytes", per(got, busy), itemSize(get(t, c, dynamo.ItemKey(limiter.Key{Name: e2.ip}))))
+	t.Logf("allowed, busy client (a request every slot): %s per request; per-ip item %d bytes", per(got, busy), itemSize(get(t, c, dynamo.ItemKey(storage.Key{Name: e2.ip}))))
 	// One request per decision, and one more for each attempt that failed
 	// (a lost race, retried: seen 2 in 100 once under heavy load), which
 	// DynamoDB bills at the item's size (2 WCU here) and Local reports

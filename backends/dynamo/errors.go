@@ -12,7 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // conditionFailed returns the item DynamoDB returned with a failed
@@ -46,18 +46,18 @@ var throttleCodes = map[string]bool{
 // with errors.Is. The original error stays in the chain.
 //
 //   - Throttling (throttleCodes, or a transaction cancelled for throttling)
-//     wraps ErrThrottled, and so limiter.ErrThrottled.
+//     wraps ErrThrottled, and so storage.ErrThrottled.
 //   - A failed condition, a transaction conflict or a multi-Region write
 //     conflict that reaches it (a lost race its caller does not retry)
-//     wraps limiter.ErrConflict.
-//   - Anything else wraps ErrUnavailable, and so limiter.ErrUnavailable:
+//     wraps storage.ErrConflict.
+//   - Anything else wraps ErrUnavailable, and so storage.ErrUnavailable:
 //     network errors, timeouts and cancelled contexts, 5xx, a missing table
 //     (ResourceNotFoundException), refused credentials or permissions, and
 //     any other request the service did not carry out. The store could not
 //     decide, so the rule's fail mode applies.
 //
 // Errors the store finds in what DynamoDB returned (an item it cannot
-// decode) are not DynamoDB errors: they wrap limiter.ErrCorruptState where
+// decode) are not DynamoDB errors: they wrap storage.ErrCorruptState where
 // they are found and never pass through here.
 func mapError(op string, err error) error {
 	switch {
@@ -66,7 +66,7 @@ func mapError(op string, err error) error {
 	case throttled(err):
 		return fmt.Errorf("dynamo: %s: %w: %w", op, ErrThrottled, err)
 	case lostRace(err):
-		return fmt.Errorf("dynamo: %s: %w: %w", op, limiter.ErrConflict, err)
+		return fmt.Errorf("dynamo: %s: %w: %w", op, storage.ErrConflict, err)
 	}
 	return fmt.Errorf("dynamo: %s: %w: %w", op, ErrUnavailable, err)
 }

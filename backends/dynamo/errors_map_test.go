@@ -14,7 +14,7 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // kinds are the four classes every error of a store call falls in.
@@ -22,10 +22,10 @@ var kinds = []struct {
 	name string
 	err  error
 }{
-	{"ErrThrottled", limiter.ErrThrottled},
-	{"ErrUnavailable", limiter.ErrUnavailable},
-	{"ErrConflict", limiter.ErrConflict},
-	{"ErrCorruptState", limiter.ErrCorruptState},
+	{"ErrThrottled", storage.ErrThrottled},
+	{"ErrUnavailable", storage.ErrUnavailable},
+	{"ErrConflict", storage.ErrConflict},
+	{"ErrCorruptState", storage.ErrCorruptState},
 }
 
 // opError wraps err as the SDK returns it from an operation.
@@ -58,47 +58,47 @@ func TestMapError(t *testing.T) {
 	type tc struct {
 		name string
 		err  error
-		want error // limiter.ErrThrottled, ErrUnavailable or ErrConflict
+		want error // storage.ErrThrottled, ErrUnavailable or ErrConflict
 	}
 	var cases []tc
 	for code := range throttleCodes {
 		cases = append(cases,
-			tc{"generic " + code, apiError(code), limiter.ErrThrottled},
-			tc{"400 " + code, opError(httpError(400, apiError(code))), limiter.ErrThrottled})
+			tc{"generic " + code, apiError(code), storage.ErrThrottled},
+			tc{"400 " + code, opError(httpError(400, apiError(code))), storage.ErrThrottled})
 	}
 	cases = append(cases, []tc{
-		{"typed ProvisionedThroughputExceeded", opError(httpError(400, &types.ProvisionedThroughputExceededException{Message: aws.String("x")})), limiter.ErrThrottled},
-		{"typed RequestLimitExceeded", opError(httpError(400, &types.RequestLimitExceeded{Message: aws.String("x")})), limiter.ErrThrottled},
-		{"typed ThrottlingException", opError(httpError(400, &types.ThrottlingException{Message: aws.String("x")})), limiter.ErrThrottled},
-		{"transaction cancelled for throttling", opError(cancelled("None", "ThrottlingError")), limiter.ErrThrottled},
-		{"transaction cancelled for provisioned throughput", opError(cancelled("ProvisionedThroughputExceeded", "ConditionalCheckFailed")), limiter.ErrThrottled},
-		{"throttled, no time left to retry", opError(errors.Join(apiError("ThrottlingException"), errNoTimeToRetry)), limiter.ErrThrottled},
-		{"throttled, retry quota spent", opError(fmt.Errorf("retry quota exceeded: %w", apiError("ProvisionedThroughputExceededException"))), limiter.ErrThrottled},
+		{"typed ProvisionedThroughputExceeded", opError(httpError(400, &types.ProvisionedThroughputExceededException{Message: aws.String("x")})), storage.ErrThrottled},
+		{"typed RequestLimitExceeded", opError(httpError(400, &types.RequestLimitExceeded{Message: aws.String("x")})), storage.ErrThrottled},
+		{"typed ThrottlingException", opError(httpError(400, &types.ThrottlingException{Message: aws.String("x")})), storage.ErrThrottled},
+		{"transaction cancelled for throttling", opError(cancelled("None", "ThrottlingError")), storage.ErrThrottled},
+		{"transaction cancelled for provisioned throughput", opError(cancelled("ProvisionedThroughputExceeded", "ConditionalCheckFailed")), storage.ErrThrottled},
+		{"throttled, no time left to retry", opError(errors.Join(apiError("ThrottlingException"), errNoTimeToRetry)), storage.ErrThrottled},
+		{"throttled, retry quota spent", opError(fmt.Errorf("retry quota exceeded: %w", apiError("ProvisionedThroughputExceededException"))), storage.ErrThrottled},
 
-		{"missing table", opError(httpError(400, &types.ResourceNotFoundException{Message: aws.String("Cannot do operations on a non-existent table")})), limiter.ErrUnavailable},
-		{"missing table, generic", apiError("ResourceNotFoundException"), limiter.ErrUnavailable},
-		{"internal server error", opError(httpError(500, &types.InternalServerError{Message: aws.String("x")})), limiter.ErrUnavailable},
-		{"503 without a code", opError(httpError(503, errors.New("service unavailable"))), limiter.ErrUnavailable},
-		{"ServiceUnavailable", apiError("ServiceUnavailable"), limiter.ErrUnavailable},
-		{"RequestTimeout", apiError("RequestTimeout"), limiter.ErrUnavailable},
-		{"send error", opError(&smithyhttp.RequestSendError{Err: &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}}), limiter.ErrUnavailable},
-		{"request cancelled", opError(&aws.RequestCanceledError{Err: context.Canceled}), limiter.ErrUnavailable},
-		{"net error", &net.DNSError{Err: "no such host", Name: "dynamodb.example", IsNotFound: true}, limiter.ErrUnavailable},
-		{"deadline", opError(context.DeadlineExceeded), limiter.ErrUnavailable},
-		{"cancelled context", context.Canceled, limiter.ErrUnavailable},
-		{"access denied", opError(httpError(400, apiError("AccessDeniedException"))), limiter.ErrUnavailable},
-		{"bad credentials", opError(httpError(400, apiError("UnrecognizedClientException"))), limiter.ErrUnavailable},
-		{"validation", opError(httpError(400, apiError("ValidationException"))), limiter.ErrUnavailable},
-		{"retryer gave up without an attempt", errNoTimeToRetry, limiter.ErrUnavailable},
-		{"max attempts", &retry.MaxAttemptsError{Attempt: 3, Err: apiError("InternalFailure")}, limiter.ErrUnavailable},
-		{"transaction cancelled for validation", opError(cancelled("ValidationError")), limiter.ErrUnavailable},
-		{"untyped", errors.New("something else"), limiter.ErrUnavailable},
+		{"missing table", opError(httpError(400, &types.ResourceNotFoundException{Message: aws.String("Cannot do operations on a non-existent table")})), storage.ErrUnavailable},
+		{"missing table, generic", apiError("ResourceNotFoundException"), storage.ErrUnavailable},
+		{"internal server error", opError(httpError(500, &types.InternalServerError{Message: aws.String("x")})), storage.ErrUnavailable},
+		{"503 without a code", opError(httpError(503, errors.New("service unavailable"))), storage.ErrUnavailable},
+		{"ServiceUnavailable", apiError("ServiceUnavailable"), storage.ErrUnavailable},
+		{"RequestTimeout", apiError("RequestTimeout"), storage.ErrUnavailable},
+		{"send error", opError(&smithyhttp.RequestSendError{Err: &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}}), storage.ErrUnavailable},
+		{"request cancelled", opError(&aws.RequestCanceledError{Err: context.Canceled}), storage.ErrUnavailable},
+		{"net error", &net.DNSError{Err: "no such host", Name: "dynamodb.example", IsNotFound: true}, storage.ErrUnavailable},
+		{"deadline", opError(context.DeadlineExceeded), storage.ErrUnavailable},
+		{"cancelled context", context.Canceled, storage.ErrUnavailable},
+		{"access denied", opError(httpError(400, apiError("AccessDeniedException"))), storage.ErrUnavailable},
+		{"bad credentials", opError(httpError(400, apiError("UnrecognizedClientException"))), storage.ErrUnavailable},
+		{"validation", opError(httpError(400, apiError("ValidationException"))), storage.ErrUnavailable},
+		{"retryer gave up without an attempt", errNoTimeToRetry, storage.ErrUnavailable},
+		{"max attempts", &retry.MaxAttemptsError{Attempt: 3, Err: apiError("InternalFailure")}, storage.ErrUnavailable},
+		{"transaction cancelled for validation", opError(cancelled("ValidationError")), storage.ErrUnavailable},
+		{"untyped", errors.New("something else"), storage.ErrUnavailable},
 
-		{"failed condition", opError(httpError(400, &types.ConditionalCheckFailedException{Message: aws.String("x")})), limiter.ErrConflict},
-		{"transaction conflict", opError(httpError(400, &types.TransactionConflictException{Message: aws.String("x")})), limiter.ErrConflict},
-		{"multi-Region write conflict", opError(httpError(400, &types.ReplicatedWriteConflictException{Message: aws.String("x")})), limiter.ErrConflict},
-		{"transaction cancelled by a condition", opError(cancelled("None", "ConditionalCheckFailed")), limiter.ErrConflict},
-		{"transaction cancelled by a conflict", opError(cancelled("TransactionConflict")), limiter.ErrConflict},
+		{"failed condition", opError(httpError(400, &types.ConditionalCheckFailedException{Message: aws.String("x")})), storage.ErrConflict},
+		{"transaction conflict", opError(httpError(400, &types.TransactionConflictException{Message: aws.String("x")})), storage.ErrConflict},
+		{"multi-Region write conflict", opError(httpError(400, &types.ReplicatedWriteConflictException{Message: aws.String("x")})), storage.ErrConflict},
+		{"transaction cancelled by a condition", opError(cancelled("None", "ConditionalCheckFailed")), storage.ErrConflict},
+		{"transaction cancelled by a conflict", opError(cancelled("TransactionConflict")), storage.ErrConflict},
 	}...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -112,11 +112,11 @@ func TestMapError(t *testing.T) {
 				t.Errorf("%v: the original error is not in the chain", got)
 			}
 			switch c.want {
-			case limiter.ErrThrottled:
+			case storage.ErrThrottled:
 				if !errors.Is(got, ErrThrottled) {
 					t.Errorf("%v does not wrap dynamo.ErrThrottled", got)
 				}
-			case limiter.ErrUnavailable:
+			case storage.ErrUnavailable:
 				if !errors.Is(got, ErrUnavailable) {
 					t.Errorf("%v does not wrap dynamo.ErrUnavailable", got)
 				}
@@ -149,12 +149,12 @@ func TestWriterBackoffErrors(t *testing.T) {
 	if err := w.backoff(context.Background(), "k", 1); err != nil {
 		t.Fatalf("first retry: %v, want none (at once)", err)
 	}
-	if err := w.backoff(context.Background(), "k", 3); !errors.Is(err, limiter.ErrConflict) || errors.Is(err, limiter.ErrUnavailable) {
+	if err := w.backoff(context.Background(), "k", 3); !errors.Is(err, storage.ErrConflict) || errors.Is(err, storage.ErrUnavailable) {
 		t.Fatalf("retries spent: %v, want ErrConflict only", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := w.backoff(ctx, "k", 2); !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.Canceled) || errors.Is(err, limiter.ErrConflict) {
+	if err := w.backoff(ctx, "k", 2); !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.Canceled) || errors.Is(err, storage.ErrConflict) {
 		t.Fatalf("context done: %v, want ErrUnavailable and context.Canceled", err)
 	}
 }

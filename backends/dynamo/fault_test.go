@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // limiters returns one limiter of each kind on s.
@@ -232,7 +233,7 @@ func TestThrottling(t *testing.T) {
 // A table that does not exist (ResourceNotFoundException from DynamoDB
 // Local): every kind of call, windows, buckets, logs, leases and gauges,
 // fails with an error wrapping ErrUnavailable (and so
-// limiter.ErrUnavailable), and nothing else.
+// storage.ErrUnavailable), and nothing else.
 func TestMissingTable(t *testing.T) {
 	endpoint := sharedEndpoint(t)
 	table := fmt.Sprintf("sluice-no-such-table-%d-%d", os.Getpid(), time.Now().UnixNano())
@@ -253,7 +254,7 @@ func TestMissingTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := testCtx(t)
-	k := limiter.Key{Space: "missing", Name: "k"}
+	k := storage.Key{Space: "missing", Name: "k"}
 	now := base.UnixNano()
 	calls := map[string]func() error{
 		"fixed window":     func() error { _, err := fw.Allow(ctx, "k", base); return err },
@@ -264,20 +265,20 @@ func TestMissingTable(t *testing.T) {
 		"token bucket get": func() error { _, err := tb.Get(ctx, "k", base); return err },
 		"sliding log":      func() error { _, err := sl.Allow(ctx, "k", base); return err },
 		"acquire lease": func() error {
-			_, err := l.AcquireLease(ctx, k, limiter.LeaseOp{Capacity: 2, Now: now, TTL: time.Minute, ID: "a"})
+			_, err := l.AcquireLease(ctx, k, storage.LeaseOp{Capacity: 2, Now: now, TTL: time.Minute, ID: "a"})
 			return err
 		},
-		"release lease": func() error { return l.ReleaseLease(ctx, k, limiter.ReleaseOp{ID: "a", Now: now}) },
-		"put gauge":     func() error { return l.PutGauge(ctx, k, limiter.Gauge{Value: 1, At: now}, time.Minute) },
+		"release lease": func() error { return l.ReleaseLease(ctx, k, storage.ReleaseOp{ID: "a", Now: now}) },
+		"put gauge":     func() error { return l.PutGauge(ctx, k, storage.Gauge{Value: 1, At: now}, time.Minute) },
 		"get gauge":     func() error { _, _, err := l.GetGauge(ctx, k); return err },
 	}
 	for name, call := range calls {
 		err := call()
 		var rnf *types.ResourceNotFoundException
-		if !errors.Is(err, limiter.ErrUnavailable) || !errors.Is(err, dynamo.ErrUnavailable) || !errors.As(err, &rnf) {
+		if !errors.Is(err, storage.ErrUnavailable) || !errors.Is(err, dynamo.ErrUnavailable) || !errors.As(err, &rnf) {
 			t.Errorf("%s: %v, want ErrUnavailable wrapping ResourceNotFoundException", name, err)
 		}
-		for _, other := range []error{limiter.ErrThrottled, limiter.ErrConflict, limiter.ErrCorruptState} {
+		for _, other := range []error{storage.ErrThrottled, storage.ErrConflict, storage.ErrCorruptState} {
 			if errors.Is(err, other) {
 				t.Errorf("%s: %v also wraps %v", name, err, other)
 			}

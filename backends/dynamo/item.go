@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // One item per key name: every limit whose key has the same Name keeps its
@@ -227,7 +228,7 @@ type part interface {
 	// The condition that failed may be another part's.
 	lost(old map[string]types.AttributeValue) (retry bool, err error)
 	// result is the part's answer.
-	result() limiter.StepResult
+	result() storage.StepResult
 }
 
 // denier is a part that may be decided by the store alone: a bucket or

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 type item = map[string]types.AttributeValue
@@ -51,7 +52,7 @@ func TestCorruptItems(t *testing.T) {
 	sl, _ := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Limit: 10, Window: time.Hour})
 	win := base.UnixNano() / int64(time.Hour)
 	cur := dynamo.Attr("fw:10:1h0m0s", dynamo.SlotName(win))
-	good := limiter.AppendLog(nil, []int64{base.UnixNano()})
+	good := storage.AppendLog(nil, []int64{base.UnixNano()})
 	tb := func(name string) string { return dynamo.Attr(b.Space(), name) }
 	lg := func(name string) string { return dynamo.Attr("sl:10:1h0m0s", name) }
 	cases := []struct {
@@ -87,7 +88,7 @@ func TestCorruptItems(t *testing.T) {
 				put(t, c, pk, tc.it)
 				before := get(t, c, pk)
 				d, err := tc.l.AllowN(testCtx(t), key, base, 1)
-				if !errors.Is(err, limiter.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
+				if !errors.Is(err, storage.ErrCorruptState) || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("warm=%v: %+v, %v; want ErrCorruptState mentioning %q", warm, d, err, tc.want)
 				}
 				if tc.l != limiter.Limiter(fw) || !strings.Contains(tc.name, "current") {
@@ -100,7 +101,7 @@ func TestCorruptItems(t *testing.T) {
 						}
 					}
 				}
-				if _, err := tc.l.AllowN(testCtx(t), key, base, 1); !errors.Is(err, limiter.ErrCorruptState) {
+				if _, err := tc.l.AllowN(testCtx(t), key, base, 1); !errors.Is(err, storage.ErrCorruptState) {
 					t.Fatalf("second call: %v", err)
 				}
 			}
@@ -109,7 +110,7 @@ func TestCorruptItems(t *testing.T) {
 	// A Get (a read) on a bad bucket too.
 	key := limitertest.Key(t)
 	put(t, c, bucketPK(b)(key), item{tb("t"): str("1"), tb("b"): n("0")})
-	if _, err := b.Get(testCtx(t), key, base); !errors.Is(err, limiter.ErrCorruptState) {
+	if _, err := b.Get(testCtx(t), key, base); !errors.Is(err, storage.ErrCorruptState) {
 		t.Fatalf("Get: %v", err)
 	}
 }
@@ -119,7 +120,7 @@ func bucketPK(b *limiter.TokenBucket) func(string) string {
 }
 
 func spacePK(space string) func(string) string {
-	return func(key string) string { return dynamo.ItemKey(limiter.Key{Space: space, Name: key}) }
+	return func(key string) string { return dynamo.ItemKey(storage.Key{Space: space, Name: key}) }
 }
 
 // A sliding log that would not fit in 1 KB is refused with a clear error,
@@ -255,7 +256,7 @@ func TestWindowItemSizeDefault(t *testing.T) {
 // A window's refund never takes a counter below zero.
 func TestSubNeverNegative(t *testing.T) {
 	s, _, c := newStore(t, dynamo.Config{})
-	key := limiter.Key{Space: "test-sub", Name: limitertest.Key(t)}
+	key := storage.Key{Space: "test-sub", Name: limitertest.Key(t)}
 	ctx := testCtx(t)
 	if _, err := s.Add(ctx, key, 7, 3, 2, time.Hour); err != nil {
 		t.Fatal(err)
@@ -269,7 +270,7 @@ func TestSubNeverNegative(t *testing.T) {
 	if err := s.Sub(ctx, key, 123, 1); err != nil { // never written
 		t.Fatal(err)
 	}
-	if err := s.Sub(ctx, limiter.Key{Space: "test-sub", Name: "absent"}, 7, 1); err != nil {
+	if err := s.Sub(ctx, storage.Key{Space: "test-sub", Name: "absent"}, 7, 1); err != nil {
 		t.Fatal(err)
 	}
 	it := get(t, c, dynamo.ItemKey(key))
@@ -292,7 +293,7 @@ func TestItemKey(t *testing.T) {
 	names := []string{"b/c", "c", "b%2Fc", "#x", "", "a", "\xff", "%FF", " ", "%20", "\x00", long, long + "y", "#/x", "%23"}
 	seen := map[string]string{}
 	for _, name := range names {
-		pk := dynamo.ItemKey(limiter.Key{Space: "a", Name: name})
+		pk := dynamo.ItemKey(storage.Key{Space: "a", Name: name})
 		if other, dup := seen[pk]; dup {
 			t.Fatalf("%q and %q share %q", other, name, pk)
 		}
@@ -300,11 +301,11 @@ func TestItemKey(t *testing.T) {
 		if len(pk) > 160 || !utf8.ValidString(pk) || pk == "" {
 			t.Fatalf("%q -> %q (%d bytes)", name, pk, len(pk))
 		}
-		if other := dynamo.ItemKey(limiter.Key{Space: strings.Repeat("s", 200), Name: name}); other != pk {
+		if other := dynamo.ItemKey(storage.Key{Space: strings.Repeat("s", 200), Name: name}); other != pk {
 			t.Fatalf("%q: spaces give items %q and %q, want one", name, pk, other)
 		}
 	}
-	if got := dynamo.ItemKey(limiter.Key{Space: "tb:5:1s:1", Name: "user 42/x"}); got != "#/user%2042%2Fx" {
+	if got := dynamo.ItemKey(storage.Key{Space: "tb:5:1s:1", Name: "user 42/x"}); got != "#/user%2042%2Fx" {
 		t.Fatalf("got %q", got)
 	}
 }

@@ -13,12 +13,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Leases keeps the leases of the concurrent-requests limiter and the
-// fleet-usage shedder ([limiter.LeaseStore]) and published values such as
-// the fleet's utilization ([limiter.GaugeStore]) in the store's table.
+// fleet-usage shedder ([storage.LeaseStore]) and published values such as
+// the fleet's utilization ([storage.GaugeStore]) in the store's table.
 //
 // # Lease items
 //
@@ -33,9 +33,9 @@ import (
 // The condition counts every stored lease, expired or not, so it can only
 // be stricter than the limit: after the write at most Capacity leases are
 // stored, so at most Capacity are live. Concurrent acquires that all fit
-// all succeed without retrying. The decision is [limiter.LeaseOp.Apply] on
+// all succeed without retrying. The decision is [storage.LeaseOp.Apply] on
 // the returned item. (The type checks make a damaged item fail the
-// condition, so that it is read and reported as [limiter.ErrCorruptState],
+// condition, so that it is read and reported as [storage.ErrCorruptState],
 // instead of failing the request.)
 //
 // When the condition fails (the map is full, possibly of expired leases, or
@@ -47,14 +47,14 @@ import (
 // on failure, and a lost race applies the op to the returned item and
 // writes again, the first retry at once and later ones after a jittered,
 // growing pause, at most Config.MaxAttempts times (or until the deadline),
-// then fails with an error wrapping [limiter.ErrConflict]. Every write
+// then fails with an error wrapping [storage.ErrConflict]. Every write
 // bumps lv, so no update is lost.
 //
 // A release is ONE UpdateItem that never conflicts with other writers:
 // REMOVE leases.<id> ADD lv :1, on condition attribute_type(leases, M) AND
 // attribute_type(lv, N) only, so that a key without an item (nothing to
 // release) is not created; a failed condition on an item that exists is
-// reported as [limiter.ErrCorruptState].
+// reported as [storage.ErrCorruptState].
 //
 // Errors are those of [Store]: throttling wraps [ErrThrottled], every other
 // DynamoDB error (network, timeout, 5xx, a missing table) [ErrUnavailable].
@@ -86,8 +86,8 @@ type Leases struct {
 }
 
 var (
-	_ limiter.LeaseStore = (*Leases)(nil)
-	_ limiter.GaugeStore = (*Leases)(nil)
+	_ storage.LeaseStore = (*Leases)(nil)
+	_ storage.GaugeStore = (*Leases)(nil)
 )
 
 const (
@@ -122,13 +122,13 @@ func (l *Leases) deadline(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(ctx, l.cfg.Timeout)
 }
 
-// AcquireLease implements [limiter.LeaseStore] (see the protocol above).
-func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.LeaseOp) (limiter.Decision, error) {
-	if op.Capacity <= 0 || op.Capacity > limiter.MaxLeases {
-		return limiter.Decision{}, fmt.Errorf("dynamo: bad lease capacity %d", op.Capacity)
+// AcquireLease implements [storage.LeaseStore] (see the protocol above).
+func (l *Leases) AcquireLease(ctx context.Context, k storage.Key, op storage.LeaseOp) (storage.Decision, error) {
+	if op.Capacity <= 0 || op.Capacity > storage.MaxLeases {
+		return storage.Decision{}, fmt.Errorf("dynamo: bad lease capacity %d", op.Capacity)
 	}
 	if err := ctx.Err(); err != nil {
-		return limiter.Decision{}, mapError("acquire lease", err)
+		return storage.Decision{}, mapError("acquire lease", err)
 	}
 	ctx, cancel := l.deadline(ctx)
 	defer cancel()
@@ -150,7 +150,7 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 // leases counted. Its failed condition is not a lost race (the set is
 // full, or there is no item): full reports it, with the item it returned
 // (nil: none), for the slow path.
-func (l *Leases) addLease(ctx context.Context, pk, what string, op limiter.LeaseOp, exp int64) (d limiter.Decision, item map[string]types.AttributeValue, full bool, err error) {
+func (l *Leases) addLease(ctx context.Context, pk, what string, op storage.LeaseOp, exp int64) (d storage.Decision, item map[string]types.AttributeValue, full bool, err error) {
 	out, err := l.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:           l.table,
 		Key:                 keyAttr(pk),
@@ -173,17 +173,17 @@ func (l *Leases) addLease(ctx context.Context, pk, what string, op limiter.Lease
 	if err != nil {
 		item, failed := conditionFailed(err)
 		if !failed {
-			return limiter.Decision{}, nil, false, mapError(what, err)
+			return storage.Decision{}, nil, false, mapError(what, err)
 		}
-		return limiter.Decision{}, item, true, nil
+		return storage.Decision{}, item, true, nil
 	}
 	cur, _, err := parseLeaseItem(out.Attributes)
 	if err != nil {
-		return limiter.Decision{}, nil, false, fmt.Errorf("dynamo: %s: %w", what, err)
+		return storage.Decision{}, nil, false, fmt.Errorf("dynamo: %s: %w", what, err)
 	}
 	_, d, _ = op.Apply(cur)
 	if !d.Allowed { // cannot happen: the item holds our lease
-		return limiter.Decision{}, nil, false, fmt.Errorf("dynamo: %s: %w: written lease missing", what, limiter.ErrCorruptState)
+		return storage.Decision{}, nil, false, fmt.Errorf("dynamo: %s: %w: written lease missing", what, storage.ErrCorruptState)
 	}
 	return d, nil, false, nil
 }
@@ -191,8 +191,8 @@ func (l *Leases) addLease(ctx context.Context, pk, what string, op limiter.Lease
 // rewriteLeases is the slow path: apply op to item, the item DynamoDB
 // returned (nil: none), and write it whole on condition that nothing
 // changed since, again from the item a lost race returns.
-func (l *Leases) rewriteLeases(ctx context.Context, pk, what string, op limiter.LeaseOp, item map[string]types.AttributeValue) (limiter.Decision, error) {
-	var d limiter.Decision
+func (l *Leases) rewriteLeases(ctx context.Context, pk, what string, op storage.LeaseOp, item map[string]types.AttributeValue) (storage.Decision, error) {
+	var d storage.Decision
 	err := l.writer().conditional(ctx, what, condWrite{
 		next: func(context.Context) (*dynamodb.UpdateItemInput, error) {
 			cur, version, err := parseLeaseItem(item)
@@ -212,14 +212,14 @@ func (l *Leases) rewriteLeases(ctx context.Context, pk, what string, op limiter.
 		},
 	})
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	return d, nil
 }
 
 // leasesInput writes the leases next of item pk whole, at version+1, on
 // condition that the item is at version (or, when missing, still is).
-func (l *Leases) leasesInput(pk string, next []limiter.LeaseEntry, now, version int64, missing bool) *dynamodb.UpdateItemInput {
+func (l *Leases) leasesInput(pk string, next []storage.LeaseEntry, now, version int64, missing bool) *dynamodb.UpdateItemInput {
 	m := make(map[string]types.AttributeValue, len(next))
 	for _, e := range next {
 		m[e.ID] = numAttr(e.Expires)
@@ -234,7 +234,7 @@ func (l *Leases) leasesInput(pk string, next []limiter.LeaseEntry, now, version 
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":m":   &types.AttributeValueMemberM{Value: m},
 			":v":   numAttr(version + 1),
-			":ttl": l.ttlAttr(limiter.LeaseExpiry(next, now)),
+			":ttl": l.ttlAttr(storage.LeaseExpiry(next, now)),
 		},
 	}
 	if missing {
@@ -247,10 +247,10 @@ func (l *Leases) leasesInput(pk string, next []limiter.LeaseEntry, now, version 
 	return in
 }
 
-// ReleaseLease implements [limiter.LeaseStore]: one UpdateItem removing
+// ReleaseLease implements [storage.LeaseStore]: one UpdateItem removing
 // op.ID, which never conflicts. Leases expired at op.Now are left for the
 // next acquire to drop.
-func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.ReleaseOp) error {
+func (l *Leases) ReleaseLease(ctx context.Context, k storage.Key, op storage.ReleaseOp) error {
 	if err := ctx.Err(); err != nil {
 		return mapError("release lease", err)
 	}
@@ -284,13 +284,13 @@ func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.Rel
 			if _, _, err := parseLeaseItem(item); err != nil {
 				return false, fmt.Errorf("dynamo: %s: %w", what, err)
 			}
-			return false, fmt.Errorf("dynamo: %s: %w: the item failed its type check", what, limiter.ErrCorruptState)
+			return false, fmt.Errorf("dynamo: %s: %w: the item failed its type check", what, storage.ErrCorruptState)
 		},
 	})
 }
 
-// PutGauge implements [limiter.GaugeStore] with one UpdateItem.
-func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, ttl time.Duration) error {
+// PutGauge implements [storage.GaugeStore] with one UpdateItem.
+func (l *Leases) PutGauge(ctx context.Context, k storage.Key, g storage.Gauge, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return mapError("put gauge", err)
 	}
@@ -316,10 +316,10 @@ func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, t
 	return nil
 }
 
-// GetGauge implements [limiter.GaugeStore] with a consistent GetItem.
-func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bool, error) {
+// GetGauge implements [storage.GaugeStore] with a consistent GetItem.
+func (l *Leases) GetGauge(ctx context.Context, k storage.Key) (storage.Gauge, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return limiter.Gauge{}, false, mapError("get gauge", err)
+		return storage.Gauge{}, false, mapError("get gauge", err)
 	}
 	ctx, cancel := l.deadline(ctx)
 	defer cancel()
@@ -330,64 +330,64 @@ func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bo
 		ConsistentRead: aws.Bool(true),
 	}, l.optFns...)
 	if err != nil {
-		return limiter.Gauge{}, false, mapError("get gauge", err)
+		return storage.Gauge{}, false, mapError("get gauge", err)
 	}
 	if out.Item == nil {
-		return limiter.Gauge{}, false, nil
+		return storage.Gauge{}, false, nil
 	}
 	v, okV := out.Item[attrGaugeValue].(*types.AttributeValueMemberN)
 	at, okA := out.Item[attrGaugeAt].(*types.AttributeValueMemberN)
 	if !okV || !okA {
-		return limiter.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: missing or mistyped gv/ga", pk, limiter.ErrCorruptState)
+		return storage.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: missing or mistyped gv/ga", pk, storage.ErrCorruptState)
 	}
-	g := limiter.Gauge{}
+	g := storage.Gauge{}
 	if g.Value, err = strconv.ParseFloat(v.Value, 64); err != nil {
-		return limiter.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: gv: %w", pk, limiter.ErrCorruptState, err)
+		return storage.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: gv: %w", pk, storage.ErrCorruptState, err)
 	}
 	if g.At, err = strconv.ParseInt(at.Value, 10, 64); err != nil {
-		return limiter.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: ga: %w", pk, limiter.ErrCorruptState, err)
+		return storage.Gauge{}, false, fmt.Errorf("dynamo: gauge %q: %w: ga: %w", pk, storage.ErrCorruptState, err)
 	}
 	return g, true, nil
 }
 
 // parseLeaseItem reads a lease item's leases and version (nil and 0 for no
 // item).
-func parseLeaseItem(item map[string]types.AttributeValue) ([]limiter.LeaseEntry, int64, error) {
+func parseLeaseItem(item map[string]types.AttributeValue) ([]storage.LeaseEntry, int64, error) {
 	if item == nil {
 		return nil, 0, nil
 	}
 	m, ok := item[attrLeases].(*types.AttributeValueMemberM)
 	if !ok {
-		return nil, 0, fmt.Errorf("%w: lease item without a %q map", limiter.ErrCorruptState, attrLeases)
+		return nil, 0, fmt.Errorf("%w: lease item without a %q map", storage.ErrCorruptState, attrLeases)
 	}
 	v, ok := item[attrLeaseVersion].(*types.AttributeValueMemberN)
 	if !ok {
-		return nil, 0, fmt.Errorf("%w: lease item without a %q number", limiter.ErrCorruptState, attrLeaseVersion)
+		return nil, 0, fmt.Errorf("%w: lease item without a %q number", storage.ErrCorruptState, attrLeaseVersion)
 	}
 	version, err := strconv.ParseInt(v.Value, 10, 64)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w: lease version: %w", limiter.ErrCorruptState, err)
+		return nil, 0, fmt.Errorf("%w: lease version: %w", storage.ErrCorruptState, err)
 	}
-	if len(m.Value) > 2*limiter.MaxLeases {
-		return nil, 0, fmt.Errorf("%w: %d leases in one item", limiter.ErrCorruptState, len(m.Value))
+	if len(m.Value) > 2*storage.MaxLeases {
+		return nil, 0, fmt.Errorf("%w: %d leases in one item", storage.ErrCorruptState, len(m.Value))
 	}
-	entries := make([]limiter.LeaseEntry, 0, len(m.Value)+1)
+	entries := make([]storage.LeaseEntry, 0, len(m.Value)+1)
 	for id, av := range m.Value {
 		n, ok := av.(*types.AttributeValueMemberN)
 		if !ok {
-			return nil, 0, fmt.Errorf("%w: lease %q is not a number", limiter.ErrCorruptState, id)
+			return nil, 0, fmt.Errorf("%w: lease %q is not a number", storage.ErrCorruptState, id)
 		}
 		exp, err := strconv.ParseInt(n.Value, 10, 64)
 		if err != nil {
-			return nil, 0, fmt.Errorf("%w: lease %q: %w", limiter.ErrCorruptState, id, err)
+			return nil, 0, fmt.Errorf("%w: lease %q: %w", storage.ErrCorruptState, id, err)
 		}
-		entries = append(entries, limiter.LeaseEntry{ID: id, Expires: exp})
+		entries = append(entries, storage.LeaseEntry{ID: id, Expires: exp})
 	}
 	return entries, version, nil
 }
 
 // leaseKey is the partition key of k under tag ("#L/" or "#G/").
-func leaseKey(tag string, k limiter.Key) string {
+func leaseKey(tag string, k storage.Key) string {
 	const hex = "0123456789ABCDEF"
 	b := []byte(tag)
 	esc := func(s string) {

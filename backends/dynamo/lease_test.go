@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // leaseTable is fresh per test binary.
@@ -171,7 +172,7 @@ func (h *throttlingHTTP) Do(r *http.Request) (*http.Response, error) {
 }
 
 // The acceptance: a throttled lease call returns an error for which
-// errors.Is(err, limiter.ErrThrottled) and errors.Is(err,
+// errors.Is(err, storage.ErrThrottled) and errors.Is(err,
 // dynamo.ErrThrottled) hold, for every throttling code the mapping knows,
 // on every lease and gauge request: an acquire's first write, the second
 // write of an acquire on a new key, a release, a gauge's put and get.
@@ -196,8 +197,8 @@ func TestLeasesThrottled(t *testing.T) {
 			}
 			ctx := testCtx(t)
 			now := limitertest.Base.UnixNano()
-			held := limiter.Key{Space: "throttled", Name: limitertest.Key(t)}
-			op := limiter.LeaseOp{Capacity: 3, Now: now, TTL: time.Minute, ID: "first"}
+			held := storage.Key{Space: "throttled", Name: limitertest.Key(t)}
+			op := storage.LeaseOp{Capacity: 3, Now: now, TTL: time.Minute, ID: "first"}
 			if d, err := l.AcquireLease(ctx, held, op); err != nil || !d.Allowed {
 				t.Fatalf("setup: %+v, %v", d, err)
 			}
@@ -213,14 +214,14 @@ func TestLeasesThrottled(t *testing.T) {
 				}},
 				{"acquire on a new key (second write)", 1, func() error {
 					op.ID = "new"
-					_, err := l.AcquireLease(ctx, limiter.Key{Space: "throttled", Name: limitertest.Key(t) + "-new"}, op)
+					_, err := l.AcquireLease(ctx, storage.Key{Space: "throttled", Name: limitertest.Key(t) + "-new"}, op)
 					return err
 				}},
 				{"release", 0, func() error {
-					return l.ReleaseLease(ctx, held, limiter.ReleaseOp{ID: "first", Now: now})
+					return l.ReleaseLease(ctx, held, storage.ReleaseOp{ID: "first", Now: now})
 				}},
 				{"put gauge", 0, func() error {
-					return l.PutGauge(ctx, held, limiter.Gauge{Value: 0.5, At: now}, time.Minute)
+					return l.PutGauge(ctx, held, storage.Gauge{Value: 0.5, At: now}, time.Minute)
 				}},
 				{"get gauge", 0, func() error {
 					_, _, err := l.GetGauge(ctx, held)
@@ -231,7 +232,7 @@ func TestLeasesThrottled(t *testing.T) {
 				h.pass.Store(c.pass)
 				h.throttled.Store(0)
 				err := c.call()
-				if !errors.Is(err, limiter.ErrThrottled) || !errors.Is(err, dynamo.ErrThrottled) || errors.Is(err, limiter.ErrUnavailable) {
+				if !errors.Is(err, storage.ErrThrottled) || !errors.Is(err, dynamo.ErrThrottled) || errors.Is(err, storage.ErrUnavailable) {
 					t.Errorf("%s: %v, want ErrThrottled (limiter and dynamo) only", c.name, err)
 				}
 				if h.throttled.Load() == 0 {
@@ -264,18 +265,18 @@ func TestCorruptLeaseItems(t *testing.T) {
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			k := limiter.Key{Space: "corrupt", Name: fmt.Sprintf("%s-%d", limitertest.Key(t), i)}
+			k := storage.Key{Space: "corrupt", Name: fmt.Sprintf("%s-%d", limitertest.Key(t), i)}
 			it := maps.Clone(c.item)
 			it["pk"] = &types.AttributeValueMemberS{Value: "#L/" + k.Space + "/" + k.Name}
 			if _, err := raw.PutItem(testCtx(t), &dynamodb.PutItemInput{TableName: aws.String(leaseTable), Item: it}); err != nil {
 				t.Fatal(err)
 			}
-			_, err := l.AcquireLease(testCtx(t), k, limiter.LeaseOp{Capacity: 5, Now: now, TTL: time.Minute, ID: "b"})
-			if !errors.Is(err, limiter.ErrCorruptState) || errors.Is(err, limiter.ErrUnavailable) {
+			_, err := l.AcquireLease(testCtx(t), k, storage.LeaseOp{Capacity: 5, Now: now, TTL: time.Minute, ID: "b"})
+			if !errors.Is(err, storage.ErrCorruptState) || errors.Is(err, storage.ErrUnavailable) {
 				t.Errorf("acquire: %v, want ErrCorruptState", err)
 			}
-			err = l.ReleaseLease(testCtx(t), k, limiter.ReleaseOp{ID: "a", Now: now})
-			if !errors.Is(err, limiter.ErrCorruptState) || errors.Is(err, limiter.ErrUnavailable) {
+			err = l.ReleaseLease(testCtx(t), k, storage.ReleaseOp{ID: "a", Now: now})
+			if !errors.Is(err, storage.ErrCorruptState) || errors.Is(err, storage.ErrUnavailable) {
 				t.Errorf("release: %v, want ErrCorruptState", err)
 			}
 			out, err := raw.GetItem(testCtx(t), &dynamodb.GetItemInput{TableName: aws.String(leaseTable), Key: map[string]types.AttributeValue{"pk": it["pk"]}, ConsistentRead: aws.Bool(true)})

@@ -11,7 +11,7 @@ import (
 
 // TestLeaseRingMatchesMemory: the same calls, one at a time, through 4
 // leasing buckets on DynamoDB and 4 on the memory store (which keeps
-// limiter.BucketState as it is): DynamoDB's lease ring, with its
+// storage.BucketState as it is): DynamoDB's lease ring, with its
 // unsettled consumption and settlements, admits no more than the memory
 // store's exact bucket, and less by at most what it counts early (a
 // quarter of the bucket unsettled, and the settlement's skew allowance of

@@ -10,7 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const logKind = "sliding log"
@@ -21,31 +21,31 @@ type logState struct {
 	version int64
 }
 
-// UpdateLog implements [limiter.LogStore]: the log is one Binary attribute
-// (limiter.AppendLog) written with a condition on a version number.
-func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+// UpdateLog implements [storage.LogStore]: the log is one Binary attribute
+// (storage.AppendLog) written with a condition on a version number.
+func (s *Store) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
 	if err := validLog(op); err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	a, err := s.attrsOf(k)
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 	if err := s.waitRefunds(ctx, a.pk); err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	p := s.newLogPart(a, op, ttl)
 	if err := s.writeOne(ctx, a.pk, p); err != nil {
 		// The write may or may not have happened: what is remembered may
 		// be stale, which the next write's condition catches.
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	return p.d, nil
 }
 
-func validLog(op limiter.LogOp) error {
+func validLog(op storage.LogOp) error {
 	if op.Limit <= 0 || op.Window <= 0 || op.N < 0 {
 		return fmt.Errorf("dynamo: bad log op (limit %d, window %v, n %d)", op.Limit, op.Window, op.N)
 	}
@@ -56,23 +56,23 @@ func validLog(op limiter.LogOp) error {
 type logPart struct {
 	s                 *Store
 	a                 attrs
-	op                limiter.LogOp
+	op                storage.LogOp
 	ttl               time.Duration
 	shadow            bool
 	cur, stored       logState
 	found, fromServer bool
-	d                 limiter.Decision
+	d                 storage.Decision
 	final             bool // decided without a write
 	notApplied        bool
 	buf               []int64
 }
 
-func (s *Store) newLogPart(a attrs, op limiter.LogOp, ttl time.Duration) *logPart {
+func (s *Store) newLogPart(a attrs, op storage.LogOp, ttl time.Duration) *logPart {
 	p := &logPart{s: s, a: a, op: op, ttl: ttl}
 	if v, ok := s.cache.get(a.cacheKey()); ok {
 		p.cur, p.found = v.(logState), true
 	}
-	p.buf = make([]int64, 0, len(p.cur.entries)+int(min(op.N, limiter.MaxLogLimit)))
+	p.buf = make([]int64, 0, len(p.cur.entries)+int(min(op.N, storage.MaxLogLimit)))
 	return p
 }
 
@@ -119,18 +119,18 @@ func (p *logPart) skip() bool {
 	return true
 }
 
-func (p *logPart) result() limiter.StepResult {
+func (p *logPart) result() storage.StepResult {
 	if p.notApplied {
-		return limiter.StepResult{NotApplied: true}
+		return storage.StepResult{NotApplied: true}
 	}
-	return limiter.StepResult{Decision: p.d}
+	return storage.StepResult{Decision: p.d}
 }
 
 // logClauses adds the conditional write that replaces the log cur (absent
 // when !found) by next to u, or returns an error wrapping ErrItemTooLarge
 // when the log's own attributes would pass ItemBudget.
 func (s *Store) logClauses(u *update, a attrs, cur logState, found bool, next logState, ttl time.Duration) error {
-	enc := limiter.AppendLog(nil, next.entries)
+	enc := storage.AppendLog(nil, next.entries)
 	size := len(AttrPK) + len(a.pk) + len(a.pre+attrLog) + len(enc) + len(a.pre+attrVersion) + numberSize(next.version) +
 		len(AttrTTL) + 6
 	if size > ItemBudget {
@@ -144,7 +144,7 @@ func (s *Store) logClauses(u *update, a attrs, cur logState, found bool, next lo
 		// The version alone would let an item rewritten outside this
 		// protocol with the same version be overwritten: require the exact
 		// log seen too (no extra capacity, a few hundred bytes of request).
-		u.cond = append(u.cond, v+" = "+u.num(cur.version)+" AND "+l+" = "+u.value(&types.AttributeValueMemberB{Value: limiter.AppendLog(nil, cur.entries)}))
+		u.cond = append(u.cond, v+" = "+u.num(cur.version)+" AND "+l+" = "+u.value(&types.AttributeValueMemberB{Value: storage.AppendLog(nil, cur.entries)}))
 	} else {
 		u.cond = append(u.cond, "attribute_not_exists("+v+") AND attribute_not_exists("+l+")")
 	}
@@ -194,7 +194,7 @@ func decodeLog(a attrs, item map[string]types.AttributeValue) (logState, error) 
 	if !ok {
 		return logState{}, corrupt(logKind, pk, a.pre+attrLog, "want a Binary, got %s", typeName(av))
 	}
-	entries, err := limiter.ParseLog(b.Value, nil)
+	entries, err := storage.ParseLog(b.Value, nil)
 	if err != nil {
 		return logState{}, fmt.Errorf("dynamo: sliding log item %q (version %s): %w", pk, strconv.FormatInt(version, 10), err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // TestHistoryMerged runs the merged history checker: a window, a bucket and
@@ -107,10 +108,10 @@ func TestPrefixCollision(t *testing.T) {
 	s, _, _ := newStore(t, dynamo.Config{})
 	ctx := testCtx(t)
 	key := limitertest.Key(t)
-	if _, err := s.Add(ctx, limiter.Key{Space: a, Name: key}, 1, 21, 1, time.Minute); err != nil {
+	if _, err := s.Add(ctx, storage.Key{Space: a, Name: key}, 1, 21, 1, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Add(ctx, limiter.Key{Space: b, Name: key}, 1, 21, 1, time.Minute)
+	_, err := s.Add(ctx, storage.Key{Space: b, Name: key}, 1, 21, 1, time.Minute)
 	if !errors.Is(err, limiter.ErrInvalidConfig) || !strings.Contains(err.Error(), a) || !strings.Contains(err.Error(), b) {
 		t.Fatalf("%q after %q (prefix %q): %v; want ErrInvalidConfig naming both", b, a, dynamo.Attr(a, ""), err)
 	}
@@ -128,7 +129,7 @@ func TestSharedItemTTL(t *testing.T) {
 		t.Fatalf("%+v, %v", d, err)
 	}
 	ttl := func() int64 {
-		v, err := strconv.ParseInt(get(t, c, dynamo.ItemKey(limiter.Key{Name: key}))["ttl"].(*types.AttributeValueMemberN).Value, 10, 64)
+		v, err := strconv.ParseInt(get(t, c, dynamo.ItemKey(storage.Key{Name: key}))["ttl"].(*types.AttributeValueMemberN).Value, 10, 64)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,14 +12,14 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-var _ limiter.PackedCounter = (*Store)(nil)
+var _ storage.PackedCounter = (*Store)(nil)
 
 const packedKind = "packed window"
 
-// A packed counter (limiter.PackedCell) is a top-level Number attribute
+// A packed counter (storage.PackedCell) is a top-level Number attribute
 // named by five base64url characters of a 30-bit value: the level minus one
 // in the top 2 bits, the counter's index modulo 2^28 in the others. Index i
 // of level l aliases i+2^28 only 2^(28+2l) slots later (at least 2^30
@@ -33,7 +33,7 @@ const (
 )
 
 // packedName is the attribute name of counter c.
-func packedName(c limiter.PackedCell) string {
+func packedName(c storage.PackedCell) string {
 	return slotName(int64(c.Level-1)<<packedIdxBits | mod(c.Index, packedIdxMod))
 }
 
@@ -67,7 +67,7 @@ func resolve(idx int64, l int, f int64) int64 {
 // slots longer, never less).
 func keepFrom(f, keep int64) int64 { return f&^3 - keep }
 
-// AddPacked implements [limiter.PackedCounter]: ONE UpdateItem that ADDs
+// AddPacked implements [storage.PackedCounter]: ONE UpdateItem that ADDs
 // each level's delta to its counter attribute, removes counters past the
 // writer's own keep bound (keepFrom(op.Slot, op.Keep): the two just behind
 // it at every level by name, and the ones the last response of this
@@ -82,8 +82,8 @@ func keepFrom(f, keep int64) int64 { return f&^3 - keep }
 // Stale: its add is taken back with a second UpdateItem (as SubPacked;
 // Stats.PackedStale) and it answers Stale. An op that adds nothing is a
 // consistent GetItem.
-func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
-	var c limiter.PackedCounts
+func (s *Store) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
+	var c storage.PackedCounts
 	if err := validPacked(op); err != nil {
 		return c, err
 	}
@@ -116,7 +116,7 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 }
 
 // packedAdds reports whether op adds anything (else it is a read).
-func packedAdds(op *limiter.PackedOp) bool {
+func packedAdds(op *storage.PackedOp) bool {
 	for _, a := range op.Adds {
 		if a.Delta != 0 {
 			return true
@@ -129,9 +129,9 @@ func packedAdds(op *limiter.PackedOp) bool {
 type packedAdd struct {
 	s      *Store
 	a      attrs
-	op     *limiter.PackedOp
+	op     *storage.PackedOp
 	shadow bool // a Shadow step: never skipped
-	res    limiter.StepResult
+	res    storage.StepResult
 }
 
 func (p *packedAdd) next(_ context.Context, u *update) (bool, error) {
@@ -181,7 +181,7 @@ func (p *packedAdd) written(ctx context.Context, item map[string]types.Attribute
 		if err := s.writeOne(ctx, a.pk, newPackedSub(a, op, keepFrom(it.newest1<<2, op.Keep))); err != nil {
 			s.counter.lostRefunds.Add(1)
 		}
-		p.res.Packed = limiter.PackedCounts{Stale: true}
+		p.res.Packed = storage.PackedCounts{Stale: true}
 		return nil
 	}
 	if s.packedNoStale {
@@ -205,20 +205,20 @@ func (p *packedAdd) skip() bool {
 	p.res.NotApplied = !p.shadow
 	return p.res.NotApplied
 }
-func (p *packedAdd) result() limiter.StepResult { return p.res }
+func (p *packedAdd) result() storage.StepResult { return p.res }
 
 // packedRemovals returns the counters an add at op.Slot removes: at every
 // level the two just behind keepFrom(op.Slot, op.Keep), and the names this
 // process saw past it in the key's last response. Every one is older than
 // the writer's own keep bound, so never one that a writer within the
 // horizon of the newest names (the newest is at or after op.Slot).
-func (s *Store) packedRemovals(a attrs, op *limiter.PackedOp) []string {
+func (s *Store) packedRemovals(a attrs, op *storage.PackedOp) []string {
 	from := keepFrom(op.Slot, op.Keep-s.packedEarly)
-	remove := make([]string, 0, 2*limiter.PackedLevels)
-	for l := 1; l <= limiter.PackedLevels; l++ {
+	remove := make([]string, 0, 2*storage.PackedLevels)
+	for l := 1; l <= storage.PackedLevels; l++ {
 		idx := from >> (2 * l) // counters before idx end before from
 		for i := int64(1); i <= 2; i++ {
-			remove = append(remove, a.pre+packedName(limiter.PackedCell{Level: uint8(l), Index: idx - i}))
+			remove = append(remove, a.pre+packedName(storage.PackedCell{Level: uint8(l), Index: idx - i}))
 		}
 	}
 	if v, ok := s.cache.get(a.cacheKey()); ok {
@@ -228,7 +228,7 @@ func (s *Store) packedRemovals(a attrs, op *limiter.PackedOp) []string {
 				if !ok || contains(remove, name) || len(remove) >= maxRemove {
 					continue
 				}
-				if c := (limiter.PackedCell{Level: uint8(l), Index: resolve(idx, l, op.Slot)}); c.Last() < from {
+				if c := (storage.PackedCell{Level: uint8(l), Index: resolve(idx, l, op.Slot)}); c.Last() < from {
 					remove = append(remove, name)
 				}
 			}
@@ -274,7 +274,7 @@ func decodePacked(a attrs, item map[string]types.AttributeValue, f, keep int64) 
 			return it, err
 		}
 		it.values[short] = v
-		c := limiter.PackedCell{Level: uint8(l), Index: resolve(idx, l, f)}
+		c := storage.PackedCell{Level: uint8(l), Index: resolve(idx, l, f)}
 		if l == 1 && (!it.has1 || c.Index > it.newest1) {
 			it.newest1, it.has1 = c.Index, true
 		}
@@ -288,7 +288,7 @@ func decodePacked(a attrs, item map[string]types.AttributeValue, f, keep int64) 
 
 // staleOp reports whether op names a counter older than the keep bound of
 // the newest slot in the item.
-func (it *packedItem) staleOp(op *limiter.PackedOp) bool {
+func (it *packedItem) staleOp(op *storage.PackedOp) bool {
 	if !it.has1 {
 		return false
 	}
@@ -307,8 +307,8 @@ func (it *packedItem) staleOp(op *limiter.PackedOp) bool {
 }
 
 // answer is the op's PackedCounts from the item (Stale when staleOp).
-func (it *packedItem) answer(op *limiter.PackedOp) limiter.PackedCounts {
-	var c limiter.PackedCounts
+func (it *packedItem) answer(op *storage.PackedOp) storage.PackedCounts {
+	var c storage.PackedCounts
 	if it.staleOp(op) {
 		c.Stale = true
 		return c
@@ -329,7 +329,7 @@ var two64 = new(big.Int).Lsh(big.NewInt(1), 64)
 
 // packedNumber reads a counter attribute as a non-negative integer (a
 // counter can pass 2^64: a carry out of its top field), or an error
-// wrapping limiter.ErrCorruptState.
+// wrapping storage.ErrCorruptState.
 func packedNumber(pk, name string, av types.AttributeValue) (*big.Int, error) {
 	nv, ok := av.(*types.AttributeValueMemberN)
 	if !ok {
@@ -357,7 +357,7 @@ func packedValue(pk, name string, av types.AttributeValue) (uint64, error) {
 	return z.Mod(z, two64).Uint64(), nil
 }
 
-// SubPacked implements [limiter.PackedCounter]: a refund. ONE UpdateItem
+// SubPacked implements [storage.PackedCounter]: a refund. ONE UpdateItem
 // that ADDs each level's negated delta on condition that every counter
 // holds at least its delta (so it exists: none is created), which
 // subtracts exactly (it borrows back a carry a denied add made). If the
@@ -367,7 +367,7 @@ func packedValue(pk, name string, av types.AttributeValue) (uint64, error) {
 // the write is tried again in the store's conditional-write loop. A
 // counter past the horizon that is still held is refunded like any other.
 // op.Reads are ignored.
-func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+func (s *Store) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
 	if err := validPacked(op); err != nil {
 		return err
 	}
@@ -386,7 +386,7 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 // instead.
 type packedSub struct {
 	a  attrs
-	ls [limiter.PackedLevels]packedSubLevel
+	ls [storage.PackedLevels]packedSubLevel
 }
 
 // Modes of a level of a packedSub.
@@ -404,7 +404,7 @@ type packedSubLevel struct {
 	old, set string
 }
 
-func newPackedSub(a attrs, op *limiter.PackedOp, drop int64) *packedSub {
+func newPackedSub(a attrs, op *storage.PackedOp, drop int64) *packedSub {
 	p := &packedSub{a: a}
 	for i, ad := range op.Adds {
 		p.ls[i].mode = modeSkip
@@ -479,21 +479,21 @@ func (p *packedSub) lost(old map[string]types.AttributeValue) (bool, error) {
 	return retry, nil
 }
 
-func (p *packedSub) result() limiter.StepResult { return limiter.StepResult{} }
+func (p *packedSub) result() storage.StepResult { return storage.StepResult{} }
 
 // clampFields subtracts each 16-bit field of d from the same field of v,
 // at most down to 0.
 func clampFields(v, d uint64) uint64 {
 	var out uint64
-	for j := range 64 / limiter.PackedFieldBits {
-		f, x := limiter.FieldOf(v, j), limiter.FieldOf(d, j)
-		out |= (f - min(f, x)) << (limiter.PackedFieldBits * j)
+	for j := range 64 / storage.PackedFieldBits {
+		f, x := storage.FieldOf(v, j), storage.FieldOf(d, j)
+		out |= (f - min(f, x)) << (storage.PackedFieldBits * j)
 	}
 	return out
 }
 
-// validPacked checks the shape of a packed op (limiter.PackedOp.Check).
-func validPacked(op *limiter.PackedOp) error {
+// validPacked checks the shape of a packed op (storage.PackedOp.Check).
+func validPacked(op *storage.PackedOp) error {
 	if err := op.Check(); err != nil {
 		return fmt.Errorf("dynamo: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // The packed tests' geometry: the default resolution (160 slots) of 10 ms
@@ -28,7 +29,7 @@ const (
 	pLen = 10 * time.Millisecond
 )
 
-var pKeep = limiter.PackedKeep(pR)
+var pKeep = storage.PackedKeep(pR)
 
 // pT0 is the first slot at or after base that starts a level-4 counter.
 func pT0() int64 { return (base.UnixNano()/int64(pLen) + 255) &^ 255 }
@@ -39,18 +40,18 @@ type packedStore struct {
 	r  int // resolution (slots per window)
 	s  *dynamo.Store
 	c  *dynamodb.Client
-	k  limiter.Key
+	k  storage.Key
 	pk string
 }
 
 func newPacked(t *testing.T, s *dynamo.Store, c *dynamodb.Client) *packedStore {
-	k := limiter.Key{Space: "swp:test", Name: limitertest.Key(t)}
+	k := storage.Key{Space: "swp:test", Name: limitertest.Key(t)}
 	return &packedStore{t: t, r: pR, s: s, c: c, k: k, pk: dynamo.ItemKey(k)}
 }
 
-func (p *packedStore) add(f, n int64) (limiter.PackedOp, limiter.PackedCounts) {
+func (p *packedStore) add(f, n int64) (storage.PackedOp, storage.PackedCounts) {
 	p.t.Helper()
-	op := limiter.PackedPlan(f, p.r, n, pLen)
+	op := storage.PackedPlan(f, p.r, n, pLen)
 	c, err := p.s.AddPacked(testCtx(p.t), p.k, &op)
 	if err != nil {
 		p.t.Fatalf("add %d at slot %d: %v", n, f, err)
@@ -60,7 +61,7 @@ func (p *packedStore) add(f, n int64) (limiter.PackedOp, limiter.PackedCounts) {
 
 func (p *packedStore) sub(f, n int64) {
 	p.t.Helper()
-	op := limiter.PackedPlan(f, p.r, n, pLen)
+	op := storage.PackedPlan(f, p.r, n, pLen)
 	if err := p.s.SubPacked(testCtx(p.t), p.k, &op); err != nil {
 		p.t.Fatalf("sub %d at slot %d: %v", n, f, err)
 	}
@@ -73,7 +74,7 @@ func (p *packedStore) total(f int64) int64 {
 	if c.Stale {
 		p.t.Fatalf("a read at slot %d answered Stale", f)
 	}
-	return limiter.PackedTotal(&op, p.r, &c)
+	return storage.PackedTotal(&op, p.r, &c)
 }
 
 // counters returns the item's counter attributes as decimal strings.
@@ -94,7 +95,7 @@ func (p *packedStore) counters() map[string]string {
 }
 
 // set writes a counter's stored value directly.
-func (p *packedStore) set(c limiter.PackedCell, v string) {
+func (p *packedStore) set(c storage.PackedCell, v string) {
 	p.t.Helper()
 	_, err := p.c.UpdateItem(testCtx(p.t), &dynamodb.UpdateItemInput{
 		TableName: aws.String(tableName), Key: item{"pk": str(p.pk)},
@@ -107,14 +108,14 @@ func (p *packedStore) set(c limiter.PackedCell, v string) {
 	}
 }
 
-func cell(f int64, l int) limiter.PackedCell {
-	idx, _ := limiter.PackedField(f, l)
-	return limiter.PackedCell{Level: uint8(l), Index: idx}
+func cell(f int64, l int) storage.PackedCell {
+	idx, _ := storage.PackedField(f, l)
+	return storage.PackedCell{Level: uint8(l), Index: idx}
 }
 
 func fieldShift(f int64, l int) uint {
-	_, fld := limiter.PackedField(f, l)
-	return uint(limiter.PackedFieldBits * fld)
+	_, fld := storage.PackedField(f, l)
+	return uint(storage.PackedFieldBits * fld)
 }
 
 // The store's values: one Number attribute per (level, index) holding the
@@ -133,7 +134,7 @@ func TestPackedValues(t *testing.T) {
 		t.Fatalf("a refund created %v", it)
 	}
 	_, cs := p.add(t0-1, 2)
-	for l := 1; l <= limiter.PackedLevels; l++ {
+	for l := 1; l <= storage.PackedLevels; l++ {
 		want := uint64(2) << fieldShift(t0-1, l)
 		if cs.Added[l-1] != want {
 			t.Fatalf("level %d after the first add: %#x, want %#x", l, cs.Added[l-1], want)
@@ -142,7 +143,7 @@ func TestPackedValues(t *testing.T) {
 			t.Fatalf("level %d attribute holds %q, want %d", l, got, want)
 		}
 	}
-	if got := len(p.counters()); got != limiter.PackedLevels {
+	if got := len(p.counters()); got != storage.PackedLevels {
 		t.Fatalf("the item holds %d counters after one add, want one per level", got)
 	}
 	p.add(t0-1, 3)
@@ -260,7 +261,7 @@ func TestPackedRemoval(t *testing.T) {
 			r.consumed = true
 			p := newPacked(t, s, dc)
 			p.r = c.r
-			keep := limiter.PackedKeep(c.r)
+			keep := storage.PackedKeep(c.r)
 			t0 := pT0()
 			largest, counters, maxWCU := 0, 0, 0.0
 			for f := t0; f < t0+3*int64(c.r)+40; f += int64(c.every) {
@@ -271,7 +272,7 @@ func TestPackedRemoval(t *testing.T) {
 				want := map[string]bool{}
 				for g := max(t0, from-256); g <= f; g++ {
 					if (g-t0)%int64(c.every) == 0 {
-						for l := 1; l <= limiter.PackedLevels; l++ {
+						for l := 1; l <= storage.PackedLevels; l++ {
 							if x := cell(g, l); x.Last() >= from {
 								want[pName(x)] = true
 							}
@@ -325,7 +326,7 @@ func TestPackedStale(t *testing.T) {
 	before := p.counters()
 	for _, late := range []int64{newest - pKeep - 4, newest - 200, newest - 170, t0 - 500} {
 		op, cs := p.add(late, 1)
-		if !cs.Stale || cs.Added != ([limiter.PackedLevels]uint64{}) {
+		if !cs.Stale || cs.Added != ([storage.PackedLevels]uint64{}) {
 			t.Fatalf("a writer %d slots behind the newest: %+v, want Stale and nothing added", newest-late, cs)
 		}
 		if after := p.counters(); !mapsEqual(after, before) {
@@ -336,12 +337,12 @@ func TestPackedStale(t *testing.T) {
 		t.Fatalf("Stats.PackedStale %d, want 4", got)
 	}
 	// Reads past the horizon are Stale too.
-	op := limiter.PackedPlan(newest-200, pR, 0, pLen)
+	op := storage.PackedPlan(newest-200, pR, 0, pLen)
 	if cs, err := s.AddPacked(testCtx(t), p.k, &op); err != nil || !cs.Stale {
 		t.Fatalf("a read past the horizon: %+v, %v", cs, err)
 	}
 	// Exactly at the horizon (161 behind): never Stale, its view exact.
-	h := newest - limiter.PackedHorizon(pR)
+	h := newest - storage.PackedHorizon(pR)
 	want := int64(0)
 	for f := t0; f <= t0+400; f += 3 {
 		if f >= h-pR && f <= (h+pR)|63 {
@@ -352,7 +353,7 @@ func TestPackedStale(t *testing.T) {
 	if cs.Stale {
 		t.Fatal("a writer at the horizon answered Stale")
 	}
-	if got := limiter.PackedTotal(&op, pR, &cs); got != want+1 {
+	if got := storage.PackedTotal(&op, pR, &cs); got != want+1 {
 		t.Fatalf("a writer at the horizon reads %d, want %d", got, want+1)
 	}
 
@@ -527,7 +528,7 @@ func TestPackedCorrupt(t *testing.T) {
 	s, _, c := newStore(t, dynamo.Config{})
 	t0 := pT0()
 	f := t0 + 100
-	op := limiter.PackedPlan(f, pR, 1, pLen)
+	op := storage.PackedPlan(f, pR, 1, pLen)
 	added := pName(op.Adds[1].Cell)
 	var read string
 	for _, r := range op.Reads[:op.NReads] {
@@ -554,7 +555,7 @@ func TestPackedCorrupt(t *testing.T) {
 			put(t, c, p.pk, item{tc.attr: tc.v})
 			before := get(t, c, p.pk)
 			_, err := s.AddPacked(testCtx(t), p.k, &op)
-			if !errors.Is(err, limiter.ErrCorruptState) || !strings.Contains(err.Error(), tc.attr) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, storage.ErrCorruptState) || !strings.Contains(err.Error(), tc.attr) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("%v; want ErrCorruptState naming %q: %s", err, tc.attr, tc.want)
 			}
 			if after := get(t, c, p.pk); !reflect.DeepEqual(after[tc.attr], before[tc.attr]) {
@@ -565,4 +566,4 @@ func TestPackedCorrupt(t *testing.T) {
 }
 
 // pName is the attribute name of counter c of newPacked's window.
-func pName(c limiter.PackedCell) string { return dynamo.Attr("swp:test", dynamo.PackedName(c)) }
+func pName(c storage.PackedCell) string { return dynamo.Attr("swp:test", dynamo.PackedName(c)) }

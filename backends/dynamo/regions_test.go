@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // A global sliding window with leases, decided in three regions of a
@@ -82,9 +83,9 @@ func scaledLimiter(tb testing.TB, alg regionAlg, st any, leases bool, scale floa
 	case regionAlgBucket:
 		cfg := scaledBucket(scale)
 		cfg.Leases = leases
-		l, err = limiter.NewTokenBucket(st.(limiter.BucketStore), cfg)
+		l, err = limiter.NewTokenBucket(st.(storage.BucketStore), cfg)
 	default:
-		l, err = limiter.NewSlidingWindow(st.(limiter.Counter), limiter.SlidingWindowConfig{Name: "global", Limit: scaledWindow(scale), Window: regionWindow,
+		l, err = limiter.NewSlidingWindow(st.(storage.Counter), limiter.SlidingWindowConfig{Name: "global", Limit: scaledWindow(scale), Window: regionWindow,
 			SubWindows: regionSubs, Representation: limiter.SubWindowCounters, Leases: leases})
 	}
 	if err != nil {
@@ -974,19 +975,19 @@ func TestRegionsMRSCPartition(t *testing.T) {
 	if live := cut[0].add(cut[1]); live.failed*10 > live.asked || live.admitted == 0 {
 		t.Errorf("regions 0 and 1 (live) during the cut: %v; want admissions and few failures (the first: %v)", live, live.firstErr)
 	}
-	if p := cut[2]; p.failed == 0 || p.lastLeased >= limiter.MaxLeaseLife {
-		t.Errorf("region 2 (cut off): %v; want failures and no lease answer after %v", p, limiter.MaxLeaseLife)
+	if p := cut[2]; p.failed == 0 || p.lastLeased >= storage.MaxLeaseLife {
+		t.Errorf("region 2 (cut off): %v; want failures and no lease answer after %v", p, storage.MaxLeaseLife)
 	}
 	for _, c := range rep.byRegion[2] {
-		if c.Err != nil && !errors.Is(c.Err, limiter.ErrUnavailable) {
-			t.Errorf("region 2's decision failed with %v, want an error wrapping limiter.ErrUnavailable", c.Err)
+		if c.Err != nil && !errors.Is(c.Err, storage.ErrUnavailable) {
+			t.Errorf("region 2's decision failed with %v, want an error wrapping storage.ErrUnavailable", c.Err)
 			break
 		}
 	}
 	for _, c := range rep.byRegion[2] {
 		// A decision whose request was held until the heal (within its
 		// deadline) is carried out then: not an admission during the cut.
-		if at := c.Stamp.Sub(begin); c.Allowed && at >= from+limiter.MaxLeaseLife && at+c.End-c.Start < to {
+		if at := c.Stamp.Sub(begin); c.Allowed && at >= from+storage.MaxLeaseLife && at+c.End-c.Start < to {
 			t.Errorf("region 2 admitted a decision %v into the cut, after its leases expired: %+v", at-from, c)
 			break
 		}

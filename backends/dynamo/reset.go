@@ -10,19 +10,19 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 var (
-	_ limiter.Resetter  = (*Store)(nil)
-	_ limiter.LogReader = (*Store)(nil)
+	_ storage.Resetter  = (*Store)(nil)
+	_ storage.LogReader = (*Store)(nil)
 )
 
 // maxRemoveNames is the most attributes one reset UpdateItem removes (its
 // expression stays far below DynamoDB's 4 KB).
 const maxRemoveNames = 200
 
-// Reset implements [limiter.Resetter] on the item of k.Name, which holds
+// Reset implements [storage.Resetter] on the item of k.Name, which holds
 // every limit of that Name: it removes this limit's attributes (those
 // named with k.Space's prefix) and no other. A consistent GetItem lists
 // them; one UpdateItem (more past 200 names) REMOVEs them, with the
@@ -31,12 +31,12 @@ const maxRemoveNames = 200
 // without a ttl). op's bounds are not needed: the item lists its
 // counters.
 //
-// Under concurrency (see [limiter.Resetter]): an add between the read and
+// Under concurrency (see [storage.Resetter]): an add between the read and
 // the write to a counter the read did not show stays (that request is
 // counted); any other is removed. The other limits' attributes and ttl
 // are untouched, and the other processes' remembered states fail their
 // conditions and are read again from the item.
-func (s *Store) Reset(ctx context.Context, k limiter.Key, op *limiter.ResetOp) error {
+func (s *Store) Reset(ctx context.Context, k storage.Key, op *storage.ResetOp) error {
 	if op == nil {
 		return fmt.Errorf("dynamo: bad reset: nil op")
 	}
@@ -61,9 +61,9 @@ func (s *Store) Reset(ctx context.Context, k limiter.Key, op *limiter.ResetOp) e
 	}
 	var names []string
 	switch op.Kind {
-	case limiter.StepBucket:
+	case storage.StepBucket:
 		names = append(names, a.pre+attrBase, a.pre+attrTat)
-	case limiter.StepLog:
+	case storage.StepLog:
 		names = append(names, a.pre+attrLog, a.pre+attrVersion)
 	}
 	for name := range out.Item {
@@ -112,9 +112,9 @@ func (s *Store) remove(ctx context.Context, pk string, names []string) error {
 	return nil
 }
 
-// ReadLog implements [limiter.LogReader]: a consistent GetItem of k's
+// ReadLog implements [storage.LogReader]: a consistent GetItem of k's
 // item, and the log's entries in it (nil when it holds none).
-func (s *Store) ReadLog(ctx context.Context, k limiter.Key) ([]int64, error) {
+func (s *Store) ReadLog(ctx context.Context, k storage.Key) ([]int64, error) {
 	a, err := s.attrsOf(k)
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // TestReset: every algorithm's Peek takes nothing and Reset gives a key
@@ -46,7 +47,7 @@ func TestResetItem(t *testing.T) {
 			}
 		}
 	}
-	pk := dynamo.ItemKey(limiter.Key{Name: key})
+	pk := dynamo.ItemKey(storage.Key{Name: key})
 	get := func() map[string]types.AttributeValue {
 		t.Helper()
 		out, err := client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(tableName), Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: pk}}, ConsistentRead: aws.Bool(true)})
@@ -100,7 +101,7 @@ func TestResetItem(t *testing.T) {
 	if err := b.Reset(ctx, none, now); err != nil {
 		t.Fatal(err)
 	}
-	out, err := client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(tableName), Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: dynamo.ItemKey(limiter.Key{Name: none})}}, ConsistentRead: aws.Bool(true)})
+	out, err := client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(tableName), Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: dynamo.ItemKey(storage.Key{Name: none})}}, ConsistentRead: aws.Bool(true)})
 	if err != nil || out.Item != nil {
 		t.Fatalf("a reset of a key without an item: the item is %v (%v), want none", out.Item, err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluicehq/sluice/internal/pending"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Client is the part of the DynamoDB API the store uses. *dynamodb.Client
@@ -28,9 +28,9 @@ type Client interface {
 var _ Client = (*dynamodb.Client)(nil)
 
 var (
-	_ limiter.Counter     = (*Store)(nil)
-	_ limiter.BucketStore = (*Store)(nil)
-	_ limiter.LogStore    = (*Store)(nil)
+	_ storage.Counter     = (*Store)(nil)
+	_ storage.BucketStore = (*Store)(nil)
+	_ storage.LogStore    = (*Store)(nil)
 )
 
 // Attribute names of the table layout (see the package documentation).
@@ -64,12 +64,12 @@ var (
 	// RequestLimitExceeded, or a generic throttling code; see the package
 	// documentation) and the SDK's retries within the deadline did not get
 	// through.
-	ErrThrottled = fmt.Errorf("dynamo: throttled: %w", limiter.ErrThrottled)
+	ErrThrottled = fmt.Errorf("dynamo: throttled: %w", storage.ErrThrottled)
 	// ErrUnavailable is wrapped by every other error of a DynamoDB
 	// request: it could not be reached or did not answer within the
 	// deadline (network errors, timeouts, 5xx), or did not carry the
 	// request out (a missing table, refused credentials or permissions).
-	ErrUnavailable = fmt.Errorf("dynamo: unavailable: %w", limiter.ErrUnavailable)
+	ErrUnavailable = fmt.Errorf("dynamo: unavailable: %w", storage.ErrUnavailable)
 	// ErrItemTooLarge is wrapped when a write would make an item larger
 	// than ItemBudget (a sliding log with too many entries).
 	ErrItemTooLarge = errors.New("dynamo: item would exceed 1 KB")
@@ -87,7 +87,7 @@ type Config struct {
 	Timeout time.Duration
 	// MaxAttempts bounds the conditional writes of one call that may lose a
 	// race before the call gives up with an error wrapping
-	// limiter.ErrConflict. Zero means DefaultMaxAttempts.
+	// storage.ErrConflict. Zero means DefaultMaxAttempts.
 	MaxAttempts int
 	// BackoffBase and BackoffMax shape the jittered pause between lost
 	// races, from the second retry on (the first retry is immediate: it
@@ -116,8 +116,8 @@ type Config struct {
 }
 
 // Store keeps limiter state in one DynamoDB table. It implements
-// [limiter.BucketStore], [limiter.Counter], [limiter.PackedCounter] and
-// [limiter.LogStore] with the protocol described in the package
+// [storage.BucketStore], [storage.Counter], [storage.PackedCounter] and
+// [storage.LogStore] with the protocol described in the package
 // documentation. It is safe for
 // concurrent use; create it with [New] once per process and reuse it (it
 // remembers the last state it saw per key).
@@ -257,7 +257,7 @@ const maxKeyBytes = 160
 // than maxKeyBytes is "#/#" and the SHA-256 of the Name in base64url. The
 // mapping is injective up to hash collisions (an escaped Name never holds a
 // raw '#').
-func itemKey(k limiter.Key) string {
+func itemKey(k storage.Key) string {
 	b := make([]byte, 0, len(k.Name)+8)
 	b = append(b, "#/"...)
 	b = appendEscaped(b, k.Name)
@@ -270,7 +270,7 @@ func itemKey(k limiter.Key) string {
 }
 
 // attrsOf is the item key and attribute prefix of k.
-func (s *Store) attrsOf(k limiter.Key) (attrs, error) {
+func (s *Store) attrsOf(k storage.Key) (attrs, error) {
 	pre, err := s.prefixes.prefix(k.Space)
 	if err != nil {
 		return attrs{}, err
@@ -312,10 +312,10 @@ func numberSize(v int64) int {
 	return (digits+1)/2 + 1
 }
 
-// corrupt returns an error wrapping limiter.ErrCorruptState about attribute
+// corrupt returns an error wrapping storage.ErrCorruptState about attribute
 // name of the item pk.
 func corrupt(kind, pk, name, format string, args ...any) error {
-	return fmt.Errorf("%w: dynamo: %s item %q: attribute %q: %s", limiter.ErrCorruptState, kind, pk, name, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: dynamo: %s item %q: attribute %q: %s", storage.ErrCorruptState, kind, pk, name, fmt.Sprintf(format, args...))
 }
 
 // getInt reads a Number attribute that must be present.

@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const windowKind = "window"
@@ -96,31 +96,31 @@ func position(slot, cur int64, span int) (pos int, d int64) {
 		return int(d), d
 	case d >= slotModulus/2:
 		return posLater, d - slotModulus
-	case d < int64(span)+limiter.Horizon(span):
+	case d < int64(span)+storage.Horizon(span):
 		return posHeld, d
 	}
 	return posStale, d
 }
 
-// Add implements [limiter.Counter]: one UpdateItem that adds n to the
+// Add implements [storage.Counter]: one UpdateItem that adds n to the
 // counter of sub-window cur, removes counters that are past every writer's
 // view and horizon, sets the TTL and returns the whole item (ALL_NEW), from
 // which the counts are read. A writer past the horizon (the item holds a
-// counter more than limiter.Horizon(span) sub-windows newer than cur) moves
+// counter more than storage.Horizon(span) sub-windows newer than cur) moves
 // its add with a second UpdateItem (see moveBack). n == 0 is a consistent
 // read.
-func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
-	if span < 1 || span > limiter.MaxSpan || n < 0 {
-		return limiter.Counts{}, fmt.Errorf("dynamo: bad window add (span %d, n %d)", span, n)
+func (s *Store) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
+	if span < 1 || span > storage.MaxSpan || n < 0 {
+		return storage.Counts{}, fmt.Errorf("dynamo: bad window add (span %d, n %d)", span, n)
 	}
 	a, err := s.attrsOf(k)
 	if err != nil {
-		return limiter.Counts{}, err
+		return storage.Counts{}, err
 	}
 	ctx, cancel := s.withDeadline(ctx)
 	defer cancel()
 	if err := s.waitRefunds(ctx, a.pk); err != nil {
-		return limiter.Counts{}, err
+		return storage.Counts{}, err
 	}
 	if n == 0 {
 		s.counter.reads.Add(1)
@@ -128,7 +128,7 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 			TableName: s.table, Key: keyAttr(a.pk), ConsistentRead: aws.Bool(true),
 		}, s.optFns...)
 		if err != nil {
-			return limiter.Counts{}, mapError("window read", err)
+			return storage.Counts{}, mapError("window read", err)
 		}
 		ic, err := decodeCounts(a, out.Item, cur, span)
 		return ic.Counts, err
@@ -147,7 +147,7 @@ type windowAdd struct {
 	n      int64
 	ttl    time.Duration
 	shadow bool // a Shadow step: never skipped
-	res    limiter.StepResult
+	res    storage.StepResult
 }
 
 func (p *windowAdd) next(_ context.Context, u *update) (bool, error) {
@@ -157,7 +157,7 @@ func (p *windowAdd) next(_ context.Context, u *update) (bool, error) {
 	u.cond = append(u.cond, "(attribute_not_exists("+c+") OR attribute_type("+c+", "+u.typeN()+"))")
 	u.keepTTL(p.ttl)
 	u.allNew = true
-	horizon := limiter.Horizon(p.span)
+	horizon := storage.Horizon(p.span)
 	for i := int64(0); i < knownOld; i++ {
 		u.removeAttr(p.a.pre + slotName(p.cur-int64(p.span)-horizon-i))
 	}
@@ -182,7 +182,7 @@ func (p *windowAdd) written(ctx context.Context, item map[string]types.Attribute
 		s.cache.remove(a.cacheKey())
 		return err
 	}
-	if ic.ahead > limiter.Horizon(p.span) {
+	if ic.ahead > storage.Horizon(p.span) {
 		// Our clock is so far behind the newest writer's that counters
 		// of our view may be gone: move the add to the oldest sub-window
 		// of the newest writer's view, so it is counted, never free.
@@ -219,7 +219,7 @@ func (p *windowAdd) skip() bool {
 	p.res.NotApplied = !p.shadow
 	return p.res.NotApplied
 }
-func (p *windowAdd) result() limiter.StepResult { return p.res }
+func (p *windowAdd) result() storage.StepResult { return p.res }
 
 // moveBack moves n from the counter of sub-window from to that of to, on
 // condition that from still holds n, and returns the item as seen from to,
@@ -231,7 +231,7 @@ func (p *windowAdd) result() limiter.StepResult { return p.res }
 // limiter judges a moved writer against Later).
 func (s *Store) moveBack(ctx context.Context, a attrs, from, to int64, span int, n int64) itemCounts {
 	s.counter.moves.Add(1)
-	denied := itemCounts{Counts: limiter.Counts{Later: 1<<63 - 1, Moved: true, At: from}}
+	denied := itemCounts{Counts: storage.Counts{Later: 1<<63 - 1, Moved: true, At: from}}
 	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 s.table,
 		Key:                       keyAttr(a.pk),
@@ -278,7 +278,7 @@ func (s *Store) cleanup(ctx context.Context, a attrs, stale []string) {
 
 // itemCounts is a window item as seen from one sub-window.
 type itemCounts struct {
-	limiter.Counts
+	storage.Counts
 	// stale lists the counters (full attribute names) older than the view
 	// and the horizon.
 	stale []string
@@ -292,10 +292,10 @@ type itemCounts struct {
 }
 
 // decodeCounts reads the window's counters (a's attributes) of item as
-// seen from sub-window cur: Counts.Later totals the limiter.Ahead(span)
+// seen from sub-window cur: Counts.Later totals the storage.Ahead(span)
 // sub-windows after cur.
 func decodeCounts(a attrs, item map[string]types.AttributeValue, cur int64, span int) (ic itemCounts, err error) {
-	ahead := limiter.Ahead(span)
+	ahead := storage.Ahead(span)
 	for name, av := range item {
 		ic.size += len(name) + valueSize(av)
 		short, ok := a.own(name)
@@ -330,7 +330,7 @@ func decodeCounts(a attrs, item map[string]types.AttributeValue, cur int64, span
 }
 
 // slotCount reads the count of the counter attribute name, or an error
-// wrapping limiter.ErrCorruptState when it is not a non-negative Number.
+// wrapping storage.ErrCorruptState when it is not a non-negative Number.
 func slotCount(pk, name string, av types.AttributeValue) (int64, error) {
 	nv, ok := av.(*types.AttributeValueMemberN)
 	if !ok {
@@ -351,11 +351,11 @@ func satAdd(a, b int64) int64 {
 	return 1<<63 - 1
 }
 
-// Sub implements [limiter.Counter]: one UpdateItem that subtracts n from
+// Sub implements [storage.Counter]: one UpdateItem that subtracts n from
 // the counter of sub-window idx on condition that it holds at least n. When
 // it holds less, the counter is set to zero with a condition on the value
 // the failed write returned, so it never goes below zero.
-func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+func (s *Store) Sub(ctx context.Context, k storage.Key, idx int64, n int64) error {
 	if n < 0 {
 		return fmt.Errorf("dynamo: bad window sub (n %d)", n)
 	}
@@ -410,7 +410,7 @@ func (p *windowSub) lost(old map[string]types.AttributeValue) (bool, error) {
 	return true, nil
 }
 
-func (p *windowSub) result() limiter.StepResult { return limiter.StepResult{} }
+func (p *windowSub) result() storage.StepResult { return storage.StepResult{} }
 
 // valueSize is the size DynamoDB counts for a value (roughly, for the
 // document types).

@@ -14,11 +14,12 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-var _ limiter.Batcher = (*Store)(nil)
+var _ storage.Batcher = (*Store)(nil)
 
-// Do implements [limiter.Batcher]: the steps of a request go to their nodes
+// Do implements [storage.Batcher]: the steps of a request go to their nodes
 // (all of a key's items live on one node), and each node gets one pipelined
 // write on one connection, nodes in parallel; the replies are then read in
 // order. One round trip per node. Every step's writes go first; what the
@@ -60,10 +61,10 @@ var _ limiter.Batcher = (*Store)(nil)
 // A step whose window counter vanished between add and incr (evicted) is
 // sent again on its own, as Add does (a packed step: only its levels that
 // vanished, and its get).
-func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+func (s *Store) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
 	if err := ctx.Err(); err != nil {
 		for i := range steps {
-			out[i] = limiter.StepResult{Err: errorf("batch", err)}
+			out[i] = storage.StepResult{Err: errorf("batch", err)}
 		}
 		return
 	}
@@ -103,28 +104,28 @@ func (s *Store) Do(ctx context.Context, steps []limiter.Step, out []limiter.Step
 // step i's. A step answered on the way (a Sync step, by its single-step
 // method; a refund sent without waiting; a bad step; no node) is marked
 // done, its answer in out[i].
-func (s *Store) route(ctx context.Context, steps []limiter.Step, bs []bstep, out []limiter.StepResult, addrs []net.Addr) []net.Addr {
+func (s *Store) route(ctx context.Context, steps []storage.Step, bs []bstep, out []storage.StepResult, addrs []net.Addr) []net.Addr {
 	for i := range steps {
 		b := &bs[i]
 		if steps[i].Sync {
 			// A public Refund's: its single-step method, which waits.
-			out[i] = limiter.DoStep(ctx, s, &steps[i])
+			out[i] = storage.DoStep(ctx, s, &steps[i])
 			b.done = true
 			continue
 		}
 		if s.detach(ctx, &steps[i], b) {
 			b.done = true
-			out[i] = limiter.StepResult{}
+			out[i] = storage.StepResult{}
 			continue
 		}
 		if err := s.prepare(&steps[i], b); err != nil {
-			out[i] = limiter.StepResult{Err: err}
+			out[i] = storage.StepResult{Err: err}
 			b.done = true
 			continue
 		}
 		addr, err := s.ring.pickTag(b.base)
 		if err != nil {
-			out[i] = limiter.StepResult{Err: errorf("batch", err)}
+			out[i] = storage.StepResult{Err: errorf("batch", err)}
 			b.done = true
 			continue
 		}
@@ -143,23 +144,23 @@ func (s *Store) route(ctx context.Context, steps []limiter.Step, bs []bstep, out
 // again decides, each on its own, the steps the pipelines left to be sent
 // again: the rare second round of a lost race, a cold cache or a vanished
 // counter.
-func (s *Store) again(ctx context.Context, steps []limiter.Step, bs []bstep, out []limiter.StepResult) {
+func (s *Store) again(ctx context.Context, steps []storage.Step, bs []bstep, out []storage.StepResult) {
 	for i := range steps {
 		b, st := &bs[i], &steps[i]
 		if b.done || !b.again {
 			continue
 		}
 		switch st.Kind {
-		case limiter.StepAdd:
+		case storage.StepAdd:
 			out[i].Counts, out[i].Err = s.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
-		case limiter.StepPackedAdd:
-			out[i] = limiter.StepResult{}
+		case storage.StepPackedAdd:
+			out[i] = storage.StepResult{}
 			if err := s.finishPacked(ctx, &b.pa); err != nil {
 				out[i].Err = err
 			} else {
 				out[i].Packed = b.pa.res
 			}
-		case limiter.StepBucket, limiter.StepLog:
+		case storage.StepBucket, storage.StepLog:
 			out[i] = s.settle(ctx, b)
 		}
 	}
@@ -185,11 +186,11 @@ func (sc *doScratch) release(n int) {
 
 // send sends the steps bs[idx...] to the node at addr in one pipeline and
 // writes their answers to out.
-func (s *Store) send(ctx context.Context, addr net.Addr, bs []bstep, idx []int, out []limiter.StepResult) {
+func (s *Store) send(ctx context.Context, addr net.Addr, bs []bstep, idx []int, out []storage.StepResult) {
 	err := s.pool.exec(ctx, addr, func(pc *pconn) error { return s.pipeline(pc, bs, idx) })
 	for _, i := range idx {
 		if err != nil {
-			out[i] = limiter.StepResult{Err: errorf("batch", err)}
+			out[i] = storage.StepResult{Err: errorf("batch", err)}
 			bs[i].done = true
 			continue
 		}
@@ -199,7 +200,7 @@ func (s *Store) send(ctx context.Context, addr net.Addr, bs []bstep, idx []int, 
 
 // sendParallel sends the steps of every node (node j's are
 // idx[ends[j-1]:ends[j]]), nodes in parallel.
-func (s *Store) sendParallel(ctx context.Context, addrs []net.Addr, bs []bstep, idx, ends []int, out []limiter.StepResult) {
+func (s *Store) sendParallel(ctx context.Context, addrs []net.Addr, bs []bstep, idx, ends []int, out []storage.StepResult) {
 	var wg sync.WaitGroup
 	for j, addr := range addrs {
 		lo := 0
@@ -225,8 +226,8 @@ func (s *Store) sendParallel(ctx context.Context, addrs []net.Addr, bs []bstep, 
 // hot key starts cold. A lost race on a fresh item backs off as the cas
 // loop does (the first retry follows the speculative round at once: its
 // item came from the cache and may have been stale) and gives up after
-// maxRetries lost races or at the deadline, with limiter.ErrConflict.
-func (s *Store) settle(ctx context.Context, b *bstep) limiter.StepResult {
+// maxRetries lost races or at the deadline, with storage.ErrConflict.
+func (s *Store) settle(ctx context.Context, b *bstep) storage.StepResult {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	kind := b.kind.String()
@@ -235,9 +236,9 @@ func (s *Store) settle(ctx context.Context, b *bstep) limiter.StepResult {
 	for {
 		if err := ctx.Err(); err != nil {
 			if lost > 0 {
-				err = fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err)
+				err = fmt.Errorf("%w: %d lost races, then: %w", storage.ErrConflict, lost, err)
 			}
-			return limiter.StepResult{Err: errorf(kind, err)}
+			return storage.StepResult{Err: errorf(kind, err)}
 		}
 		s.speculate(&one[0])
 		addr, err := s.ring.pickTag(one[0].base)
@@ -246,9 +247,9 @@ func (s *Store) settle(ctx context.Context, b *bstep) limiter.StepResult {
 		}
 		if err != nil {
 			if lost > 0 && ctx.Err() != nil {
-				err = fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err)
+				err = fmt.Errorf("%w: %d lost races, then: %w", storage.ErrConflict, lost, err)
 			}
-			return limiter.StepResult{Err: errorf(kind, err)}
+			return storage.StepResult{Err: errorf(kind, err)}
 		}
 		if !one[0].again {
 			return one[0].res
@@ -258,10 +259,10 @@ func (s *Store) settle(ctx context.Context, b *bstep) limiter.StepResult {
 		}
 		lost++
 		if lost > s.maxRetries {
-			return limiter.StepResult{Err: errorf(kind, fmt.Errorf("%w: gave up after %d lost races", limiter.ErrConflict, lost))}
+			return storage.StepResult{Err: errorf(kind, fmt.Errorf("%w: gave up after %d lost races", storage.ErrConflict, lost))}
 		}
 		if err := wait(ctx, s.backoff, lost); err != nil {
-			return limiter.StepResult{Err: errorf(kind, fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err))}
+			return storage.StepResult{Err: errorf(kind, fmt.Errorf("%w: %d lost races, then: %w", storage.ErrConflict, lost, err))}
 		}
 	}
 }
@@ -274,13 +275,13 @@ const maxDetached = 64
 // in flight, or ctx is done). Other bucket and log steps first wait for
 // the refunds in flight on their key. It fills b's base and item key for
 // a bucket or log step (prepare uses them).
-func (s *Store) detach(ctx context.Context, st *limiter.Step, b *bstep) bool {
+func (s *Store) detach(ctx context.Context, st *storage.Step, b *bstep) bool {
 	var (
 		key, kind string
 		apply     applyFunc
 	)
 	switch {
-	case st.Kind == limiter.StepBucket:
+	case st.Kind == storage.StepBucket:
 		b.base = s.keys.base(st.Key)
 		b.key, kind = bucketKey(b.base), "bucket"
 		key = b.key
@@ -289,7 +290,7 @@ func (s *Store) detach(ctx context.Context, st *limiter.Step, b *bstep) bool {
 			return false
 		}
 		apply = s.bucketApply(st.Bucket, st.TTL)
-	case st.Kind == limiter.StepLog:
+	case st.Kind == storage.StepLog:
 		b.base = s.keys.base(st.Key)
 		b.key, kind = logKey(b.base), "log"
 		key = b.key
@@ -321,7 +322,7 @@ func (s *Store) LostRefunds() int64 { return s.lostRefunds.Load() }
 
 // bstep is one step of a batch on its way.
 type bstep struct {
-	kind limiter.StepKind
+	kind storage.StepKind
 	base string // the key's tag: its node
 	key  string // the item (sub, bucket, log)
 	w    window // StepAdd
@@ -329,64 +330,64 @@ type bstep struct {
 
 	pa   packedAdd         // StepPackedAdd
 	pget bool              // pa's round wrote a get
-	psub *limiter.PackedOp // StepPackedSub
+	psub *storage.PackedOp // StepPackedSub
 
 	apply applyFunc      // StepBucket, StepLog
 	write *memcache.Item // the speculative write; nil: gets only
 	found bool           // write is a cas (else an add)
-	d     limiter.Decision
+	d     storage.Decision
 	// The pipeline's answers: the write was stored; the gets's item.
 	stored bool
 	item   *memcache.Item
 
-	res   limiter.StepResult
+	res   storage.StepResult
 	node  int  // Do's index of the step's node
 	done  bool // answered before the pipeline (an error)
 	again bool // to be sent again on its own
 }
 
 // prepare fills b for st.
-func (s *Store) prepare(st *limiter.Step, b *bstep) error {
+func (s *Store) prepare(st *storage.Step, b *bstep) error {
 	b.kind = st.Kind
 	switch st.Kind {
-	case limiter.StepPackedAdd:
+	case storage.StepPackedAdd:
 		err := b.pa.init(s, st.Key, &st.Packed)
 		b.base, b.pa.proxy = b.pa.base, s.proxy
 		return err
-	case limiter.StepPackedSub:
+	case storage.StepPackedSub:
 		b.base = s.keys.packedBase(st.Key)
-	case limiter.StepBucket, limiter.StepLog:
+	case storage.StepBucket, storage.StepLog:
 		// detach computed the base and the item's key
-	case limiter.StepAdd:
+	case storage.StepAdd:
 		// the window's init computes it (from the known-counter cache)
 	default:
 		b.base = s.keys.base(st.Key)
 	}
 	switch st.Kind {
-	case limiter.StepAdd:
+	case storage.StepAdd:
 		span, n, cur := st.Span, st.N, st.Idx
-		if span < 1 || span > limiter.MaxSpan || n < 0 {
+		if span < 1 || span > storage.MaxSpan || n < 0 {
 			return fmt.Errorf("memcached: bad window add (span %d, n %d)", span, n)
 		}
-		ahead := limiter.Ahead(span)
+		ahead := storage.Ahead(span)
 		if cur > math.MaxInt64-ahead-1 || cur < math.MinInt64+int64(span) {
 			return fmt.Errorf("memcached: sub-window index %d out of range", cur)
 		}
 		b.w = window{cur: cur, span: int64(span), ahead: ahead, n: n}
 		b.w.init(s, st.Key, st.TTL)
 		b.base = b.w.base
-	case limiter.StepSub:
+	case storage.StepSub:
 		if st.N < 0 {
 			return fmt.Errorf("memcached: bad window sub (n %d)", st.N)
 		}
 		b.key, b.n = counterKey(b.base, st.Idx), st.N
-	case limiter.StepPackedSub:
+	case storage.StepPackedSub:
 		b.psub = &st.Packed
 		return checkPackedAdds(b.psub)
-	case limiter.StepBucket:
+	case storage.StepBucket:
 		b.apply = s.bucketApply(st.Bucket, st.TTL)
 		s.speculate(b)
-	case limiter.StepLog:
+	case storage.StepLog:
 		b.apply = s.logApply(st.Log, st.TTL)
 		s.speculate(b)
 	default:
@@ -402,7 +403,7 @@ func (s *Store) speculate(b *bstep) {
 	b.found = false
 	var (
 		w   *memcache.Item
-		d   limiter.Decision
+		d   storage.Decision
 		err error
 	)
 	if it != nil {
@@ -486,13 +487,13 @@ func (s *Store) pipeline(pc *pconn, bs []bstep, idx []int) error {
 	for _, i := range idx {
 		b := &bs[i]
 		switch b.kind {
-		case limiter.StepPackedAdd:
+		case storage.StepPackedAdd:
 			done := b.pa.pending == 0
 			if done && !b.pget {
 				b.pa.fillLast()
 			}
 			b.res.Packed, b.again = b.pa.res, !done
-		case limiter.StepBucket, limiter.StepLog:
+		case storage.StepBucket, storage.StepLog:
 			s.decideCAS(b)
 		}
 	}
@@ -513,16 +514,16 @@ func (s *Store) writeSteps(pc *pconn, bs []bstep, idx []int, m, m1 *mget) {
 	num := &pc.num
 	for _, i := range idx {
 		b := &bs[i]
-		b.res, b.again, b.stored, b.item = limiter.StepResult{}, false, false, nil
+		b.res, b.again, b.stored, b.item = storage.StepResult{}, false, false, nil
 		switch b.kind {
-		case limiter.StepAdd:
+		case storage.StepAdd:
 			if b.w.n > 0 {
 				b.w.writeIncr(pc, num)
 			}
 			if b.w.get() {
 				b.w.addReads(m, i)
 			}
-		case limiter.StepSub:
+		case storage.StepSub:
 			if b.n == 0 {
 				continue
 			}
@@ -531,10 +532,10 @@ func (s *Store) writeSteps(pc *pconn, bs []bstep, idx []int, m, m1 *mget) {
 			pc.w.WriteByte(' ')
 			pc.w.Write(strconv.AppendInt(num[:0], b.n, 10))
 			pc.w.WriteString(" noreply\r\n")
-		case limiter.StepPackedAdd:
+		case storage.StepPackedAdd:
 			b.pa.writeIncrs(pc)
 			b.pget = b.pa.addReads(m, i)
-		case limiter.StepPackedSub:
+		case storage.StepPackedSub:
 			writePackedSub(pc, b.base, b.psub, true, num)
 		default:
 			if w := b.write; w != nil {
@@ -576,7 +577,7 @@ func readWrites(pc *pconn, bs []bstep, idx []int) error {
 	for _, i := range idx {
 		b := &bs[i]
 		switch b.kind {
-		case limiter.StepAdd:
+		case storage.StepAdd:
 			if b.w.n > 0 {
 				c, vanished, err := b.w.readIncr(pc)
 				if err != nil {
@@ -584,9 +585,9 @@ func readWrites(pc *pconn, bs []bstep, idx []int) error {
 				}
 				b.res.Counts.C[0], b.again = c, vanished
 			}
-		case limiter.StepSub, limiter.StepPackedSub:
+		case storage.StepSub, storage.StepPackedSub:
 			// noreply: nothing to read.
-		case limiter.StepPackedAdd:
+		case storage.StepPackedAdd:
 			if err := b.pa.readIncrs(pc); err != nil {
 				return err
 			}
@@ -695,9 +696,9 @@ func readMget(pc *pconn, bs []bstep, m *mget) error {
 		m.got[j], next = true, j+1
 		b := &bs[m.owner[j]]
 		switch b.kind {
-		case limiter.StepAdd:
+		case storage.StepAdd:
 			err = b.w.value(pc, line, &b.res.Counts)
-		case limiter.StepPackedAdd:
+		case storage.StepPackedAdd:
 			err = b.pa.value(pc, line)
 		default:
 			b.item, err = readGetsValue(pc, line, b.key)

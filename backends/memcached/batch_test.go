@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // TestBatchOneRoundTrip counts, at a proxy in front of the real server, the
@@ -66,7 +67,7 @@ func TestBatchOneRoundTrip(t *testing.T) {
 	step("denied from the cache", false, 0, 0)
 
 	// What the windows hold: exactly the three allowed requests.
-	c, err := s.Add(ctx, limiter.Key{Space: "fw:100:1m0s", Name: key}, now.UnixNano()/int64(time.Minute), 1, 0, time.Minute)
+	c, err := s.Add(ctx, storage.Key{Space: "fw:100:1m0s", Name: key}, now.UnixNano()/int64(time.Minute), 1, 0, time.Minute)
 	if err != nil || c.C[0] != 3 {
 		t.Fatalf("fixed window holds %d (%v), want 3: a refund was lost or doubled", c.C[0], err)
 	}
@@ -167,7 +168,7 @@ func TestBatchReadsLast(t *testing.T) {
 func TestBatchSameKeyTwice(t *testing.T) {
 	s := newStore(t, memcached.Config{})
 	ctx := context.Background()
-	k := limiter.Key{Space: "twice", Name: fmt.Sprint(time.Now().UnixNano())}
+	k := storage.Key{Space: "twice", Name: fmt.Sprint(time.Now().UnixNano())}
 	const span, cur = 20, 1000
 	if _, err := s.Add(ctx, k, cur-1, span, 7, time.Hour); err != nil {
 		t.Fatal(err)
@@ -175,11 +176,11 @@ func TestBatchSameKeyTwice(t *testing.T) {
 	if _, err := s.Add(ctx, k, cur+1, span, 5, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	steps := []limiter.Step{
-		{Kind: limiter.StepAdd, Key: k, Idx: cur, Span: span, N: 1, TTL: time.Hour},
-		{Kind: limiter.StepAdd, Key: k, Idx: cur, Span: span, N: 2, TTL: time.Hour},
+	steps := []storage.Step{
+		{Kind: storage.StepAdd, Key: k, Idx: cur, Span: span, N: 1, TTL: time.Hour},
+		{Kind: storage.StepAdd, Key: k, Idx: cur, Span: span, N: 2, TTL: time.Hour},
 	}
-	out := make([]limiter.StepResult, len(steps))
+	out := make([]storage.StepResult, len(steps))
 	s.Do(ctx, steps, out)
 	for i, r := range out {
 		if r.Err != nil || r.Counts.C[1] != 7 || r.Counts.Later != 5 {

@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const benchKeys = 10000
@@ -250,7 +251,7 @@ func BenchmarkThroughput(b *testing.B) {
 					var denied, conflicts atomic.Int64
 					runConcurrently(b, g, func(i int) error {
 						d, err := alg.l.AllowN(ctx, keys[i%nkeys], time.Now(), 1)
-						if errors.Is(err, limiter.ErrConflict) {
+						if errors.Is(err, storage.ErrConflict) {
 							// A bucket on one hot key at 16 or 64
 							// goroutines can lose MaxRetries races in a
 							// row: counted, not fatal to the run.
@@ -394,29 +395,29 @@ func BenchmarkBytesPerKey(b *testing.B) {
 		subs  int           // sub-windows (slots) written per key
 		every time.Duration // between them; 0: 5 s
 		keys  int           // 0: benchKeys
-		mk    func(limiter.Counter, limiter.BucketStore) limiter.Limiter
+		mk    func(storage.Counter, storage.BucketStore) limiter.Limiter
 	}{
-		{"PackedSliding/OneSlot", 1, 0, 0, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+		{"PackedSliding/OneSlot", 1, 0, 0, func(s storage.Counter, _ storage.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, Representation: limiter.Packed})
 			return l
 		}},
-		{"PackedSliding/SteadyTraffic", 2*limiter.DefaultSlots + 2, time.Minute / limiter.DefaultSlots, 1000, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+		{"PackedSliding/SteadyTraffic", 2*limiter.DefaultSlots + 2, time.Minute / limiter.DefaultSlots, 1000, func(s storage.Counter, _ storage.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, Representation: limiter.Packed})
 			return l
 		}},
-		{"Sliding12/OneSubWindow", 1, 0, 0, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+		{"Sliding12/OneSubWindow", 1, 0, 0, func(s storage.Counter, _ storage.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, SubWindows: 12})
 			return l
 		}},
-		{"Sliding12/AllSubWindows", 13, 0, 0, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+		{"Sliding12/AllSubWindows", 13, 0, 0, func(s storage.Counter, _ storage.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, SubWindows: 12})
 			return l
 		}},
-		{"FixedWindow", 1, 0, 0, func(s limiter.Counter, _ limiter.BucketStore) limiter.Limiter {
+		{"FixedWindow", 1, 0, 0, func(s storage.Counter, _ storage.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 1000, Window: time.Minute})
 			return l
 		}},
-		{"TokenBucket", 1, 0, 0, func(_ limiter.Counter, s limiter.BucketStore) limiter.Limiter {
+		{"TokenBucket", 1, 0, 0, func(_ storage.Counter, s storage.BucketStore) limiter.Limiter {
 			l, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1000, RefillTime: time.Second})
 			return l
 		}},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // BreakerConfig configures the circuit breakers of a [Store]'s nodes
@@ -86,13 +87,13 @@ func (s *Store) Breakers() []BreakerState { return breakerStates(s.pool.breakers
 
 // execErr is what an exec's error tells the node's breaker: nil when the
 // node answered (success, a reply that breaks the protocol, a corrupt
-// value, a lost race), an error wrapping limiter.ErrUnavailable when it
+// value, a lost race), an error wrapping storage.ErrUnavailable when it
 // did not (timeouts, refused, reset or dropped connections, TLS failures,
 // the caller's deadline while waiting for it), and any other error (the
 // caller cancelled) when it tells nothing.
 func execErr(ctx context.Context, err error) error {
 	switch {
-	case err == nil, errors.Is(err, errProtocol), errors.Is(err, limiter.ErrCorruptState), errors.Is(err, limiter.ErrConflict):
+	case err == nil, errors.Is(err, errProtocol), errors.Is(err, storage.ErrCorruptState), errors.Is(err, storage.ErrConflict):
 		return nil
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		return err
@@ -110,7 +111,7 @@ type selector struct {
 }
 
 // PickServer returns the node that owns key, or the error of its open
-// breaker (wrapping limiter.ErrBreakerOpen and limiter.ErrUnavailable).
+// breaker (wrapping storage.ErrBreakerOpen and storage.ErrUnavailable).
 func (s selector) PickServer(key string) (net.Addr, error) {
 	a, err := s.Ring.PickServer(key)
 	if err != nil {

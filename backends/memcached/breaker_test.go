@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/testserver"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // TestNodeBreakerExec: the accounting of exec, on a fake clock. Only the
@@ -64,13 +64,13 @@ func TestNodeBreakerExec(t *testing.T) {
 		down.Store(true)
 		for i := range 2 {
 			err := p.exec(t.Context(), b, ok)
-			if !errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, limiter.ErrBreakerOpen) {
+			if !errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, storage.ErrBreakerOpen) {
 				t.Fatalf("failure %d: %v", i, err)
 			}
 		}
 		before := dials.Load()
 		err = p.exec(t.Context(), b, ok)
-		if !errors.Is(err, limiter.ErrBreakerOpen) || !errors.Is(err, limiter.ErrUnavailable) || dials.Load() != before {
+		if !errors.Is(err, storage.ErrBreakerOpen) || !errors.Is(err, storage.ErrUnavailable) || dials.Load() != before {
 			t.Fatalf("open node: %v, %d dials; want ErrBreakerOpen and ErrUnavailable without a dial", err, dials.Load()-before)
 		}
 		if err := p.exec(t.Context(), a, ok); err != nil {
@@ -85,7 +85,7 @@ func TestNodeBreakerExec(t *testing.T) {
 			probed <- p.exec(t.Context(), b, func(*pconn) error { <-release; return nil })
 		}()
 		synctest.Wait()
-		if err := p.exec(t.Context(), b, ok); !errors.Is(err, limiter.ErrBreakerOpen) {
+		if err := p.exec(t.Context(), b, ok); !errors.Is(err, storage.ErrBreakerOpen) {
 			t.Fatalf("second call during the probe: %v; want ErrBreakerOpen", err)
 		}
 		close(release)
@@ -103,16 +103,16 @@ func TestNodeBreakerExec(t *testing.T) {
 }
 
 // keyOn returns a key whose items live on node.
-func keyOn(t *testing.T, s *Store, node string) limiter.Key {
+func keyOn(t *testing.T, s *Store, node string) storage.Key {
 	t.Helper()
 	for i := range 1000 {
-		k := limiter.Key{Space: "nodebreaker", Name: fmt.Sprintf("%s-%d-%d", t.Name(), time.Now().UnixNano(), i)}
+		k := storage.Key{Space: "nodebreaker", Name: fmt.Sprintf("%s-%d-%d", t.Name(), time.Now().UnixNano(), i)}
 		if a, err := s.ring.pickTag(s.keys.base(k)); err == nil && a.String() == node {
 			return k
 		}
 	}
 	t.Fatalf("no key on %s", node)
-	return limiter.Key{}
+	return storage.Key{}
 }
 
 // recorder collects OnChange calls.
@@ -142,7 +142,7 @@ func (r *recorder) of(node string) []string {
 func (s *Store) breakerState(node string) string { return s.pool.breakers.Get(node).State().String() }
 
 // fast runs f and fails if it takes 5 ms or more or its error does not
-// wrap limiter.ErrBreakerOpen and limiter.ErrUnavailable.
+// wrap storage.ErrBreakerOpen and storage.ErrUnavailable.
 func fast(t *testing.T, dials *atomic.Int64, what string, f func() error) {
 	t.Helper()
 	before := dials.Load()
@@ -159,7 +159,7 @@ func fast(t *testing.T, dials *atomic.Int64, what string, f func() error) {
 	if d >= 50*time.Millisecond {
 		t.Errorf("%s on the open node took %v", what, d)
 	}
-	if !errors.Is(err, limiter.ErrBreakerOpen) || !errors.Is(err, limiter.ErrUnavailable) {
+	if !errors.Is(err, storage.ErrBreakerOpen) || !errors.Is(err, storage.ErrUnavailable) {
 		t.Errorf("%s on the open node: %v; want ErrBreakerOpen and ErrUnavailable", what, err)
 	}
 }
@@ -200,10 +200,10 @@ func TestNodeBreakerStopped(t *testing.T) {
 	deadDials := countDials(s, dead.Addr())
 	ctx := t.Context()
 	kl, kd := keyOn(t, s, live.Addr()), keyOn(t, s, dead.Addr())
-	add := func(k limiter.Key) error { _, err := s.Add(ctx, k, 100, 2, 1, time.Minute); return err }
-	op := limiter.BucketOp{MaxAmount: 1 << 40, RefillTime: time.Hour, RefillAmount: 1, Now: time.Now().UnixNano(), N: 1}
-	bucket := func(k limiter.Key) error { _, err := s.UpdateBucket(ctx, k, op, time.Minute); return err }
-	for _, k := range []limiter.Key{kl, kd} {
+	add := func(k storage.Key) error { _, err := s.Add(ctx, k, 100, 2, 1, time.Minute); return err }
+	op := storage.BucketOp{MaxAmount: 1 << 40, RefillTime: time.Hour, RefillAmount: 1, Now: time.Now().UnixNano(), N: 1}
+	bucket := func(k storage.Key) error { _, err := s.UpdateBucket(ctx, k, op, time.Minute); return err }
+	for _, k := range []storage.Key{kl, kd} {
 		if err := errors.Join(add(k), bucket(k)); err != nil {
 			t.Fatal(err)
 		}
@@ -211,7 +211,7 @@ func TestNodeBreakerStopped(t *testing.T) {
 
 	dead.Stop()
 	for i := range 3 {
-		if err := add(kd); !errors.Is(err, limiter.ErrUnavailable) || errors.Is(err, limiter.ErrBreakerOpen) {
+		if err := add(kd); !errors.Is(err, storage.ErrUnavailable) || errors.Is(err, storage.ErrBreakerOpen) {
 			t.Fatalf("call %d on the stopped node: %v; want a failure of the node", i, err)
 		}
 		if err := add(kl); err != nil {
@@ -224,12 +224,12 @@ func TestNodeBreakerStopped(t *testing.T) {
 	fast(t, deadDials, "Add", func() error { return add(kd) })
 	fast(t, deadDials, "Sub", func() error { return s.Sub(ctx, kd, 100, 1) })
 	fast(t, deadDials, "UpdateBucket", func() error { return bucket(kd) })
-	steps := []limiter.Step{
-		{Kind: limiter.StepAdd, Key: kd, Idx: 100, Span: 2, N: 1, TTL: time.Minute},
-		{Kind: limiter.StepAdd, Key: kl, Idx: 100, Span: 2, N: 1, TTL: time.Minute},
-		{Kind: limiter.StepBucket, Key: kl, Bucket: op, TTL: time.Minute},
+	steps := []storage.Step{
+		{Kind: storage.StepAdd, Key: kd, Idx: 100, Span: 2, N: 1, TTL: time.Minute},
+		{Kind: storage.StepAdd, Key: kl, Idx: 100, Span: 2, N: 1, TTL: time.Minute},
+		{Kind: storage.StepBucket, Key: kl, Bucket: op, TTL: time.Minute},
 	}
-	out := make([]limiter.StepResult, len(steps))
+	out := make([]storage.StepResult, len(steps))
 	fast(t, deadDials, "Do", func() error { s.Do(ctx, steps, out); return out[0].Err })
 	if out[1].Err != nil || out[1].Counts.C[0] < 2 || out[2].Err != nil || !out[2].Decision.Allowed {
 		t.Errorf("live node's steps in the batch: %+v %+v", out[1], out[2])
@@ -293,8 +293,8 @@ func TestNodeBreakerHungBuckets(t *testing.T) {
 	ctx := t.Context()
 	kl, kh := keyOn(t, s, live.Addr()), keyOn(t, s, hung.Addr())
 	hungDials := countDials(s, hung.Addr())
-	op := limiter.BucketOp{MaxAmount: 1 << 40, RefillTime: time.Hour, RefillAmount: 1, Now: time.Now().UnixNano(), N: 1}
-	bucket := func(k limiter.Key) error { _, err := s.UpdateBucket(ctx, k, op, time.Minute); return err }
+	op := storage.BucketOp{MaxAmount: 1 << 40, RefillTime: time.Hour, RefillAmount: 1, Now: time.Now().UnixNano(), N: 1}
+	bucket := func(k storage.Key) error { _, err := s.UpdateBucket(ctx, k, op, time.Minute); return err }
 
 	hung.Pause()
 	t.Cleanup(hung.Resume)
@@ -302,7 +302,7 @@ func TestNodeBreakerHungBuckets(t *testing.T) {
 		if i == 6 {
 			t.Fatalf("breaker %s after %d bucket calls on a hung node", s.breakerState(hung.Addr()), i)
 		}
-		if err := bucket(kh); !errors.Is(err, limiter.ErrUnavailable) {
+		if err := bucket(kh); !errors.Is(err, storage.ErrUnavailable) {
 			t.Fatalf("bucket on the hung node: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond) // the connection reports at its socket timeout

@@ -11,7 +11,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Value formats. The first byte of a bucket or log value says which it is,
@@ -22,23 +22,23 @@ const (
 	formatLog    = 'L'
 )
 
-// UpdateBucket implements [limiter.BucketStore] with gets and cas (add for a
+// UpdateBucket implements [storage.BucketStore] with gets and cas (add for a
 // new bucket), retrying on a lost race. The state's Version is the item's
 // CAS id.
-func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+func (s *Store) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	key := bucketKey(s.keys.base(k))
 	s.refunds.Wait(ctx, key) //nolint:errcheck // the loop reports ctx's end
 	return s.casLoop().update(ctx, "bucket", key, s.bucketApply(op, ttl))
 }
 
 // bucketApply is op as an applyFunc on a bucket value.
-func (s *Store) bucketApply(op limiter.BucketOp, ttl time.Duration) applyFunc {
-	return func(val []byte, cas uint64, found bool) (*memcache.Item, limiter.Decision, error) {
-		var cur limiter.BucketState
+func (s *Store) bucketApply(op storage.BucketOp, ttl time.Duration) applyFunc {
+	return func(val []byte, cas uint64, found bool) (*memcache.Item, storage.Decision, error) {
+		var cur storage.BucketState
 		if found {
 			var err error
 			if cur, err = decodeBucket(val); err != nil {
-				return nil, limiter.Decision{}, err
+				return nil, storage.Decision{}, err
 			}
 			cur.Version = cas
 		}
@@ -50,48 +50,48 @@ func (s *Store) bucketApply(op limiter.BucketOp, ttl time.Duration) applyFunc {
 	}
 }
 
-// UpdateLog implements [limiter.LogStore] with gets and cas of the log
-// encoded by [limiter.AppendLog].
-func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+// UpdateLog implements [storage.LogStore] with gets and cas of the log
+// encoded by [storage.AppendLog].
+func (s *Store) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
 	key := logKey(s.keys.base(k))
 	s.refunds.Wait(ctx, key) //nolint:errcheck // the loop reports ctx's end
 	return s.casLoop().update(ctx, "log", key, s.logApply(op, ttl))
 }
 
 // logApply is op as an applyFunc on a log value.
-func (s *Store) logApply(op limiter.LogOp, ttl time.Duration) applyFunc {
-	return func(val []byte, _ uint64, found bool) (*memcache.Item, limiter.Decision, error) {
+func (s *Store) logApply(op storage.LogOp, ttl time.Duration) applyFunc {
+	return func(val []byte, _ uint64, found bool) (*memcache.Item, storage.Decision, error) {
 		var entries []int64
 		if found {
 			if len(val) == 0 || val[0] != formatLog {
-				return nil, limiter.Decision{}, fmt.Errorf("%w: not a sliding log value", limiter.ErrCorruptState)
+				return nil, storage.Decision{}, fmt.Errorf("%w: not a sliding log value", storage.ErrCorruptState)
 			}
 			var err error
-			if entries, err = limiter.ParseLog(val[1:], nil); err != nil {
-				return nil, limiter.Decision{}, err
+			if entries, err = storage.ParseLog(val[1:], nil); err != nil {
+				return nil, storage.Decision{}, err
 			}
 		}
 		next, d, write := op.Apply(entries)
 		if !write {
 			return nil, d, nil
 		}
-		return &memcache.Item{Value: limiter.AppendLog([]byte{formatLog}, next), Expiration: s.expiry(ttl)}, d, nil
+		return &memcache.Item{Value: storage.AppendLog([]byte{formatLog}, next), Expiration: s.expiry(ttl)}, d, nil
 	}
 }
 
-// KeepsLeased implements [limiter.LeaseKeeper]: a bucket's value holds
+// KeepsLeased implements [storage.LeaseKeeper]: a bucket's value holds
 // its leased units (encodeBucket).
 func (s *Store) KeepsLeased() bool { return true }
 
 // encodeBucket is the value of a bucket: its format byte, then Tokens and
 // Updated as varints, then, when a capacity lease holds units, the two
 // lease slots (epoch and units each).
-func encodeBucket(b limiter.BucketState) []byte {
+func encodeBucket(b storage.BucketState) []byte {
 	out := make([]byte, 0, 1+6*binary.MaxVarintLen64)
 	out = append(out, formatBucket)
 	out = binary.AppendVarint(out, b.Tokens)
 	out = binary.AppendVarint(out, b.Updated)
-	if b.Leased == ([2]limiter.LeaseSlot{}) {
+	if b.Leased == ([2]storage.LeaseSlot{}) {
 		return out
 	}
 	for _, l := range b.Leased {
@@ -101,19 +101,19 @@ func encodeBucket(b limiter.BucketState) []byte {
 	return out
 }
 
-func decodeBucket(v []byte) (limiter.BucketState, error) {
-	var b limiter.BucketState
+func decodeBucket(v []byte) (storage.BucketState, error) {
+	var b storage.BucketState
 	if len(v) == 0 || v[0] != formatBucket {
-		return b, fmt.Errorf("%w: not a token bucket value", limiter.ErrCorruptState)
+		return b, fmt.Errorf("%w: not a token bucket value", storage.ErrCorruptState)
 	}
 	v = v[1:]
 	t, n := binary.Varint(v)
 	if n <= 0 {
-		return b, fmt.Errorf("%w: token bucket tokens", limiter.ErrCorruptState)
+		return b, fmt.Errorf("%w: token bucket tokens", storage.ErrCorruptState)
 	}
 	u, m := binary.Varint(v[n:])
 	if m <= 0 {
-		return b, fmt.Errorf("%w: token bucket time", limiter.ErrCorruptState)
+		return b, fmt.Errorf("%w: token bucket time", storage.ErrCorruptState)
 	}
 	b.Tokens, b.Updated = t, u
 	v = v[n+m:]
@@ -124,14 +124,14 @@ func decodeBucket(v []byte) (limiter.BucketState, error) {
 	for i := range f {
 		x, k := binary.Varint(v)
 		if k <= 0 {
-			return b, fmt.Errorf("%w: token bucket leases", limiter.ErrCorruptState)
+			return b, fmt.Errorf("%w: token bucket leases", storage.ErrCorruptState)
 		}
 		f[i], v = x, v[k:]
 	}
 	if len(v) != 0 {
-		return b, fmt.Errorf("%w: token bucket value has %d trailing bytes", limiter.ErrCorruptState, len(v))
+		return b, fmt.Errorf("%w: token bucket value has %d trailing bytes", storage.ErrCorruptState, len(v))
 	}
-	b.Leased = [2]limiter.LeaseSlot{{Epoch: f[0], Units: f[1]}, {Epoch: f[2], Units: f[3]}}
+	b.Leased = [2]storage.LeaseSlot{{Epoch: f[0], Units: f[1]}, {Epoch: f[2], Units: f[3]}}
 	return b, nil
 }
 
@@ -139,7 +139,7 @@ func decodeBucket(v []byte) (limiter.BucketState, error) {
 // false when it holds none; cas is the item's CAS id): the item to write
 // (its Value and Expiration; the loop sets Key and CasID), or nil when
 // nothing is to be written, and the decision.
-type applyFunc func(val []byte, cas uint64, found bool) (write *memcache.Item, d limiter.Decision, err error)
+type applyFunc func(val []byte, cas uint64, found bool) (write *memcache.Item, d storage.Decision, err error)
 
 // casLoop is the optimistic read-modify-write of the package, shared by
 // [Store] (buckets, logs) and [Leases]: its client, the per-call timeout,
@@ -172,13 +172,13 @@ func (s *Store) casLoop() casLoop {
 // No update is lost: every write is conditional on the state it was
 // computed from. Attempts stop after maxRetries lost races (a stale cached
 // item is not counted), or at the call's deadline, with an error wrapping
-// limiter.ErrConflict (and the context's error). Every other failure goes
+// storage.ErrConflict (and the context's error). Every other failure goes
 // through errorf, the package's one error mapping. Reads and writes run
 // through call (so the call returns at its deadline) and retryDead (a
 // pooled connection the server closed is replaced once).
-func (c casLoop) update(ctx context.Context, kind, key string, apply applyFunc) (limiter.Decision, error) {
+func (c casLoop) update(ctx context.Context, kind, key string, apply applyFunc) (storage.Decision, error) {
 	if err := ctx.Err(); err != nil {
-		return limiter.Decision{}, errorf(kind, err)
+		return storage.Decision{}, errorf(kind, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -187,7 +187,7 @@ func (c casLoop) update(ctx context.Context, kind, key string, apply applyFunc) 
 	if it == nil {
 		var err error
 		if it, err = c.read(ctx, key); err != nil {
-			return limiter.Decision{}, errorf(kind+": gets", err)
+			return storage.Decision{}, errorf(kind+": gets", err)
 		}
 		fresh = true
 	}
@@ -199,13 +199,13 @@ func (c casLoop) update(ctx context.Context, kind, key string, apply applyFunc) 
 			if fresh {
 				if err != nil {
 					c.cache.drop(key)
-					return limiter.Decision{}, errorf(kind, err)
+					return storage.Decision{}, errorf(kind, err)
 				}
 				return d, nil
 			}
 			// Made on a cached item: confirm on a fresh read.
 			if it, err = c.read(ctx, key); err != nil {
-				return limiter.Decision{}, errorf(kind+": gets", err)
+				return storage.Decision{}, errorf(kind+": gets", err)
 			}
 			fresh = true
 			continue
@@ -227,23 +227,23 @@ func (c casLoop) update(ctx context.Context, kind, key string, apply applyFunc) 
 			return d, nil
 		case errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCacheMiss):
 		default:
-			return limiter.Decision{}, errorf(kind+": write", err)
+			return storage.Decision{}, errorf(kind+": write", err)
 		}
 		// Lost a race. A stale cached item does not count as a loss.
 		if fresh {
 			lost++
 			if lost > c.maxRetries {
-				return limiter.Decision{}, errorf(kind, fmt.Errorf("%w: gave up after %d lost races", limiter.ErrConflict, lost))
+				return storage.Decision{}, errorf(kind, fmt.Errorf("%w: gave up after %d lost races", storage.ErrConflict, lost))
 			}
 			if err := wait(ctx, c.backoff, lost); err != nil {
-				return limiter.Decision{}, errorf(kind, fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err))
+				return storage.Decision{}, errorf(kind, fmt.Errorf("%w: %d lost races, then: %w", storage.ErrConflict, lost, err))
 			}
 		}
 		if it, err = c.read(ctx, key); err != nil {
 			if lost > 0 && ctx.Err() != nil {
-				err = fmt.Errorf("%w: %d lost races, then: %w", limiter.ErrConflict, lost, err)
+				err = fmt.Errorf("%w: %d lost races, then: %w", storage.ErrConflict, lost, err)
 			}
-			return limiter.Decision{}, errorf(kind+": gets", err)
+			return storage.Decision{}, errorf(kind+": gets", err)
 		}
 		fresh = true
 	}

@@ -53,8 +53,8 @@ var errProtocol = errors.New("memcached: unexpected reply")
 
 // exec runs f on a connection to addr (see run) behind the node's circuit
 // breaker, if the pool has breakers: while the breaker refuses, exec
-// fails at once with its error (wrapping limiter.ErrBreakerOpen and
-// limiter.ErrUnavailable); otherwise it runs f and reports the outcome
+// fails at once with its error (wrapping storage.ErrBreakerOpen and
+// storage.ErrUnavailable); otherwise it runs f and reports the outcome
 // (execErr).
 func (p *pool) exec(ctx context.Context, addr net.Addr, f func(c *pconn) error) error {
 	b := p.breakers.Get(addr.String())

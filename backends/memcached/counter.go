@@ -9,10 +9,10 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-// Add implements [limiter.Counter]. On one connection to the key's node it
+// Add implements [storage.Counter]. On one connection to the key's node it
 // sends, pipelined in one write:
 //
 //	add <key|c cur> 0 <exp> 1 / 0    creates the counter at 0 if missing
@@ -23,30 +23,30 @@ import (
 // is Counts.Later. With n == 0 only the get is sent (and includes cur).
 // With Config.Proxy the get is sent after the incr's reply (two round
 // trips). On error the add may or may not have happened.
-func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
-	if span < 1 || span > limiter.MaxSpan || n < 0 {
-		return limiter.Counts{}, fmt.Errorf("memcached: bad window add (span %d, n %d)", span, n)
+func (s *Store) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
+	if span < 1 || span > storage.MaxSpan || n < 0 {
+		return storage.Counts{}, fmt.Errorf("memcached: bad window add (span %d, n %d)", span, n)
 	}
-	ahead := limiter.Ahead(span)
+	ahead := storage.Ahead(span)
 	if cur > math.MaxInt64-ahead-1 || cur < math.MinInt64+int64(span) {
-		return limiter.Counts{}, fmt.Errorf("memcached: sub-window index %d out of range", cur)
+		return storage.Counts{}, fmt.Errorf("memcached: sub-window index %d out of range", cur)
 	}
 	if err := ctx.Err(); err != nil {
-		return limiter.Counts{}, errorf("add", err)
+		return storage.Counts{}, errorf("add", err)
 	}
 	w := window{cur: cur, span: int64(span), ahead: ahead, n: n, proxy: s.proxy}
 	w.init(s, k, ttl)
 	addr, err := s.ring.pickTag(w.base)
 	if err != nil {
-		return limiter.Counts{}, errorf("add", err)
+		return storage.Counts{}, errorf("add", err)
 	}
-	var c limiter.Counts
+	var c storage.Counts
 	err = s.pool.exec(ctx, addr, func(pc *pconn) (err error) {
 		c, err = w.run(pc)
 		return err
 	})
 	if err != nil {
-		return limiter.Counts{}, errorf("add", err)
+		return storage.Counts{}, errorf("add", err)
 	}
 	return c, nil
 }
@@ -65,7 +65,7 @@ type window struct {
 	// again with its add); ttl and sentAt make the until of a counter the
 	// add creates.
 	keys   keyer
-	key    limiter.Key
+	key    storage.Key
 	noAdd  bool
 	ttl    time.Duration
 	sentAt int64
@@ -73,7 +73,7 @@ type window struct {
 
 // init fills the request's base, expiry and known counter for k (cur, n
 // and span set).
-func (w *window) init(s *Store, k limiter.Key, ttl time.Duration) {
+func (w *window) init(s *Store, k storage.Key, ttl time.Duration) {
 	var kc knownCounter
 	w.base, kc = s.keys.windowKnown(k)
 	if w.n > 0 {
@@ -83,7 +83,7 @@ func (w *window) init(s *Store, k limiter.Key, ttl time.Duration) {
 	}
 }
 
-func (w *window) run(pc *pconn) (limiter.Counts, error) {
+func (w *window) run(pc *pconn) (storage.Counts, error) {
 	// The counter can vanish between add and incr (evicted, flush_all):
 	// the incr then finds nothing and the whole request is sent again. A
 	// first round that sent the incr alone (noAdd: a counter this Store
@@ -98,10 +98,10 @@ func (w *window) run(pc *pconn) (limiter.Counts, error) {
 			return c, err
 		}
 	}
-	return limiter.Counts{}, fmt.Errorf("%w: counter %s|c%d kept vanishing between add and incr", limiter.ErrConflict, w.base, w.cur)
+	return storage.Counts{}, fmt.Errorf("%w: counter %s|c%d kept vanishing between add and incr", storage.ErrConflict, w.base, w.cur)
 }
 
-func (w *window) once(pc *pconn) (c limiter.Counts, vanished bool, err error) {
+func (w *window) once(pc *pconn) (c storage.Counts, vanished bool, err error) {
 	if w.proxy && w.n > 0 {
 		// The get only after the incr's reply.
 		var num [24]byte
@@ -174,7 +174,7 @@ func (w *window) writeGet(pc *pconn, num *[24]byte) {
 }
 
 // read reads the replies to what write sent.
-func (w *window) read(pc *pconn) (c limiter.Counts, vanished bool, err error) {
+func (w *window) read(pc *pconn) (c storage.Counts, vanished bool, err error) {
 	if w.n > 0 {
 		if c.C[0], vanished, err = w.readIncr(pc); err != nil {
 			return c, false, err
@@ -215,7 +215,7 @@ func (w *window) readIncr(pc *pconn) (int64, bool, error) {
 	}
 	if string(line) == "NOT_FOUND\r\n" {
 		if w.noAdd {
-			lv := [limiter.PackedLevels]knownCounter{{idx: w.cur}}
+			lv := [storage.PackedLevels]knownCounter{{idx: w.cur}}
 			w.keys.record(w.key, w.base, 0, 1, &lv)
 			w.noAdd = false
 		}
@@ -226,14 +226,14 @@ func (w *window) readIncr(pc *pconn) (int64, bool, error) {
 		return 0, false, replyError("incr", line)
 	}
 	if created && w.ttl > 0 {
-		lv := [limiter.PackedLevels]knownCounter{{idx: w.cur, until: w.sentAt + int64(w.ttl)}}
+		lv := [storage.PackedLevels]knownCounter{{idx: w.cur, until: w.sentAt + int64(w.ttl)}}
 		w.keys.record(w.key, w.base, 1, 0, &lv)
 	}
 	return v, false, nil
 }
 
 // readGet reads a get reply into c.
-func (w *window) readGet(pc *pconn, c *limiter.Counts) error {
+func (w *window) readGet(pc *pconn, c *storage.Counts) error {
 	for {
 		line, err := pc.r.ReadSlice('\n')
 		if err != nil {
@@ -250,7 +250,7 @@ func (w *window) readGet(pc *pconn, c *limiter.Counts) error {
 
 // value reads the item whose VALUE line is line (a sub-window's counter the
 // window asked for) into c.
-func (w *window) value(pc *pconn, line []byte, c *limiter.Counts) error {
+func (w *window) value(pc *pconn, line []byte, c *storage.Counts) error {
 	var data [maxCountLen + 2]byte
 	key, size, ok := parseValueLine(line)
 	if !ok || size > maxCountLen || len(key) <= len(w.base)+2 ||
@@ -347,14 +347,14 @@ func parseNumberLine(line []byte) (int64, bool) {
 func replyError(cmd string, line []byte) error {
 	line = bytes.TrimRight(line, "\r\n")
 	if (cmd == "incr" || cmd == "decr") && bytes.HasPrefix(line, []byte("CLIENT_ERROR ")) {
-		return fmt.Errorf("%w: %s: %.100q", limiter.ErrCorruptState, cmd, line)
+		return fmt.Errorf("%w: %s: %.100q", storage.ErrCorruptState, cmd, line)
 	}
 	return fmt.Errorf("%w to %s: %.100q", errProtocol, cmd, line)
 }
 
-// Sub implements [limiter.Counter] with decr, which memcached stops at zero.
+// Sub implements [storage.Counter] with decr, which memcached stops at zero.
 // A missing counter (expired, evicted) has nothing to give back.
-func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+func (s *Store) Sub(ctx context.Context, k storage.Key, idx int64, n int64) error {
 	if n < 0 {
 		return fmt.Errorf("memcached: bad window sub (n %d)", n)
 	}
@@ -404,7 +404,7 @@ func parseCount(b []byte) (int64, error) {
 	b = bytes.TrimRight(b, " ")
 	v, err := strconv.ParseUint(string(b), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%w: counter value %.40q is not a number", limiter.ErrCorruptState, b)
+		return 0, fmt.Errorf("%w: counter value %.40q is not a number", storage.ErrCorruptState, b)
 	}
 	return clampCount(v), nil
 }

@@ -1,8 +1,8 @@
 // Package memcached is a limiter store on memcached (through
 // github.com/bradfitz/gomemcache): atomic counters for the fixed and
-// sliding windows ([limiter.Counter], [limiter.PackedCounter]) and
-// compare-and-swap values for the token bucket ([limiter.BucketStore]) and
-// the sliding log ([limiter.LogStore]); [Leases] keeps the concurrency
+// sliding windows ([storage.Counter], [storage.PackedCounter]) and
+// compare-and-swap values for the token bucket ([storage.BucketStore]) and
+// the sliding log ([storage.LogStore]); [Leases] keeps the concurrency
 // limiter's leases and the load shedders' gauges.
 //
 //	s, err := memcached.New(memcached.Config{
@@ -31,8 +31,8 @@
 // With Config.Breaker each node has its own circuit breaker.
 //
 // Errors wrap [ErrUnavailable] (network, server, timeouts; and so
-// [limiter.ErrUnavailable]), [limiter.ErrConflict] (lost races ran out of
-// retries or time) or [limiter.ErrCorruptState]. memcached is a cache: an
+// [storage.ErrUnavailable]), [storage.ErrConflict] (lost races ran out of
+// retries or time) or [storage.ErrCorruptState]. memcached is a cache: an
 // evicted or restarted counter comes back empty, so size it not to evict.
 //
 // docs/stores.md ("memcached") states the storage protocol: the commands,

@@ -18,7 +18,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/sluicehq/sluice/internal/testserver"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // TestErrorf: every failure a Store or Leases call can meet falls in
@@ -27,32 +27,32 @@ import (
 // original error in its chain, and a timeout is also
 // context.DeadlineExceeded.
 func TestErrorf(t *testing.T) {
-	kinds := []error{limiter.ErrUnavailable, limiter.ErrThrottled, limiter.ErrConflict, limiter.ErrCorruptState}
+	kinds := []error{storage.ErrUnavailable, storage.ErrThrottled, storage.ErrConflict, storage.ErrCorruptState}
 	for _, c := range []struct {
 		name     string
 		err      error
 		want     error
 		deadline bool // also context.DeadlineExceeded
 	}{
-		{"corrupt value", fmt.Errorf("%w: not a token bucket value", limiter.ErrCorruptState), limiter.ErrCorruptState, false},
-		{"corrupt lease set", fmt.Errorf("%w: lease set header", limiter.ErrCorruptState), limiter.ErrCorruptState, false},
-		{"CLIENT_ERROR to incr", replyError("incr", []byte("CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")), limiter.ErrCorruptState, false},
-		{"CLIENT_ERROR through gomemcache", errors.New("memcache: client error: cannot increment or decrement non-numeric value"), limiter.ErrCorruptState, false},
-		{"retries spent", fmt.Errorf("%w: gave up after 51 lost races", limiter.ErrConflict), limiter.ErrConflict, false},
-		{"lost races until the deadline", fmt.Errorf("%w: 3 lost races, then: %w", limiter.ErrConflict, context.DeadlineExceeded), limiter.ErrConflict, true},
-		{"counter kept vanishing", fmt.Errorf("%w: counter k|c1 kept vanishing between add and incr", limiter.ErrConflict), limiter.ErrConflict, false},
-		{"socket timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, limiter.ErrUnavailable, true},
-		{"connect timeout", &memcache.ConnectTimeoutError{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}}, limiter.ErrUnavailable, true},
-		{"call deadline", context.DeadlineExceeded, limiter.ErrUnavailable, true},
-		{"cancelled", context.Canceled, limiter.ErrUnavailable, false},
-		{"refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, limiter.ErrUnavailable, false},
-		{"reset", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, limiter.ErrUnavailable, false},
-		{"closed", io.EOF, limiter.ErrUnavailable, false},
-		{"server error", memcache.ErrServerError, limiter.ErrUnavailable, false},
-		{"no servers", memcache.ErrNoServers, limiter.ErrUnavailable, false},
-		{"unexpected reply", replyError("get", []byte("SERVER_ERROR out of memory\r\n")), limiter.ErrUnavailable, false},
-		{"protocol", fmt.Errorf("%w: get value not terminated by CRLF", errProtocol), limiter.ErrUnavailable, false},
-		{"discovery", fmt.Errorf("%w: cfg: %w", ErrDiscovery, io.ErrUnexpectedEOF), limiter.ErrUnavailable, false},
+		{"corrupt value", fmt.Errorf("%w: not a token bucket value", storage.ErrCorruptState), storage.ErrCorruptState, false},
+		{"corrupt lease set", fmt.Errorf("%w: lease set header", storage.ErrCorruptState), storage.ErrCorruptState, false},
+		{"CLIENT_ERROR to incr", replyError("incr", []byte("CLIENT_ERROR cannot increment or decrement non-numeric value\r\n")), storage.ErrCorruptState, false},
+		{"CLIENT_ERROR through gomemcache", errors.New("memcache: client error: cannot increment or decrement non-numeric value"), storage.ErrCorruptState, false},
+		{"retries spent", fmt.Errorf("%w: gave up after 51 lost races", storage.ErrConflict), storage.ErrConflict, false},
+		{"lost races until the deadline", fmt.Errorf("%w: 3 lost races, then: %w", storage.ErrConflict, context.DeadlineExceeded), storage.ErrConflict, true},
+		{"counter kept vanishing", fmt.Errorf("%w: counter k|c1 kept vanishing between add and incr", storage.ErrConflict), storage.ErrConflict, false},
+		{"socket timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, storage.ErrUnavailable, true},
+		{"connect timeout", &memcache.ConnectTimeoutError{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}}, storage.ErrUnavailable, true},
+		{"call deadline", context.DeadlineExceeded, storage.ErrUnavailable, true},
+		{"cancelled", context.Canceled, storage.ErrUnavailable, false},
+		{"refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, storage.ErrUnavailable, false},
+		{"reset", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, storage.ErrUnavailable, false},
+		{"closed", io.EOF, storage.ErrUnavailable, false},
+		{"server error", memcache.ErrServerError, storage.ErrUnavailable, false},
+		{"no servers", memcache.ErrNoServers, storage.ErrUnavailable, false},
+		{"unexpected reply", replyError("get", []byte("SERVER_ERROR out of memory\r\n")), storage.ErrUnavailable, false},
+		{"protocol", fmt.Errorf("%w: get value not terminated by CRLF", errProtocol), storage.ErrUnavailable, false},
+		{"discovery", fmt.Errorf("%w: cfg: %w", ErrDiscovery, io.ErrUnexpectedEOF), storage.ErrUnavailable, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got := errorf("bucket", c.err)
@@ -61,7 +61,7 @@ func TestErrorf(t *testing.T) {
 					t.Errorf("errors.Is(%v, %v) = %v", got, k, is)
 				}
 			}
-			if c.want == limiter.ErrUnavailable && !errors.Is(got, ErrUnavailable) {
+			if c.want == storage.ErrUnavailable && !errors.Is(got, ErrUnavailable) {
 				t.Errorf("%v does not wrap memcached.ErrUnavailable", got)
 			}
 			if !errors.Is(got, c.err) {
@@ -80,8 +80,8 @@ func TestErrorf(t *testing.T) {
 // connection the server closed.
 func TestLeasesShareTheLoop(t *testing.T) {
 	now := time.Unix(100, 0).UnixNano()
-	op := limiter.LeaseOp{Capacity: 2, Now: now, TTL: time.Minute, ID: "a"}
-	k := limiter.Key{Space: "cl", Name: "k"}
+	op := storage.LeaseOp{Capacity: 2, Now: now, TTL: time.Minute, ID: "a"}
+	k := storage.Key{Space: "cl", Name: "k"}
 	leases := func(t *testing.T, addr string) *Leases {
 		t.Helper()
 		mc := memcache.New(addr)
@@ -100,7 +100,7 @@ func TestLeasesShareTheLoop(t *testing.T) {
 			f := strings.Fields(line)
 			switch f[0] {
 			case "gets":
-				v := string(limiter.AppendLeases([]byte{leaseFormat}, []limiter.LeaseEntry{{ID: "x", Expires: now + 1}}))
+				v := string(storage.AppendLeases([]byte{leaseFormat}, []storage.LeaseEntry{{ID: "x", Expires: now + 1}}))
 				return fmt.Sprintf("VALUE %s 0 %d 42\r\n%s\r\nEND\r\n", f[1], len(v), v)
 			case "cas":
 				n, _ := strconv.Atoi(f[4])
@@ -111,7 +111,7 @@ func TestLeasesShareTheLoop(t *testing.T) {
 			return "ERROR\r\n"
 		})
 		_, err := leases(t, addr).AcquireLease(context.Background(), k, op)
-		if !errors.Is(err, limiter.ErrConflict) || errors.Is(err, limiter.ErrUnavailable) {
+		if !errors.Is(err, storage.ErrConflict) || errors.Is(err, storage.ErrUnavailable) {
 			t.Fatalf("endless lost races: %v, want ErrConflict", err)
 		}
 		if got := cas.Load(); got != 4 {
@@ -128,7 +128,7 @@ func TestLeasesShareTheLoop(t *testing.T) {
 			return "ERROR\r\n"
 		})
 		_, err := leases(t, addr).AcquireLease(context.Background(), k, op)
-		if !errors.Is(err, limiter.ErrCorruptState) || errors.Is(err, limiter.ErrUnavailable) {
+		if !errors.Is(err, storage.ErrCorruptState) || errors.Is(err, storage.ErrUnavailable) {
 			t.Fatalf("%v, want ErrCorruptState", err)
 		}
 	})
@@ -147,7 +147,7 @@ func TestLeasesShareTheLoop(t *testing.T) {
 			return "ERROR\r\n"
 		})
 		_, err := leases(t, addr).AcquireLease(context.Background(), k, op)
-		if !errors.Is(err, ErrUnavailable) || errors.Is(err, limiter.ErrConflict) {
+		if !errors.Is(err, ErrUnavailable) || errors.Is(err, storage.ErrConflict) {
 			t.Fatalf("%v, want ErrUnavailable", err)
 		}
 	})
@@ -172,7 +172,7 @@ func TestLeasesShareTheLoop(t *testing.T) {
 			return forward(t, real, req)
 		})
 		l := leases(t, proxy)
-		k := limiter.Key{Space: "cl", Name: uniqueName(t)}
+		k := storage.Key{Space: "cl", Name: uniqueName(t)}
 		ctx := context.Background()
 		if d, err := l.AcquireLease(ctx, k, op); err != nil || !d.Allowed {
 			t.Fatalf("first acquire: %+v, %v", d, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // limiters returns one limiter of each algorithm on s, with limits high
@@ -21,7 +22,7 @@ func limiters(t *testing.T, s *memcached.Store) map[string]limiter.Limiter {
 	sw, err1 := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1 << 40, Window: time.Minute, SubWindows: 12})
 	fw, err2 := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Limit: 1 << 40, Window: time.Minute})
 	tb, err3 := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 1 << 40, RefillTime: time.Hour})
-	sl, err4 := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Limit: limiter.MaxLogLimit, Window: time.Millisecond})
+	sl, err4 := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Limit: storage.MaxLogLimit, Window: time.Millisecond})
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestServerStopsMidRun(t *testing.T) {
 					switch {
 					case err == nil:
 						ok[p].Add(1)
-					case !errors.Is(err, memcached.ErrUnavailable) && !errors.Is(err, limiter.ErrConflict):
+					case !errors.Is(err, memcached.ErrUnavailable) && !errors.Is(err, storage.ErrConflict):
 						// (A bucket that lost CAS races until its deadline
 						// fails with ErrConflict: typed too.)
 						select {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // FuzzKeys: every limiter key becomes a legal memcached key (for every
@@ -21,12 +21,12 @@ func FuzzKeys(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, space1, name1, space2, name2 string) {
-		k1, k2 := limiter.Key{Space: space1, Name: name1}, limiter.Key{Space: space2, Name: name2}
+		k1, k2 := storage.Key{Space: space1, Name: name1}, storage.Key{Space: space2, Name: name2}
 		b1, b2 := kr.base(k1), kr.base(k2)
 		p1, p2 := kr.packedBase(k1), kr.packedBase(k2)
 		for _, key := range []string{bucketKey(b1), logKey(b1), counterKey(b1, -1<<63), counterKey(b1, 1<<63-1),
-			string(appendPackedKey(nil, p1, limiter.PackedCell{Level: 1, Index: -1 << 63})),
-			string(appendPackedKey(nil, p1, limiter.PackedCell{Level: limiter.PackedLevels, Index: 1<<63 - 1}))} {
+			string(appendPackedKey(nil, p1, storage.PackedCell{Level: 1, Index: -1 << 63})),
+			string(appendPackedKey(nil, p1, storage.PackedCell{Level: storage.PackedLevels, Index: 1<<63 - 1}))} {
 			if !legal(key) {
 				t.Fatalf("key %q: memcached key %q is not legal", k1, key)
 			}
@@ -35,7 +35,7 @@ func FuzzKeys(f *testing.F) {
 			t.Fatalf("keys %q and %q: memcached keys %q and %q, packed %q and %q", k1, k2, b1, b2, p1, p2)
 		}
 		// A packed counter's key parses back to its cell, on its base.
-		c := limiter.PackedCell{Level: 3, Index: int64(len(name1)) - 7}
+		c := storage.PackedCell{Level: 3, Index: int64(len(name1)) - 7}
 		if got, ok := parsePackedSuffix(appendPackedKey(nil, p1, c), p1); !ok || got != c {
 			t.Fatalf("packed key of %v on %q parses as %v, %v", c, p1, got, ok)
 		}

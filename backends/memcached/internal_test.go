@@ -14,6 +14,7 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // legal is gomemcache's and memcached's key rule, made stricter: printable
@@ -37,10 +38,10 @@ func TestKeysAreSafeAndDistinct(t *testing.T) {
 			t.Fatal(err)
 		}
 		spaces := []string{"sw:10:1m0s:10", "tb:2:1m0s:1", "a", "a/b", "a b", ""}
-		seen := map[string]limiter.Key{}
+		seen := map[string]storage.Key{}
 		for _, sp := range spaces {
 			for _, name := range hostileNames() {
-				k := limiter.Key{Space: sp, Name: name}
+				k := storage.Key{Space: sp, Name: name}
 				base := kr.base(k)
 				for _, key := range []string{base + "|b", base + "|l", counterKey(base, 0), counterKey(base, math.MinInt64), counterKey(base, math.MaxInt64)} {
 					if !legal(key) {
@@ -57,16 +58,16 @@ func TestKeysAreSafeAndDistinct(t *testing.T) {
 			}
 		}
 		// A readable key stays readable; a key with control bytes is hashed.
-		if got := kr.base(limiter.Key{Space: "fw:5:1m0s", Name: "user-42"}); got != prefix+"k:fw:5:1m0s/user-42" {
+		if got := kr.base(storage.Key{Space: "fw:5:1m0s", Name: "user-42"}); got != prefix+"k:fw:5:1m0s/user-42" {
 			t.Fatalf("readable key stored as %q", got)
 		}
-		if got := kr.base(limiter.Key{Space: "fw", Name: "a\r\nflush_all"}); !strings.HasPrefix(got, prefix+"h:") || strings.Contains(got, "flush") {
+		if got := kr.base(storage.Key{Space: "fw", Name: "a\r\nflush_all"}); !strings.HasPrefix(got, prefix+"h:") || strings.Contains(got, "flush") {
 			t.Fatalf("hostile key stored as %q", got)
 		}
 	}
 	// Space and Name are not simply concatenated.
 	kr, _ := newKeyer("")
-	if kr.base(limiter.Key{Space: "ab", Name: "\x00"}) == kr.base(limiter.Key{Space: "a", Name: "b\x00"}) {
+	if kr.base(storage.Key{Space: "ab", Name: "\x00"}) == kr.base(storage.Key{Space: "a", Name: "b\x00"}) {
 		t.Fatal("hashed keys ignore the Space/Name boundary")
 	}
 }
@@ -116,14 +117,14 @@ func TestExpiry(t *testing.T) {
 }
 
 func TestBucketEncoding(t *testing.T) {
-	for _, b := range []limiter.BucketState{{}, {Tokens: 5, Updated: 1}, {Tokens: math.MaxInt64, Updated: math.MinInt64}, {Tokens: -1, Updated: math.MaxInt64}} {
+	for _, b := range []storage.BucketState{{}, {Tokens: 5, Updated: 1}, {Tokens: math.MaxInt64, Updated: math.MinInt64}, {Tokens: -1, Updated: math.MaxInt64}} {
 		got, err := decodeBucket(encodeBucket(b))
 		if err != nil || got != b {
 			t.Fatalf("round trip of %+v: %+v, %v", b, got, err)
 		}
 	}
 	for _, v := range []string{"", "B", "B\x02", "X\x02\x02", "B\x02\x02\x02", "L\x00", "5"} {
-		if _, err := decodeBucket([]byte(v)); !errors.Is(err, limiter.ErrCorruptState) {
+		if _, err := decodeBucket([]byte(v)); !errors.Is(err, storage.ErrCorruptState) {
 			t.Errorf("decode %q: %v, want ErrCorruptState", v, err)
 		}
 	}
@@ -139,7 +140,7 @@ func TestParseCount(t *testing.T) {
 		if c.ok != (err == nil) || got != c.want {
 			t.Errorf("parseCount(%q) = %d, %v", c.v, got, err)
 		}
-		if err != nil && !errors.Is(err, limiter.ErrCorruptState) {
+		if err != nil && !errors.Is(err, storage.ErrCorruptState) {
 			t.Errorf("parseCount(%q): %v, want ErrCorruptState", c.v, err)
 		}
 	}

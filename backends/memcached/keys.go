@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const (
@@ -81,26 +82,26 @@ func printable(s string) bool {
 }
 
 // base returns the memcached key of k without a suffix.
-func (kr keyer) base(k limiter.Key) string { return kr.baseFor(k, maxSuffixLen) }
+func (kr keyer) base(k storage.Key) string { return kr.baseFor(k, maxSuffixLen) }
 
 // packedBase returns the base of a packed window's counters: readable
 // only if a packed suffix fits after it too. (A packed window's Space is
 // its own, so its base never needs to match another item's.)
-func (kr keyer) packedBase(k limiter.Key) string {
+func (kr keyer) packedBase(k storage.Key) string {
 	base, _ := kr.packedKnown(k)
 	return base
 }
 
 // packedKnown returns packedBase(k) and the counters of k's packed window
 // known to exist, from the cache when k is in it (no allocation).
-func (kr keyer) packedKnown(k limiter.Key) (string, [limiter.PackedLevels]knownCounter) {
+func (kr keyer) packedKnown(k storage.Key) (string, [storage.PackedLevels]knownCounter) {
 	return kr.knownFor(k, maxPackedSuffixLen)
 }
 
 // windowKnown returns base(k) and the counter of k's window known to
 // exist (a window's counters are written one at a time, so one is
 // remembered: the current sub-window's), from the cache when k is in it.
-func (kr keyer) windowKnown(k limiter.Key) (string, knownCounter) {
+func (kr keyer) windowKnown(k storage.Key) (string, knownCounter) {
 	base, lv := kr.knownFor(k, maxSuffixLen)
 	return base, lv[0]
 }
@@ -108,10 +109,10 @@ func (kr keyer) windowKnown(k limiter.Key) (string, knownCounter) {
 // knownFor returns k's base for suffixes of at most suffix bytes, and what
 // the cache knows of k's counters. A key's Space names its kind (packed
 // or not), so one key is only ever asked for with one suffix length.
-func (kr keyer) knownFor(k limiter.Key, suffix int) (string, [limiter.PackedLevels]knownCounter) {
+func (kr keyer) knownFor(k storage.Key, suffix int) (string, [storage.PackedLevels]knownCounter) {
 	c := kr.known
 	if c == nil || len(k.Space)+len(k.Name) > knownMaxKey {
-		return kr.baseFor(k, suffix), [limiter.PackedLevels]knownCounter{}
+		return kr.baseFor(k, suffix), [storage.PackedLevels]knownCounter{}
 	}
 	sh := c.shard(k)
 	sh.mu.Lock()
@@ -127,12 +128,12 @@ func (kr keyer) knownFor(k limiter.Key, suffix int) (string, [limiter.PackedLeve
 		sh.m[k] = knownEntry{base: base}
 	}
 	sh.mu.Unlock()
-	return base, [limiter.PackedLevels]knownCounter{}
+	return base, [storage.PackedLevels]knownCounter{}
 }
 
 // baseFor returns the memcached key of k without a suffix of at most
 // suffix bytes.
-func (kr keyer) baseFor(k limiter.Key, suffix int) string {
+func (kr keyer) baseFor(k storage.Key, suffix int) string {
 	if len(kr.prefix)+2+len(k.Space)+1+len(k.Name)+suffix <= maxKeyLen &&
 		printable(k.Space) && printable(k.Name) && !strings.Contains(k.Space, "/") {
 		return kr.prefix + "k:" + k.Space + "/" + k.Name
@@ -155,7 +156,7 @@ func counterKey(base string, idx int64) string {
 }
 
 // appendPackedKey appends the key of a packed window's counter c of base.
-func appendPackedKey(b []byte, base string, c limiter.PackedCell) []byte {
+func appendPackedKey(b []byte, base string, c storage.PackedCell) []byte {
 	b = append(b, base...)
 	b = append(b, tagSep, 'p', '0'+c.Level, ':')
 	return strconv.AppendInt(b, c.Index, 10)
@@ -193,13 +194,13 @@ type knownCache struct {
 
 type knownShard struct {
 	mu sync.Mutex
-	m  map[limiter.Key]knownEntry
+	m  map[storage.Key]knownEntry
 	_  [64 - 16]byte // one shard per cache line
 }
 
 type knownEntry struct {
 	base string
-	lv   [limiter.PackedLevels]knownCounter
+	lv   [storage.PackedLevels]knownCounter
 }
 
 // knownCounter is a level's counter known to exist: its index, and the
@@ -210,7 +211,7 @@ type knownCounter struct {
 }
 
 // has reports whether it knows c to exist at now.
-func (kc knownCounter) has(c limiter.PackedCell, now int64) bool {
+func (kc knownCounter) has(c storage.PackedCell, now int64) bool {
 	return kc.hasIdx(c.Index, now)
 }
 
@@ -222,7 +223,7 @@ func (kc knownCounter) hasIdx(idx, now int64) bool {
 func newKnownCache() *knownCache {
 	c := &knownCache{seed: maphash.MakeSeed()}
 	for i := range c.shards {
-		c.shards[i].m = make(map[limiter.Key]knownEntry)
+		c.shards[i].m = make(map[storage.Key]knownEntry)
 	}
 	return c
 }
@@ -232,7 +233,7 @@ var knownEpoch = time.Now()
 // knownNow is the monotonic clock of knownCounter.until, in nanoseconds.
 func knownNow() int64 { return int64(time.Since(knownEpoch)) }
 
-func (c *knownCache) shard(k limiter.Key) *knownShard {
+func (c *knownCache) shard(k storage.Key) *knownShard {
 	return &c.shards[maphash.Comparable(c.seed, k)%knownShards]
 }
 
@@ -250,7 +251,7 @@ func (sh *knownShard) makeRoom() {
 
 // record sets the levels of set to lv's counters and forgets those of
 // drop whose index is lv's.
-func (kr keyer) record(k limiter.Key, base string, set, drop uint8, lv *[limiter.PackedLevels]knownCounter) {
+func (kr keyer) record(k storage.Key, base string, set, drop uint8, lv *[storage.PackedLevels]knownCounter) {
 	c := kr.known
 	if c == nil || len(k.Space)+len(k.Name) > knownMaxKey {
 		return
@@ -266,7 +267,7 @@ func (kr keyer) record(k limiter.Key, base string, set, drop uint8, lv *[limiter
 		sh.makeRoom()
 		e.base = base
 	}
-	for l := range limiter.PackedLevels {
+	for l := range storage.PackedLevels {
 		if set&(1<<l) != 0 {
 			e.lv[l] = lv[l]
 		} else if drop&(1<<l) != 0 && e.lv[l].idx == lv[l].idx {

@@ -14,18 +14,19 @@ import (
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Leases keeps the leases of the concurrent-requests limiter and the
-// fleet-usage shedder ([limiter.LeaseStore]) and published values such as
-// the fleet's utilization ([limiter.GaugeStore]) in memcached.
+// fleet-usage shedder ([storage.LeaseStore]) and published values such as
+// the fleet's utilization ([storage.GaugeStore]) in memcached.
 //
 // Storage protocol: a key's live leases are one item, 'S' followed by
-// [limiter.AppendLeases]. An acquire or a release is an optimistic
+// [storage.AppendLeases]. An acquire or a release is an optimistic
 // read-modify-write of that item:
 //
 //  1. gets the item (value and CAS id); a miss is an empty set.
-//  2. Apply the op ([limiter.LeaseOp] or [limiter.ReleaseOp], pure). If it
+//  2. Apply the op ([storage.LeaseOp] or [storage.ReleaseOp], pure). If it
 //     writes nothing, its decision stands: it was made on what the server
 //     held at the gets.
 //  3. cas the new value on the CAS id (add when there was no item). EXISTS
@@ -37,7 +38,7 @@ import (
 // fresh gets). Every write is conditional on the value it was computed
 // from, so no update is lost and a key never holds more than its capacity
 // of live leases. Attempts stop after MaxRetries lost races or at the
-// call's deadline, with an error wrapping [limiter.ErrConflict]; errors are
+// call's deadline, with an error wrapping [storage.ErrConflict]; errors are
 // typed as the Store's are (see "Connections and errors" in the package
 // documentation). A set that
 // becomes empty is written empty (with a short expiry) rather than deleted,
@@ -67,8 +68,8 @@ type Leases struct {
 }
 
 var (
-	_ limiter.LeaseStore = (*Leases)(nil)
-	_ limiter.GaugeStore = (*Leases)(nil)
+	_ storage.LeaseStore = (*Leases)(nil)
+	_ storage.GaugeStore = (*Leases)(nil)
 )
 
 const (
@@ -112,26 +113,26 @@ func NewLeases(mc *memcache.Client, cfg Config) (*Leases, error) {
 	return l, nil
 }
 
-// AcquireLease implements [limiter.LeaseStore] (see the protocol above).
-func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.LeaseOp) (limiter.Decision, error) {
-	if op.Capacity <= 0 || op.Capacity > limiter.MaxLeases {
-		return limiter.Decision{}, fmt.Errorf("memcached: bad lease capacity %d", op.Capacity)
+// AcquireLease implements [storage.LeaseStore] (see the protocol above).
+func (l *Leases) AcquireLease(ctx context.Context, k storage.Key, op storage.LeaseOp) (storage.Decision, error) {
+	if op.Capacity <= 0 || op.Capacity > storage.MaxLeases {
+		return storage.Decision{}, fmt.Errorf("memcached: bad lease capacity %d", op.Capacity)
 	}
-	var d limiter.Decision
-	err := l.update(ctx, "acquire lease", l.key("l:", "L:", k), op.Now, func(cur []limiter.LeaseEntry) ([]limiter.LeaseEntry, bool) {
-		var next []limiter.LeaseEntry
+	var d storage.Decision
+	err := l.update(ctx, "acquire lease", l.key("l:", "L:", k), op.Now, func(cur []storage.LeaseEntry) ([]storage.LeaseEntry, bool) {
+		var next []storage.LeaseEntry
 		var write bool
 		next, d, write = op.Apply(cur)
 		return next, write
 	})
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	return d, nil
 }
 
-// ReleaseLease implements [limiter.LeaseStore].
-func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.ReleaseOp) error {
+// ReleaseLease implements [storage.LeaseStore].
+func (l *Leases) ReleaseLease(ctx context.Context, k storage.Key, op storage.ReleaseOp) error {
 	return l.update(ctx, "release lease", l.key("l:", "L:", k), op.Now, op.Apply)
 }
 
@@ -139,36 +140,36 @@ func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.Rel
 // loop ([casLoop.update], the one buckets and logs use; no item cache, so
 // every decision is made on a fresh gets). now is the caller's time, for the
 // item's expiry.
-func (l *Leases) update(ctx context.Context, what, key string, now int64, apply func([]limiter.LeaseEntry) ([]limiter.LeaseEntry, bool)) error {
+func (l *Leases) update(ctx context.Context, what, key string, now int64, apply func([]storage.LeaseEntry) ([]storage.LeaseEntry, bool)) error {
 	c := casLoop{mc: l.mc, timeout: l.timeout, maxRetries: l.maxRetries, backoff: l.backoff}
-	var buf []limiter.LeaseEntry
-	_, err := c.update(ctx, what, key, func(val []byte, _ uint64, found bool) (*memcache.Item, limiter.Decision, error) {
+	var buf []storage.LeaseEntry
+	_, err := c.update(ctx, what, key, func(val []byte, _ uint64, found bool) (*memcache.Item, storage.Decision, error) {
 		cur := buf[:0]
 		if found {
 			if len(val) == 0 || val[0] != leaseFormat {
-				return nil, limiter.Decision{}, fmt.Errorf("%w: not a lease set value", limiter.ErrCorruptState)
+				return nil, storage.Decision{}, fmt.Errorf("%w: not a lease set value", storage.ErrCorruptState)
 			}
 			var err error
-			if cur, err = limiter.ParseLeases(val[1:], cur); err != nil {
-				return nil, limiter.Decision{}, err
+			if cur, err = storage.ParseLeases(val[1:], cur); err != nil {
+				return nil, storage.Decision{}, err
 			}
 		}
 		next, write := apply(cur)
 		buf = next
 		if !write {
-			return nil, limiter.Decision{}, nil
+			return nil, storage.Decision{}, nil
 		}
 		exp := time.Second // an empty set: gone soon
 		if len(next) > 0 {
-			exp = limiter.LeaseExpiry(next, now) + leaseMargin
+			exp = storage.LeaseExpiry(next, now) + leaseMargin
 		}
-		return &memcache.Item{Value: limiter.AppendLeases([]byte{leaseFormat}, next), Expiration: l.expiry(exp)}, limiter.Decision{}, nil
+		return &memcache.Item{Value: storage.AppendLeases([]byte{leaseFormat}, next), Expiration: l.expiry(exp)}, storage.Decision{}, nil
 	})
 	return err
 }
 
-// PutGauge implements [limiter.GaugeStore] with set.
-func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, ttl time.Duration) error {
+// PutGauge implements [storage.GaugeStore] with set.
+func (l *Leases) PutGauge(ctx context.Context, k storage.Key, g storage.Gauge, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return errorf("put gauge", err)
 	}
@@ -182,35 +183,35 @@ func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, t
 	return nil
 }
 
-// GetGauge implements [limiter.GaugeStore] with get.
-func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bool, error) {
+// GetGauge implements [storage.GaugeStore] with get.
+func (l *Leases) GetGauge(ctx context.Context, k storage.Key) (storage.Gauge, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return limiter.Gauge{}, false, errorf("get gauge", err)
+		return storage.Gauge{}, false, errorf("get gauge", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	it, err := call(ctx, func() (*memcache.Item, error) { return l.mc.Get(l.key("g:", "G:", k)) })
 	switch {
 	case errors.Is(err, memcache.ErrCacheMiss):
-		return limiter.Gauge{}, false, nil
+		return storage.Gauge{}, false, nil
 	case err != nil:
-		return limiter.Gauge{}, false, errorf("get gauge", err)
+		return storage.Gauge{}, false, errorf("get gauge", err)
 	}
 	v := it.Value
 	if len(v) < 10 || v[0] != gaugeFormat {
-		return limiter.Gauge{}, false, errorf("get gauge", fmt.Errorf("%w: not a gauge value", limiter.ErrCorruptState))
+		return storage.Gauge{}, false, errorf("get gauge", fmt.Errorf("%w: not a gauge value", storage.ErrCorruptState))
 	}
 	at, n := binary.Varint(v[9:])
 	if n <= 0 || 9+n != len(v) {
-		return limiter.Gauge{}, false, errorf("get gauge", fmt.Errorf("%w: gauge time", limiter.ErrCorruptState))
+		return storage.Gauge{}, false, errorf("get gauge", fmt.Errorf("%w: gauge time", storage.ErrCorruptState))
 	}
-	return limiter.Gauge{Value: math.Float64frombits(binary.LittleEndian.Uint64(v[1:9])), At: at}, true, nil
+	return storage.Gauge{Value: math.Float64frombits(binary.LittleEndian.Uint64(v[1:9])), At: at}, true, nil
 }
 
 // key returns the memcached key of k: readable (prefix, tag, Space "/" Name)
 // when that is printable and fits, else hashed (prefix, hashTag, base64url
 // SHA-256 of uvarint(len(Space)) Space Name).
-func (l *Leases) key(tag, hashTag string, k limiter.Key) string {
+func (l *Leases) key(tag, hashTag string, k storage.Key) string {
 	if len(l.prefix)+len(tag)+len(k.Space)+1+len(k.Name) <= leaseMaxKeyLen && leasePrintable(k.Space) && leasePrintable(k.Name) && !strings.Contains(k.Space, "/") {
 		return l.prefix + tag + k.Space + "/" + k.Name
 	}

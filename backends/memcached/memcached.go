@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/pending"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Defaults used when the corresponding Config field is zero.
@@ -41,7 +42,7 @@ const (
 // cancelled context): the cases where a rule's fail mode applies. The
 // underlying error is wrapped too, so errors.Is(err,
 // context.DeadlineExceeded) works.
-var ErrUnavailable = fmt.Errorf("memcached: unavailable: %w", limiter.ErrUnavailable)
+var ErrUnavailable = fmt.Errorf("memcached: unavailable: %w", storage.ErrUnavailable)
 
 // Config configures a [Store]. Either Addrs or AutoDiscovery is required.
 type Config struct {
@@ -116,8 +117,8 @@ type Config struct {
 }
 
 // Store keeps limiter state in memcached: sub-window counters for the
-// windows ([limiter.Counter]) and CAS-protected values for token buckets
-// ([limiter.BucketStore]) and sliding logs ([limiter.LogStore]). The package
+// windows ([storage.Counter]) and CAS-protected values for token buckets
+// ([storage.BucketStore]) and sliding logs ([storage.LogStore]). The package
 // comment describes the protocol. A Store is safe for concurrent use; create
 // it with [New] (the zero value is not usable) and Close it when done.
 type Store struct {
@@ -148,9 +149,9 @@ type Store struct {
 }
 
 var (
-	_ limiter.Counter     = (*Store)(nil)
-	_ limiter.BucketStore = (*Store)(nil)
-	_ limiter.LogStore    = (*Store)(nil)
+	_ storage.Counter     = (*Store)(nil)
+	_ storage.BucketStore = (*Store)(nil)
+	_ storage.LogStore    = (*Store)(nil)
 )
 
 type dialFunc func(ctx context.Context, network, address string) (net.Conn, error)
@@ -438,11 +439,11 @@ func deadConn(err error) bool {
 		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, net.ErrClosed)
 }
 
-// errorf wraps a failure of op: a corrupt value as limiter.ErrCorruptState,
-// a lost race as limiter.ErrConflict, anything else as ErrUnavailable.
+// errorf wraps a failure of op: a corrupt value as storage.ErrCorruptState,
+// a lost race as storage.ErrConflict, anything else as ErrUnavailable.
 func errorf(op string, err error) error {
 	switch {
-	case errors.Is(err, limiter.ErrCorruptState), errors.Is(err, limiter.ErrConflict):
+	case errors.Is(err, storage.ErrCorruptState), errors.Is(err, storage.ErrConflict):
 		return fmt.Errorf("memcached: %s: %w", op, err)
 	case isTimeout(err) && !errors.Is(err, context.DeadlineExceeded):
 		// A socket timeout is the call's deadline too.
@@ -450,7 +451,7 @@ func errorf(op string, err error) error {
 	case isClientError(err):
 		// The server refused to incr/decr: the item is not a number, so
 		// it is not ours or was damaged.
-		return fmt.Errorf("memcached: %s: %w: %w", op, limiter.ErrCorruptState, err)
+		return fmt.Errorf("memcached: %s: %w: %w", op, storage.ErrCorruptState, err)
 	}
 	return fmt.Errorf("memcached: %s: %w: %w", op, ErrUnavailable, err)
 }

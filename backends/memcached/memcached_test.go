@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // newStore returns a Store on the shared test memcached.
@@ -99,8 +100,8 @@ func TestConformanceProxyMode(t *testing.T) {
 func TestCounterView(t *testing.T) {
 	s := newStore(t, memcached.Config{})
 	ctx := context.Background()
-	for _, span := range []int{1, 2, 13, limiter.MaxSpan} {
-		k := limiter.Key{Space: "view", Name: limitertestKey(t) + fmt.Sprint(span)}
+	for _, span := range []int{1, 2, 13, storage.MaxSpan} {
+		k := storage.Key{Space: "view", Name: limitertestKey(t) + fmt.Sprint(span)}
 		const cur = 1000
 		// One unit at every sub-window from cur-span-1 to cur+span+1, with
 		// cur+j holding j+100 units.
@@ -113,7 +114,7 @@ func TestCounterView(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for j := range limiter.MaxSpan {
+		for j := range storage.MaxSpan {
 			want := int64(0)
 			if j < span {
 				want = int64(100 - j)
@@ -123,7 +124,7 @@ func TestCounterView(t *testing.T) {
 			}
 		}
 		wantLater := int64(0)
-		for j := 1; j <= int(limiter.Ahead(span)); j++ {
+		for j := 1; j <= int(storage.Ahead(span)); j++ {
 			wantLater += int64(100 + j)
 		}
 		if c.Later != wantLater {
@@ -158,8 +159,8 @@ func TestLeasesOnStoreClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := limiter.Key{Space: "gauge", Name: limitertestKey(t)}
-	if err := l.PutGauge(context.Background(), k, limiter.Gauge{Value: 0.5, At: 7}, time.Minute); err != nil {
+	k := storage.Key{Space: "gauge", Name: limitertestKey(t)}
+	if err := l.PutGauge(context.Background(), k, storage.Gauge{Value: 0.5, At: 7}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if g, ok, err := l.GetGauge(context.Background(), k); err != nil || !ok || g.Value != 0.5 {

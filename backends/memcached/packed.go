@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-var _ limiter.PackedCounter = (*Store)(nil)
+var _ storage.PackedCounter = (*Store)(nil)
 
-// AddPacked implements [limiter.PackedCounter]. On one connection to the
+// AddPacked implements [storage.PackedCounter]. On one connection to the
 // key's node it sends, pipelined in one write, for each level l whose
 // delta is not zero:
 //
@@ -31,22 +31,22 @@ var _ limiter.PackedCounter = (*Store)(nil)
 // answers Stale: counters are forgotten by age. With Config.Proxy the get
 // is sent after the incrs' replies (two round trips). On error the adds
 // may or may not have happened.
-func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+func (s *Store) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
 	if err := ctx.Err(); err != nil {
-		return limiter.PackedCounts{}, errorf("packed add", err)
+		return storage.PackedCounts{}, errorf("packed add", err)
 	}
 	var p packedAdd
 	if err := p.init(s, k, op); err != nil {
-		return limiter.PackedCounts{}, err
+		return storage.PackedCounts{}, err
 	}
 	p.proxy = s.proxy
 	if err := s.finishPacked(ctx, &p); err != nil {
-		return limiter.PackedCounts{}, err
+		return storage.PackedCounts{}, err
 	}
 	return p.res, nil
 }
 
-// SubPacked implements [limiter.PackedCounter]: incr <key|pl:idx>
+// SubPacked implements [storage.PackedCounter]: incr <key|pl:idx>
 // <2^64-delta> for each level whose delta is not zero, pipelined, and
 // their replies read (one round trip). memcached's incr wraps modulo 2^64,
 // so this subtracts the delta modulo 2^64: exact whenever the add being
@@ -58,7 +58,7 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 // then borrows into its top field, which reads as a full window until the
 // counter expires (stricter, never laxer). [Store.Do] sends the same incrs
 // with noreply.
-func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+func (s *Store) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
 	if err := ctx.Err(); err != nil {
 		return errorf("packed sub", err)
 	}
@@ -79,7 +79,7 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 		if err := pc.w.Flush(); err != nil {
 			return err
 		}
-		for l := range limiter.PackedLevels {
+		for l := range storage.PackedLevels {
 			if op.Adds[l].Delta == 0 {
 				continue
 			}
@@ -117,8 +117,8 @@ func (s *Store) finishPacked(ctx context.Context, p *packedAdd) error {
 
 // checkPackedAdds checks the cells of op's non-zero deltas: level l's at
 // level l.
-func checkPackedAdds(op *limiter.PackedOp) error {
-	for l := range limiter.PackedLevels {
+func checkPackedAdds(op *storage.PackedOp) error {
+	for l := range storage.PackedLevels {
 		if d := &op.Adds[l]; d.Delta != 0 && int(d.Cell.Level) != l+1 {
 			return fmt.Errorf("memcached: bad packed op: delta %d names a level-%d counter", l+1, d.Cell.Level)
 		}
@@ -128,9 +128,9 @@ func checkPackedAdds(op *limiter.PackedOp) error {
 
 // packedLevels returns the levels of op with a non-zero delta, as a bit
 // set (bit l-1 for level l).
-func packedLevels(op *limiter.PackedOp) uint8 {
+func packedLevels(op *storage.PackedOp) uint8 {
 	var m uint8
-	for l := range limiter.PackedLevels {
+	for l := range storage.PackedLevels {
 		if op.Adds[l].Delta != 0 {
 			m |= 1 << l
 		}
@@ -140,8 +140,8 @@ func packedLevels(op *limiter.PackedOp) uint8 {
 
 // writePackedSub buffers a refund's incrs of 2^64-delta (with noreply
 // when asked).
-func writePackedSub(pc *pconn, base string, op *limiter.PackedOp, noreply bool, num *[24]byte) {
-	for l := range limiter.PackedLevels {
+func writePackedSub(pc *pconn, base string, op *storage.PackedOp, noreply bool, num *[24]byte) {
+	for l := range storage.PackedLevels {
 		d := &op.Adds[l]
 		if d.Delta == 0 {
 			continue
@@ -161,7 +161,7 @@ func writePackedSub(pc *pconn, base string, op *limiter.PackedOp, noreply bool, 
 
 // writePackedKey buffers the key of a packed window's counter c of base
 // (see appendPackedKey).
-func writePackedKey(pc *pconn, base string, c limiter.PackedCell, num *[24]byte) {
+func writePackedKey(pc *pconn, base string, c storage.PackedCell, num *[24]byte) {
 	pc.w.WriteString(base)
 	pc.w.WriteString("|p")
 	pc.w.WriteByte('0' + c.Level)
@@ -175,8 +175,8 @@ func writePackedKey(pc *pconn, base string, c limiter.PackedCell, num *[24]byte)
 // level is added twice.
 type packedAdd struct {
 	base  string
-	op    *limiter.PackedOp
-	exp   [limiter.PackedLevels]int32
+	op    *storage.PackedOp
+	exp   [storage.PackedLevels]int32
 	proxy bool
 	// pending holds the levels whose add and incr are still to be sent
 	// (bit l-1 for level l).
@@ -191,27 +191,27 @@ type packedAdd struct {
 	// the round was written (a counter its add creates lives its TTL
 	// from then on at least).
 	keys      keyer
-	key       limiter.Key
-	known     [limiter.PackedLevels]knownCounter
+	key       storage.Key
+	known     [storage.PackedLevels]knownCounter
 	set, drop uint8
 	sentAt    int64
 	// last is the level of the last incr of the round (0: none): a read
 	// of its counter takes that incr's reply, which every add of the op
 	// precedes.
 	last int
-	res  limiter.PackedCounts
+	res  storage.PackedCounts
 	num  [24]byte // formatting
 }
 
 // init checks op and prepares the request for k.
-func (p *packedAdd) init(s *Store, k limiter.Key, op *limiter.PackedOp) error {
+func (p *packedAdd) init(s *Store, k storage.Key, op *storage.PackedOp) error {
 	base, known := s.keys.packedKnown(k)
 	p.base = base
-	if op.NReads < 0 || op.NReads > limiter.MaxPackedReads {
+	if op.NReads < 0 || op.NReads > storage.MaxPackedReads {
 		return fmt.Errorf("memcached: bad packed op: %d reads", op.NReads)
 	}
 	for i := range op.NReads {
-		if l := op.Reads[i].Level; l < 1 || l > limiter.PackedLevels {
+		if l := op.Reads[i].Level; l < 1 || l > storage.PackedLevels {
 			return fmt.Errorf("memcached: bad packed op: read of level %d", l)
 		}
 	}
@@ -221,7 +221,7 @@ func (p *packedAdd) init(s *Store, k limiter.Key, op *limiter.PackedOp) error {
 	*p = packedAdd{base: base, op: op, pending: packedLevels(op), keys: s.keys, key: k, known: known}
 	now := knownNow()
 	wall := s.now() // one clock read for every level's expiry
-	for l := range limiter.PackedLevels {
+	for l := range storage.PackedLevels {
 		if op.Adds[l].Delta != 0 {
 			p.exp[l] = expiration(wall, op.Adds[l].TTL, s.jitter)
 			if known[l].has(op.Adds[l].Cell, now) {
@@ -288,7 +288,7 @@ func (p *packedAdd) rounds() int {
 }
 
 func (p *packedAdd) vanished() error {
-	return fmt.Errorf("%w: a packed counter of %s kept vanishing between add and incr", limiter.ErrConflict, p.base)
+	return fmt.Errorf("%w: a packed counter of %s kept vanishing between add and incr", storage.ErrConflict, p.base)
 }
 
 // send buffers one round without flushing: the pending levels' adds and
@@ -324,7 +324,7 @@ func (p *packedAdd) writeIncrs(pc *pconn) {
 	if p.pending&^p.noAdd != 0 {
 		p.sentAt = knownNow()
 	}
-	for l := range limiter.PackedLevels {
+	for l := range storage.PackedLevels {
 		if p.pending&(1<<l) == 0 {
 			continue
 		}
@@ -358,7 +358,7 @@ func (p *packedAdd) writeIncrs(pc *pconn) {
 func (p *packedAdd) readIncrs(pc *pconn) error {
 	sent := p.pending
 	p.set, p.drop = 0, 0
-	for l := range limiter.PackedLevels {
+	for l := range storage.PackedLevels {
 		if sent&(1<<l) == 0 {
 			continue
 		}
@@ -395,7 +395,7 @@ func (p *packedAdd) readIncrs(pc *pconn) error {
 		}
 	}
 	if p.set|p.drop != 0 {
-		for l := range limiter.PackedLevels {
+		for l := range storage.PackedLevels {
 			if p.drop&(1<<l) != 0 {
 				p.known[l].idx = p.op.Adds[l].Cell.Index
 			}
@@ -409,9 +409,9 @@ func (p *packedAdd) readIncrs(pc *pconn) error {
 }
 
 // lastCell reports the counter of the round's last incr, if it answered.
-func (p *packedAdd) lastCell() (limiter.PackedCell, bool) {
+func (p *packedAdd) lastCell() (storage.PackedCell, bool) {
 	if p.last == 0 || p.pending != 0 {
-		return limiter.PackedCell{}, false
+		return storage.PackedCell{}, false
 	}
 	return p.op.Adds[p.last-1].Cell, true
 }
@@ -450,7 +450,7 @@ func (p *packedAdd) sentRead(j int) bool {
 }
 
 // dupRead reports whether op.Reads[i] repeats an earlier read.
-func dupRead(op *limiter.PackedOp, i int) bool {
+func dupRead(op *storage.PackedOp, i int) bool {
 	for j := range i {
 		if op.Reads[j] == op.Reads[i] {
 			return true
@@ -493,7 +493,7 @@ func (p *packedAdd) readGet(pc *pconn) error {
 // startReads readies res.Read for the get's reply: every read 0 but the
 // last incr's counter, which takes that incr's reply.
 func (p *packedAdd) startReads() {
-	p.res.Read = [limiter.MaxPackedReads]uint64{}
+	p.res.Read = [storage.MaxPackedReads]uint64{}
 	p.fillLast()
 }
 
@@ -553,19 +553,19 @@ func (p *packedAdd) addReads(m *mget, i int) bool {
 }
 
 // parsePackedSuffix parses the cell of a packed counter's key of base.
-func parsePackedSuffix(key []byte, base string) (limiter.PackedCell, bool) {
+func parsePackedSuffix(key []byte, base string) (storage.PackedCell, bool) {
 	if len(key) < len(base)+5 || string(key[:len(base)]) != base {
-		return limiter.PackedCell{}, false
+		return storage.PackedCell{}, false
 	}
 	s := key[len(base):]
-	if s[0] != tagSep || s[1] != 'p' || s[2] < '1' || s[2] > '0'+limiter.PackedLevels || s[3] != ':' {
-		return limiter.PackedCell{}, false
+	if s[0] != tagSep || s[1] != 'p' || s[2] < '1' || s[2] > '0'+storage.PackedLevels || s[3] != ':' {
+		return storage.PackedCell{}, false
 	}
 	idx, err := strconv.ParseInt(string(s[4:]), 10, 64)
 	if err != nil {
-		return limiter.PackedCell{}, false
+		return storage.PackedCell{}, false
 	}
-	return limiter.PackedCell{Level: s[2] - '0', Index: idx}, true
+	return storage.PackedCell{Level: s[2] - '0', Index: idx}, true
 }
 
 // parseUintLine parses an incr or decr reply: a decimal 64-bit unsigned
@@ -594,7 +594,7 @@ func parseUcount(b []byte) (uint64, error) {
 	}
 	v, err := strconv.ParseUint(string(b), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%w: counter value %.40q is not a number", limiter.ErrCorruptState, b)
+		return 0, fmt.Errorf("%w: counter value %.40q is not a number", storage.ErrCorruptState, b)
 	}
 	return v, nil
 }

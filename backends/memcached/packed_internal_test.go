@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // The geometry of these tests: the default 160 slots of a one-minute
@@ -55,13 +56,13 @@ func rawValue(t testing.TB, addr, key string) (v uint64, ok bool) {
 func TestPackedLayout(t *testing.T) {
 	addr := testserver.Memcached(t)
 	s := testStore(t, Config{Addrs: []string{addr}, Jitter: -1})
-	k := limiter.Key{Space: "swp:test", Name: uniqueName(t)}
+	k := storage.Key{Space: "swp:test", Name: uniqueName(t)}
 	base := s.keys.packedBase(k)
 	ctx := context.Background()
 	f := time.Now().UnixNano() / int64(tpSlot)
 	f = f&^15 | 3 // the last slot of a level-1 counter (field 3), not of a level-2 one
 
-	op := limiter.PackedPlan(f, tpR, 3, tpSlot)
+	op := storage.PackedPlan(f, tpR, 3, tpSlot)
 	c, err := s.AddPacked(ctx, k, &op)
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +70,7 @@ func TestPackedLayout(t *testing.T) {
 	if c.Stale {
 		t.Fatal("memcached answered Stale")
 	}
-	for l := 1; l <= limiter.PackedLevels; l++ {
+	for l := 1; l <= storage.PackedLevels; l++ {
 		idx, field := packedCellOf(f, l)
 		key := fmt.Sprintf("%s|p%d:%d", base, l, idx)
 		want := uint64(3) << (16 * field)
@@ -90,11 +91,11 @@ func TestPackedLayout(t *testing.T) {
 	}
 	// A second decision in the next slot: another field of level 1 (a new
 	// counter), the same counters above.
-	op2 := limiter.PackedPlan(f+1, tpR, 2, tpSlot)
+	op2 := storage.PackedPlan(f+1, tpR, 2, tpSlot)
 	if c, err = s.AddPacked(ctx, k, &op2); err != nil {
 		t.Fatal(err)
 	}
-	for l := 2; l <= limiter.PackedLevels; l++ {
+	for l := 2; l <= storage.PackedLevels; l++ {
 		_, f1 := packedCellOf(f, l)
 		_, f2 := packedCellOf(f+1, l)
 		if want := uint64(3)<<(16*f1) + uint64(2)<<(16*f2); c.Added[l-1] != want {
@@ -105,11 +106,11 @@ func TestPackedLayout(t *testing.T) {
 		t.Fatalf("level 1 of slot f+1 (a new counter): %#x, want 2", c.Added[0])
 	}
 	// The refund of the first: every level back to the second's alone.
-	sub := limiter.PackedPlan(f, tpR, 3, tpSlot)
+	sub := storage.PackedPlan(f, tpR, 3, tpSlot)
 	if err := s.SubPacked(ctx, k, &sub); err != nil {
 		t.Fatal(err)
 	}
-	for l := 1; l <= limiter.PackedLevels; l++ {
+	for l := 1; l <= storage.PackedLevels; l++ {
 		idx, field := packedCellOf(f+1, l)
 		key := fmt.Sprintf("%s|p%d:%d", base, l, idx)
 		if got, _ := rawValue(t, addr, key); got != uint64(2)<<(16*field) {
@@ -117,11 +118,11 @@ func TestPackedLayout(t *testing.T) {
 		}
 	}
 	// A refund never creates a counter.
-	far := limiter.PackedPlan(f+100000, tpR, 1, tpSlot)
+	far := storage.PackedPlan(f+100000, tpR, 1, tpSlot)
 	if err := s.SubPacked(ctx, k, &far); err != nil {
 		t.Fatal(err)
 	}
-	for l := 1; l <= limiter.PackedLevels; l++ {
+	for l := 1; l <= storage.PackedLevels; l++ {
 		idx, _ := packedCellOf(f+100000, l)
 		if _, ok := rawValue(t, addr, fmt.Sprintf("%s|p%d:%d", base, l, idx)); ok {
 			t.Fatalf("a refund created the level-%d counter", l)
@@ -144,15 +145,15 @@ func TestPackedWraps(t *testing.T) {
 	addr := testserver.Memcached(t)
 	s := testStore(t, Config{Addrs: []string{addr}, Jitter: -1})
 	ctx := context.Background()
-	base := func(k limiter.Key) string { return s.keys.packedBase(k) }
+	base := func(k storage.Key) string { return s.keys.packedBase(k) }
 	// A slot in field 3 of its level-4 counter, field 2 of level 3.
 	f := (time.Now().UnixNano()/int64(tpSlot))&^255 + 3*64 + 2*16
 
-	k := limiter.Key{Space: "swp:test", Name: uniqueName(t)}
+	k := storage.Key{Space: "swp:test", Name: uniqueName(t)}
 	idx4, _ := packedCellOf(f, 4)
 	key4 := fmt.Sprintf("%s|p4:%d", base(k), idx4)
 	rawSet(t, addr, key4, uint64(0xffff)<<48+5)
-	op := limiter.PackedPlan(f, tpR, 1, tpSlot)
+	op := storage.PackedPlan(f, tpR, 1, tpSlot)
 	c, err := s.AddPacked(ctx, k, &op)
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +167,7 @@ func TestPackedWraps(t *testing.T) {
 
 	// A carry from field 2 into field 3 of the level-3 counter; the
 	// refund borrows it back exactly.
-	k2 := limiter.Key{Space: "swp:test", Name: uniqueName(t) + "-carry"}
+	k2 := storage.Key{Space: "swp:test", Name: uniqueName(t) + "-carry"}
 	idx3, fld3 := packedCellOf(f, 3)
 	if fld3 != 2 {
 		t.Fatalf("slot in field %d of level 3, want 2", fld3)
@@ -194,7 +195,7 @@ func TestPackedWraps(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := uniqueName(t) + "-window"
-	wk := limiter.Key{Space: fmt.Sprintf("swp:10:%v:%d:%d", time.Minute, tpR, limiter.PackedLevels), Name: name}
+	wk := storage.Key{Space: fmt.Sprintf("swp:10:%v:%d:%d", time.Minute, tpR, storage.PackedLevels), Name: name}
 	wkey4 := fmt.Sprintf("%s|p4:%d", base(wk), idx4)
 	rawSet(t, addr, wkey4, uint64(0xffff)<<48)
 	at := time.Unix(0, f*int64(tpSlot))
@@ -230,12 +231,12 @@ func TestPackedAgainstModel(t *testing.T) {
 	}{{"Single", false, false}, {"Batch", false, true}, {"Proxy", true, false}, {"ProxyBatch", true, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			s := testStore(t, Config{Addrs: []string{addr}, Proxy: c.proxy})
-			k := limiter.Key{Space: "swp:test", Name: uniqueName(t)}
+			k := storage.Key{Space: "swp:test", Name: uniqueName(t)}
 			ctx := context.Background()
-			model := map[limiter.PackedCell]uint64{}
+			model := map[storage.PackedCell]uint64{}
 			rs := rand.New(rand.NewPCG(7, 13))
 			f0 := time.Now().UnixNano() / int64(tpSlot)
-			add := func(op *limiter.PackedOp) limiter.PackedCounts {
+			add := func(op *storage.PackedOp) storage.PackedCounts {
 				t.Helper()
 				if !c.batch {
 					got, err := s.AddPacked(ctx, k, op)
@@ -246,13 +247,13 @@ func TestPackedAgainstModel(t *testing.T) {
 				}
 				// A batch of the op and another key's, to share the
 				// pipeline.
-				other := limiter.PackedPlan(op.Slot, tpR, 1, tpSlot)
-				steps := []limiter.Step{
-					{Kind: limiter.StepAdd, Key: limiter.Key{Space: "sw", Name: k.Name}, Idx: 5, Span: 3, N: 1, TTL: time.Minute},
-					{Kind: limiter.StepPackedAdd, Key: k, N: 1, Packed: *op},
-					{Kind: limiter.StepPackedAdd, Key: limiter.Key{Space: "swp:other", Name: k.Name}, N: 1, Packed: other},
+				other := storage.PackedPlan(op.Slot, tpR, 1, tpSlot)
+				steps := []storage.Step{
+					{Kind: storage.StepAdd, Key: storage.Key{Space: "sw", Name: k.Name}, Idx: 5, Span: 3, N: 1, TTL: time.Minute},
+					{Kind: storage.StepPackedAdd, Key: k, N: 1, Packed: *op},
+					{Kind: storage.StepPackedAdd, Key: storage.Key{Space: "swp:other", Name: k.Name}, N: 1, Packed: other},
 				}
-				out := make([]limiter.StepResult, len(steps))
+				out := make([]storage.StepResult, len(steps))
 				s.Do(ctx, steps, out)
 				for _, r := range out {
 					if r.Err != nil {
@@ -261,7 +262,7 @@ func TestPackedAgainstModel(t *testing.T) {
 				}
 				return out[1].Packed
 			}
-			sub := func(op *limiter.PackedOp) {
+			sub := func(op *storage.PackedOp) {
 				t.Helper()
 				if !c.batch {
 					if err := s.SubPacked(ctx, k, op); err != nil {
@@ -269,8 +270,8 @@ func TestPackedAgainstModel(t *testing.T) {
 					}
 					return
 				}
-				out := make([]limiter.StepResult, 1)
-				s.Do(ctx, []limiter.Step{{Kind: limiter.StepPackedSub, Key: k, N: 1, Packed: *op}}, out)
+				out := make([]storage.StepResult, 1)
+				s.Do(ctx, []storage.Step{{Kind: storage.StepPackedSub, Key: k, N: 1, Packed: *op}}, out)
 				if out[0].Err != nil {
 					t.Fatal(out[0].Err)
 				}
@@ -282,11 +283,11 @@ func TestPackedAgainstModel(t *testing.T) {
 			for i := range 300 {
 				f := f0 + int64(rs.IntN(600)) - 300
 				n := int64(rs.IntN(4)) // 0: reads only
-				op := limiter.PackedPlan(f, tpR, n, tpSlot)
+				op := storage.PackedPlan(f, tpR, n, tpSlot)
 				if rs.IntN(4) == 0 {
 					sop := op
 					sop.NReads = 0
-					for l := range limiter.PackedLevels {
+					for l := range storage.PackedLevels {
 						d := sop.Adds[l]
 						if d.Delta == 0 {
 							continue
@@ -299,13 +300,13 @@ func TestPackedAgainstModel(t *testing.T) {
 					subs++
 					continue
 				}
-				for l := range limiter.PackedLevels {
+				for l := range storage.PackedLevels {
 					if d := op.Adds[l]; d.Delta != 0 {
 						model[d.Cell] += d.Delta
 					}
 				}
 				got := add(&op)
-				for l := range limiter.PackedLevels {
+				for l := range storage.PackedLevels {
 					want := uint64(0)
 					if d := op.Adds[l]; d.Delta != 0 {
 						want = model[d.Cell]
@@ -332,16 +333,16 @@ func TestPackedAgainstModel(t *testing.T) {
 // and its incr is sent again alone (the other levels are not added twice),
 // and replies a real server never sends are errors.
 func TestPackedPipelineAgainstFakes(t *testing.T) {
-	k := limiter.Key{Space: "swp", Name: "k"}
+	k := storage.Key{Space: "swp", Name: "k"}
 	const f = 1000
-	op := limiter.PackedPlan(f, tpR, 1, tpSlot)
+	op := storage.PackedPlan(f, tpR, 1, tpSlot)
 	base := "k:swp/k"
 	for _, c := range []struct {
 		name string
 		// reply to add, incr (of level l, its n-th time) or get
 		reply   func(cmd string, level, n int) string
 		wantErr error // nil: success
-		incrs   [limiter.PackedLevels]int
+		incrs   [storage.PackedLevels]int
 	}{
 		{"Normal", func(cmd string, level, _ int) string {
 			switch cmd {
@@ -384,7 +385,7 @@ func TestPackedPipelineAgainstFakes(t *testing.T) {
 				return "1\r\n"
 			}
 			return "END\r\n"
-		}, limiter.ErrConflict, [4]int{1, 1, 3, 1}}, // 4 in a batch: its own round, then three as AddPacked (as a window's Add)
+		}, storage.ErrConflict, [4]int{1, 1, 3, 1}}, // 4 in a batch: its own round, then three as AddPacked (as a window's Add)
 		{"NotANumber", func(cmd string, _, _ int) string {
 			switch cmd {
 			case "add":
@@ -393,7 +394,7 @@ func TestPackedPipelineAgainstFakes(t *testing.T) {
 				return "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
 			}
 			return "END\r\n"
-		}, limiter.ErrCorruptState, [4]int{}},
+		}, storage.ErrCorruptState, [4]int{}},
 		{"ForeignKeyInReply", func(cmd string, _, _ int) string {
 			switch cmd {
 			case "add":
@@ -411,12 +412,12 @@ func TestPackedPipelineAgainstFakes(t *testing.T) {
 				return "1\r\n"
 			}
 			return fmt.Sprintf("VALUE %s|p%d:%d 0 2\r\n-1\r\nEND\r\n", base, op.Reads[0].Level, op.Reads[0].Index)
-		}, limiter.ErrCorruptState, [4]int{}},
+		}, storage.ErrCorruptState, [4]int{}},
 	} {
 		for _, batch := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/batch=%v", c.name, batch), func(t *testing.T) {
 				var mu sync.Mutex
-				var incrs [limiter.PackedLevels]int
+				var incrs [storage.PackedLevels]int
 				addr := startFake(t, func(line string, r *bufio.Reader) string {
 					mu.Lock()
 					defer mu.Unlock()
@@ -434,7 +435,7 @@ func TestPackedPipelineAgainstFakes(t *testing.T) {
 						incrs[level-1]++
 						return c.reply("incr", level, incrs[level-1])
 					case "get":
-						if len(fields) > limiter.MaxPackedReads+1 {
+						if len(fields) > storage.MaxPackedReads+1 {
 							return "CLIENT_ERROR too many keys\r\n"
 						}
 					default:
@@ -447,11 +448,11 @@ func TestPackedPipelineAgainstFakes(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer s.Close()
-				var got limiter.PackedCounts
+				var got storage.PackedCounts
 				o := op
 				if batch {
-					out := make([]limiter.StepResult, 1)
-					s.Do(context.Background(), []limiter.Step{{Kind: limiter.StepPackedAdd, Key: k, N: 1, Packed: o}}, out)
+					out := make([]storage.StepResult, 1)
+					s.Do(context.Background(), []storage.Step{{Kind: storage.StepPackedAdd, Key: k, N: 1, Packed: o}}, out)
 					got, err = out[0].Packed, out[0].Err
 				} else {
 					got, err = s.AddPacked(context.Background(), k, &o)
@@ -463,7 +464,7 @@ func TestPackedPipelineAgainstFakes(t *testing.T) {
 				} else if err != nil {
 					t.Fatal(err)
 				} else {
-					for l := range limiter.PackedLevels {
+					for l := range storage.PackedLevels {
 						if got.Added[l] != uint64(l+1) {
 							t.Fatalf("Added %v, want each level's reply", got.Added)
 						}
@@ -472,10 +473,10 @@ func TestPackedPipelineAgainstFakes(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				want := c.incrs
-				if batch && c.wantErr == limiter.ErrConflict {
+				if batch && c.wantErr == storage.ErrConflict {
 					want[2]++
 				}
-				if c.incrs != ([limiter.PackedLevels]int{}) && incrs != want {
+				if c.incrs != ([storage.PackedLevels]int{}) && incrs != want {
 					t.Fatalf("incrs per level %v, want %v (a level added twice, or not again)", incrs, want)
 				}
 			})

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/testserver"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // modelFake is a memcached of counters for the packed window's commands
@@ -22,8 +22,8 @@ import (
 type modelFake struct {
 	mu    sync.Mutex
 	vals  map[string]uint64
-	adds  [limiter.PackedLevels]int
-	incrs [limiter.PackedLevels]int
+	adds  [storage.PackedLevels]int
+	incrs [storage.PackedLevels]int
 	gets  int
 	// stored: how adds answer on a missing key (STORED as memcached; an
 	// always-NOT_STORED fake shows an existing counter of unknown age).
@@ -77,11 +77,11 @@ func (m *modelFake) handle(line string, r *bufio.Reader) string {
 }
 
 // counts returns and resets the commands counted.
-func (m *modelFake) counts() (adds, incrs [limiter.PackedLevels]int, gets int) {
+func (m *modelFake) counts() (adds, incrs [storage.PackedLevels]int, gets int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	adds, incrs, gets = m.adds, m.incrs, m.gets
-	m.adds, m.incrs, m.gets = [limiter.PackedLevels]int{}, [limiter.PackedLevels]int{}, 0
+	m.adds, m.incrs, m.gets = [storage.PackedLevels]int{}, [storage.PackedLevels]int{}, 0
 	return
 }
 
@@ -102,10 +102,10 @@ func (m *modelFake) evict(key string) {
 }
 
 // packedDecide runs op for k as AddPacked or as a batch's step.
-func packedDecide(s *Store, k limiter.Key, op limiter.PackedOp, batch bool) (limiter.PackedCounts, error) {
+func packedDecide(s *Store, k storage.Key, op storage.PackedOp, batch bool) (storage.PackedCounts, error) {
 	if batch {
-		out := make([]limiter.StepResult, 1)
-		s.Do(context.Background(), []limiter.Step{{Kind: limiter.StepPackedAdd, Key: k, N: 1, Packed: op}}, out)
+		out := make([]storage.StepResult, 1)
+		s.Do(context.Background(), []storage.Step{{Kind: storage.StepPackedAdd, Key: k, N: 1, Packed: op}}, out)
 		return out[0].Packed, out[0].Err
 	}
 	return s.AddPacked(context.Background(), k, &op)
@@ -120,7 +120,7 @@ func packedDecide(s *Store, k limiter.Key, op limiter.PackedOp, batch bool) (lim
 // result, Read the counters after the adds.
 func TestPackedKnownCounters(t *testing.T) {
 	const f = 1000
-	op := limiter.PackedPlan(f, tpR, 1, tpSlot)
+	op := storage.PackedPlan(f, tpR, 1, tpSlot)
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			m := &modelFake{vals: map[string]uint64{}}
@@ -130,15 +130,15 @@ func TestPackedKnownCounters(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			k := limiter.Key{Space: "swp", Name: "k"}
+			k := storage.Key{Space: "swp", Name: "k"}
 			base := s.keys.packedBase(k)
-			key := func(c limiter.PackedCell) string { return string(appendPackedKey(nil, base, c)) }
-			var decideGets func(what string, s *Store, wantAdds, wantIncrs [limiter.PackedLevels]int, wantGets int)
-			decide := func(what string, s *Store, wantAdds, wantIncrs [limiter.PackedLevels]int) {
+			key := func(c storage.PackedCell) string { return string(appendPackedKey(nil, base, c)) }
+			var decideGets func(what string, s *Store, wantAdds, wantIncrs [storage.PackedLevels]int, wantGets int)
+			decide := func(what string, s *Store, wantAdds, wantIncrs [storage.PackedLevels]int) {
 				t.Helper()
 				decideGets(what, s, wantAdds, wantIncrs, 1)
 			}
-			decideGets = func(what string, s *Store, wantAdds, wantIncrs [limiter.PackedLevels]int, wantGets int) {
+			decideGets = func(what string, s *Store, wantAdds, wantIncrs [storage.PackedLevels]int, wantGets int) {
 				t.Helper()
 				got, err := packedDecide(s, k, op, batch)
 				if err != nil {
@@ -148,7 +148,7 @@ func TestPackedKnownCounters(t *testing.T) {
 				if adds != wantAdds || incrs != wantIncrs || gets != wantGets {
 					t.Fatalf("%s: adds %v, incrs %v per level, %d gets; want %v, %v, %d", what, adds, incrs, gets, wantAdds, wantIncrs, wantGets)
 				}
-				for l := range limiter.PackedLevels {
+				for l := range storage.PackedLevels {
 					if v, _ := m.value(key(op.Adds[l].Cell)); got.Added[l] != v {
 						t.Fatalf("%s: Added[%d] = %d, the counter holds %d", what, l, got.Added[l], v)
 					}
@@ -159,11 +159,11 @@ func TestPackedKnownCounters(t *testing.T) {
 					}
 				}
 			}
-			all := [limiter.PackedLevels]int{1, 1, 1, 1}
-			none := [limiter.PackedLevels]int{}
+			all := [storage.PackedLevels]int{1, 1, 1, 1}
+			none := [storage.PackedLevels]int{}
 			decide("cold", s, all, all)
 			decide("warm", s, none, all)
-			for l := range limiter.PackedLevels {
+			for l := range storage.PackedLevels {
 				if v, _ := m.value(key(op.Adds[l].Cell)); v != 2*op.Adds[l].Delta {
 					t.Fatalf("level %d holds %d after two decisions, want %d", l+1, v, 2*op.Adds[l].Delta)
 				}
@@ -171,7 +171,7 @@ func TestPackedKnownCounters(t *testing.T) {
 
 			m.evict(key(op.Adds[1].Cell))
 			// Its first round's get is read and dropped; the second reads again.
-			decideGets("level 2 evicted", s, [limiter.PackedLevels]int{0, 1, 0, 0}, [limiter.PackedLevels]int{1, 2, 1, 1}, 2)
+			decideGets("level 2 evicted", s, [storage.PackedLevels]int{0, 1, 0, 0}, [storage.PackedLevels]int{1, 2, 1, 1}, 2)
 			if v, _ := m.value(key(op.Adds[1].Cell)); v != op.Adds[1].Delta {
 				t.Fatalf("level 2 holds %d after its eviction, want one delta %d", v, op.Adds[1].Delta)
 			}
@@ -184,9 +184,9 @@ func TestPackedKnownCounters(t *testing.T) {
 			e.lv[2].until = knownNow() - 1
 			sh.m[k] = e
 			sh.mu.Unlock()
-			decide("level 3 aged", s, [limiter.PackedLevels]int{0, 0, 1, 0}, all)
+			decide("level 3 aged", s, [storage.PackedLevels]int{0, 0, 1, 0}, all)
 			// NOT_STORED: it exists, since when is unknown.
-			decide("level 3 not known again", s, [limiter.PackedLevels]int{0, 0, 1, 0}, all)
+			decide("level 3 not known again", s, [storage.PackedLevels]int{0, 0, 1, 0}, all)
 
 			// Another Store (another process) knows nothing of them.
 			s2, err := New(Config{Addrs: []string{addr}, Timeout: 5 * time.Second})
@@ -205,7 +205,7 @@ func TestPackedKnownCounters(t *testing.T) {
 // times, as a counter that vanishes between add and incr.
 func TestPackedKnownKeepsVanishing(t *testing.T) {
 	const f = 1000
-	op := limiter.PackedPlan(f, tpR, 1, tpSlot)
+	op := storage.PackedPlan(f, tpR, 1, tpSlot)
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			m := &modelFake{vals: map[string]uint64{}}
@@ -224,21 +224,21 @@ func TestPackedKnownKeepsVanishing(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			k := limiter.Key{Space: "swp", Name: "k"}
+			k := storage.Key{Space: "swp", Name: "k"}
 			if _, err := packedDecide(s, k, op, batch); err != nil {
 				t.Fatal(err)
 			}
 			m.counts()
 			vanish.Store(true)
 			_, err = packedDecide(s, k, op, batch)
-			if !errors.Is(err, limiter.ErrConflict) {
+			if !errors.Is(err, storage.ErrConflict) {
 				t.Fatalf("error %v, want ErrConflict", err)
 			}
 			adds, incrs, _ := m.counts()
 			// The incr alone (AddPacked's first round, or the batch's
 			// own), then three rounds with the add.
 			wantAdds, wantIncrs := 3, 4
-			if adds != [limiter.PackedLevels]int{0, 0, wantAdds, 0} || incrs != [limiter.PackedLevels]int{1, 1, wantIncrs, 1} {
+			if adds != [storage.PackedLevels]int{0, 0, wantAdds, 0} || incrs != [storage.PackedLevels]int{1, 1, wantIncrs, 1} {
 				t.Fatalf("adds %v, incrs %v: want level 3's add %d times, its incr %d times, other levels' incrs once", adds, incrs, wantAdds, wantIncrs)
 			}
 		})
@@ -253,17 +253,17 @@ func TestPackedKnownDeletedOnServer(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			s := testStore(t, Config{Addrs: []string{addr}, Jitter: -1})
-			k := limiter.Key{Space: "swp:test", Name: uniqueName(t)}
+			k := storage.Key{Space: "swp:test", Name: uniqueName(t)}
 			base := s.keys.packedBase(k)
-			key := func(c limiter.PackedCell) string { return string(appendPackedKey(nil, base, c)) }
+			key := func(c storage.PackedCell) string { return string(appendPackedKey(nil, base, c)) }
 			f := time.Now().UnixNano() / int64(tpSlot)
-			op := limiter.PackedPlan(f, tpR, 3, tpSlot)
+			op := storage.PackedPlan(f, tpR, 3, tpSlot)
 			for range 2 {
 				if _, err := packedDecide(s, k, op, batch); err != nil {
 					t.Fatal(err)
 				}
 			}
-			for l := range limiter.PackedLevels {
+			for l := range storage.PackedLevels {
 				if kc := s.keys.known.lookup(k).lv[l]; !kc.has(op.Adds[l].Cell, knownNow()) {
 					t.Fatalf("level %d: its counter is not known after the Store created it", l+1)
 				}
@@ -273,7 +273,7 @@ func TestPackedKnownDeletedOnServer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for l := range limiter.PackedLevels {
+			for l := range storage.PackedLevels {
 				want := 3 * op.Adds[l].Delta
 				if l == 0 {
 					want = op.Adds[l].Delta
@@ -301,7 +301,7 @@ func TestKnownCacheBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 * knownShards * knownPerShard {
-		k := limiter.Key{Space: "s", Name: strconv.Itoa(i)}
+		k := storage.Key{Space: "s", Name: strconv.Itoa(i)}
 		if got, want := kr.packedBase(k), kr.baseFor(k, maxPackedSuffixLen); got != want {
 			t.Fatalf("packedBase(%v) = %q, want %q", k, got, want)
 		}
@@ -313,7 +313,7 @@ func TestKnownCacheBounded(t *testing.T) {
 	if n > knownShards*knownPerShard || n < knownShards*knownPerShard/2 {
 		t.Fatalf("%d keys cached, want at most %d (and most of them used)", n, knownShards*knownPerShard)
 	}
-	long := limiter.Key{Space: "s", Name: strings.Repeat("x", knownMaxKey)}
+	long := storage.Key{Space: "s", Name: strings.Repeat("x", knownMaxKey)}
 	if got, want := kr.packedBase(long), kr.baseFor(long, maxPackedSuffixLen); got != want {
 		t.Fatalf("packedBase(long) = %q, want %q", got, want)
 	}
@@ -323,7 +323,7 @@ func TestKnownCacheBounded(t *testing.T) {
 }
 
 // lookup returns k's cache entry (test helper).
-func (c *knownCache) lookup(k limiter.Key) knownEntry {
+func (c *knownCache) lookup(k storage.Key) knownEntry {
 	sh := c.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // sentCommands returns the commands the proxy kept from byte i on (see
@@ -73,7 +74,7 @@ func packedKeys(cmds [][]string) (keys, read int) {
 // the keys it names, at every slot offset of a level-4 counter (256
 // slots): at most 12 (the packed window's target; the plan reads at most 8
 // counters and adds to 4, one of which it also reads), the get at most
-// limiter.MaxPackedReads; at the smallest and largest resolutions (64 and
+// storage.MaxPackedReads; at the smallest and largest resolutions (64 and
 // 512 slots) the figures are logged, and bounded by 4 adds and
 // MaxPackedReads reads. A stack of the packed window, a token bucket and
 // a fixed window is one segment too.
@@ -121,8 +122,8 @@ func TestPackedOneRoundTrip(t *testing.T) {
 			waitCounts(fmt.Sprintf("r=%d, slot t0+%d", r, off), before, 1, 0)
 			cmds := sentCommands(t, proxy, i)
 			keys, read := packedKeys(cmds)
-			if keys > maxWant || read > limiter.MaxPackedReads {
-				t.Fatalf("r=%d, slot t0+%d: the decision names %d keys, %d of them read (want at most %d and %d): %v", r, off, keys, read, maxWant, limiter.MaxPackedReads, cmds)
+			if keys > maxWant || read > storage.MaxPackedReads {
+				t.Fatalf("r=%d, slot t0+%d: the decision names %d keys, %d of them read (want at most %d and %d): %v", r, off, keys, read, maxWant, storage.MaxPackedReads, cmds)
 			}
 			incrs := 0
 			for _, c := range cmds {
@@ -130,7 +131,7 @@ func TestPackedOneRoundTrip(t *testing.T) {
 					incrs++
 				}
 			}
-			if incrs != limiter.PackedLevels {
+			if incrs != storage.PackedLevels {
 				t.Fatalf("r=%d, slot t0+%d: %d incrs, want one per level: %v", r, off, incrs, cmds)
 			}
 			maxKeys, maxRead, sumKeys = max(maxKeys, keys), max(maxRead, read), sumKeys+keys
@@ -143,7 +144,7 @@ func TestPackedOneRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sweep(wr, time.Minute/time.Duration(r), limiter.PackedLevels+limiter.MaxPackedReads)
+		sweep(wr, time.Minute/time.Duration(r), storage.PackedLevels+storage.MaxPackedReads)
 	}
 	t0 := (time.Now().UnixNano()/int64(slot) + 255) &^ 255
 

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/internal/contention"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // BenchmarkRefillContention is the hot-key bucket workloads on
@@ -45,7 +46,7 @@ func BenchmarkRefillContention(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			key := limiter.Key{Space: tb.Space(), Name: fmt.Sprintf("hot-%d", time.Now().UnixNano())}
+			key := storage.Key{Space: tb.Space(), Name: fmt.Sprintf("hot-%d", time.Now().UnixNano())}
 			rawKey := "raw-" + key.Name
 			if err := raws[0].Set(&memcache.Item{Key: rawKey, Value: []byte("0"), Expiration: 600}); err != nil {
 				b.Fatal(err)

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 var (
-	_ limiter.Resetter  = (*Store)(nil)
-	_ limiter.LogReader = (*Store)(nil)
+	_ storage.Resetter  = (*Store)(nil)
+	_ storage.LogReader = (*Store)(nil)
 )
 
 const (
@@ -21,7 +21,7 @@ const (
 	resetChunk = 256
 )
 
-// Reset implements [limiter.Resetter]: it deletes the limit's items of k
+// Reset implements [storage.Resetter]: it deletes the limit's items of k
 // on k's node, pipelined on one connection (one round trip per 256
 // items): the bucket ("|b") or log ("|l") item, or every window counter
 // that may be in view. memcached cannot list keys, so a window's counters
@@ -32,11 +32,11 @@ const (
 // counter outside them is out of view of any writer whose clock is within
 // a window of the caller's. Missing items are fine (NOT_FOUND).
 //
-// Under concurrency (see [limiter.Resetter]): a window request whose incr
+// Under concurrency (see [storage.Resetter]): a window request whose incr
 // ran before the delete is forgotten, one after it counts in a counter
 // it creates again; a bucket or log write conditioned on the deleted
 // item's CAS id fails (NOT_FOUND) and is retried on a new one.
-func (s *Store) Reset(ctx context.Context, k limiter.Key, op *limiter.ResetOp) error {
+func (s *Store) Reset(ctx context.Context, k storage.Key, op *storage.ResetOp) error {
 	if err := ctx.Err(); err != nil {
 		return errorf("reset", err)
 	}
@@ -74,7 +74,7 @@ func (s *Store) Reset(ctx context.Context, k limiter.Key, op *limiter.ResetOp) e
 	})
 	// This Store's own memory of the items: the CAS id of a bucket or
 	// log, and the window counters it knows to exist.
-	if op.Kind == limiter.StepBucket || op.Kind == limiter.StepLog {
+	if op.Kind == storage.StepBucket || op.Kind == storage.StepLog {
 		s.cache.drop(keys[0])
 	} else {
 		s.keys.forget(k)
@@ -86,18 +86,18 @@ func (s *Store) Reset(ctx context.Context, k limiter.Key, op *limiter.ResetOp) e
 }
 
 // resetKeys returns the base of k for op's kind and the items to delete.
-func (s *Store) resetKeys(k limiter.Key, op *limiter.ResetOp) (string, []string, error) {
+func (s *Store) resetKeys(k storage.Key, op *storage.ResetOp) (string, []string, error) {
 	if op == nil {
 		return "", nil, fmt.Errorf("memcached: bad reset: nil op")
 	}
 	switch op.Kind {
-	case limiter.StepBucket:
+	case storage.StepBucket:
 		base := s.keys.base(k)
 		return base, []string{bucketKey(base)}, nil
-	case limiter.StepLog:
+	case storage.StepLog:
 		base := s.keys.base(k)
 		return base, []string{logKey(base)}, nil
-	case limiter.StepAdd, limiter.StepPackedAdd:
+	case storage.StepAdd, storage.StepPackedAdd:
 	default:
 		return "", nil, fmt.Errorf("memcached: bad reset: kind %v", op.Kind)
 	}
@@ -110,7 +110,7 @@ func (s *Store) resetKeys(k limiter.Key, op *limiter.ResetOp) (string, []string,
 	extra := s.jitter + (expirySlack+1)*time.Second
 	w := *op
 	w.From -= int64((extra + op.Unit - 1) / op.Unit)
-	if op.Kind == limiter.StepAdd {
+	if op.Kind == storage.StepAdd {
 		if w.To-w.From >= maxResetKeys {
 			return "", nil, fmt.Errorf("memcached: bad reset: %d sub-windows, at most %d", w.To-w.From+1, maxResetKeys)
 		}
@@ -123,20 +123,20 @@ func (s *Store) resetKeys(k limiter.Key, op *limiter.ResetOp) (string, []string,
 	}
 	base := s.keys.packedBase(k)
 	var keys []string
-	for l := 1; l <= limiter.PackedLevels; l++ {
+	for l := 1; l <= storage.PackedLevels; l++ {
 		first, last := w.Cells(l)
 		if last-first >= maxResetKeys || len(keys)+int(last-first+1) > maxResetKeys {
 			return "", nil, fmt.Errorf("memcached: bad reset: slots %d to %d name more than %d counters", w.From, w.To, maxResetKeys)
 		}
 		for i := first; i <= last; i++ {
-			keys = append(keys, string(appendPackedKey(nil, base, limiter.PackedCell{Level: uint8(l), Index: i})))
+			keys = append(keys, string(appendPackedKey(nil, base, storage.PackedCell{Level: uint8(l), Index: i})))
 		}
 	}
 	return base, keys, nil
 }
 
 // forget drops what the known-counter cache holds of k.
-func (kr keyer) forget(k limiter.Key) {
+func (kr keyer) forget(k storage.Key) {
 	c := kr.known
 	if c == nil {
 		return
@@ -147,9 +147,9 @@ func (kr keyer) forget(k limiter.Key) {
 	sh.mu.Unlock()
 }
 
-// ReadLog implements [limiter.LogReader]: a fresh gets of k's log item,
+// ReadLog implements [storage.LogReader]: a fresh gets of k's log item,
 // decoded (nil when there is none). It writes nothing.
-func (s *Store) ReadLog(ctx context.Context, k limiter.Key) ([]int64, error) {
+func (s *Store) ReadLog(ctx context.Context, k storage.Key) ([]int64, error) {
 	key := logKey(s.keys.base(k))
 	s.refunds.Wait(ctx, key) //nolint:errcheck // the read reports ctx's end
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -162,9 +162,9 @@ func (s *Store) ReadLog(ctx context.Context, k limiter.Key) ([]int64, error) {
 		return nil, nil
 	}
 	if len(it.Value) == 0 || it.Value[0] != formatLog {
-		return nil, errorf("log", fmt.Errorf("%w: not a sliding log value", limiter.ErrCorruptState))
+		return nil, errorf("log", fmt.Errorf("%w: not a sliding log value", storage.ErrCorruptState))
 	}
-	entries, err := limiter.ParseLog(it.Value[1:], nil)
+	entries, err := storage.ParseLog(it.Value[1:], nil)
 	if err != nil {
 		return nil, errorf("log", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 func testStore(t testing.TB, cfg Config) *Store {
@@ -95,7 +96,7 @@ func ttlOnServer(t testing.TB, addr, key string) int {
 func TestExpirySetOnServer(t *testing.T) {
 	addr := testserver.Memcached(t)
 	s := testStore(t, Config{Addrs: []string{addr}, Jitter: -1})
-	k := limiter.Key{Space: "sw:test", Name: uniqueName(t)}
+	k := storage.Key{Space: "sw:test", Name: uniqueName(t)}
 	if _, err := s.Add(context.Background(), k, 7, 5, 1, 12500*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func TestExpirySetOnServer(t *testing.T) {
 	if d, err := b.Allow(context.Background(), bk, time.Now()); err != nil || !d.Allowed {
 		t.Fatal(d, err)
 	}
-	ttl := ttlOnServer(t, addr, bucketKey(s.keys.base(limiter.Key{Space: b.Space(), Name: bk})))
+	ttl := ttlOnServer(t, addr, bucketKey(s.keys.base(storage.Key{Space: b.Space(), Name: bk})))
 	if want := 41 * 24 * 3600; ttl < want-5 || ttl > want+5 {
 		t.Fatalf("bucket with a 41-day TTL expires in %ds, want about %d", ttl, want)
 	}
@@ -139,7 +140,7 @@ func TestExpiryAfterStall(t *testing.T) {
 	var warm sync.WaitGroup
 	for w := range writers {
 		warm.Go(func() {
-			if _, err := s.Add(ctx, limiter.Key{Space: "sw:stall", Name: fmt.Sprint(uniqueName(t), "-warm-", w)}, 1, 1, 1, ttl); err != nil {
+			if _, err := s.Add(ctx, storage.Key{Space: "sw:stall", Name: fmt.Sprint(uniqueName(t), "-warm-", w)}, 1, 1, 1, ttl); err != nil {
 				t.Error(err)
 			}
 		})
@@ -164,7 +165,7 @@ func TestExpiryAfterStall(t *testing.T) {
 				if r := resumed.Load(); r != 0 && time.Since(time.Unix(0, r)) > 100*time.Millisecond {
 					return
 				}
-				k := limiter.Key{Space: "sw:stall", Name: fmt.Sprint(uniqueName(t), "-", w, "-", i)}
+				k := storage.Key{Space: "sw:stall", Name: fmt.Sprint(uniqueName(t), "-", w, "-", i)}
 				if _, err := s.Add(ctx, k, 7, 1, 1, ttl); err != nil {
 					t.Error(err)
 					return
@@ -208,36 +209,36 @@ func TestCorruptState(t *testing.T) {
 
 	b, _ := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Minute})
 	name := uniqueName(t)
-	key := bucketKey(s.keys.base(limiter.Key{Space: b.Space(), Name: name}))
+	key := bucketKey(s.keys.base(storage.Key{Space: b.Space(), Name: name}))
 	for _, v := range []string{"garbage", "B", "L\x02\x04"} {
 		if err := mc.Set(&memcache.Item{Key: key, Value: []byte(v)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.Allow(ctx, name, time.Now()); !errors.Is(err, limiter.ErrCorruptState) {
+		if _, err := b.Allow(ctx, name, time.Now()); !errors.Is(err, storage.ErrCorruptState) {
 			t.Fatalf("bucket value %q: %v, want ErrCorruptState", v, err)
 		}
 	}
 
 	l, _ := limiter.NewSlidingLog(s, limiter.SlidingLogConfig{Limit: 5, Window: time.Minute})
 	lname := uniqueName(t) + "log"
-	lkey := logKey(s.keys.base(limiter.Key{Space: "sl:5:1m0s", Name: lname}))
+	lkey := logKey(s.keys.base(storage.Key{Space: "sl:5:1m0s", Name: lname}))
 	for _, v := range []string{"garbage", "L\x05\x02", "B\x02\x02"} {
 		if err := mc.Set(&memcache.Item{Key: lkey, Value: []byte(v)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := l.Allow(ctx, lname, time.Now()); !errors.Is(err, limiter.ErrCorruptState) {
+		if _, err := l.Allow(ctx, lname, time.Now()); !errors.Is(err, storage.ErrCorruptState) {
 			t.Fatalf("log value %q: %v, want ErrCorruptState", v, err)
 		}
 	}
 
 	// A counter that is not a number: incr refuses, get-multi cannot parse.
-	k := limiter.Key{Space: "sw:test", Name: uniqueName(t)}
+	k := storage.Key{Space: "sw:test", Name: uniqueName(t)}
 	base := s.keys.base(k)
 	mc.Set(&memcache.Item{Key: counterKey(base, 10), Value: []byte("x")})
-	if _, err := s.Add(ctx, k, 10, 3, 1, time.Minute); !errors.Is(err, limiter.ErrCorruptState) || errors.Is(err, ErrUnavailable) {
+	if _, err := s.Add(ctx, k, 10, 3, 1, time.Minute); !errors.Is(err, storage.ErrCorruptState) || errors.Is(err, ErrUnavailable) {
 		t.Fatalf("incr of a non-number: %v, want ErrCorruptState only", err)
 	}
-	if _, err := s.Add(ctx, k, 11, 3, 1, time.Minute); !errors.Is(err, limiter.ErrCorruptState) {
+	if _, err := s.Add(ctx, k, 11, 3, 1, time.Minute); !errors.Is(err, storage.ErrCorruptState) {
 		t.Fatalf("get-multi of a non-number: %v, want ErrCorruptState", err)
 	}
 }
@@ -250,7 +251,7 @@ func TestCASConflict(t *testing.T) {
 		f := strings.Fields(line)
 		switch f[0] {
 		case "gets":
-			v := string(encodeBucket(limiter.BucketState{Tokens: 1, Updated: 1}))
+			v := string(encodeBucket(storage.BucketState{Tokens: 1, Updated: 1}))
 			return fmt.Sprintf("VALUE %s 0 %d 42\r\n%s\r\nEND\r\n", f[1], len(v), v)
 		case "cas":
 			n, _ := strconv.Atoi(f[4])
@@ -269,7 +270,7 @@ func TestCASConflict(t *testing.T) {
 	// cache: a decision lost to conflicts is a denial it would remember.
 	b, _ := limiter.NewTokenBucket(singleStep{s}, limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Minute, NoDenyCache: true})
 	_, err = b.Allow(context.Background(), "k", time.Unix(100, 0))
-	if !errors.Is(err, limiter.ErrConflict) || errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, storage.ErrConflict) || errors.Is(err, ErrUnavailable) {
 		t.Fatalf("endless CAS conflicts: %v, want ErrConflict", err)
 	}
 	if got := cas.Load(); got != 4 {
@@ -282,7 +283,7 @@ func TestCASConflict(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err = b.Allow(ctx, "k", time.Unix(100, 0))
-	if !errors.Is(err, limiter.ErrConflict) || !errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, storage.ErrConflict) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("endless CAS conflicts within a deadline: %v", err)
 	}
 	if el := time.Since(start); el > 5*time.Second {
@@ -367,13 +368,13 @@ func forward(t testing.TB, addr, req string) string {
 // TestWindowPipelineAgainstFakes: replies a real server never sends, and the
 // rare counter that vanishes between add and incr.
 func TestWindowPipelineAgainstFakes(t *testing.T) {
-	k := limiter.Key{Space: "sw", Name: "k"}
+	k := storage.Key{Space: "sw", Name: "k"}
 	base := "k:sw/k"
 	for _, c := range []struct {
 		name    string
 		reply   func(cmd string, incrs int) string // reply to add, incr or get
 		wantErr error                              // nil: success
-		want    limiter.Counts
+		want    storage.Counts
 	}{
 		{"Normal", func(cmd string, _ int) string {
 			switch cmd {
@@ -383,7 +384,7 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 				return "7\r\n"
 			}
 			return "VALUE " + base + "|c11 0 1\r\n2\r\nVALUE " + base + "|c9 0 3\r\n5  \r\nVALUE " + base + "|c8 0 1\r\n1\r\nEND\r\n"
-		}, nil, limiter.Counts{C: [limiter.MaxSpan]int64{7, 5, 1}, Later: 2}},
+		}, nil, storage.Counts{C: [storage.MaxSpan]int64{7, 5, 1}, Later: 2}},
 		{"VanishesOnce", func(cmd string, incrs int) string {
 			switch {
 			case cmd == "add":
@@ -394,7 +395,7 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 				return "1\r\n"
 			}
 			return "END\r\n"
-		}, nil, limiter.Counts{C: [limiter.MaxSpan]int64{1}}},
+		}, nil, storage.Counts{C: [storage.MaxSpan]int64{1}}},
 		{"KeepsVanishing", func(cmd string, _ int) string {
 			switch cmd {
 			case "add":
@@ -403,13 +404,13 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 				return "NOT_FOUND\r\n"
 			}
 			return "END\r\n"
-		}, limiter.ErrConflict, limiter.Counts{}},
+		}, storage.ErrConflict, storage.Counts{}},
 		{"OutOfMemory", func(cmd string, _ int) string {
 			if cmd == "add" {
 				return "SERVER_ERROR out of memory storing object\r\n"
 			}
 			return "END\r\n"
-		}, ErrUnavailable, limiter.Counts{}},
+		}, ErrUnavailable, storage.Counts{}},
 		{"NotANumber", func(cmd string, _ int) string {
 			switch cmd {
 			case "add":
@@ -418,7 +419,7 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 				return "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
 			}
 			return "END\r\n"
-		}, limiter.ErrCorruptState, limiter.Counts{}},
+		}, storage.ErrCorruptState, storage.Counts{}},
 		{"ForeignKeyInReply", func(cmd string, _ int) string {
 			switch cmd {
 			case "add":
@@ -427,7 +428,7 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 				return "1\r\n"
 			}
 			return "VALUE other|c9 0 1\r\n1\r\nEND\r\n"
-		}, ErrUnavailable, limiter.Counts{}},
+		}, ErrUnavailable, storage.Counts{}},
 		{"SubWindowNotAsked", func(cmd string, _ int) string {
 			switch cmd {
 			case "add":
@@ -436,7 +437,7 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 				return "1\r\n"
 			}
 			return "VALUE " + base + "|c10 0 1\r\n1\r\nEND\r\n" // cur itself: incremented, not read
-		}, ErrUnavailable, limiter.Counts{}},
+		}, ErrUnavailable, storage.Counts{}},
 		{"HugeValue", func(cmd string, _ int) string {
 			switch cmd {
 			case "add":
@@ -445,7 +446,7 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 				return "1\r\n"
 			}
 			return "VALUE " + base + "|c9 0 99999999\r\n"
-		}, ErrUnavailable, limiter.Counts{}},
+		}, ErrUnavailable, storage.Counts{}},
 		{"Truncated", func(cmd string, _ int) string {
 			switch cmd {
 			case "add":
@@ -454,7 +455,7 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 				return "1\r\n"
 			}
 			return "VALUE " + base + "|c9 0 5\r\n1"
-		}, ErrUnavailable, limiter.Counts{}},
+		}, ErrUnavailable, storage.Counts{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var mu sync.Mutex
@@ -497,4 +498,4 @@ func TestWindowPipelineAgainstFakes(t *testing.T) {
 // UpdateLog, one call per step.
 type singleStep struct{ *Store }
 
-func (singleStep) Do() {} // shadows Store.Do: not a limiter.Batcher
+func (singleStep) Do() {} // shadows Store.Do: not a storage.Batcher

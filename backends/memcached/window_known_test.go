@@ -8,18 +8,18 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/testserver"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // windowDecide makes one window add of k (sub-window cur, span, n 1)
 // through Add or through Do.
-func windowDecide(s *Store, k limiter.Key, cur int64, span int, batch bool) (limiter.Counts, error) {
+func windowDecide(s *Store, k storage.Key, cur int64, span int, batch bool) (storage.Counts, error) {
 	ctx := context.Background()
 	if !batch {
 		return s.Add(ctx, k, cur, span, 1, time.Minute)
 	}
-	out := make([]limiter.StepResult, 1)
-	s.Do(ctx, []limiter.Step{{Kind: limiter.StepAdd, Key: k, Idx: cur, Span: span, N: 1, TTL: time.Minute}}, out)
+	out := make([]storage.StepResult, 1)
+	s.Do(ctx, []storage.Step{{Kind: storage.StepAdd, Key: k, Idx: cur, Span: span, N: 1, TTL: time.Minute}}, out)
 	return out[0].Counts, out[0].Err
 }
 
@@ -42,7 +42,7 @@ func TestWindowKnownCounters(t *testing.T) {
 			t.Run(fmt.Sprintf("span=%d/batch=%v", span, batch), func(t *testing.T) {
 				proxy := testserver.NewProxy(t, addr)
 				s := testStore(t, Config{Addrs: []string{proxy.Addr()}, Jitter: -1})
-				k := limiter.Key{Space: fmt.Sprintf("sw:test:%d", span), Name: uniqueName(t)}
+				k := storage.Key{Space: fmt.Sprintf("sw:test:%d", span), Name: uniqueName(t)}
 				cur := time.Now().UnixNano() / int64(time.Second)
 				key := counterKey(s.keys.base(k), cur)
 				// decide checks the write commands of the decision's
@@ -79,7 +79,7 @@ func TestWindowKnownCounters(t *testing.T) {
 				decide("re-created by this Store", "[incr]", 2)
 
 				// Its TTL run out in the cache.
-				lv := [limiter.PackedLevels]knownCounter{{idx: cur, until: knownNow() - 1}}
+				lv := [storage.PackedLevels]knownCounter{{idx: cur, until: knownNow() - 1}}
 				s.keys.record(k, s.keys.base(k), 1, 0, &lv)
 				decide("aged in the cache", "[add+incr]", 3)
 				decide("the add left it unknown", "[add+incr]", 4) // NOT_STORED: age unknown

@@ -1,8 +1,8 @@
 // Package memory is Sluice's in-process store: the embedded default, and the
 // reference implementation of the limiter's store interfaces: [Store]
-// implements [limiter.Counter], [limiter.PackedCounter], [limiter.BucketStore]
-// and [limiter.LogStore]; [Leases] implements [limiter.LeaseStore] and
-// [limiter.GaugeStore] for the concurrency limiter and the load shedders.
+// implements [storage.Counter], [storage.PackedCounter], [storage.BucketStore]
+// and [storage.LogStore]; [Leases] implements [storage.LeaseStore] and
+// [storage.GaugeStore] for the concurrency limiter and the load shedders.
 //
 //	s, err := memory.New(memory.Config{})
 //	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 100, Window: time.Minute})

@@ -8,15 +8,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // leaseShards is the number of shards of a Leases.
 const leaseShards = 64
 
 // Leases is the in-process store of the concurrent-requests limiter and the
-// fleet-usage shedder ([limiter.LeaseStore]) and of published values such as
-// the fleet's utilization ([limiter.GaugeStore]).
+// fleet-usage shedder ([storage.LeaseStore]) and of published values such as
+// the fleet's utilization ([storage.GaugeStore]).
 //
 // Storage protocol: keys are spread over 64 shards by a seeded hash; each
 // shard is a map guarded by one mutex, so an acquire (drop the expired
@@ -39,24 +39,24 @@ type Leases struct {
 }
 
 var (
-	_ limiter.LeaseStore = (*Leases)(nil)
-	_ limiter.GaugeStore = (*Leases)(nil)
+	_ storage.LeaseStore = (*Leases)(nil)
+	_ storage.GaugeStore = (*Leases)(nil)
 )
 
 type leaseShard struct {
 	mu     sync.Mutex
-	sets   map[limiter.Key]*leaseSet
-	gauges map[limiter.Key]gaugeEntry
+	sets   map[storage.Key]*leaseSet
+	gauges map[storage.Key]gaugeEntry
 	_      [64]byte
 }
 
 type leaseSet struct {
-	entries []limiter.LeaseEntry
+	entries []storage.LeaseEntry
 	expires int64 // store clock, Unix ns: the set is empty from then on
 }
 
 type gaugeEntry struct {
-	g       limiter.Gauge
+	g       storage.Gauge
 	expires int64 // store clock, Unix ns
 }
 
@@ -75,8 +75,8 @@ func NewLeases(cfg Config) (*Leases, error) {
 	}
 	l := &Leases{seed: maphash.MakeSeed(), clock: cfg.Clock, perShard: cfg.MaxKeys / leaseShards}
 	for i := range l.shards {
-		l.shards[i].sets = make(map[limiter.Key]*leaseSet)
-		l.shards[i].gauges = make(map[limiter.Key]gaugeEntry)
+		l.shards[i].sets = make(map[storage.Key]*leaseSet)
+		l.shards[i].gauges = make(map[storage.Key]gaugeEntry)
 	}
 	return l, nil
 }
@@ -101,7 +101,7 @@ func (l *Leases) Stats() LeaseStats {
 	return st
 }
 
-func (l *Leases) lock(ctx context.Context, k limiter.Key) (*leaseShard, int64, error) {
+func (l *Leases) lock(ctx context.Context, k storage.Key) (*leaseShard, int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, fmt.Errorf("memory: %w", err)
 	}
@@ -110,21 +110,21 @@ func (l *Leases) lock(ctx context.Context, k limiter.Key) (*leaseShard, int64, e
 	return sh, l.clock().UnixNano(), nil
 }
 
-// AcquireLease implements [limiter.LeaseStore] under the shard's lock.
-func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.LeaseOp) (limiter.Decision, error) {
-	if op.Capacity <= 0 || op.Capacity > limiter.MaxLeases {
-		return limiter.Decision{}, fmt.Errorf("memory: bad lease capacity %d", op.Capacity)
+// AcquireLease implements [storage.LeaseStore] under the shard's lock.
+func (l *Leases) AcquireLease(ctx context.Context, k storage.Key, op storage.LeaseOp) (storage.Decision, error) {
+	if op.Capacity <= 0 || op.Capacity > storage.MaxLeases {
+		return storage.Decision{}, fmt.Errorf("memory: bad lease capacity %d", op.Capacity)
 	}
 	sh, now, err := l.lock(ctx, k)
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	defer sh.mu.Unlock()
 	set := sh.sets[k]
 	if set != nil && now >= set.expires {
 		set.entries = set.entries[:0]
 	}
-	var cur []limiter.LeaseEntry
+	var cur []storage.LeaseEntry
 	if set != nil {
 		cur = set.entries
 	}
@@ -140,12 +140,12 @@ func (l *Leases) AcquireLease(ctx context.Context, k limiter.Key, op limiter.Lea
 		sh.sets[k] = set
 	}
 	set.entries = next
-	set.expires = now + int64(limiter.LeaseExpiry(next, op.Now))
+	set.expires = now + int64(storage.LeaseExpiry(next, op.Now))
 	return d, nil
 }
 
-// ReleaseLease implements [limiter.LeaseStore] under the shard's lock.
-func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.ReleaseOp) error {
+// ReleaseLease implements [storage.LeaseStore] under the shard's lock.
+func (l *Leases) ReleaseLease(ctx context.Context, k storage.Key, op storage.ReleaseOp) error {
 	sh, now, err := l.lock(ctx, k)
 	if err != nil {
 		return err
@@ -169,8 +169,8 @@ func (l *Leases) ReleaseLease(ctx context.Context, k limiter.Key, op limiter.Rel
 	return nil
 }
 
-// PutGauge implements [limiter.GaugeStore].
-func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, ttl time.Duration) error {
+// PutGauge implements [storage.GaugeStore].
+func (l *Leases) PutGauge(ctx context.Context, k storage.Key, g storage.Gauge, ttl time.Duration) error {
 	sh, now, err := l.lock(ctx, k)
 	if err != nil {
 		return err
@@ -183,16 +183,16 @@ func (l *Leases) PutGauge(ctx context.Context, k limiter.Key, g limiter.Gauge, t
 	return nil
 }
 
-// GetGauge implements [limiter.GaugeStore].
-func (l *Leases) GetGauge(ctx context.Context, k limiter.Key) (limiter.Gauge, bool, error) {
+// GetGauge implements [storage.GaugeStore].
+func (l *Leases) GetGauge(ctx context.Context, k storage.Key) (storage.Gauge, bool, error) {
 	sh, now, err := l.lock(ctx, k)
 	if err != nil {
-		return limiter.Gauge{}, false, err
+		return storage.Gauge{}, false, err
 	}
 	defer sh.mu.Unlock()
 	e, ok := sh.gauges[k]
 	if !ok || now >= e.expires {
-		return limiter.Gauge{}, false, nil
+		return storage.Gauge{}, false, nil
 	}
 	return e.g, true, nil
 }

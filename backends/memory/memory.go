@@ -9,7 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/internal/lru"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const numShards = 64
@@ -41,23 +42,23 @@ type Store struct {
 }
 
 var (
-	_ limiter.Counter       = (*Store)(nil)
-	_ limiter.BucketStore   = (*Store)(nil)
-	_ limiter.LogStore      = (*Store)(nil)
-	_ limiter.PackedCounter = (*Store)(nil)
+	_ storage.Counter       = (*Store)(nil)
+	_ storage.BucketStore   = (*Store)(nil)
+	_ storage.LogStore      = (*Store)(nil)
+	_ storage.PackedCounter = (*Store)(nil)
 )
 
 type shard struct {
-	mu   sync.Mutex
-	m    map[limiter.Key]*entry
-	head entry // sentinel of the LRU list: head.next is the most recent
-	_    [64]byte
+	mu  sync.Mutex
+	m   map[storage.Key]*entry
+	lru lru.List[entry, *entry] // most recent at the front
+	_   [64]byte
 }
 
 type entry struct {
-	key        limiter.Key
-	expires    int64 // Unix ns; the entry is absent at or after it
-	prev, next *entry
+	key     storage.Key
+	expires int64 // Unix ns; the entry is absent at or after it
+	lru.Links[entry]
 
 	// Window counters: slots[idx mod len(slots)] for idx in
 	// (newest-len(slots), newest], newest being the newest sub-window
@@ -65,15 +66,15 @@ type entry struct {
 	slots  []int64
 	newest int64
 
-	bucket    limiter.BucketState
+	bucket    storage.BucketState
 	hasBucket bool
 
 	log []int64
 
 	// Packed counters: per level, a ring of cells indexed by cell index,
 	// holding every counter that covers a slot in
-	// [pnewest-pkeep, pnewest] (see limiter.PackedCounter).
-	packed  [limiter.PackedLevels][]cell
+	// [pnewest-pkeep, pnewest] (see storage.PackedCounter).
+	packed  [storage.PackedLevels][]cell
 	pnewest int64
 	pkeep   int64
 }
@@ -106,8 +107,8 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{seed: maphash.MakeSeed(), clock: cfg.Clock, start: time.Now(), perShard: cfg.MaxKeys / numShards}
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.m = make(map[limiter.Key]*entry)
-		sh.head.next, sh.head.prev = &sh.head, &sh.head
+		sh.m = make(map[storage.Key]*entry)
+		sh.lru.Init()
 	}
 	return s, nil
 }
@@ -134,21 +135,20 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-func (s *Store) shard(k limiter.Key) *shard {
+func (s *Store) shard(k storage.Key) *shard {
 	return &s.shards[maphash.Comparable(s.seed, k)%numShards]
 }
 
 // entry returns key's entry, creating it (and making room) when absent. An
 // expired entry is returned emptied. Call with sh.mu held.
-func (s *Store) entry(sh *shard, k limiter.Key, now int64) *entry {
+func (s *Store) entry(sh *shard, k storage.Key, now int64) *entry {
 	e, ok := sh.m[k]
 	if ok {
 		if now >= e.expires {
 			e.reset()
 			s.expired.Add(1)
 		}
-		sh.unlink(e)
-		sh.pushFront(e)
+		sh.lru.MoveToFront(e)
 		return e
 	}
 	if len(sh.m) >= s.perShard {
@@ -156,7 +156,7 @@ func (s *Store) entry(sh *shard, k limiter.Key, now int64) *entry {
 	}
 	e = &entry{key: k}
 	sh.m[k] = e
-	sh.pushFront(e)
+	sh.lru.PushFront(e)
 	return e
 }
 
@@ -164,8 +164,8 @@ func (s *Store) entry(sh *shard, k limiter.Key, now int64) *entry {
 // failing that the least recently used entry.
 func (s *Store) makeRoom(sh *shard, now int64) {
 	removed := 0
-	for e := sh.head.prev; e != &sh.head && removed < 16; {
-		prev := e.prev
+	for e := sh.lru.Back(); e != nil && removed < 16; {
+		prev := sh.lru.Prev(e)
 		if now >= e.expires {
 			sh.remove(e)
 			s.expired.Add(1)
@@ -174,7 +174,7 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 		e = prev
 	}
 	if removed == 0 {
-		sh.remove(sh.head.prev)
+		sh.remove(sh.lru.Back())
 		s.evictions.Add(1)
 	}
 }
@@ -182,7 +182,7 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 func (e *entry) reset() {
 	e.slots = e.slots[:0]
 	e.newest = 0
-	e.bucket, e.hasBucket = limiter.BucketState{}, false
+	e.bucket, e.hasBucket = storage.BucketState{}, false
 	e.log = e.log[:0]
 	for l := range e.packed {
 		e.packed[l] = e.packed[l][:0]
@@ -190,18 +190,8 @@ func (e *entry) reset() {
 	e.pnewest, e.pkeep = 0, 0
 }
 
-func (sh *shard) pushFront(e *entry) {
-	e.prev, e.next = &sh.head, sh.head.next
-	sh.head.next.prev = e
-	sh.head.next = e
-}
-
-func (sh *shard) unlink(e *entry) {
-	e.prev.next, e.next.prev = e.next, e.prev
-}
-
 func (sh *shard) remove(e *entry) {
-	sh.unlink(e)
+	sh.lru.Remove(e)
 	delete(sh.m, e.key)
 }
 
@@ -214,7 +204,7 @@ func (s *Store) now() int64 {
 	return s.start.UnixNano() + int64(time.Since(s.start))
 }
 
-func (s *Store) lock(ctx context.Context, k limiter.Key) (*shard, int64, error) {
+func (s *Store) lock(ctx context.Context, k storage.Key) (*shard, int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, fmt.Errorf("memory: %w", err)
 	}
@@ -223,27 +213,27 @@ func (s *Store) lock(ctx context.Context, k limiter.Key) (*shard, int64, error) 
 	return sh, s.now(), nil
 }
 
-// Add implements [limiter.Counter]. A key's ring holds the newest
+// Add implements [storage.Counter]. A key's ring holds the newest
 // span+Horizon(span) sub-windows written to it, so a writer up to the
 // horizon behind the newest finds its whole view. A writer further behind
 // is counted in the oldest sub-window of the newest writer's view
 // (Counts.Moved), and judged against everything newer.
 // Reads (n == 0) never move the ring.
-func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
-	if span < 1 || span > limiter.MaxSpan || n < 0 {
-		return limiter.Counts{}, fmt.Errorf("memory: bad window add (span %d, n %d)", span, n)
+func (s *Store) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
+	if span < 1 || span > storage.MaxSpan || n < 0 {
+		return storage.Counts{}, fmt.Errorf("memory: bad window add (span %d, n %d)", span, n)
 	}
 	sh, now, err := s.lock(ctx, k)
 	if err != nil {
-		return limiter.Counts{}, err
+		return storage.Counts{}, err
 	}
 	defer sh.mu.Unlock()
 	e := s.entry(sh, k, now)
-	horizon := limiter.Horizon(span)
+	horizon := storage.Horizon(span)
 	size := int64(span) + horizon
 	if int64(len(e.slots)) != size {
 		if n == 0 {
-			return limiter.Counts{}, nil
+			return storage.Counts{}, nil
 		}
 		e.slots = append(e.slots[:0], make([]int64, size)...)
 		e.newest = cur
@@ -267,7 +257,7 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 		}
 		e.expires = now + int64(ttl)
 	}
-	var c limiter.Counts
+	var c storage.Counts
 	if at != cur {
 		c.Moved, c.At = true, at
 	}
@@ -283,7 +273,7 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 			i = size - 1
 		}
 	}
-	last := min(e.newest, at+limiter.Ahead(span))
+	last := min(e.newest, at+storage.Ahead(span))
 	if c.Moved {
 		last = e.newest // a writer from past the horizon is judged against all of it
 	}
@@ -301,9 +291,9 @@ func (s *Store) Add(ctx context.Context, k limiter.Key, cur int64, span int, n i
 	return c, nil
 }
 
-// Sub implements [limiter.Counter]: it takes from the counter of idx if the
+// Sub implements [storage.Counter]: it takes from the counter of idx if the
 // ring still holds it, and from no other.
-func (s *Store) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+func (s *Store) Sub(ctx context.Context, k storage.Key, idx int64, n int64) error {
 	if n < 0 {
 		return fmt.Errorf("memory: bad window sub (n %d)", n)
 	}
@@ -334,31 +324,31 @@ func ringSize(l int, keep int64) int64 {
 
 // held reports whether the entry may hold c: c covers a slot at or after
 // newest-keep (a counter entirely older may have been dropped).
-func (e *entry) held(c limiter.PackedCell) bool {
+func (e *entry) held(c storage.PackedCell) bool {
 	return c.Last() >= e.pnewest-e.pkeep
 }
 
 // find returns c's place in its ring, and whether it holds c.
-func (e *entry) find(c limiter.PackedCell) (*cell, bool) {
+func (e *entry) find(c storage.PackedCell) (*cell, bool) {
 	ring := e.packed[c.Level-1]
 	p := &ring[mod(c.Index, int64(len(ring)))]
 	return p, p.ok && p.idx == c.Index
 }
 
-// validPacked checks the shape of a packed op (limiter.PackedOp.Check).
-func validPacked(op *limiter.PackedOp) error {
+// validPacked checks the shape of a packed op (storage.PackedOp.Check).
+func validPacked(op *storage.PackedOp) error {
 	if err := op.Check(); err != nil {
 		return fmt.Errorf("memory: %w", err)
 	}
 	return nil
 }
 
-// AddPacked implements [limiter.PackedCounter] under the shard's lock. Each
+// AddPacked implements [storage.PackedCounter] under the shard's lock. Each
 // level is a ring of counters; a key holds every counter covering a slot
 // within op.Keep of the newest slot added to it. An op naming a counter
 // older than that is answered Stale, and nothing changes.
-func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
-	var c limiter.PackedCounts
+func (s *Store) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
+	var c storage.PackedCounts
 	if err := validPacked(op); err != nil {
 		return c, err
 	}
@@ -426,12 +416,12 @@ func (s *Store) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 	return c, nil
 }
 
-// SubPacked implements [limiter.PackedCounter]: it subtracts each delta
+// SubPacked implements [storage.PackedCounter]: it subtracts each delta
 // from its counter if the key still holds it, exactly when the counter
 // holds the delta (its 64-bit value with the carries out of its top field
 // counted: a refund after adds in flight wrapped it), else taking each
 // field down to 0 (a counter dropped and created again).
-func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+func (s *Store) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
 	if err := validPacked(op); err != nil {
 		return err
 	}
@@ -462,23 +452,23 @@ func (s *Store) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Packed
 		}
 		var v uint64
 		for j := range 4 {
-			f, d := limiter.FieldOf(p.v, j), limiter.FieldOf(a.Delta, j)
-			v |= (f - min(f, d)) << (limiter.PackedFieldBits * j)
+			f, d := storage.FieldOf(p.v, j), storage.FieldOf(a.Delta, j)
+			v |= (f - min(f, d)) << (storage.PackedFieldBits * j)
 		}
 		p.v = v
 	}
 	return nil
 }
 
-// KeepsLeased implements [limiter.LeaseKeeper]: the whole bucket state is
+// KeepsLeased implements [storage.LeaseKeeper]: the whole bucket state is
 // kept, leased units included.
 func (s *Store) KeepsLeased() bool { return true }
 
-// UpdateBucket implements [limiter.BucketStore] under the shard's lock.
-func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+// UpdateBucket implements [storage.BucketStore] under the shard's lock.
+func (s *Store) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	sh, now, err := s.lock(ctx, k)
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	defer sh.mu.Unlock()
 	e := s.entry(sh, k, now)
@@ -491,11 +481,11 @@ func (s *Store) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.Buck
 	return d, nil
 }
 
-// UpdateLog implements [limiter.LogStore] under the shard's lock.
-func (s *Store) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+// UpdateLog implements [storage.LogStore] under the shard's lock.
+func (s *Store) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
 	sh, now, err := s.lock(ctx, k)
 	if err != nil {
-		return limiter.Decision{}, err
+		return storage.Decision{}, err
 	}
 	defer sh.mu.Unlock()
 	e := s.entry(sh, k, now)

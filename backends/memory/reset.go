@@ -4,20 +4,20 @@ import (
 	"context"
 	"slices"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 var (
-	_ limiter.Resetter  = (*Store)(nil)
-	_ limiter.LogReader = (*Store)(nil)
+	_ storage.Resetter  = (*Store)(nil)
+	_ storage.LogReader = (*Store)(nil)
 )
 
-// Reset implements [limiter.Resetter]: it deletes the entry of k under
+// Reset implements [storage.Resetter]: it deletes the entry of k under
 // its shard's lock, whatever op says (an entry holds one limit's state on
 // one key: every counter of a window, a bucket or a log). A request after
 // it finds the key new; a refund after it finds nothing to give back, or
 // the entry a newer request created.
-func (s *Store) Reset(ctx context.Context, k limiter.Key, _ *limiter.ResetOp) error {
+func (s *Store) Reset(ctx context.Context, k storage.Key, _ *storage.ResetOp) error {
 	sh, _, err := s.lock(ctx, k)
 	if err != nil {
 		return err
@@ -29,9 +29,9 @@ func (s *Store) Reset(ctx context.Context, k limiter.Key, _ *limiter.ResetOp) er
 	return nil
 }
 
-// ReadLog implements [limiter.LogReader]: a copy of k's log, or nil. It
+// ReadLog implements [storage.LogReader]: a copy of k's log, or nil. It
 // creates nothing.
-func (s *Store) ReadLog(ctx context.Context, k limiter.Key) ([]int64, error) {
+func (s *Store) ReadLog(ctx context.Context, k storage.Key) ([]int64, error) {
 	sh, now, err := s.lock(ctx, k)
 	if err != nil {
 		return nil, err

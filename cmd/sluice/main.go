@@ -39,6 +39,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -72,7 +73,7 @@ type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	now            func() time.Time
-	stores         map[string]limiter.Store
+	stores         map[string]storage.Store
 }
 
 func main() {
@@ -345,7 +346,7 @@ func list(names []string) string {
 
 // buildStores returns the stores the rule's limits need: a test's, or
 // those the flags name.
-func buildStores(ctx context.Context, o *options, e env, rule policy.Rule) (map[string]limiter.Store, func(), error) {
+func buildStores(ctx context.Context, o *options, e env, rule policy.Rule) (map[string]storage.Store, func(), error) {
 	used := map[string]bool{o.backend: true}
 	for _, l := range rule.Limits {
 		used[l.Backend] = true
@@ -356,7 +357,7 @@ func buildStores(ctx context.Context, o *options, e env, rule policy.Rule) (map[
 		}
 	}
 	delete(used, "")
-	stores := map[string]limiter.Store{}
+	stores := map[string]storage.Store{}
 	var closers []func()
 	closeAll := func() {
 		for _, c := range closers {
@@ -381,7 +382,7 @@ func buildStores(ctx context.Context, o *options, e env, rule policy.Rule) (map[
 	return stores, closeAll, nil
 }
 
-func buildStore(ctx context.Context, o *options, e env, backend string) (limiter.Store, func(), error) {
+func buildStore(ctx context.Context, o *options, e env, backend string) (storage.Store, func(), error) {
 	switch backend {
 	case "memory":
 		fmt.Fprintln(e.stderr, "sluice: note: the memory store is this process's own, so every key is new here; name the authorizer's store with -memcached or -dynamo-table")

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -77,7 +78,7 @@ func rulesFile(t *testing.T) string {
 
 // authorizer is the authorizer's policy on stores (without a deny cache,
 // so that each request reaches the store, as in a new process).
-func authorizer(t *testing.T, stores map[string]limiter.Store, backend string) *policy.Policy {
+func authorizer(t *testing.T, stores map[string]storage.Store, backend string) *policy.Policy {
 	t.Helper()
 	p, err := policy.Load([]byte(testRules), policy.Options{Stores: stores, DefaultBackend: backend, NoDenyCache: true})
 	if err != nil {
@@ -182,7 +183,7 @@ func TestMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stores := map[string]limiter.Store{"memory": mem}
+	stores := map[string]storage.Store{"memory": mem}
 	exhaustAndReset(t, env{stores: stores}, authorizer(t, stores, "memory"))
 }
 
@@ -195,7 +196,7 @@ func TestMemcached(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	exhaustAndReset(t, env{}, authorizer(t, map[string]limiter.Store{"memcached": s}, "memcached"), "-memcached", addr)
+	exhaustAndReset(t, env{}, authorizer(t, map[string]storage.Store{"memcached": s}, "memcached"), "-memcached", addr)
 }
 
 // TestDynamo: the walkthrough against DynamoDB Local (behind the test cap
@@ -218,7 +219,7 @@ func TestDynamo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exhaustAndReset(t, env{}, authorizer(t, map[string]limiter.Store{"dynamo": s}, "dynamo"), "-dynamo-table", table, "-dynamo-endpoint", endpoint)
+	exhaustAndReset(t, env{}, authorizer(t, map[string]storage.Store{"dynamo": s}, "dynamo"), "-dynamo-table", table, "-dynamo-endpoint", endpoint)
 }
 
 // TestKeysAndTiers: -attr for a key of two attributes, -tier, a constant
@@ -228,7 +229,7 @@ func TestKeysAndTiers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stores := map[string]limiter.Store{"memory": mem}
+	stores := map[string]storage.Store{"memory": mem}
 	p := authorizer(t, stores, "memory")
 	ctx := context.Background()
 	req := &policy.Request{SourceIP: "2001:db8::7", Path: "/tenant/a", Headers: policy.Header{"X-Tenant": "acme co", "X-Plan": "pro"}}
@@ -260,7 +261,7 @@ func TestConfirm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stores := map[string]limiter.Store{"memory": mem}
+	stores := map[string]storage.Store{"memory": mem}
 	p := authorizer(t, stores, "memory")
 	p.Evaluate(context.Background(), &policy.Request{Path: "/constant"}, t0) // constant: used up
 	file := rulesFile(t)

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -38,7 +39,7 @@ func benchHandler(b *testing.B) *Handler {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := policy.Load([]byte(benchRules), policy.Options{Stores: map[string]limiter.Store{"memory": mem}})
+	p, err := policy.Load([]byte(benchRules), policy.Options{Stores: map[string]storage.Store{"memory": mem}})
 	if err != nil {
 		b.Fatal(err)
 	}

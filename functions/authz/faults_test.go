@@ -13,21 +13,22 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
 // downStore is a backend that is down: every call fails unavailable.
 type downStore struct{}
 
-func (downStore) Add(context.Context, limiter.Key, int64, int, int64, time.Duration) (limiter.Counts, error) {
-	return limiter.Counts{}, limiter.ErrUnavailable
+func (downStore) Add(context.Context, storage.Key, int64, int, int64, time.Duration) (storage.Counts, error) {
+	return storage.Counts{}, storage.ErrUnavailable
 }
-func (downStore) Sub(context.Context, limiter.Key, int64, int64) error { return limiter.ErrUnavailable }
-func (downStore) UpdateBucket(context.Context, limiter.Key, limiter.BucketOp, time.Duration) (limiter.Decision, error) {
-	return limiter.Decision{}, limiter.ErrUnavailable
+func (downStore) Sub(context.Context, storage.Key, int64, int64) error { return storage.ErrUnavailable }
+func (downStore) UpdateBucket(context.Context, storage.Key, storage.BucketOp, time.Duration) (storage.Decision, error) {
+	return storage.Decision{}, storage.ErrUnavailable
 }
-func (downStore) UpdateLog(context.Context, limiter.Key, limiter.LogOp, time.Duration) (limiter.Decision, error) {
-	return limiter.Decision{}, limiter.ErrUnavailable
+func (downStore) UpdateLog(context.Context, storage.Key, storage.LogOp, time.Duration) (storage.Decision, error) {
+	return storage.Decision{}, storage.ErrUnavailable
 }
 
 // TestPartialFailure: a rule whose per-minute limit answers and whose
@@ -70,7 +71,7 @@ rules:
 				t.Fatal(err)
 			}
 			doc := strings.Replace(strings.Replace(rules, "%s", tt.fail, 1), "%d", strconv.Itoa(tt.perMinute), 1)
-			p, err := policy.Load([]byte(doc), policy.Options{Stores: map[string]limiter.Store{"memory": mem, "down": downStore{}}})
+			p, err := policy.Load([]byte(doc), policy.Options{Stores: map[string]storage.Store{"memory": mem, "down": downStore{}}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -28,7 +29,7 @@ func newGoldenHandler(t testing.TB, stdout io.Writer) *Handler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.Load(DefaultRules, policy.Options{Stores: map[string]limiter.Store{"memory": mem}, DefaultBackend: "memory"})
+	p, err := policy.Load(DefaultRules, policy.Options{Stores: map[string]storage.Store{"memory": mem}, DefaultBackend: "memory"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -33,7 +34,7 @@ func newTestHandler(t testing.TB, rules string, mutate func(*Config)) *testHandl
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]limiter.Store{"memory": mem}})
+	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]storage.Store{"memory": mem}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +418,7 @@ func (shedAll) Check(context.Context, limiter.Priority, time.Time) (limiter.Deci
 // metric line saying so.
 func TestShedFailsTheInvocation(t *testing.T) {
 	mem, _ := memory.New(memory.Config{})
-	p, err := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]limiter.Store{"memory": mem}, Shedder: shedAll{}})
+	p, err := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]storage.Store{"memory": mem}, Shedder: shedAll{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +509,7 @@ func TestNewConfigErrors(t *testing.T) {
 		t.Error("no policy accepted")
 	}
 	mem, _ := memory.New(memory.Config{})
-	p, _ := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]limiter.Store{"memory": mem}})
+	p, _ := policy.Load([]byte(oneRule), policy.Options{Stores: map[string]storage.Store{"memory": mem}})
 	if _, err := New(Config{Policy: p, HTTPResponses: "xml"}); err == nil {
 		t.Error("bad HTTPResponses accepted")
 	}

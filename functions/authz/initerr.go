@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -66,7 +66,7 @@ func InitErrorType(err error) string {
 	switch {
 	case errors.Is(err, policy.ErrInvalidRule):
 		return InitInvalidRules
-	case errors.As(err, &op), errors.Is(err, limiter.ErrUnavailable):
+	case errors.As(err, &op), errors.Is(err, storage.ErrUnavailable):
 		return InitUnreachable
 	case errors.As(err, &ce):
 		return InitInvalidConfiguration

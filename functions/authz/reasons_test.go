@@ -6,7 +6,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/lambdawrap"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -92,7 +92,7 @@ rules:
     key: "{ip}"
     concurrency: {limit: 1}
     limits: [{algorithm: fixed_window, limit: 100, window: 1m}]
-`), policy.Options{Stores: map[string]limiter.Store{"memory": mem}, Leases: leases})
+`), policy.Options{Stores: map[string]storage.Store{"memory": mem}, Leases: leases})
 	if err != nil {
 		t.Fatal(err)
 	}

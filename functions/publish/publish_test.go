@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -33,11 +34,11 @@ func failing(err error) ReaderFunc {
 }
 
 type gaugeStore struct {
-	limiter.GaugeStore
+	storage.GaugeStore
 	err error
 }
 
-func (g gaugeStore) PutGauge(ctx context.Context, k limiter.Key, v limiter.Gauge, ttl time.Duration) error {
+func (g gaugeStore) PutGauge(ctx context.Context, k storage.Key, v storage.Gauge, ttl time.Duration) error {
 	if g.err != nil {
 		return g.err
 	}
@@ -65,7 +66,7 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-func (f *fixture) publisher(t *testing.T, cw MetricReader, store limiter.GaugeStore) *Publisher {
+func (f *fixture) publisher(t *testing.T, cw MetricReader, store storage.GaugeStore) *Publisher {
 	t.Helper()
 	m, err := config.ParsePublish(func(k string) string {
 		return map[string]string{config.EnvPublishNamespace: "AWS/Lambda", config.EnvPublishMetric: "ConcurrentExecutions",
@@ -128,7 +129,7 @@ func TestPublishFailures(t *testing.T) {
 	tests := []struct {
 		name  string
 		cw    MetricReader
-		store limiter.GaugeStore
+		store storage.GaugeStore
 		want  error
 		msg   string
 	}{
@@ -136,7 +137,7 @@ func TestPublishFailures(t *testing.T) {
 		{name: "no data point", cw: points(&f.now), want: ErrNoData},
 		{name: "stale data point", cw: points(&f.now, 6, 100), want: ErrStaleData, msg: "6m0s old"},
 		{name: "NaN", cw: points(&f.now, 1, math.NaN()), want: ErrBadValue},
-		{name: "store down", cw: points(&f.now, 1, 100), store: gaugeStore{f.store, limiter.ErrUnavailable}, want: limiter.ErrUnavailable},
+		{name: "store down", cw: points(&f.now, 1, 100), store: gaugeStore{f.store, storage.ErrUnavailable}, want: storage.ErrUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

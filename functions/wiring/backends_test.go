@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -310,7 +311,7 @@ func TestRulesTable(t *testing.T) {
 	var mu sync.Mutex
 	clock := limiter.ClockFunc(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	stores := map[string]limiter.Store{"memory": b.Stores["memory"]}
+	stores := map[string]storage.Store{"memory": b.Stores["memory"]}
 	var loadErrs []error
 	cache, err := policy.NewCache(t.Context(), func(ctx context.Context) (*policy.Policy, error) {
 		rules, err := LoadRulesTable(ctx, client, table)

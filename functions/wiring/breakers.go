@@ -8,6 +8,7 @@ import (
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Circuit breakers (env.Breaker, SLUICE_BREAKER_*), on by default:
@@ -48,7 +49,7 @@ func memcachedBreaker(env Env, logger *slog.Logger, metrics *authz.Metrics) *mem
 // behind a circuit breaker configured by env.Breaker, in place, and
 // returns the breakers by backend; nil when the breakers are off.
 // Transitions are logged and written as metric lines.
-func wrapBreakers(env Env, stores map[string]limiter.Store, logger *slog.Logger, metrics *authz.Metrics) (map[string]*breaker.Breaker, error) {
+func wrapBreakers(env Env, stores map[string]storage.Store, logger *slog.Logger, metrics *authz.Metrics) (map[string]*breaker.Breaker, error) {
 	if !env.Breaker.Enabled() {
 		return nil, nil
 	}
@@ -101,7 +102,7 @@ func (b *Built) memcachedBreakers() []memcached.BreakerState {
 }
 
 // unwrap returns the store behind a breaker, or s itself.
-func unwrap(s limiter.Store) limiter.Store {
+func unwrap(s storage.Store) storage.Store {
 	if w, ok := s.(*breaker.Store); ok {
 		return w.Unwrap()
 	}

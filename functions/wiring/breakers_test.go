@@ -11,13 +11,13 @@ import (
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/internal/testserver"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // TestBreakerOutage: memcached stops under the authorizer; after
 // SLUICE_BREAKER_FAILURES failed decisions the breaker opens, and the
 // next decisions follow each rule's fail mode without reaching the store
-// (their error wraps limiter.ErrBreakerOpen); the transitions are metric
+// (their error wraps storage.ErrBreakerOpen); the transitions are metric
 // lines and log lines; after the server is back, the first decision past
 // SLUICE_BREAKER_OPEN_FOR probes and closes the breaker.
 func TestBreakerOutage(t *testing.T) {
@@ -60,7 +60,7 @@ func TestBreakerOutage(t *testing.T) {
 			t.Fatalf("node breaker %s after 3 failed decisions", node().State)
 		}
 		_, res, err := b.Handler.Decide(t.Context(), requestTo("/open"))
-		if err != nil || !res.Evals[0].Failed || errors.Is(res.Evals[0].Err, limiter.ErrBreakerOpen) {
+		if err != nil || !res.Evals[0].Failed || errors.Is(res.Evals[0].Err, storage.ErrBreakerOpen) {
 			t.Fatalf("decision %d: %+v %v; want a failure of the store", i, res.Evals, err)
 		}
 	}
@@ -69,7 +69,7 @@ func TestBreakerOutage(t *testing.T) {
 	}
 	before := node()
 	metrics.Reset()
-	checkFailModes(t, b, &metrics, limiter.ErrBreakerOpen)
+	checkFailModes(t, b, &metrics, storage.ErrBreakerOpen)
 	if st := node(); st.Rejected != before.Rejected+2 || st.Failures != before.Failures {
 		t.Errorf("stats %+v after %+v: want 2 more refused, no more failures", st, before)
 	}
@@ -142,7 +142,7 @@ func BenchmarkDecisionBreakerOpen(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		resp, res, err := built.Handler.Decide(b.Context(), ev)
-		if err != nil || !resp.Allowed() || !errors.Is(res.Evals[0].Err, limiter.ErrBreakerOpen) {
+		if err != nil || !resp.Allowed() || !errors.Is(res.Evals[0].Err, storage.ErrBreakerOpen) {
 			b.Fatalf("%+v %+v %v", resp, res.Evals, err)
 		}
 	}
@@ -150,7 +150,7 @@ func BenchmarkDecisionBreakerOpen(b *testing.B) {
 
 // The fleet shedder's store (memcached leases, on the store's client)
 // shares the node's breaker: once it opened,
-// the shedder's error wraps limiter.ErrBreakerOpen too (and the request
+// the shedder's error wraps storage.ErrBreakerOpen too (and the request
 // goes on: shedding fails open).
 func TestBreakerShedStore(t *testing.T) {
 	b, _ := buildEnv(t, map[string]string{
@@ -169,7 +169,7 @@ func TestBreakerShedStore(t *testing.T) {
 		b.Handler.Decide(t.Context(), requestTo("/open"))
 	}
 	resp, res, err := b.Handler.Decide(t.Context(), requestTo("/open"))
-	if err != nil || !resp.Allowed() || !errors.Is(res.ShedErr, limiter.ErrBreakerOpen) || !errors.Is(res.Evals[0].Err, limiter.ErrBreakerOpen) {
+	if err != nil || !resp.Allowed() || !errors.Is(res.ShedErr, storage.ErrBreakerOpen) || !errors.Is(res.Evals[0].Err, storage.ErrBreakerOpen) {
 		t.Errorf("with the breaker open: %+v shed error %v, evals %+v, %v", resp, res.ShedErr, res.Evals, err)
 	}
 }

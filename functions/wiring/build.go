@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -31,7 +32,7 @@ type Outputs struct {
 	// before any limit, once, from the configured stores ("memory",
 	// "memcached", "dynamo"), instead of the shedders of the SLUICE_SHED_*
 	// variables. A nil shedder sheds nothing.
-	Shedder func(ctx context.Context, env Env, stores map[string]limiter.Store) (limiter.Shedder, error)
+	Shedder func(ctx context.Context, env Env, stores map[string]storage.Store) (limiter.Shedder, error)
 	// ShedStore, when not nil, holds the leases and the published
 	// utilization of the SLUICE_SHED_* shedders instead of the store of
 	// SLUICE_SHED_BACKEND. For tests: a memory.Leases, which the
@@ -51,7 +52,7 @@ type Built struct {
 	Handler *authz.Handler
 	Env     Env
 	// Stores are the configured backends by name.
-	Stores map[string]limiter.Store
+	Stores map[string]storage.Store
 	// Rules describes the rules' source, e.g. "embedded" or "table t".
 	Rules string
 	// Shedding holds the load shedders of the SLUICE_SHED_* variables; nil
@@ -65,7 +66,7 @@ type Built struct {
 	// shedders are on, else a lease store on the default backend (memory:
 	// per process, for the local API). An integration releases them there
 	// (lambdawrap.NewStoreReleaser).
-	Leases limiter.LeaseStore
+	Leases storage.LeaseStore
 	// Logger is the handler's logger.
 	Logger  *slog.Logger
 	closers []func()
@@ -113,7 +114,7 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 		out.Stderr = os.Stderr
 	}
 	logger := slog.New(slog.NewJSONHandler(out.Stderr, &slog.HandlerOptions{Level: env.LogLevel}))
-	b := &Built{Env: env, Logger: logger, Stores: map[string]limiter.Store{}}
+	b := &Built{Env: env, Logger: logger, Stores: map[string]storage.Store{}}
 	metrics := authz.NewMetrics(out.Stdout, env.MetricsNamespace)
 	h, err := b.build(ctx, out, metrics)
 	if err != nil {
@@ -351,11 +352,11 @@ func (b *Built) buildRules(ctx context.Context, ddb *dynamodb.Client, opts polic
 }
 
 // warm makes one read-only counter call (n = 0) on a key of its own.
-func warm(ctx context.Context, log *slog.Logger, name string, c limiter.Counter, deadline time.Duration) {
+func warm(ctx context.Context, log *slog.Logger, name string, c storage.Counter, deadline time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	start := time.Now()
-	_, err := c.Add(ctx, limiter.Key{Space: "sluice-warmup", Name: "init"}, 0, 1, 0, time.Second)
+	_, err := c.Add(ctx, storage.Key{Space: "sluice-warmup", Name: "init"}, 0, 1, 0, time.Second)
 	if err != nil {
 		log.Warn("backend warm-up failed; the first decisions will open the connection", "backend", name, "error", err.Error())
 		return

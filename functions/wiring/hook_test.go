@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // TestBuildShedderHook checks the hook that the load shedders plug into.
@@ -22,7 +23,7 @@ func TestBuildShedderHook(t *testing.T) {
 	var metrics bytes.Buffer
 	var gotStores []string
 	b, err := Build(t.Context(), env, Outputs{Stdout: &metrics, Stderr: io.Discard,
-		Shedder: func(_ context.Context, _ Env, stores map[string]limiter.Store) (limiter.Shedder, error) {
+		Shedder: func(_ context.Context, _ Env, stores map[string]storage.Store) (limiter.Shedder, error) {
 			for k := range stores {
 				gotStores = append(gotStores, k)
 			}
@@ -40,7 +41,7 @@ func TestBuildShedderHook(t *testing.T) {
 		t.Errorf("the hook saw stores %v", gotStores)
 	}
 	if _, err := Build(t.Context(), env, Outputs{Stdout: io.Discard, Stderr: io.Discard,
-		Shedder: func(context.Context, Env, map[string]limiter.Store) (limiter.Shedder, error) {
+		Shedder: func(context.Context, Env, map[string]storage.Store) (limiter.Shedder, error) {
 			return nil, errors.New("no lease store")
 		}}); err == nil ||
 		!strings.Contains(err.Error(), "load shedder: no lease store") {

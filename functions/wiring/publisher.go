@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/publish"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // GetMetricDataAPI is the part of the CloudWatch API CloudWatchReader uses.
@@ -90,7 +91,7 @@ func BuildPublisher(ctx context.Context, getenv func(string) string, logger *slo
 	if err != nil {
 		return nil, fmt.Errorf("AWS configuration: %w", err)
 	}
-	var store limiter.GaugeStore
+	var store storage.GaugeStore
 	switch env.Shed.Backend {
 	case BackendDynamo:
 		store, err = dynamo.NewLeases(dynamodb.NewFromConfig(awsCfg), dynamo.Config{Table: env.DynamoTable})

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -135,9 +136,9 @@ func (f *fleetShedders) ReleaseLease(ctx context.Context, l policy.Lease) error 
 func buildShedding(env ShedEnv, store breaker.ShedStore, backend string, clock limiter.Clock) (*Shedding, error) {
 	s := &Shedding{Backend: backend}
 	if env.Utilization != "" {
-		signal := limiter.NewCachedUtilization(&limiter.PublishedUtilization{
+		signal := &limiter.CachedUtilization{Signal: &limiter.PublishedUtilization{
 			Store: store, Name: env.Utilization, MaxAge: env.UtilizationMaxAge, Clock: clock,
-		}, ShedUtilizationRefresh, clock)
+		}, Every: ShedUtilizationRefresh, Clock: clock}
 		u, err := limiter.NewUtilizationShedder(limiter.UtilizationShedderConfig{Utilization: signal})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", config.EnvShedUtilization, err)
@@ -159,7 +160,7 @@ func buildShedding(env ShedEnv, store breaker.ShedStore, backend string, clock l
 // env.Shed.Backend, on the clients the counter stores already hold: the
 // memcached Store's gomemcache client (its nodes, TLS dialer, timeout and
 // pool), or the DynamoDB client and state table.
-func newShedStore(env Env, stores map[string]limiter.Store, ddb *dynamodb.Client) (breaker.ShedStore, error) {
+func newShedStore(env Env, stores map[string]storage.Store, ddb *dynamodb.Client) (breaker.ShedStore, error) {
 	switch env.Shed.Backend {
 	case BackendMemcached:
 		mc, ok := unwrap(stores[BackendMemcached]).(*memcached.Store)
@@ -191,7 +192,7 @@ func warmShed(ctx context.Context, log *slog.Logger, store breaker.ShedStore, de
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	start := time.Now()
-	if _, _, err := store.GetGauge(ctx, limiter.Key{Space: "sluice-warmup", Name: "init"}); err != nil {
+	if _, _, err := store.GetGauge(ctx, storage.Key{Space: "sluice-warmup", Name: "init"}); err != nil {
 		log.Warn("shed store warm-up failed; the first decisions will open the connection", "error", err.Error())
 		return
 	}
@@ -204,7 +205,7 @@ func warmShed(ctx context.Context, log *slog.Logger, store breaker.ShedStore, de
 // per process (the local API, where the integration runs in the same
 // process; a deployed authorizer should keep its limits on a network
 // backend).
-func leaseStore(env Env, stores map[string]limiter.Store, ddb *dynamodb.Client, injected breaker.ShedStore) (limiter.LeaseStore, error) {
+func leaseStore(env Env, stores map[string]storage.Store, ddb *dynamodb.Client, injected breaker.ShedStore) (storage.LeaseStore, error) {
 	if injected != nil {
 		return injected, nil
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/functions/dev/golden"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -308,17 +309,17 @@ type failingStore struct{}
 
 var errStoreDown = errors.New("store down")
 
-func (failingStore) AcquireLease(context.Context, limiter.Key, limiter.LeaseOp) (limiter.Decision, error) {
-	return limiter.Decision{}, errStoreDown
+func (failingStore) AcquireLease(context.Context, storage.Key, storage.LeaseOp) (storage.Decision, error) {
+	return storage.Decision{}, errStoreDown
 }
-func (failingStore) ReleaseLease(context.Context, limiter.Key, limiter.ReleaseOp) error {
+func (failingStore) ReleaseLease(context.Context, storage.Key, storage.ReleaseOp) error {
 	return errStoreDown
 }
-func (failingStore) PutGauge(context.Context, limiter.Key, limiter.Gauge, time.Duration) error {
+func (failingStore) PutGauge(context.Context, storage.Key, storage.Gauge, time.Duration) error {
 	return errStoreDown
 }
-func (failingStore) GetGauge(context.Context, limiter.Key) (limiter.Gauge, bool, error) {
-	return limiter.Gauge{}, false, errStoreDown
+func (failingStore) GetGauge(context.Context, storage.Key) (storage.Gauge, bool, error) {
+	return storage.Gauge{}, false, errStoreDown
 }
 
 // TestShedStoreDownFailsOpen: with the shedders' store failing, requests

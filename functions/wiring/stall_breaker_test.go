@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/internal/testserver"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // TestDynamoStallBreaker stalls a private DynamoDB Local (SIGSTOP) under
@@ -85,13 +85,13 @@ func TestDynamoStallBreaker(t *testing.T) {
 		if i == 3 {
 			t.Fatalf("breaker %v after 3 failed decisions", br.State())
 		}
-		if ok, err := decide(); ok || !errors.Is(err, limiter.ErrUnavailable) {
+		if ok, err := decide(); ok || !errors.Is(err, storage.ErrUnavailable) {
 			t.Fatalf("stalled: allowed=%v %v", ok, err)
 		}
 	}
 	before := br.Stats()
 	for range 50 {
-		if ok, err := decide(); ok || !errors.Is(err, limiter.ErrBreakerOpen) {
+		if ok, err := decide(); ok || !errors.Is(err, storage.ErrBreakerOpen) {
 			t.Fatalf("breaker open: allowed=%v %v", ok, err)
 		}
 	}

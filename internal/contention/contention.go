@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Workload is one of the hot-key buckets: max tokens, one refilled
@@ -26,8 +26,8 @@ type Workload struct {
 }
 
 // Op is the workload's take of one token at now.
-func (wl Workload) Op(now time.Time) limiter.BucketOp {
-	return limiter.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: now.UnixNano(), N: 1}
+func (wl Workload) Op(now time.Time) storage.BucketOp {
+	return storage.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: now.UnixNano(), N: 1}
 }
 
 // Workloads are the three buckets of BenchmarkRefillContention
@@ -109,7 +109,7 @@ func Percentile(ss []Sample, p float64) time.Duration {
 // the bucket) against a Smyte bucket of wl. It returns the count admitted;
 // the bound over all stamps (max plus the refills between the first and
 // last stamp); the count a Smyte bucket applying the same calls in stamp
-// order admits (limiter.BucketOp.Apply from the same first op: the same
+// order admits (storage.BucketOp.Apply from the same first op: the same
 // refill grid), which with unit costs is the most any order can admit; and
 // the tightest interval between two admitted stamps: the admitted calls
 // stamped in [a, b] may number at most max plus one refill per grid point
@@ -128,10 +128,10 @@ func Exactness(ss []Sample, wl Workload) (allowed, bound, serial int64, worst st
 	if len(sorted) > 0 {
 		bound = wl.Max + (sorted[len(sorted)-1].Stamp-sorted[0].Stamp)/int64(wl.Interval)
 	}
-	var st limiter.BucketState
+	var st storage.BucketState
 	found := false
 	for _, s := range sorted {
-		op := limiter.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: s.Stamp, N: 1}
+		op := storage.BucketOp{MaxAmount: wl.Max, RefillTime: wl.Interval, RefillAmount: 1, Now: s.Stamp, N: 1}
 		next, d, _ := op.Apply(st, found)
 		st, found = next, true
 		if d.Allowed {

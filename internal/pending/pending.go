@@ -1,6 +1,6 @@
 // Package pending runs a store's refunds without the caller waiting for
 // them, bounded, and lets later calls on the same key wait for them: the
-// detached refunds of the batch path (limiter.Batcher) in the backends.
+// detached refunds of the batch path (storage.Batcher) in the backends.
 package pending
 
 import (

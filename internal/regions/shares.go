@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // ErrInvalidConfig is wrapped by every configuration error.
@@ -325,7 +326,7 @@ func (a *Agent) Stats() AgentStats {
 // [limiter.Decide]. Safe for concurrent use.
 type Limiter struct {
 	a     *Agent
-	store limiter.Counter
+	store storage.Counter
 	name  string
 
 	mu      sync.Mutex
@@ -334,7 +335,7 @@ type Limiter struct {
 
 // NewLimiter returns a limiter of the agent's region on store (a
 // process's own), its windows named name.
-func (a *Agent) NewLimiter(store limiter.Counter, name string) *Limiter {
+func (a *Agent) NewLimiter(store storage.Counter, name string) *Limiter {
 	return &Limiter{a: a, store: store, name: name, windows: map[int64]*limiter.SlidingWindow{}}
 }
 

@@ -13,7 +13,7 @@ import (
 
 // BucketsAtStamp marks s as a store whose token buckets decide every op at
 // its own stamp (see [StampBucket]) rather than at the newest refill the
-// bucket has seen, as [limiter.BucketOp.Apply] on the stored state does.
+// bucket has seen, as [storage.BucketOp.Apply] on the stored state does.
 // The two agree whenever ops reach the store in the order of their stamps;
 // they differ for an op that arrives after one stamped in a later refill
 // step (a late arrival). [Run] and [RunHistory] given the marked store
@@ -48,7 +48,7 @@ func atStamp(s Store) bool {
 // denial changes nothing, except in strict mode when s is not on the grid
 // (s > Base + k*RefillTime): the grid restarts at s holding the tokens the
 // op saw. With stamps in non-decreasing order it decides exactly as Smyte's
-// bucket ([limiter.BucketOp.Apply]): the refills of step k are those Smyte
+// bucket ([storage.BucketOp.Apply]): the refills of step k are those Smyte
 // accounts for up to Base + k*RefillTime.
 type StampBucket struct {
 	Exists    bool

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // stampStore keeps buckets as StampBucket under one lock: an exact at-stamp
@@ -20,15 +21,15 @@ import (
 type stampStore struct {
 	*exactStore
 	mu    *sync.Mutex
-	state map[limiter.Key]StampBucket
+	state map[storage.Key]StampBucket
 	racy  bool
 }
 
 func newStampStore(racy bool) *stampStore {
-	return &stampStore{exactStore: newExactStore(), mu: &sync.Mutex{}, state: map[limiter.Key]StampBucket{}, racy: racy}
+	return &stampStore{exactStore: newExactStore(), mu: &sync.Mutex{}, state: map[storage.Key]StampBucket{}, racy: racy}
 }
 
-func (s *stampStore) UpdateBucket(_ context.Context, k limiter.Key, op limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
+func (s *stampStore) UpdateBucket(_ context.Context, k storage.Key, op storage.BucketOp, _ time.Duration) (storage.Decision, error) {
 	cfg := limiter.TokenBucketConfig{MaxAmount: op.MaxAmount, RefillTime: op.RefillTime, RefillAmount: op.RefillAmount, Strict: op.Strict}
 	s.mu.Lock()
 	cur := s.state[k]
@@ -42,7 +43,7 @@ func (s *stampStore) UpdateBucket(_ context.Context, k limiter.Key, op limiter.B
 	}
 	s.state[k] = next
 	s.mu.Unlock()
-	d := limiter.Decision{Allowed: ok, Limit: op.MaxAmount, Remaining: rem}
+	d := storage.Decision{Allowed: ok, Limit: op.MaxAmount, Remaining: rem}
 	if !ok {
 		d.RetryAfter = time.Millisecond
 	}
@@ -74,7 +75,7 @@ func TestHotBucketAtStamp(t *testing.T) {
 	}
 }
 
-// StampBucket decides exactly as limiter.BucketOp.Apply (Smyte) on random
+// StampBucket decides exactly as storage.BucketOp.Apply (Smyte) on random
 // traces of takes with non-decreasing stamps, plain and strict; with
 // stamps out of order it never admits more in total than Apply in stamp
 // order.
@@ -83,13 +84,13 @@ func TestStampBucketIsSmyteInStampOrder(t *testing.T) {
 	for trace := range 2000 {
 		cfg := limiter.TokenBucketConfig{MaxAmount: 1 + r.Int64N(10), RefillTime: time.Duration(1+r.Int64N(5)) * time.Millisecond, RefillAmount: 1 + r.Int64N(3), Strict: r.IntN(2) == 0}
 		var sb StampBucket
-		var st limiter.BucketState
+		var st storage.BucketState
 		found := false
 		at := Base.UnixNano()
 		for i := range 50 {
 			at += r.Int64N(int64(3 * cfg.RefillTime))
 			n := 1 + r.Int64N(cfg.MaxAmount)
-			op := limiter.BucketOp{MaxAmount: cfg.MaxAmount, RefillTime: cfg.RefillTime, RefillAmount: cfg.RefillAmount, Strict: cfg.Strict, Now: at, N: n}
+			op := storage.BucketOp{MaxAmount: cfg.MaxAmount, RefillTime: cfg.RefillTime, RefillAmount: cfg.RefillAmount, Strict: cfg.Strict, Now: at, N: n}
 			next, d, _ := op.Apply(st, found)
 			st, found = next, true
 			var ok bool

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // dropLevel is a broken packed store: it skips one level's add (on the
@@ -16,13 +17,13 @@ import (
 // their view) miss units.
 type dropLevel struct {
 	Store
-	p     limiter.PackedCounter
+	p     storage.PackedCounter
 	level int
 }
 
 func (d dropLevel) ServesPacked() bool { return true }
 
-func (d dropLevel) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+func (d dropLevel) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
 	o := *op
 	o.Adds[d.level-1].Delta = 0
 	c, err := d.p.AddPacked(ctx, k, &o)
@@ -30,7 +31,7 @@ func (d dropLevel) AddPacked(ctx context.Context, k limiter.Key, op *limiter.Pac
 	return c, err
 }
 
-func (d dropLevel) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+func (d dropLevel) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
 	return d.p.SubPacked(ctx, k, op)
 }
 
@@ -38,37 +39,37 @@ func (d dropLevel) SubPacked(ctx context.Context, k limiter.Key, op *limiter.Pac
 // the level too.
 type dropLevelBatch struct {
 	dropLevel
-	b limiter.Batcher
+	b storage.Batcher
 }
 
-func (d dropLevelBatch) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
-	cp := append([]limiter.Step(nil), steps...)
+func (d dropLevelBatch) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
+	cp := append([]storage.Step(nil), steps...)
 	for i := range cp {
-		if cp[i].Kind == limiter.StepPackedAdd {
+		if cp[i].Kind == storage.StepPackedAdd {
 			cp[i].Packed.Adds[d.level-1].Delta = 0
 		}
 	}
 	d.b.Do(ctx, cp, out)
 	for i := range steps {
-		if steps[i].Kind == limiter.StepPackedAdd {
+		if steps[i].Kind == storage.StepPackedAdd {
 			out[i].Packed.Added[d.level-1] = steps[i].Packed.Adds[d.level-1].Delta
 		}
 	}
 }
 
-// DropPackedLevel returns s (which must implement limiter.PackedCounter)
+// DropPackedLevel returns s (which must implement storage.PackedCounter)
 // broken: the adds of one level (1-4) of every packed window are dropped,
 // on its batch path too when s batches.
 func DropPackedLevel(s Store, level int) (Store, error) {
-	p, ok := s.(limiter.PackedCounter)
+	p, ok := s.(storage.PackedCounter)
 	if !ok {
-		return nil, fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", s)
+		return nil, fmt.Errorf("limitertest: %T does not implement storage.PackedCounter", s)
 	}
-	if level < 1 || level > limiter.PackedLevels {
+	if level < 1 || level > storage.PackedLevels {
 		return nil, fmt.Errorf("limitertest: packed level %d", level)
 	}
 	d := dropLevel{Store: s, p: p, level: level}
-	if b, ok := s.(limiter.Batcher); ok {
+	if b, ok := s.(storage.Batcher); ok {
 		return dropLevelBatch{d, b}, nil
 	}
 	return d, nil

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // CompanionStore wraps a batching store so that every batch it is given
@@ -23,14 +23,14 @@ import (
 // refunded (they belong to no limit).
 type CompanionStore struct {
 	Store
-	b limiter.Batcher
+	b storage.Batcher
 }
 
-// NewCompanionStore wraps s, which must implement limiter.Batcher.
+// NewCompanionStore wraps s, which must implement storage.Batcher.
 func NewCompanionStore(s Store) (*CompanionStore, error) {
-	b, ok := s.(limiter.Batcher)
+	b, ok := s.(storage.Batcher)
 	if !ok {
-		return nil, fmt.Errorf("limitertest: %T does not implement limiter.Batcher", s)
+		return nil, fmt.Errorf("limitertest: %T does not implement storage.Batcher", s)
 	}
 	return &CompanionStore{Store: s, b: b}, nil
 }
@@ -39,18 +39,18 @@ func NewCompanionStore(s Store) (*CompanionStore, error) {
 // older ones, and two newer ones read as Later.
 const companionSpan = 3
 
-// Do implements [limiter.Batcher].
-func (c *CompanionStore) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
-	all := make([]limiter.Step, 0, 2*len(steps))
+// Do implements [storage.Batcher].
+func (c *CompanionStore) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
+	all := make([]storage.Step, 0, 2*len(steps))
 	idx := time.Now().UnixNano() / int64(time.Second)
 	for _, st := range steps {
-		all = append(all, limiter.Step{
-			Kind: limiter.StepAdd,
-			Key:  limiter.Key{Space: "companion", Name: st.Key.Space + "/" + st.Key.Name},
+		all = append(all, storage.Step{
+			Kind: storage.StepAdd,
+			Key:  storage.Key{Space: "companion", Name: st.Key.Space + "/" + st.Key.Name},
 			Idx:  idx, Span: companionSpan, N: 1, TTL: time.Minute,
 		}, st)
 	}
-	res := make([]limiter.StepResult, len(all))
+	res := make([]storage.StepResult, len(all))
 	c.b.Do(ctx, all, res)
 	for i := range steps {
 		out[i] = res[2*i+1]
@@ -58,23 +58,23 @@ func (c *CompanionStore) Do(ctx context.Context, steps []limiter.Step, out []lim
 }
 
 // ServesPacked reports whether the inner store serves packed windows.
-func (c *CompanionStore) ServesPacked() bool { return limiter.ServesPacked(c.Store) }
+func (c *CompanionStore) ServesPacked() bool { return storage.ServesPacked(c.Store) }
 
 // AddPacked forwards to the inner store (an error if it does not serve
 // packed windows).
-func (c *CompanionStore) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
-	p, ok := c.Store.(limiter.PackedCounter)
+func (c *CompanionStore) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
+	p, ok := c.Store.(storage.PackedCounter)
 	if !ok {
-		return limiter.PackedCounts{}, fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", c.Store)
+		return storage.PackedCounts{}, fmt.Errorf("limitertest: %T does not implement storage.PackedCounter", c.Store)
 	}
 	return p.AddPacked(ctx, k, op)
 }
 
 // SubPacked forwards to the inner store.
-func (c *CompanionStore) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
-	p, ok := c.Store.(limiter.PackedCounter)
+func (c *CompanionStore) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
+	p, ok := c.Store.(storage.PackedCounter)
 	if !ok {
-		return fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", c.Store)
+		return fmt.Errorf("limitertest: %T does not implement storage.PackedCounter", c.Store)
 	}
 	return p.SubPacked(ctx, k, op)
 }
@@ -89,7 +89,7 @@ func RunHistoryBatched(t *testing.T, s Store) {
 		t.Fatal(err)
 	}
 	scs := DefaultScenarios()
-	if limiter.ServesPacked(s) {
+	if storage.ServesPacked(s) {
 		scs = append(scs, PackedScenario())
 	}
 	var run []Scenario

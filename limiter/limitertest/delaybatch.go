@@ -7,18 +7,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-var _ limiter.Batcher = (*DelayStore)(nil)
+var _ storage.Batcher = (*DelayStore)(nil)
 
-// Do implements [limiter.Batcher], so that a history on a batching store
+// Do implements [storage.Batcher], so that a history on a batching store
 // goes through the store's batch path: each step is held back on its own
 // random delay, as a single-step call is, then handed to the inner store's
 // Do as a batch of one (to its single-step method when the inner store does
 // not batch), the steps of a batch concurrently. The delays are drawn before
 // the steps start, on the caller's goroutine (see [WithDelayRand]).
-func (s *DelayStore) Do(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+func (s *DelayStore) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
 	if s.whole && len(steps) > 1 {
 		s.doWhole(ctx, steps, out)
 		return
@@ -65,9 +65,9 @@ func (s *DelayStore) draw(ctx context.Context) time.Duration {
 
 // doStep holds st back for d, then hands it to the inner store with the
 // arrival bookkeeping of its single-step method.
-func (s *DelayStore) doStep(ctx context.Context, st *limiter.Step, d time.Duration) limiter.StepResult {
+func (s *DelayStore) doStep(ctx context.Context, st *storage.Step, d time.Duration) storage.StepResult {
 	if err := sleepCtx(ctx, d); err != nil {
-		return limiter.StepResult{Err: fmt.Errorf("limitertest: delay: %w", err)}
+		return storage.StepResult{Err: fmt.Errorf("limitertest: delay: %w", err)}
 	}
 	c, ok := s.arriveStep(ctx, st)
 	if ok {
@@ -78,22 +78,22 @@ func (s *DelayStore) doStep(ctx context.Context, st *limiter.Step, d time.Durati
 
 // arriveStep does the arrival bookkeeping of st's single-step method, and
 // reports false for a step that has none (a read).
-func (s *DelayStore) arriveStep(ctx context.Context, st *limiter.Step) (storeCall, bool) {
+func (s *DelayStore) arriveStep(ctx context.Context, st *storage.Step) (storeCall, bool) {
 	switch st.Kind {
-	case limiter.StepAdd:
+	case storage.StepAdd:
 		if st.N == 0 {
 			return storeCall{}, false
 		}
 		return s.arrive(ctx, st.Key, st.Idx, true, false, int64(st.Span), 0, false), true
-	case limiter.StepSub:
+	case storage.StepSub:
 		return s.arrive(ctx, st.Key, st.Idx, true, true, 0, 0, false), true
-	case limiter.StepBucket:
+	case storage.StepBucket:
 		return s.arrive(ctx, st.Key, st.Bucket.Now, false, false, 0, st.TTL/2, false), true
-	case limiter.StepLog:
+	case storage.StepLog:
 		return s.arrive(ctx, st.Key, st.Log.Now, false, false, int64(st.Log.Window), 0, false), true
-	case limiter.StepPackedAdd:
+	case storage.StepPackedAdd:
 		return s.arrive(ctx, st.Key, st.Packed.Slot, true, false, (st.Packed.Keep+1)/2, 0, true), true
-	case limiter.StepPackedSub:
+	case storage.StepPackedSub:
 		return s.arrive(ctx, st.Key, st.Packed.Slot, true, true, 0, 0, true), true
 	}
 	return storeCall{}, false
@@ -101,10 +101,10 @@ func (s *DelayStore) arriveStep(ctx context.Context, st *limiter.Step) (storeCal
 
 // doWhole holds the whole batch back on one delay and hands it to the
 // inner store's Do as it is (see [DelayStore.MergeBatches]).
-func (s *DelayStore) doWhole(ctx context.Context, steps []limiter.Step, out []limiter.StepResult) {
+func (s *DelayStore) doWhole(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
 	if err := sleepCtx(ctx, s.draw(ctx)); err != nil {
 		for i := range steps {
-			out[i] = limiter.StepResult{Err: fmt.Errorf("limitertest: delay: %w", err)}
+			out[i] = storage.StepResult{Err: fmt.Errorf("limitertest: delay: %w", err)}
 		}
 		return
 	}
@@ -114,11 +114,11 @@ func (s *DelayStore) doWhole(ctx context.Context, steps []limiter.Step, out []li
 			calls = append(calls, c)
 		}
 	}
-	if b, ok := s.inner.(limiter.Batcher); ok {
+	if b, ok := s.inner.(storage.Batcher); ok {
 		b.Do(ctx, steps, out)
 	} else {
 		for i := range steps {
-			out[i] = limiter.DoStep(ctx, s.inner, &steps[i])
+			out[i] = storage.DoStep(ctx, s.inner, &steps[i])
 		}
 	}
 	for _, c := range calls {
@@ -134,13 +134,13 @@ func (s *DelayStore) MergeBatches() { s.whole = true }
 
 // forward hands st to the inner store: to its Do as a batch of one, or to
 // its single-step method when it does not batch.
-func (s *DelayStore) forward(ctx context.Context, st *limiter.Step) limiter.StepResult {
-	b, ok := s.inner.(limiter.Batcher)
+func (s *DelayStore) forward(ctx context.Context, st *storage.Step) storage.StepResult {
+	b, ok := s.inner.(storage.Batcher)
 	if !ok {
-		return limiter.DoStep(ctx, s.inner, st)
+		return storage.DoStep(ctx, s.inner, st)
 	}
-	var out [1]limiter.StepResult
-	b.Do(ctx, []limiter.Step{*st}, out[:])
+	var out [1]storage.StepResult
+	b.Do(ctx, []storage.Step{*st}, out[:])
 	return out[0]
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const (
@@ -127,7 +128,7 @@ func DefaultScenarios() []Scenario {
 }
 
 // PackedScenario is the history run of a packed sliding window
-// (limiter.Packed, limiter.PackedCounter): 200 per 400 ms at the default
+// (limiter.Packed, storage.PackedCounter): 200 per 400 ms at the default
 // resolution of 160 slots of 2.5 ms, whose level boundaries fall every 4,
 // 16, 64 and 256 slots (10 ms, 40 ms, 160 ms, 640 ms); delays below 50 ms
 // (20 slots) and, with SkewedClock, clocks up to 20 ms apart (8 slots), so
@@ -251,7 +252,7 @@ func HistorySeed() (uint64, error) {
 //     documentation ([CheckTokenBucket], with porcupine).
 //
 // The store contract promises exactness within its horizon only
-// (limiter.Horizon): a window over the limit that holds an admitted call
+// (storage.Horizon): a window over the limit that holds an admitted call
 // that may have reached the store past the horizon is printed, not failed.
 // A subtest whose calls never reached the limit (too slow a machine for
 // the scenario's pace) is run again with a tighter limit (Tightened), up
@@ -514,8 +515,8 @@ func (sc Scenario) limiter(s Store, ds *DelayStore) (limiter.Limiter, time.Durat
 		if c.Estimator != limiter.Bounded {
 			return nil, 0, fmt.Errorf("limitertest: scenario %s: the %v estimator is not exact; only Bounded is checked", sc.Name, c.Estimator)
 		}
-		if _, ok := s.(limiter.PackedCounter); c.Representation == limiter.Packed && !ok {
-			return nil, 0, fmt.Errorf("limitertest: scenario %s: the store %T does not implement limiter.PackedCounter", sc.Name, s)
+		if _, ok := s.(storage.PackedCounter); c.Representation == limiter.Packed && !ok {
+			return nil, 0, fmt.Errorf("limitertest: scenario %s: the store %T does not implement storage.PackedCounter", sc.Name, s)
 		}
 		var w *limiter.SlidingWindow
 		if w, err = limiter.NewSlidingWindow(ds, leaseWindow(*c)); err == nil {

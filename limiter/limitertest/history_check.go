@@ -232,7 +232,7 @@ type bucketOutput struct {
 }
 
 // bucketStep is Smyte's bucket, serialized, written from the documentation
-// of [limiter.TokenBucket] and [limiter.BucketOp]: a new bucket starts full
+// of [limiter.TokenBucket] and [storage.BucketOp]: a new bucket starts full
 // at its first stamp; every whole RefillTime since the last refill adds
 // RefillAmount (capped at MaxAmount) and the time left over is kept; a stamp
 // behind the last refill refills nothing and moves nothing back; a take of n
@@ -241,7 +241,7 @@ type bucketOutput struct {
 // the next state and the decision (allowed, tokens left).
 //
 // why hand-written: the history check needs an oracle independent of the
-// code under test, so it does not call limiter.BucketOp.Apply.
+// code under test, so it does not call storage.BucketOp.Apply.
 func bucketStep(cfg limiter.TokenBucketConfig, s bucketModelState, stamp, n int64) (bucketModelState, bucketOutput) {
 	amount := cfg.RefillAmount
 	if amount == 0 {

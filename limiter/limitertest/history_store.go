@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // DelayStore wraps a [Store] and holds each call back for a random time
@@ -37,13 +37,13 @@ type DelayStore struct {
 	rnd *rand.Rand
 
 	mu    sync.Mutex
-	keys  map[limiter.Key]*arrival
+	keys  map[storage.Key]*arrival
 	stats ArrivalStats
 }
 
 var (
 	_ Store                 = (*DelayStore)(nil)
-	_ limiter.PackedCounter = (*DelayStore)(nil)
+	_ storage.PackedCounter = (*DelayStore)(nil)
 )
 
 // arrival is what has reached the inner store for one key.
@@ -85,7 +85,7 @@ type ArrivalStats struct {
 	LateRefunds int64
 	// PastHorizon counts window calls that may have reached the store more
 	// than span sub-windows behind the newest sub-window of their key (the
-	// store contract's horizon, limiter.Horizon: one window plus one
+	// store contract's horizon, storage.Horizon: one window plus one
 	// sub-window; one window for a fixed window), and log updates more than
 	// one window behind the newest stamp: those behind by that much when
 	// they returned, against every call handed over before (a store that
@@ -101,10 +101,10 @@ type ArrivalStats struct {
 	MaxBehind int64
 	// MaxBehindTime is the most a bucket or log stamp was behind.
 	MaxBehindTime time.Duration
-	// LateAcrossLevel[l-1] counts late packed adds (limiter.PackedCounter)
+	// LateAcrossLevel[l-1] counts late packed adds (storage.PackedCounter)
 	// whose level-l counter is older than the newest slot's: arrivals
 	// reordered across a boundary of level l (level 1: every 4 slots).
-	LateAcrossLevel [limiter.PackedLevels]int64
+	LateAcrossLevel [storage.PackedLevels]int64
 }
 
 // NewDelayStore returns inner wrapped with random delays below maxDelay;
@@ -114,7 +114,7 @@ func NewDelayStore(inner Store, maxDelay time.Duration, seed uint64) *DelayStore
 		inner:    inner,
 		maxDelay: maxDelay,
 		rnd:      rand.New(rand.NewPCG(seed, 0x5eed)),
-		keys:     map[limiter.Key]*arrival{},
+		keys:     map[storage.Key]*arrival{},
 	}
 }
 
@@ -220,7 +220,7 @@ type storeCall struct {
 // stamp) is handed to the inner store now. window tells sub-windows from
 // stamps; refund marks a window Sub; horizon is how far behind (in the same
 // unit) a call may be; a bucket call after idleAfter without calls is idle.
-func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window, refund bool, horizon int64, idleAfter time.Duration, packed bool) storeCall {
+func (s *DelayStore) arrive(ctx context.Context, k storage.Key, at int64, window, refund bool, horizon int64, idleAfter time.Duration, packed bool) storeCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tr, _ := ctx.Value(traceKey{}).(*Trace)
@@ -249,7 +249,7 @@ func (s *DelayStore) arrive(ctx context.Context, k limiter.Key, at int64, window
 		horizon = a.span
 	}
 	if a.seen && at < a.newest && packed && !refund {
-		for l := 1; l <= limiter.PackedLevels; l++ {
+		for l := 1; l <= storage.PackedLevels; l++ {
 			if at>>(2*l) != a.newest>>(2*l) {
 				s.stats.LateAcrossLevel[l-1]++
 			}
@@ -296,10 +296,10 @@ func (s *DelayStore) leave(c storeCall) {
 	}
 }
 
-// Add implements [limiter.Counter].
-func (s *DelayStore) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+// Add implements [storage.Counter].
+func (s *DelayStore) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	if err := s.delay(ctx); err != nil {
-		return limiter.Counts{}, fmt.Errorf("limitertest: delay: %w", err)
+		return storage.Counts{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
 	if n == 0 {
 		return s.inner.Add(ctx, k, cur, span, n, ttl)
@@ -308,8 +308,8 @@ func (s *DelayStore) Add(ctx context.Context, k limiter.Key, cur int64, span int
 	return s.inner.Add(ctx, k, cur, span, n, ttl)
 }
 
-// Sub implements [limiter.Counter].
-func (s *DelayStore) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+// Sub implements [storage.Counter].
+func (s *DelayStore) Sub(ctx context.Context, k storage.Key, idx int64, n int64) error {
 	if err := s.delay(ctx); err != nil {
 		return fmt.Errorf("limitertest: delay: %w", err)
 	}
@@ -317,48 +317,48 @@ func (s *DelayStore) Sub(ctx context.Context, k limiter.Key, idx int64, n int64)
 	return s.inner.Sub(ctx, k, idx, n)
 }
 
-// UpdateBucket implements [limiter.BucketStore].
-func (s *DelayStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+// UpdateBucket implements [storage.BucketStore].
+func (s *DelayStore) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	if err := s.delay(ctx); err != nil {
-		return limiter.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
+		return storage.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
 	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2, false))
 	return s.inner.UpdateBucket(ctx, k, op, ttl)
 }
 
-// UpdateLog implements [limiter.LogStore].
-func (s *DelayStore) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+// UpdateLog implements [storage.LogStore].
+func (s *DelayStore) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
 	if err := s.delay(ctx); err != nil {
-		return limiter.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
+		return storage.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
 	defer s.leave(s.arrive(ctx, k, op.Now, false, false, int64(op.Window), 0, false))
 	return s.inner.UpdateLog(ctx, k, op, ttl)
 }
 
 // ServesPacked reports whether the inner store serves packed windows
-// ([limiter.ServesPacked]).
-func (s *DelayStore) ServesPacked() bool { return limiter.ServesPacked(s.inner) }
+// ([storage.ServesPacked]).
+func (s *DelayStore) ServesPacked() bool { return storage.ServesPacked(s.inner) }
 
-// AddPacked implements [limiter.PackedCounter], forwarding to the inner
+// AddPacked implements [storage.PackedCounter], forwarding to the inner
 // store (an error if it does not implement it). A refund's horizon is the
 // add's: op.Keep = 2r+1, so r+1 slots.
-func (s *DelayStore) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
-	p, ok := s.inner.(limiter.PackedCounter)
+func (s *DelayStore) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
+	p, ok := s.inner.(storage.PackedCounter)
 	if !ok {
-		return limiter.PackedCounts{}, fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", s.inner)
+		return storage.PackedCounts{}, fmt.Errorf("limitertest: %T does not implement storage.PackedCounter", s.inner)
 	}
 	if err := s.delay(ctx); err != nil {
-		return limiter.PackedCounts{}, fmt.Errorf("limitertest: delay: %w", err)
+		return storage.PackedCounts{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
 	defer s.leave(s.arrive(ctx, k, op.Slot, true, false, (op.Keep+1)/2, 0, true))
 	return p.AddPacked(ctx, k, op)
 }
 
-// SubPacked implements [limiter.PackedCounter].
-func (s *DelayStore) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
-	p, ok := s.inner.(limiter.PackedCounter)
+// SubPacked implements [storage.PackedCounter].
+func (s *DelayStore) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
+	p, ok := s.inner.(storage.PackedCounter)
 	if !ok {
-		return fmt.Errorf("limitertest: %T does not implement limiter.PackedCounter", s.inner)
+		return fmt.Errorf("limitertest: %T does not implement storage.PackedCounter", s.inner)
 	}
 	if err := s.delay(ctx); err != nil {
 		return fmt.Errorf("limitertest: delay: %w", err)
@@ -367,9 +367,9 @@ func (s *DelayStore) SubPacked(ctx context.Context, k limiter.Key, op *limiter.P
 	return p.SubPacked(ctx, k, op)
 }
 
-// KeepsLeased reports what the inner store does ([limiter.LeaseKeeper]),
+// KeepsLeased reports what the inner store does ([storage.LeaseKeeper]),
 // so that buckets with leases lease through a DelayStore.
 func (d *DelayStore) KeepsLeased() bool {
-	k, ok := d.inner.(limiter.LeaseKeeper)
+	k, ok := d.inner.(storage.LeaseKeeper)
 	return ok && k.KeepsLeased()
 }

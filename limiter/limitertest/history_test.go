@@ -12,6 +12,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 const ms = time.Millisecond
@@ -230,16 +231,16 @@ func TestBucketStep(t *testing.T) {
 // why hand-written: a reference small enough to be obviously right.
 type exactStore struct {
 	mu      sync.Mutex
-	counts  map[limiter.Key]map[int64]int64
-	buckets map[limiter.Key]limiter.BucketState
-	logs    map[limiter.Key][]int64
+	counts  map[storage.Key]map[int64]int64
+	buckets map[storage.Key]storage.BucketState
+	logs    map[storage.Key][]int64
 }
 
 func newExactStore() *exactStore {
-	return &exactStore{counts: map[limiter.Key]map[int64]int64{}, buckets: map[limiter.Key]limiter.BucketState{}, logs: map[limiter.Key][]int64{}}
+	return &exactStore{counts: map[storage.Key]map[int64]int64{}, buckets: map[storage.Key]storage.BucketState{}, logs: map[storage.Key][]int64{}}
 }
 
-func (s *exactStore) Add(_ context.Context, k limiter.Key, cur int64, span int, n int64, _ time.Duration) (limiter.Counts, error) {
+func (s *exactStore) Add(_ context.Context, k storage.Key, cur int64, span int, n int64, _ time.Duration) (storage.Counts, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.counts[k]
@@ -248,24 +249,24 @@ func (s *exactStore) Add(_ context.Context, k limiter.Key, cur int64, span int, 
 		s.counts[k] = m
 	}
 	m[cur] += n
-	var c limiter.Counts
+	var c storage.Counts
 	for j := range span {
 		c.C[j] = m[cur-int64(j)]
 	}
-	for idx := cur + 1; idx <= cur+limiter.Ahead(span); idx++ {
+	for idx := cur + 1; idx <= cur+storage.Ahead(span); idx++ {
 		c.Later += m[idx]
 	}
 	return c, nil
 }
 
-func (s *exactStore) Sub(_ context.Context, k limiter.Key, idx int64, n int64) error {
+func (s *exactStore) Sub(_ context.Context, k storage.Key, idx int64, n int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.counts[k][idx] = max(s.counts[k][idx]-n, 0)
 	return nil
 }
 
-func (s *exactStore) UpdateBucket(_ context.Context, k limiter.Key, op limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
+func (s *exactStore) UpdateBucket(_ context.Context, k storage.Key, op storage.BucketOp, _ time.Duration) (storage.Decision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur, found := s.buckets[k]
@@ -276,7 +277,7 @@ func (s *exactStore) UpdateBucket(_ context.Context, k limiter.Key, op limiter.B
 	return d, nil
 }
 
-func (s *exactStore) UpdateLog(_ context.Context, k limiter.Key, op limiter.LogOp, _ time.Duration) (limiter.Decision, error) {
+func (s *exactStore) UpdateLog(_ context.Context, k storage.Key, op storage.LogOp, _ time.Duration) (storage.Decision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next, d, write := op.Apply(s.logs[k])
@@ -295,7 +296,7 @@ func (s *exactStore) UpdateLog(_ context.Context, k limiter.Key, op limiter.LogO
 type clampRing struct {
 	*exactStore
 	rmu  sync.Mutex
-	ring map[limiter.Key]*ringEntry
+	ring map[storage.Key]*ringEntry
 }
 
 type ringEntry struct {
@@ -304,10 +305,10 @@ type ringEntry struct {
 }
 
 func newClampRing() *clampRing {
-	return &clampRing{exactStore: newExactStore(), ring: map[limiter.Key]*ringEntry{}}
+	return &clampRing{exactStore: newExactStore(), ring: map[storage.Key]*ringEntry{}}
 }
 
-func (s *clampRing) Add(_ context.Context, k limiter.Key, cur int64, span int, n int64, _ time.Duration) (limiter.Counts, error) {
+func (s *clampRing) Add(_ context.Context, k storage.Key, cur int64, span int, n int64, _ time.Duration) (storage.Counts, error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	e := s.ring[k]
@@ -324,7 +325,7 @@ func (s *clampRing) Add(_ context.Context, k limiter.Key, cur int64, span int, n
 	}
 	oldest := e.newest - size + 1
 	e.slots[floorMod(max(cur, oldest), size)] += n
-	var c limiter.Counts
+	var c storage.Counts
 	for j := int64(0); j < size && cur-j >= oldest; j++ {
 		c.C[j] = e.slots[floorMod(cur-j, size)]
 	}
@@ -334,7 +335,7 @@ func (s *clampRing) Add(_ context.Context, k limiter.Key, cur int64, span int, n
 	return c, nil
 }
 
-func (s *clampRing) Sub(_ context.Context, k limiter.Key, idx int64, n int64) error {
+func (s *clampRing) Sub(_ context.Context, k storage.Key, idx int64, n int64) error {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	e := s.ring[k]
@@ -355,7 +356,7 @@ func floorMod(a, b int64) int64 { return a - floorDiv(a, b)*b }
 // why hand-written: a known-broken store, to prove the checker fails on it.
 type racyBucket struct{ *exactStore }
 
-func (s racyBucket) UpdateBucket(_ context.Context, k limiter.Key, op limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
+func (s racyBucket) UpdateBucket(_ context.Context, k storage.Key, op storage.BucketOp, _ time.Duration) (storage.Decision, error) {
 	s.mu.Lock()
 	cur, found := s.buckets[k]
 	s.mu.Unlock()
@@ -376,10 +377,10 @@ func (s racyBucket) UpdateBucket(_ context.Context, k limiter.Key, op limiter.Bu
 // why hand-written: a known-broken store, to prove the checker fails on it.
 type newestLog struct {
 	*exactStore
-	newest map[limiter.Key]int64
+	newest map[storage.Key]int64
 }
 
-func (s newestLog) UpdateLog(_ context.Context, k limiter.Key, op limiter.LogOp, _ time.Duration) (limiter.Decision, error) {
+func (s newestLog) UpdateLog(_ context.Context, k storage.Key, op storage.LogOp, _ time.Duration) (storage.Decision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.newest[k] = max(s.newest[k], op.Now)
@@ -431,7 +432,7 @@ func TestHistoryFailsOnBrokenStores(t *testing.T) {
 	}{
 		{"FixedWindow/clampRing", newClampRing(), short(scenario(t, "FixedWindow"), 1500*ms), "the store over-admitted"},
 		{"SlidingWindow/clampRing", newClampRing(), slidingLate, "the store over-admitted"},
-		{"SlidingLog/newestLog", newestLog{newExactStore(), map[limiter.Key]int64{}}, scenario(t, "SlidingLog"), "the store over-admitted"},
+		{"SlidingLog/newestLog", newestLog{newExactStore(), map[storage.Key]int64{}}, scenario(t, "SlidingLog"), "the store over-admitted"},
 		{"TokenBucket/racyBucket", racyBucket{newExactStore()}, scenario(t, "TokenBucket"), "token bucket history"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // RunLeases runs the conformance suite of lease stores (the
@@ -26,7 +27,7 @@ import (
 // that critical traffic is never shed by a saturated fleet shedder, and
 // covers retried acquires, time going backwards, hostile keys and cancelled
 // calls. Keys and limit names are fresh per run.
-func RunLeases(t *testing.T, s limiter.LeaseStore) { RunLeasesWith(t, s, LeaseOptions{}) }
+func RunLeases(t *testing.T, s storage.LeaseStore) { RunLeasesWith(t, s, LeaseOptions{}) }
 
 // LeaseOptions tunes [RunLeasesWith].
 type LeaseOptions struct {
@@ -36,7 +37,7 @@ type LeaseOptions struct {
 }
 
 // RunLeasesWith runs RunLeases' scenarios with opt.
-func RunLeasesWith(t *testing.T, s limiter.LeaseStore, opt LeaseOptions) {
+func RunLeasesWith(t *testing.T, s storage.LeaseStore, opt LeaseOptions) {
 	if opt.ContentionWorkers == 0 {
 		opt.ContentionWorkers = 64
 	}
@@ -51,7 +52,7 @@ func RunLeasesWith(t *testing.T, s limiter.LeaseStore, opt LeaseOptions) {
 	t.Run("Cancelled", func(t *testing.T) { testLeaseCancelled(t, s) })
 }
 
-func concurrency(t testing.TB, s limiter.LeaseStore, capacity int64, ttl time.Duration) *limiter.Concurrency {
+func concurrency(t testing.TB, s storage.LeaseStore, capacity int64, ttl time.Duration) *limiter.Concurrency {
 	t.Helper()
 	// The name is part of the stored key: a fresh one per run.
 	return must[*limiter.Concurrency](t)(limiter.NewConcurrency(s, limiter.ConcurrencyConfig{Name: Key(t), Capacity: capacity, LeaseTTL: ttl}))
@@ -80,7 +81,7 @@ func release(t testing.TB, c *limiter.Concurrency, l limiter.Lease) {
 // its numbers (CAPACITY 100, TTL 60 s) on a fixed clock: pounding the server
 // is fine as long as requests finish, but CAPACITY concurrent requests hold
 // every slot and the next is refused.
-func testLeaseStripe(t *testing.T, s limiter.LeaseStore) {
+func testLeaseStripe(t *testing.T, s storage.LeaseStore) {
 	const capacity = 100
 	const ttl = 60 * time.Second
 	c := concurrency(t, s, capacity, ttl)
@@ -111,7 +112,7 @@ func testLeaseStripe(t *testing.T, s limiter.LeaseStore) {
 
 // testLeaseLostRelease: a "crashed" holder never releases; its leases stop
 // counting exactly at the lease TTL.
-func testLeaseLostRelease(t *testing.T, s limiter.LeaseStore) {
+func testLeaseLostRelease(t *testing.T, s storage.LeaseStore) {
 	const ttl = time.Minute
 	c := concurrency(t, s, 3, ttl)
 	key := Key(t)
@@ -144,7 +145,7 @@ func testLeaseLostRelease(t *testing.T, s limiter.LeaseStore) {
 	}
 }
 
-func testLeaseRelease(t *testing.T, s limiter.LeaseStore) {
+func testLeaseRelease(t *testing.T, s storage.LeaseStore) {
 	c := concurrency(t, s, 2, time.Minute)
 	key := Key(t)
 	a, _ := acquire(t, c, key, Base)
@@ -181,7 +182,7 @@ func testLeaseRelease(t *testing.T, s limiter.LeaseStore) {
 
 // testLeaseRetried: an acquire retried with the same ID (its first write
 // landed but the reply was lost) takes one slot, not two.
-func testLeaseRetried(t *testing.T, s limiter.LeaseStore) {
+func testLeaseRetried(t *testing.T, s storage.LeaseStore) {
 	id := "retried-" + fmt.Sprint(time.Now().UnixNano())
 	c := must[*limiter.Concurrency](t)(limiter.NewConcurrency(s, limiter.ConcurrencyConfig{
 		Name: Key(t), Capacity: 2, LeaseTTL: time.Minute, NewID: func() string { return id },
@@ -197,7 +198,7 @@ func testLeaseRetried(t *testing.T, s limiter.LeaseStore) {
 
 // testLeaseBackwards: a caller whose clock is behind sees leases live for
 // longer, never shorter: time going backwards frees nothing.
-func testLeaseBackwards(t *testing.T, s limiter.LeaseStore) {
+func testLeaseBackwards(t *testing.T, s storage.LeaseStore) {
 	const ttl = time.Minute
 	c := concurrency(t, s, 2, ttl)
 	key := Key(t)
@@ -236,7 +237,7 @@ func releaseHard(c *limiter.Concurrency, l limiter.Lease) error {
 	}
 }
 
-func testLeaseContention(t *testing.T, s limiter.LeaseStore, workers int) {
+func testLeaseContention(t *testing.T, s storage.LeaseStore, workers int) {
 	const capacity, rounds = 10, 8
 	c := concurrency(t, s, capacity, time.Hour)
 	key := Key(t)
@@ -313,7 +314,7 @@ func testLeaseContention(t *testing.T, s limiter.LeaseStore, workers int) {
 // from many goroutines, while critical requests keep coming: every critical
 // request passes, non-critical requests never hold more than their share,
 // and they are shed once it is full.
-func testFleetCritical(t *testing.T, s limiter.LeaseStore) {
+func testFleetCritical(t *testing.T, s storage.LeaseStore) {
 	const capacity, workers = 10, 32
 	f := must[*limiter.FleetShedder](t)(limiter.NewFleetShedder(s, limiter.FleetShedderConfig{
 		Name: Key(t), Capacity: capacity, Reserve: 0.2, LeaseTTL: time.Hour,
@@ -377,7 +378,7 @@ func testFleetCritical(t *testing.T, s limiter.LeaseStore) {
 	}
 }
 
-func testLeaseHostileKeys(t *testing.T, s limiter.LeaseStore) {
+func testLeaseHostileKeys(t *testing.T, s storage.LeaseStore) {
 	keys := []string{
 		"", " ", "a b", "a\r\nflush_all", "a\r\nset x 0 0 1\r\n1\r\n", "\x00", "a\x00b", "a\x00c",
 		"\xff\xfe\xfd", "ünïcödé", "a\tb", strings.Repeat("k", 250), strings.Repeat("k", 251),
@@ -396,7 +397,7 @@ func testLeaseHostileKeys(t *testing.T, s limiter.LeaseStore) {
 	}
 }
 
-func testLeaseCancelled(t *testing.T, s limiter.LeaseStore) {
+func testLeaseCancelled(t *testing.T, s storage.LeaseStore) {
 	c := concurrency(t, s, 1, time.Hour)
 	key := Key(t)
 	cancelled, cancel := context.WithCancel(context.Background())
@@ -415,13 +416,13 @@ func testLeaseCancelled(t *testing.T, s limiter.LeaseStore) {
 
 // RunGauges runs the conformance suite of gauge stores (published values
 // such as the fleet's utilization) against s.
-func RunGauges(t *testing.T, s limiter.GaugeStore) {
+func RunGauges(t *testing.T, s storage.GaugeStore) {
 	t.Run("PutGet", func(t *testing.T) {
-		k := limiter.Key{Space: "gauge", Name: Key(t)}
+		k := storage.Key{Space: "gauge", Name: Key(t)}
 		if _, found, err := s.GetGauge(ctx(t), k); err != nil || found {
 			t.Fatalf("GetGauge of a fresh key: found=%v err=%v", found, err)
 		}
-		for _, g := range []limiter.Gauge{{Value: 0.25, At: Base.UnixNano()}, {Value: 1, At: Base.UnixNano() + 1}, {Value: 0, At: -5}, {Value: 0.123456789012345, At: 1<<63 - 1}} {
+		for _, g := range []storage.Gauge{{Value: 0.25, At: Base.UnixNano()}, {Value: 1, At: Base.UnixNano() + 1}, {Value: 0, At: -5}, {Value: 0.123456789012345, At: 1<<63 - 1}} {
 			if err := s.PutGauge(ctx(t), k, g, time.Minute); err != nil {
 				t.Fatal(err)
 			}
@@ -435,12 +436,12 @@ func RunGauges(t *testing.T, s limiter.GaugeStore) {
 		suffix := Key(t)
 		keys := []string{"", " ", "a\r\nflush_all", "\x00", "a\x00b", "\xff", strings.Repeat("k", 10<<10)}
 		for i, k := range keys {
-			if err := s.PutGauge(ctx(t), limiter.Key{Space: "gauge", Name: k + suffix}, limiter.Gauge{Value: float64(i), At: int64(i)}, time.Minute); err != nil {
+			if err := s.PutGauge(ctx(t), storage.Key{Space: "gauge", Name: k + suffix}, storage.Gauge{Value: float64(i), At: int64(i)}, time.Minute); err != nil {
 				t.Fatalf("key %d: %v", i, err)
 			}
 		}
 		for i, k := range keys {
-			g, found, err := s.GetGauge(ctx(t), limiter.Key{Space: "gauge", Name: k + suffix})
+			g, found, err := s.GetGauge(ctx(t), storage.Key{Space: "gauge", Name: k + suffix})
 			if err != nil || !found || g.Value != float64(i) {
 				t.Fatalf("key %d (%.20q): %+v found=%v err=%v: it collides with another key", i, k, g, found, err)
 			}
@@ -473,7 +474,7 @@ func RunGauges(t *testing.T, s limiter.GaugeStore) {
 func backOff() { time.Sleep(time.Duration(1+rand.IntN(10)) * time.Millisecond) }
 
 // busy reports a store that refused a hot item for capacity or contention
-// (limiter.ErrThrottled, limiter.ErrConflict): nothing was done.
+// (storage.ErrThrottled, storage.ErrConflict): nothing was done.
 func busy(err error) bool {
-	return errors.Is(err, limiter.ErrThrottled) || errors.Is(err, limiter.ErrConflict)
+	return errors.Is(err, storage.ErrThrottled) || errors.Is(err, storage.ErrConflict)
 }

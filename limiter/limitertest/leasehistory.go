@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // LeaseScenario is one limit run with capacity leases by [LeaseHistory]:
@@ -28,7 +29,7 @@ type LeaseScenario struct {
 // LeaseScenarios are the scenarios [RunLeaseHistory] runs: a window of
 // sub-window counters (100 ms sub-windows), a packed window (slots of
 // 100 ms) where the store serves one, and a token bucket where the store
-// keeps lease rings ([limiter.LeaseKeeper]). Each offers about four times
+// keeps lease rings ([storage.LeaseKeeper]). Each offers about four times
 // its limit from 4 processes, so that leases are taken, drained and
 // returned at the limit.
 func LeaseScenarios(s Store) []LeaseScenario {
@@ -36,13 +37,13 @@ func LeaseScenarios(s Store) []LeaseScenario {
 		Name:    "window",
 		Sliding: &limiter.SlidingWindowConfig{Name: "lw", Limit: 400, Window: 2 * time.Second, SubWindows: 20, Representation: limiter.SubWindowCounters, Leases: true},
 	}}
-	if limiter.ServesPacked(s) {
+	if storage.ServesPacked(s) {
 		sc = append(sc, LeaseScenario{
 			Name:    "packed",
 			Sliding: &limiter.SlidingWindowConfig{Name: "lp", Limit: 1600, Window: 16 * time.Second, Slots: 160, Representation: limiter.Packed, Leases: true},
 		})
 	}
-	if k, ok := s.(limiter.LeaseKeeper); ok && k.KeepsLeased() {
+	if k, ok := s.(storage.LeaseKeeper); ok && k.KeepsLeased() {
 		sc = append(sc, LeaseScenario{
 			Name:   "bucket",
 			Bucket: &limiter.TokenBucketConfig{Name: "lb", MaxAmount: 100, RefillTime: 5 * time.Millisecond, Leases: true},
@@ -142,23 +143,23 @@ func DropLeasedUnits(s Store) Store { return dropLeased{s} }
 
 type dropLeased struct{ Store }
 
-func (d dropLeased) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+func (d dropLeased) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	return d.Store.Add(ctx, k, cur, span, min(n, 1), ttl)
 }
 
 // ForgetfulBuckets is a bucket store with a defect that only leases
-// expose: it claims to keep [limiter.BucketState.Leased] and drops it, so
+// expose: it claims to keep [storage.BucketState.Leased] and drops it, so
 // a lease's units are back in the bucket when its epoch has not even
 // ended. [LeaseHistory] must find intervals over the bucket's bound. It
 // serves buckets only.
 type ForgetfulBuckets struct {
 	mu sync.Mutex
-	m  map[limiter.Key]limiter.BucketState
+	m  map[storage.Key]storage.BucketState
 }
 
 // NewForgetfulBuckets returns an empty ForgetfulBuckets.
 func NewForgetfulBuckets() *ForgetfulBuckets {
-	return &ForgetfulBuckets{m: map[limiter.Key]limiter.BucketState{}}
+	return &ForgetfulBuckets{m: map[storage.Key]storage.BucketState{}}
 }
 
 // KeepsLeased claims what the store does not do.
@@ -166,31 +167,31 @@ func (f *ForgetfulBuckets) KeepsLeased() bool { return true }
 
 // UpdateBucket applies op under a lock and stores the state without its
 // leased units.
-func (f *ForgetfulBuckets) UpdateBucket(_ context.Context, k limiter.Key, op limiter.BucketOp, _ time.Duration) (limiter.Decision, error) {
+func (f *ForgetfulBuckets) UpdateBucket(_ context.Context, k storage.Key, op storage.BucketOp, _ time.Duration) (storage.Decision, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur, found := f.m[k]
 	next, d, write := op.Apply(cur, found)
 	if write {
-		next.Leased = [2]limiter.LeaseSlot{}
+		next.Leased = [2]storage.LeaseSlot{}
 		f.m[k] = next
 	}
 	return d, nil
 }
 
 // Add, Sub and UpdateLog are not served.
-func (f *ForgetfulBuckets) Add(context.Context, limiter.Key, int64, int, int64, time.Duration) (limiter.Counts, error) {
-	return limiter.Counts{}, fmt.Errorf("%w: buckets only", limiter.ErrInvalidConfig)
+func (f *ForgetfulBuckets) Add(context.Context, storage.Key, int64, int, int64, time.Duration) (storage.Counts, error) {
+	return storage.Counts{}, fmt.Errorf("%w: buckets only", limiter.ErrInvalidConfig)
 }
 
 // Sub is not served.
-func (f *ForgetfulBuckets) Sub(context.Context, limiter.Key, int64, int64) error {
+func (f *ForgetfulBuckets) Sub(context.Context, storage.Key, int64, int64) error {
 	return fmt.Errorf("%w: buckets only", limiter.ErrInvalidConfig)
 }
 
 // UpdateLog is not served.
-func (f *ForgetfulBuckets) UpdateLog(context.Context, limiter.Key, limiter.LogOp, time.Duration) (limiter.Decision, error) {
-	return limiter.Decision{}, fmt.Errorf("%w: buckets only", limiter.ErrInvalidConfig)
+func (f *ForgetfulBuckets) UpdateLog(context.Context, storage.Key, storage.LogOp, time.Duration) (storage.Decision, error) {
+	return storage.Decision{}, fmt.Errorf("%w: buckets only", limiter.ErrInvalidConfig)
 }
 
 // RunColdLeases checks that leases change nothing for a cold key: the
@@ -276,32 +277,32 @@ func NewCountingStore(s Store) *CountingStore { return &CountingStore{Store: s} 
 // Calls is the number of store calls so far.
 func (c *CountingStore) Calls() int64 { return c.calls.Load() }
 
-func (c *CountingStore) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+func (c *CountingStore) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	c.calls.Add(1)
 	return c.Store.Add(ctx, k, cur, span, n, ttl)
 }
 
-func (c *CountingStore) Sub(ctx context.Context, k limiter.Key, idx, n int64) error {
+func (c *CountingStore) Sub(ctx context.Context, k storage.Key, idx, n int64) error {
 	c.calls.Add(1)
 	return c.Store.Sub(ctx, k, idx, n)
 }
 
-func (c *CountingStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+func (c *CountingStore) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	c.calls.Add(1)
 	return c.Store.UpdateBucket(ctx, k, op, ttl)
 }
 
-func (c *CountingStore) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+func (c *CountingStore) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
 	c.calls.Add(1)
-	return c.Store.(limiter.PackedCounter).AddPacked(ctx, k, op)
+	return c.Store.(storage.PackedCounter).AddPacked(ctx, k, op)
 }
 
-func (c *CountingStore) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+func (c *CountingStore) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
 	c.calls.Add(1)
-	return c.Store.(limiter.PackedCounter).SubPacked(ctx, k, op)
+	return c.Store.(storage.PackedCounter).SubPacked(ctx, k, op)
 }
 
 func (c *CountingStore) KeepsLeased() bool {
-	k, ok := c.Store.(limiter.LeaseKeeper)
+	k, ok := c.Store.(storage.LeaseKeeper)
 	return ok && k.KeepsLeased()
 }

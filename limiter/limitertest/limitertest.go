@@ -28,13 +28,14 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // Store is what a backend must implement to run the suite.
 type Store interface {
-	limiter.Counter
-	limiter.BucketStore
-	limiter.LogStore
+	storage.Counter
+	storage.BucketStore
+	storage.LogStore
 }
 
 // Base is the suite's fixed "now": a whole minute, so sub-window arithmetic

@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // testOutOfOrder: requests that reach the store in another order than their
 // stamps, as they do under real concurrency (a request is stamped before it
-// travels). Within the horizon (limiter.Horizon) every algorithm decides
+// travels). Within the horizon (storage.Horizon) every algorithm decides
 // exactly as on its stamps; past it, what a late writer takes is counted,
 // never free; refunds land on the counter they were taken from even after
 // the window rolled.
@@ -171,15 +172,15 @@ func testSlippedWrite(t *testing.T, s Store) {
 	t.Run("DenialRefundAfterSlippedWrite", func(t *testing.T) {
 		for _, c := range []struct {
 			name string
-			make func(limiter.Counter) limiter.Limiter
+			make func(storage.Counter) limiter.Limiter
 			slip time.Duration // the slipped writer's time
 			span int
 			sub  time.Duration
 		}{
-			{"fixed", func(c limiter.Counter) limiter.Limiter {
+			{"fixed", func(c storage.Counter) limiter.Limiter {
 				return must[*limiter.FixedWindow](t)(limiter.NewFixedWindow(c, limiter.FixedWindowConfig{Limit: 2, Window: time.Second}))
 			}, 1500 * ms, 1, time.Second},
-			{"sliding", func(c limiter.Counter) limiter.Limiter {
+			{"sliding", func(c storage.Counter) limiter.Limiter {
 				return must[*limiter.SlidingWindow](t)(limiter.NewSlidingWindow(c, leaseWindow(limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, SubWindows: 10})))
 			}, 1150 * ms, 11, 100 * time.Millisecond},
 		} {
@@ -191,7 +192,7 @@ func testSlippedWrite(t *testing.T, s Store) {
 					{at: 50 * ms, allowed: true, remaining: 1},
 					{at: 50 * ms, allowed: true, remaining: 0},
 				})
-				hook.slip = func(k limiter.Key) {
+				hook.slip = func(k storage.Key) {
 					cur := Base.Add(c.slip).UnixNano() / int64(c.sub)
 					if _, err := s.Add(ctx(t), k, cur, c.span, 1, time.Hour); err != nil {
 						t.Errorf("slipped add: %v", err)
@@ -226,18 +227,18 @@ func testSlippedWrite(t *testing.T, s Store) {
 // slipCounter runs slip (once) before the first Sub it forwards: another
 // writer's add between a store's two steps.
 type slipCounter struct {
-	limiter.Counter
-	slip    func(limiter.Key)
+	storage.Counter
+	slip    func(storage.Key)
 	slipped bool
-	key     limiter.Key
+	key     storage.Key
 }
 
-func (c *slipCounter) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+func (c *slipCounter) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	c.key = k
 	return c.Counter.Add(ctx, k, cur, span, n, ttl)
 }
 
-func (c *slipCounter) Sub(ctx context.Context, k limiter.Key, idx int64, n int64) error {
+func (c *slipCounter) Sub(ctx context.Context, k storage.Key, idx int64, n int64) error {
 	if c.slip != nil && !c.slipped {
 		c.slipped = true
 		c.slip(k)
@@ -275,7 +276,7 @@ func pastHorizonCheck(t *testing.T, l limiter.Limiter, late, newest time.Duratio
 // on a store whose second step for such a writer fails (DynamoDB moves the
 // late add with a second request, and another writer may remove the
 // counter in between): the call must still not be admitted.
-func LateWriters(t *testing.T, s limiter.Counter) {
+func LateWriters(t *testing.T, s storage.Counter) {
 	ms := time.Millisecond
 	for _, c := range []struct {
 		name string

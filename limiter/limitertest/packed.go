@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // The packed window's geometry in these tests: 64 slots of 10 ms (a window
@@ -35,13 +36,13 @@ func packedWindow(t testing.TB, s Store, limit int64) *limiter.SlidingWindow {
 }
 
 // testPacked: the packed sliding window (limiter.Packed) on a store that
-// implements limiter.PackedCounter: the store protocol itself, worked
+// implements storage.PackedCounter: the store protocol itself, worked
 // examples across slot and level boundaries, requests out of order within
 // and past the horizon, refunds after a roll and after a slipped write,
 // and a differential run against Bounded at resolution r. A store without
 // PackedCounter must make NewSlidingWindow refuse the representation.
 func testPacked(t *testing.T, s Store) {
-	ps, ok := s.(limiter.PackedCounter)
+	ps, ok := s.(storage.PackedCounter)
 	if !ok {
 		t.Run("Refused", func(t *testing.T) {
 			_, err := limiter.NewSlidingWindow(s, leaseWindow(limiter.SlidingWindowConfig{Limit: 2, Window: time.Second, Representation: limiter.Packed, Slots: packedR}))
@@ -116,7 +117,7 @@ func testPackedExamples(t *testing.T, s Store) {
 }
 
 // testPackedRefunds: refunds after a roll and after a slipped write.
-func testPackedRefunds(t *testing.T, s Store, ps limiter.PackedCounter) {
+func testPackedRefunds(t *testing.T, s Store, ps storage.PackedCounter) {
 	t0 := packedT0()
 	t.Run("RefundAfterRoll", func(t *testing.T) {
 		w := packedWindow(t, s, 3)
@@ -141,8 +142,8 @@ func testPackedRefunds(t *testing.T, s Store, ps limiter.PackedCounter) {
 			{at: slotAt(t0-1, 0), allowed: true, remaining: 1},
 			{at: slotAt(t0-1, 0), allowed: true, remaining: 0},
 		})
-		hook.slip = func(k limiter.Key) {
-			op := limiter.PackedPlan(t0+64, packedR, 1, packedLen) // the horizon (65 slots) ahead of t0-1
+		hook.slip = func(k storage.Key) {
+			op := storage.PackedPlan(t0+64, packedR, 1, packedLen) // the horizon (65 slots) ahead of t0-1
 			if _, err := ps.AddPacked(ctx(t), k, &op); err != nil {
 				t.Errorf("slipped add: %v", err)
 			}
@@ -163,7 +164,7 @@ func testPackedRefunds(t *testing.T, s Store, ps limiter.PackedCounter) {
 }
 
 // testPackedStack: a packed window stacked with a fixed window.
-func testPackedStack(t *testing.T, s Store, ps limiter.PackedCounter) {
+func testPackedStack(t *testing.T, s Store, ps storage.PackedCounter) {
 	ms := time.Millisecond
 	t0 := packedT0()
 	t.Run("Stack", func(t *testing.T) {
@@ -190,7 +191,7 @@ func testPackedStack(t *testing.T, s Store, ps limiter.PackedCounter) {
 		if allowed != 3 {
 			t.Fatalf("%d allowed, want 3", allowed)
 		}
-		if got := packedRead(t, ps, limiter.Key{Space: packedSpace(pw), Name: key}, t0+1); got != 3 {
+		if got := packedRead(t, ps, storage.Key{Space: packedSpace(pw), Name: key}, t0+1); got != 3 {
 			t.Fatalf("the packed window holds %d after the stack's refunds, want 3", got)
 		}
 	})
@@ -200,13 +201,13 @@ func testPackedStack(t *testing.T, s Store, ps limiter.PackedCounter) {
 // it: "swp:<limit>:<window>:<slots>:<levels>").
 func packedSpace(w *limiter.SlidingWindow) string {
 	c := w.Config()
-	return "swp:" + strconv.FormatInt(c.Limit, 10) + ":" + c.Window.String() + ":" + strconv.Itoa(c.Slots) + ":" + strconv.Itoa(limiter.PackedLevels)
+	return "swp:" + strconv.FormatInt(c.Limit, 10) + ":" + c.Window.String() + ":" + strconv.Itoa(c.Slots) + ":" + strconv.Itoa(storage.PackedLevels)
 }
 
 // packedRead is the count in the view of slot f (reads only).
-func packedRead(t testing.TB, ps limiter.PackedCounter, k limiter.Key, f int64) int64 {
+func packedRead(t testing.TB, ps storage.PackedCounter, k storage.Key, f int64) int64 {
 	t.Helper()
-	op := limiter.PackedPlan(f, packedR, 0, packedLen)
+	op := storage.PackedPlan(f, packedR, 0, packedLen)
 	c, err := ps.AddPacked(ctx(t), k, &op)
 	if err != nil {
 		t.Fatal(err)
@@ -214,16 +215,16 @@ func packedRead(t testing.TB, ps limiter.PackedCounter, k limiter.Key, f int64) 
 	if c.Stale {
 		t.Fatalf("a read at slot %d answered Stale", f)
 	}
-	return limiter.PackedTotal(&op, packedR, &c)
+	return storage.PackedTotal(&op, packedR, &c)
 }
 
 // testPackedStore checks the store protocol with the limiter's own ops.
-func testPackedStore(t *testing.T, ps limiter.PackedCounter) {
+func testPackedStore(t *testing.T, ps storage.PackedCounter) {
 	t0 := packedT0()
-	k := limiter.Key{Space: "swp:test", Name: Key(t)}
-	add := func(f, n int64) limiter.PackedCounts {
+	k := storage.Key{Space: "swp:test", Name: Key(t)}
+	add := func(f, n int64) storage.PackedCounts {
 		t.Helper()
-		op := limiter.PackedPlan(f, packedR, n, packedLen)
+		op := storage.PackedPlan(f, packedR, n, packedLen)
 		c, err := ps.AddPacked(ctx(t), k, &op)
 		if err != nil {
 			t.Fatal(err)
@@ -234,14 +235,14 @@ func testPackedStore(t *testing.T, ps limiter.PackedCounter) {
 		t.Fatalf("a fresh key reads %d", got)
 	}
 	c := add(t0-1, 2)
-	for l := 1; l <= limiter.PackedLevels; l++ {
-		_, fld := limiter.PackedField(t0-1, l)
+	for l := 1; l <= storage.PackedLevels; l++ {
+		_, fld := storage.PackedField(t0-1, l)
 		if got := c.Added[l-1]; got != 2<<(16*fld) {
 			t.Fatalf("level %d counter after the first add: %#x, want %#x", l, got, uint64(2)<<(16*fld))
 		}
 	}
 	c = add(t0-1, 3)
-	if got := limiter.FieldOf(c.Added[3], 3); got != 5 {
+	if got := storage.FieldOf(c.Added[3], 3); got != 5 {
 		t.Fatalf("level 4 field after two adds: %d, want 5", got)
 	}
 	add(t0, 7)
@@ -251,7 +252,7 @@ func testPackedStore(t *testing.T, ps limiter.PackedCounter) {
 	if got := packedRead(t, ps, k, t0+64); got != 7 {
 		t.Fatalf("view of t0+64 holds %d, want 7 (t0-1 is out)", got)
 	}
-	sub := limiter.PackedPlan(t0-1, packedR, 3, packedLen)
+	sub := storage.PackedPlan(t0-1, packedR, 3, packedLen)
 	if err := ps.SubPacked(ctx(t), k, &sub); err != nil {
 		t.Fatal(err)
 	}
@@ -264,34 +265,34 @@ func testPackedStore(t *testing.T, ps limiter.PackedCounter) {
 // testPackedStoreHorizon continues testPackedStore on its key k, where
 // the newest slot written is t0 (add adds n at slot f): writers past and
 // at the horizon.
-func testPackedStoreHorizon(t *testing.T, ps limiter.PackedCounter, k limiter.Key, add func(f, n int64) limiter.PackedCounts) {
+func testPackedStoreHorizon(t *testing.T, ps storage.PackedCounter, k storage.Key, add func(f, n int64) storage.PackedCounts) {
 	t0 := packedT0()
 	// The newest moves 300 slots on: t0-1 is then past the horizon (65)
 	// and behind Keep (129). A store that tracks the newest refuses it
 	// (Stale, nothing created); one that keeps counters by age still
 	// holds its view exactly.
 	add(t0+300, 1)
-	late := limiter.PackedPlan(t0-1, packedR, 1, packedLen)
+	late := storage.PackedPlan(t0-1, packedR, 1, packedLen)
 	c, err := ps.AddPacked(ctx(t), k, &late)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Stale {
-		if c.Added != ([limiter.PackedLevels]uint64{}) {
+		if c.Added != ([storage.PackedLevels]uint64{}) {
 			t.Fatalf("a Stale answer reports adds %v", c.Added)
 		}
-	} else if got := limiter.PackedTotal(&late, packedR, &c); got != 10 {
+	} else if got := storage.PackedTotal(&late, packedR, &c); got != 10 {
 		t.Fatalf("a late writer past the horizon, not Stale, reads %d, want its view exactly (10)", got)
 	}
 	// Exactly at the horizon: never Stale, its view exact.
-	h := limiter.PackedPlan(t0+300-65, packedR, 1, packedLen)
+	h := storage.PackedPlan(t0+300-65, packedR, 1, packedLen)
 	if c, err = ps.AddPacked(ctx(t), k, &h); err != nil {
 		t.Fatal(err)
 	}
 	if c.Stale {
 		t.Fatal("a writer at the horizon answered Stale")
 	}
-	if got := limiter.PackedTotal(&h, packedR, &c); got != 2 {
+	if got := storage.PackedTotal(&h, packedR, &c); got != 2 {
 		t.Fatalf("a writer at the horizon reads %d, want 2 (its own and t0+300's)", got)
 	}
 	// Far past the horizon (three level-4 counters behind): whatever the
@@ -299,7 +300,7 @@ func testPackedStoreHorizon(t *testing.T, ps limiter.PackedCounter, k limiter.Ke
 	// created the late counters again in place of live ones would lose
 	// it).
 	for _, f := range []int64{t0 - 400, t0 - 500, t0 - 700} {
-		far := limiter.PackedPlan(f, packedR, 1, packedLen)
+		far := storage.PackedPlan(f, packedR, 1, packedLen)
 		if _, err := ps.AddPacked(ctx(t), k, &far); err != nil {
 			t.Fatal(err)
 		}
@@ -320,15 +321,15 @@ func testPackedStoreHorizon(t *testing.T, ps limiter.PackedCounter, k limiter.Ke
 // clamped a refund once the wrapped counter held less than its delta (a
 // per-field clamp, or memcached's decr stopping at 0) would lose them:
 // over-admission.
-func testPackedTopCarry(t *testing.T, ps limiter.PackedCounter) {
-	k := limiter.Key{Space: "swp:carry", Name: Key(t)}
+func testPackedTopCarry(t *testing.T, ps storage.PackedCounter) {
+	k := storage.Key{Space: "swp:carry", Name: Key(t)}
 	// f is in the top field (field 3) at every level: the last slot of a
 	// level-4 counter. f-1 is in field 2 of its level-1 counter and in
 	// the top field at the others.
 	f := packedT0() + 255
-	add := func(slot, n int64) (*limiter.PackedOp, limiter.PackedCounts) {
+	add := func(slot, n int64) (*storage.PackedOp, storage.PackedCounts) {
 		t.Helper()
-		op := limiter.PackedPlan(slot, packedR, n, packedLen)
+		op := storage.PackedPlan(slot, packedR, n, packedLen)
 		c, err := ps.AddPacked(ctx(t), k, &op)
 		if err != nil {
 			t.Fatal(err)
@@ -341,13 +342,13 @@ func testPackedTopCarry(t *testing.T, ps limiter.PackedCounter) {
 		t.Fatalf("before the carries the view of f holds %d, want 105", got)
 	}
 	const n = 30000 // three of them carry out of 100 + 5 + 2*30000 at every level
-	var ops []*limiter.PackedOp
+	var ops []*storage.PackedOp
 	carried := 0
 	for range 3 {
 		op, c := add(f, n)
 		ops = append(ops, op)
-		for l := 1; l <= limiter.PackedLevels; l++ {
-			if _, fld := limiter.PackedField(f, l); limiter.FieldOf(c.Added[l-1], fld) < n {
+		for l := 1; l <= storage.PackedLevels; l++ {
+			if _, fld := storage.PackedField(f, l); storage.FieldOf(c.Added[l-1], fld) < n {
 				carried++
 				break
 			}
@@ -374,18 +375,18 @@ func testPackedTopCarry(t *testing.T, ps limiter.PackedCounter) {
 // slipPacked runs slip (once) before the first SubPacked it forwards.
 type slipPacked struct {
 	Store
-	inner   limiter.PackedCounter
-	slip    func(limiter.Key)
+	inner   storage.PackedCounter
+	slip    func(storage.Key)
 	slipped bool
-	key     limiter.Key
+	key     storage.Key
 }
 
-func (p *slipPacked) AddPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) (limiter.PackedCounts, error) {
+func (p *slipPacked) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
 	p.key = k
 	return p.inner.AddPacked(ctx, k, op)
 }
 
-func (p *slipPacked) SubPacked(ctx context.Context, k limiter.Key, op *limiter.PackedOp) error {
+func (p *slipPacked) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
 	if p.slip != nil && !p.slipped {
 		p.slipped = true
 		p.slip(k)

@@ -8,15 +8,16 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // ResetStore is what RunReset needs: a Store that forgets a limit's state
-// ([limiter.Resetter]) and reads a log without writing
-// ([limiter.LogReader]).
+// ([storage.Resetter]) and reads a log without writing
+// ([storage.LogReader]).
 type ResetStore interface {
 	Store
-	limiter.Resetter
-	limiter.LogReader
+	storage.Resetter
+	storage.LogReader
 }
 
 // inspectCase is one limit RunReset checks: made on the store, with the
@@ -187,7 +188,7 @@ func testResetConcurrent(t *testing.T, s ResetStore, now time.Time) {
 					for range calls {
 						d, err := other.AllowN(ctx(t), key, now, 1)
 						switch {
-						case errors.Is(err, limiter.ErrConflict):
+						case errors.Is(err, storage.ErrConflict):
 						case err != nil:
 							errs <- err
 						case d.Allowed:

@@ -11,7 +11,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/internal/testserver"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -35,7 +35,7 @@ func TestRoundTripsTaggedNutcracker(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { mc.Close() })
-	p, err := policy.Load(authz.DefaultRules, policy.Options{Stores: map[string]limiter.Store{"memcached": mc}, DefaultBackend: "memcached"})
+	p, err := policy.Load(authz.DefaultRules, policy.Options{Stores: map[string]storage.Store{"memcached": mc}, DefaultBackend: "memcached"})
 	if err != nil {
 		t.Fatal(err)
 	}

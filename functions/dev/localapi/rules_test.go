@@ -14,10 +14,11 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
-// countingStore is a limiter.Store that counts its requests: the
+// countingStore is a storage.Store that counts its requests: the
 // store's request count the lists are checked against. (Not embedding the
 // memory store: a batch interface of its own would bypass the count.)
 type countingStore struct {
@@ -25,22 +26,22 @@ type countingStore struct {
 	requests atomic.Int64
 }
 
-func (c *countingStore) Add(ctx context.Context, k limiter.Key, cur int64, span int, n int64, ttl time.Duration) (limiter.Counts, error) {
+func (c *countingStore) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
 	c.requests.Add(1)
 	return c.mem.Add(ctx, k, cur, span, n, ttl)
 }
 
-func (c *countingStore) Sub(ctx context.Context, k limiter.Key, idx, n int64) error {
+func (c *countingStore) Sub(ctx context.Context, k storage.Key, idx, n int64) error {
 	c.requests.Add(1)
 	return c.mem.Sub(ctx, k, idx, n)
 }
 
-func (c *countingStore) UpdateBucket(ctx context.Context, k limiter.Key, op limiter.BucketOp, ttl time.Duration) (limiter.Decision, error) {
+func (c *countingStore) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
 	c.requests.Add(1)
 	return c.mem.UpdateBucket(ctx, k, op, ttl)
 }
 
-func (c *countingStore) UpdateLog(ctx context.Context, k limiter.Key, op limiter.LogOp, ttl time.Duration) (limiter.Decision, error) {
+func (c *countingStore) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
 	c.requests.Add(1)
 	return c.mem.UpdateLog(ctx, k, op, ttl)
 }
@@ -78,7 +79,7 @@ func startRulesServer(t *testing.T, kind string, denyLocal bool) (*httptest.Serv
 	if !denyLocal {
 		rules = strings.Replace(rules, `cidrs: ["127.0.0.0/8"]`, `cidrs: ["203.0.113.0/24"]`, 1)
 	}
-	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]limiter.Store{"memory": store}})
+	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]storage.Store{"memory": store}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/functions/wiring"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -31,7 +32,7 @@ func startServer(t *testing.T, rules, kind string, shedder limiter.Shedder) *htt
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]limiter.Store{"memory": mem}, Shedder: shedder})
+	p, err := policy.Load([]byte(rules), policy.Options{Stores: map[string]storage.Store{"memory": mem}, Shedder: shedder})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,7 @@
-package limiter
+package storage
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -21,8 +20,9 @@ type Key struct {
 func (k Key) String() string { return k.Space + "/" + k.Name }
 
 // MaxSpan is the largest number of sub-windows a [Counter] is asked to
-// return: MaxSubWindows plus the partially visible oldest one.
-const MaxSpan = MaxSubWindows + 1
+// return: the most sub-windows of a sliding window (limiter.MaxSubWindows,
+// 60) plus the partially visible oldest one.
+const MaxSpan = 61
 
 // Horizon is how many sub-windows behind the newest sub-window written to a
 // key a [Counter.Add] of the given span may be and still be exact: span
@@ -103,7 +103,7 @@ type Counter interface {
 // PackedCounter is the store the packed sliding window needs: counters of
 // 64 bits, named by (key, level, index), to which packed deltas are added.
 // It is optional: a store that implements it serves windows with
-// [Packed]; the limiter computes which counters to add to and read, and
+// limiter.Packed; the limiter computes which counters to add to and read, and
 // the store does no arithmetic on fields.
 //
 // AddPacked adds each delta of op.Adds to its counter (creating it at 0),
@@ -188,8 +188,8 @@ type BucketStore interface {
 }
 
 // LeaseKeeper is implemented by a [BucketStore] that keeps
-// [BucketState.Leased] with the rest of a bucket's state, as the package's
-// backends do: a [TokenBucket] with Leases takes capacity leases only on
+// [BucketState.Leased] with the rest of a bucket's state, as Sluice's
+// backends do: a limiter.TokenBucket with Leases takes capacity leases only on
 // such a store (a store that dropped Leased would let the leased units be
 // spent twice). A store wrapping another reports what the wrapped one
 // does.
@@ -215,73 +215,4 @@ type Store interface {
 	Counter
 	BucketStore
 	LogStore
-}
-
-// AsBatcher returns store as a [Batcher]: store itself when it is one,
-// else a plain loop that performs each step in turn with the single-step
-// method of its kind ([Counter], [PackedCounter], [BucketStore],
-// [LogStore]); a step of a kind the store does not serve answers an error
-// wrapping [ErrInvalidConfig]. The package's limiters send their steps
-// through it. store's type must be comparable (see Batcher).
-func AsBatcher(store any) Batcher {
-	if b, ok := store.(Batcher); ok {
-		return b
-	}
-	return stepsOf(store)
-}
-
-// DoStep performs one step on store with its single-step methods, whether
-// or not store is a [Batcher]: a building block for a store that batches
-// only some kinds.
-func DoStep(ctx context.Context, store any, st *Step) StepResult {
-	return stepsOf(store).step(ctx, st)
-}
-
-// stepLoop is AsBatcher's plain loop: the single-step interfaces of one
-// store, resolved once (nil where the store does not implement one).
-// Values over the same store are ==.
-type stepLoop struct {
-	store any // for errors
-	c     Counter
-	p     PackedCounter
-	b     BucketStore
-	l     LogStore
-}
-
-func stepsOf(store any) stepLoop {
-	s := stepLoop{store: store}
-	s.c, _ = store.(Counter)
-	s.p, _ = store.(PackedCounter)
-	s.b, _ = store.(BucketStore)
-	s.l, _ = store.(LogStore)
-	return s
-}
-
-// Do performs the steps one at a time.
-func (s stepLoop) Do(ctx context.Context, steps []Step, out []StepResult) {
-	for i := range steps {
-		out[i] = s.step(ctx, &steps[i])
-	}
-}
-
-// step is the one place a step's kind picks a single-step method.
-func (s stepLoop) step(ctx context.Context, st *Step) StepResult {
-	var r StepResult
-	switch {
-	case st.Kind == StepAdd && s.c != nil:
-		r.Counts, r.Err = s.c.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
-	case st.Kind == StepSub && s.c != nil:
-		r.Err = s.c.Sub(ctx, st.Key, st.Idx, st.N)
-	case st.Kind == StepBucket && s.b != nil:
-		r.Decision, r.Err = s.b.UpdateBucket(ctx, st.Key, st.Bucket, st.TTL)
-	case st.Kind == StepLog && s.l != nil:
-		r.Decision, r.Err = s.l.UpdateLog(ctx, st.Key, st.Log, st.TTL)
-	case st.Kind == StepPackedAdd && s.p != nil:
-		r.Packed, r.Err = s.p.AddPacked(ctx, st.Key, &st.Packed)
-	case st.Kind == StepPackedSub && s.p != nil:
-		r.Err = s.p.SubPacked(ctx, st.Key, &st.Packed)
-	default:
-		r.Err = fmt.Errorf("%w: store %T does not serve %s steps", ErrInvalidConfig, s.store, st.Kind)
-	}
-	return r
 }

@@ -1,4 +1,4 @@
-package limiter
+package storage
 
 import (
 	"math/rand/v2"

@@ -1,0 +1,78 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrUnsupported is wrapped when a store does not offer an optional
+// operation ([Resetter], [LogReader]).
+var ErrUnsupported = errors.New("storage: not supported by the store")
+
+// ResetOp says which state of one limit a [Resetter] forgets.
+type ResetOp struct {
+	// Kind is the step kind that writes the state: StepAdd (a window's
+	// sub-window counters), StepPackedAdd (a packed window's counters),
+	// StepBucket or StepLog.
+	Kind StepKind
+	// From and To bound, for StepAdd, the sub-windows and, for
+	// StepPackedAdd, the slots whose counters may hold units that are in
+	// view of a writer now or will come into view: a store that keeps a
+	// key's counters in one place (memory, a DynamoDB item) forgets them
+	// all and needs no bounds; one that cannot list them (memcached)
+	// deletes those named in the bounds, widened by its own expiry slack.
+	// The bounds cover every counter still alive under its TTL whose
+	// writer's clock was within a window of the caller's.
+	From, To int64
+	// Unit is the length of a sub-window (StepAdd) or slot
+	// (StepPackedAdd).
+	Unit time.Duration
+}
+
+// Cells returns the first and last index of the packed counters of level
+// (1 to PackedLevels) that cover the slots From to To.
+func (op *ResetOp) Cells(level int) (first, last int64) {
+	return op.From >> (2 * level), op.To >> (2 * level)
+}
+
+// Resetter is an optional store interface: it forgets the state of one
+// limit (key.Space) on one key (key.Name), and only that limit's: a store
+// that keeps several limits of a key together (DynamoDB's item per Name)
+// removes this limit's part and leaves the others as they are.
+//
+// Reset is exact when nothing else writes the key meanwhile: the limit is
+// then full, as for a key never seen. Under concurrency, state that
+// requests in flight write is either removed with the rest or kept:
+// a request in flight during the reset may or may not be counted. A
+// refund that lands after the reset, for units taken before it, is given
+// to the new state (a window's counter a new request created again, a
+// bucket), so at worst the key admits as if it were new plus the units of
+// the denied requests that were being refunded at that moment.
+type Resetter interface {
+	Reset(ctx context.Context, key Key, op *ResetOp) error
+}
+
+// LogReader is an optional [LogStore] interface: ReadLog returns key's
+// timestamps (nil when it holds none) without writing anything, for
+// limiter.SlidingLog.Peek. (LogOp.Apply writes when it prunes old entries, even
+// when it takes nothing, so UpdateLog cannot peek.)
+type LogReader interface {
+	ReadLog(ctx context.Context, key Key) ([]int64, error)
+}
+
+// Gauge is a value published at a time.
+type Gauge struct {
+	Value float64
+	// At is the publisher's time in Unix nanoseconds.
+	At int64
+}
+
+// GaugeStore holds named values that one part of a system publishes for
+// another to read: the backend fleet's utilization, read by the shedders.
+// PutGauge overwrites key's value (last writer wins), to be kept at least
+// ttl; GetGauge reads it (found is false when there is none).
+type GaugeStore interface {
+	PutGauge(ctx context.Context, key Key, g Gauge, ttl time.Duration) error
+	GetGauge(ctx context.Context, key Key) (g Gauge, found bool, err error)
+}
