@@ -115,18 +115,37 @@ type RetryerConfig struct {
 	// MaxAttempts is the number of attempts per request (the first one
 	// included). Zero means 3.
 	MaxAttempts int
+	// ConflictAttempts is the number of attempts per request while its
+	// failed attempts meet ReplicatedWriteConflictException (on a
+	// multi-Region strongly consistent table, another region was writing
+	// the item). Zero means DefaultConflictAttempts; never fewer than
+	// MaxAttempts.
+	ConflictAttempts int
 	// BackoffBase and BackoffMax shape the full-jitter exponential pause
 	// before retry i: uniform in [0, min(BackoffMax, BackoffBase*2^i)).
 	// Zero means 5ms and 50ms.
 	BackoffBase, BackoffMax time.Duration
 }
 
+// DefaultConflictAttempts is [RetryerConfig.ConflictAttempts]' default. A
+// conflict costs a cross-region round trip and tells only that another
+// region wrote the item meanwhile, so a retry usually gets through; but a
+// hot item written from three regions meets one in most attempts (on the
+// local harness, docs/regions.md), and three attempts lost up to a
+// quarter of such decisions.
+const DefaultConflictAttempts = 10
+
 // NewRetryer returns the SDK retryer the store uses by default, sized for
 // calls that must finish within a few hundred milliseconds: the SDK's
 // standard retryer (which retries throttling, 5xx and network errors, and
 // keeps its client-side retry quota so a fleet does not storm a failing
 // table) with at most 3 attempts per request, no retry of a throttled
-// request (it fails at once with ErrThrottled), a full-jitter backoff of 5 to
+// request (it fails at once with ErrThrottled), up to ConflictAttempts
+// attempts while they meet ReplicatedWriteConflictException (AWS documents
+// it as safe to retry; such a retry takes nothing from the retry quota: a
+// lost race is not a failing service, and a hot item's conflicts would
+// otherwise empty the quota and fail the client's other retries), a
+// full-jitter backoff of 5 to
 // 50 ms instead of the SDK's default of up to 20 s, and no retry that would
 // start its pause with less than BackoffMax left before the context's
 // deadline: the request then fails with the error of its last attempt (so a
@@ -139,6 +158,10 @@ func NewRetryer(cfg RetryerConfig) aws.RetryerV2 {
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 3
 	}
+	if cfg.ConflictAttempts <= 0 {
+		cfg.ConflictAttempts = DefaultConflictAttempts
+	}
+	cfg.ConflictAttempts = max(cfg.ConflictAttempts, cfg.MaxAttempts)
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = 5 * time.Millisecond
 	}
@@ -146,15 +169,14 @@ func NewRetryer(cfg RetryerConfig) aws.RetryerV2 {
 		cfg.BackoffMax = 50 * time.Millisecond
 	}
 	std := retry.NewStandard(func(o *retry.StandardOptions) {
-		o.MaxAttempts = cfg.MaxAttempts
+		o.MaxAttempts = cfg.ConflictAttempts // other errors: attemptsRetryer.RetryDelay
 		o.MaxBackoff = cfg.BackoffMax
 		o.Backoff = jitter{base: cfg.BackoffBase, max: cfg.BackoffMax}
 		// A multi-Region strongly consistent (MRSC) table rejects a write
 		// that conflicts with one in another region; AWS documents it as
 		// safe to retry.
 		o.Retryables = append(o.Retryables, retry.IsErrorRetryableFunc(func(err error) aws.Ternary {
-			var rc *types.ReplicatedWriteConflictException
-			if errors.As(err, &rc) {
+			if replicatedConflict(err) {
 				return aws.TrueTernary
 			}
 			return aws.UnknownTernary
@@ -173,7 +195,13 @@ func NewRetryer(cfg RetryerConfig) aws.RetryerV2 {
 			return aws.UnknownTernary
 		})}, o.Retryables...)
 	})
-	return deadlineRetryer{RetryerV2: std, reserve: cfg.BackoffMax}
+	return deadlineRetryer{RetryerV2: std, reserve: cfg.BackoffMax, attempts: cfg.MaxAttempts}
+}
+
+// replicatedConflict reports whether err is a ReplicatedWriteConflictException.
+func replicatedConflict(err error) bool {
+	var rc *types.ReplicatedWriteConflictException
+	return errors.As(err, &rc)
 }
 
 // jitter is a full-jitter exponential backoff.
@@ -185,10 +213,13 @@ func (j jitter) BackoffDelay(attempt int, _ error) (time.Duration, error) {
 }
 
 // deadlineRetryer refuses a retry when less than reserve is left before the
-// context's deadline.
+// context's deadline, ends a request after attempts attempts unless its last
+// one met a replicated write conflict (the SDK's own bound is the
+// conflicts'), and retries conflicts without the retry quota.
 type deadlineRetryer struct {
 	aws.RetryerV2
-	reserve time.Duration
+	reserve  time.Duration
+	attempts int
 }
 
 var errNoTimeToRetry = errors.New("dynamo: no time left before the deadline to retry")
@@ -197,5 +228,20 @@ func (r deadlineRetryer) GetRetryToken(ctx context.Context, opErr error) (func(e
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < r.reserve {
 		return nil, errNoTimeToRetry
 	}
+	if replicatedConflict(opErr) {
+		return func(error) error { return nil }, nil
+	}
 	return r.RetryerV2.GetRetryToken(ctx, opErr)
+}
+
+// RetryDelay ends a request that failed its attempts-th attempt with an
+// error other than a replicated write conflict, as the SDK's MaxAttempts
+// would (attempt counts the attempts made, as the SDK's retry middleware
+// passes it; the retry token it took first is not returned). The error
+// wraps the attempt's.
+func (r deadlineRetryer) RetryDelay(attempt int, err error) (time.Duration, error) {
+	if attempt >= r.attempts && !replicatedConflict(err) {
+		return 0, &retry.MaxAttemptsError{Attempt: attempt, Err: err}
+	}
+	return r.RetryerV2.RetryDelay(attempt, err)
 }

@@ -38,3 +38,32 @@ func TestRetryerDoesNotRetryThrottles(t *testing.T) {
 		}
 	}
 }
+
+// A replicated write conflict is retried up to ConflictAttempts attempts
+// and without the retry quota; other errors stop at MaxAttempts.
+func TestRetryerConflictAttempts(t *testing.T) {
+	r := dynamo.NewRetryer(dynamo.RetryerConfig{})
+	msg := "conflict"
+	conflict := &types.ReplicatedWriteConflictException{Message: &msg}
+	if got := r.MaxAttempts(); got != dynamo.DefaultConflictAttempts {
+		t.Errorf("MaxAttempts = %d, want %d", got, dynamo.DefaultConflictAttempts)
+	}
+	if _, err := r.RetryDelay(3, conflict); err != nil {
+		t.Errorf("a conflict's fourth attempt refused: %v", err)
+	}
+	other := &types.InternalServerError{Message: &msg}
+	if _, err := r.RetryDelay(3, other); err == nil || !errors.As(err, new(*types.InternalServerError)) {
+		t.Errorf("a 500's fourth attempt: %v, want refused with the 500 in the chain", err)
+	}
+	if _, err := r.RetryDelay(2, other); err != nil {
+		t.Errorf("a 500's third attempt refused: %v", err)
+	}
+	for i := range 1000 { // the SDK's quota is 500, 5 a retry
+		if _, err := r.GetRetryToken(t.Context(), conflict); err != nil {
+			t.Fatalf("conflict retry %d: %v", i, err)
+		}
+	}
+	if _, err := r.GetRetryToken(t.Context(), other); err != nil {
+		t.Errorf("the quota after 1,000 conflict retries: %v", err)
+	}
+}

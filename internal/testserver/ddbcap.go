@@ -1383,6 +1383,12 @@ func (r *registry) deleted(table string) {
 
 // table returns a table's key schema, asking the server once.
 func (r *registry) table(ctx context.Context, p *CapProxy, name string) (*tableInfo, error) {
+	return r.tableAt(ctx, p.client, p.target, name)
+}
+
+// tableAt is table for any proxy: client asks target (the MRSC regions'
+// proxies use it too).
+func (r *registry) tableAt(ctx context.Context, client *http.Client, target, name string) (*tableInfo, error) {
 	r.mu.Lock()
 	t := r.tables[name]
 	r.mu.Unlock()
@@ -1390,7 +1396,7 @@ func (r *registry) table(ctx context.Context, p *CapProxy, name string) (*tableI
 		return t, nil
 	}
 	body, _ := json.Marshal(map[string]string{"TableName": name})
-	u, err := p.forward(ctx, localHeader("DynamoDB_20120810.DescribeTable"), body)
+	u, err := post(ctx, client, target, localHeader("DynamoDB_20120810.DescribeTable"), body)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,10 @@ import (
 //     a region can be cut off from replication and healed.
 //   - [MRSC], multi-Region strong consistency: one DynamoDB Local (so every
 //     write and read is linearizable across regions) reached through one
-//     proxy per region that holds each request for a cross-region latency.
+//     proxy per region that holds each request for a cross-region latency,
+//     answers a write that meets another region's write of the item with
+//     ReplicatedWriteConflictException, and can cut a region off from the
+//     quorum (mrsc.go).
 
 // DefaultLag is the replication lag of [Regions] when none is given:
 // DynamoDB documents a global table's replication as "typically within a
@@ -693,53 +696,4 @@ func (g *Regions) apply(ctx context.Context, r *region, due []change) {
 		g.stats.MaxDelay = max(g.stats.MaxDelay, delay)
 		g.mu.Unlock()
 	}
-}
-
-// MRSCRegions is the number of regions of an MRSC table: exactly three.
-const MRSCRegions = 3
-
-// MRSC is a local multi-Region strongly consistent global table: one
-// DynamoDB Local (one copy of each item, so that every conditional write
-// and every read is linearizable across the regions) reached through one
-// [HTTPProxy] per region that holds every request for the cross-region
-// latency, as an MRSC write (a cross-region quorum) and a strongly
-// consistent read pay it. Differences from DynamoDB: eventually consistent
-// reads pay it too (DynamoDB answers them in the region), and concurrent
-// writes of one item from two regions never fail with
-// ReplicatedWriteConflictException (they are serialized by the one
-// server). Each proxy records its requests.
-type MRSC struct {
-	proxies []*HTTPProxy
-}
-
-// NewMRSC starts the three regions' proxies in front of target (a
-// DynamoDB Local's URL: the shared one serves) with latency added to every
-// request; they close when the test ends.
-func NewMRSC(t testing.TB, target string, latency time.Duration) *MRSC {
-	t.Helper()
-	if latency < 0 {
-		t.Fatalf("testserver: mrsc: latency %v is negative", latency)
-	}
-	m := &MRSC{}
-	for range MRSCRegions {
-		p := NewHTTPProxy(t, target)
-		p.SetDelay(latency)
-		m.proxies = append(m.proxies, p)
-	}
-	return m
-}
-
-// Endpoint returns region i's endpoint URL.
-func (m *MRSC) Endpoint(i int) string { return m.proxies[i].URL() }
-
-// Proxy returns region i's proxy (its recorded requests: Len, Since).
-func (m *MRSC) Proxy(i int) *HTTPProxy { return m.proxies[i] }
-
-// Requests returns the requests the regions' proxies passed on so far.
-func (m *MRSC) Requests() int {
-	n := 0
-	for _, p := range m.proxies {
-		n += p.Len()
-	}
-	return n
 }

@@ -3,7 +3,10 @@ package testserver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 )
 
 // TestRegionsReplication runs the default-mode harness (three DynamoDB
@@ -247,10 +251,161 @@ func TestRegionsMRSC(t *testing.T) {
 	if n := m.Requests(); n != 2 {
 		t.Errorf("the proxies passed %d requests, want 2", n)
 	}
-	for _, q := range append(m.Proxy(0).Since(0), m.Proxy(1).Since(0)...) {
+	for _, q := range append(m.Region(0).Since(0), m.Region(1).Since(0)...) {
 		if d := q.End.Sub(q.Start); d < latency {
 			t.Errorf("%s took %v at its proxy, less than %v", q.Op, d, latency)
 		}
+	}
+}
+
+// MRSC write conflicts: a write of an item from another region while one
+// is in flight gets ReplicatedWriteConflictException (typed by the SDK,
+// counted, the item untouched), for an UpdateItem, a BatchWriteItem and a
+// TransactWriteItems; writes of other items, writes from the same region
+// and writes after the first was answered pass; with conflicts off, none
+// conflicts.
+func TestRegionsMRSCConflicts(t *testing.T) {
+	const latency = 300 * time.Millisecond // room for the second request to arrive while the first is in flight
+	m := NewMRSC(t, DynamoDBLocal(t), latency)
+	ctx := t.Context()
+	table := capTable(t, DynamoDBLocal(t))
+	noRetry := func(o *dynamodb.Options) { o.Retryer = aws.NopRetryer{} }
+	c := []*dynamodb.Client{ddbClient(m.Endpoint(0), noRetry), ddbClient(m.Endpoint(1), noRetry), ddbClient(m.Endpoint(2), noRetry)}
+	add := func(i int, pk string) error {
+		_, err := c[i].UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: item{"pk": s(pk)},
+			UpdateExpression: aws.String("ADD c :one"), ExpressionAttributeValues: item{":one": n("1")}})
+		return err
+	}
+	// during runs first in region 0 on k and, once it is in flight there,
+	// the others.
+	during := func(first func() error, others ...func() error) []error {
+		var wg sync.WaitGroup
+		errs := make([]error, len(others)+1)
+		wg.Go(func() { errs[0] = first() })
+		time.Sleep(latency / 6)
+		for i, f := range others {
+			wg.Go(func() { errs[i+1] = f() })
+		}
+		wg.Wait()
+		return errs
+	}
+	isConflict := func(err error) bool {
+		var rc *types.ReplicatedWriteConflictException
+		return errors.As(err, &rc)
+	}
+	errs := during(func() error { return add(0, "k") },
+		func() error { return add(1, "k") }, // another region, same item: conflict
+		func() error { return add(0, "k") }, // same region: serialized
+		func() error { return add(2, "other") },
+		func() error {
+			_, err := c[2].BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: map[string][]types.WriteRequest{
+				table: {{PutRequest: &types.PutRequest{Item: item{"pk": s("k"), "c": n("100")}}}}}})
+			return err
+		},
+		func() error {
+			_, err := c[1].TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
+				{Put: &types.Put{TableName: aws.String(table), Item: item{"pk": s("t")}}},
+				{Delete: &types.Delete{TableName: aws.String(table), Key: item{"pk": s("k")}}}}})
+			return err
+		})
+	for i, want := range []bool{false, true, false, false, true, true} {
+		if got := isConflict(errs[i]); got != want || (!want && errs[i] != nil) {
+			t.Errorf("write %d: %v, want a conflict: %v", i, errs[i], want)
+		}
+	}
+	var rc *types.ReplicatedWriteConflictException
+	if errors.As(errs[1], &rc) && !strings.Contains(rc.ErrorMessage(), "another Region") {
+		t.Errorf("message %q", rc.ErrorMessage())
+	}
+	out, err := c[1].GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: item{"pk": s("k")}, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := out.Item["c"].(*types.AttributeValueMemberN); v == nil || v.Value != "2" {
+		t.Errorf("k after region 0's two adds and three refused writes: %v, want c=2", out.Item)
+	}
+	if err := add(1, "k"); err != nil {
+		t.Errorf("a write once the others were answered: %v", err)
+	}
+	if st := m.Stats(); !slices.Equal(st.Conflicts, []int64{0, 2, 1}) {
+		t.Errorf("stats: %v, want conflicts [0 2 1]", st)
+	}
+	m.SetConflicts(false)
+	errs = during(func() error { return add(0, "k") }, func() error { return add(1, "k") }, func() error { return add(2, "k") })
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("conflicts off, write %d: %v", i, err)
+		}
+	}
+}
+
+// An MRSC region cut off from the quorum: its writes and strongly
+// consistent reads hang until the client gives up (PartitionHang) or are
+// refused with a 500 (PartitionRefuse), and change nothing; its eventually
+// consistent reads and the other regions are served; after Heal it
+// writes again.
+func TestRegionsMRSCPartition(t *testing.T) {
+	const latency = 20 * time.Millisecond
+	m := NewMRSC(t, DynamoDBLocal(t), latency)
+	ctx := t.Context()
+	table := capTable(t, DynamoDBLocal(t))
+	noRetry := func(o *dynamodb.Options) { o.Retryer = aws.NopRetryer{} }
+	c0, c2 := ddbClient(m.Endpoint(0), noRetry), ddbClient(m.Endpoint(2), noRetry)
+	put := func(c *dynamodb.Client, ctx context.Context, v string) error {
+		_, err := c.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table), Item: item{"pk": s("p"), "v": s(v)}})
+		return err
+	}
+	get := func(c *dynamodb.Client, consistent bool) (string, error) {
+		out, err := c.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: item{"pk": s("p")}, ConsistentRead: aws.Bool(consistent)})
+		if err != nil {
+			return "", err
+		}
+		v, _ := out.Item["v"].(*types.AttributeValueMemberS)
+		if v == nil {
+			return "", nil
+		}
+		return v.Value, nil
+	}
+	if err := put(c0, ctx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	m.Partition(2, PartitionHang)
+	const deadline = 250 * time.Millisecond
+	dctx, cancel := context.WithTimeout(ctx, deadline)
+	start := time.Now()
+	err := put(c2, dctx, "cut")
+	cancel()
+	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took < deadline {
+		t.Errorf("a write in the cut-off region: %v after %v, want the client's deadline (%v) exceeded", err, took, deadline)
+	}
+	dctx, cancel = context.WithTimeout(ctx, deadline)
+	_, err = c2.GetItem(dctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: item{"pk": s("p")}, ConsistentRead: aws.Bool(true)})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a strongly consistent read in the cut-off region: %v, want the deadline exceeded", err)
+	}
+	if v, err := get(c2, false); err != nil || v != "before" {
+		t.Errorf("an eventually consistent read in the cut-off region: %q, %v; want before", v, err)
+	}
+	if err := put(c0, ctx, "live"); err != nil {
+		t.Errorf("a write in a live region: %v", err)
+	}
+	m.Partition(2, PartitionRefuse)
+	start = time.Now()
+	err = put(c2, ctx, "cut")
+	var ae smithy.APIError
+	if !errors.As(err, &ae) || ae.ErrorCode() != "InternalServerError" || time.Since(start) < latency {
+		t.Errorf("a write in the refusing region: %v after %v, want InternalServerError after the latency", err, time.Since(start))
+	}
+	m.Heal(2)
+	if v, err := get(c2, true); err != nil || v != "live" {
+		t.Errorf("after the partition: %q, %v; want live", v, err)
+	}
+	if err := put(c2, ctx, "healed"); err != nil {
+		t.Errorf("a write after Heal: %v", err)
+	}
+	if st := m.Stats(); !slices.Equal(st.Cut, []int64{0, 0, 3}) {
+		t.Errorf("stats: %v, want cut [0 0 3]", st)
 	}
 }
 
