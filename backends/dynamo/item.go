@@ -76,13 +76,13 @@ func (p *prefixes) prefix(space string) (string, error) {
 // writes: placeholders are numbered across parts, the ttl attribute is
 // set once (to the longest any part asks).
 type update struct {
-	names                  map[string]string // placeholder -> attribute
-	byAttr                 map[string]string // attribute -> placeholder
-	values                 map[string]types.AttributeValue
+	names                       map[string]string // placeholder -> attribute
+	byAttr                      map[string]string // attribute -> placeholder
+	values                      map[string]types.AttributeValue
 	add, set, remove, del, cond []string
-	ttl                    time.Duration
-	setTTL                 bool
-	allNew                 bool
+	ttl                         time.Duration
+	setTTL                      bool
+	allNew                      bool
 }
 
 func newUpdate() *update {
