@@ -89,6 +89,7 @@ func (rep *HotReport) prefill(ctx context.Context, opt HotOptions, begin time.Ti
 		Reached: true, Allowed: err == nil && d.Allowed, Remaining: d.Remaining, Err: err})
 	if err != nil {
 		rep.Failed++
+		rep.FirstErr = err
 	} else if d.Allowed {
 		rep.Admitted += opt.Prefill
 	}
@@ -164,12 +165,17 @@ func (rep *HotReport) add(r *HotReport) {
 
 // ExactAdmitted replays calls in stamp order, one at a time, on exact (a
 // limiter without leases, on a store of its own) and returns the units it
-// admits: what a serialized limiter admits on the same calls.
+// admits: what a serialized limiter admits on the same calls. A call that
+// failed (Err) is not replayed: it reached no decision to compare with
+// (the report counts it in Failed).
 func ExactAdmitted(ctx context.Context, exact limiter.Limiter, calls []Call) (int64, error) {
 	cs := slices.Clone(calls)
 	slices.SortStableFunc(cs, func(a, b Call) int { return a.Stamp.Compare(b.Stamp) })
 	var admitted int64
 	for _, c := range cs {
+		if c.Err != nil {
+			continue
+		}
 		d, err := exact.AllowN(ctx, c.Key, c.Stamp, c.Cost)
 		if err != nil {
 			return admitted, err
