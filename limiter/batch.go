@@ -88,6 +88,8 @@ type Step struct {
 	// need is a window's lease take's least units (N is the most): the
 	// decision at hand's cost. Zero for any other step.
 	need int64
+	// cap is the item's Cap (0: none).
+	cap int64
 }
 
 // StepResult is a store's answer to one [Step].
@@ -154,6 +156,11 @@ type Item struct {
 	// error. A store that throttled the item's key (ErrThrottled) has not
 	// failed: the item is denied, see Outcome.Throttled.
 	Fail *Decision
+	// Cap, if positive, lowers the limit for this decision alone: a
+	// *SlidingWindow with sub-window counters judges it, lease takes
+	// included, against min(Cap, Limit) on the same counters; any other
+	// limit refuses it (ErrInvalidConfig). See cap.go.
+	Cap int64
 }
 
 // Outcome is what became of one [Item].
@@ -279,7 +286,7 @@ func cachedDenial(items []Item, out []Outcome, t int64, lr *leaseRound) int {
 		if !ok || it.Shadow || lr.spent(i) {
 			continue
 		}
-		if d, hit := s.denyCache().denied(it.Key, t, it.N); hit {
+		if d, hit := s.denyCache().denied(it.Key, t, it.N); hit && !capRaised(s, &it, d) {
 			lr.unspendAll(items, out)
 			for j := range out {
 				out[j] = Outcome{Skipped: true}
@@ -313,6 +320,9 @@ func planAll(b batch, items []Item, now time.Time, t int64, lr *leaseRound, leas
 		b.steps[i].Shadow = it.Shadow
 		if leasing && e.err == nil {
 			lr.planTake(i, &items[i], &b.steps[i], t)
+		}
+		if e.err == nil && it.Cap != 0 {
+			e.err = capStep(s, it.Cap, &b.steps[i])
 		}
 	}
 }

@@ -71,6 +71,7 @@ func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step,
 	}
 	c := r.Counts
 	sanitize(&c, w.k+1)
+	limit := w.capCounts(st, &c)
 	idx := st.Idx
 	elapsed := t - idx*w.sub
 	rem := w.sub - elapsed
@@ -80,7 +81,7 @@ func (w *SlidingWindow) judge(st *Step, r *StepResult, t int64) (Decision, Step,
 		idx, rem = c.At, w.sub
 	}
 	undo := Step{Kind: StepSub, Key: st.Key, Idx: idx, N: st.N}
-	d := Decision{Limit: w.cfg.Limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.k+1)*w.sub - elapsed)}
+	d := Decision{Limit: limit, Name: w.cfg.Name, ResetAfter: time.Duration(int64(w.k+1)*w.sub - elapsed)}
 	if st.need > 0 {
 		if c.Moved { // counted in an older sub-window than its own: no lease there
 			d.RetryAfter = 1
