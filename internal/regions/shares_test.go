@@ -209,7 +209,7 @@ var (
 // stores, lag 1 s, every split at 1.2 times the steady rate for 30 s of
 // simulated time: never over the limit (the history checkers over the
 // union of regions), the shares in force never sum above the limit, and
-// the share of exact reported (asserted only loosely: at least 85%).
+// the share of exact reported (asserted only loosely: at least 80%; TestDebugTune, docs/regions.md).
 func TestSharesSim(t *testing.T) {
 	for _, alg := range []struct {
 		name string
@@ -227,7 +227,7 @@ func TestSharesSim(t *testing.T) {
 				if res.sumAbove > 0 {
 					t.Errorf("seed %d: the shares in force summed to %d above the units", seed, res.sumAbove)
 				}
-				if res.share() < 0.85 {
+				if res.share() < 0.8 {
 					t.Errorf("seed %d: %.3f of exact", seed, res.share())
 				}
 			})
