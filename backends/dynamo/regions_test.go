@@ -461,10 +461,14 @@ const sharePeriod = 250 * time.Millisecond
 // publish it through the table).
 func runShares(tb testing.TB, g *testserver.Regions, table string, eps []string, d regionDemand) (regionReport, []regions.AgentStats) {
 	tb.Helper()
-	cfg := regions.Config{Regions: len(eps), Limit: regionLimit, Window: regionWindow, SubWindows: regionSubs, Leases: true}
+	cfg := regions.Config{Regions: len(eps), Key: d.Name, Limit: regionLimit, Window: regionWindow, SubWindows: regionSubs, Leases: true}
 	agents := make([]*regions.Agent, len(eps))
 	for i, ep := range eps {
-		a, err := regions.NewAgent(cfg, i, &regions.DynamoLedger{Client: newClient(ep), Table: table, Name: d.Name})
+		st, err := dynamo.New(newClient(ep), dynamo.Config{Table: table, Timeout: regionTimeout})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		a, err := regions.NewAgent(cfg, i, &regions.DynamoLedger{Client: newClient(ep), Table: table, Name: d.Name}, st)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -487,7 +491,11 @@ func runShares(tb testing.TB, g *testserver.Regions, table string, eps []string,
 		})
 	}
 	rep := runRegions(tb, table, eps, regionsGates{g}.requests, nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
-		return agents[i].NewLimiter(st, "share")
+		l, err := agents[i].NewLimiter(st)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return l
 	})
 	cancel()
 	wg.Wait()

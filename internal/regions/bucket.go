@@ -99,6 +99,9 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	target := a.owned - give
 	cur := a.items[len(a.items)-1].share
 	a.mu.Unlock()
+	if a.broken && target < cur {
+		target = cur
+	}
 	if target != cur {
 		if err := a.rebase(ctx, now, target); err != nil {
 			return err // nothing given; received grants are taken at the next tick's rebase

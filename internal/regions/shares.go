@@ -231,6 +231,10 @@ type Agent struct {
 	itemSeq atomic.Int64
 	// ahead is how far ahead a bucket's new item takes over.
 	ahead time.Duration
+	// broken gives what it should not (tests: the checkers must see it):
+	// a window's grants ignore the region's count, a bucket's giver
+	// does not rebase.
+	broken bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -428,6 +432,9 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	free := min(a.pending, a.owned-used)
+	if a.broken {
+		free = a.pending
+	}
 	if free <= 0 {
 		return nil
 	}

@@ -59,6 +59,7 @@ type sim struct {
 	procs       int
 	seed        uint64
 	trace       testing.TB // logs the shares every 500 ms
+	broken      bool       // the agents' broken grants
 }
 
 type simResult struct {
@@ -75,7 +76,7 @@ func (r simResult) share() float64 { return float64(r.admitted) / float64(max(r.
 func (s sim) run(t testing.TB) simResult {
 	t.Helper()
 	ctx := context.Background()
-	start := time.Unix(1_000_000_000, 0)
+	start := simStart
 	now := start
 	ledger := &simLedger{hist: make([][]State, s.cfg.Regions), lag: s.lag, now: &now}
 	agents := make([]*Agent, s.cfg.Regions)
@@ -87,6 +88,7 @@ func (s sim) run(t testing.TB) simResult {
 			t.Fatal(err)
 		}
 		a.ahead = 0 // one goroutine: no decision is under way during a tick
+		a.broken = s.broken
 		agents[r] = a
 		for range s.procs {
 			l, err := a.NewLimiter(st)
@@ -191,6 +193,7 @@ func (s sim) run(t testing.TB) simResult {
 }
 
 var (
+	simStart  = time.Unix(1_000_000_000, 0)
 	simWindow = Config{Regions: 3, Key: "k", Limit: 1000, Window: 4 * time.Second, SubWindows: 4, Leases: true}
 	simBucket = Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{Name: "global", MaxAmount: 200, RefillTime: 10 * time.Millisecond,
 		RefillAmount: 2}, Leases: true}
@@ -232,6 +235,119 @@ func TestSharesSim(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestSharesSimFailsBroken: the checker sees a bucket's giver that keeps
+// its rate and capacity: at three times the steady rate and a lag of
+// 250 ms, the split 60/30/10 then puts intervals of stamps over the
+// bucket's bound. (The window's counterpart: TestSharesGiveOnlyFree.)
+func TestSharesSimFailsBroken(t *testing.T) {
+	for _, alg := range []struct {
+		name  string
+		cfg   Config
+		split int
+	}{{"bucket", simBucket, 1}} {
+		t.Run(alg.name, func(t *testing.T) {
+			seed := uint64(time.Now().UnixNano())
+			sp := simSplits[alg.split]
+			res := sim{cfg: alg.cfg, split: sp.split, then: sp.then, rate: 600, dur: 30 * time.Second, lag: 250 * time.Millisecond, procs: 2, seed: seed,
+				broken: true}.run(t)
+			if len(res.over) == 0 {
+				t.Errorf("seed %d: broken grants, yet no window over the limit (%.3f of exact)", seed, res.share())
+			} else {
+				t.Logf("seed %d: broken grants: %v", seed, res.over[0])
+			}
+		})
+	}
+}
+
+// TestSharesGiveOnlyFree: two regions of a window of 100 a second.
+// Region 0 uses its whole base share (50), then its demand stops and
+// region 1's starts: region 0 plans to give its share away, but its 50
+// units are in view, so it gives nothing until they leave it, and region
+// 1, deciding 100 units in the same second, gets 50: the window is never
+// over. A broken giver that ignores its count gives them at once, and
+// region 1's 99 units put the second over the limit (the checker sees
+// it).
+func TestSharesGiveOnlyFree(t *testing.T) {
+	cfg := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			ctx := context.Background()
+			now := time.Unix(5000, 0)
+			ledger := &simLedger{hist: make([][]State, 2), now: &now}
+			var agents [2]*Agent
+			var procs [2]*Limiter
+			for r := range agents {
+				st := memStore(t)
+				a, err := NewAgent(cfg, r, ledger, st)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.broken = broken
+				agents[r] = a
+				if procs[r], err = a.NewLimiter(st); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var calls []limitertest.Call
+			decide := func(r, n int) int {
+				got := 0
+				for range n {
+					d, err := procs[r].AllowN(ctx, "k", now, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					calls = append(calls, limitertest.Call{Key: "k", Cost: 1, Stamp: now, Allowed: d.Allowed, Reached: true})
+					if d.Allowed {
+						got++
+					}
+				}
+				return got
+			}
+			tick := func() {
+				for _, a := range agents {
+					if err := a.Tick(ctx, now); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			tick()
+			if got := decide(0, 50); got != 50 {
+				t.Fatalf("region 0 admitted %d of its base share 50", got)
+			}
+			for range 4 { // region 0 idle, region 1 asking 400 a second
+				now = now.Add(50 * time.Millisecond)
+				agents[1].offered.Add(100)
+				tick()
+			}
+			sh0, pend0 := agents[0].Share()
+			sh1, _ := agents[1].Share()
+			got := decide(1, 100)
+			t.Logf("region 0: share %d, withheld %d; region 1: share %d, admitted %d of 100", sh0, pend0, sh1, got)
+			over := limitertest.CheckTrailingWindow(calls, cfg.Limit, cfg.Window)
+			if broken {
+				if len(over) == 0 {
+					t.Errorf("a giver that ignores its count: no window over the limit (region 1 admitted %d)", got)
+				}
+				return
+			}
+			for _, v := range over {
+				t.Errorf("over the limit: %v", v)
+			}
+			if pend0 == 0 || sh1 != 50 || got != 50 {
+				t.Errorf("region 0 withheld %d; region 1 holds %d and admitted %d: want units withheld, 50 and 50", pend0, sh1, got)
+			}
+			// A second later region 0's units have left its view: it
+			// gives what it withheld, and region 1 gets it.
+			now = now.Add(1100 * time.Millisecond)
+			tick()
+			tick()
+			if sh1, _ := agents[1].Share(); sh1 < 90 {
+				t.Errorf("after region 0's units left its view, region 1 holds %d, want 90 or more", sh1)
+			}
+		})
 	}
 }
 
