@@ -52,7 +52,9 @@ type sharesReport struct {
 	receivedMax, receivedMin int64
 }
 
-func (r sharesReport) fromShare() float64 { return float64(r.fromAdmitted) / float64(max(r.fromExact, 1)) }
+func (r sharesReport) fromShare() float64 {
+	return float64(r.fromAdmitted) / float64(max(r.fromExact, 1))
+}
 
 func (r sharesReport) String() string {
 	s := fmt.Sprintf("%v; from +%v: %.3f of exact (%d of %d)", r.regionReport, r.from.Sub(r.start), r.fromShare(), r.fromAdmitted, r.fromExact)
