@@ -45,11 +45,8 @@ type sharesReport struct {
 	agents []regions.AgentStats
 	start  time.Time
 	// from, admitted and exact: the calls stamped at or after from.
-	from                     time.Time
-	fromAdmitted, fromExact  int64
-	cutAsked, cutAdmitted    []int64 // per region, during a partition
-	cutFrom, cutTo           time.Duration
-	receivedMax, receivedMin int64
+	from                    time.Time
+	fromAdmitted, fromExact int64
 }
 
 func (r sharesReport) fromShare() float64 {
