@@ -96,6 +96,7 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 		give += u
 	}
 	a.mu.Lock()
+	give = clampPlan(g, give, a.owned)
 	target := a.owned - give
 	cur := a.items[len(a.items)-1].share
 	a.mu.Unlock()

@@ -98,6 +98,16 @@ type State struct {
 	Seq int64 `json:"n"`
 	// At is when it was published (Unix ns, the giver's clock).
 	At int64 `json:"t"`
+	// Future are the grants counted in Given that take effect later (a
+	// window's units still in its giver's view until then).
+	Future []Grant `json:"f,omitempty"`
+}
+
+// Grant is Units given to region To, in force from At (Unix ns).
+type Grant struct {
+	To    int   `json:"o"`
+	Units int64 `json:"u"`
+	At    int64 `json:"t"`
 }
 
 // Ledger publishes a region's state and reads the other regions' as the
@@ -242,6 +252,8 @@ type Agent struct {
 	// grants; pending is withheld for grants not yet published (a
 	// window's).
 	owned, pending int64
+	// incoming are grants to this region read but not yet in force.
+	incoming []Grant
 	// gen counts cap decreases; inflight the decisions under way per
 	// generation of the cap they read.
 	gen      int64
@@ -332,21 +344,7 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	}
 	a.estimate(now)
 
-	// Grants made to this region: in force once Skew has passed since
-	// they were published.
-	var received int64
-	for o, st := range a.states {
-		if o != a.r && now.UnixNano() >= st.At+int64(a.cfg.Skew) && st.Seq >= a.applied[o].Seq {
-			received += st.Given[a.r] - a.applied[o].Given[a.r]
-			a.applied[o] = st
-		}
-	}
-	if received > 0 {
-		a.mu.Lock()
-		a.owned += received
-		a.stats.Received += received
-		a.mu.Unlock()
-	}
+	a.receive(now)
 
 	var err error
 	if a.cfg.Bucket != nil {
@@ -361,6 +359,7 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	own.At = now.UnixNano()
 	pub := *own
 	pub.Given = slices.Clone(own.Given)
+	pub.Future = slices.Clone(own.Future)
 	if err := a.ledger.Publish(ctx, a.r, pub); err != nil {
 		// Published at a later tick: the grant is already out of this
 		// region's share, so a late publication only delays it.
@@ -369,6 +368,41 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	}
 	a.count(func(s *AgentStats) { s.Published++ })
 	return firstErr
+}
+
+// receive takes the grants made to this region: those published Skew
+// ago or more, and in force (each at its At, plus Skew); the later ones
+// are kept for the decisions stamped after them.
+func (a *Agent) receive(now time.Time) {
+	t, skew := now.UnixNano(), int64(a.cfg.Skew)
+	var got int64
+	var incoming []Grant
+	for o, st := range a.states {
+		if o == a.r {
+			continue
+		}
+		if t >= st.At+skew && st.Seq >= a.applied[o].Seq {
+			a.applied[o] = st
+		}
+		ap := a.applied[o]
+		got += ap.Given[a.r]
+		for _, f := range ap.Future {
+			if f.To == a.r && f.At+skew > t {
+				got -= f.Units
+				incoming = append(incoming, Grant{To: a.r, Units: f.Units, At: f.At + skew})
+			}
+		}
+	}
+	var gave int64
+	for _, g := range a.states[a.r].Given {
+		gave += g
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.owned = a.cfg.base(a.r) - gave + got
+	a.incoming = incoming
+	a.stats.Received = got
+	a.stats.Share = a.owned
 }
 
 // estimate updates the region's demand from the units its processes
@@ -401,11 +435,15 @@ func (a *Agent) planNow(giving bool) []int64 {
 }
 
 // giveWindow withholds what the plan gives (lowering the cap, waiting
-// for the decisions that read a higher one), then gives what the
-// region's count in view leaves free.
+// for the decisions that read a higher one), then gives it, each part
+// in force from when the region's count in view leaves it free: now, or
+// at one of the next sub-window starts (its count in view there, read
+// ahead), or at the latest when every sub-window in view now has left it.
 func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	giving := a.pending > 0
+	own := &a.states[a.r]
+	own.Future = slices.DeleteFunc(own.Future, func(f Grant) bool { return f.At <= now.UnixNano() })
 	a.mu.Unlock()
 	g := a.planNow(giving)
 	var want int64
@@ -413,45 +451,97 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 		want += u
 	}
 	a.mu.Lock()
+	want = clampPlan(g, want, a.owned)
 	if want > a.pending {
 		a.gen++ // a lower cap: the decisions under way read a higher one
 	}
 	a.pending = want
 	a.stats.Withheld = max(a.stats.Withheld, want)
-	gen := a.gen
+	gen, owned := a.gen, a.owned
 	a.mu.Unlock()
 	if want == 0 {
 		return nil
 	}
 	a.wait(gen)
-	d, err := a.peek.Peek(ctx, a.key(), now)
+	type step struct {
+		at  int64
+		cum int64 // given in force by at
+	}
+	free := func(at time.Time) (int64, error) {
+		d, err := a.peek.Peek(ctx, a.key(), at)
+		if err != nil {
+			return 0, err
+		}
+		return min(want, max(owned-(a.cfg.Limit-d.Remaining), 0)), nil
+	}
+	cum, err := free(now)
 	if err != nil {
 		return err
 	}
-	used := a.cfg.Limit - d.Remaining
+	if a.broken {
+		cum = want
+	}
+	steps := []step{{now.UnixNano(), cum}}
+	sub := int64(a.cfg.Window) / int64(a.cfg.SubWindows)
+	idx := floorDiv(now.UnixNano(), sub)
+	for j := int64(1); j <= int64(a.cfg.SubWindows) && cum < want; j++ {
+		c, err := free(time.Unix(0, (idx+j)*sub))
+		if err != nil {
+			break // the rest when the view has left
+		}
+		if c > cum {
+			steps = append(steps, step{(idx + j) * sub, c})
+			cum = c
+		}
+	}
+	if cum < want {
+		steps = append(steps, step{(idx + int64(a.cfg.SubWindows) + 1) * sub, want})
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	free := min(a.pending, a.owned-used)
-	if a.broken {
-		free = a.pending
+	var prev int64
+	for _, st := range steps {
+		for o, u := range g {
+			x := u*st.cum/want - u*prev/want
+			if x <= 0 {
+				continue
+			}
+			own.Given[o] += x
+			if st.at > now.UnixNano() {
+				own.Future = append(own.Future, Grant{To: o, Units: x, At: st.at})
+			}
+		}
+		prev = st.cum
 	}
-	if free <= 0 {
-		return nil
-	}
-	var gave int64
-	for o, u := range g {
-		x := u * free / want
-		a.states[a.r].Given[o] += x
-		gave += x
-	}
-	a.owned -= gave
-	a.pending -= gave
-	a.stats.Given += gave
+	a.owned -= want
+	a.pending = 0
+	a.stats.Given += want
+	a.stats.Grants++
 	a.stats.Share = a.owned
-	if gave > 0 {
-		a.stats.Grants++
-	}
 	return nil
+}
+
+// clampPlan scales g (summing to want) down to what the region holds:
+// the plan counts the grants to it not yet in force (or read less than
+// Skew ago). It returns the new sum.
+func clampPlan(g []int64, want, owned int64) int64 {
+	if want <= owned {
+		return want
+	}
+	var sum int64
+	for o := range g {
+		g[o] = g[o] * max(owned, 0) / want
+		sum += g[o]
+	}
+	return sum
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
 }
 
 // wait returns when no decision that read the cap of a generation before
@@ -473,13 +563,19 @@ func (a *Agent) wait(gen int64) {
 	}
 }
 
-// enterWindow registers a decision and returns the cap it is judged
-// against and its generation.
-func (a *Agent) enterWindow() (int64, int64) {
+// enterWindow registers a decision stamped t and returns the cap it is
+// judged against (grants in force at t included) and its generation.
+func (a *Agent) enterWindow(t int64) (int64, int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.inflight[a.gen]++
-	return a.owned - a.pending, a.gen
+	c := a.owned - a.pending
+	for _, f := range a.incoming {
+		if f.At <= t {
+			c += f.Units
+		}
+	}
+	return c, a.gen
 }
 
 func (a *Agent) leave(gen int64) {
@@ -573,7 +669,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, now time.Time, n int64
 	if l.a.cfg.Bucket != nil {
 		return l.allowBucket(ctx, now, n)
 	}
-	cap, gen := l.a.enterWindow()
+	cap, gen := l.a.enterWindow(now.UnixNano())
 	defer l.a.leave(gen)
 	if cap < n {
 		return limiter.Decision{Limit: max(cap, 0), RetryAfter: l.a.cfg.Window / time.Duration(l.a.cfg.SubWindows)}, nil
