@@ -241,46 +241,56 @@ func BenchmarkRegionShares(b *testing.B) {
 	b.Logf("replication: %+v", g.Stats())
 }
 
-// BenchmarkRegionSharesPartition: each limit's shares (33/33/33, 1.2
-// times the steady rate, 50 s) with region 2 cut off from replication
-// from 10 s to 40 s. It reports the share of exact and the windows over
-// the limit over the whole run, and what each region admitted during
-// the partition, a second and as a share of what it asked then
-// (-benchtime=1x).
+// BenchmarkRegionSharesPartition: each limit's shares (1.2 times the
+// steady rate, 50 s) with region 2 cut off from replication from 10 s to
+// 40 s, demand split 33/33/33 throughout ("even"), or 98/1/1 moving to
+// 1/1/98 at 25 s, inside the cut ("move-into-cut": the cut-off region
+// keeps only what it holds). It reports the share of exact and the
+// windows over the limit over the whole run, and what each region
+// admitted during the partition, a second and as a share of what it
+// asked then (-benchtime=1x).
 func BenchmarkRegionSharesPartition(b *testing.B) {
 	g, table, eps := startEventual(b)
 	const from, to = 10 * time.Second, 40 * time.Second
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
-		b.Run(string(alg), func(b *testing.B) {
-			for i := range b.N {
-				d := regionDemand{Name: fmt.Sprintf("rs/partition/%s/%d-%d", alg, i, time.Now().UnixNano()), Split: shareSplits[2].split,
-					Rate: 1.2 * regionRate, Duration: 50 * time.Second, Alg: alg}
-				begin := time.Now()
-				cut := time.AfterFunc(from, func() { g.Partition(2) })
-				heal := time.AfterFunc(to, func() { g.Heal(2) })
-				rep := runRegionShares(b, g, table, eps, d, 10*time.Second)
-				cut.Stop()
-				if heal.Stop() {
-					g.Heal(2)
-				}
-				b.Logf("shares %s with region 2 cut off %v-%v: %v", alg, from, to, rep)
-				reportRegions(b, rep.regionReport)
-				checkShares(b, rep)
-				for r, calls := range rep.byRegion {
-					var asked, got int64
-					for _, c := range calls {
-						if at := c.Stamp.Sub(begin); at >= from && at < to {
-							asked++
-							if c.Allowed {
-								got++
+		for _, c := range []struct {
+			name        string
+			split, then []float64
+		}{{"even", shareSplits[2].split, nil}, {"move-into-cut", shareSplits[3].split, shareSplits[3].then}} {
+			b.Run(string(alg)+"/"+c.name, func(b *testing.B) {
+				for i := range b.N {
+					d := regionDemand{Name: fmt.Sprintf("rs/partition/%s/%s/%d-%d", alg, c.name, i, time.Now().UnixNano()), Split: c.split, Then: c.then,
+						Rate: 1.2 * regionRate, Duration: 50 * time.Second, Alg: alg}
+					if c.then != nil {
+						d.Duration /= 2
+					}
+					begin := time.Now()
+					cut := time.AfterFunc(from, func() { g.Partition(2) })
+					heal := time.AfterFunc(to, func() { g.Heal(2) })
+					rep := runRegionShares(b, g, table, eps, d, 10*time.Second)
+					cut.Stop()
+					if heal.Stop() {
+						g.Heal(2)
+					}
+					b.Logf("shares %s/%s with region 2 cut off %v-%v: %v", alg, c.name, from, to, rep)
+					reportRegions(b, rep.regionReport)
+					checkShares(b, rep)
+					for r, calls := range rep.byRegion {
+						var asked, got int64
+						for _, c := range calls {
+							if at := c.Stamp.Sub(begin); at >= from && at < to {
+								asked++
+								if c.Allowed {
+									got++
+								}
 							}
 						}
+						b.Logf("%s/%s: region %d during the partition: %d of %d decisions admitted (%.1f a second, %.2f of its demand)", alg, c.name, r, got, asked,
+							float64(got)/(to-from).Seconds(), float64(got)/float64(max(asked, 1)))
+						b.ReportMetric(float64(got)/(to-from).Seconds(), fmt.Sprintf("region%d-admitted/s-cut", r))
 					}
-					b.Logf("%s: region %d during the partition: %d of %d decisions admitted (%.1f a second, %.2f of its demand)", alg, r, got, asked,
-						float64(got)/(to-from).Seconds(), float64(got)/float64(max(asked, 1)))
-					b.ReportMetric(float64(got)/(to-from).Seconds(), fmt.Sprintf("region%d-admitted/s-cut", r))
 				}
-			}
-		})
+			})
+		}
 	}
 }
