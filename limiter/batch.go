@@ -32,6 +32,11 @@ type Item struct {
 	// error. A store that throttled the item's key (ErrThrottled) has not
 	// failed: the item is denied, see Outcome.Throttled.
 	Fail *Decision
+	// Cap, if positive, lowers the limit for this decision alone: a
+	// *SlidingWindow with sub-window counters judges it, lease takes
+	// included, against min(Cap, Limit) on the same counters; any other
+	// limit refuses it (ErrInvalidConfig). See cap.go.
+	Cap int64
 }
 
 // Outcome is what became of one [Item].
@@ -158,7 +163,7 @@ func cachedDenial(items []Item, out []Outcome, t int64, lr *leaseRound) int {
 		if !ok || it.Shadow || lr.spent(i) {
 			continue
 		}
-		if d, hit := s.denyCache().denied(it.Key, t, it.N); hit {
+		if d, hit := s.denyCache().denied(it.Key, t, it.N); hit && !capRaised(s, &it, d) {
 			lr.unspendAll(items, out)
 			for j := range out {
 				out[j] = Outcome{Skipped: true}
@@ -193,6 +198,9 @@ func planAll(b batch, items []Item, now time.Time, t int64, lr *leaseRound, leas
 		if leasing && e.err == nil {
 			lr.planTake(i, &items[i], &b.steps[i], t)
 		}
+		if e.err == nil && it.Cap != 0 {
+			e.err = capCheck(s, it.Cap)
+		}
 	}
 }
 
@@ -213,7 +221,9 @@ func judgeAll(b batch, items []Item, out []Outcome, t int64) (denied bool, failE
 		}
 		if err == nil {
 			if e.s != nil {
+				c := capCounts(e.s, it.Cap, &b.res[i])
 				o.Decision, e.undo, e.undoNow, err = e.s.judge(&b.steps[i], &b.res[i], t, it.N)
+				o.Decision.Limit = min(o.Decision.Limit, c)
 			} else {
 				o.Decision, err = e.foreign, b.res[i].Err
 				if errors.Is(err, ErrRefund) && o.Decision.Limit != 0 {

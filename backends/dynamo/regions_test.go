@@ -13,7 +13,6 @@ import (
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memory"
-	"github.com/sluicehq/sluice/internal/regions"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
@@ -504,56 +503,8 @@ func reportRegions(b *testing.B, rep regionReport) {
 	}
 }
 
-// sharePeriod is how often a region's share agent runs.
-const sharePeriod = 250 * time.Millisecond
-
-// runShares runs demand on the default-mode harness with the global
-// window kept as regional shares (internal/regions): per region an agent
-// (ticking every sharePeriod, its ledger entry in the table) and
-// regionProcs processes deciding against the region's shares in force.
-// The processes tell the agent their demand in memory (a deployment would
-// publish it through the table).
-func runShares(tb testing.TB, g *testserver.Regions, table string, eps []string, d regionDemand) (regionReport, []regions.AgentStats) {
-	tb.Helper()
-	cfg := regions.Config{Regions: len(eps), Limit: regionLimit, Window: regionWindow, SubWindows: regionSubs, Leases: true}
-	agents := make([]*regions.Agent, len(eps))
-	for i, ep := range eps {
-		a, err := regions.NewAgent(cfg, i, &regions.DynamoLedger{Client: newClient(ep), Table: table, Name: d.Name})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		agents[i] = a
-	}
-	ctx, cancel := context.WithCancel(tb.Context())
-	var wg sync.WaitGroup
-	for _, a := range agents {
-		wg.Go(func() {
-			tick := time.NewTicker(sharePeriod)
-			defer tick.Stop()
-			for {
-				a.Tick(ctx, time.Now()) // errors counted in its stats
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-			}
-		})
-	}
-	rep := runRegions(tb, table, eps, regionsGates{g}.requests, nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
-		return agents[i].NewLimiter(st, "share")
-	})
-	cancel()
-	wg.Wait()
-	stats := make([]regions.AgentStats, len(agents))
-	for i, a := range agents {
-		stats[i] = a.Stats()
-	}
-	return rep, stats
-}
-
 // TestRegionsEventual runs a global window with leases on one
-// default-mode harness (three regions, lag 1 s), in two ways:
+// default-mode harness (three regions, lag 1 s):
 //
 //   - shared: one key written in every region, demand split evenly and
 //     each region offering the whole limit's rate. Each region's
@@ -563,12 +514,9 @@ func runShares(tb testing.TB, g *testserver.Regions, table string, eps []string,
 //     over the union of regions finds windows over the limit (it must, or
 //     the harness does not replicate as DynamoDB does). This is the
 //     baseline regional shares must fix.
-//   - shares: the window kept as regional shares (internal/regions),
-//     demand 98/1/1 at 1.2 times its steady rate for 8 s: the test asserts
-//     that no window of stamps over the union of regions is over the limit
-//     (BenchmarkRegionsEventualShares: longer runs, every split).
 //
-// Both assert that no decision failed.
+// It asserts that no decision failed. Regional shares, which keep such a
+// limit: TestRegionShares.
 func TestRegionsEventual(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three DynamoDB Locals")
@@ -590,85 +538,6 @@ func TestRegionsEventual(t *testing.T) {
 			t.Errorf("admitted %d, not above the exact %d", rep.admitted, rep.exact)
 		}
 	})
-	t.Run("shares", func(t *testing.T) {
-		d := regionDemand{Name: "shares/98/1/1", Split: []float64{0.98, 0.01, 0.01}, Rate: 1.2 * regionRate, Duration: 8 * time.Second}
-		rep, stats := runShares(t, g, table, eps, d)
-		t.Logf("shares, %s: %v", d.Name, rep)
-		t.Logf("agents: %+v", stats)
-		if rep.failed > 0 {
-			t.Errorf("%d decisions failed; the first: %v", rep.failed, rep.firstErr)
-		}
-		for _, v := range rep.over {
-			t.Errorf("over the limit: %v", v)
-		}
-	})
-}
-
-// BenchmarkRegionsEventualShares reports the regional shares' figures on
-// the default-mode harness (lag 1 s, 30 s per run, 1.2 times the steady
-// rate; run with -benchtime=1x): share of exact, worst window, requests
-// per decision.
-func BenchmarkRegionsEventualShares(b *testing.B) {
-	g, table, eps := startEventual(b)
-	for _, s := range []struct {
-		name        string
-		split, then []float64
-	}{
-		{"98/1/1", []float64{0.98, 0.01, 0.01}, nil},
-		{"60/30/10", []float64{0.6, 0.3, 0.1}, nil},
-		{"33/33/33", []float64{1. / 3, 1. / 3, 1. / 3}, nil},
-		{"98/1/1-then-1/1/98", []float64{0.98, 0.01, 0.01}, []float64{0.01, 0.01, 0.98}},
-	} {
-		b.Run(s.name, func(b *testing.B) {
-			for i := range b.N {
-				d := regionDemand{Name: fmt.Sprintf("shares/%s/%d-%d", s.name, i, time.Now().UnixNano()), Split: s.split, Then: s.then,
-					Rate: 1.2 * regionRate, Duration: 30 * time.Second}
-				if s.then != nil {
-					d.Duration /= 2
-				}
-				rep, stats := runShares(b, g, table, eps, d)
-				b.Logf("shares %s: %v; agents %+v", s.name, rep, stats)
-				reportRegions(b, rep)
-			}
-		})
-	}
-}
-
-// BenchmarkRegionsEventualSharesPartition: regional shares (33/33/33, 1.2
-// times the steady rate, 50 s) with region 2 cut off from replication
-// from 10 s to 40 s. It reports the share of exact and the worst window
-// over the whole run, and what each region admitted during the partition
-// as a share of its demand then (-benchtime=1x).
-func BenchmarkRegionsEventualSharesPartition(b *testing.B) {
-	g, table, eps := startEventual(b)
-	const from, to = 10 * time.Second, 40 * time.Second
-	for i := range b.N {
-		d := regionDemand{Name: fmt.Sprintf("shares/partition/%d-%d", i, time.Now().UnixNano()), Split: []float64{1. / 3, 1. / 3, 1. / 3},
-			Rate: 1.2 * regionRate, Duration: 50 * time.Second}
-		begin := time.Now()
-		cut := time.AfterFunc(from, func() { g.Partition(2) })
-		heal := time.AfterFunc(to, func() { g.Heal(2) })
-		rep, stats := runShares(b, g, table, eps, d)
-		cut.Stop()
-		if heal.Stop() {
-			g.Heal(2)
-		}
-		b.Logf("shares with region 2 cut off %v-%v: %v; agents %+v", from, to, rep, stats)
-		reportRegions(b, rep)
-		for r, calls := range rep.byRegion {
-			var asked, got int64
-			for _, c := range calls {
-				if at := c.Stamp.Sub(begin); at >= from && at < to {
-					asked++
-					if c.Allowed {
-						got++
-					}
-				}
-			}
-			b.Logf("region %d during the partition: %d of %d decisions admitted (%.2f a second)", r, got, asked, float64(got)/(to-from).Seconds())
-			b.ReportMetric(float64(got)/(to-from).Seconds(), fmt.Sprintf("region%d-admitted/s-cut", r))
-		}
-	}
 }
 
 // mrscScale is the MRSC hot-key runs' scale: a window of 10,000 per 4 s

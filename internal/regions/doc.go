@@ -1,15 +1,17 @@
-// Package regions keeps one limit across the regions of an eventually
-// consistent (default-mode) DynamoDB global table as regional shares: a
-// prototype, measured on the local harness (internal/testserver) and
-// described in docs/regions.md.
+// Package regions keeps one key's limit (a sliding window or a token
+// bucket) across the regions of an eventually consistent (default-mode)
+// DynamoDB global table as regional shares: a prototype, measured on the
+// local harness (internal/testserver) and described in docs/regions.md
+// ("Default mode with regional shares").
 //
-// Each region decides its callers against its own share of the limit, a
-// sliding window on a key only that region writes, so its conditional
-// writes are exact. Shares move by grants: a region with more than its
-// demand calls for gives units to regions short of theirs, and publishes
-// the running totals it gave in a ledger item only it writes. A grant
-// lowers the giver's share at once and raises the receiver's only when the
-// receiver has read it (a lag later), and every share a region used in the
-// last window keeps bounding it, so the shares in force over any window of
-// stamps never sum above the limit, whatever the replication lag.
+// Each region decides its callers against its own share, on an item only
+// that region writes, so its conditional writes are exact. Shares move
+// by grants: a region with more than its demand calls for gives units to
+// regions short of theirs, and publishes the running totals it gave in a
+// ledger item only it writes. A grant leaves the giver before it is
+// published (a window's giver gives only what its count in view leaves
+// free; a bucket's giver moves to a smaller bucket first) and reaches the
+// receiver when it reads it, a replication lag later, so the shares in
+// force never sum above the limit, whatever the lag, and a receiver uses
+// a grant as soon as it reads it.
 package regions

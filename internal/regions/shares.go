@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -17,16 +18,26 @@ import (
 // ErrInvalidConfig is wrapped by every configuration error.
 var ErrInvalidConfig = errors.New("regions: invalid configuration")
 
-// Config configures a limit of Limit units per Window shared by Regions
-// regions.
+// Config configures one key's limit shared by Regions regions: a sliding
+// window of Limit units per Window (SubWindows counters, bounded), or,
+// with Bucket set, that token bucket.
 type Config struct {
 	Regions int
-	Limit   int64
-	Window  time.Duration
-	// SubWindows and Leases configure each region's windows (see
-	// limiter.SlidingWindowConfig; sub-window counters).
+	// Key is the limited key; region r decides it on its own item,
+	// Key@r.
+	Key        string
+	Limit      int64
+	Window     time.Duration
 	SubWindows int
-	Leases     bool
+	// Bucket, if set, makes the limit this token bucket (Limit, Window
+	// and SubWindows are then unused).
+	Bucket *limiter.TokenBucketConfig
+	// Leases lets each process take capacity leases on its region's
+	// share (see limiter.SlidingWindowConfig and TokenBucketConfig).
+	Leases bool
+	// Skew bounds how far apart the regions' clocks are: a region uses
+	// a grant only Skew after its giver published it.
+	Skew time.Duration
 }
 
 // Allocation tuning.
@@ -34,23 +45,47 @@ const (
 	// minWeight is the least share of the demand a region is counted
 	// with, so that a region with no demand yet keeps a little.
 	minWeight = 0.01
-	// hysteresis is the least surplus worth a grant, as a share of the
-	// region's target, and at least minSurplus of the limit.
-	hysteresis = 0.1
+	// hysteresis is the least surplus worth starting a grant, as a share
+	// of the region's target, and at least minSurplus of the limit.
+	hysteresis = 0.2
 	minSurplus = 0.01
-	// giveEvery, in windows, is the least time between a region's grants:
-	// every share a region held bounds it for a window after, so shares
-	// that change often bound it by their least.
-	giveEvery = 0.5
-	// demandWeight is the weight of a tick's rate in the demand estimate.
-	demandWeight = 0.25
+	// demandWeight is the weight of a tick's rate in the demand estimate;
+	// a tick's count more than jumpSigmas deviations and jumpMin units
+	// from the estimate replaces it.
+	demandWeight = 0.1
+	jumpSigmas   = 4
+	jumpMin      = 4
+	// rebaseAhead is how far ahead of its agent's clock a bucket share's
+	// new item takes over (its first stamp).
+	rebaseAhead = 20 * time.Millisecond
 )
 
 func (c Config) validate() error {
-	if c.Regions < 2 || c.Limit < int64(c.Regions) || c.Window <= 0 || c.SubWindows < 1 {
+	if c.Regions < 2 || c.Key == "" {
+		return fmt.Errorf("%w: %d regions, key %q", ErrInvalidConfig, c.Regions, c.Key)
+	}
+	if b := c.Bucket; b != nil {
+		if b.MaxAmount < 2*int64(c.Regions) || b.RefillTime <= 0 || b.RefillAmount <= 0 {
+			return fmt.Errorf("%w: bucket of %d regions: max amount %d, refill %d every %v", ErrInvalidConfig, c.Regions, b.MaxAmount, b.RefillAmount, b.RefillTime)
+		}
+		return nil
+	}
+	if c.Limit < int64(c.Regions) || c.Window <= 0 || c.SubWindows < 1 {
 		return fmt.Errorf("%w: %d regions, limit %d, window %v, %d sub-windows", ErrInvalidConfig, c.Regions, c.Limit, c.Window, c.SubWindows)
 	}
 	return nil
+}
+
+// units is what the shares divide: the window's limit, or the bucket's
+// capacity less one unit per region (each region's bucket refills on a
+// grid of its own, so a region may see one refill more than its rate in
+// any interval: the global bound's single refill of slack, times the
+// regions).
+func (c Config) units() int64 {
+	if c.Bucket != nil {
+		return c.Bucket.MaxAmount - int64(c.Regions)
+	}
+	return c.Limit
 }
 
 // State is a region's ledger entry, written by that region only.
@@ -62,6 +97,18 @@ type State struct {
 	Given []int64 `json:"g"`
 	// Seq numbers its publications.
 	Seq int64 `json:"n"`
+	// At is when it was published (Unix ns, the giver's clock).
+	At int64 `json:"t"`
+	// Future are the grants counted in Given that take effect later (a
+	// window's units still in its giver's view until then).
+	Future []Grant `json:"f,omitempty"`
+}
+
+// Grant is Units given to region To, in force from At (Unix ns).
+type Grant struct {
+	To    int   `json:"o"`
+	Units int64 `json:"u"`
+	At    int64 `json:"t"`
 }
 
 // Ledger publishes a region's state and reads the other regions' as the
@@ -71,10 +118,11 @@ type Ledger interface {
 	Read(ctx context.Context, region int) (State, bool, error)
 }
 
-// base is region r's share before any grant: the limit split evenly.
+// base is region r's share before any grant: the units split evenly.
 func (c Config) base(r int) int64 {
-	b := c.Limit / int64(c.Regions)
-	if int64(r) < c.Limit%int64(c.Regions) {
+	u, n := c.units(), int64(c.Regions)
+	b := u / n
+	if int64(r) < u%n {
 		b++
 	}
 	return b
@@ -97,7 +145,11 @@ func (c Config) share(r int, states []State) int64 {
 	return s
 }
 
-// targets are the shares the regions' demands call for.
+// targets are the shares the regions' demands call for: the units in
+// proportion to the demands. (Capping a target at a region's need, so
+// that units nobody needs stay where they are, was measured worse: when
+// demand moves, the surplus of the region it left reaches the region it
+// went to a replication lag sooner when spread at once.)
 func (c Config) targets(states []State) []float64 {
 	var total float64
 	for _, st := range states {
@@ -111,36 +163,44 @@ func (c Config) targets(states []State) []float64 {
 		sum += w[i]
 	}
 	for i := range w {
-		w[i] = float64(c.Limit) * w[i] / sum
+		w[i] = float64(c.units()) * w[i] / sum
 	}
 	return w
 }
 
-// plan is what region r gives each region now (nil: nothing): its
-// surplus over its target, to the regions short of theirs as r sees them,
-// in proportion to what they lack. It never gives more than r's share.
-func (c Config) plan(r int, states []State) []int64 {
+// plan is what region r would give each region now (nil: nothing): its
+// part of what the regions short of their targets lack, as r sees them,
+// in proportion to its surplus among all the regions' surpluses, and
+// never more than its surplus. giving reports that r already withholds
+// units for a grant (no hysteresis then).
+func (c Config) plan(r int, states []State, giving bool) []int64 {
 	tg := c.targets(states)
-	surplus := float64(c.share(r, states)) - tg[r]
-	if surplus < max(hysteresis*tg[r], minSurplus*float64(c.Limit)) {
+	shares := make([]float64, len(states))
+	for o := range states {
+		shares[o] = float64(c.share(o, states))
+	}
+	surplus := shares[r] - tg[r]
+	if surplus <= 0 || !giving && surplus < max(hysteresis*tg[r], minSurplus*float64(c.units())) {
 		return nil
 	}
 	lack := make([]float64, len(states))
-	var total float64
+	var lacking, surpluses float64
 	for o := range states {
-		if o != r {
-			lack[o] = max(tg[o]-float64(c.share(o, states)), 0)
-			total += lack[o]
+		if d := shares[o] - tg[o]; d > 0 {
+			surpluses += d
+		} else if o != r {
+			lack[o] = -d
+			lacking += lack[o]
 		}
 	}
-	if total < 1 {
+	if lacking < 1 {
 		return nil
 	}
-	give := min(surplus, total)
+	give := min(surplus, lacking*surplus/surpluses)
 	out := make([]int64, len(states))
 	any := false
 	for o := range out {
-		out[o] = int64(give * lack[o] / total)
+		out[o] = int64(give * lack[o] / lacking)
 		any = any || out[o] > 0
 	}
 	if !any {
@@ -149,120 +209,395 @@ func (c Config) plan(r int, states []State) []int64 {
 	return out
 }
 
-// Agent is a region's share keeper: it estimates the region's demand,
-// reads the other regions' ledger entries, gives surplus away and
-// publishes its own entry (Tick, every few hundred milliseconds), and
-// knows the shares in force for the region's limiters. Safe for
-// concurrent use.
+// Agent is a region's share keeper for one key: it estimates the
+// region's demand, reads the other regions' ledger entries, takes the
+// grants made to the region, gives surplus away and publishes its own
+// entry (Tick, every few hundred milliseconds), and keeps the region's
+// processes ([Limiter]) deciding against the share in force. Safe for
+// concurrent use; Tick is called by one goroutine.
+//
+// A window's share is a cap (limiter.Item.Cap) on one window of the
+// whole limit on the region's item. A grant lowers the giver's cap
+// first, waits for the decisions that read the higher cap, then reads
+// the region's count in view: it gives only what that count leaves free,
+// withholding the rest (pending) until the count falls. A receiver
+// raises its cap when it reads the grant. A bucket's share is a bucket
+// of its own (capacity and rate in proportion), on an item per change
+// (rebase): the new item takes over at a stamp, holding at most the old
+// one's tokens; a giver rebases before it publishes.
 type Agent struct {
 	cfg     Config
 	r       int
 	ledger  Ledger
 	offered atomic.Int64
 
-	mu     sync.Mutex
-	states []State
-	last   time.Time
-	gave   time.Time // the last grant
-	shares []inForce // the current one last
-	stats  AgentStats
-}
+	// Tick's own state.
+	states  []State // as read (others) or published (own)
+	applied []State // the others' entries whose grants are in force
+	last    time.Time
+	peek    *limiter.SlidingWindow // reads the region's count (a window)
+	store   any
+	// nonce and itemSeq name a bucket's items.
+	nonce   int64
+	itemSeq atomic.Int64
+	// ahead is how far ahead a bucket's new item takes over.
+	ahead time.Duration
+	// broken gives what it should not (tests: the checkers must see it):
+	// a window's grants ignore the region's count, a bucket's giver
+	// does not rebase.
+	broken bool
 
-// inForce is a share and when it stopped being current (zero: it is).
-type inForce struct {
-	share int64
-	until time.Time
+	mu   sync.Mutex
+	cond *sync.Cond // signalled as decisions end
+	// owned is base + received - given: the share without pending
+	// grants; pending is withheld for grants not yet published (a
+	// window's).
+	owned, pending int64
+	// incoming are grants to this region read but not yet in force.
+	incoming []Grant
+	// gen counts cap decreases; inflight the decisions under way per
+	// generation of the cap they read.
+	gen      int64
+	inflight map[int64]int
+	// bucket: the items in force, the current one last.
+	items []*bucketItem
+	stats AgentStats
 }
 
 // AgentStats counts an agent's work.
 type AgentStats struct {
-	Ticks, Grants, Published, ReadErrors, PublishErrors int64
-	// Given is the units it gave away; Share the current share.
-	Given, Share int64
+	Ticks, Grants, Published, ReadErrors, PublishErrors, Rebases int64
+	// Given is the units it gave away, Received those it took;
+	// Withheld is the largest pending grant; Share the current share
+	// (without pending grants).
+	Given, Received, Withheld, Share int64
 }
 
-// NewAgent returns region's agent, holding the base share.
-func NewAgent(cfg Config, region int, ledger Ledger) (*Agent, error) {
+// NewAgent returns region's agent, holding the base share, on store:
+// the region's storage.Counter for a window, storage.BucketStore for a
+// bucket.
+func NewAgent(cfg Config, region int, ledger Ledger, store any) (*Agent, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if region < 0 || region >= cfg.Regions || ledger == nil {
 		return nil, fmt.Errorf("%w: region %d of %d, ledger %v", ErrInvalidConfig, region, cfg.Regions, ledger)
 	}
-	a := &Agent{cfg: cfg, r: region, ledger: ledger, states: make([]State, cfg.Regions)}
+	a := &Agent{cfg: cfg, r: region, ledger: ledger, states: make([]State, cfg.Regions), applied: make([]State, cfg.Regions),
+		store: store, inflight: map[int64]int{}, nonce: time.Now().UnixNano(), ahead: rebaseAhead}
+	a.cond = sync.NewCond(&a.mu)
 	for i := range a.states {
 		a.states[i].Given = make([]int64, cfg.Regions)
+		a.applied[i].Given = make([]int64, cfg.Regions)
 	}
-	a.shares = []inForce{{share: cfg.base(region)}}
+	a.owned = cfg.base(region)
+	a.stats.Share = a.owned
+	if cfg.Bucket != nil {
+		if _, ok := store.(storage.BucketStore); !ok {
+			return nil, fmt.Errorf("%w: a bucket's store must be a storage.BucketStore, not %T", ErrInvalidConfig, store)
+		}
+		it, err := a.newItem(context.Background(), time.Time{}, a.owned, false)
+		if err != nil {
+			return nil, err
+		}
+		a.items = []*bucketItem{it}
+		return a, nil
+	}
+	c, ok := store.(storage.Counter)
+	if !ok {
+		return nil, fmt.Errorf("%w: a window's store must be a storage.Counter, not %T", ErrInvalidConfig, store)
+	}
+	w, err := a.window(c, false)
+	if err != nil {
+		return nil, err
+	}
+	a.peek = w
 	return a, nil
 }
 
-// Tick runs one round at now: demand, read, give, publish. A grant lowers
-// the region's share before it is published; a share raised by a grant
-// read takes effect at once, bounded by the older shares for a window.
+// window is a window of the whole limit on c.
+func (a *Agent) window(c storage.Counter, leases bool) (*limiter.SlidingWindow, error) {
+	cfg := a.cfg
+	return limiter.NewSlidingWindow(c, limiter.SlidingWindowConfig{Name: "share", Limit: cfg.Limit, Window: cfg.Window, SubWindows: cfg.SubWindows,
+		Representation: limiter.SubWindowCounters, Leases: leases})
+}
+
+// key is the region's item of the limited key.
+func (a *Agent) key() string { return a.cfg.Key + "@" + strconv.Itoa(a.r) }
+
+// Tick runs one round at now: demand, read, take grants, give, publish.
 func (a *Agent) Tick(ctx context.Context, now time.Time) error {
-	read := make([]State, a.cfg.Regions)
-	ok := make([]bool, a.cfg.Regions)
 	var firstErr error
-	for o := range read {
+	for o := range a.cfg.Regions {
 		if o == a.r {
 			continue
 		}
 		st, found, err := a.ledger.Read(ctx, o)
 		if err != nil {
 			a.count(func(s *AgentStats) { s.ReadErrors++ })
-			firstErr = cmpErr(firstErr, err)
+			firstErr = cmp(firstErr, err)
 			continue
 		}
-		ok[o] = found && len(st.Given) == a.cfg.Regions
-		read[o] = st
-	}
-
-	a.mu.Lock()
-	a.stats.Ticks++
-	offered := a.offered.Swap(0)
-	if !a.last.IsZero() && now.After(a.last) {
-		rate := float64(offered) / now.Sub(a.last).Seconds()
-		own := &a.states[a.r]
-		own.Demand = (1-demandWeight)*own.Demand + demandWeight*rate
-		if a.stats.Ticks == 2 {
-			own.Demand = rate
-		}
-	}
-	a.last = now
-	for o := range read {
 		// A region's entries replicate in order, but never step back.
-		if ok[o] && read[o].Seq >= a.states[o].Seq {
-			a.states[o] = read[o]
+		if found && len(st.Given) == a.cfg.Regions && st.Seq >= a.states[o].Seq {
+			a.states[o] = st
 		}
 	}
-	if now.Sub(a.gave) < time.Duration(giveEvery*float64(a.cfg.Window)) {
-		// Not yet: the last grant's new share still settles.
-	} else if g := a.cfg.plan(a.r, a.states); g != nil {
-		a.gave = now
-		a.stats.Grants++
-		for o, u := range g {
-			a.states[a.r].Given[o] += u
-			a.stats.Given += u
-		}
-	}
-	a.setShare(now, a.cfg.share(a.r, a.states))
-	a.states[a.r].Seq++
-	own := a.states[a.r]
-	own.Given = slices.Clone(own.Given)
-	a.mu.Unlock()
+	a.estimate(now)
 
-	if err := a.ledger.Publish(ctx, a.r, own); err != nil {
+	a.receive(now)
+
+	var err error
+	if a.cfg.Bucket != nil {
+		err = a.giveBucket(ctx, now)
+	} else {
+		err = a.giveWindow(ctx, now)
+	}
+	firstErr = cmp(firstErr, err)
+
+	own := &a.states[a.r]
+	own.Seq++
+	own.At = now.UnixNano()
+	pub := *own
+	pub.Given = slices.Clone(own.Given)
+	pub.Future = slices.Clone(own.Future)
+	if err := a.ledger.Publish(ctx, a.r, pub); err != nil {
 		// Published at a later tick: the grant is already out of this
 		// region's share, so a late publication only delays it.
 		a.count(func(s *AgentStats) { s.PublishErrors++ })
-		return cmpErr(firstErr, err)
+		return cmp(firstErr, err)
 	}
 	a.count(func(s *AgentStats) { s.Published++ })
 	return firstErr
 }
 
-func cmpErr(a, b error) error {
+// receive takes the grants made to this region: those published Skew
+// ago or more, and in force (each at its At, plus Skew); the later ones
+// are kept for the decisions stamped after them.
+func (a *Agent) receive(now time.Time) {
+	t, skew := now.UnixNano(), int64(a.cfg.Skew)
+	var got int64
+	var incoming []Grant
+	for o, st := range a.states {
+		if o == a.r {
+			continue
+		}
+		if t >= st.At+skew && st.Seq >= a.applied[o].Seq {
+			a.applied[o] = st
+		}
+		ap := a.applied[o]
+		got += ap.Given[a.r]
+		for _, f := range ap.Future {
+			if f.To == a.r && f.At+skew > t {
+				got -= f.Units
+				incoming = append(incoming, Grant{To: a.r, Units: f.Units, At: f.At + skew})
+			}
+		}
+	}
+	var gave int64
+	for _, g := range a.states[a.r].Given {
+		gave += g
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.owned = a.cfg.base(a.r) - gave + got
+	a.incoming = incoming
+	a.stats.Received = got
+	a.stats.Share = a.owned
+}
+
+// estimate updates the region's demand from the units its processes
+// were offered since the last tick.
+func (a *Agent) estimate(now time.Time) {
+	offered := a.offered.Swap(0)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stats.Ticks++
+	if !a.last.IsZero() && now.After(a.last) {
+		dt := now.Sub(a.last).Seconds()
+		own := &a.states[a.r]
+		// Exponentially weighted, unless the tick's count is far from
+		// what the estimate expects of a Poisson stream (more than
+		// jumpSigmas deviations and jumpMin units): demand that moved,
+		// taken at once.
+		want := own.Demand * dt
+		if d := math.Abs(float64(offered) - want); a.stats.Ticks == 2 || d > jumpSigmas*math.Sqrt(want)+jumpMin {
+			own.Demand = float64(offered) / dt
+		} else {
+			own.Demand = (1-demandWeight)*own.Demand + demandWeight*float64(offered)/dt
+		}
+	}
+	a.last = now
+}
+
+// ownView is the states with this region's own entry as it stands.
+func (a *Agent) planNow(giving bool) []int64 {
+	return a.cfg.plan(a.r, a.states, giving)
+}
+
+// giveWindow withholds what the plan gives (lowering the cap, waiting
+// for the decisions that read a higher one), then gives it, each part
+// in force from when the region's count in view leaves it free: now, or
+// at one of the next sub-window starts (its count in view there, read
+// ahead), or at the latest when every sub-window in view now has left it.
+func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
+	a.mu.Lock()
+	giving := a.pending > 0
+	own := &a.states[a.r]
+	own.Future = slices.DeleteFunc(own.Future, func(f Grant) bool { return f.At <= now.UnixNano() })
+	a.mu.Unlock()
+	g := a.planNow(giving)
+	var want int64
+	for _, u := range g {
+		want += u
+	}
+	a.mu.Lock()
+	want = clampPlan(g, want, a.owned)
+	if want > a.pending {
+		a.gen++ // a lower cap: the decisions under way read a higher one
+	}
+	a.pending = want
+	a.stats.Withheld = max(a.stats.Withheld, want)
+	gen, owned := a.gen, a.owned
+	a.mu.Unlock()
+	if want == 0 {
+		return nil
+	}
+	a.wait(gen)
+	free := func(at time.Time) (int64, error) {
+		d, err := a.peek.Peek(ctx, a.key(), at)
+		if err != nil {
+			return 0, err
+		}
+		return min(want, max(owned-(a.cfg.Limit-d.Remaining), 0)), nil
+	}
+	cum, err := free(now)
+	if err != nil {
+		return err
+	}
+	if a.broken {
+		cum = want
+	}
+	steps := []grantStep{{now.UnixNano(), cum}}
+	sub := int64(a.cfg.Window) / int64(a.cfg.SubWindows)
+	idx := floorDiv(now.UnixNano(), sub)
+	for j := int64(1); j <= int64(a.cfg.SubWindows) && cum < want; j++ {
+		c, err := free(time.Unix(0, (idx+j)*sub))
+		if err != nil {
+			break // the rest when the view has left
+		}
+		if c > cum {
+			steps = append(steps, grantStep{(idx + j) * sub, c})
+			cum = c
+		}
+	}
+	if cum < want {
+		steps = append(steps, grantStep{(idx + int64(a.cfg.SubWindows) + 1) * sub, want})
+	}
+	a.publish(g, steps, want, now)
+	return nil
+}
+
+// grantStep is a part of a grant: cum of it in force from at.
+type grantStep struct {
+	at  int64
+	cum int64 // given in force by at
+}
+
+// publish gives g (summing to want) in the parts of steps: the region's
+// ledger entry then shows them, each in force from its step.
+func (a *Agent) publish(g []int64, steps []grantStep, want int64, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := &a.states[a.r]
+	var prev int64
+	for _, st := range steps {
+		for o, u := range g {
+			x := u*st.cum/want - u*prev/want
+			if x <= 0 {
+				continue
+			}
+			own.Given[o] += x
+			if st.at > now.UnixNano() {
+				own.Future = append(own.Future, Grant{To: o, Units: x, At: st.at})
+			}
+		}
+		prev = st.cum
+	}
+	a.owned -= want
+	a.pending = 0
+	a.stats.Given += want
+	a.stats.Grants++
+	a.stats.Share = a.owned
+}
+
+// clampPlan scales g (summing to want) down to what the region holds:
+// the plan counts the grants to it not yet in force (or read less than
+// Skew ago). It returns the new sum.
+func clampPlan(g []int64, want, owned int64) int64 {
+	if want <= owned {
+		return want
+	}
+	var sum int64
+	for o := range g {
+		g[o] = g[o] * max(owned, 0) / want
+		sum += g[o]
+	}
+	return sum
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// wait returns when no decision that read the cap of a generation before
+// gen is under way.
+func (a *Agent) wait(gen int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for {
+		busy := false
+		for g, n := range a.inflight {
+			if g < gen && n > 0 {
+				busy = true
+			}
+		}
+		if !busy {
+			return
+		}
+		a.cond.Wait()
+	}
+}
+
+// enterWindow registers a decision stamped t and returns the cap it is
+// judged against (grants in force at t included) and its generation.
+func (a *Agent) enterWindow(t int64) (int64, int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.inflight[a.gen]++
+	c := a.owned - a.pending
+	for _, f := range a.incoming {
+		if f.At <= t {
+			c += f.Units
+		}
+	}
+	return c, a.gen
+}
+
+func (a *Agent) leave(gen int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.inflight[gen]--; a.inflight[gen] <= 0 {
+		delete(a.inflight, gen)
+		a.cond.Broadcast()
+	}
+}
+
+func cmp(a, b error) error {
 	if a != nil {
 		return a
 	}
@@ -275,119 +610,90 @@ func (a *Agent) count(f func(*AgentStats)) {
 	f(&a.stats)
 }
 
-// keep is how long a share that stopped being current still bounds the
-// region: a window and a sub-window (what a bounded window counts).
-func (a *Agent) keep() time.Duration {
-	return a.cfg.Window + a.cfg.Window/time.Duration(a.cfg.SubWindows)
-}
-
-// setShare makes s the current share at now. a.mu is held.
-func (a *Agent) setShare(now time.Time, s int64) {
-	a.stats.Share = s
-	cur := &a.shares[len(a.shares)-1]
-	if cur.share == s {
-		return
-	}
-	cur.until = now
-	a.shares = append(a.shares, inForce{share: s})
-	keep := a.shares[:0]
-	for _, f := range a.shares {
-		if f.until.IsZero() || now.Sub(f.until) < a.keep() {
-			keep = append(keep, f)
-		}
-	}
-	a.shares = keep
-}
-
-// InForce returns the shares bounding a decision at now: the current
-// one and those replaced within a window and a sub-window.
-func (a *Agent) InForce(now time.Time) []int64 {
+// Share returns the share in force (without pending grants) and what
+// is withheld for grants.
+func (a *Agent) Share() (share, pending int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []int64
-	for _, f := range a.shares {
-		if (f.until.IsZero() || now.Sub(f.until) < a.keep()) && !slices.Contains(out, f.share) {
-			out = append(out, f.share)
-		}
-	}
-	return out
+	return a.owned, a.pending
 }
 
 // Stats returns the agent's counts.
 func (a *Agent) Stats() AgentStats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.stats
+	s := a.stats
+	s.Share = a.owned
+	return s
 }
 
-// Limiter is one process's limiter of its region's share: a decision is
-// allowed when every share in force allows it, each a sliding window of
-// its own (the share is its limit) on the region's store, decided in one
-// [limiter.Decide]. Safe for concurrent use.
+// Limiter is one process's limiter of its region's share of the agent's
+// key. Safe for concurrent use.
 type Limiter struct {
 	a     *Agent
-	store storage.Counter
-	name  string
+	store any
+	w     *limiter.SlidingWindow // a window's
 
 	mu      sync.Mutex
-	windows map[int64]*limiter.SlidingWindow
+	buckets map[*bucketItem]*limiter.TokenBucket // a bucket's, per item
 }
 
 // NewLimiter returns a limiter of the agent's region on store (a
-// process's own), its windows named name.
-func (a *Agent) NewLimiter(store storage.Counter, name string) *Limiter {
-	return &Limiter{a: a, store: store, name: name, windows: map[int64]*limiter.SlidingWindow{}}
-}
-
-func (l *Limiter) window(share int64) (*limiter.SlidingWindow, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if w := l.windows[share]; w != nil {
-		return w, nil
+// process's own, of the agent's kind).
+func (a *Agent) NewLimiter(store any) (*Limiter, error) {
+	l := &Limiter{a: a, store: store, buckets: map[*bucketItem]*limiter.TokenBucket{}}
+	if a.cfg.Bucket != nil {
+		if _, ok := store.(storage.BucketStore); !ok {
+			return nil, fmt.Errorf("%w: a bucket's store must be a storage.BucketStore, not %T", ErrInvalidConfig, store)
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, it := range a.items {
+			it.procs = append(it.procs, l)
+		}
+		return l, nil
 	}
-	c := l.a.cfg
-	w, err := limiter.NewSlidingWindow(l.store, limiter.SlidingWindowConfig{Name: l.name, Limit: share, Window: c.Window,
-		SubWindows: c.SubWindows, Representation: limiter.SubWindowCounters, Leases: c.Leases})
+	c, ok := store.(storage.Counter)
+	if !ok {
+		return nil, fmt.Errorf("%w: a window's store must be a storage.Counter, not %T", ErrInvalidConfig, store)
+	}
+	w, err := a.window(c, a.cfg.Leases)
 	if err != nil {
 		return nil, err
 	}
-	l.windows[share] = w
-	return w, nil
+	l.w = w
+	return l, nil
 }
 
-// AllowN decides n units of key at now against the shares in force, on
-// the region's own item of the key (key@region: no other region writes
-// it, so last-writer-wins never replaces its counts).
+// ErrKey is returned for a key other than the agent's.
+var ErrKey = errors.New("regions: not the agent's key")
+
+// AllowN decides n units of key at now against the region's share, on
+// the region's own item of the key (no other region writes it, so
+// last-writer-wins never replaces its counts).
 func (l *Limiter) AllowN(ctx context.Context, key string, now time.Time, n int64) (limiter.Decision, error) {
-	l.a.offered.Add(n)
-	key += "@" + strconv.Itoa(l.a.r)
-	shares := l.a.InForce(now)
-	items := make([]limiter.Item, 0, len(shares))
-	for _, s := range shares {
-		if s < n {
-			return limiter.Decision{Limit: max(s, 0)}, nil // a share too small for the call: denied
-		}
-		w, err := l.window(s)
-		if err != nil {
-			return limiter.Decision{}, err
-		}
-		items = append(items, limiter.Item{Limit: w, Key: key, N: n})
+	if key != l.a.cfg.Key {
+		return limiter.Decision{}, fmt.Errorf("%w: %q, not %q", ErrKey, key, l.a.cfg.Key)
 	}
-	out := make([]limiter.Outcome, len(items))
-	i, err := limiter.Decide(ctx, now, items, out)
-	if err != nil {
+	l.a.offered.Add(n)
+	if l.a.cfg.Bucket != nil {
+		return l.allowBucket(ctx, now, n)
+	}
+	cap, gen := l.a.enterWindow(now.UnixNano())
+	defer l.a.leave(gen)
+	if cap < n {
+		return limiter.Decision{Limit: max(cap, 0), RetryAfter: l.a.cfg.Window / time.Duration(l.a.cfg.SubWindows)}, nil
+	}
+	var out [1]limiter.Outcome
+	if _, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: l.w, Key: l.a.key(), N: n, Cap: cap}}, out[:]); err != nil {
 		return limiter.Decision{}, err
 	}
-	if i < 0 {
-		return limiter.Decision{}, fmt.Errorf("regions: no item decided %q", key)
-	}
-	return out[i].Decision, nil
+	return out[0].Decision, out[0].Err
 }
 
-// Refund gives nothing back: the shares in force, and so the windows
-// that counted the units, may have changed since they were taken. A lost
-// refund under-admits until the units leave the window; it never
-// over-admits.
+// Refund gives nothing back: the share, and so the cap that judged the
+// units, may have changed since they were taken. A lost refund
+// under-admits until the units leave the window; it never over-admits.
 func (l *Limiter) Refund(ctx context.Context, key string, now time.Time, n int64) error {
 	return nil
 }

@@ -1,0 +1,223 @@
+package regions
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
+)
+
+// A bucket's share is a bucket of its own on the region's store: share
+// units of capacity and share/units of the rate (one token every
+// units*RefillTime/(RefillAmount*share), rounded up), on an item of its
+// own. The parameters are part of a bucket's key space and a rate cannot
+// change per decision on a refill grid (see limiter's cap.go), so a
+// share that changes moves to a new item (a rebase):
+//
+//  1. The new item is created empty at a stamp `at` a little ahead (a
+//     take of its whole capacity), so it refills at the new rate from at
+//     on, on a grid that starts there.
+//  2. Decisions stamped at or after at go to the new item; once the
+//     agent's clock passes at, the old item takes no more decisions
+//     (a decision stamped before at that comes later is denied), and the
+//     agent waits for those under way.
+//  3. The processes' leases on the old item are returned, and the old
+//     item's free tokens at at move to the new one (a refund), at most
+//     its capacity: tokens above a lowered capacity are dropped.
+//
+// So the regions' buckets hold, at every stamp, at most the capacities
+// in force, which sum to the units, and refill at rates that sum to the
+// bucket's: a giver rebases before it publishes, a receiver after it
+// reads. Each region's grid adds at most one refill to an interval
+// (a new item's grid starts at its first stamp), hence the unit per
+// region kept out of the units.
+
+// bucketItem is a bucket share on its item, for stamps from from on.
+type bucketItem struct {
+	key   string
+	from  int64
+	share int64
+	cfg   limiter.TokenBucketConfig
+	own   *limiter.TokenBucket // the agent's, without leases; nil when share is 0
+	// closed: no more decisions; inflight: decisions under way. Under
+	// the agent's mu.
+	closed   bool
+	inflight int
+	procs    []*Limiter
+}
+
+// bucketFor is the bucket of a share of s units (s > 0).
+func (c Config) bucketFor(s int64, leases bool) limiter.TokenBucketConfig {
+	b := c.Bucket
+	num, den := c.units()*int64(b.RefillTime), b.RefillAmount*s
+	return limiter.TokenBucketConfig{Name: "share", MaxAmount: s, RefillTime: time.Duration((num + den - 1) / den), RefillAmount: 1, Leases: leases}
+}
+
+// newItem makes an item for a share of s units from stamp at (zero: from
+// the first decision, full); prepare empties it at at.
+func (a *Agent) newItem(ctx context.Context, at time.Time, s int64, prepare bool) (*bucketItem, error) {
+	seq := a.itemSeq.Add(1)
+	it := &bucketItem{key: a.key() + "#" + strconv.FormatInt(a.nonce, 36) + "." + strconv.FormatInt(seq, 10),
+		from: math.MinInt64, share: s}
+	if !at.IsZero() {
+		it.from = at.UnixNano()
+	}
+	if s <= 0 {
+		return it, nil
+	}
+	it.cfg = a.cfg.bucketFor(s, false)
+	own, err := limiter.NewTokenBucket(a.store.(storage.BucketStore), it.cfg)
+	if err != nil {
+		return nil, err
+	}
+	it.own = own
+	it.cfg.Leases = a.cfg.Leases
+	if prepare {
+		d, err := own.AllowN(ctx, it.key, at, s)
+		if err != nil {
+			return nil, err
+		}
+		if !d.Allowed {
+			return nil, fmt.Errorf("regions: new bucket item %q not full at its first stamp: %+v", it.key, d)
+		}
+	}
+	return it, nil
+}
+
+// giveBucket gives what the plan gives, rebasing the region's bucket
+// first to its share less the grant (and to the grants it received).
+func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
+	g := a.planNow(false)
+	var give int64
+	for _, u := range g {
+		give += u
+	}
+	a.mu.Lock()
+	give = clampPlan(g, give, a.owned)
+	target := a.owned - give
+	cur := a.items[len(a.items)-1].share
+	a.mu.Unlock()
+	if a.broken && target < cur {
+		target = cur
+	}
+	if target != cur {
+		if err := a.rebase(ctx, now, target); err != nil {
+			return err // nothing given; received grants are taken at the next tick's rebase
+		}
+	}
+	if give == 0 {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for o, u := range g {
+		a.states[a.r].Given[o] += u
+	}
+	a.owned -= give
+	a.stats.Given += give
+	a.stats.Grants++
+	a.stats.Share = a.owned
+	return nil
+}
+
+// rebase moves the region's bucket to a new item of s units (see the
+// file's comment).
+func (a *Agent) rebase(ctx context.Context, now time.Time, s int64) error {
+	at := now.Add(a.ahead)
+	it, err := a.newItem(ctx, at, s, true)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.stats.Rebases++
+	old := a.items[len(a.items)-1]
+	it.procs = old.procs
+	a.items = append(a.items, it)
+	a.mu.Unlock()
+
+	time.Sleep(time.Until(at))
+	a.mu.Lock()
+	old.closed = true
+	for old.inflight > 0 {
+		a.cond.Wait()
+	}
+	a.mu.Unlock()
+	var free int64
+	if old.own != nil {
+		for _, p := range old.procs {
+			if tb := p.bucket(old, false); tb != nil {
+				tb.ReturnLeases(ctx, at) // a return lost under-admits
+			}
+		}
+		d, err := old.own.Get(ctx, old.key, at)
+		if err != nil {
+			return err // the old tokens stay behind: under-admits
+		}
+		free = d.Remaining
+	}
+	if carry := min(free, s); carry > 0 {
+		if err := it.own.Refund(ctx, it.key, at, carry); err != nil {
+			return err
+		}
+	}
+	a.mu.Lock()
+	a.items = a.items[len(a.items)-1:]
+	a.mu.Unlock()
+	return nil
+}
+
+// bucket returns the process's bucket of it (made when make is set).
+func (l *Limiter) bucket(it *bucketItem, make bool) *limiter.TokenBucket {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if tb := l.buckets[it]; tb != nil || !make {
+		if !make {
+			delete(l.buckets, it)
+		}
+		return tb
+	}
+	tb, err := limiter.NewTokenBucket(l.store.(storage.BucketStore), it.cfg)
+	if err != nil {
+		return nil // cfg was valid for the agent's own
+	}
+	l.buckets[it] = tb
+	return tb
+}
+
+// allowBucket decides n units at now on the item in force at now's
+// stamp.
+func (l *Limiter) allowBucket(ctx context.Context, now time.Time, n int64) (limiter.Decision, error) {
+	a, t := l.a, now.UnixNano()
+	a.mu.Lock()
+	var it *bucketItem
+	for i := len(a.items) - 1; i >= 0; i-- {
+		if a.items[i].from <= t {
+			it = a.items[i]
+			break
+		}
+	}
+	if it == nil || it.closed {
+		a.mu.Unlock()
+		return limiter.Decision{RetryAfter: rebaseAhead}, nil // a stamp behind the region's bucket
+	}
+	it.inflight++
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		it.inflight--
+		a.cond.Broadcast()
+		a.mu.Unlock()
+	}()
+	if it.share < n {
+		return limiter.Decision{Limit: it.share, RetryAfter: rebaseAhead}, nil
+	}
+	tb := l.bucket(it, true)
+	if tb == nil {
+		return limiter.Decision{}, fmt.Errorf("regions: no bucket for %q", it.key)
+	}
+	return tb.AllowN(ctx, it.key, now, n)
+}
