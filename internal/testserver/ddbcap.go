@@ -106,7 +106,8 @@ type CapProxy struct {
 	keys    map[string]*CapCounts // table + "\x00" + partition key value
 	ops     map[string]*OpCounts
 	probes  int64
-	reqs    []HTTPRequest
+
+	requestLog // with CapConfig.Record; throttled requests have Status 400 and were never forwarded
 }
 
 // CapCounts is what a [CapProxy] counted for a key, a table or in all.
@@ -196,7 +197,7 @@ func (p *CapProxy) resetLocked() {
 	p.keys = map[string]*CapCounts{}
 	p.ops = map[string]*OpCounts{}
 	p.probes = 0
-	p.reqs = nil
+	p.reset()
 }
 
 // Stats returns the counts over every table.
@@ -240,23 +241,6 @@ func (p *CapProxy) KeyStats(table, pk string) CapCounts {
 		}
 	}
 	return CapCounts{}
-}
-
-// Len returns the number of requests recorded so far (a mark for Since);
-// only with CapConfig.Record.
-func (p *CapProxy) Len() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.reqs)
-}
-
-// Since returns the requests recorded after mark (a Len), in the order
-// their answers were passed back; throttled ones have Status 400 and were
-// never forwarded.
-func (p *CapProxy) Since(mark int) []HTTPRequest {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]HTTPRequest(nil), p.reqs[min(mark, len(p.reqs)):]...)
 }
 
 // --- token buckets --------------------------------------------------------
@@ -598,9 +582,7 @@ func (p *CapProxy) serve(w http.ResponseWriter, r *http.Request) {
 	status := 0
 	defer func() {
 		if p.record {
-			p.mu.Lock()
-			p.reqs = append(p.reqs, HTTPRequest{Op: op, Start: start, End: time.Now(), Status: status})
-			p.mu.Unlock()
+			p.add(HTTPRequest{Op: op, Start: start, End: time.Now(), Status: status})
 		}
 	}()
 	body, err := io.ReadAll(r.Body)

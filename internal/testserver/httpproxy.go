@@ -26,8 +26,41 @@ type HTTPProxy struct {
 	// gate, regions.go).
 	hold func(op string) (release func())
 
-	mu   sync.Mutex
-	reqs []HTTPRequest
+	requestLog
+}
+
+// requestLog is a proxy's record of the requests it answered (Len,
+// Since). Safe for concurrent use.
+type requestLog struct {
+	logMu sync.Mutex
+	reqs  []HTTPRequest
+}
+
+func (l *requestLog) add(r HTTPRequest) {
+	l.logMu.Lock()
+	defer l.logMu.Unlock()
+	l.reqs = append(l.reqs, r)
+}
+
+func (l *requestLog) reset() {
+	l.logMu.Lock()
+	defer l.logMu.Unlock()
+	l.reqs = nil
+}
+
+// Len returns the number of requests recorded so far (a mark for Since).
+func (l *requestLog) Len() int {
+	l.logMu.Lock()
+	defer l.logMu.Unlock()
+	return len(l.reqs)
+}
+
+// Since returns the requests recorded after mark (a Len), in the order
+// their answers were passed back.
+func (l *requestLog) Since(mark int) []HTTPRequest {
+	l.logMu.Lock()
+	defer l.logMu.Unlock()
+	return append([]HTTPRequest(nil), l.reqs[min(mark, len(l.reqs)):]...)
 }
 
 // HTTPRequest is one request an [HTTPProxy] passed on.
@@ -70,9 +103,7 @@ func newHTTPProxy(t testing.TB, target string, hold func(op string) func()) *HTT
 		} else {
 			rp.ServeHTTP(rec, r)
 		}
-		p.mu.Lock()
-		p.reqs = append(p.reqs, HTTPRequest{Op: op, Start: start, End: time.Now(), Status: rec.status})
-		p.mu.Unlock()
+		p.add(HTTPRequest{Op: op, Start: start, End: time.Now(), Status: rec.status})
 	}))
 	t.Cleanup(p.srv.Close)
 	return p
@@ -86,21 +117,6 @@ func (p *HTTPProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // URL returns the proxy's endpoint URL.
 func (p *HTTPProxy) URL() string { return p.srv.URL }
-
-// Len returns the number of requests recorded so far (a mark for Since).
-func (p *HTTPProxy) Len() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.reqs)
-}
-
-// Since returns the requests recorded after mark (a Len), in the order
-// their answers were passed back.
-func (p *HTTPProxy) Since(mark int) []HTTPRequest {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]HTTPRequest(nil), p.reqs[min(mark, len(p.reqs)):]...)
-}
 
 // Waves returns how many round trips of latency reqs took one after
 // another: requests that overlap in time are one wave, a request that

@@ -81,7 +81,8 @@ type MRSCRegion struct {
 	mu   sync.Mutex
 	cut  PartitionMode
 	heal chan struct{} // closed by Heal
-	reqs []HTTPRequest
+
+	requestLog
 }
 
 // PartitionMode is what a client of a region cut off from the quorum sees
@@ -209,21 +210,6 @@ func (m *MRSC) Stats() MRSCStats {
 // URL returns the region's endpoint URL.
 func (r *MRSCRegion) URL() string { return r.srv.URL }
 
-// Len returns the number of requests recorded so far (a mark for Since).
-func (r *MRSCRegion) Len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.reqs)
-}
-
-// Since returns the requests recorded after mark (a Len), in the order
-// they were answered.
-func (r *MRSCRegion) Since(mark int) []HTTPRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]HTTPRequest(nil), r.reqs[min(mark, len(r.reqs)):]...)
-}
-
 // partition returns the region's partition mode (0: connected) and the
 // channel closed when it heals.
 func (r *MRSCRegion) partition() (PartitionMode, chan struct{}) {
@@ -241,9 +227,7 @@ func (r *MRSCRegion) serve(w http.ResponseWriter, req *http.Request) {
 	}
 	status := 0
 	defer func() {
-		r.mu.Lock()
-		r.reqs = append(r.reqs, HTTPRequest{Op: op, Start: start, End: time.Now(), Status: status})
-		r.mu.Unlock()
+		r.add(HTTPRequest{Op: op, Start: start, End: time.Now(), Status: status})
 		m.count(func(s *MRSCStats) { s.Requests[r.i]++ })
 	}()
 	body, err := io.ReadAll(req.Body)
