@@ -23,4 +23,7 @@ func (s *Server) signal(sig syscall.Signal) {
 	if err := syscall.Kill(s.cmd.Process.Pid, sig); err != nil {
 		s.t.Fatalf("testserver: %s: %v", sig, err)
 	}
+	if sig == syscall.SIGSTOP {
+		waitStopped(s.cmd.Process.Pid)
+	}
 }
