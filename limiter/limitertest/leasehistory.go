@@ -292,6 +292,11 @@ func (c *CountingStore) UpdateBucket(ctx context.Context, k storage.Key, op stor
 	return c.Store.UpdateBucket(ctx, k, op, ttl)
 }
 
+func (c *CountingStore) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
+	c.calls.Add(1)
+	return c.Store.UpdateLog(ctx, k, op, ttl)
+}
+
 func (c *CountingStore) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
 	c.calls.Add(1)
 	return c.Store.(storage.PackedCounter).AddPacked(ctx, k, op)

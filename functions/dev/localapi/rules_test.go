@@ -2,49 +2,20 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/limitertest"
 	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
 )
-
-// countingStore is a storage.Store that counts its requests: the
-// store's request count the lists are checked against. (Not embedding the
-// memory store: a batch interface of its own would bypass the count.)
-type countingStore struct {
-	mem      *memory.Store
-	requests atomic.Int64
-}
-
-func (c *countingStore) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
-	c.requests.Add(1)
-	return c.mem.Add(ctx, k, cur, span, n, ttl)
-}
-
-func (c *countingStore) Sub(ctx context.Context, k storage.Key, idx, n int64) error {
-	c.requests.Add(1)
-	return c.mem.Sub(ctx, k, idx, n)
-}
-
-func (c *countingStore) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
-	c.requests.Add(1)
-	return c.mem.UpdateBucket(ctx, k, op, ttl)
-}
-
-func (c *countingStore) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, ttl time.Duration) (storage.Decision, error) {
-	c.requests.Add(1)
-	return c.mem.UpdateLog(ctx, k, op, ttl)
-}
 
 const operatorRules = `
 deny:
@@ -68,13 +39,13 @@ rules:
 // startRulesServer serves rules through the local API on a counting store;
 // denyLocal keeps the deny list's 127.0.0.0/8 (the test client's address)
 // or drops it.
-func startRulesServer(t *testing.T, kind string, denyLocal bool) (*httptest.Server, *countingStore, *bytes.Buffer, *bytes.Buffer) {
+func startRulesServer(t *testing.T, kind string, denyLocal bool) (*httptest.Server, *limitertest.CountingStore, *bytes.Buffer, *bytes.Buffer) {
 	t.Helper()
 	mem, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := &countingStore{mem: mem}
+	store := limitertest.NewCountingStore(mem)
 	rules := operatorRules
 	if !denyLocal {
 		rules = strings.Replace(rules, `cidrs: ["127.0.0.0/8"]`, `cidrs: ["203.0.113.0/24"]`, 1)
@@ -120,7 +91,7 @@ func TestDenyListThroughLocalAPI(t *testing.T) {
 				t.Errorf("429 body %v", body)
 			}
 		}
-		if n := store.requests.Load(); n != 0 {
+		if n := store.Calls(); n != 0 {
 			t.Errorf("%s: %d store requests for deny-listed requests, want 0", tt.kind, n)
 		}
 		if c := strings.Count(metrics.String(), `"DenyListed":1`); c != 20 {
@@ -132,12 +103,12 @@ func TestDenyListThroughLocalAPI(t *testing.T) {
 	if code, body := codeOf(t, ts.URL+"/pets/1", "X-Client-Id", "scraper"); code != http.StatusTooManyRequests || body["reason"] != "deny_list" {
 		t.Errorf("deny-listed key: %d %v", code, body)
 	}
-	if n := store.requests.Load(); n != 0 {
+	if n := store.Calls(); n != 0 {
 		t.Errorf("%d store requests for a deny-listed key", n)
 	}
 	// The counter does count: an unlisted client reaches the store.
-	if code, _ := codeOf(t, ts.URL+"/pets/1", "X-Client-Id", "someone"); code != http.StatusOK || store.requests.Load() == 0 {
-		t.Errorf("unlisted client: %d, %d store requests", code, store.requests.Load())
+	if code, _ := codeOf(t, ts.URL+"/pets/1", "X-Client-Id", "someone"); code != http.StatusOK || store.Calls() == 0 {
+		t.Errorf("unlisted client: %d, %d store requests", code, store.Calls())
 	}
 }
 
@@ -152,7 +123,7 @@ func TestAllowTiersShadowThroughLocalAPI(t *testing.T) {
 			t.Fatalf("allow-listed request %d: %d %v", i+1, code, body)
 		}
 	}
-	if n := store.requests.Load(); n != 0 {
+	if n := store.Calls(); n != 0 {
 		t.Errorf("%d store requests for allow-listed requests", n)
 	}
 	served := func(client, plan string) int {
