@@ -27,8 +27,8 @@ type Process struct {
 	mu      sync.Mutex
 	entry   Entry
 	has     bool
-	fetched int64 // stamp of the read
-	flushed int64 // stamp of the last demand write
+	fetched int64 // stamp of the read (0: none)
+	flushed int64 // stamp of the last demand write (0: none)
 	offered int64 // units not yet written
 	buckets map[string]*limiter.TokenBucket
 
@@ -53,7 +53,7 @@ func NewProcess(cfg Config, t Table, store any) (*Process, error) {
 	if err := t.validate(cfg.Regions); err != nil {
 		return nil, err
 	}
-	p := &Process{cfg: cfg, t: t, store: store, buckets: map[string]*limiter.TokenBucket{}, fetched: minStamp, flushed: minStamp}
+	p := &Process{cfg: cfg, t: t, store: store, buckets: map[string]*limiter.TokenBucket{}}
 	if cfg.Bucket != nil {
 		if _, ok := store.(storage.BucketStore); !ok {
 			return nil, fmt.Errorf("%w: a bucket's store must be a storage.BucketStore, not %T", ErrInvalidConfig, store)
