@@ -279,3 +279,51 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 		}
 	})
 }
+
+// BenchmarkRegionSharesTable compares, in one run on one default-mode
+// harness (lag 1 s, 1.2 times the steady rate, -benchtime=1x), the shares
+// whose processes reach their agent in memory ("memory", as
+// BenchmarkRegionShares) with the shares through the table ("table"):
+// per limit and split, 30 s (the moving split 15 s each way). Metrics as
+// BenchmarkRegionShares's, and for the table the processes' reads of
+// their region's item a decision (those that carried demand: flushes),
+// and the decisions failed (no valid entry, or a store request past the
+// 1 s deadline).
+func BenchmarkRegionSharesTable(b *testing.B) {
+	g, table, eps := startEventual(b)
+	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
+		for _, s := range shareSplits {
+			for _, path := range []string{"memory", "table"} {
+				b.Run(string(alg)+"/"+s.name+"/"+path, func(b *testing.B) {
+					for i := range b.N {
+						d := regionDemand{Name: fmt.Sprintf("rst/%s/%s/%s/%d-%d", alg, s.name, path, i, time.Now().UnixNano()), Split: s.split, Then: s.then,
+							Rate: 1.2 * regionRate, Duration: 30 * time.Second, Alg: alg}
+						if s.then != nil {
+							d.Duration /= 2
+						}
+						if path == "memory" {
+							rep := runRegionShares(b, g, table, eps, d, 10*time.Second)
+							b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
+							reportRegions(b, rep.regionReport)
+							b.ReportMetric(rep.fromShare(), "exact-share-after-10s")
+							checkShares(b, rep)
+							continue
+						}
+						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{})
+						b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
+						rr := rep.regionReport
+						rr.failed = 0 // reported below, and checked by checkTable
+						reportRegions(b, rr)
+						b.ReportMetric(rep.fromShare(), "exact-share-after-10s")
+						b.ReportMetric(float64(rep.procs.Reads)/float64(rep.decisions), "item-reads/decision")
+						b.ReportMetric(float64(rep.procs.Flushes)/float64(rep.decisions), "demand-writes/decision")
+						b.ReportMetric(float64(rep.failed), "failed")
+						b.ReportMetric(float64(rep.procs.Stale), "stale")
+						checkTable(b, rep)
+					}
+				})
+			}
+		}
+	}
+	b.Logf("replication: %+v", g.Stats())
+}
