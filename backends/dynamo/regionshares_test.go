@@ -197,6 +197,7 @@ func TestRegionShares(t *testing.T) {
 			t.Errorf("no grant, or region 0 (60%% of the demand) ends with %d of %d: the shares did not follow the demand", rep.agents[0].Share, regionBucket.MaxAmount)
 		}
 	})
+	testRegionSharesTable(t, g, table, eps) // the same through the table (regionstable_test.go)
 	t.Logf("replication: %+v", g.Stats())
 }
 

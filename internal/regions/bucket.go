@@ -127,6 +127,9 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 // rebase moves the region's bucket to a new item of s units (see the
 // file's comment).
 func (a *Agent) rebase(ctx context.Context, now time.Time, s int64) error {
+	if a.tbl != nil {
+		return a.rebaseTable(ctx, now, s)
+	}
 	at := now.Add(a.ahead)
 	it, err := a.newItem(ctx, at, s, true)
 	if err != nil {

@@ -14,4 +14,9 @@
 // receiver when it reads it, a replication lag later, so the shares in
 // force never sum above the limit, whatever the lag, and a receiver uses
 // a grant as soon as it reads it.
+//
+// An [Agent] from [NewAgent] reaches its region's processes ([Limiter])
+// in memory; one from [NewTableAgent] reaches them ([Process]) only
+// through the region's item in the table, and any number of them may run
+// a region, one holding the role at a time.
 package regions

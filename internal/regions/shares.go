@@ -262,6 +262,8 @@ type Agent struct {
 	// bucket: the items in force, the current one last.
 	items []*bucketItem
 	stats AgentStats
+	// tbl, if set, is the agent's side of the table (NewTableAgent).
+	tbl *tableAgent
 }
 
 // AgentStats counts an agent's work.
@@ -327,6 +329,9 @@ func (a *Agent) key() string { return a.cfg.Key + "@" + strconv.Itoa(a.r) }
 
 // Tick runs one round at now: demand, read, take grants, give, publish.
 func (a *Agent) Tick(ctx context.Context, now time.Time) error {
+	if a.tbl != nil {
+		return a.tickTable(ctx, now)
+	}
 	var firstErr error
 	for o := range a.cfg.Regions {
 		if o == a.r {
@@ -452,7 +457,7 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 		want += u
 	}
 	a.mu.Lock()
-	want = clampPlan(g, want, a.owned)
+	want = clampPlan(g, want, a.withholdable())
 	if want > a.pending {
 		a.gen++ // a lower cap: the decisions under way read a higher one
 	}
@@ -463,7 +468,9 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 	if want == 0 {
 		return nil
 	}
-	a.wait(gen)
+	if !a.wait(now, gen) {
+		return nil // the lowering is in force; the count is read later
+	}
 	free := func(at time.Time) (int64, error) {
 		d, err := a.peek.Peek(ctx, a.key(), at)
 		if err != nil {
@@ -555,8 +562,12 @@ func floorDiv(a, b int64) int64 {
 }
 
 // wait returns when no decision that read the cap of a generation before
-// gen is under way.
-func (a *Agent) wait(gen int64) {
+// gen is under way (true), or, through the table, reports whether every
+// such decision is past its deadline (waitTable).
+func (a *Agent) wait(now time.Time, gen int64) bool {
+	if a.tbl != nil {
+		return a.waitTable(now, gen)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for {
@@ -567,7 +578,7 @@ func (a *Agent) wait(gen int64) {
 			}
 		}
 		if !busy {
-			return
+			return true
 		}
 		a.cond.Wait()
 	}

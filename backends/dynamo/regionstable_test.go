@@ -1,0 +1,329 @@
+package dynamo_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/internal/regions"
+	"github.com/sluicehq/sluice/internal/testserver"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
+)
+
+// Regional shares whose processes and agents share nothing but the table
+// (regions.Process, regions.NewTableAgent; docs/regions.md, "Processes
+// and agent through the table"), on the default-mode harness: the
+// limits, splits and rates of regionshares_test.go.
+
+// tableTimes are the table's times in the runs: a process reads its
+// entry every 100 ms and writes its demand at most every 250 ms; an entry
+// is valid for 1 s; a decision's deadline is 1 s (the dynamo store's
+// default timeout); an agent that stops ticking keeps the role 750 ms
+// (a region's gate holds writes for up to about 500 ms at times).
+var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: shareTick, Validity: time.Second, Deadline: time.Second,
+	LockLife: 750 * time.Millisecond}
+
+// tableRun is a run through the table: a holder agent per region, and,
+// with standby set, a second agent per region ready to take the role.
+// freeze, if set, is called by region 0's holder after each tick: it
+// returns how long the holder then stops (a frozen container).
+type tableRun struct {
+	standby bool
+	freeze  func(a *regions.Agent) time.Duration
+}
+
+// tableReport is a run's report with the agents' table counts and the
+// processes' requests to their region's item.
+type tableReport struct {
+	sharesReport
+	// holders and standbys: region r's agents' counts (standbys empty
+	// without them).
+	holders, standbys         []regions.TableStats
+	holderStats, standbyStats []regions.AgentStats
+	procs                     regions.ProcessStats
+	stale                     int64 // decisions failed for want of a valid entry
+}
+
+func (r tableReport) String() string {
+	s := r.sharesReport.String()
+	s += fmt.Sprintf("; processes: %d reads (%d with demand), %d stale", r.procs.Reads, r.procs.Flushes, r.procs.Stale)
+	for i, h := range r.holders {
+		s += fmt.Sprintf("; region %d holder %+v", i, h)
+		if len(r.standbys) > 0 {
+			s += fmt.Sprintf(", standby %+v (grants %d)", r.standbys[i], r.standbyStats[i].Grants)
+		}
+	}
+	return s
+}
+
+// runRegionSharesTable is runRegionShares through the table.
+func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, eps []string, d regionDemand, from time.Duration, run tableRun) tableReport {
+	tb.Helper()
+	cfg := regions.Config{Regions: len(eps), Key: d.Name, Limit: regionLimit, Window: regionWindow, SubWindows: regionSubs, Leases: true}
+	if d.Alg == regionAlgBucket {
+		b := regionBucket
+		cfg = regions.Config{Regions: len(eps), Key: d.Name, Bucket: &b, Leases: true}
+	}
+	tt := func(region int) regions.Table {
+		t := tableTimes
+		t.Client, t.Table, t.Name, t.Region = newClient(eps[region]), table, d.Name, region
+		return t
+	}
+	newAgent := func(region int, holder string) *regions.Agent {
+		st, err := dynamo.New(newClient(eps[region]), dynamo.Config{Table: table, Timeout: tableTimes.Deadline})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		a, err := regions.NewTableAgent(cfg, tt(region), holder, st)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return a
+	}
+	holders := make([]*regions.Agent, len(eps))
+	var standbys []*regions.Agent
+	for i := range eps {
+		holders[i] = newAgent(i, fmt.Sprintf("r%d-holder", i))
+		// The first tick takes the role and publishes the entry the
+		// processes need.
+		if err := holders[i].Tick(tb.Context(), time.Now()); err != nil || !holders[i].Holds() {
+			tb.Fatalf("region %d's first tick: %v (holds: %v)", i, err, holders[i].Holds())
+		}
+		if run.standby {
+			standbys = append(standbys, newAgent(i, fmt.Sprintf("r%d-standby", i)))
+		}
+	}
+	ctx, cancel := context.WithCancel(tb.Context())
+	var wg sync.WaitGroup
+	tick := func(a *regions.Agent, freeze func(*regions.Agent) time.Duration) {
+		wg.Go(func() {
+			t := time.NewTicker(shareTick)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				a.Tick(ctx, time.Now()) // errors counted in its stats
+				if freeze != nil {
+					if d := freeze(a); d > 0 {
+						select {
+						case <-ctx.Done():
+							return
+						case <-time.After(d):
+						}
+					}
+				}
+			}
+		})
+	}
+	for i, a := range holders {
+		var f func(*regions.Agent) time.Duration
+		if i == 0 {
+			f = run.freeze
+		}
+		tick(a, f)
+	}
+	for _, a := range standbys {
+		tick(a, nil)
+	}
+	var (
+		pmu   sync.Mutex
+		procs []*regions.Process
+	)
+	d.Timeout = tableTimes.Deadline
+	rep := tableReport{sharesReport: sharesReport{start: time.Now()}}
+	rep.regionReport = runRegions(tb, table, eps, regionsGates{g}.requests, nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
+		p, err := regions.NewProcess(cfg, tt(i), st)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		pmu.Lock()
+		procs = append(procs, p)
+		pmu.Unlock()
+		return p
+	})
+	cancel()
+	wg.Wait()
+	for i, a := range holders {
+		rep.agents = append(rep.agents, a.Stats())
+		rep.holders = append(rep.holders, a.TableStats())
+		rep.holderStats = append(rep.holderStats, a.Stats())
+		if run.standby {
+			rep.standbys = append(rep.standbys, standbys[i].TableStats())
+			rep.standbyStats = append(rep.standbyStats, standbys[i].Stats())
+			if standbys[i].Holds() {
+				rep.agents[i] = standbys[i].Stats()
+			}
+		}
+	}
+	for _, p := range procs {
+		s := p.Stats()
+		rep.procs.Reads += s.Reads
+		rep.procs.Flushes += s.Flushes
+		rep.procs.Stale += s.Stale
+	}
+	rep.from = rep.start.Add(from)
+	rep.fromAdmitted, rep.fromExact = exactAfter(tb, d.Alg, rep.calls, rep.from)
+	return rep
+}
+
+// exactAfter replays calls on one serialized limiter and returns what the
+// calls and it admitted from stamp from on.
+func exactAfter(tb testing.TB, alg regionAlg, calls []limitertest.Call, from time.Time) (got, want int64) {
+	tb.Helper()
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	exact := regionLimiter(tb, cmpAlg(alg), mem, false)
+	cs := slices.Clone(calls)
+	slices.SortStableFunc(cs, func(a, b limitertest.Call) int { return a.Stamp.Compare(b.Stamp) })
+	for _, c := range cs {
+		dec, err := exact.AllowN(tb.Context(), c.Key, c.Stamp, c.Cost)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if !c.Stamp.Before(from) {
+			if dec.Allowed {
+				want += c.Cost
+			}
+			if c.Allowed {
+				got += c.Cost
+			}
+		}
+	}
+	return got, want
+}
+
+// checkTable fails tb for any window (interval) of stamps over the limit
+// (the bucket's bound) over the union of regions, and for a decision
+// that failed other than as an unavailable store (a store request past
+// its deadline, or no entry valid at its stamp: the rule's fail mode
+// decides those; on the shared machine, whose servers stall for seconds
+// at times, some do, and they are logged).
+func checkTable(tb testing.TB, rep tableReport) {
+	tb.Helper()
+	for _, v := range rep.over {
+		tb.Errorf("over the limit: %v", v)
+	}
+	if rep.failed > 0 {
+		tb.Logf("%d of %d decisions failed (%d without a valid entry); the first: %v", rep.failed, rep.decisions, rep.procs.Stale, rep.firstErr)
+		if rep.firstErr != nil && !errors.Is(rep.firstErr, storage.ErrUnavailable) {
+			tb.Errorf("a decision failed with %v, not an unavailable store", rep.firstErr)
+		}
+	}
+}
+
+// testRegionSharesTable (a part of TestRegionShares, on its harness:
+// three regions, lag 1 s): processes and agents that share nothing but
+// the table.
+//
+//   - window: demand moving from region 0 to region 2 (98/1/1 for 4 s,
+//     then 1/1/98 for 4 s), a standby agent in every region; region 0's
+//     holder freezes for 1.5 s right after a tick that withheld units for
+//     a grant (mid-grant), then ticks again. The standby takes the role,
+//     resumes the withheld units and gives a grant; the frozen holder
+//     finds the role gone (its write refused, or the item's epoch moved).
+//   - bucket: 60/30/10 for 4 s: the shares move (grants, rebases and
+//     their carries through the table).
+//
+// Both: no window of stamps over the union of regions is over the limit
+// (the bucket's bound); a decision fails only as an unavailable store.
+func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, eps []string) {
+	t.Run("table/window/takeover-mid-grant", func(t *testing.T) {
+		d := regionDemand{Name: "rt/window/move", Split: shareSplits[3].split, Then: shareSplits[3].then, Rate: 1.2 * regionRate, Duration: 4 * time.Second}
+		var frozen bool
+		freeze := func(a *regions.Agent) time.Duration {
+			if _, pending := a.Share(); pending > 0 && !frozen {
+				frozen = true
+				return 1500 * time.Millisecond
+			}
+			return 0
+		}
+		rep := runRegionSharesTable(t, g, table, eps, d, 0, tableRun{standby: true, freeze: freeze})
+		t.Logf("%v", rep)
+		checkTable(t, rep)
+		if !frozen {
+			t.Fatalf("region 0 never withheld units for a grant: no takeover mid-grant")
+		}
+		sb, h := rep.standbys[0], rep.holders[0]
+		if sb.Takeovers == 0 || sb.ResumedPending == 0 || rep.standbyStats[0].Grants == 0 {
+			t.Errorf("region 0's standby: %+v, %d grants: want a takeover with units withheld on record, and a grant", sb, rep.standbyStats[0].Grants)
+		}
+		if h.Lost == 0 {
+			t.Errorf("region 0's frozen holder never found the role gone: %+v", h)
+		}
+	})
+	t.Run("table/bucket/60/30/10", func(t *testing.T) {
+		d := regionDemand{Name: "rt/bucket/60/30/10", Split: shareSplits[1].split, Rate: 1.2 * regionRate, Duration: 4 * time.Second, Alg: regionAlgBucket}
+		rep := runRegionSharesTable(t, g, table, eps, d, 0, tableRun{})
+		t.Logf("%v", rep)
+		checkTable(t, rep)
+		var grants, carries int64
+		for i, a := range rep.agents {
+			grants += a.Grants
+			carries += rep.holders[i].Carries
+		}
+		if grants == 0 || carries == 0 {
+			t.Errorf("%d grants, %d carries: the shares did not move", grants, carries)
+		}
+	})
+}
+
+// BenchmarkRegionSharesTable compares, in one run on one default-mode
+// harness (lag 1 s, 1.2 times the steady rate, -benchtime=1x), the shares
+// whose processes reach their agent in memory ("memory", as
+// BenchmarkRegionShares) with the shares through the table ("table"):
+// per limit and split, 30 s (the moving split 15 s each way). Metrics as
+// BenchmarkRegionShares's, and for the table the processes' reads of
+// their region's item a decision (those that carried demand: flushes),
+// and the decisions failed (no valid entry, or a store request past the
+// 1 s deadline).
+func BenchmarkRegionSharesTable(b *testing.B) {
+	g, table, eps := startEventual(b)
+	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
+		for _, s := range shareSplits {
+			for _, path := range []string{"memory", "table"} {
+				b.Run(string(alg)+"/"+s.name+"/"+path, func(b *testing.B) {
+					for i := range b.N {
+						d := regionDemand{Name: fmt.Sprintf("rst/%s/%s/%s/%d-%d", alg, s.name, path, i, time.Now().UnixNano()), Split: s.split, Then: s.then,
+							Rate: 1.2 * regionRate, Duration: 30 * time.Second, Alg: alg}
+						if s.then != nil {
+							d.Duration /= 2
+						}
+						if path == "memory" {
+							rep := runRegionShares(b, g, table, eps, d, 10*time.Second)
+							b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
+							reportRegions(b, rep.regionReport)
+							b.ReportMetric(rep.fromShare(), "exact-share-after-10s")
+							checkShares(b, rep)
+							continue
+						}
+						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{})
+						b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
+						rr := rep.regionReport
+						rr.failed = 0 // reported below, and checked by checkTable
+						reportRegions(b, rr)
+						b.ReportMetric(rep.fromShare(), "exact-share-after-10s")
+						b.ReportMetric(float64(rep.procs.Reads)/float64(rep.decisions), "item-reads/decision")
+						b.ReportMetric(float64(rep.procs.Flushes)/float64(rep.decisions), "demand-writes/decision")
+						b.ReportMetric(float64(rep.failed), "failed")
+						b.ReportMetric(float64(rep.procs.Stale), "stale")
+						checkTable(b, rep)
+					}
+				})
+			}
+		}
+	}
+	b.Logf("replication: %+v", g.Stats())
+}

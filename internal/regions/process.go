@@ -1,0 +1,207 @@
+package regions
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
+)
+
+// Process is one process's limiter of its region's share that shares
+// nothing with the region's agent but the table (a Lambda container): it
+// decides against the entry the agent published in the region's item,
+// read at most every Refresh, and never past the entry's validity, and
+// adds the units it was offered to the item's demand counter, at most
+// once a Flush, in the same request as a read. Safe for concurrent use.
+type Process struct {
+	cfg   Config
+	t     Table
+	store any
+	w     *limiter.SlidingWindow // a window's
+
+	mu      sync.Mutex
+	entry   Entry
+	has     bool
+	fetched int64 // stamp of the read (0: none)
+	flushed int64 // stamp of the last demand write (0: none)
+	offered int64 // units not yet written
+	buckets map[string]*limiter.TokenBucket
+
+	reading sync.Mutex // one read at a time
+	stats   struct{ reads, flushes, stale atomic.Int64 }
+}
+
+// ProcessStats counts a process's requests to its region's item and the
+// decisions it could not make for want of a valid entry.
+type ProcessStats struct {
+	Reads, Flushes, Stale int64
+}
+
+// NewProcess returns a process's limiter of region t.Region's share of
+// cfg's key on store (the process's own: a storage.Counter for a window,
+// a storage.BucketStore for a bucket), reading its entry through t.
+func NewProcess(cfg Config, t Table, store any) (*Process, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	t = t.withDefaults()
+	if err := t.validate(cfg.Regions); err != nil {
+		return nil, err
+	}
+	p := &Process{cfg: cfg, t: t, store: store, buckets: map[string]*limiter.TokenBucket{}}
+	if cfg.Bucket != nil {
+		if _, ok := store.(storage.BucketStore); !ok {
+			return nil, fmt.Errorf("%w: a bucket's store must be a storage.BucketStore, not %T", ErrInvalidConfig, store)
+		}
+		return p, nil
+	}
+	c, ok := store.(storage.Counter)
+	if !ok {
+		return nil, fmt.Errorf("%w: a window's store must be a storage.Counter, not %T", ErrInvalidConfig, store)
+	}
+	w, err := limiter.NewSlidingWindow(c, limiter.SlidingWindowConfig{Name: "share", Limit: cfg.Limit, Window: cfg.Window, SubWindows: cfg.SubWindows,
+		Representation: limiter.SubWindowCounters, Leases: cfg.Leases})
+	if err != nil {
+		return nil, err
+	}
+	p.w = w
+	return p, nil
+}
+
+// Stats returns the process's counts.
+func (p *Process) Stats() ProcessStats {
+	return ProcessStats{Reads: p.stats.reads.Load(), Flushes: p.stats.flushes.Load(), Stale: p.stats.stale.Load()}
+}
+
+// AllowN decides n units of key at now (the wall clock) against the
+// region's share in force at now, on the region's own item of the key.
+// Its store requests end by now plus the table's Deadline. Without an
+// entry valid at now it returns ErrStale.
+func (p *Process) AllowN(ctx context.Context, key string, now time.Time, n int64) (limiter.Decision, error) {
+	if key != p.cfg.Key {
+		return limiter.Decision{}, fmt.Errorf("%w: %q, not %q", ErrKey, key, p.cfg.Key)
+	}
+	t := now.UnixNano()
+	p.mu.Lock()
+	p.offered += n
+	p.mu.Unlock()
+	e, err := p.current(ctx, t)
+	if err != nil {
+		p.stats.stale.Add(1)
+		return limiter.Decision{}, err
+	}
+	ctx, cancel := context.WithDeadline(ctx, now.Add(p.t.Deadline))
+	defer cancel()
+	region := p.cfg.Key + "@" + strconv.Itoa(p.t.Region)
+	if p.cfg.Bucket != nil {
+		it := e.itemAt(t)
+		if it == nil || it.Share < n {
+			return limiter.Decision{RetryAfter: rebaseAhead}, nil
+		}
+		tb, err := p.bucket(e, it)
+		if err != nil {
+			return limiter.Decision{}, err
+		}
+		return tb.AllowN(ctx, it.Key, now, n)
+	}
+	c, ok := e.capAt(t)
+	if !ok || c < n {
+		return limiter.Decision{Limit: max(c, 0), RetryAfter: p.cfg.Window / time.Duration(p.cfg.SubWindows)}, nil
+	}
+	var out [1]limiter.Outcome
+	if _, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: p.w, Key: region, N: n, Cap: c}}, out[:]); err != nil {
+		return limiter.Decision{}, err
+	}
+	return out[0].Decision, out[0].Err
+}
+
+// Refund gives nothing back (see Limiter.Refund).
+func (p *Process) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	return nil
+}
+
+var _ limiter.Limiter = (*Process)(nil)
+
+// current returns the entry to decide a decision stamped t by: the one
+// read less than Refresh ago, else a new read (one decision reads while
+// the others use the entry they have, if it is valid at their stamps).
+func (p *Process) current(ctx context.Context, t int64) (Entry, error) {
+	p.mu.Lock()
+	e, has, fresh := p.entry, p.has, t-p.fetched < int64(p.t.Refresh)
+	p.mu.Unlock()
+	valid := has && t < e.Until
+	if valid && fresh {
+		return e, nil
+	}
+	if valid {
+		if !p.reading.TryLock() {
+			return e, nil
+		}
+	} else {
+		p.reading.Lock()
+	}
+	defer p.reading.Unlock()
+	p.mu.Lock()
+	if p.has && t < p.entry.Until && t-p.fetched < int64(p.t.Refresh) {
+		e := p.entry // read by another meanwhile
+		p.mu.Unlock()
+		return e, nil
+	}
+	var flush int64
+	if t-p.flushed >= int64(p.t.Flush) {
+		flush = p.offered
+	}
+	p.mu.Unlock()
+
+	rctx, cancel := context.WithTimeout(ctx, p.t.Deadline)
+	defer cancel()
+	got, found, err := p.t.read(rctx, flush)
+	p.stats.reads.Add(1)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err == nil && flush > 0 {
+		p.stats.flushes.Add(1)
+		p.offered -= flush
+		p.flushed = t
+	}
+	if err == nil && found && (!p.has || got.Seq >= p.entry.Seq) {
+		p.entry, p.has, p.fetched = got, true, t
+	}
+	if p.has && t < p.entry.Until {
+		return p.entry, nil
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("%w (%v)", ErrStale, err)
+	}
+	return Entry{}, ErrStale
+}
+
+// bucket returns the process's bucket of item it (dropping those of items
+// e no longer lists: their leases lapse in the store).
+func (p *Process) bucket(e Entry, it *ItemStep) (*limiter.TokenBucket, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if tb := p.buckets[it.Key]; tb != nil {
+		return tb, nil
+	}
+	for k := range p.buckets {
+		listed := false
+		for _, o := range e.Items {
+			listed = listed || o.Key == k
+		}
+		if !listed {
+			delete(p.buckets, k)
+		}
+	}
+	tb, err := limiter.NewTokenBucket(p.store.(storage.BucketStore), p.cfg.bucketFor(it.Share, p.cfg.Leases))
+	if err != nil {
+		return nil, err
+	}
+	p.buckets[it.Key] = tb
+	return tb, nil
+}
