@@ -155,6 +155,9 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 		}
 	}
 	opts.Leases = b.Leases
+	if opts.Shares, err = b.buildShares(ddb); err != nil {
+		return nil, err
+	}
 	source, err := b.buildRules(ctx, ddb, opts)
 	if err != nil {
 		return nil, err
