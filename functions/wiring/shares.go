@@ -59,6 +59,7 @@ func (b *Built) buildShares(ddb *dynamodb.Client) (*policy.Shares, error) {
 		if err != nil {
 			return nil, fmt.Errorf("regional shares of %s: %w", l.Name, err)
 		}
+		b.shares = append(b.shares, k)
 		return k, nil
 	}
 	b.Logger.Info("scope global kept as regional shares", "table_mode", env.TableMode, "regions", env.Regions, "region", env.Regions[env.Region])
