@@ -62,6 +62,16 @@ type Env struct {
 	// default for the limits that allow them).
 	NoLeases bool
 
+	// TableMode, from EnvTableMode, is the state table's mode across
+	// regions: TableRegional, TableEventual or TableMRSC. With
+	// TableEventual a rule with scope global is kept as regional shares
+	// (docs/regions.md); Regions, from EnvRegions (two or more), are the
+	// deployment's regions in their fixed order, and Region is this
+	// one's index in them (EnvAWSRegion's).
+	TableMode string
+	Regions   []string
+	Region    int
+
 	// TestClock, from EnvTestClock (RFC 3339), freezes the clock. It
 	// exists for the golden tests of the built binary; never set it in a
 	// deployment.
@@ -180,7 +190,7 @@ func Parse(getenv func(string) string) (Env, error) {
 		Deadline:         DefaultDeadline,
 		LogLevel:         slog.LevelInfo,
 	}
-	for _, parse := range []func(func(string) string) error{e.parseRules, e.parseBackends, e.parseLogs, e.parseClientIP, e.parseBreaker} {
+	for _, parse := range []func(func(string) string) error{e.parseRules, e.parseBackends, e.parseLogs, e.parseClientIP, e.parseBreaker, e.parseTable} {
 		if err := parse(getenv); err != nil {
 			return Env{}, err
 		}
@@ -354,6 +364,38 @@ func (e *Env) parseBreaker(getenv func(string) string) error {
 			return bad(EnvBreakerOpenFor, "%q is not a Go duration between 0 and %v such as %v", v, MaxBreakerOpenFor, DefaultBreakerOpenFor)
 		}
 		e.Breaker.OpenFor = d
+	}
+	return nil
+}
+
+// parseTable reads the table's mode and, for an eventual table, the
+// regions and this region's place in them.
+func (e *Env) parseTable(getenv func(string) string) error {
+	e.TableMode = strings.TrimSpace(getenv(EnvTableMode))
+	switch e.TableMode {
+	case TableRegional, TableMRSC:
+		return nil
+	case TableEventual:
+	default:
+		return bad(EnvTableMode, "%q is not %s or %s (unset: a regional table)", e.TableMode, TableEventual, TableMRSC)
+	}
+	v := strings.TrimSpace(getenv(EnvRegions))
+	for _, r := range strings.Split(v, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		if slices.Contains(e.Regions, r) {
+			return bad(EnvRegions, "%q is listed twice", r)
+		}
+		e.Regions = append(e.Regions, r)
+	}
+	if len(e.Regions) < 2 {
+		return bad(EnvRegions, "%q: %s=%s needs the deployment's regions, two or more, in one order (a global limit is kept as a share per region)", v, EnvTableMode, TableEventual)
+	}
+	region := strings.TrimSpace(getenv(EnvAWSRegion))
+	e.Region = slices.Index(e.Regions, region)
+	if e.Region < 0 {
+		return bad(EnvAWSRegion, "%q is not one of %s %v: each region must know its place among the regions that share a global limit", region, EnvRegions, e.Regions)
 	}
 	return nil
 }

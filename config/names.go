@@ -108,6 +108,25 @@ const (
 	// EnvBreakerOpenFor is how long an open breaker fails calls at once
 	// before it lets one probe through.
 	EnvBreakerOpenFor = "SLUICE_BREAKER_OPEN_FOR"
+
+	// EnvTableMode is the state table's mode across regions:
+	// TableRegional (unset), TableEventual or TableMRSC. The construct
+	// sets it from Props.TableMode.
+	EnvTableMode = "SLUICE_TABLE_MODE"
+	// EnvRegions lists the deployment's regions, comma-separated, in one
+	// order that every region is given: required with TableEventual.
+	EnvRegions = "SLUICE_REGIONS"
+)
+
+// EnvAWSRegion is Lambda's own variable naming the function's region:
+// with TableEventual, it must be one of EnvRegions.
+const EnvAWSRegion = "AWS_REGION"
+
+// The state table's modes across regions (EnvTableMode).
+const (
+	TableRegional = ""
+	TableEventual = "eventual"
+	TableMRSC     = "mrsc"
 )
 
 // EnvLambdaLogLevel is Lambda's own log-level variable (advanced logging
@@ -125,6 +144,7 @@ func Names() []string {
 		EnvShedFleetCapacity, EnvShedFleetReserve, EnvShedFleetShares, EnvShedFleetName,
 		EnvShedLeaseTTL, EnvShedUtilization, EnvShedUtilizationMaxAge, EnvShedBackend,
 		EnvBreakerFailures, EnvBreakerOpenFor, EnvDenyCache, EnvLeases,
+		EnvTableMode, EnvRegions,
 	}
 }
 

@@ -38,7 +38,7 @@ func bindExtras(c *compiledRule, index int, opts Options, def string) ([][]limit
 			if backend == "" {
 				backend = def
 			}
-			lim, err := build(l, backend, &opts, c.cost)
+			lim, err := bindLimit(c, l, backend, &opts)
 			if err != nil {
 				return nil, nil, ruleError(c.Name, index, fmt.Sprintf("tiers.%s[%d].backend", t.Name, j), "%v", err)
 			}

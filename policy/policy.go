@@ -58,6 +58,9 @@ type Options struct {
 	// Leases holds the rules' concurrency limits' leases (the shed store);
 	// required when a rule has a concurrency limit.
 	Leases storage.LeaseStore
+	// Shares, when not nil, keeps the limits of rules with scope global
+	// as regional shares (an eventual global table; see [Shares]).
+	Shares *Shares
 }
 
 // Policy is a compiled set of rules bound to stores. It is immutable and
@@ -151,6 +154,9 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 			return nil, ruleError(c.Name, i, "name", "already used by rules[%d]", j)
 		}
 		seen[c.Name] = i
+		if err := checkShares(c, i, &opts); err != nil {
+			return nil, err
+		}
 		limits := make([]limiter.Limiter, len(c.Limits))
 		for j := range c.Limits {
 			l := &c.Limits[j]
@@ -158,7 +164,7 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 			if backend == "" {
 				backend = def
 			}
-			lim, err := build(l, backend, &opts, c.cost)
+			lim, err := bindLimit(c, l, backend, &opts)
 			if err != nil {
 				return nil, ruleError(c.Name, i, fmt.Sprintf("limits[%d].backend", j), "%v", err)
 			}

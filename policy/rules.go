@@ -98,11 +98,12 @@ type Rule struct {
 	Concurrency *ConcurrencyLimit `rule:"concurrency"`
 	// Scope says where the rule's limits hold: ScopeRegion (the zero
 	// value, "region": a limit per region, whatever the store) or
-	// ScopeGlobal ("global": one limit across the deployment's regions,
-	// which only a DynamoDB table that is strongly consistent across
-	// regions serves; every limit of the rule then names backend dynamo,
-	// and the construct refuses the rule on any other table;
-	// docs/regions.md).
+	// ScopeGlobal ("global": one limit across the deployment's regions;
+	// every limit of the rule then names backend dynamo). A DynamoDB
+	// table strongly consistent across regions (MRSC) keeps it as one
+	// limit; a global table in the default mode keeps it as regional
+	// shares ([Options.Shares], [CheckShares]); the construct refuses the
+	// rule on a regional table (docs/regions.md).
 	Scope Scope `rule:"scope"`
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/authz"
+	"github.com/sluicehq/sluice/internal/regions"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
@@ -72,6 +73,8 @@ type Built struct {
 	closers []func()
 	// returnLeases gives back the policy's capacity leases (Close).
 	returnLeases func()
+	// shares are the regional shares built for global limits.
+	shares []*regions.Keys
 }
 
 // Close gives back the capacity leases the process holds, then releases
@@ -155,6 +158,9 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 		}
 	}
 	opts.Leases = b.Leases
+	if opts.Shares, err = b.buildShares(ddb); err != nil {
+		return nil, err
+	}
 	source, err := b.buildRules(ctx, ddb, opts)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,8 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+
+	"github.com/sluicehq/sluice/config"
 )
 
 // ContextBootstrapDir is the context key of BootstrapDir's default.
@@ -79,9 +81,17 @@ type Props struct {
 	// alone), TableEventual (a global table in the default mode: writes
 	// replicate asynchronously, last writer wins) or TableMRSC (a global
 	// table with multi-Region strong consistency). A rule with scope
-	// global is refused at synth unless it is TableMRSC: only that table
-	// keeps one limit across regions (docs/regions.md).
+	// global is refused at synth on TableRegional. TableMRSC keeps it as
+	// one limit; TableEventual as regional shares (a sliding_window,
+	// bounded, of sub-window counters, or a token_bucket that is not
+	// strict: other limits are refused; docs/regions.md). The function
+	// learns the mode from SLUICE_TABLE_MODE.
 	TableMode string
+	// TableRegions are the deployment's regions, in one order that every
+	// region's construct is given (SLUICE_REGIONS; the function finds its
+	// own by AWS_REGION): required with TableEventual, two or more, the
+	// stack's region among them.
+	TableRegions []string
 
 	// Function configures the authorizer function.
 	Function Function
@@ -131,9 +141,9 @@ type Props struct {
 
 // The state table's modes across regions ([Props].TableMode).
 const (
-	TableRegional = ""
-	TableEventual = "eventual"
-	TableMRSC     = "mrsc"
+	TableRegional = config.TableRegional
+	TableEventual = config.TableEventual
+	TableMRSC     = config.TableMRSC
 )
 
 // Rules says where the authorizer reads its rules: exactly one field. A

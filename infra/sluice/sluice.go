@@ -475,12 +475,25 @@ func (r *RateLimiter) buildEnv() {
 		env[config.EnvClientIP] = config.ClientIPViewerAddress
 		env[config.EnvEdgeSecret] = p.EdgeSecret
 	}
+	if p.TableMode != TableRegional {
+		env[config.EnvTableMode] = p.TableMode
+	}
+	if p.TableMode == TableEventual {
+		env[config.EnvRegions] = strings.Join(p.TableRegions, ",")
+	}
 	shed, err := p.Shedding.Env(r.cache != nil)
 	if err != nil {
 		r.fail("%v", err)
 	}
 	maps.Copy(env, shed)
-	if _, err := config.Parse(func(k string) string { return env[k] }); err != nil {
+	// Lambda sets AWS_REGION: the parser sees the stack's.
+	probe := maps.Clone(env)
+	if reg := awscdk.Stack_Of(r).Region(); !*awscdk.Token_IsUnresolved(reg) {
+		probe[config.EnvAWSRegion] = *reg
+	} else if len(p.TableRegions) > 0 {
+		probe[config.EnvAWSRegion] = p.TableRegions[0]
+	}
+	if _, err := config.Parse(func(k string) string { return probe[k] }); err != nil {
 		r.fail("%s: %v", propOf(err), err)
 	}
 	r.env = env
@@ -498,6 +511,10 @@ func propOf(err error) string {
 		return "Function.Deadline"
 	case config.EnvMetricsNamespace:
 		return "Function.MetricsNamespace"
+	case config.EnvTableMode:
+		return "TableMode"
+	case config.EnvRegions, config.EnvAWSRegion:
+		return "TableRegions"
 	case config.EnvBreakerFailures:
 		return "Function.BreakerFailures"
 	case config.EnvBreakerOpenFor:
@@ -666,11 +683,10 @@ func (s Shedding) Env(cache bool) (map[string]string, error) {
 	return env, nil
 }
 
-// checkScopes refuses a rule with scope global unless the state table
-// serves one limit across regions (Props.TableMode TableMRSC): a
-// regional table keeps a limit per region, and an eventual global table
-// lets every region admit the whole limit (up to N times it across N
-// regions).
+// checkScopes checks the table's mode and regions, and the rules with
+// scope global against them: refused on a regional table (a limit per
+// region); on an eventual global table, kept as regional shares, whose
+// limits policy.CheckShares accepts; on MRSC, one limit.
 func (r *RateLimiter) checkScopes() {
 	p := &r.props
 	switch p.TableMode {
@@ -679,6 +695,11 @@ func (r *RateLimiter) checkScopes() {
 		r.fail("TableMode: %q is not %q, %q or %q", p.TableMode, TableRegional, TableEventual, TableMRSC)
 		return
 	}
+	if p.TableMode == TableEventual {
+		r.checkTableRegions()
+	} else if len(p.TableRegions) > 0 {
+		r.fail("TableRegions: only with TableMode %q (the regions that share a global limit)", TableEventual)
+	}
 	if r.rules == nil || p.TableMode == TableMRSC {
 		return
 	}
@@ -686,10 +707,41 @@ func (r *RateLimiter) checkScopes() {
 		if rule.Scope != policy.ScopeGlobal {
 			continue
 		}
-		why := "a regional table keeps a limit per region"
-		if p.TableMode == TableEventual {
-			why = "an eventual global table lets each region admit the whole limit"
+		if p.TableMode == TableRegional {
+			r.fail("rule %q: scope global needs TableMode %q (regional shares) or %q (one limit); a regional table keeps a limit per region", rule.Name, TableEventual, TableMRSC)
+			continue
 		}
-		r.fail("rule %q: scope global needs TableMode %q (a DynamoDB table with multi-Region strong consistency); %s", rule.Name, TableMRSC, why)
+		limits := slices.Clone(rule.Limits)
+		for j := range limits {
+			if limits[j].Name == "" {
+				limits[j].Name = fmt.Sprintf("%s/%d", rule.Name, j) // the policy's default
+			}
+		}
+		for _, t := range rule.Tiers {
+			limits = append(limits, t.Limits...)
+		}
+		for _, l := range limits {
+			if err := policy.CheckShares(&l, max(len(p.TableRegions), 2)); err != nil {
+				r.fail("rule %q: scope global on TableMode %q: %v", rule.Name, TableEventual, err)
+			}
+		}
+	}
+}
+
+// checkTableRegions checks TableRegions for an eventual table: two or
+// more, none twice, the stack's region (when known at synth) among them.
+func (r *RateLimiter) checkTableRegions() {
+	regions := r.props.TableRegions
+	if len(regions) < 2 {
+		r.fail("TableRegions: %v: TableMode %q needs the deployment's regions, two or more, in one order (a global limit is kept as a share per region)", regions, TableEventual)
+		return
+	}
+	for i, reg := range regions {
+		if reg == "" || slices.Contains(regions[:i], reg) {
+			r.fail("TableRegions: %q is empty or listed twice", reg)
+		}
+	}
+	if reg := awscdk.Stack_Of(r).Region(); !*awscdk.Token_IsUnresolved(reg) && !slices.Contains(regions, *reg) {
+		r.fail("TableRegions: %v does not hold the stack's region %s", regions, *reg)
 	}
 }

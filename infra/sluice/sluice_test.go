@@ -775,9 +775,21 @@ func TestPropErrors(t *testing.T) {
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableThroughput: sluice.TableThroughput{WarmWriteUnitsPerSecond: 5000, MaxWriteRequestUnits: 4500}},
 			"sluice: TableThroughput.WarmWriteUnitsPerSecond: 5000 is above MaxWriteRequestUnits (4500), which would throttle it"},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: globalRule}},
-			`sluice: rule "global": scope global needs TableMode "mrsc" (a DynamoDB table with multi-Region strong consistency); a regional table keeps a limit per region`},
+			`sluice: rule "global": scope global needs TableMode "eventual" (regional shares) or "mrsc" (one limit); a regional table keeps a limit per region`},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: globalRule}, TableMode: sluice.TableEventual},
-			`sluice: rule "global": scope global needs TableMode "mrsc" (a DynamoDB table with multi-Region strong consistency); an eventual global table lets each region admit the whole limit`},
+			`sluice: TableRegions: []: TableMode "eventual" needs the deployment's regions, two or more`},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: globalRule}, TableMode: sluice.TableEventual, TableRegions: []string{region}},
+			`sluice: TableRegions: [` + region + `]: TableMode "eventual" needs the deployment's regions, two or more`},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: globalRule}, TableMode: sluice.TableEventual, TableRegions: []string{"eu-west-1", "ap-northeast-1"}},
+			`sluice: TableRegions: [eu-west-1 ap-northeast-1] does not hold the stack's region ` + region},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableMode: sluice.TableMRSC, TableRegions: []string{region, "eu-west-1"}},
+			`sluice: TableRegions: only with TableMode "eventual"`},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: strings.Replace(globalRule, "sliding_window", "fixed_window", 1)}, TableMode: sluice.TableEventual,
+			TableRegions: []string{region, "eu-west-1"}},
+			`sluice: rule "global": scope global on TableMode "eventual": global/0 is a fixed_window: regional shares (scope global on an eventual table) serve a token_bucket (not strict) or a bounded sliding_window of sub-window counters`},
+		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: strings.Replace(globalRule, "limit: 1000, window: 1m", "limit: 1000, window: 1m, estimator: interpolated", 1)},
+			TableMode: sluice.TableEventual, TableRegions: []string{region, "eu-west-1"}},
+			`sluice: rule "global": scope global on TableMode "eventual": global/0 has estimator interpolated`},
 		{sluice.Props{BootstrapDir: bootDir, Rules: sluice.Rules{YAML: rulesYAML}, TableMode: "strong"}, `sluice: TableMode: "strong" is not`},
 	} {
 		s := awscdk.NewStack(app, jsii.String(fmt.Sprintf("S%d", i)), &awscdk.StackProps{Env: env})
@@ -816,12 +828,38 @@ func TestPropErrors(t *testing.T) {
 const globalRule = "rules:\n  - name: global\n    key: all\n    scope: global\n    limits:\n      - {algorithm: sliding_window, limit: 1000, window: 1m, backend: dynamo}\n"
 
 // A rule with scope global is served on a table with multi-Region strong
-// consistency: New accepts it there (TestPropErrors has the refusals).
+// consistency (one limit) and on an eventual global table given its
+// regions (regional shares): New accepts it there and tells the function
+// the mode and the regions (TestPropErrors has the refusals). The shares
+// need nothing on the table beyond the authorizer's GetItem and
+// UpdateItem (regions.TableClient), on its items.
 func TestGlobalRuleOnMRSC(t *testing.T) {
 	app := awscdk.NewApp(nil)
-	s := awscdk.NewStack(app, jsii.String("Global"), &awscdk.StackProps{Env: env})
-	if errs := sluice.New(s, "RateLimit", &sluice.Props{RestAPI: petsAPI(s), BootstrapDir: bootDir, Rules: sluice.Rules{YAML: globalRule}, TableMode: sluice.TableMRSC}).Errors(); len(errs) != 0 {
-		t.Errorf("errors %q", errs)
+	for _, tt := range []struct {
+		name    string
+		props   sluice.Props
+		wantEnv map[string]string
+	}{
+		{"MRSC", sluice.Props{TableMode: sluice.TableMRSC}, map[string]string{config.EnvTableMode: "mrsc"}},
+		{"Eventual", sluice.Props{TableMode: sluice.TableEventual, TableRegions: []string{"eu-west-1", region}},
+			map[string]string{config.EnvTableMode: "eventual", config.EnvRegions: "eu-west-1," + region}},
+	} {
+		s := awscdk.NewStack(app, jsii.String("Global"+tt.name), &awscdk.StackProps{Env: env})
+		p := tt.props
+		p.RestAPI, p.BootstrapDir, p.Rules = petsAPI(s), bootDir, sluice.Rules{YAML: globalRule}
+		r := sluice.New(s, "RateLimit", &p)
+		if errs := r.Errors(); len(errs) != 0 {
+			t.Errorf("%s: errors %q", tt.name, errs)
+			continue
+		}
+		for k, v := range tt.wantEnv {
+			if got := r.Environment()[k]; got != v {
+				t.Errorf("%s: %s=%q, want %q", tt.name, k, got, v)
+			}
+		}
+		if !slices.Equal(sluice.StateTableActions, []string{"dynamodb:GetItem", "dynamodb:UpdateItem"}) {
+			t.Errorf("state table actions %v: the shares' regions.TableClient needs GetItem and UpdateItem", sluice.StateTableActions)
+		}
 	}
 }
 

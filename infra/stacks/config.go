@@ -812,7 +812,8 @@ func retention(days int) awslogs.RetentionDays {
 }
 
 // tableMode is the state table's mode across regions, for the rules'
-// scope (sluice.Props.TableMode).
+// scope (sluice.Props.TableMode; TableEventual with the regions in
+// sluice.json's order, sluice.Props.TableRegions).
 func (c *Config) tableMode() string {
 	switch {
 	case c.Consistency == ConsistencyMRSC:

@@ -2,6 +2,7 @@ package stacks
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -66,6 +67,11 @@ func NewRegionStack(scope awscdk.App, p RegionStackProps) *RegionStack {
 		ContextHeaders:         c.API.ContextHeaders,
 		LegacyRateLimitHeaders: c.API.LegacyRateLimitHeaders,
 		TableMode:              c.tableMode(),
+	}
+	if props.TableMode == sluice.TableEventual {
+		// Every region's authorizer gets the regions in sluice.json's
+		// order: a global rule's shares are numbered by it.
+		props.TableRegions = slices.Clone(c.Regions)
 	}
 	props.Function.LogicalID = AuthorizerLogicalID
 	if c.Edge != nil {

@@ -742,6 +742,16 @@ func TestAuthorizerFunction(t *testing.T) {
 			// pipeline: the backend must wait for the incr before reading.
 			config.EnvMemcachedProxy: strconv.FormatBool(a.cfg.Memcached.Mode == MemcachedServerless),
 		}
+		// The table's mode, and for an eventual table the regions in
+		// sluice.json's order (a global rule's shares).
+		if mode := a.cfg.tableMode(); mode != sluice.TableRegional {
+			want[config.EnvTableMode] = mode
+		} else if env[config.EnvTableMode] != "" {
+			t.Errorf("env %s = %q on a regional table", config.EnvTableMode, env[config.EnvTableMode])
+		}
+		if a.cfg.tableMode() == sluice.TableEventual {
+			want[config.EnvRegions] = strings.Join(a.cfg.Regions, ",")
+		}
 		switch {
 		case a.cfg.Rules.File != "":
 			b, err := os.ReadFile(a.cfg.Rules.File)

@@ -1,0 +1,79 @@
+package wiring
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/regions"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// SharesSkew bounds how far apart the regions' clocks are taken to be: a
+// region uses a grant only this long after its giver published it (AWS
+// keeps Lambda hosts' clocks within about a millisecond of UTC).
+const SharesSkew = 10 * time.Millisecond
+
+// buildShares returns the policy's regional shares when the state table
+// is a global table in the default mode (config.TableEventual): each
+// limit of a rule with scope global is a regions.Keys on the table, this
+// process deciding its region's share of each key and running the key's
+// agent in line with its decisions. Nil for any other table mode: a
+// global rule's limits are then plain limits (an MRSC table keeps them).
+func (b *Built) buildShares(ddb *dynamodb.Client) (*policy.Shares, error) {
+	env := b.Env
+	if env.TableMode != config.TableEventual {
+		return nil, nil
+	}
+	holder, err := holderName()
+	if err != nil {
+		return nil, fmt.Errorf("wiring: regional shares: %w", err)
+	}
+	n := len(env.Regions)
+	build := func(l *policy.Limit, cost int64, leases bool) (limiter.Limiter, error) {
+		store, ok := b.Stores[BackendDynamo]
+		if !ok || ddb == nil {
+			return nil, fmt.Errorf("scope global on an eventual table needs the table: set %s", config.EnvDynamoTable)
+		}
+		cfg := regions.Config{Regions: n, Leases: leases, Skew: SharesSkew}
+		switch l.Algorithm {
+		case policy.TokenBucket:
+			cfg.Bucket = &limiter.TokenBucketConfig{Name: l.Name, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: max(l.RefillAmount, 1)}
+		default: // a sliding window (policy.CheckShares)
+			cfg.Limit, cfg.Window, cfg.SubWindows = l.Limit, l.Window, l.SubWindows
+			if cfg.SubWindows == 0 {
+				cfg.SubWindows = limiter.DefaultSubWindows
+			}
+		}
+		k, err := regions.NewKeys(regions.KeysConfig{
+			Config: cfg,
+			Table:  regions.Table{Client: ddb, Table: env.DynamoTable, Region: env.Region, Deadline: env.Deadline},
+			Prefix: l.Name + ":", Store: store, Holder: holder,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("regional shares of %s: %w", l.Name, err)
+		}
+		b.shares = append(b.shares, k)
+		return k, nil
+	}
+	b.Logger.Info("scope global kept as regional shares", "table_mode", env.TableMode, "regions", env.Regions, "region", env.Regions[env.Region])
+	return &policy.Shares{Regions: n, Build: build}, nil
+}
+
+// holderName names this process in the agent roles it takes: the host,
+// the process and a random part (two Lambda containers may share a host
+// name).
+func holderName() (string, error) {
+	host, _ := os.Hostname()
+	var r [6]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(r[:])), nil
+}

@@ -1,0 +1,225 @@
+package regions
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/lru"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// KeysConfig configures [Keys]: one limit's regional shares for every key
+// a process decides.
+type KeysConfig struct {
+	// Config is the limit (its Key is unused: each key is its own).
+	Config Config
+	// Table places the keys' items (its Name is unused: key k's items
+	// are named Prefix + k).
+	Table Table
+	// Prefix names the limit's keys in the table and the store (the
+	// limit's name and a separator), so that two limits never share a key.
+	Prefix string
+	// Store is the region's store (a storage.Counter for a window, a
+	// storage.BucketStore for a bucket), for the processes and the agents.
+	Store any
+	// Holder names this process in the agent role it takes.
+	Holder string
+	// MaxKeys bounds the keys held (least recently decided dropped
+	// first; default DefaultMaxKeys).
+	MaxKeys int
+	// Tick is how often the holder of a key's agent role ticks it
+	// (default 250 ms).
+	Tick time.Duration
+}
+
+// Keys defaults.
+const (
+	DefaultMaxKeys = 10000
+	defaultTick    = 250 * time.Millisecond
+)
+
+// Keys is a process's limiter of one limit kept as regional shares, for
+// any key: per key, a [Process] and a table agent ([NewTableAgent]) that
+// the process runs in line with its decisions, with no goroutine of its
+// own (a Lambda container is frozen between invocations): a decision of
+// key k, when a tick of k's agent is due, ticks it alongside the decision
+// and returns only once both have ended. The process that holds k's
+// agent role ticks every Tick; another tries to take the role only when
+// the entry its process read says the holder stopped publishing (its
+// publication plus the table's LockLife has passed), so a region's active
+// keys cost no reads beyond their processes' and one holder's. A key's
+// first decision in a process that finds no entry valid waits for that
+// tick (it publishes the region's base share for a new key).
+//
+// A region where nobody decides k runs no agent of k: it gives away none
+// of the share it holds (its base share for a key it never saw), which
+// the other regions then lack (docs/regions.md, "A rule's scope"). Safe
+// for concurrent use.
+type Keys struct {
+	cfg KeysConfig
+
+	mu   sync.Mutex
+	keys map[string]*keyShare
+	lru  lru.List[keyShare, *keyShare]
+}
+
+// keyShare is one key's process and agent.
+type keyShare struct {
+	lru.Links[keyShare]
+	key   string
+	proc  *Process
+	agent *Agent
+
+	ticking sync.Mutex // one tick at a time
+	mu      sync.Mutex
+	tried   int64 // stamp of the last tick tried (0: none)
+}
+
+// NewKeys returns the limiter of cfg.
+func NewKeys(cfg KeysConfig) (*Keys, error) {
+	if cfg.MaxKeys <= 0 {
+		cfg.MaxKeys = DefaultMaxKeys
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = defaultTick
+	}
+	cfg.Table = cfg.Table.withDefaults()
+	if cfg.Prefix == "" || cfg.Holder == "" {
+		return nil, fmt.Errorf("%w: keys need a prefix and a holder", ErrInvalidConfig)
+	}
+	// Check the limit and the table once, on a key of the limit's own.
+	if _, err := cfg.newKey(cfg.Prefix); err != nil {
+		return nil, err
+	}
+	k := &Keys{cfg: cfg, keys: map[string]*keyShare{}}
+	k.lru.Init()
+	return k, nil
+}
+
+// newKey makes key k's process and agent.
+func (c *KeysConfig) newKey(k string) (*keyShare, error) {
+	lc, t := c.Config, c.Table
+	lc.Key, t.Name = c.Prefix+k, c.Prefix+k
+	p, err := NewProcess(lc, t, c.Store)
+	if err != nil {
+		return nil, err
+	}
+	a, err := NewTableAgent(lc, t, c.Holder, c.Store)
+	if err != nil {
+		return nil, err
+	}
+	return &keyShare{key: k, proc: p, agent: a}, nil
+}
+
+// Len returns the number of keys held.
+func (k *Keys) Len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.keys)
+}
+
+// get returns key's share, made on first use, dropping the least recent
+// key beyond MaxKeys (its agent role, if held, lapses and another process
+// of the region takes it).
+func (k *Keys) get(key string) (*keyShare, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if ks := k.keys[key]; ks != nil {
+		k.lru.MoveToFront(ks)
+		return ks, nil
+	}
+	ks, err := k.cfg.newKey(key)
+	if err != nil {
+		return nil, err
+	}
+	k.keys[key] = ks
+	k.lru.PushFront(ks)
+	for len(k.keys) > k.cfg.MaxKeys {
+		old := k.lru.Back()
+		k.lru.Remove(old)
+		delete(k.keys, old.key)
+	}
+	return ks, nil
+}
+
+// AllowN decides n units of key at now (the wall clock) against the
+// region's share of it, ticking key's agent alongside when a tick is due.
+func (k *Keys) AllowN(ctx context.Context, key string, now time.Time, n int64) (limiter.Decision, error) {
+	ks, err := k.get(key)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	t := now.UnixNano()
+	due, valid := k.due(ks, t)
+	if due && ks.ticking.TryLock() {
+		ks.mu.Lock()
+		ks.tried = t
+		ks.mu.Unlock()
+		if !valid {
+			// The decision needs the entry the tick may publish.
+			ks.agent.Tick(ctx, now) //nolint:errcheck // counted in its stats; the decision reads what is there
+			ks.ticking.Unlock()
+		} else {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				defer ks.ticking.Unlock()
+				ks.agent.Tick(ctx, now) //nolint:errcheck // counted in its stats; the next tick resumes
+			}()
+			defer func() { <-done }()
+		}
+	}
+	return ks.proc.AllowN(ctx, ks.proc.cfg.Key, now, n)
+}
+
+// due reports whether a tick of ks's agent is due at t (the holder's
+// every Tick; another process's when its entry shows no publication for
+// LockLife, at most every Tick), and whether the process holds an entry
+// valid at t.
+func (k *Keys) due(ks *keyShare, t int64) (due, valid bool) {
+	p := ks.proc
+	p.mu.Lock()
+	e, has := p.entry, p.has
+	p.mu.Unlock()
+	valid = has && t < e.Until
+	ks.mu.Lock()
+	tried := ks.tried
+	ks.mu.Unlock()
+	if tried != 0 && t-tried < int64(k.cfg.Tick) {
+		return false, valid
+	}
+	if ks.agent.Holds() || !has {
+		return true, valid
+	}
+	published := e.Until - int64(k.cfg.Table.Validity)
+	return t >= published+int64(k.cfg.Table.LockLife), valid
+}
+
+// Refund gives nothing back (see Limiter.Refund).
+func (k *Keys) Refund(ctx context.Context, key string, now time.Time, n int64) error {
+	return nil
+}
+
+var _ limiter.Limiter = (*Keys)(nil)
+
+// KeyStats are a key's counts in this process: its process's, and its
+// agent's (whether it held the role at its last tick).
+type KeyStats struct {
+	Process ProcessStats
+	Agent   AgentStats
+	Table   TableStats
+	Holds   bool
+}
+
+// Stats returns the counts of key in this process (false: not held).
+func (k *Keys) Stats(key string) (KeyStats, bool) {
+	k.mu.Lock()
+	ks := k.keys[key]
+	k.mu.Unlock()
+	if ks == nil {
+		return KeyStats{}, false
+	}
+	return KeyStats{Process: ks.proc.Stats(), Agent: ks.agent.Stats(), Table: ks.agent.TableStats(), Holds: ks.agent.Holds()}, true
+}

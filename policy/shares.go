@@ -1,0 +1,86 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Shares keeps the limits of the rules with scope global as regional
+// shares, for a deployment whose DynamoDB table is a global table in the
+// default (eventual) mode: each region decides a key against a share of
+// the limit that moves with demand, and the shares never sum above it
+// (docs/regions.md). Without Shares, a global rule's limits are built on
+// their store like any other (an MRSC table keeps one limit across
+// regions).
+type Shares struct {
+	// Regions is the number of regions that share each limit (two or
+	// more).
+	Regions int
+	// Build returns the limiter of l, a global rule's limit that
+	// [CheckShares] accepted, for requests of cost units; leases says
+	// whether it may lease capacity.
+	Build func(l *Limit, cost int64, leases bool) (limiter.Limiter, error)
+}
+
+// CheckShares reports why l, a limit of a rule with scope global, cannot
+// be kept as shares among regions regions (nil: it can). Regional shares
+// serve a token_bucket that is not strict, of max_amount at least twice
+// the regions, and a bounded sliding_window of sub-window counters that
+// does not count denials, of a limit at least the regions.
+func CheckShares(l *Limit, regions int) error {
+	const serves = "regional shares (scope global on an eventual table) serve a token_bucket (not strict) or a bounded sliding_window of sub-window counters"
+	switch l.Algorithm {
+	case TokenBucket:
+		switch {
+		case l.Strict:
+			return fmt.Errorf("%s is strict: %s", l.Name, serves)
+		case l.MaxAmount < 2*int64(regions):
+			return fmt.Errorf("%s: max_amount %d is below %d, two units per region (%d regions share it)", l.Name, l.MaxAmount, 2*regions, regions)
+		}
+		return nil
+	case SlidingWindow:
+		subs := l.SubWindows
+		if subs == 0 {
+			subs = limiter.DefaultSubWindows
+		}
+		switch {
+		case l.Estimator != limiter.Bounded:
+			return fmt.Errorf("%s has estimator %v: %s", l.Name, l.Estimator, serves)
+		case l.CountDenied:
+			return fmt.Errorf("%s counts denied requests: %s", l.Name, serves)
+		case l.Representation == limiter.Packed || l.Slots != 0:
+			return fmt.Errorf("%s is packed: %s (representation: subwindows)", l.Name, serves)
+		case l.Window%time.Duration(subs) != 0 || l.Window/time.Duration(subs) < time.Millisecond:
+			return fmt.Errorf("%s: %d sub-windows do not cut the window %v into whole sub-windows of at least 1ms (give sub_windows)", l.Name, subs, l.Window)
+		case l.Limit < int64(regions):
+			return fmt.Errorf("%s: limit %d is below the %d regions that share it", l.Name, l.Limit, regions)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s is a %s: %s", l.Name, l.Algorithm, serves)
+}
+
+// bindLimit builds the limiter of l, a limit of the rule c on the store
+// named backend: as regional shares when c is global and opts say so.
+func bindLimit(c *compiledRule, l *Limit, backend string, opts *Options) (limiter.Limiter, error) {
+	if c.Scope == ScopeGlobal && opts.Shares != nil {
+		return opts.Shares.Build(l, c.cost, !opts.NoLeases && l.leases())
+	}
+	return build(l, backend, opts, c.cost)
+}
+
+// checkShares checks every limit of c, the rule at index, against
+// opts.Shares (nothing without it, or when c is regional).
+func checkShares(c *compiledRule, index int, opts *Options) error {
+	if c.Scope != ScopeGlobal || opts.Shares == nil {
+		return nil
+	}
+	for _, l := range c.allLimits() {
+		if err := CheckShares(&l, opts.Shares.Regions); err != nil {
+			return ruleError(c.Name, index, "scope", "%v", err)
+		}
+	}
+	return nil
+}
