@@ -25,6 +25,7 @@ type simLedger struct {
 func (l *simLedger) Publish(_ context.Context, r int, st State) error {
 	st.Given = slices.Clone(st.Given)
 	st.Future = slices.Clone(st.Future)
+	st.Tokens = slices.Clone(st.Tokens)
 	l.hist[r] = append(l.hist[r], st)
 	return nil
 }
