@@ -127,6 +127,9 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	excess = min(excess, give)
+	if a.brokenTokens {
+		excess = give
+	}
 	for o, u := range g {
 		a.states[a.r].Given[o] += u
 		a.states[a.r].Tokens[o] += excess * u / give

@@ -289,8 +289,9 @@ type Agent struct {
 	ahead time.Duration
 	// broken gives what it should not (tests: the checkers must see it):
 	// a window's grants ignore the region's count, a bucket's giver
-	// does not rebase.
-	broken bool
+	// does not rebase; brokenTokens: a bucket's giver carries a token a
+	// unit given, saved or not.
+	broken, brokenTokens bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
