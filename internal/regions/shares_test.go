@@ -258,22 +258,23 @@ func TestSharesSim(t *testing.T) {
 // TestSharesSimFailsBroken: the checker sees a bucket's giver that keeps
 // its rate and capacity, and one that carries a token with every unit it
 // gives whether it saved it or not: at three times the steady rate and a
-// lag of 250 ms, the split 60/30/10 (demand re-split every 1.5 s, one
-// region idle, for the tokens) then puts intervals of stamps over the
-// bucket's bound. (The window's counterpart: TestSharesGiveOnlyFree.)
+// lag of 250 ms, the split 60/30/10 for 30 s (for the tokens, 10 s of
+// demand re-split every 1.5 s, one region idle) then puts intervals of
+// stamps over the bucket's bound. (The window's counterpart: TestSharesGiveOnlyFree.)
 func TestSharesSimFailsBroken(t *testing.T) {
 	for _, c := range []struct {
 		name                string
 		broken, brokenToken bool
 		splits              [][]float64
+		dur                 time.Duration
 	}{
-		{"bucket/rate", true, false, nil},
-		{"bucket/tokens", false, true, [][]float64{{0.6, 0.4, 0}, {0, 0.3, 0.7}, {0.5, 0, 0.5}}},
+		{"bucket/rate", true, false, nil, 30 * time.Second},
+		{"bucket/tokens", false, true, [][]float64{{0.6, 0.4, 0}, {0, 0.3, 0.7}, {0.5, 0, 0.5}}, 10 * time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			seed := uint64(time.Now().UnixNano())
 			sp := simSplits[1]
-			res := sim{cfg: simBucket, split: sp.split, splits: c.splits, every: 1500 * time.Millisecond, rate: 600, dur: 30 * time.Second,
+			res := sim{cfg: simBucket, split: sp.split, splits: c.splits, every: 1500 * time.Millisecond, rate: 600, dur: c.dur,
 				lag: 250 * time.Millisecond, procs: 2, seed: seed, broken: c.broken, brokenTok: c.brokenToken}.run(t)
 			if len(res.over) == 0 {
 				t.Errorf("seed %d: broken grants, yet no window over the limit (%.3f of exact)", seed, res.share())
