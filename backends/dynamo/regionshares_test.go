@@ -203,12 +203,12 @@ func TestRegionShares(t *testing.T) {
 
 // BenchmarkRegionShares reports the regional shares' figures on the
 // default-mode harness, lag 1 s, 1.2 times the steady rate (run with
-// -benchtime=1x): per limit and split, a run of 30 s (the moving split:
-// 15 s each way), and the moving split again over 80 s (20 windows, as
-// the simulation). Metrics: the share of exact over the run and
-// over the calls stamped after its first 10 s (steady: the shares start
-// split evenly), the worst window over the limit (the window), windows
-// over the limit, store requests per decision.
+// -benchtime=1x): per limit, each split for 30 s, and the split that
+// moves (at half time) for 30 s, 60 s and 120 s. Metrics: the share of
+// exact over the run and over the calls stamped after its first 10 s
+// (steady: the shares start split evenly), the worst window over the
+// limit (the window), windows over the limit, store requests per
+// decision.
 func BenchmarkRegionShares(b *testing.B) {
 	g, table, eps := startEventual(b)
 	type run struct {
@@ -218,9 +218,14 @@ func BenchmarkRegionShares(b *testing.B) {
 	}
 	var runs []run
 	for _, s := range shareSplits {
-		runs = append(runs, run{s.name, s.split, s.then, 30 * time.Second})
+		if s.then == nil {
+			runs = append(runs, run{s.name, s.split, nil, 30 * time.Second})
+			continue
+		}
+		for _, d := range []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second} {
+			runs = append(runs, run{fmt.Sprintf("%s/%v", s.name, d), s.split, s.then, d})
+		}
 	}
-	runs = append(runs, run{shareSplits[3].name + "/80s", shareSplits[3].split, shareSplits[3].then, 80 * time.Second})
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
 		for _, r := range runs {
 			b.Run(string(alg)+"/"+r.name, func(b *testing.B) {

@@ -89,7 +89,11 @@ func (a *Agent) newItem(ctx context.Context, at time.Time, s int64, prepare bool
 }
 
 // giveBucket gives what the plan gives, rebasing the region's bucket
-// first to its share less the grant (and to the grants it received).
+// first to its share less the grant (and to the grants it received). The
+// free tokens the old bucket held above the new share go with the units
+// given (tokens it saved while idle), up to one a unit: the receiver adds
+// them to its bucket when it takes the grant, so tokens held and tokens
+// in transit never sum above the capacities in force and in transit.
 func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	g := a.planNow(false)
 	var give int64
@@ -99,14 +103,22 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	give = clampPlan(g, give, a.owned)
 	target := a.owned - give
-	cur := a.items[len(a.items)-1].share
+	cur := a.items[len(a.items)-1]
+	carryIn := a.carryIn
+	a.carryIn = 0
 	a.mu.Unlock()
-	if a.broken && target < cur {
-		target = cur
+	if a.broken && target < cur.share {
+		target = cur.share
 	}
-	if target != cur {
-		if err := a.rebase(ctx, now, target); err != nil {
+	var excess int64
+	if target != cur.share {
+		var err error
+		if excess, err = a.rebase(ctx, now, target, carryIn); err != nil {
 			return err // nothing given; received grants are taken at the next tick's rebase
+		}
+	} else if carryIn > 0 && cur.own != nil {
+		if err := cur.own.Refund(ctx, cur.key, now, min(carryIn, cur.share)); err != nil {
+			return err // the tokens are lost: under-admits
 		}
 	}
 	if give == 0 {
@@ -114,8 +126,13 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	excess = min(excess, give)
+	if a.brokenTokens {
+		excess = give
+	}
 	for o, u := range g {
 		a.states[a.r].Given[o] += u
+		a.states[a.r].Tokens[o] += excess * u / give
 	}
 	a.owned -= give
 	a.stats.Given += give
@@ -125,15 +142,19 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 }
 
 // rebase moves the region's bucket to a new item of s units (see the
-// file's comment).
-func (a *Agent) rebase(ctx context.Context, now time.Time, s int64) error {
+// file's comment), adding carryIn tokens (received with grants), and
+// returns the old item's free tokens that the new one could not hold.
+// Through the table the old item's tokens move later (carryTable), so
+// none are carried with a grant there: carryIn is 0 (receive takes no
+// tokens on the table path) and nothing is returned.
+func (a *Agent) rebase(ctx context.Context, now time.Time, s, carryIn int64) (int64, error) {
 	if a.tbl != nil {
-		return a.rebaseTable(ctx, now, s)
+		return 0, a.rebaseTable(ctx, now, s)
 	}
 	at := now.Add(a.ahead)
 	it, err := a.newItem(ctx, at, s, true)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	a.mu.Lock()
 	a.stats.Rebases++
@@ -158,19 +179,19 @@ func (a *Agent) rebase(ctx context.Context, now time.Time, s int64) error {
 		}
 		d, err := old.own.Get(ctx, old.key, at)
 		if err != nil {
-			return err // the old tokens stay behind: under-admits
+			return 0, err // the old tokens stay behind: under-admits
 		}
 		free = d.Remaining
 	}
-	if carry := min(free, s); carry > 0 {
+	if carry := min(free+carryIn, s); carry > 0 {
 		if err := it.own.Refund(ctx, it.key, at, carry); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	a.mu.Lock()
 	a.items = a.items[len(a.items)-1:]
 	a.mu.Unlock()
-	return nil
+	return max(free-s, 0), nil
 }
 
 // bucket returns the process's bucket of it (made when make is set).

@@ -45,6 +45,9 @@ const (
 	// minWeight is the least share of the demand a region is counted
 	// with, so that a region with no demand yet keeps a little.
 	minWeight = 0.01
+	// needHeadroom is how much more than its demand a region keeps while
+	// the others' demands are unknown (the start).
+	needHeadroom = 2.5
 	// hysteresis is the least surplus worth starting a grant, as a share
 	// of the region's target, and at least minSurplus of the limit.
 	hysteresis = 0.2
@@ -102,6 +105,9 @@ type State struct {
 	// Future are the grants counted in Given that take effect later (a
 	// window's units still in its giver's view until then).
 	Future []Grant `json:"f,omitempty"`
+	// Tokens is the tokens it carried to each region with the units it
+	// gave (a bucket's): running totals, never decreasing.
+	Tokens []int64 `json:"k,omitempty"`
 }
 
 // Grant is Units given to region To, in force from At (Unix ns).
@@ -145,18 +151,40 @@ func (c Config) share(r int, states []State) int64 {
 	return s
 }
 
-// targets are the shares the regions' demands call for: the units in
-// proportion to the demands. (Capping a target at a region's need, so
-// that units nobody needs stay where they are, was measured worse: when
-// demand moves, the surplus of the region it left reaches the region it
-// went to a replication lag sooner when spread at once.)
-func (c Config) targets(states []State) []float64 {
-	var total float64
+// targets are the shares the regions' demands call for, as region r sees
+// them: the units in proportion to the demands. (Capping a target at a
+// region's need, so that units nobody needs stay where they are, was
+// measured worse: when demand moves, the surplus of the region it left
+// reaches the region it went to a replication lag sooner when spread at
+// once.) A region whose entry r has not read yet (at the start) may have
+// any demand: the known ones are counted at their need (their demand at
+// the limit's rate, at least minWeight of the units) and the unknown ones
+// share the rest evenly, so a region that starts idle releases its
+// surplus at once instead of a lag later, when it learns where it is
+// needed.
+func (c Config) targets(r int, states []State) []float64 {
+	var total, need float64
+	unknown := 0
 	for _, st := range states {
 		total += st.Demand
+		if st.Seq == 0 { // r's own before its first estimate too
+			unknown++
+		} else {
+			need += c.need(st.Demand)
+		}
+	}
+	w := make([]float64, len(states))
+	if unknown > 0 && need < float64(c.units()) {
+		for o, st := range states {
+			if st.Seq == 0 {
+				w[o] = (float64(c.units()) - need) / float64(unknown)
+			} else {
+				w[o] = c.need(st.Demand)
+			}
+		}
+		return w
 	}
 	floor := max(total*minWeight, 1e-9)
-	w := make([]float64, len(states))
 	var sum float64
 	for i, st := range states {
 		w[i] = max(st.Demand, floor)
@@ -168,13 +196,30 @@ func (c Config) targets(states []State) []float64 {
 	return w
 }
 
+// need is the share a demand calls for when the others' are unknown:
+// needHeadroom times the demand at the limit's rate, at least minWeight of
+// the units.
+func (c Config) need(demand float64) float64 {
+	return max(needHeadroom*demand/c.rate(), minWeight) * float64(c.units())
+}
+
+// rate is the limit's steady rate in units a second: the bucket's refill,
+// or the window's limit over its span (a window and a sub-window: what a
+// bounded window admits steadily).
+func (c Config) rate() float64 {
+	if b := c.Bucket; b != nil {
+		return float64(b.RefillAmount) / b.RefillTime.Seconds()
+	}
+	return float64(c.Limit) / (c.Window + c.Window/time.Duration(c.SubWindows)).Seconds()
+}
+
 // plan is what region r would give each region now (nil: nothing): its
 // part of what the regions short of their targets lack, as r sees them,
 // in proportion to its surplus among all the regions' surpluses, and
 // never more than its surplus. giving reports that r already withholds
 // units for a grant (no hysteresis then).
 func (c Config) plan(r int, states []State, giving bool) []int64 {
-	tg := c.targets(states)
+	tg := c.targets(r, states)
 	shares := make([]float64, len(states))
 	for o := range states {
 		shares[o] = float64(c.share(o, states))
@@ -244,8 +289,9 @@ type Agent struct {
 	ahead time.Duration
 	// broken gives what it should not (tests: the checkers must see it):
 	// a window's grants ignore the region's count, a bucket's giver
-	// does not rebase.
-	broken bool
+	// does not rebase; brokenTokens: a bucket's giver carries a token a
+	// unit given, saved or not.
+	broken, brokenTokens bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -261,7 +307,11 @@ type Agent struct {
 	inflight map[int64]int
 	// bucket: the items in force, the current one last.
 	items []*bucketItem
-	stats AgentStats
+	// tokensIn is the tokens taken from each region's grants so far;
+	// carryIn those not yet added to the region's bucket.
+	tokensIn []int64
+	carryIn  int64
+	stats    AgentStats
 	// tbl, if set, is the agent's side of the table (NewTableAgent).
 	tbl *tableAgent
 }
@@ -295,6 +345,8 @@ func NewAgent(cfg Config, region int, ledger Ledger, store any) (*Agent, error) 
 	a.owned = cfg.base(region)
 	a.stats.Share = a.owned
 	if cfg.Bucket != nil {
+		a.states[region].Tokens = make([]int64, cfg.Regions)
+		a.tokensIn = make([]int64, cfg.Regions)
 		if _, ok := store.(storage.BucketStore); !ok {
 			return nil, fmt.Errorf("%w: a bucket's store must be a storage.BucketStore, not %T", ErrInvalidConfig, store)
 		}
@@ -366,6 +418,7 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	pub := *own
 	pub.Given = slices.Clone(own.Given)
 	pub.Future = slices.Clone(own.Future)
+	pub.Tokens = slices.Clone(own.Tokens)
 	if err := a.ledger.Publish(ctx, a.r, pub); err != nil {
 		// Published at a later tick: the grant is already out of this
 		// region's share, so a late publication only delays it.
@@ -381,7 +434,7 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 // are kept for the decisions stamped after them.
 func (a *Agent) receive(now time.Time) {
 	t, skew := now.UnixNano(), int64(a.cfg.Skew)
-	var got int64
+	var got, tokens int64
 	var incoming []Grant
 	for o, st := range a.states {
 		if o == a.r {
@@ -392,6 +445,10 @@ func (a *Agent) receive(now time.Time) {
 		}
 		ap := a.applied[o]
 		got += ap.Given[a.r]
+		if a.r < len(ap.Tokens) && ap.Tokens[a.r] > a.tokensIn[o] && a.cfg.Bucket != nil && a.tbl == nil {
+			tokens += ap.Tokens[a.r] - a.tokensIn[o]
+			a.tokensIn[o] = ap.Tokens[a.r]
+		}
 		for _, f := range ap.Future {
 			if f.To == a.r && f.At+skew > t {
 				got -= f.Units
@@ -407,6 +464,7 @@ func (a *Agent) receive(now time.Time) {
 	defer a.mu.Unlock()
 	a.owned = a.cfg.base(a.r) - gave + got
 	a.incoming = incoming
+	a.carryIn += tokens
 	a.stats.Received = got
 	a.stats.Share = a.owned
 }

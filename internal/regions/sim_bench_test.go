@@ -34,49 +34,69 @@ func exactFrom(tb testing.TB, exact limiter.Limiter, calls []limitertest.Call, f
 	return got, want
 }
 
+// simRuns are the runs of the benchmarks: each split for 30 s, and the
+// split that moves (at half time) for 30 s, 60 s and 120 s.
+var simRuns = func() []simRun {
+	var runs []simRun
+	for _, sp := range simSplits {
+		if sp.then == nil {
+			runs = append(runs, simRun{sp.name, sp.split, nil, 30 * time.Second})
+			continue
+		}
+		for _, d := range []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second} {
+			runs = append(runs, simRun{sp.name, sp.split, sp.then, d})
+		}
+	}
+	return runs
+}()
+
+type simRun struct {
+	name        string
+	split, then []float64
+	dur         time.Duration
+}
+
 // BenchmarkSharesSim reports the shares' share of exact on memory stores
 // with a simulated clock (lag 1 s, 1.2 times the steady rate, five seeds
-// per case; run with -benchtime=1x): per limit, split and run length (30
-// s, and 80 s: 20 windows), the least and the mean over the seeds, over
-// the whole run and over the calls stamped after its first 10 s (the
-// shares start split evenly). Never over is asserted on every run.
+// per case; run with -benchtime=1x): per limit and run (simRuns), the
+// least and the mean over the seeds, over the whole run and over the
+// calls stamped after its first 10 s (the shares start split evenly).
+// Never over is asserted on every run.
 func BenchmarkSharesSim(b *testing.B) {
 	for _, alg := range []struct {
 		name string
 		cfg  Config
 	}{{"window", simWindow}, {"bucket", simBucket}} {
-		for _, dur := range []time.Duration{30 * time.Second, 80 * time.Second} {
-			for _, sp := range simSplits {
-				b.Run(fmt.Sprintf("%s/%s/%v", alg.name, sp.name, dur), func(b *testing.B) {
-					for range b.N {
-						var all, steady []float64
-						for seed := range 5 {
-							res := sim{cfg: alg.cfg, split: sp.split, then: sp.then, rate: 240, dur: dur, lag: time.Second, procs: 2, seed: uint64(seed + 1)}.run(b)
-							for _, v := range res.over {
-								b.Errorf("seed %d: over the limit: %v", seed+1, v)
-							}
-							all = append(all, res.share())
-							var ex limiter.Limiter
-							var err error
-							if c := alg.cfg.Bucket; c != nil {
-								ex, err = limiter.NewTokenBucket(memStore(b), *c)
-							} else {
-								ex, err = limiter.NewSlidingWindow(memStore(b), limiter.SlidingWindowConfig{Name: "exact", Limit: alg.cfg.Limit, Window: alg.cfg.Window,
-									SubWindows: alg.cfg.SubWindows, Representation: limiter.SubWindowCounters})
-							}
-							if err != nil {
-								b.Fatal(err)
-							}
-							got, want := exactFrom(b, ex, res.calls, simStart.Add(10*time.Second))
-							steady = append(steady, float64(got)/float64(want))
+		for _, r := range simRuns {
+			b.Run(fmt.Sprintf("%s/%s/%v", alg.name, r.name, r.dur), func(b *testing.B) {
+				for range b.N {
+					var all, steady []float64
+					for seed := range 5 {
+						res := sim{cfg: alg.cfg, split: r.split, then: r.then, rate: 240, dur: r.dur, lag: time.Second, procs: 2, seed: uint64(seed + 1)}.run(b)
+						for _, v := range res.over {
+							b.Errorf("seed %d: over the limit: %v", seed+1, v)
 						}
-						b.ReportMetric(slices.Min(all), "exact-share-min")
-						b.ReportMetric(mean(all), "exact-share-mean")
-						b.ReportMetric(slices.Min(steady), "after-10s-min")
-						b.ReportMetric(mean(steady), "after-10s-mean")
+						all = append(all, res.share())
+						var ex limiter.Limiter
+						var err error
+						if c := alg.cfg.Bucket; c != nil {
+							ex, err = limiter.NewTokenBucket(memStore(b), *c)
+						} else {
+							ex, err = limiter.NewSlidingWindow(memStore(b), limiter.SlidingWindowConfig{Name: "exact", Limit: alg.cfg.Limit, Window: alg.cfg.Window,
+								SubWindows: alg.cfg.SubWindows, Representation: limiter.SubWindowCounters})
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						got, want := exactFrom(b, ex, res.calls, simStart.Add(10*time.Second))
+						steady = append(steady, float64(got)/float64(want))
 					}
-				})
-			}
+					b.ReportMetric(slices.Min(all), "exact-share-min")
+					b.ReportMetric(mean(all), "exact-share-mean")
+					b.ReportMetric(slices.Min(steady), "after-10s-min")
+					b.ReportMetric(mean(steady), "after-10s-mean")
+				}
+			})
 		}
 	}
 }
