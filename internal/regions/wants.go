@@ -74,28 +74,37 @@ func (w *wantsRef) count(f func(*WantsStats)) {
 	f(&w.stats)
 }
 
-// short reports whether the region is short of the key: it lacks at
-// least a hundredth of the units (minSurplus) against its target, and
-// its demand over the share's horizon (a window; a bucket's share
-// refills at share/units of the bucket's rate) is at least shortFill of
-// its share. Tick's state.
+// short reports whether the region is short of the key: another
+// region's plan, as this region reads the states, would give it units
+// (a surplus above that region's hysteresis while this region lacks
+// against its target), and its demand over the share's horizon (a
+// window; a bucket's share refills at share/units of the bucket's rate)
+// is at least shortFill of its share. A lack that no region would give
+// (under the givers' hysteresis) does not list the key, so the key is
+// not ticked elsewhere for nothing. Tick's state.
 func (a *Agent) short() bool {
 	a.mu.Lock()
 	share := a.owned
 	a.mu.Unlock()
-	u := float64(a.cfg.units())
-	tg := a.cfg.targets(a.states)
-	if tg[a.r]-float64(share) < max(minSurplus*u, 1) {
-		return false
-	}
 	d := a.states[a.r].Demand // units a second
 	var horizon float64       // seconds a share's units last at its rate
 	if b := a.cfg.Bucket; b != nil {
-		horizon = u * b.RefillTime.Seconds() / float64(b.RefillAmount)
+		horizon = float64(a.cfg.units()) * b.RefillTime.Seconds() / float64(b.RefillAmount)
 	} else {
 		horizon = a.cfg.Window.Seconds()
 	}
-	return d*horizon >= shortFill*float64(share)
+	if d*horizon < shortFill*float64(share) {
+		return false
+	}
+	for o := range a.states {
+		if o == a.r {
+			continue
+		}
+		if g := a.cfg.plan(o, a.states, false); g != nil && g[a.r] > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // updateWants lists the key in its region's wants index when the region
