@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/aws/aws-lambda-go/events"
+
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -26,6 +28,10 @@ const (
 	// KindHTTP is an HTTP API payload 2.0 authorizer event
 	// (events.APIGatewayV2CustomAuthorizerV2Request, event_http2.go).
 	KindHTTP
+	// KindScheduled is an EventBridge scheduled event
+	// (events.CloudWatchEvent, event_scheduled.go): not an authorizer
+	// event, but the keeper's invocation.
+	KindScheduled
 )
 
 // String returns "TOKEN", "REQUEST" or "HTTP 2.0".
@@ -37,6 +43,8 @@ func (k Kind) String() string {
 		return "REQUEST"
 	case KindHTTP:
 		return "HTTP 2.0"
+	case KindScheduled:
+		return "scheduled"
 	}
 	return "unknown"
 }
@@ -68,10 +76,12 @@ type Event struct {
 	ARN string
 	// Request holds the attributes the rules see.
 	Request policy.Request
+	// Scheduled is a scheduled event (KindScheduled; nil otherwise).
+	Scheduled *events.CloudWatchEvent
 }
 
 // DecodeEvent tells the event's type from its "version" and "type" fields
-// and decodes it into aws-lambda-go's type for that source (one file per
+// (a scheduled event from its "source" and "detail-type") and decodes it into aws-lambda-go's type for that source (one file per
 // source: event_token.go, event_request.go, event_http1.go,
 // event_http2.go). It returns an *EventError for malformed JSON, an
 // unknown type, a missing required field, a field Sluice reads that has the
@@ -83,8 +93,10 @@ type Event struct {
 // nesting depth is bounded.
 func DecodeEvent(raw []byte) (*Event, error) {
 	var probe struct {
-		Version string `json:"version"`
-		Type    string `json:"type"`
+		Version    string `json:"version"`
+		Type       string `json:"type"`
+		Source     string `json:"source"`
+		DetailType string `json:"detail-type"`
 	}
 	// This pass validates the whole document, so the decoders below see
 	// only type errors.
@@ -100,6 +112,8 @@ func DecodeEvent(raw []byte) (*Event, error) {
 		return decodeRequest(raw)
 	case v == "" && t == "TOKEN":
 		return decodeToken(raw)
+	case probe.Source == ScheduledSource && probe.DetailType == ScheduledDetailType:
+		return decodeScheduled(raw)
 	default:
 		return nil, &EventError{Reason: fmt.Sprintf("unknown event type %q (version %q): want a TOKEN or REQUEST authorizer event", clip(t), clip(v))}
 	}

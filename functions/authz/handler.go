@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
+
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
@@ -80,6 +82,11 @@ type Config struct {
 	// distribution adds to its origin requests: with ClientIPViewerAddress,
 	// only requests that carry it are keyed by CloudFront-Viewer-Address.
 	EdgeSecret string
+	// Scheduled, when not nil, runs on a scheduled event (an EventBridge
+	// schedule's invocation: the regional shares' keeper), under the
+	// invocation's context; its result is the invocation's. Nil: a
+	// scheduled event gets ErrNoKeeper.
+	Scheduled func(ctx context.Context, ev *events.CloudWatchEvent) (any, error)
 }
 
 // Handler is the authorizer. Safe for concurrent use.
@@ -127,9 +134,17 @@ func New(cfg Config) (*Handler, error) {
 // Handle is the Lambda handler: it decodes any of the three authorizer
 // events and returns the response (a [Response]) for lambda.Start to
 // marshal, or an error: [ErrUnauthorized], a [*ShedError] or an
-// [*EventError].
+// [*EventError]. A scheduled event runs Config.Scheduled and returns its
+// result ([ErrNoKeeper] when it is nil).
 func (h *Handler) Handle(ctx context.Context, event json.RawMessage) (any, error) {
-	r, _, err := h.Decide(ctx, event)
+	ev, err := h.decode(ctx, event)
+	if err != nil {
+		return nil, err
+	}
+	if ev.Kind == KindScheduled {
+		return h.scheduled(ctx, ev)
+	}
+	r, _, err := h.decide(ctx, ev)
 	if err != nil {
 		return nil, err
 	}
@@ -140,9 +155,20 @@ func (h *Handler) Handle(ctx context.Context, event json.RawMessage) (any, error
 // payload and returns the marshalled response, so that the whole event,
 // malformed JSON included, is the handler's to judge (lambda.Start would
 // otherwise reject malformed JSON itself). functions/authorizer passes the
-// Handler to lambda.Start.
+// Handler to lambda.Start. A scheduled event is Handle's.
 func (h *Handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
-	r, _, err := h.Decide(ctx, payload)
+	ev, err := h.decode(ctx, payload)
+	if err != nil {
+		return nil, err
+	}
+	if ev.Kind == KindScheduled {
+		out, err := h.scheduled(ctx, ev)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(out)
+	}
+	r, _, err := h.decide(ctx, ev)
 	if err != nil {
 		return nil, err
 	}
@@ -150,15 +176,38 @@ func (h *Handler) Invoke(ctx context.Context, payload []byte) ([]byte, error) {
 }
 
 // Decide is Handle with the typed response and the policy's result (for the
-// local API and tests).
+// local API and tests). A scheduled event is not an authorizer event here.
 func (h *Handler) Decide(ctx context.Context, event []byte) (Response, policy.Result, error) {
-	ev, err := DecodeEvent(event)
+	ev, err := h.decode(ctx, event)
 	if err != nil {
-		if !errors.Is(err, ErrUnauthorized) {
-			h.log.LogAttrs(ctx, slog.LevelWarn, "bad event", slog.String("error", err.Error()))
-		}
 		return nil, policy.Result{}, err
 	}
+	if ev.Kind == KindScheduled {
+		return nil, policy.Result{}, &EventError{Kind: KindScheduled, Reason: "not an authorizer event"}
+	}
+	return h.decide(ctx, ev)
+}
+
+// decode decodes an event, logging a bad one.
+func (h *Handler) decode(ctx context.Context, event []byte) (*Event, error) {
+	ev, err := DecodeEvent(event)
+	if err != nil && !errors.Is(err, ErrUnauthorized) {
+		h.log.LogAttrs(ctx, slog.LevelWarn, "bad event", slog.String("error", err.Error()))
+	}
+	return ev, err
+}
+
+// scheduled runs the keeper on a scheduled event.
+func (h *Handler) scheduled(ctx context.Context, ev *Event) (any, error) {
+	if h.cfg.Scheduled == nil {
+		h.log.LogAttrs(ctx, slog.LevelWarn, "scheduled event without a keeper", slog.String("error", ErrNoKeeper.Error()))
+		return nil, ErrNoKeeper
+	}
+	return h.cfg.Scheduled(ctx, ev.Scheduled)
+}
+
+// decide decides an authorizer event.
+func (h *Handler) decide(ctx context.Context, ev *Event) (Response, policy.Result, error) {
 	if h.cfg.ClientIP == ClientIPViewerAddress && h.viewerAddress(&ev.Request) && !h.warnedViewer.Swap(true) {
 		h.log.LogAttrs(ctx, slog.LevelWarn, "a request through the edge carries no valid "+ViewerAddressHeader+
 			" header: keyed by its source IP (the CloudFront server); add the header to the origin request policy (logged once)")

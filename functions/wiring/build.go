@@ -185,6 +185,7 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 		LogKey:        logKey,
 		ClientIP:      env.ClientIP,
 		EdgeSecret:    env.EdgeSecret,
+		Scheduled:     b.keeper(opts.Shares, clock),
 	})
 }
 

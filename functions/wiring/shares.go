@@ -1,12 +1,14 @@
 package wiring
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"os"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/sluicehq/sluice/config"
@@ -76,4 +78,31 @@ func holderName() (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(r[:])), nil
+}
+
+// keeper returns the handler's keeper of the regional shares (nil without
+// them): on a scheduled event (an EventBridge schedule every minute, which
+// the construct adds with a global rule on an eventual table) it sweeps
+// the limits' keys the other regions want until the invocation's deadline
+// less regions.DefaultKeeperMargin (regions.Keeper), so that a region
+// without traffic of a key still gives its share of it away.
+func (b *Built) keeper(shares *policy.Shares, clock limiter.Clock) func(context.Context, *events.CloudWatchEvent) (any, error) {
+	if shares == nil {
+		return nil
+	}
+	kp := &regions.Keeper{Keys: func() []*regions.Keys { return b.shares }, Now: clock.Now}
+	return func(ctx context.Context, ev *events.CloudWatchEvent) (any, error) {
+		rep, err := kp.Run(ctx)
+		attrs := []any{"event", ev.ID, "limits", rep.Limits, "rounds", rep.Rounds, "ran", rep.Ran.String(), "index_reads", rep.IndexReads,
+			"index_errors", rep.IndexErrors, "wanted", rep.Wanted, "ticks", rep.Ticks, "tick_errors", rep.TickErrors, "skipped", rep.Skipped}
+		if err != nil {
+			// The keeper's errors are its sweeps' (a tick or a read that
+			// failed is tried again next round): logged, not the
+			// invocation's, which an asynchronous invoke would retry.
+			b.Logger.Warn("keeper ran with errors", append(attrs, "error", err.Error())...)
+		} else {
+			b.Logger.Info("keeper ran", attrs...)
+		}
+		return map[string]any{"keeper": rep}, nil
+	}
 }

@@ -97,7 +97,15 @@ func sharesEnv(table, region, rules string) map[string]string {
 // sharesProcs authorizers per region on it.
 func startShares(t *testing.T) []*sharesContainer {
 	t.Helper()
-	g := testserver.StartRegions(t, testserver.RegionsConfig{Lag: time.Second})
+	cs, _ := startSharesLag(t, time.Second)
+	return cs
+}
+
+// startSharesLag is startShares with replication lag lag; it returns the
+// harness too.
+func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *testserver.Regions) {
+	t.Helper()
+	g := testserver.StartRegions(t, testserver.RegionsConfig{Lag: lag})
 	table := fmt.Sprintf("sluice-shares-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -138,7 +146,7 @@ func startShares(t *testing.T) []*sharesContainer {
 			cs = append(cs, &sharesContainer{region: i, built: b, clock: clock})
 		}
 	}
-	return cs
+	return cs, g
 }
 
 // sharesRun is what became of a run's decisions.

@@ -152,6 +152,7 @@ func New(scope constructs.Construct, id string, props *Props) *RateLimiter {
 	r.buildCache()
 	r.buildEnv()
 	r.buildFunction(id)
+	r.buildKeeper()
 	r.buildPublisher()
 	if p.RestAPI != nil {
 		r.protectREST()
@@ -607,7 +608,7 @@ func (r *RateLimiter) buildFunction(id string) {
 		Handler:                      jsii.String("bootstrap"),
 		Code:                         awslambda.Code_FromAsset(jsii.String(p.BootstrapDir), nil),
 		MemorySize:                   jsii.Number(float64(p.Function.MemoryMB)),
-		Timeout:                      awscdk.Duration_Seconds(jsii.Number(p.Function.Timeout.Seconds())),
+		Timeout:                      awscdk.Duration_Seconds(jsii.Number(r.functionTimeout().Seconds())),
 		Environment:                  &env,
 		Role:                         role,
 		LogGroup:                     logs,

@@ -18,5 +18,8 @@
 // An [Agent] from [NewAgent] reaches its region's processes ([Limiter])
 // in memory; one from [NewTableAgent] reaches them ([Process]) only
 // through the region's item in the table, and any number of them may run
-// a region, one holding the role at a time.
+// a region, one holding the role at a time. [Keys] runs them per key in a
+// process; a region short of a key lists it in a wants index, and the
+// other regions tick their agents of the keys listed there
+// ([Keys.Sweep], in line with decisions or from a [Keeper]).
 package regions

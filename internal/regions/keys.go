@@ -32,6 +32,13 @@ type KeysConfig struct {
 	// Tick is how often the holder of a key's agent role ticks it
 	// (default 250 ms).
 	Tick time.Duration
+	// SweepEvery is how often a process sweeps in line with its
+	// decisions (Sweep: the other regions' wants indexes read, the keys
+	// they list ticked here; default Tick).
+	SweepEvery time.Duration
+	// SweepKeys bounds the keys a sweep ticks (those ticked longest ago
+	// first; default 64).
+	SweepKeys int
 }
 
 // Keys defaults.
@@ -53,16 +60,20 @@ const (
 // first decision in a process that finds no entry valid waits for that
 // tick (it publishes the region's base share for a new key).
 //
-// A region where nobody decides k runs no agent of k: it gives away none
-// of the share it holds (its base share for a key it never saw), which
-// the other regions then lack (docs/regions.md, "A rule's scope"). Safe
-// for concurrent use.
+// A region short of k lists k in its wants index (wants.go); the other
+// regions tick their agents of the keys listed there (Sweep), in line
+// with decisions of any key (every SweepEvery) or from a keeper
+// ([Keeper]), so that a region where nobody decides k still gives its
+// share of k away (docs/regions.md, "A rule's scope"). Safe for
+// concurrent use.
 type Keys struct {
 	cfg KeysConfig
 
 	mu   sync.Mutex
 	keys map[string]*keyShare
 	lru  lru.List[keyShare, *keyShare]
+
+	sweep sweeper // sweep.go
 }
 
 // keyShare is one key's process and agent.
@@ -84,6 +95,10 @@ func NewKeys(cfg KeysConfig) (*Keys, error) {
 	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = defaultTick
+	}
+	cfg.SweepEvery = orDefault(cfg.SweepEvery, cfg.Tick)
+	if cfg.SweepKeys <= 0 {
+		cfg.SweepKeys = defaultSweepKeys
 	}
 	cfg.Table = cfg.Table.withDefaults()
 	if cfg.Prefix == "" || cfg.Holder == "" {
@@ -110,6 +125,7 @@ func (c *KeysConfig) newKey(k string) (*keyShare, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.tbl.wants = &wantsRef{client: t.Client, table: t.Table, prefix: c.Prefix, key: k, region: t.Region}
 	return &keyShare{key: k, proc: p, agent: a}, nil
 }
 
@@ -152,6 +168,14 @@ func (k *Keys) AllowN(ctx context.Context, key string, now time.Time, n int64) (
 		return limiter.Decision{}, err
 	}
 	t := now.UnixNano()
+	if k.sweepDue(t) {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			k.Sweep(ctx, now) //nolint:errcheck // counted in its stats; the next sweep reads again
+		}()
+		defer func() { <-done }()
+	}
 	due, valid := k.due(ks, t)
 	if due && ks.ticking.TryLock() {
 		ks.mu.Lock()
@@ -210,6 +234,7 @@ type KeyStats struct {
 	Process ProcessStats
 	Agent   AgentStats
 	Table   TableStats
+	Wants   WantsStats
 	Holds   bool
 }
 
@@ -221,5 +246,5 @@ func (k *Keys) Stats(key string) (KeyStats, bool) {
 	if ks == nil {
 		return KeyStats{}, false
 	}
-	return KeyStats{Process: ks.proc.Stats(), Agent: ks.agent.Stats(), Table: ks.agent.TableStats(), Holds: ks.agent.Holds()}, true
+	return KeyStats{Process: ks.proc.Stats(), Agent: ks.agent.Stats(), Table: ks.agent.TableStats(), Wants: ks.agent.WantsStats(), Holds: ks.agent.Holds()}, true
 }

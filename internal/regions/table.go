@@ -170,6 +170,10 @@ type board struct {
 	// Seen is the demand counter as the last tick read it, at Tick.
 	Seen int64 `json:"ds,omitempty"`
 	Tick int64 `json:"lt,omitempty"`
+	// Wants: the key is listed in the region's wants index; WantsTry:
+	// when it may try to list it again (wants.go).
+	Wants    bool  `json:"w,omitempty"`
+	WantsTry int64 `json:"wt,omitempty"`
 }
 
 // tableItem is the region's item as read.

@@ -33,6 +33,11 @@ type tableAgent struct {
 	seen        int64 // the demand counter, as this tick read it
 	seq         int64 // the entry's
 	items       map[string]*bucketItem
+	// wants is the key's place in its limit's wants index (nil: none);
+	// listed and wantsTry are as the board records them (wants.go).
+	wants    *wantsRef
+	listed   bool
+	wantsTry int64
 
 	mu    sync.Mutex
 	stats TableStats
@@ -171,6 +176,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	} else {
 		firstErr = cmp(firstErr, a.giveWindow(ctx, now))
 	}
+	a.updateWants(ctx, now)
 	return cmp(firstErr, a.save(ctx, now))
 }
 
@@ -214,6 +220,7 @@ func (a *Agent) resume(it tableItem) error {
 	a.pending, tb.from, tb.ready = b.Pending, b.From, b.Ready
 	a.gen = tb.lowGen // the lowering on record, if any, is this one
 	tb.maxUntil, tb.seq, tb.seen = b.MaxUntil, b.Entry.Seq, it.demand
+	tb.listed, tb.wantsTry = b.Wants, b.WantsTry
 	if b.Tick != 0 {
 		a.last = time.Unix(0, b.Tick)
 	}
@@ -254,7 +261,7 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	pub := *own
 	pub.Given = slices.Clone(own.Given)
 	pub.Future = slices.Clone(own.Future)
-	b := board{Pending: a.pending, Seen: tb.seen, Tick: t}
+	b := board{Pending: a.pending, Seen: tb.seen, Tick: t, Wants: tb.listed, WantsTry: tb.wantsTry}
 	if a.pending > 0 {
 		b.From, b.Ready = tb.from, tb.ready
 	}

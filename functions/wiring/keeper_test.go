@@ -1,0 +1,288 @@
+package wiring
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/internal/regions"
+	"github.com/sluicehq/sluice/internal/testserver"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/policy"
+)
+
+// The keeper and the in-line sweep on the harness, through Build: demand
+// for a key in region 0 only, and regions 1 and 2 giving their shares of
+// it away, either from a keeper (the scheduled event, as EventBridge
+// sends it, through the handler's Invoke) or in line with their
+// decisions of another key.
+//
+// The harness's lag is 500 ms, not the 1 s of TestSharesGlobalRule: a
+// grant from a region without traffic takes two lags, a tick or two and
+// its lowering's wait (the entry's validity is not in it: the giver has
+// published none before, and the deadline, 1 s) before it is in force
+// in region 0, about 3 s at 500 ms, and the run must show a steady part
+// after it within a few seconds (make test's time). The lag changes when
+// the grant lands, not whether the shares sum above the limit (never:
+// TestRegionShares, at 1 s).
+
+const (
+	keeperLag    = 500 * time.Millisecond
+	keeperRun    = 8 * time.Second
+	keeperSteady = 5 * time.Second // the run's steady part starts here
+	keeperIdle   = time.Second     // the keeper runs alone first
+)
+
+// keeperCall is a decision of the keeper runs.
+type keeperCall struct {
+	limitertest.Call
+	region int
+	key    string
+}
+
+// runKeyed offers, for each region r, rates[r] decisions a second of
+// events[r] for d, every container deciding one request at a time at its
+// share of its region's pace.
+func runKeyed(t *testing.T, cs []*sharesContainer, events [][]byte, rates []float64, d time.Duration) []keeperCall {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		calls []keeperCall
+		wg    sync.WaitGroup
+	)
+	start := time.Now()
+	for w, c := range cs {
+		per := rates[c.region] / sharesProcs
+		if per <= 0 {
+			continue
+		}
+		every := time.Duration(float64(time.Second) / per)
+		wg.Go(func() {
+			for k := 0; ; k++ {
+				at := start.Add(time.Duration(k) * every)
+				if at.Sub(start) >= d {
+					return
+				}
+				time.Sleep(time.Until(at))
+				t0 := time.Now()
+				_, res, err := c.built.Handler.Decide(t.Context(), events[c.region])
+				t1 := time.Now()
+				if err != nil {
+					t.Errorf("decide: %v", err)
+					return
+				}
+				var key string
+				if len(res.Evals) > 0 {
+					key = res.Evals[0].Key
+				}
+				call := keeperCall{Call: limitertest.Call{Worker: w*10 + c.region, Key: key, Stamp: time.Unix(0, c.clock.last.Load()), Cost: 1,
+					Start: t0.Sub(start), End: t1.Sub(start), Reached: true, Allowed: res.Outcome == policy.Allow}, region: c.region, key: key}
+				if len(res.Evals) > 0 && res.Evals[0].Failed {
+					call.Err = res.Evals[0].Err
+				}
+				mu.Lock()
+				calls = append(calls, call)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return calls
+}
+
+// steadyShare replays key's calls in stamp order on one exact window and
+// returns, over the calls stamped from from on, the admitted and what the
+// exact window admits; it checks that no window of stamps of key's calls
+// (over the union of regions) is over the limit, and counts failures.
+func steadyShare(t *testing.T, calls []keeperCall, key string, from time.Time) (admitted, exact, failed int64) {
+	t.Helper()
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := limiter.NewSlidingWindow(mem, limiter.SlidingWindowConfig{Name: "exact", Limit: sharesLimit, Window: sharesWindow, SubWindows: 4,
+		Representation: limiter.SubWindowCounters})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []limitertest.Call
+	for _, c := range calls {
+		if c.key == key {
+			cs = append(cs, c.Call)
+		}
+	}
+	for _, v := range limitertest.CheckTrailingWindow(cs, sharesLimit, sharesWindow) {
+		t.Errorf("key %s over the limit: %v", key, v)
+	}
+	sortCalls(cs)
+	for _, c := range cs {
+		if c.Err != nil {
+			failed++
+			continue
+		}
+		d, err := w.AllowN(t.Context(), "k", c.Stamp, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Stamp.Before(from) {
+			continue
+		}
+		if d.Allowed {
+			exact++
+		}
+		if c.Allowed {
+			admitted++
+		}
+	}
+	return admitted, exact, failed
+}
+
+func sortCalls(cs []limitertest.Call) {
+	for i := 1; i < len(cs); i++ {
+		for j := i; j > 0 && cs[j].Stamp.Before(cs[j-1].Stamp); j-- {
+			cs[j], cs[j-1] = cs[j-1], cs[j]
+		}
+	}
+}
+
+// gateCounts is the requests each region's gate answered since marks.
+func gateCounts(g *testserver.Regions, marks []int) []int {
+	out := make([]int, g.Len())
+	for i := range out {
+		out[i] = g.Gate(i).Len() - marks[i]
+	}
+	return out
+}
+
+func gateMarks(g *testserver.Regions) []int {
+	out := make([]int, g.Len())
+	for i := range out {
+		out[i] = g.Gate(i).Len()
+	}
+	return out
+}
+
+// TestSharesKeeper: demand for one key in region 0 only (1.2 times the
+// steady rate), on the eventual harness through Build.
+//
+//   - keeper: regions 1 and 2 decide nothing; one container of each runs
+//     the keeper, invoked with events/scheduled.json through the
+//     handler's Invoke under a deadline (as Lambda gives one), for the
+//     run. Region 0 lists the key as wanted, the keepers tick their
+//     regions' agents of it, and region 0 admits more than 0.8 of exact
+//     over the run's steady part (from 5 s of 8 s: its base share is a
+//     third); never over the limit in any window of stamps. The
+//     keepers' requests (counted at the gates) are logged: idle (no key
+//     wanted) and while ticking.
+//   - in-line: no keeper; regions 1 and 2 decide another key (4 a second
+//     each): their containers sweep in line with those decisions and
+//     give region 0 the first key's units (the same bound).
+func TestSharesKeeper(t *testing.T) {
+	cs, g := startSharesLag(t, keeperLag)
+	scheduled, err := os.ReadFile("../../events/scheduled.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := float64(sharesLimit+2) / 3
+	t.Run("keeper", func(t *testing.T) {
+		hot := sharesEvent(t, "192.0.2.10")
+		type result struct {
+			out []byte
+			err error
+		}
+		results := make(chan result, 2)
+		marks := gateMarks(g)
+		deadline := time.Now().Add(keeperIdle + keeperRun + regions.DefaultKeeperMargin)
+		for _, c := range cs {
+			if c.region == 0 || c != firstOf(cs, c.region) {
+				continue
+			}
+			go func() {
+				ctx, cancel := context.WithDeadline(t.Context(), deadline)
+				defer cancel()
+				out, err := c.built.Handler.Invoke(ctx, scheduled)
+				results <- result{out, err}
+			}()
+		}
+		time.Sleep(keeperIdle)
+		idle := gateCounts(g, marks)
+		marks = gateMarks(g)
+		start := time.Now()
+		calls := runKeyed(t, cs, [][]byte{hot, nil, nil}, []float64{1.2 * sharesRate, 0, 0}, keeperRun)
+		busy := gateCounts(g, marks)
+		var ticks, rounds, reads int64
+		for range 2 {
+			r := <-results
+			if r.err != nil {
+				t.Fatalf("keeper: %v", r.err)
+			}
+			var rep struct {
+				Keeper regions.KeeperReport `json:"keeper"`
+			}
+			if err := json.Unmarshal(r.out, &rep); err != nil {
+				t.Fatalf("keeper's result %s: %v", r.out, err)
+			}
+			t.Logf("keeper: %s", r.out)
+			ticks, rounds, reads = ticks+rep.Keeper.Ticks, rounds+rep.Keeper.Rounds, reads+rep.Keeper.IndexReads
+		}
+		key := calls[0].key
+		admitted, exact, failed := steadyShare(t, calls, key, start.Add(keeperSteady))
+		t.Logf("idle keeper (%v): requests at the gates %v; run (%v): %v; keepers: %d rounds, %d index reads, %d ticks (%.1f requests a tick beyond the index reads)",
+			keeperIdle, idle, keeperRun, busy, rounds, reads, ticks, float64(busy[1]+busy[2]-int(reads)+int(idle[1]+idle[2]))/float64(max(ticks, 1)))
+		logShares(t, cs, key)
+		t.Logf("steady part: region 0 admitted %d, exact %d: %.3f of exact (its base share: %.3f of the limit); %d failed", admitted, exact,
+			float64(admitted)/float64(max(exact, 1)), base/sharesLimit, failed)
+		if ticks == 0 {
+			t.Errorf("the keepers ticked nothing")
+		}
+		if float64(admitted) < 0.8*float64(exact) {
+			t.Errorf("region 0 admitted %d of exact %d over the steady part: the regions without traffic did not give their shares", admitted, exact)
+		}
+	})
+	t.Run("in-line", func(t *testing.T) {
+		hot, other := sharesEvent(t, "192.0.2.20"), sharesEvent(t, "192.0.2.21")
+		start := time.Now()
+		calls := runKeyed(t, cs, [][]byte{hot, other, other}, []float64{1.2 * sharesRate, 4, 4}, keeperRun)
+		var key, otherKey string
+		for _, c := range calls {
+			if c.region == 0 {
+				key = c.key
+			} else {
+				otherKey = c.key
+			}
+		}
+		admitted, exact, failed := steadyShare(t, calls, key, start.Add(keeperSteady))
+		steadyShare(t, calls, otherKey, start) // the other key: never over
+		var sweeps regions.SweepStats
+		for _, c := range cs {
+			for _, k := range c.built.shares {
+				if c.region != 0 {
+					st := k.SweepStats()
+					sweeps.Sweeps += st.Sweeps
+					sweeps.Ticks += st.Ticks
+				}
+			}
+		}
+		logShares(t, cs, key)
+		t.Logf("steady part: region 0 admitted %d, exact %d: %.3f of exact; %d failed; regions 1 and 2 over the whole test: %d sweeps, %d ticks",
+			admitted, exact, float64(admitted)/float64(max(exact, 1)), failed, sweeps.Sweeps, sweeps.Ticks)
+		if float64(admitted) < 0.8*float64(exact) {
+			t.Errorf("region 0 admitted %d of exact %d over the steady part: the in-line sweeps did not give", admitted, exact)
+		}
+	})
+}
+
+// firstOf is region's first container.
+func firstOf(cs []*sharesContainer, region int) *sharesContainer {
+	for _, c := range cs {
+		if c.region == region {
+			return c
+		}
+	}
+	return nil
+}

@@ -1,0 +1,177 @@
+package regions
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Sweep defaults.
+const (
+	defaultSweepKeys = 64
+	// sweepParallel bounds the ticks a sweep runs at once.
+	sweepParallel = 8
+)
+
+// sweeper is a Keys' sweep state: when it last swept, and its counts.
+type sweeper struct {
+	running sync.Mutex // one sweep at a time
+	mu      sync.Mutex
+	swept   int64 // stamp of the last sweep started (0: none)
+	stats   SweepStats
+}
+
+// SweepStats counts sweeps: the other regions' wants index items read
+// (and failed), the keys they listed (summed over sweeps), the ticks run
+// for them (and failed), the keys listed but not ticked for SweepKeys.
+type SweepStats struct {
+	Sweeps, IndexReads, IndexErrors int64
+	Wanted, Ticks, TickErrors       int64
+	Skipped                         int64
+}
+
+func (s *SweepStats) add(o SweepStats) {
+	s.Sweeps += o.Sweeps
+	s.IndexReads += o.IndexReads
+	s.IndexErrors += o.IndexErrors
+	s.Wanted += o.Wanted
+	s.Ticks += o.Ticks
+	s.TickErrors += o.TickErrors
+	s.Skipped += o.Skipped
+}
+
+// SweepStats returns the counts of the process's sweeps.
+func (k *Keys) SweepStats() SweepStats {
+	k.sweep.mu.Lock()
+	defer k.sweep.mu.Unlock()
+	return k.sweep.stats
+}
+
+// sweepDue reports whether an in-line sweep is due at t (every
+// SweepEvery), marking it started.
+func (k *Keys) sweepDue(t int64) bool {
+	k.sweep.mu.Lock()
+	defer k.sweep.mu.Unlock()
+	if k.sweep.swept != 0 && t-k.sweep.swept < int64(k.cfg.SweepEvery) {
+		return false
+	}
+	k.sweep.swept = t
+	return true
+}
+
+// Sweep reads the other regions' wants indexes of the limit (a GetItem
+// each, from this region's replica) and ticks this region's agents of the
+// keys they list: at most SweepKeys keys, those ticked longest ago first,
+// each at most every Tick while this process holds its role, else every
+// LockLife (a tick that finds the role held elsewhere only reads; one
+// that finds it lapsed takes it, as a decision's tick does). A process
+// sweeps in line with its decisions (AllowN, every SweepEvery); a keeper
+// ([Keeper]) sweeps for a region without traffic. A sweep already under
+// way makes Sweep return at once.
+func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
+	var st SweepStats
+	if !k.sweep.running.TryLock() {
+		return st, nil
+	}
+	defer k.sweep.running.Unlock()
+	t := now.UnixNano()
+	k.sweep.mu.Lock()
+	k.sweep.swept = max(k.sweep.swept, t)
+	k.sweep.mu.Unlock()
+	st.Sweeps = 1
+	wanted, firstErr := k.wanted(ctx, &st)
+	type due struct {
+		ks    *keyShare
+		tried int64
+	}
+	var dues []due
+	for _, key := range wanted {
+		ks, err := k.get(key)
+		if err != nil {
+			st.TickErrors++
+			firstErr = cmp(firstErr, err)
+			continue
+		}
+		ks.mu.Lock()
+		tried := ks.tried
+		ks.mu.Unlock()
+		every := k.cfg.Table.LockLife
+		if ks.agent.Holds() {
+			every = k.cfg.Tick
+		}
+		if tried == 0 || t-tried >= int64(every) {
+			dues = append(dues, due{ks, tried})
+		}
+	}
+	slices.SortFunc(dues, func(a, b due) int { return int(min(max(a.tried-b.tried, -1), 1)) })
+	if len(dues) > k.cfg.SweepKeys {
+		st.Skipped = int64(len(dues) - k.cfg.SweepKeys)
+		dues = dues[:k.cfg.SweepKeys]
+	}
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		sem = make(chan struct{}, sweepParallel)
+	)
+	for _, d := range dues {
+		if !d.ks.ticking.TryLock() {
+			continue // a decision ticks it
+		}
+		d.ks.mu.Lock()
+		d.ks.tried = t
+		d.ks.mu.Unlock()
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			defer d.ks.ticking.Unlock()
+			tctx, cancel := context.WithTimeout(ctx, k.cfg.Table.Deadline)
+			err := d.ks.agent.Tick(tctx, now)
+			cancel()
+			mu.Lock()
+			defer mu.Unlock()
+			st.Ticks++
+			if err != nil {
+				st.TickErrors++
+				firstErr = cmp(firstErr, err)
+			}
+		})
+	}
+	wg.Wait()
+	k.sweep.mu.Lock()
+	k.sweep.stats.add(st)
+	k.sweep.mu.Unlock()
+	return st, firstErr
+}
+
+// wanted is the keys the other regions' wants indexes list, each once.
+func (k *Keys) wanted(ctx context.Context, st *SweepStats) ([]string, error) {
+	var (
+		out      []string
+		firstErr error
+	)
+	seen := map[string]bool{}
+	t := k.cfg.Table
+	for o := range k.cfg.Config.Regions {
+		if o == t.Region {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, t.Deadline)
+		keys, err := readWants(rctx, t.Client, t.Table, k.cfg.Prefix, o)
+		cancel()
+		st.IndexReads++
+		if err != nil {
+			st.IndexErrors++
+			firstErr = cmp(firstErr, err)
+			continue
+		}
+		for _, key := range keys {
+			if !seen[key] {
+				seen[key] = true
+				out = append(out, key)
+			}
+		}
+	}
+	st.Wanted = int64(len(out))
+	return out, firstErr
+}
