@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/sluicehq/sluice/config"
 )
 
 // An EventBridge schedule invokes the authorizer function with a
@@ -28,7 +30,7 @@ type scheduledFields struct {
 // ErrNoKeeper is returned for a scheduled event when the handler runs no
 // keeper (Config.Scheduled is nil: no global limit kept as regional
 // shares).
-var ErrNoKeeper = errors.New("sluice: a scheduled event, but this function runs no keeper (it needs SLUICE_TABLE_MODE=eventual and a rule with scope global)")
+var ErrNoKeeper = errors.New("sluice: a scheduled event, but this function runs no keeper (it needs " + config.EnvTableMode + "=" + config.TableEventual + " and a rule with scope global)")
 
 // decodeScheduled decodes a scheduled event.
 func decodeScheduled(raw []byte) (*Event, error) {
