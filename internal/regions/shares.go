@@ -45,9 +45,6 @@ const (
 	// minWeight is the least share of the demand a region is counted
 	// with, so that a region with no demand yet keeps a little.
 	minWeight = 0.01
-	// needHeadroom is how much more than its demand a region keeps while
-	// the others' demands are unknown (the start).
-	needHeadroom = 2.5
 	// hysteresis is the least surplus worth starting a grant, as a share
 	// of the region's target, and at least minSurplus of the limit.
 	hysteresis = 0.2
@@ -151,45 +148,18 @@ func (c Config) share(r int, states []State) int64 {
 	return s
 }
 
-// targets are the shares the regions' demands call for, as region r sees
-// them: the units in proportion to the demands. (Capping a target at a
-// region's need, so that units nobody needs stay where they are, was
-// measured worse: when demand moves, the surplus of the region it left
-// reaches the region it went to a replication lag sooner when spread at
-// once.) A region whose entry r has not read yet (at the start) may have
-// any demand: the known ones are counted at their need (their demand at
-// the limit's rate, at least minWeight of the units) and the unknown ones
-// share the rest evenly, so a region that starts idle releases its
-// surplus at once instead of a lag later, when it learns where it is
-// needed. That holds only once r's own demand is known (settled: its
-// traffic filled a whole tick): an agent that ticks before its region's
-// first call, or in the tick its traffic starts, underestimates it, and
-// releasing then sends its share away from where the traffic is
-// (TestRegionShares' bucket at 60/30/10 ended with region 0 at a sixth of
-// the limit in half its runs).
-func (c Config) targets(r int, states []State, settled bool) []float64 {
-	var total, need float64
-	unknown := 0
+// targets are the shares the regions' demands call for: the units in
+// proportion to the demands. (Capping a target at a region's need, so
+// that units nobody needs stay where they are, was measured worse: when
+// demand moves, the surplus of the region it left reaches the region it
+// went to a replication lag sooner when spread at once.)
+func (c Config) targets(states []State) []float64 {
+	var total float64
 	for _, st := range states {
 		total += st.Demand
-		if st.Seq == 0 { // r's own before its first estimate too
-			unknown++
-		} else {
-			need += c.need(st.Demand)
-		}
-	}
-	w := make([]float64, len(states))
-	if unknown > 0 && settled && need < float64(c.units()) {
-		for o, st := range states {
-			if st.Seq == 0 {
-				w[o] = (float64(c.units()) - need) / float64(unknown)
-			} else {
-				w[o] = c.need(st.Demand)
-			}
-		}
-		return w
 	}
 	floor := max(total*minWeight, 1e-9)
+	w := make([]float64, len(states))
 	var sum float64
 	for i, st := range states {
 		w[i] = max(st.Demand, floor)
@@ -201,30 +171,13 @@ func (c Config) targets(r int, states []State, settled bool) []float64 {
 	return w
 }
 
-// need is the share a demand calls for when the others' are unknown:
-// needHeadroom times the demand at the limit's rate, at least minWeight of
-// the units.
-func (c Config) need(demand float64) float64 {
-	return max(needHeadroom*demand/c.rate(), minWeight) * float64(c.units())
-}
-
-// rate is the limit's steady rate in units a second: the bucket's refill,
-// or the window's limit over its span (a window and a sub-window: what a
-// bounded window admits steadily).
-func (c Config) rate() float64 {
-	if b := c.Bucket; b != nil {
-		return float64(b.RefillAmount) / b.RefillTime.Seconds()
-	}
-	return float64(c.Limit) / (c.Window + c.Window/time.Duration(c.SubWindows)).Seconds()
-}
-
 // plan is what region r would give each region now (nil: nothing): its
 // part of what the regions short of their targets lack, as r sees them,
 // in proportion to its surplus among all the regions' surpluses, and
 // never more than its surplus. giving reports that r already withholds
 // units for a grant (no hysteresis then).
-func (c Config) plan(r int, states []State, giving, settled bool) []int64 {
-	tg := c.targets(r, states, settled)
+func (c Config) plan(r int, states []State, giving bool) []int64 {
+	tg := c.targets(states)
 	shares := make([]float64, len(states))
 	for o := range states {
 		shares[o] = float64(c.share(o, states))
@@ -316,10 +269,7 @@ type Agent struct {
 	// carryIn those not yet added to the region's bucket.
 	tokensIn []int64
 	carryIn  int64
-	// busyTicks counts the ticks that saw traffic: the second one has an
-	// estimate over a whole tick of it (targets' start rule).
-	busyTicks int
-	stats     AgentStats
+	stats    AgentStats
 	// tbl, if set, is the agent's side of the table (NewTableAgent).
 	tbl *tableAgent
 }
@@ -484,9 +434,6 @@ func (a *Agent) estimate(now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.Ticks++
-	if offered > 0 {
-		a.busyTicks++
-	}
 	if !a.last.IsZero() && now.After(a.last) {
 		dt := now.Sub(a.last).Seconds()
 		own := &a.states[a.r]
@@ -506,7 +453,7 @@ func (a *Agent) estimate(now time.Time) {
 
 // ownView is the states with this region's own entry as it stands.
 func (a *Agent) planNow(giving bool) []int64 {
-	return a.cfg.plan(a.r, a.states, giving, a.busyTicks >= 2)
+	return a.cfg.plan(a.r, a.states, giving)
 }
 
 // giveWindow withholds what the plan gives (lowering the cap, waiting

@@ -100,7 +100,7 @@ func (a *Agent) short() bool {
 		if o == a.r {
 			continue
 		}
-		if g := a.cfg.plan(o, a.states, false, true); g != nil && g[a.r] > 0 {
+		if g := a.cfg.plan(o, a.states, false); g != nil && g[a.r] > 0 {
 			return true
 		}
 	}
