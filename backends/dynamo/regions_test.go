@@ -126,7 +126,10 @@ type regionReport struct {
 	// key or every write met a conflict (limiter.Outcome.Throttled);
 	// cached those the deny cache denied.
 	throttled, cached int64
-	firstErr          error
+	// leases sums the processes' lease counters (Lost: units taken and
+	// never spent nor given back).
+	leases   limiter.LeaseStats
+	firstErr error
 	// exact is what one serialized limiter admits on the same calls.
 	exact int64
 	// over are the windows (intervals) of stamps over the limit (the
@@ -153,8 +156,8 @@ func (r regionReport) String() string {
 	} else {
 		s += fmt.Sprintf("worst window %d of %d (%d windows over)", r.worst, cmp.Or(r.limit, regionLimit), len(r.over))
 	}
-	s += fmt.Sprintf("; %d store requests (%.3f a decision); %d denied as throttled, %d by the deny cache", r.requests, float64(r.requests)/float64(r.decisions),
-		r.throttled, r.cached)
+	s += fmt.Sprintf("; %d store requests (%.3f a decision); %d denied as throttled, %d by the deny cache; leases: %d takes, %d units lost",
+		r.requests, float64(r.requests)/float64(r.decisions), r.throttled, r.cached, r.leases.Takes, r.leases.Lost)
 	if r.p50Raw > 0 {
 		s += fmt.Sprintf("; p50 %v (admitted %v, p99 %v), regional round trip %v: p50 %.3fx", r.p50.Round(time.Microsecond), r.p50Allowed.Round(time.Microsecond),
 			r.p99.Round(time.Millisecond), r.p50Raw.Round(time.Microsecond), float64(r.p50)/float64(r.p50Raw))
@@ -241,6 +244,7 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 				rep.failed += h.Failed
 				rep.throttled += h.Throttled
 				rep.cached += h.Cached
+				rep.leases = rep.leases.Add(h.Leases)
 				if rep.firstErr == nil {
 					rep.firstErr = h.FirstErr
 				}
