@@ -287,7 +287,13 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 	}
 	rate := k.rate()
 	life := time.Duration(float64(time.Second) * leaseDecisions * float64(n) / max(rate, 1e-9))
-	life = min(max(life, minLeaseLife, leaseRoundTrips*k.rtt), storage.MaxLeaseLife)
+	life = min(max(life, minLeaseLife), storage.MaxLeaseLife)
+	if long := min(leaseRoundTrips*k.rtt, storage.MaxLeaseLife); long > life && int64(rate*long.Seconds()) <= k.remaining/fairShare {
+		// Round trips, while what remains covers them: near the limit a
+		// longer lease would only hold units the other processes are
+		// denied meanwhile.
+		life = long
+	}
 	if left := time.Duration(end - t); left-life < life {
 		// What would be left after this lease is shorter than it: one
 		// lease to the end rather than a short one after it.
