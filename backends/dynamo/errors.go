@@ -204,7 +204,12 @@ func replicatedConflict(err error) bool {
 	return errors.As(err, &rc)
 }
 
-// jitter is a full-jitter exponential backoff.
+// jitter is a full-jitter exponential backoff: a pause uniform in
+// [0, min(max, base*2^(attempt-1))]. Hand-written because the SDK's
+// retry.NewExponentialJitterBackoff counts from a base of one second: with
+// a cap under a second every pause it gives is exactly the cap, the same
+// for every writer (synchronized retries, which is what jitter is for);
+// the SDK's millisecond base is not exported.
 type jitter struct{ base, max time.Duration }
 
 func (j jitter) BackoffDelay(attempt int, _ error) (time.Duration, error) {

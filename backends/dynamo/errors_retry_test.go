@@ -3,6 +3,7 @@ package dynamo_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -65,5 +66,33 @@ func TestRetryerConflictAttempts(t *testing.T) {
 	}
 	if _, err := r.GetRetryToken(t.Context(), other); err != nil {
 		t.Errorf("the quota after 1,000 conflict retries: %v", err)
+	}
+}
+
+// A conflict's retries pause a full-jitter exponential backoff: spread
+// over [0, ceiling] (writers from several regions that met do not retry
+// in step), the ceiling doubling from BackoffBase up to BackoffMax. The
+// SDK's own retry.NewExponentialJitterBackoff(50ms) gives 50 ms every
+// time, which fails it.
+func TestRetryerConflictBackoffJittered(t *testing.T) {
+	const base, maxBackoff = 5 * time.Millisecond, 50 * time.Millisecond
+	r := dynamo.NewRetryer(dynamo.RetryerConfig{BackoffBase: base, BackoffMax: maxBackoff})
+	msg := "conflict"
+	conflict := &types.ReplicatedWriteConflictException{Message: &msg}
+	for attempt := 1; attempt <= 8; attempt++ {
+		ceiling := min(base<<(attempt-1), maxBackoff)
+		seen := map[time.Duration]bool{}
+		lo, hi := time.Duration(1<<62), time.Duration(0)
+		for range 200 {
+			d, err := r.RetryDelay(attempt, conflict)
+			if err != nil {
+				t.Fatalf("attempt %d: %v", attempt, err)
+			}
+			seen[d] = true
+			lo, hi = min(lo, d), max(hi, d)
+		}
+		if hi > ceiling || lo > ceiling/4 || hi < ceiling*3/4 || len(seen) < 100 {
+			t.Errorf("attempt %d: pauses in [%v, %v], %d distinct of 200; want spread over [0, %v]", attempt, lo, hi, len(seen), ceiling)
+		}
 	}
 }

@@ -122,7 +122,14 @@ type regionReport struct {
 	byRegion                 [][]limitertest.Call
 	decisions                int64
 	admitted, leased, failed int64
-	firstErr                 error
+	// throttled are the decisions denied because the store throttled the
+	// key or every write met a conflict (limiter.Outcome.Throttled);
+	// cached those the deny cache denied.
+	throttled, cached int64
+	// leases sums the processes' lease counters (Lost: units taken and
+	// never spent nor given back).
+	leases   limiter.LeaseStats
+	firstErr error
 	// exact is what one serialized limiter admits on the same calls.
 	exact int64
 	// over are the windows (intervals) of stamps over the limit (the
@@ -149,7 +156,8 @@ func (r regionReport) String() string {
 	} else {
 		s += fmt.Sprintf("worst window %d of %d (%d windows over)", r.worst, cmp.Or(r.limit, regionLimit), len(r.over))
 	}
-	s += fmt.Sprintf("; %d store requests (%.3f a decision)", r.requests, float64(r.requests)/float64(r.decisions))
+	s += fmt.Sprintf("; %d store requests (%.3f a decision); %d denied as throttled, %d by the deny cache; leases: %d takes, %d units lost",
+		r.requests, float64(r.requests)/float64(r.decisions), r.throttled, r.cached, r.leases.Takes, r.leases.Lost)
 	if r.p50Raw > 0 {
 		s += fmt.Sprintf("; p50 %v (admitted %v, p99 %v), regional round trip %v: p50 %.3fx", r.p50.Round(time.Microsecond), r.p50Allowed.Round(time.Microsecond),
 			r.p99.Round(time.Millisecond), r.p50Raw.Round(time.Microsecond), float64(r.p50)/float64(r.p50Raw))
@@ -234,6 +242,9 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 				rep.admitted += h.Admitted
 				rep.leased += h.Leased
 				rep.failed += h.Failed
+				rep.throttled += h.Throttled
+				rep.cached += h.Cached
+				rep.leases = rep.leases.Add(h.Leases)
 				if rep.firstErr == nil {
 					rep.firstErr = h.FirstErr
 				}
@@ -469,9 +480,10 @@ func BenchmarkRegionsEventual(b *testing.B) {
 
 // BenchmarkRegionsMRSC reports the MRSC runs' figures (mrscDemands, 10 s
 // each; run with -benchtime=1x): share of exact, the worst window as a
-// multiple of the limit (never above 1), store requests per decision, p50
-// decision latency in ms and as a multiple of a regional round trip
-// measured in the same run, and p99.
+// multiple of the limit (never above 1), store requests, write conflicts
+// and decisions denied as throttled per decision, p50 decision latency in
+// ms and as a multiple of a regional round trip measured in the same run,
+// and p99 (reportMRSC).
 func BenchmarkRegionsMRSC(b *testing.B) {
 	m, table, eps, raw := startMRSC(b)
 	for _, d := range mrscDemands(10*time.Second, true) {
@@ -479,16 +491,30 @@ func BenchmarkRegionsMRSC(b *testing.B) {
 			for i := range b.N {
 				run := d
 				run.Name = fmt.Sprintf("%s/%d-%d", d.Name, i, time.Now().UnixNano()) // a key of its own
+				mark := m.Stats()
 				rep := runRegions(b, table, eps, m.Requests, raw, run, nil)
-				b.Logf("mrsc %s: %v", d.Name, rep)
-				reportRegions(b, rep)
-				b.ReportMetric(float64(rep.p50.Microseconds())/1000, "p50-ms")
-				b.ReportMetric(float64(rep.p50Raw.Microseconds())/1000, "p50-regional-ms")
-				b.ReportMetric(float64(rep.p50)/float64(rep.p50Raw), "p50-ratio")
-				b.ReportMetric(float64(rep.p99.Microseconds())/1000, "p99-ms")
+				reportMRSC(b, m, mark, d.Name, rep)
 			}
 		})
 	}
+}
+
+// reportMRSC logs and reports an MRSC run's figures: reportRegions',
+// the harness's write conflicts per decision since mark, the decisions
+// denied as throttled (their writes met conflicts until the retryer gave
+// up) per decision, and the p50 and p99 decision latency against a
+// regional round trip.
+func reportMRSC(b *testing.B, m *testserver.MRSC, mark testserver.MRSCStats, name string, rep regionReport) {
+	b.Helper()
+	conflicts := conflictsSince(m, mark)
+	b.Logf("mrsc %s: %v; %d write conflicts (%.3f a decision)", name, rep, conflicts, float64(conflicts)/float64(rep.decisions))
+	reportRegions(b, rep)
+	b.ReportMetric(float64(conflicts)/float64(rep.decisions), "conflicts/decision")
+	b.ReportMetric(float64(rep.throttled)/float64(rep.decisions), "throttled/decision")
+	b.ReportMetric(float64(rep.p50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(rep.p50Raw.Microseconds())/1000, "p50-regional-ms")
+	b.ReportMetric(float64(rep.p50)/float64(rep.p50Raw), "p50-ratio")
+	b.ReportMetric(float64(rep.p99.Microseconds())/1000, "p99-ms")
 }
 
 func reportRegions(b *testing.B, rep regionReport) {
@@ -599,14 +625,7 @@ func BenchmarkRegionsMRSCHot(b *testing.B) {
 				run.Name = fmt.Sprintf("%s/%d-%d", d.Name, i, time.Now().UnixNano()) // a key of its own
 				mark := m.Stats()
 				rep := runRegions(b, table, eps, m.Requests, raw, run, nil)
-				conflicts := conflictsSince(m, mark)
-				b.Logf("mrsc %s: %v; %d write conflicts (%.3f a decision)", d.Name, rep, conflicts, float64(conflicts)/float64(rep.decisions))
-				reportRegions(b, rep)
-				b.ReportMetric(float64(conflicts)/float64(rep.decisions), "conflicts/decision")
-				b.ReportMetric(float64(rep.p50.Microseconds())/1000, "p50-ms")
-				b.ReportMetric(float64(rep.p50Raw.Microseconds())/1000, "p50-regional-ms")
-				b.ReportMetric(float64(rep.p50)/float64(rep.p50Raw), "p50-ratio")
-				b.ReportMetric(float64(rep.p99.Microseconds())/1000, "p99-ms")
+				reportMRSC(b, m, mark, d.Name, rep)
 			}
 		})
 	}
