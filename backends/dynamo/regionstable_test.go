@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -38,6 +39,8 @@ var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: shareTick
 type tableRun struct {
 	standby bool
 	freeze  func(a *regions.Agent) time.Duration
+	// trace, if set, logs a second-by-second trace of the run (traceRun).
+	trace bool
 }
 
 // tableReport is a run's report with the agents' table counts and the
@@ -142,6 +145,26 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 	)
 	d.Timeout = tableTimes.Deadline
 	rep := tableReport{sharesReport: sharesReport{start: time.Now()}}
+	var samples []shareSample
+	if run.trace {
+		wg.Go(func() {
+			t := time.NewTicker(shareTick)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				s := shareSample{at: time.Since(rep.start)}
+				for _, a := range holders {
+					o, p := a.Share()
+					s.owned, s.pending = append(s.owned, o), append(s.pending, p)
+				}
+				samples = append(samples, s)
+			}
+		})
+	}
 	rep.regionReport = runRegions(tb, table, eps, regionsGates{g}.requests, nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
 		p, err := regions.NewProcess(cfg, tt(i), st)
 		if err != nil {
@@ -174,7 +197,82 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 	}
 	rep.from = rep.start.Add(from)
 	rep.fromAdmitted, rep.fromExact = exactAfter(tb, d.Alg, rep.calls, rep.from)
+	if run.trace {
+		traceRun(tb, d.Alg, rep, samples)
+	}
 	return rep
+}
+
+// shareSample is the holders' shares (without pending grants) and the
+// units they withheld for grants, at an instant of a run.
+type shareSample struct {
+	at             time.Duration
+	owned, pending []int64
+}
+
+// traceRun logs, for each second of a run: per region the units offered
+// and admitted and the holder's share and withheld units at the second's
+// end; over the union, what was admitted and what exact admitted.
+func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSample) {
+	tb.Helper()
+	sec := func(t time.Time) int { return int(t.Sub(rep.start) / time.Second) }
+	n := 0
+	for _, c := range rep.calls {
+		n = max(n, sec(c.Stamp)+1)
+	}
+	if n <= 0 {
+		return
+	}
+	offered, admitted := make([][]int64, n), make([][]int64, n)
+	for i := range n {
+		offered[i], admitted[i] = make([]int64, len(rep.byRegion)), make([]int64, len(rep.byRegion))
+	}
+	for r, cs := range rep.byRegion {
+		for _, c := range cs {
+			if i := sec(c.Stamp); i >= 0 {
+				offered[i][r] += c.Cost
+				if c.Allowed {
+					admitted[i][r] += c.Cost
+				}
+			}
+		}
+	}
+	exact := make([]int64, n)
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ex := regionLimiter(tb, cmpAlg(alg), mem, false)
+	cs := slices.Clone(rep.calls)
+	slices.SortStableFunc(cs, func(a, b limitertest.Call) int { return a.Stamp.Compare(b.Stamp) })
+	for _, c := range cs {
+		dec, err := ex.AllowN(tb.Context(), c.Key, c.Stamp, c.Cost)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if i := sec(c.Stamp); i >= 0 && dec.Allowed {
+			exact[i] += c.Cost
+		}
+	}
+	for i := range n {
+		line := fmt.Sprintf("trace %2ds:", i)
+		var adm int64
+		for r := range rep.byRegion {
+			var s shareSample
+			for _, x := range samples {
+				if x.at < time.Duration(i+1)*time.Second {
+					s = x
+				}
+			}
+			o, p := int64(-1), int64(-1)
+			if r < len(s.owned) {
+				o, p = s.owned[r], s.pending[r]
+			}
+			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d |", r, admitted[i][r], offered[i][r], o, p)
+			adm += admitted[i][r]
+		}
+		tb.Logf("%s admitted %4d exact %4d", line, adm, exact[i])
+	}
 }
 
 // exactAfter replays calls on one serialized limiter and returns what the
@@ -309,7 +407,7 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 							checkShares(b, rep)
 							continue
 						}
-						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{})
+						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{trace: os.Getenv("SLUICE_SHARES_TRACE") != ""})
 						b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
 						rr := rep.regionReport
 						rr.failed = 0 // reported below, and checked by checkTable

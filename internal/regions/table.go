@@ -159,9 +159,13 @@ func (e *Entry) itemAt(t int64) *ItemStep {
 // resumes from (the ledger entry, "s", holds the grants given).
 type board struct {
 	Entry Entry `json:"e"`
-	// Pending is withheld for a window grant: the cap is lower by it for
-	// decisions stamped from From on, and the region's count may be read
-	// for the grant from Ready (From + Deadline) on.
+	// Lows are the units withheld for window grants, oldest first: the
+	// cap is lower by each one's units for decisions stamped from its
+	// From on, and the region's count may be read for a grant of them
+	// from its Ready (From + Deadline) on.
+	Lows []lowering `json:"pl,omitempty"`
+	// Pending, From and Ready are one lowering as boards before Lows
+	// held it (read only).
 	Pending int64 `json:"p,omitempty"`
 	From    int64 `json:"pf,omitempty"`
 	Ready   int64 `json:"pr,omitempty"`

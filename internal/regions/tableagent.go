@@ -24,15 +24,13 @@ type tableAgent struct {
 	holder string
 	epoch  int64 // the role's epoch held (0: none)
 
-	// The lowering on record (a window's): the cap is lower by pending
-	// from stamp from; the count may be read for the grant from ready.
-	// lowGen is the agent's gen it was made at.
-	lowGen      int64
-	from, ready int64
-	maxUntil    int64 // the latest Until published
-	seen        int64 // the demand counter, as this tick read it
-	seq         int64 // the entry's
-	items       map[string]*bucketItem
+	// lows are the lowerings on record (a window's), oldest first: their
+	// units sum to the agent's pending.
+	lows     []lowering
+	maxUntil int64 // the latest Until published
+	seen     int64 // the demand counter, as this tick read it
+	seq      int64 // the entry's
+	items    map[string]*bucketItem
 	// wants is the key's place in its limit's wants index (nil: none);
 	// listed and wantsTry are as the board records them (wants.go).
 	wants    *wantsRef
@@ -162,6 +160,9 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	if took {
 		tb.count(func(s *TableStats) {
 			s.ResumedPending += it.board.Pending
+			for _, l := range it.board.Lows {
+				s.ResumedPending += l.Units
+			}
 			if len(it.board.Entry.Items) > 1 {
 				s.ResumedRebases++
 			}
@@ -217,8 +218,14 @@ func (a *Agent) resume(it tableItem) error {
 		a.states[a.r] = it.state
 	}
 	b := it.board
-	a.pending, tb.from, tb.ready = b.Pending, b.From, b.Ready
-	a.gen = tb.lowGen // the lowering on record, if any, is this one
+	tb.lows = slices.Clone(b.Lows)
+	if b.Pending > 0 && len(tb.lows) == 0 { // a board of one lowering
+		tb.lows = []lowering{{Units: b.Pending, From: b.From, Ready: b.Ready}}
+	}
+	a.pending = 0
+	for _, l := range tb.lows {
+		a.pending += l.Units
+	}
 	tb.maxUntil, tb.seq, tb.seen = b.MaxUntil, b.Entry.Seq, it.demand
 	tb.listed, tb.wantsTry = b.Wants, b.WantsTry
 	if b.Tick != 0 {
@@ -261,10 +268,7 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	pub := *own
 	pub.Given = slices.Clone(own.Given)
 	pub.Future = slices.Clone(own.Future)
-	b := board{Pending: a.pending, Seen: tb.seen, Tick: t, Wants: tb.listed, WantsTry: tb.wantsTry}
-	if a.pending > 0 {
-		b.From, b.Ready = tb.from, tb.ready
-	}
+	b := board{Lows: slices.Clone(tb.lows), Seen: tb.seen, Tick: t, Wants: tb.listed, WantsTry: tb.wantsTry}
 	b.Entry = Entry{Seq: tb.seq + 1, Until: t + int64(tb.t.Validity)}
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
@@ -300,11 +304,11 @@ func (a *Agent) capSteps(t int64) []CapStep {
 	type change struct{ at, d int64 }
 	base := a.owned
 	var cs []change
-	if a.pending > 0 {
-		if a.tbl.from <= t {
-			base -= a.pending
+	for _, l := range a.tbl.lows {
+		if l.From <= t {
+			base -= l.Units
 		} else {
-			cs = append(cs, change{a.tbl.from, -a.pending})
+			cs = append(cs, change{l.From, -l.Units})
 		}
 	}
 	for _, f := range a.incoming {
@@ -328,31 +332,65 @@ func (a *Agent) capSteps(t int64) []CapStep {
 	return steps
 }
 
-// waitTable is a window grant's step 2 through the table: a new lowering
-// (gen not the one on record) takes effect from a stamp no earlier than
-// the validity of every entry published before it, and the count may be
-// read once every decision that read a higher cap is past its deadline.
-// It reports whether that time has come.
-func (a *Agent) waitTable(now time.Time, gen int64) bool {
-	tb := a.tbl
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if gen != tb.lowGen {
-		tb.lowGen = gen
-		tb.from = max(tb.maxUntil, now.UnixNano())
-		tb.ready = tb.from + int64(tb.t.Deadline)
-	}
-	return now.UnixNano() >= tb.ready
+// lowering is units withheld through the table for window grants: the
+// cap is lower by them for decisions stamped from From, a stamp no
+// earlier than the validity of every entry published before the
+// lowering, and the count may be read for a grant of them from Ready
+// (From + Deadline), when every decision that read a higher cap is past
+// its deadline.
+type lowering struct {
+	Units int64 `json:"u"`
+	From  int64 `json:"f"`
+	Ready int64 `json:"r"`
 }
 
-// withholdable is what a window grant may withhold: the share, but while
-// a lowering is on record no more than it (a grant larger than it would
-// start a new lowering and wait again). Under a.mu.
-func (a *Agent) withholdable() int64 {
-	if a.tbl != nil && a.pending > 0 {
-		return min(a.pending, a.owned)
+// lowerTable is a window grant's step 1 and 2 through the table, for the
+// plan g (summing to want): it withholds what the plan asks beyond the
+// lowerings on record in a new one (while the others wait), releases
+// what the plan no longer asks and the region's own demand needs (the
+// newest first), and returns what may be given now, g scaled to it:
+// what the plan asks, at most the units of the ready lowerings.
+func (a *Agent) lowerTable(now time.Time, g []int64, want int64) int64 {
+	tb, t := a.tbl, now.UnixNano()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	want = clampPlan(g, want, a.owned)
+	switch {
+	case want > a.pending:
+		from := max(tb.maxUntil, t)
+		tb.lows = append(tb.lows, lowering{Units: want - a.pending, From: from, Ready: from + int64(tb.t.Deadline)})
+		a.pending = want
+	case want < a.pending:
+		// A withheld unit released and withheld again waits anew (the
+		// entries published meanwhile show it): keep what the region's
+		// own demand leaves, for the plan to give at once when it asks.
+		keep := max(want, min(a.pending, a.owned-int64(a.cfg.need(a.states[a.r].Demand))))
+		for i := len(tb.lows) - 1; i >= 0 && a.pending > keep; i-- {
+			d := min(tb.lows[i].Units, a.pending-keep)
+			tb.lows[i].Units -= d
+			a.pending -= d
+		}
+		tb.lows = slices.DeleteFunc(tb.lows, func(l lowering) bool { return l.Units <= 0 })
 	}
-	return a.owned
+	a.stats.Withheld = max(a.stats.Withheld, a.pending)
+	var ready int64
+	for _, l := range tb.lows {
+		if t >= l.Ready || a.brokenWait {
+			ready += l.Units
+		}
+	}
+	return clampPlan(g, want, ready)
+}
+
+// consume takes n given units out of the ready lowerings, the oldest
+// first. Under a.mu.
+func (tb *tableAgent) consume(n int64) {
+	for i := range tb.lows {
+		d := min(tb.lows[i].Units, n)
+		tb.lows[i].Units -= d
+		n -= d
+	}
+	tb.lows = slices.DeleteFunc(tb.lows, func(l lowering) bool { return l.Units <= 0 })
 }
 
 // errRebasing: a rebase is under way (its carry not yet made).
