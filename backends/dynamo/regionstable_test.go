@@ -25,11 +25,11 @@ import (
 // limits, splits and rates of regionshares_test.go.
 
 // tableTimes are the table's times in the runs: a process reads its
-// entry every 100 ms and writes its demand at most every 250 ms; an entry
+// entry every 100 ms and writes its demand with each read; an entry
 // is valid for 1 s; a decision's deadline is 1 s (the dynamo store's
 // default timeout); an agent that stops ticking keeps the role 750 ms
 // (a region's gate holds writes for up to about 500 ms at times).
-var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: shareTick, Validity: time.Second, Deadline: time.Second,
+var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond, Validity: time.Second, Deadline: time.Second,
 	LockLife: 750 * time.Millisecond}
 
 // tableRun is a run through the table: a holder agent per region, and,

@@ -54,7 +54,11 @@ type Table struct {
 	// it reads it again (default 100 ms).
 	Refresh time.Duration
 	// Flush is the least time between a process's demand writes
-	// (default 250 ms, the agent's tick).
+	// (default 100 ms, Refresh: every read that has demand to write
+	// writes it). A longer Flush leaves more of a process's demand
+	// unwritten until its next decision, which for a process whose
+	// traffic stopped may be seconds later: its agent then counts past
+	// demand as present.
 	Flush time.Duration
 	// Validity (V) is how long after its publication an entry may be
 	// used: for decisions stamped before then (default 1 s). It must
@@ -73,7 +77,7 @@ type Table struct {
 // Table defaults.
 const (
 	defaultRefresh  = 100 * time.Millisecond
-	defaultFlush    = 250 * time.Millisecond
+	defaultFlush    = 100 * time.Millisecond
 	defaultValidity = time.Second
 	defaultDeadline = time.Second
 	defaultLockLife = 750 * time.Millisecond

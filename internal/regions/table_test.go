@@ -96,26 +96,28 @@ func TestSharesTableWait(t *testing.T) {
 			}
 			step := func(d time.Duration) { now = now.Add(d) }
 			tick()
-			// Region 0's process reads its entry (a cap of 50, valid for
-			// a second) with its first decision.
+			// Region 0's process reads its entry (a cap of 50 until the
+			// lowering its agent made with it takes effect, a tick on)
+			// with its first decision; region 1's process asks 50 in one
+			// decision, which writes its demand.
 			step(10 * time.Millisecond)
 			got0 := decide(0, 1)
-			// Region 1 asks 400 a second (its process writes its demand
-			// with its reads); region 0's agent learns it and lowers.
+			if d, err := procs[1].AllowN(ctx, "k", now, 50); err != nil || !d.Allowed {
+				t.Fatalf("region 1's first 50: %+v, %v", d, err)
+			}
+			calls = append(calls, limitertest.Call{Key: "k", Cost: 50, Stamp: now, Allowed: true, Reached: true})
+			// Region 0's agent learns region 1's demand and gives.
 			for range 2 {
-				step(120 * time.Millisecond)
-				decide(1, 50)
+				step(40 * time.Millisecond)
 				tick()
 			}
-			step(120 * time.Millisecond)
-			tick()
 			if w := agents[0].Stats().Withheld; w == 0 {
 				t.Fatalf("region 0 withheld nothing after region 1's demand rose: %+v", agents[0].Stats())
 			}
 			// Region 0's process decides 49 more by the entry it holds
 			// (stamps before the lowering takes effect: a cap of 50);
 			// region 1 decides on what it holds.
-			step(120 * time.Millisecond)
+			step(40 * time.Millisecond)
 			got0 += decide(0, 49)
 			got1 := decide(1, 100)
 			over := limitertest.CheckTrailingWindow(calls, cfg.Limit, cfg.Window)

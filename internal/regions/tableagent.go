@@ -176,6 +176,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		firstErr = cmp(firstErr, a.giveBucketTable(ctx, now))
 	} else {
 		firstErr = cmp(firstErr, a.giveWindow(ctx, now))
+		a.holdFirst(now)
 	}
 	a.updateWants(ctx, now)
 	return cmp(firstErr, a.save(ctx, now))
@@ -380,6 +381,36 @@ func (a *Agent) lowerTable(now time.Time, g []int64, want int64) int64 {
 		}
 	}
 	return clampPlan(g, want, ready)
+}
+
+// firstHold is how far ahead of a region's first entry the units its
+// own demand leaves are withheld (holdFirst): a tick, for the next tick
+// to release them where the region's demand shows before they are.
+const firstHold = 250 * time.Millisecond
+
+// holdFirst withholds, with the region's first entry (a window's), the
+// units its own demand leaves (its share less what its demand needs:
+// nearly all of it, before it knows any), from a tick ahead: no entry was
+// published before, so the lowering is ready a deadline later, and a
+// grant of them, when the plan asks, is made at once. (Any later
+// lowering takes effect past the validity of the entries published
+// before it: a region that idles at the start would give its share
+// about a validity later.) Units its demand needs are released by the
+// next ticks (lowerTable).
+func (a *Agent) holdFirst(now time.Time) {
+	tb := a.tbl
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if tb.maxUntil != 0 || a.pending != 0 {
+		return
+	}
+	u := a.owned - int64(a.cfg.need(a.states[a.r].Demand))
+	if u <= 0 {
+		return
+	}
+	from := now.Add(firstHold).UnixNano()
+	tb.lows = []lowering{{Units: u, From: from, Ready: from + int64(tb.t.Deadline)}}
+	a.pending = u
 }
 
 // consume takes n given units out of the ready lowerings, the oldest
