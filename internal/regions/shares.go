@@ -300,6 +300,9 @@ type Agent struct {
 	// brokenWait: through the table, a window's lowerings are ready at
 	// once (no wait for the decisions that read a higher cap).
 	brokenWait bool
+	// brokenExtra: through the table, a bucket's raise adds its whole
+	// units to the new item at the carry, refilled or not.
+	brokenExtra bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end

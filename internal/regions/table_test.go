@@ -11,8 +11,31 @@ import (
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/internal/testserver"
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
+
+// testTable returns a client of the shared DynamoDB Local and a new table
+// on it (skips under -short).
+func testTable(t *testing.T) (*dynamodb.Client, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("DynamoDB Local")
+	}
+	endpoint := testserver.DynamoDB(t)
+	client := dynamodb.New(dynamodb.Options{
+		BaseEndpoint: aws.String(endpoint),
+		Region:       "us-east-1",
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: "local", SecretAccessKey: "local", Source: "test"}, nil
+		}),
+	})
+	table := fmt.Sprintf("sluice-regions-%d", time.Now().UnixNano())
+	if err := dynamo.CreateTable(t.Context(), client, table); err != nil {
+		t.Fatal(err)
+	}
+	return client, table
+}
 
 // TestSharesTableWait: through the table (one DynamoDB Local for both
 // regions, no replication lag, a simulated clock), two regions of a
@@ -27,21 +50,7 @@ import (
 // region 1 admits on the grant while region 0's units are in view, and
 // the checker sees a window over the limit.
 func TestSharesTableWait(t *testing.T) {
-	if testing.Short() {
-		t.Skip("DynamoDB Local")
-	}
-	endpoint := testserver.DynamoDB(t)
-	client := dynamodb.New(dynamodb.Options{
-		BaseEndpoint: aws.String(endpoint),
-		Region:       "us-east-1",
-		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-			return aws.Credentials{AccessKeyID: "local", SecretAccessKey: "local", Source: "test"}, nil
-		}),
-	})
-	table := fmt.Sprintf("sluice-regions-wait-%d", time.Now().UnixNano())
-	if err := dynamo.CreateTable(t.Context(), client, table); err != nil {
-		t.Fatal(err)
-	}
+	client, table := testTable(t)
 	cfg := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}
 	for _, broken := range []bool{false, true} {
 		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
@@ -146,6 +155,101 @@ func TestSharesTableWait(t *testing.T) {
 			}
 			for _, v := range limitertest.CheckTrailingWindow(calls, cfg.Limit, cfg.Window) {
 				t.Errorf("over the limit: %v", v)
+			}
+		})
+	}
+}
+
+// TestSharesTableRaise: through the table (as TestSharesTableWait), two
+// regions of a bucket of 22 (20 units shared), refilled 10 a second.
+// Region 1 spends all it has; region 0, idle, gives it its surplus. Region
+// 1's raise takes over a validity on, its new item empty there: the carry
+// adds the old item's free tokens and what the raise's units refilled
+// since the tick that started it (at their part of the rate), no more.
+// The tokens in the new item as it takes over are read from the store. A
+// broken agent that adds the raise's whole units, refilled or not, puts
+// more there (the check sees it).
+func TestSharesTableRaise(t *testing.T) {
+	client, table := testTable(t)
+	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 22, RefillTime: 100 * time.Millisecond, RefillAmount: 1}
+	cfg := Config{Regions: 2, Key: "k", Bucket: &b}
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			ctx := t.Context()
+			now := time.Now()
+			name := fmt.Sprintf("raise-%v-%d", broken, now.UnixNano())
+			var agents [2]*Agent
+			var procs [2]*Process
+			for r := range agents {
+				tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
+					Validity: time.Second, Deadline: time.Second, LockLife: 750 * time.Millisecond}
+				st := memStore(t)
+				a, err := NewTableAgent(cfg, tt, fmt.Sprintf("r%d", r), st)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.brokenExtra = broken
+				agents[r] = a
+				if procs[r], err = NewProcess(cfg, tt, st); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tick := func() {
+				for _, a := range agents {
+					if err := a.Tick(ctx, now); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			tick()
+			// Region 1 spends what it has every 100 ms (its demand is
+			// written with its reads) until its raise is under way.
+			var raised *bucketItem
+			var started time.Time
+			for i := 0; raised == nil && i < 40; i++ {
+				now = now.Add(100 * time.Millisecond)
+				for range 10 {
+					if _, err := procs[1].AllowN(ctx, "k", now, 1); err != nil {
+						t.Fatal(err)
+					}
+				}
+				tick()
+				a := agents[1]
+				a.mu.Lock()
+				if len(a.items) > 1 && a.items[1].share > a.items[0].share {
+					raised, started = a.items[1], now
+				}
+				a.mu.Unlock()
+			}
+			if raised == nil {
+				t.Fatalf("region 1 never raised its share: %+v, region 0 %+v", agents[1].Stats(), agents[0].Stats())
+			}
+			// No decision from here on: the carry is the only change.
+			for now.UnixNano() < raised.from {
+				now = now.Add(100 * time.Millisecond)
+				tick()
+			}
+			moved := agents[1].TableStats().Moved
+			at := time.Unix(0, raised.from)
+			d, err := raised.own.Get(ctx, raised.key, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raise := raised.share - (cfg.units() / 2)
+			due := float64(raise) / float64(cfg.units()) * 10 * at.Sub(started).Seconds()
+			t.Logf("region 1's raise to %d (by %d) from %v after its tick: %d tokens there (moved %d, refilled %.1f)", raised.share, raise,
+				at.Sub(started), d.Remaining, moved, due)
+			if float64(d.Remaining) > float64(moved)+due {
+				if !broken {
+					t.Errorf("the new item holds %d tokens as it takes over, more than the old item's %d and the raise's refill %.1f", d.Remaining, moved, due)
+				}
+				return
+			}
+			if broken {
+				t.Errorf("a raise that adds its whole units: the new item holds %d, within %d moved and %.1f refilled", d.Remaining, moved, due)
+			}
+			if d.Remaining < int64(due)-1 {
+				t.Errorf("the new item holds %d tokens, want about %.1f of the raise's refill", d.Remaining, due)
 			}
 		})
 	}

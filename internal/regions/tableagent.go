@@ -239,7 +239,7 @@ func (a *Agent) resume(it tableItem) error {
 	for _, s := range b.Entry.Items {
 		bi := tb.items[s.Key]
 		if bi == nil {
-			bi = &bucketItem{key: s.Key, from: s.From, share: s.Share}
+			bi = &bucketItem{key: s.Key, from: s.From, share: s.Share, extra: s.Extra}
 			if s.Share > 0 {
 				bi.cfg = a.cfg.bucketFor(s.Share, false)
 				own, err := limiter.NewTokenBucket(a.store.(storage.BucketStore), bi.cfg)
@@ -274,7 +274,7 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
 		for _, it := range a.items {
-			b.Entry.Items = append(b.Entry.Items, ItemStep{Key: it.key, From: it.from, Share: it.share})
+			b.Entry.Items = append(b.Entry.Items, ItemStep{Key: it.key, From: it.from, Share: it.share, Extra: it.extra})
 		}
 	} else {
 		b.Entry.Caps = a.capSteps(t)
@@ -424,6 +424,14 @@ func (tb *tableAgent) consume(n int64) {
 	tb.lows = slices.DeleteFunc(tb.lows, func(l lowering) bool { return l.Units <= 0 })
 }
 
+// refilled is what u units of a bucket's share refill in d at their part
+// of the bucket's rate (u/units of it), at most u.
+func (c Config) refilled(u int64, d time.Duration) int64 {
+	b := c.Bucket
+	r := float64(u) * float64(b.RefillAmount) * d.Seconds() / (float64(c.units()) * b.RefillTime.Seconds())
+	return max(min(int64(r), u), 0)
+}
+
 // errRebasing: a rebase is under way (its carry not yet made).
 var errRebasing = errors.New("regions: a rebase is under way")
 
@@ -461,11 +469,15 @@ func (a *Agent) giveBucketTable(ctx context.Context, now time.Time) error {
 // empty at its first stamp, takes over from a stamp no earlier than the
 // validity of every entry published so far (no process decides a stamp
 // from then on by an entry without it). The carry is made by a later
-// tick (carryTable).
+// tick (carryTable). A raise's units are the region's from now (grants in
+// force), yet refill in no item until the new one takes over: the carry
+// adds what they would have refilled meanwhile (extra, at most them), as
+// a bucket of their capacity at their rate would have saved.
 func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	tb := a.tbl
 	a.mu.Lock()
 	busy, from := len(a.items) > 1, max(now.Add(a.ahead).UnixNano(), tb.maxUntil)
+	raise := s - a.items[len(a.items)-1].share
 	a.mu.Unlock()
 	if busy {
 		return errRebasing
@@ -473,6 +485,12 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	it, err := a.newItem(ctx, time.Unix(0, from), s, true)
 	if err != nil {
 		return err
+	}
+	if raise > 0 {
+		it.extra = a.cfg.refilled(raise, time.Duration(from-now.UnixNano()))
+		if a.brokenExtra {
+			it.extra = raise
+		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -491,7 +509,9 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 // after the claim finds it empty (a clock behind the item's refills
 // nothing). The processes' leases on it are not returned: their units
 // are held out of the free tokens (the item's ring) until they lapse,
-// spent at stamps before at or lost.
+// spent at stamps before at or lost. A raise adds its extra (what its
+// units refilled while the new item waited), the whole at most the new
+// item's capacity.
 func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if len(a.items) < 2 || now.UnixNano() < a.items[1].from {
@@ -522,7 +542,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 			break
 		}
 	}
-	if c := min(moved, it.share); c > 0 && it.own != nil {
+	if c := min(moved+it.extra, it.share); c > 0 && it.own != nil {
 		if err := it.own.Refund(ctx, it.key, at, c); err != nil {
 			return fmt.Errorf("regions: carry to %q: %w", it.key, err)
 		}
