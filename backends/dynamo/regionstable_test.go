@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,38 @@ import (
 var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond, Validity: time.Second, Deadline: time.Second,
 	LockLife: 750 * time.Millisecond}
 
+// benchTableTimes is tableTimes, with the times SLUICE_SHARES_TIMES names
+// (for a benchmark's comparison of shorter ones: "validity=500ms,
+// deadline=500ms,locklife=400ms,refresh=50ms").
+func benchTableTimes(tb testing.TB) regions.Table {
+	tb.Helper()
+	t := tableTimes
+	v := os.Getenv("SLUICE_SHARES_TIMES")
+	if v == "" {
+		return t
+	}
+	for _, kv := range strings.Split(v, ",") {
+		k, dv, ok := strings.Cut(kv, "=")
+		d, err := time.ParseDuration(dv)
+		if !ok || err != nil || d <= 0 {
+			tb.Fatalf("SLUICE_SHARES_TIMES: %q is not name=duration", kv)
+		}
+		switch k {
+		case "validity":
+			t.Validity = d
+		case "deadline":
+			t.Deadline = d
+		case "locklife":
+			t.LockLife = d
+		case "refresh":
+			t.Refresh, t.Flush = d, d
+		default:
+			tb.Fatalf("SLUICE_SHARES_TIMES: no time %q", k)
+		}
+	}
+	return t
+}
+
 // tableRun is a run through the table: a holder agent per region, and,
 // with standby set, a second agent per region ready to take the role.
 // freeze, if set, is called by region 0's holder after each tick: it
@@ -39,6 +72,8 @@ var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: 100 * tim
 type tableRun struct {
 	standby bool
 	freeze  func(a *regions.Agent) time.Duration
+	// times, if set, replaces tableTimes.
+	times *regions.Table
 	// trace, if set, logs a second-by-second trace of the run (traceRun).
 	trace bool
 }
@@ -75,13 +110,17 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		b := regionBucket
 		cfg = regions.Config{Regions: len(eps), Key: d.Name, Bucket: &b, Leases: true}
 	}
+	times := tableTimes
+	if run.times != nil {
+		times = *run.times
+	}
 	tt := func(region int) regions.Table {
-		t := tableTimes
+		t := times
 		t.Client, t.Table, t.Name, t.Region = newClient(eps[region]), table, d.Name, region
 		return t
 	}
 	newAgent := func(region int, holder string) *regions.Agent {
-		st, err := dynamo.New(newClient(eps[region]), dynamo.Config{Table: table, Timeout: tableTimes.Deadline})
+		st, err := dynamo.New(newClient(eps[region]), dynamo.Config{Table: table, Timeout: times.Deadline})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -143,7 +182,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		pmu   sync.Mutex
 		procs []*regions.Process
 	)
-	d.Timeout = tableTimes.Deadline
+	d.Timeout = times.Deadline
 	rep := tableReport{sharesReport: sharesReport{start: time.Now()}}
 	var samples []shareSample
 	if run.trace {
@@ -386,9 +425,13 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 // BenchmarkRegionShares's, and for the table the processes' reads of
 // their region's item a decision (those that carried demand: flushes),
 // and the decisions failed (no valid entry, or a store request past the
-// 1 s deadline).
+// 1 s deadline). SLUICE_SHARES_TIMES sets other table times
+// (benchTableTimes); SLUICE_SHARES_TRACE=1 logs each table run second by
+// second (traceRun).
 func BenchmarkRegionSharesTable(b *testing.B) {
 	g, table, eps := startEventual(b)
+	times := benchTableTimes(b)
+	b.Logf("table times: refresh %v, flush %v, validity %v, deadline %v, lock life %v", times.Refresh, times.Flush, times.Validity, times.Deadline, times.LockLife)
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
 		for _, s := range shareSplits {
 			for _, path := range []string{"memory", "table"} {
@@ -407,7 +450,7 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 							checkShares(b, rep)
 							continue
 						}
-						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{trace: os.Getenv("SLUICE_SHARES_TRACE") != ""})
+						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{trace: os.Getenv("SLUICE_SHARES_TRACE") != "", times: &times})
 						b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
 						rr := rep.regionReport
 						rr.failed = 0 // reported below, and checked by checkTable
