@@ -137,9 +137,10 @@ type ItemStep struct {
 	Key   string `json:"k"`
 	From  int64  `json:"t"`
 	Share int64  `json:"s"`
-	// Extra is the tokens the agent adds to the item when it takes over,
-	// besides the old item's free ones: what the units it adds refilled
-	// while it waited to take over (the agent's; processes ignore it).
+	// Extra is the tokens the item held at its first stamp, besides the
+	// old item's free ones the carry adds: what the units it adds
+	// refilled while it waited to take over (the agent's; processes
+	// ignore it).
 	Extra int64 `json:"x,omitempty"`
 }
 

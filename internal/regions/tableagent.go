@@ -470,9 +470,11 @@ func (a *Agent) giveBucketTable(ctx context.Context, now time.Time) error {
 // validity of every entry published so far (no process decides a stamp
 // from then on by an entry without it). The carry is made by a later
 // tick (carryTable). A raise's units are the region's from now (grants in
-// force), yet refill in no item until the new one takes over: the carry
-// adds what they would have refilled meanwhile (extra, at most them), as
-// a bucket of their capacity at their rate would have saved.
+// force), yet refill in no item until the new one takes over: the new
+// item holds at its first stamp what they would have refilled meanwhile
+// (extra, at most them), as a bucket of their capacity at their rate
+// would have saved; put there before the item is listed, they are added
+// once whoever makes the carry.
 func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	tb := a.tbl
 	a.mu.Lock()
@@ -486,10 +488,17 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	if err != nil {
 		return err
 	}
-	if raise > 0 {
-		it.extra = a.cfg.refilled(raise, time.Duration(from-now.UnixNano()))
+	if raise > 0 && it.own != nil {
+		it.extra = min(a.cfg.refilled(raise, time.Duration(from-now.UnixNano())), s)
 		if a.brokenExtra {
 			it.extra = raise
+		}
+		// In the item before it is listed: a successor that redoes the
+		// carry finds them there, never adds them twice.
+		if it.extra > 0 {
+			if err := it.own.Refund(ctx, it.key, time.Unix(0, from), it.extra); err != nil {
+				return err // the item is not listed: unused
+			}
 		}
 	}
 	a.mu.Lock()
@@ -509,9 +518,9 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 // after the claim finds it empty (a clock behind the item's refills
 // nothing). The processes' leases on it are not returned: their units
 // are held out of the free tokens (the item's ring) until they lapse,
-// spent at stamps before at or lost. A raise adds its extra (what its
-// units refilled while the new item waited), the whole at most the new
-// item's capacity.
+// spent at stamps before at or lost. A raise's new item already holds
+// its extra (rebaseTable): the carry adds at most the rest of its
+// capacity.
 func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if len(a.items) < 2 || now.UnixNano() < a.items[1].from {
@@ -542,7 +551,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 			break
 		}
 	}
-	if c := min(moved+it.extra, it.share); c > 0 && it.own != nil {
+	if c := min(moved, it.share-it.extra); c > 0 && it.own != nil {
 		if err := it.own.Refund(ctx, it.key, at, c); err != nil {
 			return fmt.Errorf("regions: carry to %q: %w", it.key, err)
 		}
