@@ -367,8 +367,8 @@ func checkTable(tb testing.TB, rep tableReport) {
 //
 //   - window: demand moving from region 0 to region 2 (98/1/1 for 4 s,
 //     then 1/1/98 for 4 s), a standby agent in every region; region 0's
-//     holder freezes for 1.5 s right after a tick that withheld units for
-//     a grant (mid-grant), then ticks again. The standby takes the role,
+//     holder freezes for 1.5 s right after a tick after the move that
+//     withheld units for a grant (mid-grant), then ticks again. The standby takes the role,
 //     resumes the withheld units and gives a grant; the frozen holder
 //     finds the role gone (its write refused, or the item's epoch moved).
 //   - bucket: 60/30/10 for 4 s: the shares move (grants, rebases and
@@ -380,8 +380,9 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 	t.Run("table/window/takeover-mid-grant", func(t *testing.T) {
 		d := regionDemand{Name: "rt/window/move", Split: shareSplits[3].split, Then: shareSplits[3].then, Rate: 1.2 * regionRate, Duration: 4 * time.Second}
 		var frozen bool
+		moved := time.Now().Add(d.Duration) // after the move: units withheld for a grant, not the first entry's
 		freeze := func(a *regions.Agent) time.Duration {
-			if _, pending := a.Share(); pending > 0 && !frozen {
+			if _, pending := a.Share(); pending > 0 && !frozen && time.Now().After(moved) {
 				frozen = true
 				return 1500 * time.Millisecond
 			}

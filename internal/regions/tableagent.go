@@ -364,12 +364,29 @@ func (a *Agent) lowerTable(now time.Time, g []int64, want int64) int64 {
 	case want < a.pending:
 		// A withheld unit released and withheld again waits anew (the
 		// entries published meanwhile show it): keep what the region's
-		// own demand leaves, for the plan to give at once when it asks.
-		keep := max(want, min(a.pending, a.owned-int64(a.cfg.need(a.states[a.r].Demand))))
-		for i := len(tb.lows) - 1; i >= 0 && a.pending > keep; i-- {
+		// own demand leaves, for the plan to give at once when it asks,
+		// but no longer than a validity past its lowering's Ready (a
+		// region whose plan asks nothing then gets its units back: its
+		// own bursts need them more than a plan that does not ask).
+		var fresh int64
+		for _, l := range tb.lows {
+			if t < l.Ready+int64(tb.t.Validity) {
+				fresh += l.Units
+			}
+		}
+		keep := max(want, min(a.pending, fresh, a.owned-int64(a.cfg.need(a.states[a.r].Demand))))
+		release := func(i int) {
 			d := min(tb.lows[i].Units, a.pending-keep)
 			tb.lows[i].Units -= d
 			a.pending -= d
+		}
+		for i := 0; i < len(tb.lows) && a.pending > keep; i++ { // the stale ones first
+			if t >= tb.lows[i].Ready+int64(tb.t.Validity) {
+				release(i)
+			}
+		}
+		for i := len(tb.lows) - 1; i >= 0 && a.pending > keep; i-- { // then the newest
+			release(i)
 		}
 		tb.lows = slices.DeleteFunc(tb.lows, func(l lowering) bool { return l.Units <= 0 })
 	}
