@@ -300,8 +300,8 @@ type Agent struct {
 	// brokenWait: through the table, a window's lowerings are ready at
 	// once (no wait for the decisions that read a higher cap).
 	brokenWait bool
-	// brokenExtra: through the table, a bucket's raise adds its whole
-	// units to the new item at the carry, refilled or not.
+	// brokenExtra: through the table, a bucket's raise puts its whole
+	// units in its new item, refilled or not.
 	brokenExtra bool
 
 	mu   sync.Mutex
