@@ -401,9 +401,11 @@ func (a *Agent) lowerTable(now time.Time, g []int64, want int64) int64 {
 }
 
 // firstHold is how far ahead of a region's first entry the units its
-// own demand leaves are withheld (holdFirst): a tick, for the next tick
-// to release them where the region's demand shows before they are.
-const firstHold = 250 * time.Millisecond
+// own demand leaves are withheld (holdFirst): two ticks, for the next
+// ticks to release them where the region's demand shows before they are
+// (through Keys a tick comes with a decision at most every 250 ms, and
+// takes a few requests).
+const firstHold = 500 * time.Millisecond
 
 // holdFirst withholds, with the region's first entry (a window's), the
 // units its own demand leaves (its share less what its demand needs:
