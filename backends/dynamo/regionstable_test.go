@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,12 +26,44 @@ import (
 // limits, splits and rates of regionshares_test.go.
 
 // tableTimes are the table's times in the runs: a process reads its
-// entry every 100 ms and writes its demand at most every 250 ms; an entry
+// entry every 100 ms and writes its demand with each read; an entry
 // is valid for 1 s; a decision's deadline is 1 s (the dynamo store's
 // default timeout); an agent that stops ticking keeps the role 750 ms
 // (a region's gate holds writes for up to about 500 ms at times).
-var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: shareTick, Validity: time.Second, Deadline: time.Second,
+var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond, Validity: time.Second, Deadline: time.Second,
 	LockLife: 750 * time.Millisecond}
+
+// benchTableTimes is tableTimes, with the times SLUICE_SHARES_TIMES names
+// (for a benchmark's comparison of shorter ones: "validity=500ms,
+// deadline=500ms,locklife=400ms,refresh=50ms").
+func benchTableTimes(tb testing.TB) regions.Table {
+	tb.Helper()
+	t := tableTimes
+	v := os.Getenv("SLUICE_SHARES_TIMES")
+	if v == "" {
+		return t
+	}
+	for _, kv := range strings.Split(v, ",") {
+		k, dv, ok := strings.Cut(kv, "=")
+		d, err := time.ParseDuration(dv)
+		if !ok || err != nil || d <= 0 {
+			tb.Fatalf("SLUICE_SHARES_TIMES: %q is not name=duration", kv)
+		}
+		switch k {
+		case "validity":
+			t.Validity = d
+		case "deadline":
+			t.Deadline = d
+		case "locklife":
+			t.LockLife = d
+		case "refresh":
+			t.Refresh, t.Flush = d, d
+		default:
+			tb.Fatalf("SLUICE_SHARES_TIMES: no time %q", k)
+		}
+	}
+	return t
+}
 
 // tableRun is a run through the table: a holder agent per region, and,
 // with standby set, a second agent per region ready to take the role.
@@ -38,6 +72,10 @@ var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: shareTick
 type tableRun struct {
 	standby bool
 	freeze  func(a *regions.Agent) time.Duration
+	// times, if set, replaces tableTimes.
+	times *regions.Table
+	// trace, if set, logs a second-by-second trace of the run (traceRun).
+	trace bool
 }
 
 // tableReport is a run's report with the agents' table counts and the
@@ -72,13 +110,17 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		b := regionBucket
 		cfg = regions.Config{Regions: len(eps), Key: d.Name, Bucket: &b, Leases: true}
 	}
+	times := tableTimes
+	if run.times != nil {
+		times = *run.times
+	}
 	tt := func(region int) regions.Table {
-		t := tableTimes
+		t := times
 		t.Client, t.Table, t.Name, t.Region = newClient(eps[region]), table, d.Name, region
 		return t
 	}
 	newAgent := func(region int, holder string) *regions.Agent {
-		st, err := dynamo.New(newClient(eps[region]), dynamo.Config{Table: table, Timeout: tableTimes.Deadline})
+		st, err := dynamo.New(newClient(eps[region]), dynamo.Config{Table: table, Timeout: times.Deadline})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -140,8 +182,28 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		pmu   sync.Mutex
 		procs []*regions.Process
 	)
-	d.Timeout = tableTimes.Deadline
+	d.Timeout = times.Deadline
 	rep := tableReport{sharesReport: sharesReport{start: time.Now()}}
+	var samples []shareSample
+	if run.trace {
+		wg.Go(func() {
+			t := time.NewTicker(shareTick)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				s := shareSample{at: time.Since(rep.start)}
+				for _, a := range holders {
+					o, p := a.Share()
+					s.owned, s.pending = append(s.owned, o), append(s.pending, p)
+				}
+				samples = append(samples, s)
+			}
+		})
+	}
 	rep.regionReport = runRegions(tb, table, eps, regionsGates{g}.requests, nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
 		p, err := regions.NewProcess(cfg, tt(i), st)
 		if err != nil {
@@ -174,7 +236,82 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 	}
 	rep.from = rep.start.Add(from)
 	rep.fromAdmitted, rep.fromExact = exactAfter(tb, d.Alg, rep.calls, rep.from)
+	if run.trace {
+		traceRun(tb, d.Alg, rep, samples)
+	}
 	return rep
+}
+
+// shareSample is the holders' shares (without pending grants) and the
+// units they withheld for grants, at an instant of a run.
+type shareSample struct {
+	at             time.Duration
+	owned, pending []int64
+}
+
+// traceRun logs, for each second of a run: per region the units offered
+// and admitted and the holder's share and withheld units at the second's
+// end; over the union, what was admitted and what exact admitted.
+func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSample) {
+	tb.Helper()
+	sec := func(t time.Time) int { return int(t.Sub(rep.start) / time.Second) }
+	n := 0
+	for _, c := range rep.calls {
+		n = max(n, sec(c.Stamp)+1)
+	}
+	if n <= 0 {
+		return
+	}
+	offered, admitted := make([][]int64, n), make([][]int64, n)
+	for i := range n {
+		offered[i], admitted[i] = make([]int64, len(rep.byRegion)), make([]int64, len(rep.byRegion))
+	}
+	for r, cs := range rep.byRegion {
+		for _, c := range cs {
+			if i := sec(c.Stamp); i >= 0 {
+				offered[i][r] += c.Cost
+				if c.Allowed {
+					admitted[i][r] += c.Cost
+				}
+			}
+		}
+	}
+	exact := make([]int64, n)
+	mem, err := memory.New(memory.Config{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ex := regionLimiter(tb, cmpAlg(alg), mem, false)
+	cs := slices.Clone(rep.calls)
+	slices.SortStableFunc(cs, func(a, b limitertest.Call) int { return a.Stamp.Compare(b.Stamp) })
+	for _, c := range cs {
+		dec, err := ex.AllowN(tb.Context(), c.Key, c.Stamp, c.Cost)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if i := sec(c.Stamp); i >= 0 && dec.Allowed {
+			exact[i] += c.Cost
+		}
+	}
+	for i := range n {
+		line := fmt.Sprintf("trace %2ds:", i)
+		var adm int64
+		for r := range rep.byRegion {
+			var s shareSample
+			for _, x := range samples {
+				if x.at < time.Duration(i+1)*time.Second {
+					s = x
+				}
+			}
+			o, p := int64(-1), int64(-1)
+			if r < len(s.owned) {
+				o, p = s.owned[r], s.pending[r]
+			}
+			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d |", r, admitted[i][r], offered[i][r], o, p)
+			adm += admitted[i][r]
+		}
+		tb.Logf("%s admitted %4d exact %4d", line, adm, exact[i])
+	}
 }
 
 // exactAfter replays calls on one serialized limiter and returns what the
@@ -230,8 +367,8 @@ func checkTable(tb testing.TB, rep tableReport) {
 //
 //   - window: demand moving from region 0 to region 2 (98/1/1 for 4 s,
 //     then 1/1/98 for 4 s), a standby agent in every region; region 0's
-//     holder freezes for 1.5 s right after a tick that withheld units for
-//     a grant (mid-grant), then ticks again. The standby takes the role,
+//     holder freezes for 1.5 s right after a tick after the move that
+//     withheld units for a grant (mid-grant), then ticks again. The standby takes the role,
 //     resumes the withheld units and gives a grant; the frozen holder
 //     finds the role gone (its write refused, or the item's epoch moved).
 //   - bucket: 60/30/10 for 4 s: the shares move (grants, rebases and
@@ -243,8 +380,9 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 	t.Run("table/window/takeover-mid-grant", func(t *testing.T) {
 		d := regionDemand{Name: "rt/window/move", Split: shareSplits[3].split, Then: shareSplits[3].then, Rate: 1.2 * regionRate, Duration: 4 * time.Second}
 		var frozen bool
+		moved := time.Now().Add(d.Duration) // after the move: units withheld for a grant, not the first entry's
 		freeze := func(a *regions.Agent) time.Duration {
-			if _, pending := a.Share(); pending > 0 && !frozen {
+			if _, pending := a.Share(); pending > 0 && !frozen && time.Now().After(moved) {
 				frozen = true
 				return 1500 * time.Millisecond
 			}
@@ -288,9 +426,13 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 // BenchmarkRegionShares's, and for the table the processes' reads of
 // their region's item a decision (those that carried demand: flushes),
 // and the decisions failed (no valid entry, or a store request past the
-// 1 s deadline).
+// 1 s deadline). SLUICE_SHARES_TIMES sets other table times
+// (benchTableTimes); SLUICE_SHARES_TRACE=1 logs each table run second by
+// second (traceRun).
 func BenchmarkRegionSharesTable(b *testing.B) {
 	g, table, eps := startEventual(b)
+	times := benchTableTimes(b)
+	b.Logf("table times: refresh %v, flush %v, validity %v, deadline %v, lock life %v", times.Refresh, times.Flush, times.Validity, times.Deadline, times.LockLife)
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
 		for _, s := range shareSplits {
 			for _, path := range []string{"memory", "table"} {
@@ -309,7 +451,7 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 							checkShares(b, rep)
 							continue
 						}
-						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{})
+						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{trace: os.Getenv("SLUICE_SHARES_TRACE") != "", times: &times})
 						b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
 						rr := rep.regionReport
 						rr.failed = 0 // reported below, and checked by checkTable

@@ -41,6 +41,9 @@ type bucketItem struct {
 	key   string
 	from  int64
 	share int64
+	// extra is the tokens a rebase through the table adds at the
+	// carry besides the old item's (rebaseTable).
+	extra int64
 	cfg   limiter.TokenBucketConfig
 	own   *limiter.TokenBucket // the agent's, without leases; nil when share is 0
 	// closed: no more decisions; inflight: decisions under way. Under

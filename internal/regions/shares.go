@@ -250,6 +250,12 @@ type Agent struct {
 	// does not rebase; brokenTokens: a bucket's giver carries a token a
 	// unit given, saved or not.
 	broken, brokenTokens bool
+	// brokenWait: through the table, a window's lowerings are ready at
+	// once (no wait for the decisions that read a higher cap).
+	brokenWait bool
+	// brokenExtra: through the table, a bucket's raise puts its whole
+	// units in its new item, refilled or not.
+	brokenExtra bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -472,21 +478,30 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 	for _, u := range g {
 		want += u
 	}
+	if a.tbl != nil {
+		// Through the table: the lowerings wait their deadlines; want
+		// becomes what the ready ones allow (lowerTable).
+		if want = a.lowerTable(now, g, want); want == 0 {
+			return nil
+		}
+	} else {
+		a.mu.Lock()
+		want = clampPlan(g, want, a.owned)
+		if want > a.pending {
+			a.gen++ // a lower cap: the decisions under way read a higher one
+		}
+		a.pending = want
+		a.stats.Withheld = max(a.stats.Withheld, want)
+		gen := a.gen
+		a.mu.Unlock()
+		if want == 0 {
+			return nil
+		}
+		a.wait(gen)
+	}
 	a.mu.Lock()
-	want = clampPlan(g, want, a.withholdable())
-	if want > a.pending {
-		a.gen++ // a lower cap: the decisions under way read a higher one
-	}
-	a.pending = want
-	a.stats.Withheld = max(a.stats.Withheld, want)
-	gen, owned := a.gen, a.owned
+	owned := a.owned
 	a.mu.Unlock()
-	if want == 0 {
-		return nil
-	}
-	if !a.wait(now, gen) {
-		return nil // the lowering is in force; the count is read later
-	}
 	free := func(at time.Time) (int64, error) {
 		d, err := a.peek.Peek(ctx, a.key(), at)
 		if err != nil {
@@ -548,7 +563,10 @@ func (a *Agent) publish(g []int64, steps []grantStep, want int64, now time.Time)
 		prev = st.cum
 	}
 	a.owned -= want
-	a.pending = 0
+	a.pending -= want // all of it in memory; through the table, ready lowerings'
+	if a.tbl != nil {
+		a.tbl.consume(want)
+	}
 	a.stats.Given += want
 	a.stats.Grants++
 	a.stats.Share = a.owned
@@ -578,12 +596,8 @@ func floorDiv(a, b int64) int64 {
 }
 
 // wait returns when no decision that read the cap of a generation before
-// gen is under way (true), or, through the table, reports whether every
-// such decision is past its deadline (waitTable).
-func (a *Agent) wait(now time.Time, gen int64) bool {
-	if a.tbl != nil {
-		return a.waitTable(now, gen)
-	}
+// gen is under way (in memory; through the table, lowerTable waits).
+func (a *Agent) wait(gen int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for {
@@ -594,7 +608,7 @@ func (a *Agent) wait(now time.Time, gen int64) bool {
 			}
 		}
 		if !busy {
-			return true
+			return
 		}
 		a.cond.Wait()
 	}

@@ -54,7 +54,11 @@ type Table struct {
 	// it reads it again (default 100 ms).
 	Refresh time.Duration
 	// Flush is the least time between a process's demand writes
-	// (default 250 ms, the agent's tick).
+	// (default 100 ms, Refresh: every read that has demand to write
+	// writes it). A longer Flush leaves more of a process's demand
+	// unwritten until its next decision, which for a process whose
+	// traffic stopped may be seconds later: its agent then counts past
+	// demand as present.
 	Flush time.Duration
 	// Validity (V) is how long after its publication an entry may be
 	// used: for decisions stamped before then (default 1 s). It must
@@ -73,7 +77,7 @@ type Table struct {
 // Table defaults.
 const (
 	defaultRefresh  = 100 * time.Millisecond
-	defaultFlush    = 250 * time.Millisecond
+	defaultFlush    = 100 * time.Millisecond
 	defaultValidity = time.Second
 	defaultDeadline = time.Second
 	defaultLockLife = 750 * time.Millisecond
@@ -133,6 +137,11 @@ type ItemStep struct {
 	Key   string `json:"k"`
 	From  int64  `json:"t"`
 	Share int64  `json:"s"`
+	// Extra is the tokens the item held at its first stamp, besides the
+	// old item's free ones the carry adds: what the units it adds
+	// refilled while it waited to take over (the agent's; processes
+	// ignore it).
+	Extra int64 `json:"x,omitempty"`
 }
 
 // capAt is the cap for a decision stamped t (false: none).
@@ -159,9 +168,13 @@ func (e *Entry) itemAt(t int64) *ItemStep {
 // resumes from (the ledger entry, "s", holds the grants given).
 type board struct {
 	Entry Entry `json:"e"`
-	// Pending is withheld for a window grant: the cap is lower by it for
-	// decisions stamped from From on, and the region's count may be read
-	// for the grant from Ready (From + Deadline) on.
+	// Lows are the units withheld for window grants, oldest first: the
+	// cap is lower by each one's units for decisions stamped from its
+	// From on, and the region's count may be read for a grant of them
+	// from its Ready (From + Deadline) on.
+	Lows []lowering `json:"pl,omitempty"`
+	// Pending, From and Ready are one lowering as boards before Lows
+	// held it (read only).
 	Pending int64 `json:"p,omitempty"`
 	From    int64 `json:"pf,omitempty"`
 	Ready   int64 `json:"pr,omitempty"`

@@ -24,15 +24,13 @@ type tableAgent struct {
 	holder string
 	epoch  int64 // the role's epoch held (0: none)
 
-	// The lowering on record (a window's): the cap is lower by pending
-	// from stamp from; the count may be read for the grant from ready.
-	// lowGen is the agent's gen it was made at.
-	lowGen      int64
-	from, ready int64
-	maxUntil    int64 // the latest Until published
-	seen        int64 // the demand counter, as this tick read it
-	seq         int64 // the entry's
-	items       map[string]*bucketItem
+	// lows are the lowerings on record (a window's), oldest first: their
+	// units sum to the agent's pending.
+	lows     []lowering
+	maxUntil int64 // the latest Until published
+	seen     int64 // the demand counter, as this tick read it
+	seq      int64 // the entry's
+	items    map[string]*bucketItem
 	// wants is the key's place in its limit's wants index (nil: none);
 	// listed and wantsTry are as the board records them (wants.go).
 	wants    *wantsRef
@@ -162,6 +160,9 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	if took {
 		tb.count(func(s *TableStats) {
 			s.ResumedPending += it.board.Pending
+			for _, l := range it.board.Lows {
+				s.ResumedPending += l.Units
+			}
 			if len(it.board.Entry.Items) > 1 {
 				s.ResumedRebases++
 			}
@@ -175,6 +176,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		firstErr = cmp(firstErr, a.giveBucketTable(ctx, now))
 	} else {
 		firstErr = cmp(firstErr, a.giveWindow(ctx, now))
+		a.holdFirst(now)
 	}
 	a.updateWants(ctx, now)
 	return cmp(firstErr, a.save(ctx, now))
@@ -217,8 +219,14 @@ func (a *Agent) resume(it tableItem) error {
 		a.states[a.r] = it.state
 	}
 	b := it.board
-	a.pending, tb.from, tb.ready = b.Pending, b.From, b.Ready
-	a.gen = tb.lowGen // the lowering on record, if any, is this one
+	tb.lows = slices.Clone(b.Lows)
+	if b.Pending > 0 && len(tb.lows) == 0 { // a board of one lowering
+		tb.lows = []lowering{{Units: b.Pending, From: b.From, Ready: b.Ready}}
+	}
+	a.pending = 0
+	for _, l := range tb.lows {
+		a.pending += l.Units
+	}
 	tb.maxUntil, tb.seq, tb.seen = b.MaxUntil, b.Entry.Seq, it.demand
 	tb.listed, tb.wantsTry = b.Wants, b.WantsTry
 	if b.Tick != 0 {
@@ -231,7 +239,7 @@ func (a *Agent) resume(it tableItem) error {
 	for _, s := range b.Entry.Items {
 		bi := tb.items[s.Key]
 		if bi == nil {
-			bi = &bucketItem{key: s.Key, from: s.From, share: s.Share}
+			bi = &bucketItem{key: s.Key, from: s.From, share: s.Share, extra: s.Extra}
 			if s.Share > 0 {
 				bi.cfg = a.cfg.bucketFor(s.Share, false)
 				own, err := limiter.NewTokenBucket(a.store.(storage.BucketStore), bi.cfg)
@@ -261,15 +269,12 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	pub := *own
 	pub.Given = slices.Clone(own.Given)
 	pub.Future = slices.Clone(own.Future)
-	b := board{Pending: a.pending, Seen: tb.seen, Tick: t, Wants: tb.listed, WantsTry: tb.wantsTry}
-	if a.pending > 0 {
-		b.From, b.Ready = tb.from, tb.ready
-	}
+	b := board{Lows: slices.Clone(tb.lows), Seen: tb.seen, Tick: t, Wants: tb.listed, WantsTry: tb.wantsTry}
 	b.Entry = Entry{Seq: tb.seq + 1, Until: t + int64(tb.t.Validity)}
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
 		for _, it := range a.items {
-			b.Entry.Items = append(b.Entry.Items, ItemStep{Key: it.key, From: it.from, Share: it.share})
+			b.Entry.Items = append(b.Entry.Items, ItemStep{Key: it.key, From: it.from, Share: it.share, Extra: it.extra})
 		}
 	} else {
 		b.Entry.Caps = a.capSteps(t)
@@ -300,11 +305,11 @@ func (a *Agent) capSteps(t int64) []CapStep {
 	type change struct{ at, d int64 }
 	base := a.owned
 	var cs []change
-	if a.pending > 0 {
-		if a.tbl.from <= t {
-			base -= a.pending
+	for _, l := range a.tbl.lows {
+		if l.From <= t {
+			base -= l.Units
 		} else {
-			cs = append(cs, change{a.tbl.from, -a.pending})
+			cs = append(cs, change{l.From, -l.Units})
 		}
 	}
 	for _, f := range a.incoming {
@@ -328,31 +333,122 @@ func (a *Agent) capSteps(t int64) []CapStep {
 	return steps
 }
 
-// waitTable is a window grant's step 2 through the table: a new lowering
-// (gen not the one on record) takes effect from a stamp no earlier than
-// the validity of every entry published before it, and the count may be
-// read once every decision that read a higher cap is past its deadline.
-// It reports whether that time has come.
-func (a *Agent) waitTable(now time.Time, gen int64) bool {
+// lowering is units withheld through the table for window grants: the
+// cap is lower by them for decisions stamped from From, a stamp no
+// earlier than the validity of every entry published before the
+// lowering, and the count may be read for a grant of them from Ready
+// (From + Deadline), when every decision that read a higher cap is past
+// its deadline.
+type lowering struct {
+	Units int64 `json:"u"`
+	From  int64 `json:"f"`
+	Ready int64 `json:"r"`
+}
+
+// lowerTable is a window grant's step 1 and 2 through the table, for the
+// plan g (summing to want): it withholds what the plan asks beyond the
+// lowerings on record in a new one (while the others wait), releases
+// what the plan no longer asks and the region's own demand needs (the
+// newest first), and returns what may be given now, g scaled to it:
+// what the plan asks, at most the units of the ready lowerings.
+func (a *Agent) lowerTable(now time.Time, g []int64, want int64) int64 {
+	tb, t := a.tbl, now.UnixNano()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	want = clampPlan(g, want, a.owned)
+	switch {
+	case want > a.pending:
+		from := max(tb.maxUntil, t)
+		tb.lows = append(tb.lows, lowering{Units: want - a.pending, From: from, Ready: from + int64(tb.t.Deadline)})
+		a.pending = want
+	case want < a.pending:
+		// A withheld unit released and withheld again waits anew (the
+		// entries published meanwhile show it): keep what the region's
+		// own demand leaves, for the plan to give at once when it asks,
+		// but no longer than a validity past its lowering's Ready (a
+		// region whose plan asks nothing then gets its units back: its
+		// own bursts need them more than a plan that does not ask).
+		var fresh int64
+		for _, l := range tb.lows {
+			if t < l.Ready+int64(tb.t.Validity) {
+				fresh += l.Units
+			}
+		}
+		keep := max(want, min(a.pending, fresh, a.owned-int64(a.cfg.need(a.states[a.r].Demand))))
+		release := func(i int) {
+			d := min(tb.lows[i].Units, a.pending-keep)
+			tb.lows[i].Units -= d
+			a.pending -= d
+		}
+		for i := 0; i < len(tb.lows) && a.pending > keep; i++ { // the stale ones first
+			if t >= tb.lows[i].Ready+int64(tb.t.Validity) {
+				release(i)
+			}
+		}
+		for i := len(tb.lows) - 1; i >= 0 && a.pending > keep; i-- { // then the newest
+			release(i)
+		}
+		tb.lows = slices.DeleteFunc(tb.lows, func(l lowering) bool { return l.Units <= 0 })
+	}
+	a.stats.Withheld = max(a.stats.Withheld, a.pending)
+	var ready int64
+	for _, l := range tb.lows {
+		if t >= l.Ready || a.brokenWait {
+			ready += l.Units
+		}
+	}
+	return clampPlan(g, want, ready)
+}
+
+// firstHold is how far ahead of a region's first entry the units its
+// own demand leaves are withheld (holdFirst): two ticks, for the next
+// ticks to release them where the region's demand shows before they are
+// (through Keys a tick comes with a decision at most every 250 ms, and
+// takes a few requests).
+const firstHold = 500 * time.Millisecond
+
+// holdFirst withholds, with the region's first entry (a window's), the
+// units its own demand leaves (its share less what its demand needs:
+// nearly all of it, before it knows any), from a tick ahead: no entry was
+// published before, so the lowering is ready a deadline later, and a
+// grant of them, when the plan asks, is made at once. (Any later
+// lowering takes effect past the validity of the entries published
+// before it: a region that idles at the start would give its share
+// about a validity later.) Units its demand needs are released by the
+// next ticks (lowerTable).
+func (a *Agent) holdFirst(now time.Time) {
 	tb := a.tbl
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if gen != tb.lowGen {
-		tb.lowGen = gen
-		tb.from = max(tb.maxUntil, now.UnixNano())
-		tb.ready = tb.from + int64(tb.t.Deadline)
+	if tb.maxUntil != 0 || a.pending != 0 {
+		return
 	}
-	return now.UnixNano() >= tb.ready
+	u := a.owned - int64(a.cfg.need(a.states[a.r].Demand))
+	if u <= 0 {
+		return
+	}
+	from := now.Add(firstHold).UnixNano()
+	tb.lows = []lowering{{Units: u, From: from, Ready: from + int64(tb.t.Deadline)}}
+	a.pending = u
 }
 
-// withholdable is what a window grant may withhold: the share, but while
-// a lowering is on record no more than it (a grant larger than it would
-// start a new lowering and wait again). Under a.mu.
-func (a *Agent) withholdable() int64 {
-	if a.tbl != nil && a.pending > 0 {
-		return min(a.pending, a.owned)
+// consume takes n given units out of the ready lowerings, the oldest
+// first. Under a.mu.
+func (tb *tableAgent) consume(n int64) {
+	for i := range tb.lows {
+		d := min(tb.lows[i].Units, n)
+		tb.lows[i].Units -= d
+		n -= d
 	}
-	return a.owned
+	tb.lows = slices.DeleteFunc(tb.lows, func(l lowering) bool { return l.Units <= 0 })
+}
+
+// refilled is what u units of a bucket's share refill in d at their part
+// of the bucket's rate (u/units of it), at most u.
+func (c Config) refilled(u int64, d time.Duration) int64 {
+	b := c.Bucket
+	r := float64(u) * float64(b.RefillAmount) * d.Seconds() / (float64(c.units()) * b.RefillTime.Seconds())
+	return max(min(int64(r), u), 0)
 }
 
 // errRebasing: a rebase is under way (its carry not yet made).
@@ -392,11 +488,17 @@ func (a *Agent) giveBucketTable(ctx context.Context, now time.Time) error {
 // empty at its first stamp, takes over from a stamp no earlier than the
 // validity of every entry published so far (no process decides a stamp
 // from then on by an entry without it). The carry is made by a later
-// tick (carryTable).
+// tick (carryTable). A raise's units are the region's from now (grants in
+// force), yet refill in no item until the new one takes over: the new
+// item holds at its first stamp what they would have refilled meanwhile
+// (extra, at most them), as a bucket of their capacity at their rate
+// would have saved; put there before the item is listed, they are added
+// once whoever makes the carry.
 func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	tb := a.tbl
 	a.mu.Lock()
 	busy, from := len(a.items) > 1, max(now.Add(a.ahead).UnixNano(), tb.maxUntil)
+	raise := s - a.items[len(a.items)-1].share
 	a.mu.Unlock()
 	if busy {
 		return errRebasing
@@ -404,6 +506,19 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	it, err := a.newItem(ctx, time.Unix(0, from), s, true)
 	if err != nil {
 		return err
+	}
+	if raise > 0 && it.own != nil {
+		it.extra = min(a.cfg.refilled(raise, time.Duration(from-now.UnixNano())), s)
+		if a.brokenExtra {
+			it.extra = raise
+		}
+		// In the item before it is listed: a successor that redoes the
+		// carry finds them there, never adds them twice.
+		if it.extra > 0 {
+			if err := it.own.Refund(ctx, it.key, time.Unix(0, from), it.extra); err != nil {
+				return err // the item is not listed: unused
+			}
+		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -422,7 +537,9 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 // after the claim finds it empty (a clock behind the item's refills
 // nothing). The processes' leases on it are not returned: their units
 // are held out of the free tokens (the item's ring) until they lapse,
-// spent at stamps before at or lost.
+// spent at stamps before at or lost. A raise's new item already holds
+// its extra (rebaseTable): the carry adds at most the rest of its
+// capacity.
 func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if len(a.items) < 2 || now.UnixNano() < a.items[1].from {
@@ -453,7 +570,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 			break
 		}
 	}
-	if c := min(moved, it.share); c > 0 && it.own != nil {
+	if c := min(moved, it.share-it.extra); c > 0 && it.own != nil {
 		if err := it.own.Refund(ctx, it.key, at, c); err != nil {
 			return fmt.Errorf("regions: carry to %q: %w", it.key, err)
 		}
