@@ -55,6 +55,9 @@ const (
 	demandWeight = 0.1
 	jumpSigmas   = 4
 	jumpMin      = 4
+	// needHeadroom is how much more than its demand at the limit's rate
+	// a region's need is (Config.need).
+	needHeadroom = 2.5
 	// rebaseAhead is how far ahead of its agent's clock a bucket share's
 	// new item takes over (its first stamp).
 	rebaseAhead = 20 * time.Millisecond
@@ -169,6 +172,24 @@ func (c Config) targets(states []State) []float64 {
 		w[i] = float64(c.units()) * w[i] / sum
 	}
 	return w
+}
+
+// need is the share a demand calls for on its own: needHeadroom times the
+// demand at the limit's rate, at least minWeight of the units (what a
+// region keeps of a lowering its plan does not ask for, and of its first
+// entry's share: the table path).
+func (c Config) need(demand float64) float64 {
+	return max(needHeadroom*demand/c.rate(), minWeight) * float64(c.units())
+}
+
+// rate is the limit's steady rate in units a second: the bucket's refill,
+// or the window's limit over its span (a window and a sub-window: what a
+// bounded window admits steadily).
+func (c Config) rate() float64 {
+	if b := c.Bucket; b != nil {
+		return float64(b.RefillAmount) / b.RefillTime.Seconds()
+	}
+	return float64(c.Limit) / (c.Window + c.Window/time.Duration(c.SubWindows)).Seconds()
 }
 
 // plan is what region r would give each region now (nil: nothing): its
