@@ -136,14 +136,10 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 	b := newBatch(len(items))
 	defer b.release()
 	planAll(b, items, now, t, &lr, leasing)
-	// The store's round trip sizes leases (leaser.want): a measurement of
-	// the store, on the monotonic clock, not the decision's time (now).
-	sent := time.Now()
 	run(ctx, now, b)
-	rtt := time.Since(sent)
 	denied, failErr := judgeAll(b, items, out, t)
 	if leasing {
-		lr.settle(items, out, b.es, t, denied || failErr != nil, rtt)
+		lr.settle(items, out, b.es, t, denied || failErr != nil)
 		if denied || failErr != nil {
 			lr.unspendAll(items, out)
 		}

@@ -70,18 +70,6 @@ const (
 	// maxLeaseKeys bounds the keys a limit tracks per shard.
 	maxLeaseKeys = 256
 	leaseShards  = 16
-	// leaseRoundTrips is the fewest of the key's store round trips a
-	// lease lives (up to MaxLeaseLife): where a take costs a cross-region
-	// write (an MRSC table, 40 ms and more, and longer when writes from
-	// several regions meet), a lease sized for 16 decisions alone is
-	// spent in a few round trips and the takes and returns of a hot key's
-	// processes keep its item written from every region at once.
-	leaseRoundTrips = 8
-	// leaseSaves is the store time a lease below minLease must save (its
-	// units less one, times the key's round trip): on a store a few
-	// milliseconds away a key under minLease stays cold, one whose round
-	// trip is long leases from 2 units (docs/regions.md).
-	leaseSaves = 100 * time.Millisecond
 )
 
 var leaseSeed = maphash.MakeSeed()
@@ -124,10 +112,6 @@ type leaseKey struct {
 	remaining int64
 	// drained: no take before this stamp.
 	drained int64
-	// rtt is the key's store round trip in this process (wall time of
-	// the store steps that decided it, conflicts and retries included),
-	// averaged; 0: not measured.
-	rtt time.Duration
 }
 
 // lease is a closed lease to give back (got == 0: nothing), at stamp at.
@@ -288,46 +272,16 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 	rate := k.rate()
 	life := time.Duration(float64(time.Second) * leaseDecisions * float64(n) / max(rate, 1e-9))
 	life = min(max(life, minLeaseLife), storage.MaxLeaseLife)
-	if long := min(leaseRoundTrips*k.rtt, storage.MaxLeaseLife); long > life && int64(rate*long.Seconds()) <= k.remaining/fairShare {
-		// Round trips, while what remains covers them: near the limit a
-		// longer lease would only hold units the other processes are
-		// denied meanwhile.
-		life = long
-	}
 	if left := time.Duration(end - t); left-life < life {
 		// What would be left after this lease is shorter than it: one
 		// lease to the end rather than a short one after it.
 		life = min(left, storage.MaxLeaseLife)
 	}
 	w := min(int64(rate*life.Seconds()), k.remaining/fairShare, l.maxWant)
-	if w < k.minLease() || w <= n {
+	if w < minLease || w <= n {
 		return n
 	}
 	return w
-}
-
-// minLease is the smallest lease worth taking on the key: minLease, or
-// fewer units (at least 2) when they save leaseSaves of store round trips.
-func (k *leaseKey) minLease() int64 {
-	if k.rtt <= 0 {
-		return minLease
-	}
-	return min(max(int64(leaseSaves/k.rtt)+1, 2), minLease)
-}
-
-// roundTrip adds a store round trip of key's (d, wall time) to its
-// average: a quarter of the way.
-func (l *leaser) roundTrip(key string, t int64, d time.Duration) {
-	sh := l.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if k := sh.entry(key, t); k != nil {
-		if k.rtt == 0 {
-			k.rtt = d
-		} else {
-			k.rtt += (d - k.rtt) / 4
-		}
-	}
 }
 
 // took records a take of want units (at least n) for key at t whose
@@ -507,12 +461,9 @@ func (r *leaseRound) planTake(i int, it *Item, st *storage.Step, t int64) {
 // take's units become a lease (all of them when the batch was denied:
 // they were counted, and the decision did not use them), a plain step's
 // Remaining sizes the next take.
-func (r *leaseRound) settle(items []Item, out []Outcome, es []entry, t int64, denied bool, rtt time.Duration) {
+func (r *leaseRound) settle(items []Item, out []Outcome, es []entry, t int64, denied bool) {
 	for i := range r.use {
 		u, o := &r.use[i], &out[i]
-		if u.lz != nil && !u.spent && es[i].err == nil && !o.Skipped {
-			u.lz.leases().roundTrip(items[i].Key, t, rtt) // a throttled step's too: its conflicts
-		}
 		if u.ret.got > 0 {
 			if u.rode && es[i].err == nil && o.Err == nil && !o.Skipped {
 				u.lz.leases().returned(u.ret, true)
