@@ -36,6 +36,7 @@ const (
 	keeperRun    = 8 * time.Second
 	keeperSteady = 5 * time.Second // the run's steady part starts here
 	keeperIdle   = time.Second     // the keeper runs alone first
+	keeperAgain  = 2 * time.Second // a keeper invoked again runs this long
 )
 
 // keeperCall is a decision of the keeper runs.
@@ -195,29 +196,44 @@ func TestSharesKeeper(t *testing.T) {
 			out []byte
 			err error
 		}
-		results := make(chan result, 2)
+		// Each keeper is invoked for the run as a schedule would: first
+		// under the deadline of the run as planned, then again while
+		// the decisions go on (a loaded machine stretches the run).
+		results := make(chan result, 64)
+		done := make(chan struct{})
+		var keepers sync.WaitGroup
 		marks := gateMarks(g)
 		deadline := time.Now().Add(keeperIdle + keeperRun + regions.DefaultKeeperMargin)
 		for _, c := range cs {
 			if c.region == 0 || c != firstOf(cs, c.region) {
 				continue
 			}
-			go func() {
-				ctx, cancel := context.WithDeadline(t.Context(), deadline)
-				defer cancel()
-				out, err := c.built.Handler.Invoke(ctx, scheduled)
-				results <- result{out, err}
-			}()
+			keepers.Go(func() {
+				for d := deadline; ; d = time.Now().Add(keeperAgain + regions.DefaultKeeperMargin) {
+					ctx, cancel := context.WithDeadline(t.Context(), d)
+					out, err := c.built.Handler.Invoke(ctx, scheduled)
+					cancel()
+					results <- result{out, err}
+					select {
+					case <-done:
+						return
+					default:
+					}
+				}
+			})
 		}
 		time.Sleep(keeperIdle)
 		idle := gateCounts(g, marks)
 		marks = gateMarks(g)
 		start := time.Now()
 		calls := runKeyed(t, cs, [][]byte{hot, nil, nil}, []float64{1.2 * sharesRate, 0, 0}, keeperRun)
+		took := time.Since(start)
+		close(done)
+		keepers.Wait()
+		close(results)
 		busy := gateCounts(g, marks)
-		var ticks, rounds, reads int64
-		for range 2 {
-			r := <-results
+		var ticks, rounds, reads, invoked int64
+		for r := range results {
 			if r.err != nil {
 				t.Fatalf("keeper: %v", r.err)
 			}
@@ -229,12 +245,14 @@ func TestSharesKeeper(t *testing.T) {
 			}
 			t.Logf("keeper: %s", r.out)
 			ticks, rounds, reads = ticks+rep.Keeper.Ticks, rounds+rep.Keeper.Rounds, reads+rep.Keeper.IndexReads
+			invoked++
 		}
 		key := calls[0].key
 		admitted, exact, failed := steadyShare(t, calls, key, start.Add(keeperSteady))
-		t.Logf("idle keeper (%v): requests at the gates %v; run (%v): %v; keepers: %d rounds, %d index reads, %d ticks (%.1f requests a tick beyond the index reads)",
-			keeperIdle, idle, keeperRun, busy, rounds, reads, ticks, float64(busy[1]+busy[2]-int(reads)+int(idle[1]+idle[2]))/float64(max(ticks, 1)))
+		t.Logf("idle keeper (%v): requests at the gates %v; run (%v planned, %v taken): %v; keepers: %d invocations, %d rounds, %d index reads, %d ticks (%.1f requests a tick beyond the index reads)",
+			keeperIdle, idle, keeperRun, took.Round(time.Millisecond), busy, invoked, rounds, reads, ticks, float64(busy[1]+busy[2]-int(reads)+int(idle[1]+idle[2]))/float64(max(ticks, 1)))
 		logShares(t, cs, key)
+		logWants(t, cs, key)
 		t.Logf("steady part: region 0 admitted %d, exact %d: %.3f of exact (its base share: %.3f of the limit); %d failed", admitted, exact,
 			float64(admitted)/float64(max(exact, 1)), base/sharesLimit, failed)
 		if ticks == 0 {
@@ -269,12 +287,26 @@ func TestSharesKeeper(t *testing.T) {
 			}
 		}
 		logShares(t, cs, key)
+		logWants(t, cs, key)
 		t.Logf("steady part: region 0 admitted %d, exact %d: %.3f of exact; %d failed; regions 1 and 2 over the whole test: %d sweeps, %d ticks",
 			admitted, exact, float64(admitted)/float64(max(exact, 1)), failed, sweeps.Sweeps, sweeps.Ticks)
 		if float64(admitted) < 0.8*float64(exact) {
 			t.Errorf("region 0 admitted %d of exact %d over the steady part: the in-line sweeps did not give", admitted, exact)
 		}
 	})
+}
+
+// logWants logs region 0's containers' writes of key to its wants index
+// (a key never listed: nobody was asked to give).
+func logWants(t *testing.T, cs []*sharesContainer, key string) {
+	t.Helper()
+	for _, c := range cs {
+		for _, k := range c.built.shares {
+			if st, ok := k.Stats(key); ok && c.region == 0 {
+				t.Logf("region 0: wants index %+v", st.Wants)
+			}
+		}
+	}
 }
 
 // firstOf is region's first container.

@@ -195,7 +195,11 @@ func (k *Keys) AllowN(ctx context.Context, key string, now time.Time, n int64) (
 			defer func() { <-done }()
 		}
 	}
-	return ks.proc.AllowN(ctx, ks.proc.cfg.Key, now, n)
+	d, err := ks.proc.AllowN(ctx, ks.proc.cfg.Key, now, n)
+	if err == nil && !d.Allowed {
+		ks.agent.tbl.denied.Add(n) // the share bound: see Agent.short
+	}
+	return d, err
 }
 
 // due reports whether a tick of ks's agent is due at t (the holder's

@@ -81,6 +81,10 @@ func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
 	k.sweep.mu.Unlock()
 	st.Sweeps = 1
 	wanted, firstErr := k.wanted(ctx, &st)
+	// A grant under way here is finished whether or not its key is still
+	// listed: a giver that withheld units (or rebased) and is not ticked
+	// again would keep them from every region.
+	wanted = append(wanted, k.givingUnderWay(wanted)...)
 	type due struct {
 		ks    *keyShare
 		tried int64
@@ -142,6 +146,20 @@ func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
 	k.sweep.stats.add(st)
 	k.sweep.mu.Unlock()
 	return st, firstErr
+}
+
+// givingUnderWay is the keys, not in listed, whose agents in this
+// process hold the role with a grant under way.
+func (k *Keys) givingUnderWay(listed []string) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for key, ks := range k.keys {
+		if ks.agent.givingUnderWay() && !slices.Contains(listed, key) {
+			out = append(out, key)
+		}
+	}
+	return out
 }
 
 // wanted is the keys the other regions' wants indexes list, each once.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -36,6 +37,15 @@ type tableAgent struct {
 	wants    *wantsRef
 	listed   bool
 	wantsTry int64
+	// denied counts the units this process's decisions of the key were
+	// denied by the region's share since the agent's last tick (Keys
+	// adds them); bound is whether the last tick found any; resync
+	// whether it took the role since the index was last written;
+	// shortAt is its last tick that found the region short (wants.go).
+	denied  atomic.Int64
+	bound   bool
+	resync  bool
+	shortAt int64
 
 	mu    sync.Mutex
 	stats TableStats
@@ -127,6 +137,7 @@ func (l *tableLedger) Read(ctx context.Context, region int) (State, bool, error)
 func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	tb := a.tbl
 	t := now.UnixNano()
+	tb.bound = tb.denied.Swap(0) > 0
 	it, err := tb.t.load(ctx)
 	if err != nil {
 		tb.count(func(s *TableStats) { s.LoadErrors++ })
@@ -158,6 +169,12 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		return err
 	}
 	if took {
+		// A listed key's hold (wants.go) restarts at a takeover: the
+		// predecessor's last short tick is not on the board.
+		tb.resync = true
+		if tb.listed {
+			tb.shortAt = t
+		}
 		tb.count(func(s *TableStats) {
 			s.ResumedPending += it.board.Pending
 			for _, l := range it.board.Lows {
@@ -180,6 +197,15 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	}
 	a.updateWants(ctx, now)
 	return cmp(firstErr, a.save(ctx, now))
+}
+
+// givingUnderWay reports whether the agent, holding the role, has a
+// grant under way that a later tick finishes: a window's units withheld
+// for it, or a bucket's rebase not yet carried.
+func (a *Agent) givingUnderWay() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.tbl != nil && a.tbl.epoch != 0 && (a.pending > 0 || len(a.items) > 1)
 }
 
 func (a *Agent) setEpoch(e int64) {

@@ -36,6 +36,12 @@ const (
 	// wantsRetry is how long an agent waits before it lists its key
 	// again after the index was full (or its write failed).
 	wantsRetry = 5 * time.Second
+	// wantsRefresh is how often a listed key is listed again (an ADD of
+	// a key listed already changes nothing).
+	wantsRefresh = 5 * time.Second
+	// wantsHold is how long a listed key stays listed after the region
+	// last needed units, while a plan would still give.
+	wantsHold = 5 * time.Second
 	// shortFill: a region is short of a key when its demand over the
 	// share's horizon is at least this much of its share...
 	shortFill = 0.8
@@ -74,15 +80,34 @@ func (w *wantsRef) count(f func(*WantsStats)) {
 	f(&w.stats)
 }
 
-// short reports whether the region is short of the key: another
+// short reports whether the region is short of the key at t: another
 // region's plan, as this region reads the states, would give it units
 // (a surplus above that region's hysteresis while this region lacks
-// against its target), and its demand over the share's horizon (a
+// against its target), and the region needs them: its share bound (this
+// process's decisions of the key were denied by it since the last tick:
+// the demand estimate counts what the processes were offered, averaged
+// over ticks, and under a bursty or slowed load it stays under the share
+// while the region denies), or its demand over the share's horizon (a
 // window; a bucket's share refills at share/units of the bucket's rate)
-// is at least shortFill of its share. A lack that no region would give
-// (under the givers' hysteresis) does not list the key, so the key is
-// not ticked elsewhere for nothing. Tick's state.
-func (a *Agent) short() bool {
+// is at least shortFill of its share. A listed key stays listed while a
+// plan would give and the region needed units within wantsHold, so that
+// a noisy estimate does not unlist it before a giver gave. A lack that
+// no region would give (under the givers' hysteresis) does not list the
+// key, so the key is not ticked elsewhere for nothing. Tick's state.
+func (a *Agent) short(t int64) bool {
+	tb := a.tbl
+	gives := false
+	for o := range a.states {
+		if o != a.r {
+			if g := a.cfg.plan(o, a.states, false); g != nil && g[a.r] > 0 {
+				gives = true
+				break
+			}
+		}
+	}
+	if !gives {
+		return false
+	}
 	a.mu.Lock()
 	share := a.owned
 	a.mu.Unlock()
@@ -93,39 +118,41 @@ func (a *Agent) short() bool {
 	} else {
 		horizon = a.cfg.Window.Seconds()
 	}
-	if d*horizon < shortFill*float64(share) {
-		return false
+	if tb.bound || d*horizon >= shortFill*float64(share) {
+		tb.shortAt = t
+		return true
 	}
-	for o := range a.states {
-		if o == a.r {
-			continue
-		}
-		if g := a.cfg.plan(o, a.states, false); g != nil && g[a.r] > 0 {
-			return true
-		}
-	}
-	return false
+	return tb.listed && tb.shortAt != 0 && t-tb.shortAt < int64(wantsHold)
 }
 
 // updateWants lists the key in its region's wants index when the region
 // is short of it and unlists it when not, one write on a change (the
-// board records what was written, so a successor knows). A key the
-// index cannot take is retried after wantsRetry.
+// board records what was written, so a successor knows). A listed key
+// is listed again every wantsRefresh, and a tick that took the role
+// writes what it finds whatever the board says: a predecessor whose
+// write landed after its last save (its role lost meanwhile) may have
+// undone what the board records. A key the index cannot take is retried
+// after wantsRetry.
 func (a *Agent) updateWants(ctx context.Context, now time.Time) {
 	tb := a.tbl
 	w := tb.wants
 	if w == nil {
 		return
 	}
-	short, t := a.short(), now.UnixNano()
+	t := now.UnixNano()
+	short := a.short(t)
 	switch {
-	case short == tb.listed:
+	case short && len(w.key) > MaxWantKey:
+		if t >= tb.wantsTry {
+			w.count(func(s *WantsStats) { s.Dropped++ })
+			tb.wantsTry = t + int64(wantsRetry)
+		}
+		return
+	case tb.resync:
+		// Write, whatever the board says.
+	case short == tb.listed && !(short && t >= tb.wantsTry):
 		return
 	case short && t < tb.wantsTry:
-		return
-	case short && len(w.key) > MaxWantKey:
-		w.count(func(s *WantsStats) { s.Dropped++ })
-		tb.wantsTry = t + int64(wantsRetry)
 		return
 	}
 	in := &dynamodb.UpdateItemInput{
@@ -144,15 +171,20 @@ func (a *Agent) updateWants(ctx context.Context, now time.Time) {
 	_, err := w.client.UpdateItem(ctx, in)
 	if _, full := errors.AsType[*types.ConditionalCheckFailedException](err); full {
 		w.count(func(s *WantsStats) { s.Dropped++ })
-		tb.wantsTry = t + int64(wantsRetry)
+		tb.wantsTry, tb.resync = t+int64(wantsRetry), false
 		return
 	}
 	if err != nil {
+		// One try a takeover: then as the board says, the next write
+		// after wantsRetry (a refresh, or a change).
 		w.count(func(s *WantsStats) { s.Errors++ })
-		tb.wantsTry = t + int64(wantsRetry)
+		tb.wantsTry, tb.resync = t+int64(wantsRetry), false
 		return
 	}
-	tb.listed = short
+	tb.listed, tb.wantsTry, tb.resync = short, 0, false
+	if short {
+		tb.wantsTry = t + int64(wantsRefresh)
+	}
 	w.count(func(s *WantsStats) {
 		s.Listed = short
 		if short {
