@@ -369,22 +369,7 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	if a.tbl != nil {
 		return a.tickTable(ctx, now)
 	}
-	var firstErr error
-	for o := range a.cfg.Regions {
-		if o == a.r {
-			continue
-		}
-		st, found, err := a.ledger.Read(ctx, o)
-		if err != nil {
-			a.count(func(s *AgentStats) { s.ReadErrors++ })
-			firstErr = cmp(firstErr, err)
-			continue
-		}
-		// A region's entries replicate in order, but never step back.
-		if found && len(st.Given) == a.cfg.Regions && st.Seq >= a.states[o].Seq {
-			a.states[o] = st
-		}
-	}
+	firstErr := a.readOthers(ctx)
 	a.estimate(now)
 
 	a.receive(now)

@@ -214,7 +214,8 @@ func (a *Agent) setEpoch(e int64) {
 	a.tbl.epoch = e
 }
 
-// readOthers is Tick's read of the other regions' entries.
+// readOthers is a tick's read of the other regions' entries (Tick's and
+// tickTable's).
 func (a *Agent) readOthers(ctx context.Context) error {
 	var firstErr error
 	for o := range a.cfg.Regions {
@@ -227,6 +228,7 @@ func (a *Agent) readOthers(ctx context.Context) error {
 			firstErr = cmp(firstErr, err)
 			continue
 		}
+		// A region's entries replicate in order, but never step back.
 		if found && len(st.Given) == a.cfg.Regions && st.Seq >= a.states[o].Seq {
 			a.states[o] = st
 		}
