@@ -64,18 +64,13 @@ func runKeyed(t *testing.T, cs []*sharesContainer, events [][]byte, rates []floa
 		}
 		every := time.Duration(float64(time.Second) / per)
 		wg.Go(func() {
-			for k := 0; ; k++ {
-				at := start.Add(time.Duration(k) * every)
-				if at.Sub(start) >= d {
-					return
-				}
-				time.Sleep(time.Until(at))
+			paced(start, d, every, func() bool {
 				t0 := time.Now()
 				_, res, err := c.built.Handler.Decide(t.Context(), events[c.region])
 				t1 := time.Now()
 				if err != nil {
 					t.Errorf("decide: %v", err)
-					return
+					return false
 				}
 				var key string
 				if len(res.Evals) > 0 {
@@ -89,7 +84,8 @@ func runKeyed(t *testing.T, cs []*sharesContainer, events [][]byte, rates []floa
 				mu.Lock()
 				calls = append(calls, call)
 				mu.Unlock()
-			}
+				return true
+			})
 		})
 	}
 	wg.Wait()

@@ -202,18 +202,13 @@ func runShares(t *testing.T, cs []*sharesContainer, event []byte, rate float64, 
 			}
 			every := time.Duration(float64(time.Second) / per)
 			wg.Go(func() {
-				for k := 0; ; k++ {
-					at := start.Add(time.Duration(k) * every)
-					if at.Sub(start) >= d {
-						return
-					}
-					time.Sleep(time.Until(at))
+				paced(start, d, every, func() bool {
 					t0 := time.Now()
 					_, res, err := c.built.Handler.Decide(t.Context(), event)
 					t1 := time.Now()
 					if err != nil {
 						t.Errorf("decide: %v", err)
-						return
+						return false
 					}
 					stamp := time.Unix(0, c.clock.last.Load())
 					allowed := res.Outcome == policy.Allow
@@ -238,7 +233,8 @@ func runShares(t *testing.T, cs []*sharesContainer, event []byte, rate float64, 
 						}
 					}
 					mu.Unlock()
-				}
+					return true
+				})
 			})
 		}
 		wg.Wait()
@@ -377,4 +373,20 @@ func TestSharesConfigErrors(t *testing.T) {
 			t.Fatalf("got %v, want an invalid rule containing %q", err, want)
 		}
 	})
+}
+
+// paced calls do every interval from start until d has passed since
+// start, or until do returns false (a worker of the shares tests: one
+// request at a time, as a container decides).
+func paced(start time.Time, d, every time.Duration, do func() bool) {
+	for k := 0; ; k++ {
+		at := start.Add(time.Duration(k) * every)
+		if at.Sub(start) >= d {
+			return
+		}
+		time.Sleep(time.Until(at))
+		if !do() {
+			return
+		}
+	}
 }
