@@ -3,7 +3,6 @@ package dynamo
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -183,7 +182,7 @@ func (p *bucketPart) written(_ context.Context, item map[string]types.AttributeV
 		// was stored.
 		if stored, found, err := decodeBucket(a, item); err == nil && found {
 			s.cache.put(a.cacheKey(), stored)
-			s.maybeSettle(a, op, stored, p.plan.ring.added(), !slices.Contains(p.cur.grid, gridOf(op.Now)))
+			s.maybeSettle(a, op, stored, p.plan.ring.added())
 		} else {
 			s.cache.remove(a.cacheKey())
 		}

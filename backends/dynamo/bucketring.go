@@ -30,7 +30,7 @@ import (
 // (ADD) and do not conflict with one another; a slot taken over by a new
 // epoch is set on condition that it is as seen (an expired epoch's slot
 // no longer changes). Settlement, a write of its own sent without waiting
-// when s passes a step (settleAt), moves s into tat as if spent at one
+// when s passes a step (settleSteps), moves s into tat as if spent at one
 // instant at or after every unit's stamp: by adding it when the bucket is
 // not full at that instant, or, when it is, by setting tat to the full
 // bucket's minus s (the refill the bucket could not hold is dropped, as
@@ -314,34 +314,39 @@ func gridOf(stamp int64) int64 {
 // shorter adds more elements to g.
 const settleSkew = 50 * time.Millisecond
 
-// maxGrid is the size of g that sends a settlement whatever s holds, so
-// that a bucket that leased once and went cold keeps a small item.
+// maxGrid is the size of g from which a settlement is sent at the fine
+// step whatever else holds, so that a bucket that leased once and went
+// cold keeps a small item (g grows by at most one element per write, and
+// the fine step is a few writes).
 const maxGrid = 8
 
-// settleAt is the step of unsettled consumption at which a write's
-// answer sends a settlement: a quarter of the bucket (at least 4
-// tokens), or a thirty-second when the bucket is full and the write is a
-// lease's. Only a full bucket shows fewer tokens than it holds while s
-// is unsettled (its refill since the spending is credited at the
-// settlement), by up to the step: a hot key's step is small, a cold
-// key's (which leased once) costs a settlement per quarter of its bucket.
-func settleAt(op storage.BucketOp, full bool) int64 {
-	if full && op.Leases() {
-		return max(op.MaxAmount/32, 4)
-	}
-	return max(op.MaxAmount/4, 4)
+// settleSteps are the steps of unsettled consumption at which a write's
+// answer sends a settlement: coarse, a quarter of the bucket, always;
+// fine, a thirty-second, when the bucket is full and the write is a
+// lease's, or when g has maxGrid elements (each at least 4 tokens). Only
+// a full bucket shows fewer tokens than it holds while s is unsettled
+// (its refill since the spending is credited at the settlement), by up
+// to the step: a hot key's step is small, a cold key's (which leased
+// once) costs a settlement per quarter of its bucket.
+func settleSteps(op storage.BucketOp) (fine, coarse int64) {
+	return max(op.MaxAmount/32, 4), max(op.MaxAmount/4, 4)
 }
 
 // maybeSettle sends, without waiting, the settlement of stored (the item
 // a write of op just returned, which added added to s) when that write
-// took s past a multiple of settleAt (one write does, not every write
-// that sees s large), or added the maxGrid-th element of g (newGrid: its
-// element was not in the state it wrote on): what s held moves into tat
-// as if spent at g's largest element, by an addition when the bucket is
-// not full then, else by setting tat to the full bucket's less it. A
+// took s past a multiple of a step (settleSteps): what s held moves into
+// tat as if spent at g's largest element, by an addition when the bucket
+// is not full then, else by setting tat to the full bucket's less it. A
 // settlement that another beat, or whose regime changed before it
 // landed, fails and is dropped (a later write's answer sends another).
-func (s *Store) maybeSettle(a attrs, op storage.BucketOp, stored bucketItem, added int64, newGrid bool) {
+//
+// Every trigger is a crossing of s, which the item's writes ADD to one
+// after another, so exactly one write sends each settlement however many
+// processes write the key. (A trigger read from a process's own view,
+// such as "this write added a new element to g", fires in every process
+// whose cached item lacks the element: on a hot key that was a storm of
+// settlements conflicting on n, which the partition cap then throttled.)
+func (s *Store) maybeSettle(a attrs, op storage.BucketOp, stored bucketItem, added int64) {
 	if !stored.ring || added <= 0 || len(stored.grid) == 0 {
 		return
 	}
@@ -354,9 +359,12 @@ func (s *Store) maybeSettle(a attrs, op storage.BucketOp, stored bucketItem, add
 		return
 	}
 	floor := op.RefillAmount*((now-stored.base)/rt) - op.MaxAmount
-	step := settleAt(op, stored.tat < floor)
-	crossed := stored.unsettled >= step && (stored.unsettled-added)/step != stored.unsettled/step
-	if !crossed && !(newGrid && len(stored.grid) >= maxGrid) {
+	crossed := func(step int64) bool {
+		return stored.unsettled >= step && (stored.unsettled-added)/step != stored.unsettled/step
+	}
+	fine, coarse := settleSteps(op)
+	full := stored.tat < floor
+	if !crossed(coarse) && !(crossed(fine) && (full && op.Leases() || len(stored.grid) >= maxGrid)) {
 		return
 	}
 	u := newUpdate()

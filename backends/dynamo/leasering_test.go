@@ -1,6 +1,9 @@
 package dynamo_test
 
 import (
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,7 +52,7 @@ func TestLeaseRingMatchesMemory(t *testing.T) {
 			}
 		}
 	}
-	slack := cfg.MaxAmount/4 + 50 // settleAt, and settleSkew's 50 ms of refill
+	slack := cfg.MaxAmount/4 + 50 // settleSteps' coarse step, and settleSkew's 50 ms of refill
 	t.Logf("8,000 calls: DynamoDB admitted %d, memory %d (allowed difference %d)", admitted[0], admitted[1], slack)
 	if admitted[0] > admitted[1] || admitted[1]-admitted[0] > slack {
 		t.Errorf("DynamoDB admitted %d, memory %d: want at most, and within %d", admitted[0], admitted[1], slack)
@@ -102,5 +105,72 @@ func TestSettlementLateTrigger(t *testing.T) {
 	}
 	if d.Allowed || d.Remaining > 64 {
 		t.Errorf("take of 90 at T+300ms: %+v; want denied, with at most 64 remaining", d)
+	}
+}
+
+// TestSettlementsOnePerCrossing: a settlement is sent by the one write
+// whose addition took the unsettled consumption past a step, however many
+// processes write the key. Sixteen processes (a store each, with its own
+// cache) share one leasing bucket of 1,000 (steps of 31 and 250 tokens),
+// writing takes of 1 in 50 ms cells, 400 in all, 16 at a time: at most one
+// settlement per 31 tokens added to s may be sent. A trigger read from a
+// process's own view ("my write added a new element to g", which every
+// process whose cached item lacked the element saw) sent 394 here, 369
+// of which failed on another's settlement.
+func TestSettlementsOnePerCrossing(t *testing.T) {
+	const procs, writes = 16, 400
+	stores := make([]*dynamo.Store, procs)
+	for i := range stores {
+		stores[i], _, _ = newStore(t, dynamo.Config{})
+	}
+	key := storage.Key{Space: "tb:cross", Name: t.Name() + time.Now().Format(time.RFC3339Nano)}
+	t0 := time.Now().Truncate(time.Second).UnixNano()
+	op := func(mode storage.Mode, i int64) storage.BucketOp {
+		now := t0 + i*int64(50*time.Millisecond) + 1
+		return storage.BucketOp{MaxAmount: 1000, RefillTime: time.Second, RefillAmount: 1, Now: now, N: 1, Mode: mode,
+			Want: 10, Epoch: now/int64(storage.LeaseEpoch) + 2}
+	}
+	if d, err := stores[0].UpdateBucket(t.Context(), key, op(storage.ModeLease, 0), time.Hour); err != nil || !d.Allowed {
+		t.Fatalf("lease: %+v, %v", d, err)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, procs)
+	for p := range procs {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > writes {
+					return
+				}
+				if d, err := stores[p].UpdateBucket(t.Context(), key, op(storage.ModeTake, i), time.Hour); err != nil || !d.Allowed {
+					errs <- fmt.Errorf("take %d: %+v, %v", i, d, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var sent, lost int64
+	for _, st := range stores {
+		if err := st.WaitRefunds(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		ss := st.Stats()
+		sent, lost = sent+ss.Settlements, lost+ss.SettlesLost
+	}
+	// Added to s: every take, and the lease's 10 when its epoch expired.
+	added := int64(writes + 10)
+	bound := added/31 + added/250
+	t.Logf("%d writes from %d processes: %d settlements sent (%d failed), bound %d", writes, procs, sent, lost, bound)
+	if sent > bound {
+		t.Errorf("%d settlements sent, above one per crossing (%d)", sent, bound)
+	}
+	if sent == 0 {
+		t.Errorf("no settlement sent for %d tokens added to s", added)
 	}
 }
