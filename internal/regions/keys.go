@@ -39,6 +39,12 @@ type KeysConfig struct {
 	// SweepKeys bounds the keys a sweep ticks (those ticked longest ago
 	// first; default 64).
 	SweepKeys int
+	// WantsLife is how long a key's listing in its region's wants index
+	// stays in force after it was last written (default 15 s): a short
+	// region lists its key again every third of it, and the other
+	// regions stop ticking a key whose listing is older (its region no
+	// longer decides it), which this region's sweeps then remove.
+	WantsLife time.Duration
 }
 
 // Keys defaults.
@@ -74,6 +80,10 @@ type Keys struct {
 	lru  lru.List[keyShare, *keyShare]
 
 	sweep sweeper // sweep.go
+
+	// brokenExpiry (tests): listings never go out of force, and none is
+	// pruned.
+	brokenExpiry bool
 }
 
 // keyShare is one key's process and agent.
@@ -100,6 +110,7 @@ func NewKeys(cfg KeysConfig) (*Keys, error) {
 	if cfg.SweepKeys <= 0 {
 		cfg.SweepKeys = defaultSweepKeys
 	}
+	cfg.WantsLife = orDefault(cfg.WantsLife, DefaultWantsLife)
 	cfg.Table = cfg.Table.withDefaults()
 	if cfg.Prefix == "" || cfg.Holder == "" {
 		return nil, fmt.Errorf("%w: keys need a prefix and a holder", ErrInvalidConfig)
@@ -125,7 +136,7 @@ func (c *KeysConfig) newKey(k string) (*keyShare, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.tbl.wants = &wantsRef{client: t.Client, table: t.Table, prefix: c.Prefix, key: k, region: t.Region}
+	a.tbl.wants = &wantsRef{client: t.Client, table: t.Table, prefix: c.Prefix, key: k, region: t.Region, life: c.WantsLife}
 	return &keyShare{key: k, proc: p, agent: a}, nil
 }
 

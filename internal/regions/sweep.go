@@ -19,16 +19,22 @@ type sweeper struct {
 	running sync.Mutex // one sweep at a time
 	mu      sync.Mutex
 	swept   int64 // stamp of the last sweep started (0: none)
+	pruned  int64 // stamp of the last prune of this region's index (0: none)
 	stats   SweepStats
 }
 
 // SweepStats counts sweeps: the other regions' wants index items read
-// (and failed), the keys they listed (summed over sweeps), the ticks run
-// for them (and failed), the keys listed but not ticked for SweepKeys.
+// (and failed), the keys they listed in force (summed over sweeps) and
+// out of force (Expired: listed more than WantsLife ago, not ticked), the
+// ticks run for them (and failed), the keys listed but not ticked for
+// SweepKeys; and the prunes of this region's own index (every WantsLife:
+// Prunes, PruneErrors) with the listings out of force they removed.
 type SweepStats struct {
 	Sweeps, IndexReads, IndexErrors int64
-	Wanted, Ticks, TickErrors       int64
+	Wanted, Expired                 int64
+	Ticks, TickErrors               int64
 	Skipped                         int64
+	Prunes, Pruned, PruneErrors     int64
 }
 
 func (s *SweepStats) add(o SweepStats) {
@@ -36,9 +42,13 @@ func (s *SweepStats) add(o SweepStats) {
 	s.IndexReads += o.IndexReads
 	s.IndexErrors += o.IndexErrors
 	s.Wanted += o.Wanted
+	s.Expired += o.Expired
 	s.Ticks += o.Ticks
 	s.TickErrors += o.TickErrors
 	s.Skipped += o.Skipped
+	s.Prunes += o.Prunes
+	s.Pruned += o.Pruned
+	s.PruneErrors += o.PruneErrors
 }
 
 // SweepStats returns the counts of the process's sweeps.
@@ -80,7 +90,8 @@ func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
 	k.sweep.swept = max(k.sweep.swept, t)
 	k.sweep.mu.Unlock()
 	st.Sweeps = 1
-	wanted, firstErr := k.wanted(ctx, &st)
+	wanted, firstErr := k.wanted(ctx, t, &st)
+	firstErr = cmp(firstErr, k.prune(ctx, t, &st))
 	// A grant under way here is finished whether or not its key is still
 	// listed: a giver that withheld units (or rebased) and is not ticked
 	// again would keep them from every region.
@@ -162,8 +173,9 @@ func (k *Keys) givingUnderWay(listed []string) []string {
 	return out
 }
 
-// wanted is the keys the other regions' wants indexes list, each once.
-func (k *Keys) wanted(ctx context.Context, st *SweepStats) ([]string, error) {
+// wanted is the keys the other regions' wants indexes list in force at
+// now, each once.
+func (k *Keys) wanted(ctx context.Context, now int64, st *SweepStats) ([]string, error) {
 	var (
 		out      []string
 		firstErr error
@@ -175,7 +187,11 @@ func (k *Keys) wanted(ctx context.Context, st *SweepStats) ([]string, error) {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, t.Deadline)
-		keys, err := readWants(rctx, t.Client, t.Table, k.cfg.Prefix, o)
+		life := k.cfg.WantsLife
+		if k.brokenExpiry {
+			life = time.Duration(1<<63 - 1)
+		}
+		keys, stale, err := readWants(rctx, t.Client, t.Table, k.cfg.Prefix, o, now, life)
 		cancel()
 		st.IndexReads++
 		if err != nil {
@@ -183,6 +199,7 @@ func (k *Keys) wanted(ctx context.Context, st *SweepStats) ([]string, error) {
 			firstErr = cmp(firstErr, err)
 			continue
 		}
+		st.Expired += int64(stale)
 		for _, key := range keys {
 			if !seen[key] {
 				seen[key] = true
@@ -192,4 +209,35 @@ func (k *Keys) wanted(ctx context.Context, st *SweepStats) ([]string, error) {
 	}
 	st.Wanted = int64(len(out))
 	return out, firstErr
+}
+
+// prune removes from this region's own wants index the listings out of
+// force (written more than WantsLife before now: their agents are ticked
+// no more here, or they would have listed their keys again), at most
+// every WantsLife per process: one read of the index, and a write per
+// pruneBatch listings removed.
+func (k *Keys) prune(ctx context.Context, now int64, st *SweepStats) error {
+	if k.brokenExpiry {
+		return nil
+	}
+	life := int64(k.cfg.WantsLife)
+	k.sweep.mu.Lock()
+	due := k.sweep.pruned == 0 || now-k.sweep.pruned >= life
+	if due {
+		k.sweep.pruned = now
+	}
+	k.sweep.mu.Unlock()
+	if !due {
+		return nil
+	}
+	t := k.cfg.Table
+	pctx, cancel := context.WithTimeout(ctx, t.Deadline)
+	defer cancel()
+	n, err := pruneWants(pctx, t.Client, t.Table, k.cfg.Prefix, t.Region, now-life)
+	st.Prunes++
+	st.Pruned += int64(n)
+	if err != nil {
+		st.PruneErrors++
+	}
+	return err
 }

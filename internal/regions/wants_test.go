@@ -1,0 +1,249 @@
+package regions
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/internal/testserver"
+)
+
+// harness starts the three-region harness (lag) with a replicated table
+// and returns it, a client of each region and the table (skips under
+// -short).
+func harness(t *testing.T, lag time.Duration) (*testserver.Regions, []*dynamodb.Client, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the three-region harness")
+	}
+	g := testserver.StartRegions(t, testserver.RegionsConfig{Lag: lag})
+	table := fmt.Sprintf("sluice-wants-%d", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var cs []*dynamodb.Client
+	for i := range g.Len() {
+		c := dynamodb.New(dynamodb.Options{BaseEndpoint: aws.String(g.Endpoint(i)), Region: "us-east-1",
+			Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+				return aws.Credentials{AccessKeyID: "local", SecretAccessKey: "local", Source: "test"}, nil
+			})})
+		if err := dynamo.CreateTable(ctx, c, table); err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	if err := g.Replicate(ctx, table); err != nil {
+		t.Fatal(err)
+	}
+	return g, cs, table
+}
+
+// sweepLog is one region's sweeps: when each started and what it did.
+type sweepLog struct {
+	at []time.Time
+	st []SweepStats
+}
+
+// TestWantsExpire: on the harness (lag 200 ms), region 0 decides a key
+// until it lists it as wanted, then stops deciding it (its traffic went
+// away: its agent is ticked no more, so it never removes the listing).
+// Regions 1 and 2 sweep every 250 ms, as a keeper does. The listing goes
+// out of force WantsLife (2 s here) after it was written: from then on
+// (plus the lag and a margin) the other regions' sweeps read the key as
+// out of force (Expired) and no longer as wanted, and region 0's next
+// prune removes it from its index. What the listed key cost the other
+// regions after region 0 stopped (their ticks of it, their requests at
+// the gates) is logged and bounded. A broken reader that ignores the
+// stamps reads the key as wanted to the end (the check sees it).
+func TestWantsExpire(t *testing.T) {
+	const (
+		lag   = 200 * time.Millisecond
+		life  = 2 * time.Second
+		tick  = 250 * time.Millisecond
+		after = time.Second // margin past the listing's end and the lag
+	)
+	g, clients, table := harness(t, lag)
+	cfg := Config{Regions: 3, Limit: 300, Window: time.Second, SubWindows: 10}
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			ctx := t.Context()
+			prefix := fmt.Sprintf("wants-%v-%d:", broken, time.Now().UnixNano())
+			var keys [3]*Keys
+			for r := range keys {
+				k, err := NewKeys(KeysConfig{Config: cfg, Table: Table{Client: clients[r], Table: table, Region: r}, Prefix: prefix,
+					Store: memStore(t), Holder: fmt.Sprintf("r%d", r), Tick: tick, WantsLife: life})
+				if err != nil {
+					t.Fatal(err)
+				}
+				k.brokenExpiry = broken && r != 0
+				keys[r] = k
+			}
+			// Regions 1 and 2 sweep until stop is closed.
+			stop := make(chan struct{})
+			var (
+				wg   sync.WaitGroup
+				logs [3]sweepLog
+			)
+			for r := 1; r < 3; r++ {
+				wg.Go(func() {
+					for {
+						now := time.Now()
+						st, _ := keys[r].Sweep(ctx, now) // errors counted in st
+						logs[r].at = append(logs[r].at, now)
+						logs[r].st = append(logs[r].st, st)
+						select {
+						case <-stop:
+							return
+						case <-time.After(time.Until(now.Add(tick))):
+						}
+					}
+				})
+			}
+			// Region 0 decides the key (twice its share's rate) until it
+			// is listed.
+			var listedAt time.Time
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				if _, err := keys[0].AllowN(ctx, "hot", time.Now(), 1); err != nil {
+					t.Logf("region 0: %v", err)
+				}
+				if st, _ := keys[0].Stats("hot"); st.Wants.Listed {
+					listedAt = time.Now()
+					break
+				}
+			}
+			if listedAt.IsZero() {
+				close(stop)
+				wg.Wait()
+				st, _ := keys[0].Stats("hot")
+				t.Fatalf("region 0 never listed the key: %+v", st)
+			}
+			marks := [3]int{g.Gate(0).Len(), g.Gate(1).Len(), g.Gate(2).Len()}
+			// Region 0's traffic stops; the others sweep past the
+			// listing's end, the lag and the margin, and 750 ms more.
+			expired := listedAt.Add(life + lag + after)
+			time.Sleep(time.Until(expired.Add(750 * time.Millisecond)))
+			close(stop)
+			wg.Wait()
+			var idle [3]int
+			for r := range idle {
+				idle[r] = g.Gate(r).Len() - marks[r]
+			}
+			for r := 1; r < 3; r++ {
+				var ticks, late, wantedLate, expiredLate int64
+				lateSweeps := 0
+				for i, at := range logs[r].at {
+					st := logs[r].st[i]
+					if at.After(listedAt) {
+						ticks += st.Ticks
+					}
+					if at.After(expired) {
+						lateSweeps++
+						late += st.Ticks
+						wantedLate += st.Wanted
+						expiredLate += st.Expired
+					}
+				}
+				st, _ := keys[r].Stats("hot")
+				t.Logf("region %d: after region 0 stopped: %d ticks, %d requests at its gate; past the listing's end: %d sweeps, %d ticks, wanted %d, out of force %d; agent %+v, table %+v",
+					r, ticks, idle[r], lateSweeps, late, wantedLate, expiredLate, st.Agent, st.Table)
+				if broken {
+					if wantedLate == 0 {
+						t.Errorf("region %d: readers that ignore the stamps no longer read the key as wanted past its listing's end", r)
+					}
+					continue
+				}
+				if lateSweeps == 0 {
+					t.Fatalf("region %d swept nothing past the listing's end", r)
+				}
+				if wantedLate != 0 || expiredLate == 0 {
+					t.Errorf("region %d: past the listing's end, %d sweeps read it as wanted %d times and out of force %d times: want never, and at least once",
+						r, lateSweeps, wantedLate, expiredLate)
+				}
+				// The bound on an idle listed key: ticked at most every
+				// tick while it is in force (its life, the lag and the
+				// margin), a few more for a grant under way.
+				if most := int64((life+lag+after)/tick) + 4; ticks > most {
+					t.Errorf("region %d ticked the key %d times after region 0 stopped, more than %d", r, ticks, most)
+				}
+			}
+			if broken {
+				return
+			}
+			// Region 0's next prune removes the listing.
+			st, err := keys[0].Sweep(ctx, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls, err := listings(ctx, clients[0], table, prefix, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("region 0's sweep: %+v; its index now %v", st, ls)
+			if _, ok := ls["hot"]; ok || st.Pruned != 1 {
+				t.Errorf("region 0's prune removed %d listings, and its index holds %v: want the key removed", st.Pruned, ls)
+			}
+		})
+	}
+}
+
+// TestWantsFull: a full index (MaxWants listings) takes a key once
+// listings out of force are pruned from it, and refuses it while all are
+// in force; a listing renewed meanwhile is never pruned.
+func TestWantsFull(t *testing.T) {
+	client, table := testTable(t)
+	ctx := t.Context()
+	prefix := fmt.Sprintf("full-%d:", time.Now().UnixNano())
+	life := 10 * time.Second
+	now := time.Now().UnixNano()
+	// MaxWants listings, half of them out of force.
+	m := map[string]types.AttributeValue{}
+	for i := range MaxWants {
+		at := now
+		if i%2 == 0 {
+			at = now - int64(2*life)
+		}
+		m[fmt.Sprintf("k%04d", i)] = n(at)
+	}
+	if _, err := client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table),
+		Item: map[string]types.AttributeValue{"pk": wantsItem(prefix, 0)["pk"], "ws": &types.AttributeValueMemberM{Value: m}}}); err != nil {
+		t.Fatal(err)
+	}
+	w := &wantsRef{client: client, table: table, prefix: prefix, key: "new", region: 0, life: life}
+	// Renewed before the prune: it stays.
+	renew := &wantsRef{client: client, table: table, prefix: prefix, key: "k0000", region: 0, life: life}
+	if ok, err := renew.list(ctx, now); err != nil || !ok {
+		t.Fatalf("renewing a listed key in a full index: %v, %v", ok, err)
+	}
+	ok, err := w.list(ctx, now)
+	if err != nil || !ok {
+		t.Fatalf("listing in a full index with listings out of force: %v, %v", ok, err)
+	}
+	ls, err := listings(ctx, client, table, prefix, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != MaxWants/2+2 || ls["new"] != now || ls["k0000"] != now {
+		t.Errorf("after the prune: %d listings (new %d, k0000 %d), want %d with both at %d", len(ls), ls["new"], ls["k0000"], MaxWants/2+2, now)
+	}
+	// An index full of listings in force refuses a new key.
+	for k := range m {
+		m[k] = n(now)
+	}
+	if _, err := client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table),
+		Item: map[string]types.AttributeValue{"pk": wantsItem(prefix, 0)["pk"], "ws": &types.AttributeValueMemberM{Value: m}}}); err != nil {
+		t.Fatal(err)
+	}
+	late := &wantsRef{client: client, table: table, prefix: prefix, key: "late", region: 0, life: life}
+	if ok, err := late.list(ctx, now); err != nil || ok {
+		t.Errorf("listing in an index full of listings in force: %v, %v; want refused", ok, err)
+	}
+	if err := late.unlist(ctx); err != nil {
+		t.Errorf("removing a key not listed: %v", err)
+	}
+}
