@@ -148,6 +148,35 @@ func Names() []string {
 	}
 }
 
+// The regional shares' metrics (a global rule's limits on an eventual
+// table): one EMF line per limit and report period of a process, with
+// the dimension DimensionLimit (docs/authorizer.md, "Metrics").
+const (
+	DimensionLimit = "Limit"
+	// Units the process's agents gave to other regions, and took in.
+	MetricSharesGiven    = "SharesGiven"
+	MetricSharesReceived = "SharesReceived"
+	// Agent ticks run, and those that failed.
+	MetricSharesTicks      = "SharesTicks"
+	MetricSharesTickErrors = "SharesTickErrors"
+	// Agent roles taken, and found taken by another.
+	MetricSharesTakeovers = "SharesTakeovers"
+	MetricSharesRoleLost  = "SharesRoleLost"
+	// Decisions with no share entry valid at their stamp (the fail
+	// mode's), and other regions' entries read stale at ticks.
+	MetricSharesStale        = "SharesStale"
+	MetricSharesStaleEntries = "SharesStaleEntries"
+	// Sweeps of the other regions' wants indexes; their listings read
+	// out of force; the most keys listed in force in one sweep (a gauge).
+	MetricSharesSweeps  = "SharesSweeps"
+	MetricSharesExpired = "SharesExpired"
+	MetricSharesWanted  = "SharesWanted"
+	// Listing writes to this region's wants index, and keys it could not
+	// take (full).
+	MetricSharesListed  = "SharesListed"
+	MetricSharesDropped = "SharesDropped"
+)
+
 // Backend names, as rules, EnvDefaultBackend and EnvShedBackend spell them.
 const (
 	BackendMemory    = "memory"

@@ -158,7 +158,7 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 		}
 	}
 	opts.Leases = b.Leases
-	if opts.Shares, err = b.buildShares(ddb); err != nil {
+	if opts.Shares, err = b.buildShares(ddb, metrics); err != nil {
 		return nil, err
 	}
 	source, err := b.buildRules(ctx, ddb, opts)

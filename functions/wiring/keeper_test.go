@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/regions"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
@@ -249,6 +251,7 @@ func TestSharesKeeper(t *testing.T) {
 			keeperIdle, idle, keeperRun, took.Round(time.Millisecond), busy, invoked, rounds, reads, ticks, float64(busy[1]+busy[2]-int(reads)+int(idle[1]+idle[2]))/float64(max(ticks, 1)))
 		logShares(t, cs, key)
 		logWants(t, cs, key)
+		checkSharesMetrics(t, cs, key)
 		t.Logf("steady part: region 0 admitted %d, exact %d: %.3f of exact (its base share: %.3f of the limit); %d failed", admitted, exact,
 			float64(admitted)/float64(max(exact, 1)), base/sharesLimit, failed)
 		if ticks == 0 {
@@ -284,6 +287,7 @@ func TestSharesKeeper(t *testing.T) {
 		}
 		logShares(t, cs, key)
 		logWants(t, cs, key)
+		checkSharesMetrics(t, cs, key, otherKey)
 		t.Logf("steady part: region 0 admitted %d, exact %d: %.3f of exact; %d failed; regions 1 and 2 over the whole test: %d sweeps, %d ticks",
 			admitted, exact, float64(admitted)/float64(max(exact, 1)), failed, sweeps.Sweeps, sweeps.Ticks)
 		if float64(admitted) < 0.8*float64(exact) {
@@ -313,4 +317,115 @@ func firstOf(cs []*sharesContainer, region int) *sharesContainer {
 		}
 	}
 	return nil
+}
+
+// sharesMetrics flushes every container's shares counts and returns, per
+// region, the sums of the shares metric lines the containers wrote to
+// stdout since the last call (SharesWanted: the most), by metric name; a line whose
+// directive does not declare each metric with its unit, or lacks a
+// value, fails the test.
+func sharesMetrics(t *testing.T, cs []*sharesContainer) []map[string]int64 {
+	t.Helper()
+	out := make([]map[string]int64, len(sharesRegions))
+	for i := range out {
+		out[i] = map[string]int64{}
+	}
+	names := []string{config.MetricSharesGiven, config.MetricSharesReceived, config.MetricSharesTicks, config.MetricSharesTickErrors,
+		config.MetricSharesTakeovers, config.MetricSharesRoleLost, config.MetricSharesStale, config.MetricSharesStaleEntries,
+		config.MetricSharesSweeps, config.MetricSharesExpired, config.MetricSharesWanted, config.MetricSharesListed, config.MetricSharesDropped}
+	for _, c := range cs {
+		for _, k := range c.built.shares {
+			k.Flush(time.Now())
+		}
+		for line := range strings.SplitSeq(strings.TrimSpace(c.stdout.Take()), "\n") {
+			var l map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(line), &l); err != nil {
+				t.Fatalf("region %d: a line that is not JSON: %q: %v", c.region, line, err)
+			}
+			var aws struct {
+				CloudWatchMetrics []struct {
+					Namespace  string
+					Dimensions [][]string
+					Metrics    []struct{ Name, Unit string }
+				}
+			}
+			if err := json.Unmarshal(l["_aws"], &aws); err != nil || len(aws.CloudWatchMetrics) != 1 {
+				t.Fatalf("region %d: line %s: %v", c.region, line, err)
+			}
+			cw := aws.CloudWatchMetrics[0]
+			if len(cw.Dimensions) != 1 || len(cw.Dimensions[0]) != 1 || cw.Dimensions[0][0] != config.DimensionLimit {
+				continue // a decision's line
+			}
+			var limit string
+			if err := json.Unmarshal(l[config.DimensionLimit], &limit); err != nil || limit != "global-window" || cw.Namespace != config.DefaultMetricsNamespace {
+				t.Errorf("region %d: line %s: limit %q, namespace %q", c.region, line, limit, cw.Namespace)
+			}
+			if len(cw.Metrics) != len(names) {
+				t.Fatalf("region %d: line %s declares %d metrics, want %d", c.region, line, len(cw.Metrics), len(names))
+			}
+			for i, name := range names {
+				unit := "Count"
+				if name == config.MetricSharesWanted {
+					unit = "None"
+				}
+				if cw.Metrics[i].Name != name || cw.Metrics[i].Unit != unit {
+					t.Fatalf("region %d: line %s declares %+v, want %s in %s", c.region, line, cw.Metrics[i], name, unit)
+				}
+				var v int64
+				if err := json.Unmarshal(l[name], &v); err != nil {
+					t.Fatalf("region %d: line %s: %s: %v", c.region, line, name, err)
+				}
+				if name == config.MetricSharesWanted {
+					out[c.region][name] = max(out[c.region][name], v)
+				} else {
+					out[c.region][name] += v
+				}
+			}
+			out[c.region]["lines"]++
+		}
+	}
+	return out
+}
+
+// checkSharesMetrics checks the shares metrics of a run where region 0
+// wanted keys[0] and regions 1 and 2 gave it units (keys: every key the
+// run decided, each new to the containers): each region wrote lines
+// whose units given and received are its agents' (every tick is
+// counted), region 0 listed the key and received, regions 1 and 2
+// swept, saw it wanted, ticked and gave; every region took a role.
+func checkSharesMetrics(t *testing.T, cs []*sharesContainer, keys ...string) {
+	t.Helper()
+	ms := sharesMetrics(t, cs)
+	var given, received [3]int64
+	for _, c := range cs {
+		for _, k := range c.built.shares {
+			for _, key := range keys {
+				if st, ok := k.Stats(key); ok {
+					given[c.region] += st.Agent.Given
+					received[c.region] += st.Agent.Received
+				}
+			}
+		}
+	}
+	for r, m := range ms {
+		t.Logf("region %d: shares metrics %v (its agents: given %d, received %d)", r, m, given[r], received[r])
+		if m["lines"] == 0 {
+			t.Errorf("region %d wrote no shares metric line", r)
+			continue
+		}
+		if m[config.MetricSharesGiven] != given[r] || m[config.MetricSharesReceived] != received[r] {
+			t.Errorf("region %d: given %d, received %d in its metrics; its agents gave %d, received %d", r, m[config.MetricSharesGiven],
+				m[config.MetricSharesReceived], given[r], received[r])
+		}
+		if m[config.MetricSharesTicks] == 0 || m[config.MetricSharesTakeovers] == 0 {
+			t.Errorf("region %d: %d ticks, %d takeovers in its metrics: want some", r, m[config.MetricSharesTicks], m[config.MetricSharesTakeovers])
+		}
+		if r == 0 {
+			if m[config.MetricSharesListed] == 0 || m[config.MetricSharesReceived] == 0 {
+				t.Errorf("region 0: listed %d, received %d in its metrics: want some", m[config.MetricSharesListed], m[config.MetricSharesReceived])
+			}
+		} else if m[config.MetricSharesGiven] == 0 || m[config.MetricSharesSweeps] == 0 || m[config.MetricSharesWanted] == 0 {
+			t.Errorf("region %d: given %d, sweeps %d, wanted %d in its metrics: want some", r, m[config.MetricSharesGiven], m[config.MetricSharesSweeps], m[config.MetricSharesWanted])
+		}
+	}
 }

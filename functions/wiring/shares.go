@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/internal/regions"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
@@ -26,9 +27,11 @@ const SharesSkew = 10 * time.Millisecond
 // is a global table in the default mode (config.TableEventual): each
 // limit of a rule with scope global is a regions.Keys on the table, this
 // process deciding its region's share of each key and running the key's
-// agent in line with its decisions. Nil for any other table mode: a
-// global rule's limits are then plain limits (an MRSC table keeps them).
-func (b *Built) buildShares(ddb *dynamodb.Client) (*policy.Shares, error) {
+// agent in line with its decisions, and writing each limit's counts to
+// metrics every minute (regions.Counts, authz.Metrics.Shares). Nil for
+// any other table mode: a global rule's limits are then plain limits (an
+// MRSC table keeps them).
+func (b *Built) buildShares(ddb *dynamodb.Client, metrics *authz.Metrics) (*policy.Shares, error) {
 	env := b.Env
 	if env.TableMode != config.TableEventual {
 		return nil, nil
@@ -57,6 +60,7 @@ func (b *Built) buildShares(ddb *dynamodb.Client) (*policy.Shares, error) {
 			Config: cfg,
 			Table:  regions.Table{Client: ddb, Table: env.DynamoTable, Region: env.Region, Deadline: env.Deadline},
 			Prefix: l.Name + ":", Store: store, Holder: holder,
+			Report: func(now time.Time, c regions.Counts) { metrics.Shares(now, sharesLine(l.Name, c)) },
 		})
 		if err != nil {
 			return nil, fmt.Errorf("regional shares of %s: %w", l.Name, err)
@@ -93,6 +97,10 @@ func (b *Built) keeper(shares *policy.Shares, clock limiter.Clock) func(context.
 	kp := &regions.Keeper{Keys: func() []*regions.Keys { return b.shares }, Now: clock.Now}
 	return func(ctx context.Context, ev *events.CloudWatchEvent) (any, error) {
 		rep, err := kp.Run(ctx)
+		// The counts of the run go out before the container is frozen.
+		for _, k := range b.shares {
+			k.Flush(clock.Now())
+		}
 		attrs := []any{"event", ev.ID, "limits", rep.Limits, "rounds", rep.Rounds, "ran", rep.Ran.String(), "index_reads", rep.IndexReads,
 			"index_errors", rep.IndexErrors, "wanted", rep.Wanted, "ticks", rep.Ticks, "tick_errors", rep.TickErrors, "skipped", rep.Skipped}
 		if err != nil {
@@ -105,4 +113,11 @@ func (b *Built) keeper(shares *policy.Shares, clock limiter.Clock) func(context.
 		}
 		return map[string]any{"keeper": rep}, nil
 	}
+}
+
+// sharesLine is limit's metric line of counts c.
+func sharesLine(limit string, c regions.Counts) authz.SharesLine {
+	return authz.SharesLine{Limit: limit, Given: c.Given, Received: c.Received, Ticks: c.Ticks, TickErrors: c.TickErrors,
+		Takeovers: c.Takeovers, RoleLost: c.RoleLost, Stale: c.Stale, StaleEntries: c.StaleEntries,
+		Sweeps: c.Sweeps, Expired: c.Expired, Wanted: c.Wanted, Listed: c.Listed, Dropped: c.Dropped}
 }

@@ -1,6 +1,7 @@
 package wiring
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -71,6 +72,28 @@ type sharesContainer struct {
 	region int
 	built  *Built
 	clock  *stampClock
+	stdout *lockedBuffer // its EMF lines
+}
+
+// lockedBuffer is a container's stdout.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// Take returns what was written since the last Take.
+func (l *lockedBuffer) Take() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.b.String()
+	l.b.Reset()
+	return s
 }
 
 // sdkSetenv points the SDK at endpoint with local credentials (the SDK's
@@ -137,13 +160,13 @@ func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *tests
 			if err != nil {
 				t.Fatal(err)
 			}
-			clock := &stampClock{}
-			b, err := Build(t.Context(), env, Outputs{Stdout: discard{}, Stderr: discard{}, Clock: clock})
+			clock, stdout := &stampClock{}, &lockedBuffer{}
+			b, err := Build(t.Context(), env, Outputs{Stdout: stdout, Stderr: discard{}, Clock: clock})
 			if err != nil {
 				t.Fatalf("region %s: %v", sharesRegions[i], err)
 			}
 			t.Cleanup(b.Close)
-			cs = append(cs, &sharesContainer{region: i, built: b, clock: clock})
+			cs = append(cs, &sharesContainer{region: i, built: b, clock: clock, stdout: stdout})
 		}
 	}
 	return cs, g

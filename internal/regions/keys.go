@@ -2,6 +2,7 @@ package regions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -45,6 +46,11 @@ type KeysConfig struct {
 	// regions stop ticking a key whose listing is older (its region no
 	// longer decides it), which this region's sweeps then remove.
 	WantsLife time.Duration
+	// Report, when not nil, is given the limit's counts in this process
+	// every ReportEvery (default a minute), in line with a decision or a
+	// sweep (no goroutine), and at Flush.
+	Report      func(now time.Time, c Counts)
+	ReportEvery time.Duration
 }
 
 // Keys defaults.
@@ -79,7 +85,8 @@ type Keys struct {
 	keys map[string]*keyShare
 	lru  lru.List[keyShare, *keyShare]
 
-	sweep sweeper // sweep.go
+	sweep  sweeper // sweep.go
+	counts counter // counts.go
 
 	// brokenExpiry (tests): listings never go out of force, and none is
 	// pruned.
@@ -111,6 +118,7 @@ func NewKeys(cfg KeysConfig) (*Keys, error) {
 		cfg.SweepKeys = defaultSweepKeys
 	}
 	cfg.WantsLife = orDefault(cfg.WantsLife, DefaultWantsLife)
+	cfg.ReportEvery = orDefault(cfg.ReportEvery, DefaultReportEvery)
 	cfg.Table = cfg.Table.withDefaults()
 	if cfg.Prefix == "" || cfg.Holder == "" {
 		return nil, fmt.Errorf("%w: keys need a prefix and a holder", ErrInvalidConfig)
@@ -194,14 +202,14 @@ func (k *Keys) AllowN(ctx context.Context, key string, now time.Time, n int64) (
 		ks.mu.Unlock()
 		if !valid {
 			// The decision needs the entry the tick may publish.
-			ks.agent.Tick(ctx, now) //nolint:errcheck // counted in its stats; the decision reads what is there
+			k.tick(ctx, ks, now) //nolint:errcheck // counted; the decision reads what is there
 			ks.ticking.Unlock()
 		} else {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
 				defer ks.ticking.Unlock()
-				ks.agent.Tick(ctx, now) //nolint:errcheck // counted in its stats; the next tick resumes
+				k.tick(ctx, ks, now) //nolint:errcheck // counted; the next tick resumes
 			}()
 			defer func() { <-done }()
 		}
@@ -210,6 +218,10 @@ func (k *Keys) AllowN(ctx context.Context, key string, now time.Time, n int64) (
 	if err == nil && !d.Allowed {
 		ks.agent.tbl.denied.Add(n) // the share bound: see Agent.short
 	}
+	if errors.Is(err, ErrStale) {
+		k.count(Counts{Stale: 1})
+	}
+	k.reportDue(now)
 	return d, err
 }
 

@@ -141,7 +141,7 @@ func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
 			defer func() { <-sem }()
 			defer d.ks.ticking.Unlock()
 			tctx, cancel := context.WithTimeout(ctx, k.cfg.Table.Deadline)
-			err := d.ks.agent.Tick(tctx, now)
+			err := k.tick(tctx, d.ks, now)
 			cancel()
 			mu.Lock()
 			defer mu.Unlock()
@@ -156,6 +156,8 @@ func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
 	k.sweep.mu.Lock()
 	k.sweep.stats.add(st)
 	k.sweep.mu.Unlock()
+	k.count(Counts{Sweeps: 1, Expired: st.Expired, Wanted: st.Wanted})
+	k.reportDue(now)
 	return st, firstErr
 }
 
