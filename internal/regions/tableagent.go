@@ -46,6 +46,11 @@ type tableAgent struct {
 	bound   bool
 	resync  bool
 	shortAt int64
+	// started is when the tick under way started, on the process's
+	// monotonic clock (save: the role's lapse); brokenLife (tests)
+	// extends the role from the tick's stamp only, as before.
+	started    time.Time
+	brokenLife bool
 
 	mu    sync.Mutex
 	stats TableStats
@@ -137,6 +142,7 @@ func (l *tableLedger) Read(ctx context.Context, region int) (State, bool, error)
 func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	tb := a.tbl
 	t := now.UnixNano()
+	tb.started = time.Now() // see lapse
 	tb.bound = tb.denied.Swap(0) > 0
 	it, err := tb.t.load(ctx)
 	if err != nil {
@@ -309,7 +315,7 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	}
 	epoch := tb.epoch
 	a.mu.Unlock()
-	err := tb.t.save(ctx, epoch, pub, b, t+int64(tb.t.LockLife))
+	err := tb.t.save(ctx, epoch, pub, b, tb.lapse(t))
 	switch {
 	case errors.Is(err, errLost):
 		a.setEpoch(0)
@@ -324,6 +330,29 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	}
 	a.count(func(s *AgentStats) { s.Published++ })
 	return nil
+}
+
+// lapse is when the role written by the save of a tick stamped t lapses:
+// LockLife after the save is sent, plus as long again as the tick took
+// so far (at most LockLife), the time the holder's next tick is expected
+// to take before its save extends the role again. Extended from the
+// tick's stamp only (t + LockLife, before), the role lapsed whenever a
+// tick and the next one together outlasted LockLife (two ticks of 400 ms
+// on a loaded host), and another container took it: the holder's next
+// save was refused, and the role moved at every slow tick
+// (TestRoleKeptUnderSlowTicks). How long the tick took is read on the
+// process's monotonic clock (a simulated stamp does not pass while the
+// requests wait); the lapse is compared with the other containers'
+// clocks, which agree with this one's within milliseconds. A holder that
+// stopped keeps the role up to twice its last tick longer: the Validity
+// must exceed LockLife and three ticks for a successor to publish before
+// the entries lapse (a tick takes tens of milliseconds on DynamoDB).
+func (tb *tableAgent) lapse(t int64) int64 {
+	if tb.brokenLife {
+		return t + int64(tb.t.LockLife)
+	}
+	took := time.Since(tb.started)
+	return t + int64(took+tb.t.LockLife+min(took, tb.t.LockLife))
 }
 
 // capSteps is a window's caps by stamp from t on: the share less what is
