@@ -367,7 +367,7 @@ func checkTable(tb testing.TB, rep tableReport) {
 //
 //   - window: demand moving from region 0 to region 2 (98/1/1 for 4 s,
 //     then 1/1/98 for 4 s), a standby agent in every region; region 0's
-//     holder freezes for 1.5 s right after a tick after the move that
+//     holder freezes for 2.5 s right after a tick after the move that
 //     withheld units for a grant (mid-grant), then ticks again. The standby takes the role,
 //     resumes the withheld units and gives a grant; the frozen holder
 //     finds the role gone (its write refused, or the item's epoch moved).
@@ -384,7 +384,10 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 		freeze := func(a *regions.Agent) time.Duration {
 			if _, pending := a.Share(); pending > 0 && !frozen && time.Now().After(moved) {
 				frozen = true
-				return 1500 * time.Millisecond
+				// Past the role's life: LockLife after the save, plus
+				// as long again as the tick took (at most LockLife),
+				// and a standby's tick.
+				return 2500 * time.Millisecond
 			}
 			return 0
 		}
