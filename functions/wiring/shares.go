@@ -102,7 +102,8 @@ func (b *Built) keeper(shares *policy.Shares, clock limiter.Clock) func(context.
 			k.Flush(clock.Now())
 		}
 		attrs := []any{"event", ev.ID, "limits", rep.Limits, "rounds", rep.Rounds, "ran", rep.Ran.String(), "index_reads", rep.IndexReads,
-			"index_errors", rep.IndexErrors, "wanted", rep.Wanted, "ticks", rep.Ticks, "tick_errors", rep.TickErrors, "skipped", rep.Skipped}
+			"index_errors", rep.IndexErrors, "wanted", rep.Wanted, "expired", rep.Expired, "ticks", rep.Ticks, "tick_errors", rep.TickErrors, "skipped", rep.Skipped,
+			"pruned", rep.Pruned, "prune_errors", rep.PruneErrors}
 		if err != nil {
 			// The keeper's errors are its sweeps' (a tick or a read that
 			// failed is tried again next round): logged, not the
