@@ -74,10 +74,21 @@ func TestWantsExpire(t *testing.T) {
 		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
 			ctx := t.Context()
 			prefix := fmt.Sprintf("wants-%v-%d:", broken, time.Now().UnixNano())
-			var keys [3]*Keys
+			var (
+				keys     [3]*Keys
+				repMu    sync.Mutex
+				reported [3]Counts // what Report was given, summed
+				reports  [3]int
+			)
 			for r := range keys {
 				k, err := NewKeys(KeysConfig{Config: cfg, Table: Table{Client: clients[r], Table: table, Region: r}, Prefix: prefix,
-					Store: memStore(t), Holder: fmt.Sprintf("r%d", r), Tick: tick, WantsLife: life})
+					Store: memStore(t), Holder: fmt.Sprintf("r%d", r), Tick: tick, WantsLife: life, ReportEvery: time.Second,
+					Report: func(_ time.Time, c Counts) {
+						repMu.Lock()
+						defer repMu.Unlock()
+						reported[r].add(c)
+						reports[r]++
+					}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -135,6 +146,20 @@ func TestWantsExpire(t *testing.T) {
 				idle[r] = g.Gate(r).Len() - marks[r]
 			}
 			for r := 1; r < 3; r++ {
+				// The counts reported (every second, and at a flush)
+				// are the sweeps': every tick here is a sweep's.
+				keys[r].Flush(time.Now())
+				var sum SweepStats
+				for _, st := range logs[r].st {
+					sum.add(st)
+				}
+				repMu.Lock()
+				rc, n := reported[r], reports[r]
+				repMu.Unlock()
+				t.Logf("region %d: %d reports: %+v", r, n, rc)
+				if n < 2 || rc.Sweeps != sum.Sweeps || rc.Ticks != sum.Ticks || rc.Expired != sum.Expired || rc.Wanted == 0 {
+					t.Errorf("region %d: reported %+v in %d reports; its sweeps: %+v", r, rc, n, sum)
+				}
 				var ticks, late, wantedLate, expiredLate int64
 				lateSweeps := 0
 				for i, at := range logs[r].at {
@@ -245,5 +270,26 @@ func TestWantsFull(t *testing.T) {
 	}
 	if err := late.unlist(ctx); err != nil {
 		t.Errorf("removing a key not listed: %v", err)
+	}
+}
+
+// TestStaleEntries: an agent counts the other regions' entries that show
+// demand and were published more than StaleEntry before.
+func TestStaleEntries(t *testing.T) {
+	a, err := NewAgent(Config{Regions: 3, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}, 0, &tableLedger{}, memStore(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().UnixNano()
+	a.states[0] = State{Seq: 9, Demand: 5, At: t0 - int64(time.Hour)} // its own: never counted
+	a.states[1] = State{Seq: 3, Demand: 5, At: t0}
+	a.states[2] = State{Seq: 1, At: t0} // no demand
+	for _, tc := range []struct {
+		after time.Duration
+		want  int64
+	}{{0, 0}, {StaleEntry / 2, 0}, {StaleEntry + time.Second, 1}} {
+		if got := a.staleEntries(t0 + int64(tc.after)); got != tc.want {
+			t.Errorf("%v after: %d stale, want %d", tc.after, got, tc.want)
+		}
 	}
 }
