@@ -153,12 +153,17 @@ func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
 		})
 	}
 	wg.Wait()
+	k.swept(now, st)
+	return st, firstErr
+}
+
+// swept counts a sweep's stats, and reports the counts if due.
+func (k *Keys) swept(now time.Time, st SweepStats) {
 	k.sweep.mu.Lock()
 	k.sweep.stats.add(st)
 	k.sweep.mu.Unlock()
 	k.count(Counts{Sweeps: 1, Expired: st.Expired, Wanted: st.Wanted})
 	k.reportDue(now)
-	return st, firstErr
 }
 
 // givingUnderWay is the keys, not in listed, whose agents in this
