@@ -29,6 +29,10 @@ func (s *Store) KeepsLeased() bool {
 	return ok && k.KeepsLeased()
 }
 
+// WritesCrossRegions implements [storage.CrossRegionWriter]: what the
+// wrapped store reports.
+func (s *Store) WritesCrossRegions() bool { return storage.WritesCrossRegions(s.s) }
+
 // Wrap returns s behind a new breaker configured by cfg.
 func Wrap(s storage.Store, cfg Config) (*Store, error) {
 	if s == nil {

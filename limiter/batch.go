@@ -136,7 +136,9 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 	b := newBatch(len(items))
 	defer b.release()
 	planAll(b, items, now, t, &lr, leasing)
+	lr.sending()
 	run(ctx, now, b)
+	lr.answered()
 	denied, failErr := judgeAll(b, items, out, t)
 	if leasing {
 		lr.settle(items, out, b.es, t, denied || failErr != nil)

@@ -82,7 +82,7 @@ func NewTokenBucket(store storage.BucketStore, cfg TokenBucketConfig) (*TokenBuc
 	ttl := satMul(time.Duration(steps+1), cfg.RefillTime)
 	var lz *leaser
 	if k, ok := store.(storage.LeaseKeeper); cfg.Leases && ok && k.KeepsLeased() {
-		lz = newLeaser(cfg.MaxAmount)
+		lz = newLeaser(cfg.MaxAmount, store)
 		lz.holds = true
 		// Kept until leased units have expired from it: a bucket the
 		// store dropped would start full while leases hold its units.

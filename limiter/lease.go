@@ -70,6 +70,18 @@ const (
 	// maxLeaseKeys bounds the keys a limit tracks per shard.
 	maxLeaseKeys = 256
 	leaseShards  = 16
+	// leaseRoundTrips is the fewest of the key's store round trips a
+	// lease lives (up to MaxLeaseLife) on a store whose writes cross
+	// regions (storage.CrossRegionWriter): where a take is a cross-region
+	// write (40 ms and more, longer when writes from several regions
+	// meet), a lease sized for 16 decisions alone is spent in a few round
+	// trips, and the takes and returns of a hot key's processes keep its
+	// item written from every region at once.
+	leaseRoundTrips = 8
+	// leaseSaves is the store time a lease below minLease must save on
+	// such a store (its units less one, times the key's round trip): a
+	// key under minLease leases from 2 units when its round trip is long.
+	leaseSaves = 100 * time.Millisecond
 )
 
 var leaseSeed = maphash.MakeSeed()
@@ -84,6 +96,11 @@ type leaser struct {
 	// holds: the store holds a lease's units until its return (a
 	// bucket's ring), so every lease is returned.
 	holds bool
+	// far: the store's writes cross regions (storage.CrossRegionWriter):
+	// a key's store round trip is measured and sizes its leases too. On
+	// any other store nothing is measured and leases follow the rate
+	// alone.
+	far   bool
 	stats struct {
 		takes, granted, decisions, returns, returned, lost atomic.Int64
 	}
@@ -112,6 +129,10 @@ type leaseKey struct {
 	remaining int64
 	// drained: no take before this stamp.
 	drained int64
+	// rtt is the key's store round trip in this process (wall time of
+	// the store steps that decided it, conflicts and retries included),
+	// averaged; 0: not measured (always, unless the leaser is far).
+	rtt time.Duration
 }
 
 // lease is a closed lease to give back (got == 0: nothing), at stamp at.
@@ -126,8 +147,10 @@ type lease struct {
 	holds bool
 }
 
-func newLeaser(maxWant int64) *leaser {
-	l := &leaser{maxWant: maxWant}
+// newLeaser returns a leaser whose takes ask at most maxWant units, on
+// store (far when it says its writes cross regions).
+func newLeaser(maxWant int64, store any) *leaser {
+	l := &leaser{maxWant: maxWant, far: storage.WritesCrossRegions(store)}
 	for i := range l.shards {
 		l.shards[i].m = make(map[string]*leaseKey)
 	}
@@ -272,16 +295,50 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 	rate := k.rate()
 	life := time.Duration(float64(time.Second) * leaseDecisions * float64(n) / max(rate, 1e-9))
 	life = min(max(life, minLeaseLife), storage.MaxLeaseLife)
+	if long := min(leaseRoundTrips*k.rtt, storage.MaxLeaseLife); long > life && int64(rate*long.Seconds()) <= k.remaining/fairShare {
+		// Round trips (a far store's only: rtt is 0 otherwise), while
+		// what remains covers them: near the limit a longer lease would
+		// only hold units the other processes are denied meanwhile.
+		life = long
+	}
 	if left := time.Duration(end - t); left-life < life {
 		// What would be left after this lease is shorter than it: one
 		// lease to the end rather than a short one after it.
 		life = min(left, storage.MaxLeaseLife)
 	}
 	w := min(int64(rate*life.Seconds()), k.remaining/fairShare, l.maxWant)
-	if w < minLease || w <= n {
+	if w < k.minLease() || w <= n {
 		return n
 	}
 	return w
+}
+
+// minLease is the smallest lease worth taking on the key: minLease, or
+// fewer units (at least 2) when they save leaseSaves of store round trips
+// (a far store's key: rtt is 0 otherwise).
+func (k *leaseKey) minLease() int64 {
+	if k.rtt <= 0 {
+		return minLease
+	}
+	return min(max(int64(leaseSaves/k.rtt)+1, 2), minLease)
+}
+
+// roundTrip adds a store round trip of key's (d, wall time) to its
+// average, a quarter of the way; only on a far store.
+func (l *leaser) roundTrip(key string, t int64, d time.Duration) {
+	if !l.far || d <= 0 {
+		return
+	}
+	sh := l.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.entry(key, t); k != nil {
+		if k.rtt == 0 {
+			k.rtt = d
+		} else {
+			k.rtt += (d - k.rtt) / 4
+		}
+	}
 }
 
 // took records a take of want units (at least n) for key at t whose
@@ -374,6 +431,11 @@ type leaseRound struct {
 	closed []closedLease
 	useBuf [scratchItems]leaseUse
 	clBuf  [2 * scratchItems]closedLease
+	// far: an item's leaser is far (its store's writes cross regions);
+	// the batch's store round trip, from sent, is then rtt.
+	far  bool
+	sent time.Time
+	rtt  time.Duration
 }
 
 type closedLease struct {
@@ -401,6 +463,7 @@ func (r *leaseRound) spendLeases(items []Item, out []Outcome, t int64) bool {
 		}
 		u := &r.use[i]
 		u.lz = lz
+		r.far = r.far || lz.leases().far
 		d, ref, hit, closed := lz.leases().spend(it.Key, t, it.N)
 		u.ret = closed
 		if hit {
@@ -414,6 +477,21 @@ func (r *leaseRound) spendLeases(items []Item, out []Outcome, t int64) bool {
 func (r *leaseRound) close(lz leasable, c lease) {
 	if c.got > 0 {
 		r.closed = append(r.closed, closedLease{lz, c})
+	}
+}
+
+// sending marks the batch's store steps sent, and sent their answers
+// in: a far leaser's round trip, measured on the monotonic clock (not
+// the decision's time, now). Nothing is measured otherwise.
+func (r *leaseRound) sending() {
+	if r.far {
+		r.sent = time.Now()
+	}
+}
+
+func (r *leaseRound) answered() {
+	if r.far {
+		r.rtt = time.Since(r.sent)
 	}
 }
 
@@ -464,6 +542,9 @@ func (r *leaseRound) planTake(i int, it *Item, st *storage.Step, t int64) {
 func (r *leaseRound) settle(items []Item, out []Outcome, es []entry, t int64, denied bool) {
 	for i := range r.use {
 		u, o := &r.use[i], &out[i]
+		if r.far && u.lz != nil && !u.spent && es[i].err == nil && !o.Skipped {
+			u.lz.leases().roundTrip(items[i].Key, t, r.rtt) // a throttled step's too: its conflicts
+		}
 		if u.ret.got > 0 {
 			if u.rode && es[i].err == nil && o.Err == nil && !o.Skipped {
 				u.lz.leases().returned(u.ret, true)

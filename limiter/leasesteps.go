@@ -90,12 +90,12 @@ func (w *SlidingWindow) boundedTotal(c *storage.Counts) int64 {
 	return full
 }
 
-// windowLeaser is a window's leaser, nil without leases.
-func windowLeaser(on bool, maxWant int64) *leaser {
+// windowLeaser is a window's leaser on store, nil without leases.
+func windowLeaser(on bool, maxWant int64, store storage.Counter) *leaser {
 	if !on {
 		return nil
 	}
-	return newLeaser(maxWant)
+	return newLeaser(maxWant, store)
 }
 
 func (b *TokenBucket) leases() *leaser { return b.lz }

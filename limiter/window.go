@@ -214,7 +214,7 @@ func NewSlidingWindow(store storage.Counter, cfg SlidingWindowConfig) (*SlidingW
 		k:     cfg.SubWindows,
 		ttl:   windowTTL(int64(sub), cfg.SubWindows+1),
 		cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied),
-		lz:    windowLeaser(cfg.Leases, cfg.Limit),
+		lz:    windowLeaser(cfg.Leases, cfg.Limit, store),
 	}, nil
 }
 
@@ -262,7 +262,7 @@ func newPackedWindow(store storage.Counter, cfg SlidingWindowConfig) (*SlidingWi
 		packed:     ps,
 		r:          cfg.Slots,
 		maxCostSet: maxCostSet,
-		lz:         windowLeaser(cfg.Leases, packedMaxWant),
+		lz:         windowLeaser(cfg.Leases, packedMaxWant, store),
 	}, nil
 }
 

@@ -112,6 +112,10 @@ type regionDemand struct {
 	Scale float64
 	// Timeout bounds a decision (0 means regionTimeout).
 	Timeout time.Duration
+	// MRSC: the table is the MRSC harness's; the processes' stores are
+	// configured for it (dynamo.Config.CrossRegion: leases sized by the
+	// round trip).
+	MRSC bool
 }
 
 // regionReport is what became of a run's decisions over the union of
@@ -183,7 +187,7 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	procs := make([][]limiter.Limiter, len(endpoints))
 	for i, ep := range endpoints {
 		for range regionProcs {
-			st, err := dynamo.New(newClient(ep), dynamo.Config{Table: table, Timeout: cmp.Or(d.Timeout, regionTimeout)})
+			st, err := dynamo.New(newClient(ep), dynamo.Config{Table: table, Timeout: cmp.Or(d.Timeout, regionTimeout), CrossRegion: d.MRSC})
 			if err != nil {
 				tb.Fatal(err)
 			}
@@ -419,6 +423,9 @@ func mrscDemands(d time.Duration, all bool) []regionDemand {
 				Prefill: regionBucket.MaxAmount / 2, Alg: regionAlgBucket})
 		}
 	}
+	for i := range ds {
+		ds[i].MRSC = true
+	}
 	return ds
 }
 
@@ -437,7 +444,7 @@ func TestRegionsMRSCLeases(t *testing.T) {
 	}
 	m, table, eps, raw := startMRSC(t)
 	ds := append(mrscDemands(3*time.Second, false), regionDemand{Name: "bucket/33/33/33/over", Split: []float64{1. / 3, 1. / 3, 1. / 3},
-		Rate: 1.2 * regionRate, Duration: 3 * time.Second, Prefill: regionBucket.MaxAmount / 2, Alg: regionAlgBucket})
+		Rate: 1.2 * regionRate, Duration: 3 * time.Second, Prefill: regionBucket.MaxAmount / 2, Alg: regionAlgBucket, MRSC: true})
 	for _, d := range ds {
 		t.Run(d.Name, func(t *testing.T) {
 			rep := runRegions(t, table, eps, m.Requests, raw, d, nil)
@@ -596,8 +603,12 @@ func mrscHotDemands(alg regionAlg, d time.Duration) []regionDemand {
 			regionDemand{Name: string(alg) + "/" + s.name + "/under", Split: s.split, Rate: 0.8 * rate, Duration: d, Alg: alg, Scale: mrscScale},
 			regionDemand{Name: string(alg) + "/" + s.name + "/over", Split: s.split, Rate: 1.2 * rate, Duration: d, Prefill: prefill, Alg: alg, Scale: mrscScale})
 	}
-	return append(ds, regionDemand{Name: string(alg) + "/98/1/1-then-1/1/98/over", Split: []float64{0.98, 0.01, 0.01}, Then: []float64{0.01, 0.01, 0.98},
+	ds = append(ds, regionDemand{Name: string(alg) + "/98/1/1-then-1/1/98/over", Split: []float64{0.98, 0.01, 0.01}, Then: []float64{0.01, 0.01, 0.98},
 		Rate: 1.2 * rate, Duration: d / 2, Prefill: prefill, Alg: alg, Scale: mrscScale})
+	for i := range ds {
+		ds[i].MRSC = true
+	}
+	return ds
 }
 
 // conflictsSince is the harness's write conflicts since mark (a Stats).
@@ -848,7 +859,7 @@ func TestRegionsMRSCPartition(t *testing.T) {
 	}
 	m, table, eps, raw := startMRSC(t)
 	const from, to = time.Second, 3 * time.Second
-	d := regionDemand{Name: limitertest.Key(t), Split: []float64{1. / 3, 1. / 3, 1. / 3}, Rate: 0.8 * regionRate * 2, Duration: 4 * time.Second, Scale: 2}
+	d := regionDemand{Name: limitertest.Key(t), Split: []float64{1. / 3, 1. / 3, 1. / 3}, Rate: 0.8 * regionRate * 2, Duration: 4 * time.Second, Scale: 2, MRSC: true}
 	rep, cut, begin := runPartition(t, m, table, eps, raw, d, from, to)
 	t.Logf("mrsc, region 2 cut off %v-%v: %v; harness %v", from, to, rep, m.Stats())
 	for r, p := range cut {
@@ -895,7 +906,7 @@ func BenchmarkRegionsMRSCPartition(b *testing.B) {
 		b.Run(string(alg), func(b *testing.B) {
 			for i := range b.N {
 				d := regionDemand{Name: fmt.Sprintf("partition/%s/%d-%d", alg, i, time.Now().UnixNano()), Split: []float64{1. / 3, 1. / 3, 1. / 3},
-					Rate: 1.2 * regionRate * mrscScale, Duration: 50 * time.Second, Alg: alg, Scale: mrscScale}
+					Rate: 1.2 * regionRate * mrscScale, Duration: 50 * time.Second, Alg: alg, Scale: mrscScale, MRSC: true}
 				rep, cut, _ := runPartition(b, m, table, eps, raw, d, from, to)
 				b.Logf("mrsc %s, region 2 cut off %v-%v: %v; harness %v", alg, from, to, rep, m.Stats())
 				b.ReportMetric(rep.share(), "exact-share")
@@ -907,6 +918,77 @@ func BenchmarkRegionsMRSCPartition(b *testing.B) {
 				b.ReportMetric(float64(cut[2].leased), "region2-leased-cut")
 				b.ReportMetric(float64(cut[2].lastLeased.Milliseconds()), "region2-last-leased-ms")
 				b.ReportMetric(float64(cut[2].maxFail.Milliseconds()), "region2-max-fail-ms")
+			}
+		})
+	}
+}
+
+// TestRegionsMRSCColdKey: one process in one region of the MRSC harness
+// (40 ms added to every request) decides a window key and a bucket key,
+// each every 300 ms (about 3 a second, under the smallest lease of a
+// regional store, 8 units), 12 times each. With dynamo.Config.CrossRegion
+// (the store says its writes cross regions) the keys lease from 2 or 3
+// units (a lease saves 100 ms of round trips), so the harness answers
+// fewer requests than decisions; without it the same slow store is a
+// regional one and every decision is a request, as on a store a few
+// milliseconds away. Counted at the harness's proxies.
+func TestRegionsMRSCColdKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("8 s against DynamoDB Local")
+	}
+	m, table, eps, _ := startMRSC(t)
+	const decisions, every = 12, 300 * time.Millisecond
+	for _, far := range []bool{false, true} {
+		name := "regional"
+		if far {
+			name = "cross-region"
+		}
+		t.Run(name, func(t *testing.T) {
+			st, err := dynamo.New(newClient(eps[0]), dynamo.Config{Table: table, Timeout: regionTimeout, CrossRegion: far})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := storage.WritesCrossRegions(st); got != far {
+				t.Fatalf("the store says its writes cross regions: %v, want %v", got, far)
+			}
+			window, err := limiter.NewSlidingWindow(st, limiter.SlidingWindowConfig{Name: "cold", Limit: 1000, Window: time.Minute,
+				Representation: limiter.SubWindowCounters, Leases: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bucket, err := limiter.NewTokenBucket(st, limiter.TokenBucketConfig{Name: "cold", MaxAmount: 1000, RefillTime: time.Second, RefillAmount: 100, Leases: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := limitertest.Key(t)
+			mark := m.Requests()
+			var wg sync.WaitGroup
+			for _, l := range []limiter.Limiter{window, bucket} {
+				wg.Go(func() {
+					tick := time.NewTicker(every)
+					defer tick.Stop()
+					for i := range decisions {
+						d, err := l.AllowN(t.Context(), key, time.Now(), 1)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !d.Allowed {
+							t.Errorf("decision %d denied", i)
+						}
+						<-tick.C
+					}
+				})
+			}
+			wg.Wait()
+			requests := m.Requests() - mark
+			ls := window.LeaseStats().Add(bucket.LeaseStats())
+			t.Logf("%s: %d decisions, %d requests at the harness, %d answered from leases; leases %+v", name, 2*decisions, requests, ls.Decisions, ls)
+			switch {
+			case !far && (requests < 2*decisions || ls.Takes != 0):
+				t.Errorf("regional: %d requests and %d lease takes for %d decisions; want a request a decision and no lease", requests, ls.Takes, 2*decisions)
+			case far && (requests >= 2*decisions || ls.Decisions == 0):
+				t.Errorf("cross-region: %d requests for %d decisions, %d from leases; want fewer requests than decisions", requests, 2*decisions, ls.Decisions)
 			}
 		})
 	}

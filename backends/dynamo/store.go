@@ -113,6 +113,15 @@ type Config struct {
 	// MaxDetached bounds the refunds in flight without a waiter; a refund
 	// over the bound is waited for. Zero means DefaultMaxDetached.
 	MaxDetached int
+	// CrossRegion says that the table is a global table in multi-Region
+	// strong consistency (MRSC): every write is a quorum of Regions. The
+	// store then says its writes cross regions
+	// ([storage.CrossRegionWriter]), and limiter sizes a key's capacity
+	// leases by its measured store round trip as well as its rate
+	// (docs/leases.md). Off for a regional table and a default-mode
+	// (eventually consistent) global table, whose writes are answered in
+	// the Region.
+	CrossRegion bool
 }
 
 // Store keeps limiter state in one DynamoDB table. It implements
@@ -149,6 +158,10 @@ type Store struct {
 	// longestTTL is the longest ttl any limit asked of the store (ns).
 	longestTTL atomic.Int64
 }
+
+// WritesCrossRegions implements [storage.CrossRegionWriter]:
+// Config.CrossRegion.
+func (s *Store) WritesCrossRegions() bool { return s.cfg.CrossRegion }
 
 // New returns a store on client, or an error naming the bad Config field.
 func New(client Client, cfg Config) (*Store, error) {

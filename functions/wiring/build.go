@@ -260,7 +260,9 @@ func (b *Built) buildDynamo(ctx context.Context, createTable bool) (*dynamodb.Cl
 			return nil, fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err)
 		}
 	}
-	st, err := dynamo.New(ddb, dynamo.Config{Table: env.DynamoTable, Timeout: env.Deadline})
+	// An MRSC table's every write crosses regions: leases sized by the
+	// round trip (docs/leases.md).
+	st, err := dynamo.New(ddb, dynamo.Config{Table: env.DynamoTable, Timeout: env.Deadline, CrossRegion: env.TableMode == config.TableMRSC})
 	if err != nil {
 		return nil, fmt.Errorf("wiring: %s: %w", config.EnvDynamoTable, err)
 	}

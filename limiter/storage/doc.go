@@ -9,7 +9,8 @@
 // [PackedCounter], [BucketStore], [LogStore]) and is driven through the
 // plain loop [Steps]. [Store] is a store of every kind a rule uses; the
 // concurrency limiter and the load shedders need [LeaseStore] and
-// [GaugeStore]; [Resetter], [LogReader] and [LeaseKeeper] are optional.
+// [GaugeStore]; [Resetter], [LogReader], [LeaseKeeper] and [CrossRegionWriter]
+// are optional.
 //
 // The algorithms a store makes atomic live here, so that a store does no
 // arithmetic of its own: [BucketOp.Apply], [LogOp.Apply], [LeaseOp.Apply]

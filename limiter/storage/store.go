@@ -197,6 +197,26 @@ type LeaseKeeper interface {
 	KeepsLeased() bool
 }
 
+// CrossRegionWriter is an optional store interface: a store whose every
+// write crosses regions before it is answered (a DynamoDB global table in
+// multi-Region strong consistency: each write is a quorum of Regions, tens
+// of milliseconds) says so, and a limiter's capacity leases on it are then
+// sized by the store's measured round trip as well as by a key's rate
+// (docs/leases.md, "Cross-region stores"). A store that does not implement
+// it, or reports false, is regional: its leases follow the rate alone,
+// however slow it is at a moment. A store wrapping another reports what
+// the wrapped one does.
+type CrossRegionWriter interface {
+	WritesCrossRegions() bool
+}
+
+// WritesCrossRegions reports whether s says its writes cross regions
+// ([CrossRegionWriter]).
+func WritesCrossRegions(s any) bool {
+	w, ok := s.(CrossRegionWriter)
+	return ok && w.WritesCrossRegions()
+}
+
 // LogStore is the store the sliding log needs: an atomic read-modify-write of
 // one key's list of timestamps.
 //

@@ -1,0 +1,109 @@
+package limiter
+
+import (
+	"testing"
+	"time"
+)
+
+// farStore is a store that says its writes cross regions.
+type farStore struct{}
+
+func (farStore) WritesCrossRegions() bool { return true }
+
+// A lease on a store whose writes cross regions is sized by the key's
+// store round trip as well as its rate: a key deciding 5 a second is cold
+// (under minLease) on a store a few milliseconds away, and leases a few
+// units on one 45 ms away; a hot key's lease lives at least
+// leaseRoundTrips round trips. On a regional store (one that does not
+// say its writes cross regions) the same round trips change nothing: a
+// slow regional store is sized by the rate alone. Each far row with a
+// round trip above a few milliseconds fails without the rule, each
+// regional row with it applied to every store.
+func TestLeaseWantRoundTrip(t *testing.T) {
+	const sec = int64(time.Second)
+	for _, tc := range []struct {
+		name string
+		far  bool
+		rate float64 // decisions a second, steadily, for 2 s
+		rtt  time.Duration
+		want int64
+	}{
+		{"cold, regional", false, 5, 2 * time.Millisecond, 1},
+		{"cold, slow regional", false, 5, 300 * time.Millisecond, 1},
+		{"hot, slow regional", false, 200, 300 * time.Millisecond, 20}, // 16 decisions, at least minLeaseLife
+		{"cold, far, near", true, 5, 2 * time.Millisecond, 1},
+		{"cold, cross-region", true, 5, 45 * time.Millisecond, 5}, // 5 a second for MaxLeaseLife
+		{"cold, far, unmeasured", true, 5, 0, 1},
+		{"hot, far, near", true, 200, 2 * time.Millisecond, 20},
+		{"hot, cross-region", true, 200, 45 * time.Millisecond, 72},        // 8 round trips
+		{"hot, slow cross-region", true, 200, 300 * time.Millisecond, 200}, // MaxLeaseLife
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var store any
+			if tc.far {
+				store = farStore{}
+			}
+			l := newLeaser(1<<20, store)
+			if l.far != tc.far {
+				t.Fatalf("far = %v, want %v", l.far, tc.far)
+			}
+			const key = "k"
+			t0 := int64(1000 * sec)
+			step := int64(float64(sec) / tc.rate)
+			now := t0
+			for ; now < t0+2*sec; now += step {
+				l.spend(key, now, 1)
+			}
+			l.took(key, now, 1, 1, 0, now+10*sec, 0, Decision{Allowed: true, Remaining: 1 << 20})
+			if tc.rtt > 0 {
+				l.roundTrip(key, now, tc.rtt)
+			}
+			got := l.want(key, now, 1, now+10*sec)
+			// The rate estimate decays between decisions: within 10%.
+			if lo, hi := tc.want*9/10, tc.want*11/10+1; got < lo || got > hi {
+				t.Errorf("want = %d, want about %d (rate %.0f/s, round trip %v, far %v)", got, tc.want, tc.rate, tc.rtt, tc.far)
+			}
+		})
+	}
+}
+
+// Near the limit a far key's lease does not grow to its round trips: a
+// longer lease would only hold units the other processes are denied.
+func TestLeaseWantRoundTripNearLimit(t *testing.T) {
+	const sec = int64(time.Second)
+	l := newLeaser(1<<20, farStore{})
+	const key = "k"
+	now := int64(1000 * sec)
+	for end := now + 2*sec; now < end; now += sec / 200 {
+		l.spend(key, now, 1)
+	}
+	// 200 a second: 8 round trips of 45 ms are 72 units, above an eighth
+	// of 400; the lease stays sized by the rate (16 decisions: 20 units,
+	// minLeaseLife).
+	l.took(key, now, 1, 1, 0, now+10*sec, 0, Decision{Allowed: true, Remaining: 400})
+	l.roundTrip(key, now, 45*time.Millisecond)
+	if got := l.want(key, now, 1, now+10*sec); got < 18 || got > 23 {
+		t.Errorf("want = %d, want about 20 (sized by the rate: 8 round trips would not fit an eighth of 400)", got)
+	}
+}
+
+// The minimum lease falls from minLease to 2 as a far key's round trip
+// grows; a regional key's round trip is never recorded.
+func TestLeaseMinimumRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		rtt  time.Duration
+		want int64
+	}{{0, minLease}, {time.Millisecond, minLease}, {14 * time.Millisecond, minLease}, {20 * time.Millisecond, 6},
+		{45 * time.Millisecond, 3}, {100 * time.Millisecond, 2}, {time.Second, 2}} {
+		k := &leaseKey{rtt: tc.rtt}
+		if got := k.minLease(); got != tc.want {
+			t.Errorf("round trip %v: minimum lease %d, want %d", tc.rtt, got, tc.want)
+		}
+	}
+	l := newLeaser(1<<20, nil)
+	l.spend("k", 1, 1)
+	l.roundTrip("k", 1, time.Second)
+	if k := l.shard("k").m["k"]; k.rtt != 0 || k.minLease() != minLease {
+		t.Errorf("a regional key's round trip %v, minimum lease %d: want 0, %d", k.rtt, k.minLease(), minLease)
+	}
+}
