@@ -280,6 +280,7 @@ func TestSharesKeeper(t *testing.T) {
 			for _, k := range c.built.shares {
 				if c.region != 0 {
 					st := k.SweepStats()
+					t.Logf("region %d: sweeps %+v", c.region, st)
 					sweeps.Sweeps += st.Sweeps
 					sweeps.Ticks += st.Ticks
 				}

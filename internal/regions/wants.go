@@ -102,9 +102,13 @@ func (w *wantsRef) count(f func(*WantsStats)) {
 // over ticks, and under a bursty or slowed load it stays under the share
 // while the region denies), or its demand over the share's horizon (a
 // window; a bucket's share refills at share/units of the bucket's rate)
-// is at least shortFill of its share. A listed key stays listed while a
-// plan would give and the region needed units within wantsHold, so that
-// a noisy estimate does not unlist it before a giver gave. A lack that
+// is at least shortFill of its share. A listed key stays listed while
+// the region needed units within wantsHold, whether or not a plan gives
+// as this tick reads the states, so that a noisy estimate, or a holder
+// that has just taken the role over (its hold restarts then) and has not
+// yet read what its predecessor did, does not unlist it before a giver
+// gave (under load, takeovers that unlisted at once kept a short region's
+// key out of the index for most of a run). A lack that
 // no region would give (under the givers' hysteresis) does not list the
 // key, so the key is not ticked elsewhere for nothing. Tick's state.
 func (a *Agent) short(t int64) bool {
@@ -118,22 +122,21 @@ func (a *Agent) short(t int64) bool {
 			}
 		}
 	}
-	if !gives {
-		return false
-	}
-	a.mu.Lock()
-	share := a.owned
-	a.mu.Unlock()
-	d := a.states[a.r].Demand // units a second
-	var horizon float64       // seconds a share's units last at its rate
-	if b := a.cfg.Bucket; b != nil {
-		horizon = float64(a.cfg.units()) * b.RefillTime.Seconds() / float64(b.RefillAmount)
-	} else {
-		horizon = a.cfg.Window.Seconds()
-	}
-	if tb.bound || d*horizon >= shortFill*float64(share) {
-		tb.shortAt = t
-		return true
+	if gives {
+		a.mu.Lock()
+		share := a.owned
+		a.mu.Unlock()
+		d := a.states[a.r].Demand // units a second
+		var horizon float64       // seconds a share's units last at its rate
+		if b := a.cfg.Bucket; b != nil {
+			horizon = float64(a.cfg.units()) * b.RefillTime.Seconds() / float64(b.RefillAmount)
+		} else {
+			horizon = a.cfg.Window.Seconds()
+		}
+		if tb.bound || d*horizon >= shortFill*float64(share) {
+			tb.shortAt = t
+			return true
+		}
 	}
 	return tb.listed && tb.shortAt != 0 && t-tb.shortAt < int64(wantsHold)
 }

@@ -300,3 +300,34 @@ func TestStaleEntries(t *testing.T) {
 		}
 	}
 }
+
+// TestShortHeld: a listed key stays listed for wantsHold after the
+// region was last short, even when no plan gives as this tick reads the
+// states (a holder that has just taken the role over, before it reads
+// what its predecessor did); it lapses after. Three regions of equal
+// demand and shares: no region has a surplus, so no plan gives.
+func TestShortHeld(t *testing.T) {
+	now := time.Now().UnixNano()
+	states := make([]State, 3)
+	for i := range states {
+		states[i] = State{Demand: 100, Given: make([]int64, 3)}
+	}
+	for _, c := range []struct {
+		name    string
+		listed  bool
+		shortAt int64
+		want    bool
+	}{
+		{"listed, short a second ago", true, now - int64(time.Second), true},
+		{"listed, short longer ago than the hold", true, now - int64(wantsHold) - 1, false},
+		{"not listed", false, now - int64(time.Second), false},
+	} {
+		a := &Agent{cfg: simWindow, r: 0, states: states, tbl: &tableAgent{listed: c.listed, shortAt: c.shortAt}}
+		if g := a.cfg.plan(1, states, false); g != nil {
+			t.Fatalf("%s: region 1's plan gives %v; the case needs none", c.name, g)
+		}
+		if got := a.short(now); got != c.want {
+			t.Errorf("%s: short %v, want %v", c.name, got, c.want)
+		}
+	}
+}
