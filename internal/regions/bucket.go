@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
 	"strconv"
 	"time"
 
@@ -133,15 +135,62 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	if a.brokenTokens {
 		excess = give
 	}
+	own := &a.states[a.r]
+	at := now.Add(a.ahead).UnixNano() // the rate given leaves the region's bucket
+	own.Moves = slices.DeleteFunc(own.Moves, func(m Move) bool { return m.At < now.Add(-moveKeep).UnixNano() })
 	for o, u := range g {
-		a.states[a.r].Given[o] += u
-		a.states[a.r].Tokens[o] += excess * u / give
+		if u == 0 {
+			continue
+		}
+		own.Given[o] += u
+		k := excess * u / give
+		own.Tokens[o] += k
+		if a.tbl == nil { // through the table no tokens travel (rebase)
+			own.Moves = append(own.Moves, Move{To: o, Units: u, Tokens: k, At: at, Upto: own.Given[o]})
+		}
+	}
+	if n := len(own.Moves); n > moveMax {
+		own.Moves = slices.Delete(own.Moves, 0, n-moveMax)
 	}
 	a.owned -= give
 	a.stats.Given += give
 	a.stats.Grants++
 	a.stats.Share = a.owned
 	return nil
+}
+
+// accrued is what the grants to this region among moves, those after
+// its running total from (State.Given) from their giver, hold at stamp t
+// (the receiver's rate for them starts at t or later) besides the tokens
+// they carried: each is a bucket of capacity Units, holding Tokens at At
+// and refilled at the rate of Units since (Move), its refills counted
+// whole (rounded down), so the tokens held and in transit never exceed
+// the capacities in force and in transit, and the rates in force and in
+// transit never sum above the bucket's.
+func (a *Agent) accrued(moves []Move, from, t int64) int64 {
+	b := a.cfg.Bucket
+	var sum int64
+	for _, m := range moves {
+		if m.To != a.r || m.Upto <= from || t <= m.At || m.Units <= m.Tokens {
+			continue
+		}
+		room, from := m.Units-m.Tokens, m.At
+		if a.brokenAccrue {
+			from = t - int64(time.Hour) // as if in transit for long: full
+		}
+		// Refills of Units at RefillAmount every RefillTime of the
+		// whole units: Units*RefillAmount*(t-At) / (units*RefillTime),
+		// in 128 bits.
+		hi, lo := bits.Mul64(uint64(m.Units*b.RefillAmount), uint64(t-from))
+		den := uint64(a.cfg.units()) * uint64(b.RefillTime)
+		if hi >= den {
+			sum += room // more than any room
+			continue
+		}
+		q, _ := bits.Div64(hi, lo, den)
+		sum += int64(min(q, uint64(room)))
+	}
+	return sum
 }
 
 // rebase moves the region's bucket to a new item of s units (see the
