@@ -37,6 +37,13 @@ import (
 // reads. Each region's grid adds at most one refill to an interval
 // (a new item's grid starts at its first stamp), hence the unit per
 // region kept out of the units.
+//
+// In transit a grant is a bucket of its own (Move): from the giver's new
+// item's first stamp until the receiver's tick it refills at the rate of
+// its units, up to them, and the receiver adds what it holds to its new
+// item with the tokens carried (accrued). So the rate given is in some
+// bucket at every stamp but between the receiver's tick and its new
+// item's first stamp.
 
 // bucketItem is a bucket share on its item, for stamps from from on.
 type bucketItem struct {
@@ -98,7 +105,9 @@ func (a *Agent) newItem(ctx context.Context, at time.Time, s int64, prepare bool
 // free tokens the old bucket held above the new share go with the units
 // given (tokens it saved while idle), up to one a unit: the receiver adds
 // them to its bucket when it takes the grant, so tokens held and tokens
-// in transit never sum above the capacities in force and in transit.
+// in transit never sum above the capacities in force and in transit. Each
+// grant is listed in the region's entry (State.Moves) for its receiver to
+// add what it refilled in transit (accrued).
 func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	g := a.planNow(false)
 	var give int64
