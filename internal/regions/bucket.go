@@ -168,29 +168,30 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// accrued is what the grants to this region among moves, those after
-// its running total from (State.Given) from their giver, hold at stamp t
-// (the receiver's rate for them starts at t or later) besides the tokens
-// they carried: each is a bucket of capacity Units, holding Tokens at At
-// and refilled at the rate of Units since (Move), its refills counted
-// whole (rounded down), so the tokens held and in transit never exceed
-// the capacities in force and in transit, and the rates in force and in
-// transit never sum above the bucket's.
+// accrued is what the grants to this region listed in moves (those past
+// from, the running total Given[r] of their giver already taken)
+// refilled in transit up to stamp t (the receiver's rate for them starts
+// at t or later), besides the tokens they carried: each is a bucket of
+// capacity Units holding Tokens at At and refilled at the rate of Units
+// since (Move), its refills counted whole (rounded down), so the tokens
+// held and in transit never exceed the capacities in force and in
+// transit, and the rates in force and in transit never sum above the
+// bucket's.
 func (a *Agent) accrued(moves []Move, from, t int64) int64 {
 	b := a.cfg.Bucket
 	var sum int64
 	for _, m := range moves {
-		if m.To != a.r || m.Upto <= from || t <= m.At || m.Units <= m.Tokens {
+		if m.To != a.r || m.Upto <= from || t <= m.At || m.Tokens < 0 || m.Units <= m.Tokens {
 			continue
 		}
-		room, from := m.Units-m.Tokens, m.At
+		room, since := m.Units-m.Tokens, m.At
 		if a.brokenAccrue {
-			from = t - int64(time.Hour) // as if in transit for long: full
+			since = t - int64(time.Hour) // as if in transit for long: full
 		}
 		// Refills of Units at RefillAmount every RefillTime of the
-		// whole units: Units*RefillAmount*(t-At) / (units*RefillTime),
+		// whole units: Units*RefillAmount*(t-since) / (units*RefillTime),
 		// in 128 bits.
-		hi, lo := bits.Mul64(uint64(m.Units*b.RefillAmount), uint64(t-from))
+		hi, lo := bits.Mul64(uint64(m.Units)*uint64(b.RefillAmount), uint64(t-since))
 		den := uint64(a.cfg.units()) * uint64(b.RefillTime)
 		if hi >= den {
 			sum += room // more than any room

@@ -456,3 +456,36 @@ func TestSharesConfig(t *testing.T) {
 		t.Errorf("a string as the store: %v, want ErrInvalidConfig", err)
 	}
 }
+
+// TestSharesAccrued: a bucket's grant in transit refills at the rate of
+// its units (197 units of 200 a second here: 97 units refill 98.5 a
+// second) from its giver's stamp, up to its units less the tokens it
+// carried, counted whole; a receiver takes it once, and nothing of a
+// grant to another region or stamped after its clock.
+func TestSharesAccrued(t *testing.T) {
+	ledger := &simLedger{hist: make([][]State, 3), now: new(time.Time)}
+	a, err := NewAgent(simBucket, 2, ledger, memStore(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := simStart.UnixNano()
+	moves := []Move{{To: 2, Units: 97, Tokens: 10, At: at, Upto: 97}, {To: 1, Units: 50, At: at, Upto: 50}}
+	for _, c := range []struct {
+		from  int64
+		after time.Duration
+		want  int64
+	}{
+		{0, -time.Millisecond, 0},
+		{0, 0, 0},
+		{0, 10 * time.Millisecond, 0}, // 0.985
+		{0, 500 * time.Millisecond, 49},
+		{0, 800 * time.Millisecond, 78},
+		{0, time.Second, 87}, // 98.5, less the 10 carried
+		{0, time.Hour, 87},
+		{97, time.Second, 0}, // taken
+	} {
+		if got := a.accrued(moves, c.from, at+int64(c.after)); got != c.want {
+			t.Errorf("from %d, %v after: %d accrued, want %d", c.from, c.after, got, c.want)
+		}
+	}
+}
