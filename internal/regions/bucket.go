@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
 	"strconv"
 	"time"
 
@@ -35,6 +37,13 @@ import (
 // reads. Each region's grid adds at most one refill to an interval
 // (a new item's grid starts at its first stamp), hence the unit per
 // region kept out of the units.
+//
+// In transit a grant is a bucket of its own (Move): from the giver's new
+// item's first stamp until the receiver's tick it refills at the rate of
+// its units, up to them, and the receiver adds what it holds to its new
+// item with the tokens carried (accrued). So the rate given is in some
+// bucket at every stamp but between the receiver's tick and its new
+// item's first stamp.
 
 // bucketItem is a bucket share on its item, for stamps from from on.
 type bucketItem struct {
@@ -96,7 +105,9 @@ func (a *Agent) newItem(ctx context.Context, at time.Time, s int64, prepare bool
 // free tokens the old bucket held above the new share go with the units
 // given (tokens it saved while idle), up to one a unit: the receiver adds
 // them to its bucket when it takes the grant, so tokens held and tokens
-// in transit never sum above the capacities in force and in transit.
+// in transit never sum above the capacities in force and in transit. Each
+// grant is listed in the region's entry (State.Moves) for its receiver to
+// add what it refilled in transit (accrued).
 func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	g := a.planNow(false)
 	var give int64
@@ -133,15 +144,63 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	if a.brokenTokens {
 		excess = give
 	}
+	own := &a.states[a.r]
+	at := now.Add(a.ahead).UnixNano() // the rate given leaves the region's bucket
+	own.Moves = slices.DeleteFunc(own.Moves, func(m Move) bool { return m.At < now.Add(-moveKeep).UnixNano() })
 	for o, u := range g {
-		a.states[a.r].Given[o] += u
-		a.states[a.r].Tokens[o] += excess * u / give
+		if u == 0 {
+			continue
+		}
+		own.Given[o] += u
+		k := excess * u / give
+		own.Tokens[o] += k
+		if a.tbl == nil { // through the table no tokens travel (rebase)
+			own.Moves = append(own.Moves, Move{To: o, Units: u, Tokens: k, At: at, Upto: own.Given[o]})
+		}
+	}
+	if n := len(own.Moves); n > moveMax {
+		own.Moves = slices.Delete(own.Moves, 0, n-moveMax)
 	}
 	a.owned -= give
 	a.stats.Given += give
 	a.stats.Grants++
 	a.stats.Share = a.owned
 	return nil
+}
+
+// accrued is what the grants to this region listed in moves (those past
+// from, the running total Given[r] of their giver already taken)
+// refilled in transit up to stamp t (the receiver's rate for them starts
+// at t or later), besides the tokens they carried: each is a bucket of
+// capacity Units holding Tokens at At and refilled at the rate of Units
+// since (Move), its refills counted whole (rounded down), so the tokens
+// held and in transit never exceed the capacities in force and in
+// transit, and the rates in force and in transit never sum above the
+// bucket's.
+func (a *Agent) accrued(moves []Move, from, t int64) int64 {
+	b := a.cfg.Bucket
+	var sum int64
+	for _, m := range moves {
+		if m.To != a.r || m.Upto <= from || t <= m.At || m.Tokens < 0 || m.Units <= m.Tokens {
+			continue
+		}
+		room, since := m.Units-m.Tokens, m.At
+		if a.brokenAccrue {
+			since = t - int64(time.Hour) // as if in transit for long: full
+		}
+		// Refills of Units at RefillAmount every RefillTime of the
+		// whole units: Units*RefillAmount*(t-since) / (units*RefillTime),
+		// in 128 bits.
+		hi, lo := bits.Mul64(uint64(m.Units)*uint64(b.RefillAmount), uint64(t-since))
+		den := uint64(a.cfg.units()) * uint64(b.RefillTime)
+		if hi >= den {
+			sum += room // more than any room
+			continue
+		}
+		q, _ := bits.Div64(hi, lo, den)
+		sum += int64(min(q, uint64(room)))
+	}
+	return sum
 }
 
 // rebase moves the region's bucket to a new item of s units (see the

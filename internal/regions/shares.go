@@ -61,6 +61,11 @@ const (
 	// rebaseAhead is how far ahead of its agent's clock a bucket share's
 	// new item takes over (its first stamp).
 	rebaseAhead = 20 * time.Millisecond
+	// moveKeep is how long a giver lists a bucket's grant in its entry
+	// (State.Moves), and moveMax how many at most: a receiver that reads
+	// one later takes its units and tokens without what it accrued.
+	moveKeep = 10 * time.Second
+	moveMax  = 16
 )
 
 func (c Config) validate() error {
@@ -108,6 +113,23 @@ type State struct {
 	// Tokens is the tokens it carried to each region with the units it
 	// gave (a bucket's): running totals, never decreasing.
 	Tokens []int64 `json:"k,omitempty"`
+	// Moves are its recent grants of a bucket's units (moveKeep), each
+	// a bucket of its own while in transit (see Move).
+	Moves []Move `json:"m,omitempty"`
+}
+
+// Move is a grant of a bucket's units while in transit: a bucket of
+// capacity Units refilled at their rate, holding the Tokens its giver
+// carried from At, the stamp its giver's rate left (its new item's
+// first), and refilling from then until its receiver's rate starts (the
+// receiver adds what it holds then to its bucket: accrued). Upto is the
+// giver's running total Given[To] with it, naming it.
+type Move struct {
+	To     int   `json:"o"`
+	Units  int64 `json:"u"`
+	Tokens int64 `json:"k"`
+	At     int64 `json:"t"`
+	Upto   int64 `json:"n"`
 }
 
 // Grant is Units given to region To, in force from At (Unix ns).
@@ -277,6 +299,9 @@ type Agent struct {
 	// brokenExtra: through the table, a bucket's raise puts its whole
 	// units in its new item, refilled or not.
 	brokenExtra bool
+	// brokenAccrue: a bucket's grant arrives as if in transit for an
+	// hour (full: the tokens its capacity holds, refilled or not).
+	brokenAccrue bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -293,9 +318,12 @@ type Agent struct {
 	// bucket: the items in force, the current one last.
 	items []*bucketItem
 	// tokensIn is the tokens taken from each region's grants so far;
-	// carryIn those not yet added to the region's bucket.
+	// carryIn those not yet added to the region's bucket; movesIn each
+	// region's running total of units given this one through which the
+	// grants' accrued tokens were taken.
 	tokensIn []int64
 	carryIn  int64
+	movesIn  []int64
 	stats    AgentStats
 	// tbl, if set, is the agent's side of the table (NewTableAgent).
 	tbl *tableAgent
@@ -332,6 +360,7 @@ func NewAgent(cfg Config, region int, ledger Ledger, store any) (*Agent, error) 
 	if cfg.Bucket != nil {
 		a.states[region].Tokens = make([]int64, cfg.Regions)
 		a.tokensIn = make([]int64, cfg.Regions)
+		a.movesIn = make([]int64, cfg.Regions)
 		if _, ok := store.(storage.BucketStore); !ok {
 			return nil, fmt.Errorf("%w: a bucket's store must be a storage.BucketStore, not %T", ErrInvalidConfig, store)
 		}
@@ -389,6 +418,7 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	pub.Given = slices.Clone(own.Given)
 	pub.Future = slices.Clone(own.Future)
 	pub.Tokens = slices.Clone(own.Tokens)
+	pub.Moves = slices.Clone(own.Moves)
 	if err := a.ledger.Publish(ctx, a.r, pub); err != nil {
 		// Published at a later tick: the grant is already out of this
 		// region's share, so a late publication only delays it.
@@ -415,9 +445,13 @@ func (a *Agent) receive(now time.Time) {
 		}
 		ap := a.applied[o]
 		got += ap.Given[a.r]
-		if a.r < len(ap.Tokens) && ap.Tokens[a.r] > a.tokensIn[o] && a.cfg.Bucket != nil && a.tbl == nil {
-			tokens += ap.Tokens[a.r] - a.tokensIn[o]
-			a.tokensIn[o] = ap.Tokens[a.r]
+		if a.cfg.Bucket != nil && a.tbl == nil {
+			if a.r < len(ap.Tokens) && ap.Tokens[a.r] > a.tokensIn[o] {
+				tokens += ap.Tokens[a.r] - a.tokensIn[o]
+				a.tokensIn[o] = ap.Tokens[a.r]
+			}
+			tokens += a.accrued(ap.Moves, a.movesIn[o], t-skew)
+			a.movesIn[o] = max(a.movesIn[o], ap.Given[a.r])
 		}
 		for _, f := range ap.Future {
 			if f.To == a.r && f.At+skew > t {

@@ -63,6 +63,7 @@ type sim struct {
 	trace       testing.TB // logs the shares every 500 ms
 	broken      bool       // the agents' broken grants
 	brokenTok   bool       // the agents' broken tokens carried
+	brokenAcc   bool       // the agents' broken tokens accrued in transit
 	// splits, if set, are the demand's splits in turn, each for every
 	// (overrides split and then).
 	splits [][]float64
@@ -97,6 +98,7 @@ func (s sim) run(t testing.TB) simResult {
 		a.ahead = 0 // one goroutine: no decision is under way during a tick
 		a.broken = s.broken
 		a.brokenTokens = s.brokenTok
+		a.brokenAccrue = s.brokenAcc
 		agents[r] = a
 		for range s.procs {
 			l, err := a.NewLimiter(st)
@@ -256,26 +258,29 @@ func TestSharesSim(t *testing.T) {
 }
 
 // TestSharesSimFailsBroken: the checker sees a bucket's giver that keeps
-// its rate and capacity, and one that carries a token with every unit it
-// gives whether it saved it or not: at three times the steady rate and a
-// lag of 250 ms, the split 60/30/10 for 30 s (for the tokens, 10 s of
-// demand re-split every 1.5 s, one region idle) then puts intervals of
-// stamps over the bucket's bound. (The window's counterpart: TestSharesGiveOnlyFree.)
+// its rate and capacity, one that carries a token with every unit it
+// gives whether it saved it or not, and a receiver that takes a grant as
+// if it had been in transit for an hour (full, refilled or not): at three
+// times the steady rate and a lag of 250 ms, the split 60/30/10 for 30 s
+// (for the tokens, 10 s of demand re-split every 1.5 s, one region idle)
+// then puts intervals of stamps over the bucket's bound. (The window's counterpart: TestSharesGiveOnlyFree.)
 func TestSharesSimFailsBroken(t *testing.T) {
+	resplit := [][]float64{{0.6, 0.4, 0}, {0, 0.3, 0.7}, {0.5, 0, 0.5}}
 	for _, c := range []struct {
-		name                string
-		broken, brokenToken bool
-		splits              [][]float64
-		dur                 time.Duration
+		name                           string
+		broken, brokenToken, brokenAcc bool
+		splits                         [][]float64
+		dur                            time.Duration
 	}{
-		{"bucket/rate", true, false, nil, 30 * time.Second},
-		{"bucket/tokens", false, true, [][]float64{{0.6, 0.4, 0}, {0, 0.3, 0.7}, {0.5, 0, 0.5}}, 10 * time.Second},
+		{"bucket/rate", true, false, false, nil, 30 * time.Second},
+		{"bucket/tokens", false, true, false, resplit, 10 * time.Second},
+		{"bucket/accrued", false, false, true, resplit, 10 * time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			seed := uint64(time.Now().UnixNano())
 			sp := simSplits[1]
 			res := sim{cfg: simBucket, split: sp.split, splits: c.splits, every: 1500 * time.Millisecond, rate: 600, dur: c.dur,
-				lag: 250 * time.Millisecond, procs: 2, seed: seed, broken: c.broken, brokenTok: c.brokenToken}.run(t)
+				lag: 250 * time.Millisecond, procs: 2, seed: seed, broken: c.broken, brokenTok: c.brokenToken, brokenAcc: c.brokenAcc}.run(t)
 			if len(res.over) == 0 {
 				t.Errorf("seed %d: broken grants, yet no window over the limit (%.3f of exact)", seed, res.share())
 			} else {
@@ -449,5 +454,38 @@ func TestSharesConfig(t *testing.T) {
 	}
 	if _, err := NewAgent(ok, 0, ledger, fmt.Sprint("not a store")); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("a string as the store: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestSharesAccrued: a bucket's grant in transit refills at the rate of
+// its units (197 units of 200 a second here: 97 units refill 98.5 a
+// second) from its giver's stamp, up to its units less the tokens it
+// carried, counted whole; a receiver takes it once, and nothing of a
+// grant to another region or stamped after its clock.
+func TestSharesAccrued(t *testing.T) {
+	ledger := &simLedger{hist: make([][]State, 3), now: new(time.Time)}
+	a, err := NewAgent(simBucket, 2, ledger, memStore(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := simStart.UnixNano()
+	moves := []Move{{To: 2, Units: 97, Tokens: 10, At: at, Upto: 97}, {To: 1, Units: 50, At: at, Upto: 50}}
+	for _, c := range []struct {
+		from  int64
+		after time.Duration
+		want  int64
+	}{
+		{0, -time.Millisecond, 0},
+		{0, 0, 0},
+		{0, 10 * time.Millisecond, 0}, // 0.985
+		{0, 500 * time.Millisecond, 49},
+		{0, 800 * time.Millisecond, 78},
+		{0, time.Second, 87}, // 98.5, less the 10 carried
+		{0, time.Hour, 87},
+		{97, time.Second, 0}, // taken
+	} {
+		if got := a.accrued(moves, c.from, at+int64(c.after)); got != c.want {
+			t.Errorf("from %d, %v after: %d accrued, want %d", c.from, c.after, got, c.want)
+		}
 	}
 }
