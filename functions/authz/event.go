@@ -93,10 +93,12 @@ type Event struct {
 // nesting depth is bounded.
 func DecodeEvent(raw []byte) (*Event, error) {
 	var probe struct {
-		Version    string `json:"version"`
-		Type       string `json:"type"`
-		Source     string `json:"source"`
-		DetailType string `json:"detail-type"`
+		Version string `json:"version"`
+		Type    string `json:"type"`
+		// Raw: a scheduled event's fields, which an API Gateway event may
+		// carry with any JSON type (not read there: no type error).
+		Source     json.RawMessage `json:"source"`
+		DetailType json.RawMessage `json:"detail-type"`
 	}
 	// This pass validates the whole document, so the decoders below see
 	// only type errors.
@@ -112,11 +114,20 @@ func DecodeEvent(raw []byte) (*Event, error) {
 		return decodeRequest(raw)
 	case v == "" && t == "TOKEN":
 		return decodeToken(raw)
-	case probe.Source == ScheduledSource && probe.DetailType == ScheduledDetailType:
+	case jsonString(probe.Source) == ScheduledSource && jsonString(probe.DetailType) == ScheduledDetailType:
 		return decodeScheduled(raw)
 	default:
 		return nil, &EventError{Reason: fmt.Sprintf("unknown event type %q (version %q): want a TOKEN or REQUEST authorizer event", clip(t), clip(v))}
 	}
+}
+
+// jsonString is raw as a JSON string ("" when it is not one).
+func jsonString(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
 }
 
 // unmarshal decodes raw, a valid JSON document, into ev, a pointer to an
