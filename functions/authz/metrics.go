@@ -74,6 +74,15 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 	return m
 }
 
+// head starts a metric line of its own (not a decision's) in m.buf: the
+// EMF envelope up to its namespace, at now. m.mu is held.
+func (m *Metrics) head(now time.Time) []byte {
+	b := append(m.buf[:0], m.prefix...)
+	b = strconv.AppendInt(b, now.UnixMilli(), 10)
+	b = append(b, `,"CloudWatchMetrics":[{"Namespace":`...)
+	return appendJSONString(b, m.ns)
+}
+
 // Line is one metric line's values.
 type Line struct {
 	Rule                                                                  string

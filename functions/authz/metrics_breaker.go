@@ -1,9 +1,6 @@
 package authz
 
-import (
-	"strconv"
-	"time"
-)
+import "time"
 
 // Breaker writes the metric line of a circuit breaker's transition (see
 // package breaker), in the same namespace as the decision lines, with the
@@ -39,10 +36,7 @@ func (m *Metrics) NodeBreaker(now time.Time, backend, node, from, to string) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := append(m.buf[:0], `{"_aws":{"Timestamp":`...)
-	b = strconv.AppendInt(b, now.UnixMilli(), 10)
-	b = append(b, `,"CloudWatchMetrics":[{"Namespace":`...)
-	b = appendJSONString(b, m.ns)
+	b := m.head(now)
 	b = append(b, `,"Dimensions":[["Backend"]],"Metrics":[`+
 		`{"Name":"BreakerOpened","Unit":"Count"},{"Name":"BreakerClosed","Unit":"Count"},{"Name":"BreakerOpen","Unit":"None"}]}]},"Backend":`...)
 	b = appendJSONString(b, backend)

@@ -41,10 +41,7 @@ func (m *Metrics) Shares(now time.Time, l SharesLine) {
 		l.Sweeps, l.Expired, l.Wanted, l.Listed, l.Dropped}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := append(m.buf[:0], `{"_aws":{"Timestamp":`...)
-	b = strconv.AppendInt(b, now.UnixMilli(), 10)
-	b = append(b, `,"CloudWatchMetrics":[{"Namespace":`...)
-	b = appendJSONString(b, m.ns)
+	b := m.head(now)
 	b = append(b, `,"Dimensions":[[`...)
 	b = appendJSONString(b, config.DimensionLimit)
 	b = append(b, `]],"Metrics":[`...)
