@@ -102,16 +102,20 @@ func (w *wantsRef) count(f func(*WantsStats)) {
 // over ticks, and under a bursty or slowed load it stays under the share
 // while the region denies), or its demand over the share's horizon (a
 // window; a bucket's share refills at share/units of the bucket's rate)
-// is at least shortFill of its share. A listed key stays listed while
-// the region needed units within wantsHold, whether or not a plan gives
-// as this tick reads the states, so that a noisy estimate, or a holder
-// that has just taken the role over (its hold restarts then) and has not
-// yet read what its predecessor did, does not unlist it before a giver
-// gave (under load, takeovers that unlisted at once kept a short region's
-// key out of the index for most of a run). A lack that
-// no region would give (under the givers' hysteresis) does not list the
-// key, so the key is not ticked elsewhere for nothing. Tick's state.
-func (a *Agent) short(t int64) bool {
+// is at least shortFill of its share. A lack that no region would give
+// (under the givers' hysteresis) does not list the key, so the key is not
+// ticked elsewhere for nothing.
+//
+// held reports a listed key that is not short now but was within
+// wantsHold, whether or not a plan gives as this tick reads the states:
+// it is neither unlisted nor listed again (its listing lapses in its own
+// time), so that a noisy estimate, or a holder that has just taken the
+// role over (its hold restarts then) and has not yet read what its
+// predecessor did, does not unlist it before a giver gave (under load,
+// takeovers that unlisted at once kept a short region's key out of the
+// index for most of a run), and a region whose demand stopped does not
+// renew it. Tick's state.
+func (a *Agent) short(t int64) (short, held bool) {
 	tb := a.tbl
 	gives := false
 	for o := range a.states {
@@ -135,10 +139,10 @@ func (a *Agent) short(t int64) bool {
 		}
 		if tb.bound || d*horizon >= shortFill*float64(share) {
 			tb.shortAt = t
-			return true
+			return true, false
 		}
 	}
-	return tb.listed && tb.shortAt != 0 && t-tb.shortAt < int64(wantsHold)
+	return false, tb.listed && tb.shortAt != 0 && t-tb.shortAt < int64(wantsHold)
 }
 
 // updateWants lists the key in its region's wants index when the region
@@ -157,7 +161,10 @@ func (a *Agent) updateWants(ctx context.Context, now time.Time) {
 		return
 	}
 	t := now.UnixNano()
-	short := a.short(t)
+	short, held := a.short(t)
+	if held {
+		return
+	}
 	switch {
 	case short && (len(w.key) == 0 || len(w.key) > MaxWantKey):
 		if t >= tb.wantsTry {
