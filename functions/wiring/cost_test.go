@@ -169,8 +169,8 @@ func TestCostPerDecision(t *testing.T) {
 		b := buildCost(t, map[string]string{"SLUICE_MEMCACHED_ADDRS": srv.Addr(), "SLUICE_DEFAULT_BACKEND": "memcached", "SLUICE_DEADLINE": "2s", "SLUICE_LEASES": "false"}, clock)
 		for _, c := range costCases(clock) {
 			var before map[string]int64
-			n := measure(t, b, c, func() { before = memcachedStats(t, srv.Addr()) })
-			after := memcachedStats(t, srv.Addr())
+			n := measure(t, b, c, func() { before = memcachedSettled(t, srv.Addr()) })
+			after := memcachedSettled(t, srv.Addr())
 			d := func(names ...string) float64 {
 				var sum int64
 				for _, k := range names {
@@ -224,6 +224,30 @@ func measure(t *testing.T, b *Built, c costCase, mark func()) int {
 	n := c.run(t, d)
 	waitAll(b)
 	return max(n, 1)
+}
+
+// memcachedSettled reads a memcached server's statistics once its
+// command counters have stopped moving (two reads 20 ms apart agree, for
+// up to a second): a window's refund is a noreply decr, which the
+// store's connection sends without an answer to wait for, so the server
+// may still be executing it on its connection's thread when a stats
+// request on another connection is answered.
+func memcachedSettled(t *testing.T, addr string) map[string]int64 {
+	t.Helper()
+	prev := memcachedStats(t, addr)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		cur := memcachedStats(t, addr)
+		same := true
+		for _, k := range []string{"cmd_get", "cmd_set", "cmd_touch", "incr_hits", "incr_misses", "decr_hits", "decr_misses"} {
+			same = same && cur[k] == prev[k]
+		}
+		if same {
+			return cur
+		}
+		prev = cur
+	}
+	return prev
 }
 
 // memcachedStats reads a memcached server's general-purpose statistics.
