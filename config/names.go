@@ -150,7 +150,8 @@ func Names() []string {
 
 // The regional shares' metrics (a global rule's limits on an eventual
 // table): one EMF line per limit and report period of a process, with
-// the dimension DimensionLimit (docs/authorizer.md, "Metrics").
+// the dimension sets [DimensionLimit] and [] (docs/authorizer.md,
+// "Metrics").
 const (
 	DimensionLimit = "Limit"
 	// Units the process's agents gave to other regions, and took in.

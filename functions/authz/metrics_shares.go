@@ -31,8 +31,10 @@ var sharesMetrics = []struct{ name, unit string }{
 }
 
 // Shares writes the metric line of one limit's regional shares, in the
-// same namespace as the decision lines, with the dimension set
-// [["Limit"]] (config.DimensionLimit). Safe for concurrent use.
+// same namespace as the decision lines, with the dimension sets
+// [["Limit"], []] (config.DimensionLimit, and none: the sums over every
+// limit, which an alarm can watch without knowing the limits' names).
+// Safe for concurrent use.
 func (m *Metrics) Shares(now time.Time, l SharesLine) {
 	if m == nil {
 		return
@@ -44,7 +46,7 @@ func (m *Metrics) Shares(now time.Time, l SharesLine) {
 	b := m.head(now)
 	b = append(b, `,"Dimensions":[[`...)
 	b = appendJSONString(b, config.DimensionLimit)
-	b = append(b, `]],"Metrics":[`...)
+	b = append(b, `],[]],"Metrics":[`...)
 	for i, mt := range sharesMetrics {
 		if i > 0 {
 			b = append(b, ',')

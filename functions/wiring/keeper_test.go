@@ -466,7 +466,7 @@ func sharesMetrics(t *testing.T, cs []*sharesContainer) []map[string]int64 {
 				t.Fatalf("region %d: line %s: %v", c.region, line, err)
 			}
 			cw := aws.CloudWatchMetrics[0]
-			if len(cw.Dimensions) != 1 || len(cw.Dimensions[0]) != 1 || cw.Dimensions[0][0] != config.DimensionLimit {
+			if len(cw.Dimensions) != 2 || len(cw.Dimensions[0]) != 1 || cw.Dimensions[0][0] != config.DimensionLimit || len(cw.Dimensions[1]) != 0 {
 				continue // a decision's line
 			}
 			var limit string

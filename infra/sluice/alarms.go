@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -24,25 +25,61 @@ const (
 )
 
 // Alarms configures the construct's CloudWatch alarms: one per network
-// backend's circuit breakers ([RateLimiter.BreakerAlarms]) and two on
-// throttling ([RateLimiter.ThrottleAlarms]).
+// backend's circuit breakers ([RateLimiter.BreakerAlarms]), two on
+// throttling ([RateLimiter.ThrottleAlarms]) and, with regional shares,
+// on their metrics ([RateLimiter.SharesAlarms]).
 type Alarms struct {
 	// Off creates no alarms.
 	Off bool
 	// Topic, when set, is notified when an alarm fires and when it
 	// clears (alarm and OK actions).
 	Topic awssns.ITopic
+	// Shares configures the alarms on the regional shares of the global
+	// rules.
+	Shares SharesAlarms
 }
+
+// SharesAlarms configures the alarms on the regional shares' metrics
+// (functions/authz, metrics_shares.go; names in package config), each on
+// the metric's sum over every limit (the dimension set []) in a minute,
+// at or above its threshold. They are made when the construct runs the
+// keeper: a rule with scope global in the construct's rules on
+// TableEventual (with rules from a table, unknown at synth, add your own
+// on [RateLimiter.SharesMetric]).
+type SharesAlarms struct {
+	// Off makes none of them.
+	Off bool
+	// Stale is the threshold of SharesStale, decisions that found no
+	// share entry valid and followed the rule's fail mode: 0 is
+	// DefaultSharesAlarm (1), negative makes no alarm.
+	Stale float64
+	// Dropped is the threshold of SharesDropped, keys a full wants index
+	// could not take (they get no more than their region's own share): 0
+	// is DefaultSharesAlarm (1), negative makes no alarm.
+	Dropped float64
+	// TickErrors is the threshold of SharesTickErrors, agent ticks that
+	// failed; RoleLost that of SharesRoleLost, agent roles found taken by
+	// another container. 0 (the default) makes no alarm: the next tick
+	// retries a failed one, and a container frozen mid-tick loses its
+	// role, so some of either is normal; set a rate you would page on.
+	TickErrors, RoleLost float64
+}
+
+// DefaultSharesAlarm is the default threshold of the SharesStale and
+// SharesDropped alarms: one in a minute.
+const DefaultSharesAlarm = 1
 
 // buildAlarms adds the construct's alarms, unless Alarms.Off: the
 // circuit breakers' (one per network backend, unless the breakers are
-// off) and the throttles' (the state table's and the authorizer's).
+// off), the throttles' (the state table's and the authorizer's) and the
+// regional shares' (with the keeper).
 func (r *RateLimiter) buildAlarms() {
 	if r.props.Alarms.Off {
 		return
 	}
 	r.buildBreakerAlarms()
 	r.buildThrottleAlarms()
+	r.buildSharesAlarms()
 }
 
 // alarm adds one alarm: threshold or more in a minute, missing data not
@@ -161,3 +198,66 @@ func (r *RateLimiter) BreakerAlarms() map[string]awscloudwatch.Alarm { return r.
 // MetricTableThrottledRequests (the state table's) and MetricThrottled
 // (the authorizer's); empty when Alarms.Off.
 func (r *RateLimiter) ThrottleAlarms() map[string]awscloudwatch.Alarm { return r.throttleAlarms }
+
+// buildSharesAlarms adds the regional shares' alarms when the function
+// runs the keeper (keeperOn: the construct knows of a global rule on an
+// eventual table), unless Alarms.Shares.Off: SharesStale and
+// SharesDropped at DefaultSharesAlarm unless set, SharesTickErrors and
+// SharesRoleLost when their thresholds are set.
+func (r *RateLimiter) buildSharesAlarms() {
+	sa := r.props.Alarms.Shares
+	if sa.Off || !r.keeperOn() {
+		return
+	}
+	ns := r.props.Function.MetricsNamespace
+	r.sharesAlarms = map[string]awscloudwatch.Alarm{}
+	for _, a := range []struct {
+		metric    string
+		threshold float64
+		def       float64
+		what      string
+	}{
+		{config.MetricSharesStale, sa.Stale, DefaultSharesAlarm,
+			"decisions of a global rule found no share entry valid at their stamp (the region's agent has not published for a second) and followed the rule's fail mode"},
+		{config.MetricSharesDropped, sa.Dropped, DefaultSharesAlarm,
+			"a key short of its share could not be listed in this region's full wants index: it gets no more than the region's own share"},
+		{config.MetricSharesTickErrors, sa.TickErrors, 0,
+			"agent ticks of the regional shares failed (a table request failed or timed out)"},
+		{config.MetricSharesRoleLost, sa.RoleLost, 0,
+			"agents of the regional shares found their role taken by another container (ticks outlast the role's life, or containers frozen mid-tick)"},
+	} {
+		threshold := a.threshold
+		if threshold == 0 {
+			threshold = a.def
+		}
+		if threshold <= 0 {
+			continue
+		}
+		r.sharesAlarms[a.metric] = r.alarm(a.metric,
+			fmt.Sprintf("Sluice: %s (%s %s >= %g in a minute, every limit; per limit with the dimension %s); see docs/authorizer.md, Metrics",
+				a.what, ns, a.metric, threshold, config.DimensionLimit),
+			r.SharesMetric(a.metric), threshold)
+	}
+}
+
+// SharesMetric is the regional shares' metric name (config.MetricShares*)
+// summed over every limit (the dimension set []) per minute; SharesWanted
+// (a gauge) is its maximum.
+func (r *RateLimiter) SharesMetric(name string) awscloudwatch.Metric {
+	stat := "Sum"
+	if name == config.MetricSharesWanted {
+		stat = "Maximum"
+	}
+	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+		Namespace:  jsii.String(r.props.Function.MetricsNamespace),
+		MetricName: jsii.String(name),
+		Statistic:  jsii.String(stat),
+		Period:     awscdk.Duration_Minutes(jsii.Number(1)),
+	})
+}
+
+// SharesAlarms are the regional shares' alarms by metric name
+// (config.MetricSharesStale, MetricSharesDropped, and
+// MetricSharesTickErrors and MetricSharesRoleLost when set); empty
+// without the keeper, with Alarms.Off or Alarms.Shares.Off.
+func (r *RateLimiter) SharesAlarms() map[string]awscloudwatch.Alarm { return r.sharesAlarms }

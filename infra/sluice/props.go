@@ -100,8 +100,9 @@ type Props struct {
 	Shedding Shedding
 
 	// Alarms configures the CloudWatch alarms on the circuit breakers (one
-	// per network backend, see [RateLimiter.BreakerAlarms]) and on
-	// throttling ([RateLimiter.ThrottleAlarms]); on by default.
+	// per network backend, see [RateLimiter.BreakerAlarms]), on
+	// throttling ([RateLimiter.ThrottleAlarms]) and, with the keeper, on
+	// the regional shares ([RateLimiter.SharesAlarms]); on by default.
 	Alarms Alarms
 
 	// RetryAfter is the Retry-After of the REST API's 429 (rate limited).

@@ -95,6 +95,8 @@ type RateLimiter struct {
 	rules          *rulesSource
 	// throttleAlarms by metric name.
 	throttleAlarms map[string]awscloudwatch.Alarm
+	// sharesAlarms by metric name.
+	sharesAlarms map[string]awscloudwatch.Alarm
 
 	errs  []string
 	lazy  []func() []string // checks that need the whole tree (synth time)

@@ -95,11 +95,12 @@ func newAlarms(s awscdk.Stack, c *Config, region string, limiter *sluice.RateLim
 			TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 		}),
 	}
-	// The construct's alarms on the circuit breakers (one per backend)
-	// and on throttling (the state table's replica in this region, and
-	// the authorizer's decisions), in a fixed order: the dashboard lists
-	// them, and a template that changes on every synth redeploys it.
-	for _, m := range []map[string]awscloudwatch.Alarm{limiter.BreakerAlarms(), limiter.ThrottleAlarms()} {
+	// The construct's alarms on the circuit breakers (one per backend),
+	// on throttling (the state table's replica in this region, and the
+	// authorizer's decisions) and, with global rules on an eventual
+	// table, on the regional shares, in a fixed order: the dashboard
+	// lists them, and a template that changes on every synth redeploys it.
+	for _, m := range []map[string]awscloudwatch.Alarm{limiter.BreakerAlarms(), limiter.ThrottleAlarms(), limiter.SharesAlarms()} {
 		for _, k := range slices.Sorted(maps.Keys(m)) {
 			alarms = append(alarms, m[k])
 		}
