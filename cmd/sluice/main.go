@@ -37,6 +37,7 @@ import (
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/backends/memcached"
 	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/storage"
@@ -127,6 +128,7 @@ type options struct {
 	memcached              string
 	memcachedTLS           bool
 	dynamoTable, dynamoURL string
+	tableMode              string
 	timeout                time.Duration
 	json, yes              bool
 }
@@ -172,6 +174,8 @@ func flags(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.memcachedTLS, "memcached-tls", false, "connect to memcached with TLS (ElastiCache Serverless)")
 	fs.StringVar(&o.dynamoTable, "dynamo-table", "", "the DynamoDB state table (the SDK's usual configuration: AWS_REGION, credentials chain)")
 	fs.StringVar(&o.dynamoURL, "dynamo-endpoint", "", "a DynamoDB endpoint such as DynamoDB Local's http://127.0.0.1:8000 (dummy credentials unless set)")
+	fs.StringVar(&o.tableMode, "table-mode", os.Getenv(config.EnvTableMode), "the state table's mode across regions, as the authorizer's "+config.EnvTableMode+
+		" (the default): empty (a regional table), "+config.TableEventual+" or "+config.TableMRSC+" (a global table with multi-Region strong consistency: its writes cross regions)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of the whole command")
 	fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
 	if o.cmd == "reset" {
@@ -200,6 +204,11 @@ func (o *options) check(fs *flag.FlagSet) error {
 		return usageError{fmt.Errorf("-timeout %v must be positive", o.timeout)}
 	case o.dynamoURL != "" && o.dynamoTable == "":
 		return usageError{errors.New("-dynamo-endpoint needs -dynamo-table NAME")}
+	}
+	switch o.tableMode = strings.TrimSpace(o.tableMode); o.tableMode {
+	case config.TableRegional, config.TableEventual, config.TableMRSC:
+	default:
+		return usageError{fmt.Errorf("-table-mode (or %s) %q is not %s or %s (empty: a regional table)", config.EnvTableMode, o.tableMode, config.TableEventual, config.TableMRSC)}
 	}
 	if !o.backendSet {
 		switch {
@@ -409,7 +418,9 @@ func buildStore(ctx context.Context, o *options, e env, backend string) (storage
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := dynamo.New(client, dynamo.Config{Table: o.dynamoTable, Timeout: o.timeout})
+		// As the authorizer's store (functions/wiring): an MRSC table's
+		// writes cross regions.
+		s, err := dynamo.New(client, dynamo.Config{Table: o.dynamoTable, Timeout: o.timeout, CrossRegion: o.tableMode == config.TableMRSC})
 		if err != nil {
 			return nil, nil, fmt.Errorf("-dynamo-table: %w", err)
 		}
