@@ -42,8 +42,10 @@ type DelayStore struct {
 }
 
 var (
-	_ Store                 = (*DelayStore)(nil)
-	_ storage.PackedCounter = (*DelayStore)(nil)
+	_ Store                     = (*DelayStore)(nil)
+	_ storage.PackedCounter     = (*DelayStore)(nil)
+	_ storage.LeaseKeeper       = (*DelayStore)(nil)
+	_ storage.CrossRegionWriter = (*DelayStore)(nil)
 )
 
 // arrival is what has reached the inner store for one key.
@@ -373,3 +375,8 @@ func (d *DelayStore) KeepsLeased() bool {
 	k, ok := d.inner.(storage.LeaseKeeper)
 	return ok && k.KeepsLeased()
 }
+
+// WritesCrossRegions reports what the inner store does
+// ([storage.CrossRegionWriter]), so that leases through a DelayStore are
+// sized as they are on the inner store.
+func (d *DelayStore) WritesCrossRegions() bool { return storage.WritesCrossRegions(d.inner) }

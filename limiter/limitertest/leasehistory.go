@@ -262,10 +262,10 @@ func RunColdLeasesWire(t *testing.T, s Store, wire func() int64) {
 }
 
 // CountingStore counts the store calls made through it (Calls), forwarding
-// the packed and lease-keeping abilities of the store it wraps: a test's
-// count of store requests at the store's interface, for stores that have
-// no wire to count at (the memory store). It is not a Batcher: a batch
-// reaches it one step at a time.
+// the packed, lease-keeping and cross-region abilities of the store it
+// wraps (as breaker.Store does): a test's count of store requests at the
+// store's interface, for stores that have no wire to count at (the memory
+// store). It is not a Batcher: a batch reaches it one step at a time.
 type CountingStore struct {
 	Store
 	calls atomic.Int64
@@ -297,17 +297,34 @@ func (c *CountingStore) UpdateLog(ctx context.Context, k storage.Key, op storage
 	return c.Store.UpdateLog(ctx, k, op, ttl)
 }
 
+// ServesPacked reports whether the wrapped store serves packed windows
+// ([storage.ServesPacked]): a window of representation Auto is packed
+// through a CountingStore only where it would be without it.
+func (c *CountingStore) ServesPacked() bool { return storage.ServesPacked(c.Store) }
+
 func (c *CountingStore) AddPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) (storage.PackedCounts, error) {
 	c.calls.Add(1)
-	return c.Store.(storage.PackedCounter).AddPacked(ctx, k, op)
+	p, ok := c.Store.(storage.PackedCounter)
+	if !ok {
+		return storage.PackedCounts{}, fmt.Errorf("limitertest: %T does not implement storage.PackedCounter", c.Store)
+	}
+	return p.AddPacked(ctx, k, op)
 }
 
 func (c *CountingStore) SubPacked(ctx context.Context, k storage.Key, op *storage.PackedOp) error {
 	c.calls.Add(1)
-	return c.Store.(storage.PackedCounter).SubPacked(ctx, k, op)
+	p, ok := c.Store.(storage.PackedCounter)
+	if !ok {
+		return fmt.Errorf("limitertest: %T does not implement storage.PackedCounter", c.Store)
+	}
+	return p.SubPacked(ctx, k, op)
 }
 
 func (c *CountingStore) KeepsLeased() bool {
 	k, ok := c.Store.(storage.LeaseKeeper)
 	return ok && k.KeepsLeased()
 }
+
+// WritesCrossRegions reports what the wrapped store does
+// ([storage.CrossRegionWriter]).
+func (c *CountingStore) WritesCrossRegions() bool { return storage.WritesCrossRegions(c.Store) }
