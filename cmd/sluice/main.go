@@ -62,6 +62,10 @@ the key were new (plus the units of denied requests whose refunds land
 after it). An authorizer process that denied the key recently keeps
 denying it from its deny cache until that denial's Retry-After.
 
+A rule with scope global on an eventual table (-table-mode eventual) is
+decided on each region's share, not on its key: both commands check
+-region and -regions, then refuse (docs/operator.md).
+
 Flags:
 `
 
@@ -129,6 +133,7 @@ type options struct {
 	memcachedTLS           bool
 	dynamoTable, dynamoURL string
 	tableMode              string
+	region, regions        string
 	timeout                time.Duration
 	json, yes              bool
 }
@@ -176,6 +181,8 @@ func flags(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.dynamoURL, "dynamo-endpoint", "", "a DynamoDB endpoint such as DynamoDB Local's http://127.0.0.1:8000 (dummy credentials unless set)")
 	fs.StringVar(&o.tableMode, "table-mode", os.Getenv(config.EnvTableMode), "the state table's mode across regions, as the authorizer's "+config.EnvTableMode+
 		" (the default): empty (a regional table), "+config.TableEventual+" or "+config.TableMRSC+" (a global table with multi-Region strong consistency: its writes cross regions)")
+	fs.StringVar(&o.region, "region", os.Getenv(config.EnvAWSRegion), "with -table-mode "+config.TableEventual+", the region whose share of a global rule to read, as the authorizer's "+config.EnvAWSRegion+" (the default)")
+	fs.StringVar(&o.regions, "regions", os.Getenv(config.EnvRegions), "with -table-mode "+config.TableEventual+", the deployment's regions in their order, comma-separated, as the authorizer's "+config.EnvRegions+" (the default)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of the whole command")
 	fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
 	if o.cmd == "reset" {
@@ -262,6 +269,9 @@ func runEnv(e env, args []string) error {
 	}
 	rule := doc.Rules[i]
 	rule.Concurrency = nil // leases, not a rate limit: not inspected here
+	if rule.Scope == policy.ScopeGlobal && o.tableMode == config.TableEventual {
+		return o.refuseShares()
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
