@@ -360,12 +360,16 @@ func TestErrors(t *testing.T) {
 // TestExitStatus runs the command as a process: 0 on success, 2 for a
 // bad command line, 1 when the store fails, with one line on stderr.
 func TestExitStatus(t *testing.T) {
-	file := rulesFile(t)
+	file, global := rulesFile(t), globalFile(t)
 	for _, c := range []struct {
 		args   string
 		status int
 	}{
 		{"inspect -rules " + file + " -rule constant", 0},
+		// A global rule on an eventual table: refused (1) once the
+		// region checks pass; an unlisted region is a usage error (2).
+		{"inspect -rules " + global + " -rule global-ip -key 1.2.3.4 -table-mode eventual -region eu-west-1 -regions us-east-1,eu-west-1 -dynamo-table t -dynamo-endpoint http://127.0.0.1:1", 1},
+		{"reset -yes -rules " + global + " -rule global-ip -key 1.2.3.4 -table-mode eventual -region sa-east-1 -regions us-east-1,eu-west-1 -dynamo-table t -dynamo-endpoint http://127.0.0.1:1", 2},
 		{"inspect -rules " + file + " -rule nope", 2},
 		{"inspect -rules " + file + " -rule constant -memcached 127.0.0.1:1 -timeout 2s", 1},
 	} {

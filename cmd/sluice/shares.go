@@ -13,26 +13,25 @@ import (
 var errShares = errors.New("kept as regional shares")
 
 // refuseShares is inspect and reset of a global rule on an eventual table
-// (docs/operator.md, "A global rule"): the authorizer does not decide
-// such a rule on its plain key but on each region's own items, against
-// the region's share (internal/regions). Reading the share in force, or
-// resetting the region's items, needs what only internal/regions' own
-// code reads today (the share entry in the region's item, the names of
-// the items its processes decide on), so the command checks -region and
-// refuses rather than show or reset the plain key, which the authorizer
-// never reads: a fresh key there would say the key is full whatever its
-// regions admitted.
+// (docs/operator.md, "A global rule"): the authorizer decides such a rule
+// not on its plain key but on each region's own items, against the
+// region's share (internal/regions). The share in force and the items'
+// names are read only by internal/regions' own code, and removing a
+// region's counters would un-count the units its processes hold in
+// capacity leases, so the command checks -region and refuses, rather
+// than show the plain key (always new: full, whatever the regions
+// admitted) or reset it (nothing the authorizer reads).
 func (o *options) refuseShares() error {
 	name, place, list, err := o.regionPlace()
 	if err != nil {
 		return err
 	}
 	head := fmt.Sprintf("rule %s has scope global on an eventual table", o.rule)
-	why := fmt.Sprintf("each region decides it on its own items against its share, not on the key this command reads; reading region %s's share (place %d of %s) is not built", name, place, list)
+	where := fmt.Sprintf("region %s (place %d of %s) decides it on its own items against its share, not on this key", name, place, list)
 	if o.cmd == "reset" {
-		return fmt.Errorf("reset refused, nothing changed: %s: %w: %s. A region's share gives itself back: a window's units leave its view a window and a sub-window after they were taken, a bucket refills at its share's rate", head, errShares, why)
+		return fmt.Errorf("reset refused, nothing changed: %s: %w: %s; resetting them is not offered: units its processes hold in capacity leases would be spent on top of its share (docs/operator.md). The share gives itself back: a window's units leave its view a window and a sub-window after they were taken, a bucket refills at its share's rate", head, errShares, where)
 	}
-	return fmt.Errorf("%s: %w: %s. Its figures are in the authorizer's Shares metrics and its region's items (docs/regions.md)", head, errShares, why)
+	return fmt.Errorf("%s: %w: %s, and reading that share is not built; the region's entry is in its item regions/<limit>:<key>/<place> (docs/operator.md)", head, errShares, where)
 }
 
 // regionPlace checks -region and -regions as the authorizer checks its
