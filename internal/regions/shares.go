@@ -436,6 +436,10 @@ func (a *Agent) receive(now time.Time) {
 	t, skew := now.UnixNano(), int64(a.cfg.Skew)
 	var got, tokens int64
 	var incoming []Grant
+	var inForce []int64 // through the table, a bucket's: per giver
+	if a.cfg.Bucket != nil && a.tbl != nil {
+		inForce = make([]int64, a.cfg.Regions)
+	}
 	for o, st := range a.states {
 		if o == a.r {
 			continue
@@ -453,11 +457,16 @@ func (a *Agent) receive(now time.Time) {
 			tokens += a.accrued(ap.Moves, a.movesIn[o], t-skew)
 			a.movesIn[o] = max(a.movesIn[o], ap.Given[a.r])
 		}
+		var later int64
 		for _, f := range ap.Future {
 			if f.To == a.r && f.At+skew > t {
-				got -= f.Units
+				later += f.Units
 				incoming = append(incoming, Grant{To: a.r, Units: f.Units, At: f.At + skew})
 			}
+		}
+		got -= later
+		if inForce != nil {
+			inForce[o] = ap.Given[a.r] - later
 		}
 	}
 	var gave int64
@@ -468,6 +477,12 @@ func (a *Agent) receive(now time.Time) {
 	defer a.mu.Unlock()
 	a.owned = a.cfg.base(a.r) - gave + got
 	a.incoming = incoming
+	if inForce != nil {
+		a.tbl.inForce = inForce
+		if a.tbl.in == nil { // unknown (a board from before): credit none
+			a.tbl.in = slices.Clone(inForce)
+		}
+	}
 	a.carryIn += tokens
 	a.stats.Received = got
 	a.stats.Share = a.owned
