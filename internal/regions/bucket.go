@@ -110,7 +110,7 @@ func (a *Agent) newItem(ctx context.Context, at time.Time, s int64, prepare bool
 // grant is listed in the region's entry (State.Moves) for its receiver to
 // add what it refilled in transit (accrued).
 func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
-	g := a.planNow(false)
+	g := a.planNow(now, false)
 	var give int64
 	for _, u := range g {
 		give += u

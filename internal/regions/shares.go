@@ -302,6 +302,9 @@ type Agent struct {
 	// brokenAccrue: a bucket's grant arrives as if in transit for an
 	// hour (full: the tokens its capacity holds, refilled or not).
 	brokenAccrue bool
+	// brokenStale: the plan counts a stale entry's demand (planView), as
+	// before.
+	brokenStale bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -512,9 +515,38 @@ func (a *Agent) estimate(now time.Time) {
 	a.last = now
 }
 
-// ownView is the states with this region's own entry as it stands.
-func (a *Agent) planNow(giving bool) []int64 {
-	return a.cfg.plan(a.r, a.states, giving)
+// planNow is the plan at now (plan), on planView.
+func (a *Agent) planNow(now time.Time, giving bool) []int64 {
+	return a.cfg.plan(a.r, a.planView(now), giving)
+}
+
+// planView is the states the plan reads at now: as read, but the demand
+// of another region's entry that is stale (published more than
+// StaleEntry before) counted as none. Such a region's agent stopped (its
+// region no longer decides the key, so nothing ticks it) or its entries
+// stopped replicating: counting its last demand held capacity for it,
+// and the others' plans went on giving it units nobody would use or
+// give back until it ticked again. Its grants (Given) are facts and still
+// count; only its target falls to the floor, so the others give it
+// nothing and keep more (a plan only decides what a region gives out of
+// what it holds: never over does not depend on it).
+func (a *Agent) planView(now time.Time) []State {
+	states := a.states
+	for o, st := range a.states {
+		if a.stale(o, st, now.UnixNano()) && !a.brokenStale {
+			if &states[0] == &a.states[0] {
+				states = slices.Clone(a.states) // the entries' slices are shared, read only
+			}
+			states[o].Demand = 0
+		}
+	}
+	return states
+}
+
+// stale reports whether region o's entry st, as read, shows demand yet
+// was published more than StaleEntry (and Skew, the clocks) before t.
+func (a *Agent) stale(o int, st State, t int64) bool {
+	return o != a.r && st.Seq > 0 && st.Demand > 0 && t-st.At > int64(StaleEntry+a.cfg.Skew)
 }
 
 // giveWindow withholds what the plan gives (lowering the cap, waiting
@@ -528,7 +560,7 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 	own := &a.states[a.r]
 	own.Future = slices.DeleteFunc(own.Future, func(f Grant) bool { return f.At <= now.UnixNano() })
 	a.mu.Unlock()
-	g := a.planNow(giving)
+	g := a.planNow(now, giving)
 	var want int64
 	for _, u := range g {
 		want += u
