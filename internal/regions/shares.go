@@ -127,7 +127,7 @@ type State struct {
 type Move struct {
 	To     int   `json:"o"`
 	Units  int64 `json:"u"`
-	Tokens int64 `json:"k"`
+	Tokens int64 `json:"k,omitempty"`
 	At     int64 `json:"t"`
 	Upto   int64 `json:"n"`
 }
