@@ -71,6 +71,11 @@ type TableStats struct {
 	// Carries is the rebases whose old item's free tokens it moved
 	// (Moved: the tokens it claimed).
 	Carries, Moved int64
+	// Refilled is the tokens the bucket's new items held at their first
+	// stamps for their grants' refill in transit (rebaseTable), and
+	// RefilledFromTick what they would have held counted from the tick
+	// that started each raise (as before the giver's stamp was used).
+	Refilled, RefilledFromTick int64
 	// ResumedPending is the units withheld for a window grant, and
 	// ResumedRebases the rebases under way, on record when it took the
 	// role (a predecessor's, finished by this agent).
@@ -585,8 +590,12 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	if err != nil {
 		return err
 	}
+	var fromTick int64
 	if it.own != nil {
 		credit, units := a.transit(in, inForce, from)
+		if raise > 0 {
+			fromTick = min(a.cfg.refilled(raise, time.Duration(from-now.UnixNano())), s)
+		}
 		if raise > units {
 			credit += a.cfg.refilled(raise-units, time.Duration(from-now.UnixNano()))
 		}
@@ -602,6 +611,7 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 			}
 		}
 	}
+	tb.count(func(st *TableStats) { st.Refilled += it.extra; st.RefilledFromTick += fromTick })
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.items = append(a.items, it)
