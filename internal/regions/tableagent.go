@@ -548,8 +548,12 @@ func (a *Agent) giveBucketTable(ctx context.Context, now time.Time) error {
 		// (their refill in transit in it: rebaseTable), or joined a
 		// share that kept its rate (units received and given at once):
 		// they have left transit. Not so while a rebase is under way
-		// or when one failed (its item is not listed).
-		a.tbl.in = slices.Clone(a.tbl.inForce)
+		// or when one failed (its item is not listed). Never back: a
+		// view of a giver older than the board's (a successor's) must
+		// not credit its grants again.
+		for o, f := range a.tbl.inForce {
+			a.tbl.in[o] = max(a.tbl.in[o], f)
+		}
 	}
 	if errors.Is(err, errRebasing) {
 		err = nil
