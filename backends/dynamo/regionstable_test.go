@@ -431,18 +431,50 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 // and the decisions failed (no valid entry, or a store request past the
 // 1 s deadline). SLUICE_SHARES_TIMES sets other table times
 // (benchTableTimes); SLUICE_SHARES_TRACE=1 logs each table run second by
-// second (traceRun).
+// second (traceRun); SLUICE_SHARES_MOVES lists the lengths of the moving
+// split's runs (default 30s; any other, e.g. "30s,60s", is named
+// .../<split>/<length>/<path>).
 func BenchmarkRegionSharesTable(b *testing.B) {
 	g, table, eps := startEventual(b)
 	times := benchTableTimes(b)
+	moves := []time.Duration{30 * time.Second}
+	if v := os.Getenv("SLUICE_SHARES_MOVES"); v != "" {
+		moves = nil
+		for _, f := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(f)
+			if err != nil || d <= 0 {
+				b.Fatalf("SLUICE_SHARES_MOVES: %q is not a duration", f)
+			}
+			moves = append(moves, d)
+		}
+	}
 	b.Logf("table times: refresh %v, flush %v, validity %v, deadline %v, lock life %v", times.Refresh, times.Flush, times.Validity, times.Deadline, times.LockLife)
+	type run struct {
+		name        string
+		split, then []float64
+		dur         time.Duration
+	}
+	var runs []run
+	for _, s := range shareSplits {
+		if s.then == nil {
+			runs = append(runs, run{s.name, s.split, nil, 30 * time.Second})
+			continue
+		}
+		for _, d := range moves {
+			name := s.name
+			if d != 30*time.Second {
+				name += fmt.Sprintf("/%gs", d.Seconds())
+			}
+			runs = append(runs, run{name, s.split, s.then, d})
+		}
+	}
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
-		for _, s := range shareSplits {
+		for _, s := range runs {
 			for _, path := range []string{"memory", "table"} {
 				b.Run(string(alg)+"/"+s.name+"/"+path, func(b *testing.B) {
 					for i := range b.N {
 						d := regionDemand{Name: fmt.Sprintf("rst/%s/%s/%s/%d-%d", alg, s.name, path, i, time.Now().UnixNano()), Split: s.split, Then: s.then,
-							Rate: 1.2 * regionRate, Duration: 30 * time.Second, Alg: alg}
+							Rate: 1.2 * regionRate, Duration: s.dur, Alg: alg}
 						if s.then != nil {
 							d.Duration /= 2
 						}

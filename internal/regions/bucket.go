@@ -43,7 +43,8 @@ import (
 // its units, up to them, and the receiver adds what it holds to its new
 // item with the tokens carried (accrued). So the rate given is in some
 // bucket at every stamp but between the receiver's tick and its new
-// item's first stamp.
+// item's first stamp. Through the table the receiver's new item holds
+// what the grants refilled up to its own first stamp (transit).
 
 // bucketItem is a bucket share on its item, for stamps from from on.
 type bucketItem struct {
@@ -109,7 +110,7 @@ func (a *Agent) newItem(ctx context.Context, at time.Time, s int64, prepare bool
 // grant is listed in the region's entry (State.Moves) for its receiver to
 // add what it refilled in transit (accrued).
 func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
-	g := a.planNow(false)
+	g := a.planNow(now, false)
 	var give int64
 	for _, u := range g {
 		give += u
@@ -154,8 +155,16 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 		own.Given[o] += u
 		k := excess * u / give
 		own.Tokens[o] += k
-		if a.tbl == nil { // through the table no tokens travel (rebase)
+		if a.tbl == nil {
 			own.Moves = append(own.Moves, Move{To: o, Units: u, Tokens: k, At: at, Upto: own.Given[o]})
+		} else if it := a.items[len(a.items)-1]; it.from > now.UnixNano() {
+			// Through the table no tokens travel (rebase), and the rate
+			// given leaves the region's bucket at its new item's first
+			// stamp. A grant made without a new item ahead (units
+			// received and given at once: the region's rate unchanged)
+			// is not listed: its receiver counts its refill from its
+			// own tick, as before.
+			own.Moves = append(own.Moves, Move{To: o, Units: u, At: it.from, Upto: own.Given[o]})
 		}
 	}
 	if n := len(own.Moves); n > moveMax {

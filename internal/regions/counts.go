@@ -23,7 +23,8 @@ type Counts struct {
 	// (decided by the rule's fail mode); StaleEntries the other regions'
 	// entries a tick read that show demand but were published more than
 	// StaleEntry ago (an agent that stopped while its region's demand
-	// was up: the plans here still count that demand).
+	// was up, or entries that stopped replicating: the plans here count
+	// that demand as none).
 	Stale, StaleEntries int64
 	// Sweeps is the sweeps run; Expired the listings they read out of
 	// force; Wanted the most keys the other regions listed in force in
@@ -35,8 +36,15 @@ type Counts struct {
 }
 
 // StaleEntry is how old another region's entry that shows demand may be
-// before a tick counts it stale: ten validities (its agent ticks every
-// 250 ms while its region decides the key).
+// before a tick counts it stale, and the plans count its demand as none
+// (planView): ten validities. A region that decides the key publishes
+// at least every validity (1 s: its processes need an entry valid at
+// their stamps; its agent ticks every 250 ms while they decide), and
+// its entry is read a replication lag later (about a second), so a live
+// region's entry is about 2 s old at most; 10 s leaves room for
+// replication several seconds slow before a live region's demand is
+// ignored (it would then receive nothing until its entries arrive:
+// under-admits), while a stopped one is given units for 10 s at most.
 const StaleEntry = 10 * time.Second
 
 // DefaultReportEvery is how often a limit's counts are reported by
@@ -142,7 +150,7 @@ func (k *Keys) tick(ctx context.Context, ks *keyShare, now time.Time) error {
 func (a *Agent) staleEntries(t int64) int64 {
 	var n int64
 	for o, st := range a.states {
-		if o != a.r && st.Seq > 0 && st.Demand > 0 && t-st.At > int64(StaleEntry) {
+		if a.stale(o, st, t) {
 			n++
 		}
 	}

@@ -127,7 +127,7 @@ type State struct {
 type Move struct {
 	To     int   `json:"o"`
 	Units  int64 `json:"u"`
-	Tokens int64 `json:"k"`
+	Tokens int64 `json:"k,omitempty"`
 	At     int64 `json:"t"`
 	Upto   int64 `json:"n"`
 }
@@ -302,6 +302,9 @@ type Agent struct {
 	// brokenAccrue: a bucket's grant arrives as if in transit for an
 	// hour (full: the tokens its capacity holds, refilled or not).
 	brokenAccrue bool
+	// brokenStale: the plan counts a stale entry's demand (planView), as
+	// before.
+	brokenStale bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -436,6 +439,10 @@ func (a *Agent) receive(now time.Time) {
 	t, skew := now.UnixNano(), int64(a.cfg.Skew)
 	var got, tokens int64
 	var incoming []Grant
+	var inForce []int64 // through the table, a bucket's: per giver
+	if a.cfg.Bucket != nil && a.tbl != nil {
+		inForce = make([]int64, a.cfg.Regions)
+	}
 	for o, st := range a.states {
 		if o == a.r {
 			continue
@@ -453,11 +460,16 @@ func (a *Agent) receive(now time.Time) {
 			tokens += a.accrued(ap.Moves, a.movesIn[o], t-skew)
 			a.movesIn[o] = max(a.movesIn[o], ap.Given[a.r])
 		}
+		var later int64
 		for _, f := range ap.Future {
 			if f.To == a.r && f.At+skew > t {
-				got -= f.Units
+				later += f.Units
 				incoming = append(incoming, Grant{To: a.r, Units: f.Units, At: f.At + skew})
 			}
+		}
+		got -= later
+		if inForce != nil {
+			inForce[o] = ap.Given[a.r] - later
 		}
 	}
 	var gave int64
@@ -468,6 +480,12 @@ func (a *Agent) receive(now time.Time) {
 	defer a.mu.Unlock()
 	a.owned = a.cfg.base(a.r) - gave + got
 	a.incoming = incoming
+	if inForce != nil {
+		a.tbl.inForce = inForce
+		if a.tbl.in == nil { // unknown (a board from before): credit none
+			a.tbl.in = slices.Clone(inForce)
+		}
+	}
 	a.carryIn += tokens
 	a.stats.Received = got
 	a.stats.Share = a.owned
@@ -497,9 +515,38 @@ func (a *Agent) estimate(now time.Time) {
 	a.last = now
 }
 
-// ownView is the states with this region's own entry as it stands.
-func (a *Agent) planNow(giving bool) []int64 {
-	return a.cfg.plan(a.r, a.states, giving)
+// planNow is the plan at now (plan), on planView.
+func (a *Agent) planNow(now time.Time, giving bool) []int64 {
+	return a.cfg.plan(a.r, a.planView(now), giving)
+}
+
+// planView is the states the plan reads at now: as read, but the demand
+// of another region's entry that is stale (published more than
+// StaleEntry before) counted as none. Such a region's agent stopped (its
+// region no longer decides the key, so nothing ticks it) or its entries
+// stopped replicating: counting its last demand held capacity for it,
+// and the others' plans went on giving it units nobody would use or
+// give back until it ticked again. Its grants (Given) are facts and still
+// count; only its target falls to the floor, so the others give it
+// nothing and keep more (a plan only decides what a region gives out of
+// what it holds: never over does not depend on it).
+func (a *Agent) planView(now time.Time) []State {
+	states := a.states
+	for o, st := range a.states {
+		if a.stale(o, st, now.UnixNano()) && !a.brokenStale {
+			if &states[0] == &a.states[0] {
+				states = slices.Clone(a.states) // the entries' slices are shared, read only
+			}
+			states[o].Demand = 0
+		}
+	}
+	return states
+}
+
+// stale reports whether region o's entry st, as read, shows demand yet
+// was published more than StaleEntry (and Skew, the clocks) before t.
+func (a *Agent) stale(o int, st State, t int64) bool {
+	return o != a.r && st.Seq > 0 && st.Demand > 0 && t-st.At > int64(StaleEntry+a.cfg.Skew)
 }
 
 // giveWindow withholds what the plan gives (lowering the cap, waiting
@@ -513,7 +560,7 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 	own := &a.states[a.r]
 	own.Future = slices.DeleteFunc(own.Future, func(f Grant) bool { return f.At <= now.UnixNano() })
 	a.mu.Unlock()
-	g := a.planNow(giving)
+	g := a.planNow(now, giving)
 	var want int64
 	for _, u := range g {
 		want += u

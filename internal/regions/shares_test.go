@@ -489,3 +489,108 @@ func TestSharesAccrued(t *testing.T) {
 		}
 	}
 }
+
+// TestSharesStaleDemand: three regions of a window of 1,000 (memory
+// ledger, lag 250 ms, ticks every 250 ms, no decisions: the demand is
+// offered to the agents). Regions 0 and 1 ask 100 a second; region 2
+// asks 100 a second for its first second, then its agent stops (its
+// entry, showing 100 a second, stops changing). At stop, region 0's
+// demand stops: its surplus is given to the regions short of their
+// targets. While region 2's entry is within StaleEntry of its
+// publication, the others' plans count its demand (its target, as
+// regions 0 and 1 read it, stays near a third) and region 0 gives it a
+// part; past it, they count none (its target falls to the floor) and
+// region 0 gives it nothing: all goes to region 1. With the plans
+// counting a stale entry's demand (brokenStale, as before), region 0
+// gives region 2 a part past the bound too.
+func TestSharesStaleDemand(t *testing.T) {
+	const lastTick = time.Second // region 2's agent's last tick
+	for _, c := range []struct {
+		name   string
+		stop   time.Duration // region 0's demand stops
+		broken bool
+		toDead bool // region 0 gives region 2 units after stop
+	}{
+		{"before-the-bound", 5 * time.Second, false, true},
+		{"past-the-bound", lastTick + StaleEntry + 2*time.Second, false, false},
+		{"past-the-bound/broken", lastTick + StaleEntry + 2*time.Second, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := t.Context()
+			now := simStart
+			ledger := &simLedger{hist: make([][]State, 3), lag: 250 * time.Millisecond, now: &now}
+			var agents [3]*Agent
+			for r := range agents {
+				a, err := NewAgent(simWindow, r, ledger, memStore(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.brokenStale = c.broken
+				agents[r] = a
+			}
+			units := float64(simWindow.units())
+			var givenAtStop, freshTicks, staleTicks int64
+			end := c.stop + 3*time.Second
+			for at := time.Duration(0); at < end; at += 250 * time.Millisecond {
+				now = simStart.Add(at)
+				if at == c.stop {
+					givenAtStop = agents[0].states[0].Given[2]
+				}
+				for r, a := range agents {
+					if r == 2 && at > lastTick {
+						continue // stopped
+					}
+					if r != 0 || at < c.stop {
+						a.offered.Add(25) // 100 a second
+					}
+					if err := a.Tick(ctx, now); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// The targets regions 0 and 1 plan by.
+				published := agents[2].states[2].At
+				for _, r := range []int{0, 1} {
+					a := agents[r]
+					read := a.states[2]
+					if read.Demand == 0 {
+						continue // not yet estimated
+					}
+					tg := simWindow.targets(a.planView(now))[2]
+					stale := now.UnixNano()-read.At > int64(StaleEntry)
+					if read.At != published && at > lastTick+ledger.lag {
+						t.Fatalf("%v: region %d read region 2's entry of %v, not its last", at, r, time.Unix(0, read.At).Sub(simStart))
+					}
+					if stale {
+						staleTicks++
+					} else {
+						freshTicks++
+					}
+					switch {
+					case !stale && tg < units/5:
+						t.Errorf("%v: region %d plans region 2's target %.0f, its entry %v old (within the bound)", at, r, tg, now.Sub(time.Unix(0, read.At)))
+					case stale && !c.broken && tg > 0.02*units:
+						t.Errorf("%v: region %d plans region 2's target %.0f, its entry %v old (past the bound)", at, r, tg, now.Sub(time.Unix(0, read.At)))
+					case stale && c.broken && tg < units/5:
+						t.Errorf("%v: counting stale demand, region %d plans region 2's target %.0f", at, r, tg)
+					}
+				}
+			}
+			gave := agents[0].states[0].Given
+			toDead := gave[2] - givenAtStop
+			t.Logf("region 0 gave %v in all, %d to region 2 after its demand stopped at %v; region 2's entry published at %v; shares %d %d %d; targets checked on %d ticks within the bound, %d past",
+				gave, toDead, c.stop, time.Unix(0, agents[2].states[2].At).Sub(simStart), agents[0].owned, agents[1].owned, agents[2].owned, freshTicks, staleTicks)
+			if freshTicks == 0 || c.stop > lastTick+StaleEntry && staleTicks == 0 {
+				t.Fatalf("targets checked on %d ticks within the bound, %d past it", freshTicks, staleTicks)
+			}
+			if gave[1] == 0 {
+				t.Fatalf("region 0 gave region 1 nothing: %+v", agents[0].Stats())
+			}
+			if c.toDead && toDead == 0 {
+				t.Errorf("region 0 gave region 2 nothing after %v (its entry within the bound, or counted as before)", c.stop)
+			}
+			if !c.toDead && toDead != 0 {
+				t.Errorf("region 0 gave region 2, stopped %v before, %d units after %v", c.stop-lastTick, toDead, c.stop)
+			}
+		})
+	}
+}

@@ -187,6 +187,12 @@ type board struct {
 	// when it may try to list it again (wants.go).
 	Wants    bool  `json:"w,omitempty"`
 	WantsTry int64 `json:"wt,omitempty"`
+	// In is, per giving region, its running total of a bucket's units
+	// given this one through which the grants have left transit: their
+	// refill in transit is in an item listed here, or they joined a
+	// share that kept its rate (transit). Written with the items, so a
+	// successor credits no grant twice.
+	In []int64 `json:"mi,omitempty"`
 }
 
 // tableItem is the region's item as read.

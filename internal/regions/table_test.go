@@ -2,7 +2,9 @@ package regions
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,9 +12,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // testTable returns a client of the shared DynamoDB Local and a new table
@@ -162,95 +166,242 @@ func TestSharesTableWait(t *testing.T) {
 
 // TestSharesTableRaise: through the table (as TestSharesTableWait), two
 // regions of a bucket of 22 (20 units shared), refilled 10 a second.
-// Region 1 spends all it has; region 0, idle, gives it its surplus. Region
-// 1's raise takes over a validity on, its new item empty there: the carry
-// adds the old item's free tokens and what the raise's units refilled
-// since the tick that started it (at their part of the rate), no more.
-// The tokens in the new item as it takes over are read from the store. A
-// broken agent that adds the raise's whole units, refilled or not, puts
-// more there (the check sees it).
+// Region 1 spends all it has; region 0, idle, gives it its surplus,
+// listing the grant (State.Moves) with the stamp its own rate left (its
+// new item's first). Region 1's raise takes over a validity after its
+// tick, its new item empty there: it holds what each grant refilled in
+// transit, from its giver's stamp to the new item's first, at most its
+// units (the giver's rate, in no item meanwhile), and the carry adds the
+// old item's free tokens, up to the new capacity. The tokens in the new
+// item as it takes over are read from the store and must be exactly
+// that count, computed from the stamps; they are checked against the
+// bound never over rests on (each grant a bucket of its units refilled at
+// their rate while in transit, and the old item's tokens).
+//
+//   - in-time: region 1 ticks every 100 ms and takes the grant at its
+//     first tick after it is in force;
+//   - late: region 1 reads it 600 ms after it is in force (as a
+//     replication lag would have it): the transit refill is more than a
+//     refill from its tick;
+//   - restart: as late, but region 1's save of the raise is lost; a
+//     successor takes the role over and makes the raise again: its item
+//     holds the refill once, the lost attempt's item is never listed, and
+//     the board records the grant as out of transit, so a later rebase
+//     credits nothing of it again;
+//   - broken-whole: a raise that adds its whole units, refilled or not;
+//   - broken-accrued: grants counted as in transit for an hour (full):
+//     both put more in the item than the bound (the check sees it).
 func TestSharesTableRaise(t *testing.T) {
 	client, table := testTable(t)
 	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 22, RefillTime: 100 * time.Millisecond, RefillAmount: 1}
 	cfg := Config{Regions: 2, Key: "k", Bucket: &b}
-	for _, broken := range []bool{false, true} {
-		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+	for _, c := range []struct {
+		name                 string
+		late, restart        bool
+		brokenExtra, brokenA bool
+	}{
+		{name: "in-time"},
+		{name: "late", late: true},
+		{name: "restart", late: true, restart: true},
+		{name: "broken-whole", brokenExtra: true},
+		{name: "broken-accrued", late: true, brokenA: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			ctx := t.Context()
 			now := time.Now()
-			name := fmt.Sprintf("raise-%v-%d", broken, now.UnixNano())
+			name := fmt.Sprintf("raise-%s-%d", c.name, now.UnixNano())
 			var agents [2]*Agent
 			var procs [2]*Process
+			var tts [2]Table
+			var stores [2]*memory.Store
+			lossy := &loseSave{TableClient: client}
 			for r := range agents {
-				tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
+				tts[r] = Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
 					Validity: time.Second, Deadline: time.Second, LockLife: 750 * time.Millisecond}
+				tt := tts[r]
+				if r == 1 {
+					tt.Client = lossy
+				}
 				st := memStore(t)
+				stores[r] = st
 				a, err := NewTableAgent(cfg, tt, fmt.Sprintf("r%d", r), st)
 				if err != nil {
 					t.Fatal(err)
 				}
-				a.brokenExtra = broken
+				a.brokenExtra, a.brokenAccrue = c.brokenExtra, c.brokenA
 				agents[r] = a
-				if procs[r], err = NewProcess(cfg, tt, st); err != nil {
+				if procs[r], err = NewProcess(cfg, tts[r], st); err != nil {
 					t.Fatal(err)
 				}
 			}
-			tick := func() {
-				for _, a := range agents {
-					if err := a.Tick(ctx, now); err != nil {
-						t.Fatal(err)
-					}
+			tickOne := func(r int) {
+				t.Helper()
+				if err := agents[r].Tick(ctx, now); err != nil {
+					t.Fatal(err)
 				}
 			}
-			tick()
+			tickOne(0)
+			tickOne(1)
+			// The grant's stamp: its giver's new item's first (0: not
+			// given yet).
+			givenAt := func() int64 {
+				for _, m := range agents[0].states[0].Moves {
+					if m.To == 1 {
+						return m.At
+					}
+				}
+				return 0
+			}
 			// Region 1 spends what it has every 100 ms (its demand is
 			// written with its reads) until its raise is under way.
 			var raised *bucketItem
 			var started time.Time
-			for i := 0; raised == nil && i < 40; i++ {
-				now = now.Add(100 * time.Millisecond)
+			var failed int
+			for i := 0; raised == nil && i < 60; i++ {
+				// Never behind the wall clock: a decision's requests end
+				// by its stamp plus the Deadline (a loaded host).
+				if now = now.Add(100 * time.Millisecond); now.Before(time.Now()) {
+					now = time.Now()
+				}
 				for range 10 {
-					if _, err := procs[1].AllowN(ctx, "k", now, 1); err != nil {
+					if _, err := procs[1].AllowN(ctx, "k", now, 1); errors.Is(err, storage.ErrUnavailable) {
+						failed++ // no valid entry, or past the deadline: as the rule's fail mode
+					} else if err != nil {
 						t.Fatal(err)
 					}
 				}
-				tick()
+				tickOne(0)
+				if at := givenAt(); c.late && at != 0 && now.UnixNano() >= at && now.UnixNano() < at+int64(600*time.Millisecond) {
+					continue // region 1 reads the grant late
+				}
+				if c.restart && givenAt() != 0 && now.UnixNano() >= givenAt() {
+					lossy.lose.Store(true) // the save of the tick that raises
+				}
+				err := agents[1].Tick(ctx, now)
 				a := agents[1]
 				a.mu.Lock()
 				if len(a.items) > 1 && a.items[1].share > a.items[0].share {
 					raised, started = a.items[1], now
 				}
 				a.mu.Unlock()
+				if lossy.lost.Load() {
+					if raised == nil || err == nil {
+						t.Fatalf("a save was lost, yet raised %v, error %v", raised != nil, err)
+					}
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
 			}
 			if raised == nil {
 				t.Fatalf("region 1 never raised its share: %+v, region 0 %+v", agents[1].Stats(), agents[0].Stats())
 			}
+			if failed > 0 {
+				t.Logf("%d of region 1's decisions failed as an unavailable store (a loaded host)", failed)
+			}
+			if c.restart {
+				// The holder stops; a successor (another process's agent)
+				// takes the role once it lapses and makes the raise again.
+				lost := raised
+				succ, err := NewTableAgent(cfg, tts[1], "r1-next", stores[1])
+				if err != nil {
+					t.Fatal(err)
+				}
+				agents[1], raised = succ, nil
+				for i := 0; raised == nil && i < 40; i++ {
+					now = now.Add(100 * time.Millisecond)
+					tickOne(0)
+					tickOne(1)
+					succ.mu.Lock()
+					if len(succ.items) > 1 && succ.items[1].share > succ.items[0].share {
+						raised, started = succ.items[1], now
+					}
+					succ.mu.Unlock()
+				}
+				if raised == nil || succ.TableStats().Takeovers != 1 {
+					t.Fatalf("no successor raised region 1's share: %+v %+v", succ.Stats(), succ.TableStats())
+				}
+				if raised.key == lost.key {
+					t.Fatalf("the successor listed the lost attempt's item %q", lost.key)
+				}
+				t.Logf("the lost attempt's item %s (never listed) held %d refilled; the successor's is %s", lost.key, lost.extra, raised.key)
+			}
+			movedBefore := agents[1].TableStats().Moved
 			// No decision from here on: the carry is the only change.
 			for now.UnixNano() < raised.from {
 				now = now.Add(100 * time.Millisecond)
-				tick()
+				tickOne(0)
+				tickOne(1)
 			}
-			moved := agents[1].TableStats().Moved
+			moved := agents[1].TableStats().Moved - movedBefore
 			at := time.Unix(0, raised.from)
 			d, err := raised.own.Get(ctx, raised.key, at)
 			if err != nil {
 				t.Fatal(err)
 			}
-			raise := raised.share - (cfg.units() / 2)
-			due := float64(raise) / float64(cfg.units()) * 10 * at.Sub(started).Seconds()
-			t.Logf("region 1's raise to %d (by %d) from %v after its tick: %d tokens there (moved %d, refilled %.1f)", raised.share, raise,
-				at.Sub(started), d.Remaining, moved, due)
-			if float64(d.Remaining) > float64(moved)+due {
-				if !broken {
-					t.Errorf("the new item holds %d tokens as it takes over, more than the old item's %d and the raise's refill %.1f", d.Remaining, moved, due)
+			// What the raise's grants refilled in transit, from the
+			// stamps: a grant of g from its giver's stamp A to at
+			// refills floor(g * 1 * (at - A) / (20 * 100 ms)), at most g.
+			raise := raised.share - cfg.base(1)
+			var transit, listed int64
+			for _, m := range agents[0].states[0].Moves {
+				if m.To == 1 && m.Upto <= raise {
+					transit += min(m.Units, m.Units*(raised.from-m.At)/(cfg.units()*int64(b.RefillTime)))
+					listed += m.Units
+				}
+			}
+			if listed != raise {
+				t.Fatalf("region 0 listed %d units to region 1, the raise is %d", listed, raise)
+			}
+			fromTick := cfg.refilled(raise, at.Sub(started)) // the refill counted from region 1's tick, before
+			want := transit + min(moved, raised.share-transit)
+			bound := transit + moved
+			t.Logf("region 1's raise to %d (by %d), in force %v after its tick: %d tokens there (moved %d; the grants refilled %d in transit, %d from the tick; want %d, bound %d)",
+				raised.share, raise, at.Sub(started), d.Remaining, moved, transit, fromTick, want, bound)
+			if broken := c.brokenExtra || c.brokenA; broken {
+				if d.Remaining <= bound {
+					t.Errorf("a broken raise: the new item holds %d, within the bound %d", d.Remaining, bound)
 				}
 				return
 			}
-			if broken {
-				t.Errorf("a raise that adds its whole units: the new item holds %d, within %d moved and %.1f refilled", d.Remaining, moved, due)
+			if d.Remaining > bound {
+				t.Errorf("the new item holds %d tokens as it takes over, more than the bound %d (the old item's %d and the transit's %d)", d.Remaining, bound, moved, transit)
 			}
-			if d.Remaining < int64(due)-1 {
-				t.Errorf("the new item holds %d tokens, want about %.1f of the raise's refill", d.Remaining, due)
+			if d.Remaining != want {
+				t.Errorf("the new item holds %d tokens, want %d (%d refilled in transit, %d moved)", d.Remaining, want, transit, moved)
+			}
+			if c.late && transit <= fromTick {
+				t.Errorf("read late, the grants refilled %d in transit, no more than %d from region 1's tick", transit, fromTick)
+			}
+			// The grants are out of transit on the board: a later rebase
+			// credits none of them again.
+			it, err := tts[1].load(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(it.board.In) != 2 || it.board.In[0] != raise {
+				t.Errorf("the board's In is %v, want [%d 0]", it.board.In, raise)
+			}
+			if got, units := agents[1].transit(it.board.In, []int64{raise, 0}, raised.from+int64(time.Hour)); got != 0 || units != 0 {
+				t.Errorf("a later rebase would credit %d tokens of %d units again", got, units)
 			}
 		})
 	}
+}
+
+// loseSave is a table client whose agent save is lost once when lose is
+// set (the write not made, an error returned), as a holder's write that
+// never reached the table.
+type loseSave struct {
+	TableClient
+	lose, lost atomic.Bool
+}
+
+func (c *loseSave) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, opts ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if in.ConditionExpression != nil && *in.ConditionExpression == "ep = :ep" && c.lose.CompareAndSwap(true, false) {
+		c.lost.Store(true)
+		return nil, errors.New("test: the save was lost")
+	}
+	return c.TableClient.UpdateItem(ctx, in, opts...)
 }

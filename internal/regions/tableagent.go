@@ -51,6 +51,11 @@ type tableAgent struct {
 	// extends the role from the tick's stamp only, as before.
 	started    time.Time
 	brokenLife bool
+	// in is the board's In (nil: not on the board, set to inForce at
+	// the tick, crediting nothing); inForce, per giving region, its
+	// running total of units given this region in force at the tick
+	// (receive). A bucket's; under the agent's mu.
+	in, inForce []int64
 
 	mu    sync.Mutex
 	stats TableStats
@@ -66,6 +71,11 @@ type TableStats struct {
 	// Carries is the rebases whose old item's free tokens it moved
 	// (Moved: the tokens it claimed).
 	Carries, Moved int64
+	// Refilled is the tokens the bucket's new items held at their first
+	// stamps for their grants' refill in transit (rebaseTable), and
+	// RefilledFromTick what they would have held counted from the tick
+	// that started each raise (as before the giver's stamp was used).
+	Refilled, RefilledFromTick int64
 	// ResumedPending is the units withheld for a window grant, and
 	// ResumedRebases the rebases under way, on record when it took the
 	// role (a predecessor's, finished by this agent).
@@ -263,6 +273,10 @@ func (a *Agent) resume(it tableItem) error {
 	}
 	tb.maxUntil, tb.seq, tb.seen = b.MaxUntil, b.Entry.Seq, it.demand
 	tb.listed, tb.wantsTry = b.Wants, b.WantsTry
+	tb.in, tb.inForce = nil, nil
+	if len(b.In) == a.cfg.Regions {
+		tb.in = slices.Clone(b.In)
+	}
 	if b.Tick != 0 {
 		a.last = time.Unix(0, b.Tick)
 	}
@@ -307,6 +321,7 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	b.Entry = Entry{Seq: tb.seq + 1, Until: t + int64(tb.t.Validity)}
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
+		b.In = slices.Clone(tb.in)
 		for _, it := range a.items {
 			b.Entry.Items = append(b.Entry.Items, ItemStep{Key: it.key, From: it.from, Share: it.share, Extra: it.extra})
 		}
@@ -526,11 +541,23 @@ func (a *Agent) giveBucketTable(ctx context.Context, now time.Time) error {
 	before := slices.Clone(own.Given)
 	a.mu.Unlock()
 	err := a.giveBucket(ctx, now)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err == nil && a.tbl.inForce != nil {
+		// The grants in force are in the share of the item now last
+		// (their refill in transit in it: rebaseTable), or joined a
+		// share that kept its rate (units received and given at once):
+		// they have left transit. Not so while a rebase is under way
+		// or when one failed (its item is not listed). Never back: a
+		// view of a giver older than the board's (a successor's) must
+		// not credit its grants again.
+		for o, f := range a.tbl.inForce {
+			a.tbl.in[o] = max(a.tbl.in[o], f)
+		}
+	}
 	if errors.Is(err, errRebasing) {
 		err = nil
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if at := a.items[len(a.items)-1].from; at > t {
 		for o, g := range own.Given {
 			if d := g - before[o]; d > 0 {
@@ -545,17 +572,20 @@ func (a *Agent) giveBucketTable(ctx context.Context, now time.Time) error {
 // empty at its first stamp, takes over from a stamp no earlier than the
 // validity of every entry published so far (no process decides a stamp
 // from then on by an entry without it). The carry is made by a later
-// tick (carryTable). A raise's units are the region's from now (grants in
-// force), yet refill in no item until the new one takes over: the new
-// item holds at its first stamp what they would have refilled meanwhile
-// (extra, at most them), as a bucket of their capacity at their rate
-// would have saved; put there before the item is listed, they are added
-// once whoever makes the carry.
+// tick (carryTable). The grants in force since the last item (all in
+// its share) refill in no region's item from the stamp their giver's
+// rate left (its new item's first, Move.At) until the new one takes
+// over: the new item holds at its first stamp what they refilled
+// meanwhile (extra: transit, each at most its units), as a bucket of
+// their capacity at their rate would have; a raise's units no giver
+// listed count from now. Put there before the item is listed (with the
+// board's In past them), they are added once whoever makes the carry.
 func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	tb := a.tbl
 	a.mu.Lock()
 	busy, from := len(a.items) > 1, max(now.Add(a.ahead).UnixNano(), tb.maxUntil)
 	raise := s - a.items[len(a.items)-1].share
+	in, inForce := slices.Clone(tb.in), slices.Clone(tb.inForce)
 	a.mu.Unlock()
 	if busy {
 		return errRebasing
@@ -564,9 +594,17 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	if err != nil {
 		return err
 	}
-	if raise > 0 && it.own != nil {
-		it.extra = min(a.cfg.refilled(raise, time.Duration(from-now.UnixNano())), s)
-		if a.brokenExtra {
+	var fromTick int64
+	if it.own != nil {
+		credit, units := a.transit(in, inForce, from)
+		if raise > 0 {
+			fromTick = min(a.cfg.refilled(raise, time.Duration(from-now.UnixNano())), s)
+		}
+		if raise > units {
+			credit += a.cfg.refilled(raise-units, time.Duration(from-now.UnixNano()))
+		}
+		it.extra = min(credit, s)
+		if a.brokenExtra && raise > 0 {
 			it.extra = raise
 		}
 		// In the item before it is listed: a successor that redoes the
@@ -577,12 +615,40 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 			}
 		}
 	}
+	tb.count(func(st *TableStats) { st.Refilled += it.extra; st.RefilledFromTick += fromTick })
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.items = append(a.items, it)
 	tb.items[it.key] = it
 	a.stats.Rebases++
 	return nil
+}
+
+// transit is what the grants to this region in force since in (per
+// giver, its running total given this region; to inForce) refilled in
+// transit until from, this region's new item's first stamp: each listed
+// in its giver's entry (Move, no tokens carried through the table) is a
+// bucket of its units refilled at their rate from its giver's stamp At
+// until from less Skew, at most its units (accrued). units is the units
+// of those listed; the rest count from the receiver's tick (rebaseTable).
+func (a *Agent) transit(in, inForce []int64, from int64) (credit, units int64) {
+	if len(in) != a.cfg.Regions || len(inForce) != a.cfg.Regions {
+		return 0, 0
+	}
+	for o, ap := range a.applied {
+		if o == a.r {
+			continue
+		}
+		var ms []Move
+		for _, m := range ap.Moves {
+			if m.To == a.r && m.Upto > in[o] && m.Upto <= inForce[o] && m.Units > 0 {
+				ms = append(ms, m)
+				units += m.Units
+			}
+		}
+		credit += a.accrued(ms, in[o], from-int64(a.cfg.Skew))
+	}
+	return credit, units
 }
 
 // carryTable moves the old item's free tokens to the new one once the new
