@@ -65,6 +65,12 @@ func (c *cache) get(key string) (any, bool) {
 // put stores val for key, evicting the least recently used key of its shard
 // when full. Values are treated as immutable once stored.
 func (c *cache) put(key string, val any) {
+	c.update(key, func(any) any { return val })
+}
+
+// update stores f(the value stored for key, or nil) for key, under the
+// shard's lock, as put does.
+func (c *cache) update(key string, f func(old any) any) {
 	if c == nil {
 		return
 	}
@@ -72,7 +78,7 @@ func (c *cache) put(key string, val any) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if n, ok := sh.m[key]; ok {
-		n.val = val
+		n.val = f(n.val)
 		sh.lru.MoveToFront(n)
 		return
 	}
@@ -81,7 +87,7 @@ func (c *cache) put(key string, val any) {
 		sh.lru.Remove(old)
 		delete(sh.m, old.key)
 	}
-	n := &cacheNode{key: key, val: val}
+	n := &cacheNode{key: key, val: f(nil)}
 	sh.m[key] = n
 	sh.lru.PushFront(n)
 }

@@ -31,8 +31,13 @@ import (
 // characters (12 bits) of the SHA-256 of its Space.
 const prefixChars = 2
 
-// maxPrefixes bounds the spaces a store checks for prefix collisions.
+// maxPrefixes bounds the spaces whose prefixes a store remembers (a
+// memo: the prefix is recomputed past it).
 const maxPrefixes = 4096
+
+// maxItemsChecked bounds the items whose spaces a store remembers to
+// check prefixes against (least recently used forgotten first).
+const maxItemsChecked = 4096
 
 // spacePrefix computes the attribute prefix of a space.
 func spacePrefix(space string) string {
@@ -40,34 +45,59 @@ func spacePrefix(space string) string {
 	return base64.RawURLEncoding.EncodeToString(sum[:3])[:prefixChars]
 }
 
-// prefixes remembers the prefix of every space a store served, to refuse
-// two spaces with the same prefix (their attributes would mix if they ever
-// shared an item).
+// prefixes gives the attribute prefix of each space and refuses two
+// spaces with the same prefix on one item (their attributes would mix).
+// Two spaces on different items never mix, whatever their prefixes: a
+// process may serve any number of spaces (a regional share's bucket is a
+// new space at every share size, on a new item), so the check is per
+// item, over the spaces this store wrote or read there while it
+// remembers the item (the maxItemsChecked most recently used): limits
+// of one rule share their items and are seen together at once.
 type prefixes struct {
 	mu      sync.Mutex
 	bySpace map[string]string
-	owner   map[string]string // prefix -> space
+	items   *cache // item key -> []spaceAt, the spaces seen on it
 }
 
-// prefix returns the attribute prefix of space, or an error wrapping
-// limiter.ErrInvalidConfig when another space this store served has the
-// same one.
-func (p *prefixes) prefix(space string) (string, error) {
+// spaceAt is a space and its attribute prefix.
+type spaceAt struct{ space, pre string }
+
+// prefix returns the attribute prefix of space on the item pk, or an
+// error wrapping limiter.ErrInvalidConfig when another space this store
+// served on that item has the same one.
+func (p *prefixes) prefix(pk, space string) (string, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pre, ok := p.bySpace[space]; ok {
-		return pre, nil
+	pre, ok := p.bySpace[space]
+	if !ok {
+		pre = spacePrefix(space)
+		if p.bySpace == nil {
+			p.bySpace, p.items = map[string]string{}, newCache(maxItemsChecked)
+		}
+		if len(p.bySpace) < maxPrefixes {
+			p.bySpace[space] = pre
+		}
 	}
-	pre := spacePrefix(space)
-	if other, ok := p.owner[pre]; ok {
+	items := p.items
+	p.mu.Unlock()
+	var other string
+	items.update(pk, func(v any) any {
+		seen, _ := v.([]spaceAt)
+		for _, sp := range seen {
+			if sp.space == space {
+				return v
+			}
+			if other == "" && sp.pre == pre {
+				other = sp.space
+			}
+		}
+		if other != "" {
+			return v
+		}
+		return append(slices.Clip(seen), spaceAt{space, pre}) // a new slice: values are immutable once stored
+	})
+	if other != "" {
 		return "", fmt.Errorf("%w: dynamo: limits %q and %q have the same attribute prefix %q and cannot share an item: change one limit's parameters",
 			limiter.ErrInvalidConfig, other, space, pre)
-	}
-	if p.bySpace == nil {
-		p.bySpace, p.owner = map[string]string{}, map[string]string{}
-	}
-	if len(p.bySpace) < maxPrefixes {
-		p.bySpace[space], p.owner[pre] = pre, space
 	}
 	return pre, nil
 }

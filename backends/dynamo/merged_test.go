@@ -91,9 +91,11 @@ func TestHistoryMergedFailsBroken(t *testing.T) {
 	}
 }
 
-// Two limit spaces whose attribute prefixes collide are refused by a store
-// that served one of them (their attributes would mix in a shared item),
-// with an error wrapping limiter.ErrInvalidConfig naming both.
+// Two limit spaces whose attribute prefixes collide are refused on an
+// item where the store served one of them (their attributes would mix),
+// with an error wrapping limiter.ErrInvalidConfig naming both, and both
+// served on items of their own (nothing mixes: a regional share's bucket
+// is a new space, on a new item, at every share size).
 func TestPrefixCollision(t *testing.T) {
 	seen := map[string]string{}
 	var a, b string
@@ -111,9 +113,15 @@ func TestPrefixCollision(t *testing.T) {
 	if _, err := s.Add(ctx, storage.Key{Space: a, Name: key}, 1, 21, 1, time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := s.Add(ctx, storage.Key{Space: b, Name: key + "-other"}, 1, 21, 1, time.Minute); err != nil {
+		t.Fatalf("%q on an item of its own after %q on another (prefix %q): %v; want it served", b, a, dynamo.Attr(a, ""), err)
+	}
 	_, err := s.Add(ctx, storage.Key{Space: b, Name: key}, 1, 21, 1, time.Minute)
 	if !errors.Is(err, limiter.ErrInvalidConfig) || !strings.Contains(err.Error(), a) || !strings.Contains(err.Error(), b) {
-		t.Fatalf("%q after %q (prefix %q): %v; want ErrInvalidConfig naming both", b, a, dynamo.Attr(a, ""), err)
+		t.Fatalf("%q after %q on one item (prefix %q): %v; want ErrInvalidConfig naming both", b, a, dynamo.Attr(a, ""), err)
+	}
+	if _, err := s.Add(ctx, storage.Key{Space: a, Name: key}, 1, 21, 1, time.Minute); err != nil {
+		t.Fatalf("%q again on its item: %v", a, err)
 	}
 }
 

@@ -284,11 +284,12 @@ func itemKey(k storage.Key) string {
 
 // attrsOf is the item key and attribute prefix of k.
 func (s *Store) attrsOf(k storage.Key) (attrs, error) {
-	pre, err := s.prefixes.prefix(k.Space)
+	pk := itemKey(k)
+	pre, err := s.prefixes.prefix(pk, k.Space)
 	if err != nil {
 		return attrs{}, err
 	}
-	return attrs{pk: itemKey(k), pre: pre}, nil
+	return attrs{pk: pk, pre: pre}, nil
 }
 
 func appendEscaped(b []byte, s string) []byte {
