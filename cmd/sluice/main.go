@@ -64,7 +64,9 @@ denying it from its deny cache until that denial's Retry-After.
 
 A rule with scope global on an eventual table (-table-mode eventual) is
 decided on each region's share, not on its key: both commands check
--region and -regions, then refuse (docs/operator.md).
+-region and -regions; inspect then shows that region's share of each
+limit and what is left of it (on -dynamo-table), and reset refuses
+(docs/operator.md).
 
 Flags:
 `
@@ -269,12 +271,16 @@ func runEnv(e env, args []string) error {
 	}
 	rule := doc.Rules[i]
 	rule.Concurrency = nil // leases, not a rate limit: not inspected here
-	if rule.Scope == policy.ScopeGlobal && o.tableMode == config.TableEventual {
+	shares := rule.Scope == policy.ScopeGlobal && o.tableMode == config.TableEventual
+	if shares && o.cmd == "reset" {
 		return o.refuseShares()
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
+	if shares {
+		return inspectShares(ctx, e, o, rule, source)
+	}
 	stores, closeStores, err := buildStores(ctx, o, e, rule)
 	if err != nil {
 		return err

@@ -46,22 +46,11 @@ func (b *Built) buildShares(ddb *dynamodb.Client, metrics *authz.Metrics) (*poli
 		if !ok || ddb == nil {
 			return nil, fmt.Errorf("scope global on an eventual table needs the table: set %s", config.EnvDynamoTable)
 		}
-		cfg := regions.Config{Regions: n, Leases: leases, Skew: SharesSkew}
-		switch l.Algorithm {
-		case policy.TokenBucket:
-			cfg.Bucket = &limiter.TokenBucketConfig{Name: l.Name, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: max(l.RefillAmount, 1)}
-		default: // a sliding window (policy.CheckShares)
-			cfg.Limit, cfg.Window, cfg.SubWindows = l.Limit, l.Window, l.SubWindows
-			if cfg.SubWindows == 0 {
-				cfg.SubWindows = limiter.DefaultSubWindows
-			}
-		}
-		k, err := regions.NewKeys(regions.KeysConfig{
-			Config: cfg,
-			Table:  regions.Table{Client: ddb, Table: env.DynamoTable, Region: env.Region, Deadline: env.Deadline},
-			Prefix: l.Name + ":", Store: store, Holder: holder,
-			Report: func(now time.Time, c regions.Counts) { metrics.Shares(now, sharesLine(l.Name, c)) },
-		})
+		kc := SharesKeys(l, n, leases)
+		kc.Table = regions.Table{Client: ddb, Table: env.DynamoTable, Region: env.Region, Deadline: env.Deadline}
+		kc.Store, kc.Holder = store, holder
+		kc.Report = func(now time.Time, c regions.Counts) { metrics.Shares(now, sharesLine(l.Name, c)) }
+		k, err := regions.NewKeys(kc)
 		if err != nil {
 			return nil, fmt.Errorf("regional shares of %s: %w", l.Name, err)
 		}
@@ -70,6 +59,25 @@ func (b *Built) buildShares(ddb *dynamodb.Client, metrics *authz.Metrics) (*poli
 	}
 	b.Logger.Info("scope global kept as regional shares", "table_mode", env.TableMode, "regions", env.Regions, "region", env.Regions[env.Region])
 	return &policy.Shares{Regions: n, Build: build}, nil
+}
+
+// SharesKeys is the part of l's regional shares among n regions that
+// the rule decides (policy.CheckShares accepted l; leases as
+// policy.Shares.Build is given it): the limit and its prefix in the
+// table. The caller sets the table, the store and, to decide, the holder
+// (sluice inspect reads a region's share with it).
+func SharesKeys(l *policy.Limit, n int, leases bool) regions.KeysConfig {
+	cfg := regions.Config{Regions: n, Leases: leases, Skew: SharesSkew}
+	switch l.Algorithm {
+	case policy.TokenBucket:
+		cfg.Bucket = &limiter.TokenBucketConfig{Name: l.Name, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: max(l.RefillAmount, 1)}
+	default: // a sliding window (policy.CheckShares)
+		cfg.Limit, cfg.Window, cfg.SubWindows = l.Limit, l.Window, l.SubWindows
+		if cfg.SubWindows == 0 {
+			cfg.SubWindows = limiter.DefaultSubWindows
+		}
+	}
+	return regions.KeysConfig{Config: cfg, Prefix: l.Name + ":"}
 }
 
 // holderName names this process in the agent roles it takes: the host,

@@ -30,6 +30,9 @@ type ShareView struct {
 	// until a grant). Withheld is a window's units withheld for grants
 	// to other regions (in the cap from their stamps on; 0 for a bucket).
 	Share, Withheld int64
+	// Ahead are a window's caps the entry holds for later stamps (a
+	// withholding or a grant taking effect), in order.
+	Ahead []CapStep
 	// Counter names what the processes decide on in the store: a
 	// window's counters (the key, '@', the region) or a bucket's item.
 	Counter string
@@ -94,6 +97,11 @@ func (c KeysConfig) Inspect(ctx context.Context, key string, now time.Time) (Sha
 		}
 	}
 	v.Counter = lc.Key + "@" + strconv.Itoa(t.Region)
+	for _, c := range e.Caps {
+		if c.At > stamp {
+			v.Ahead = append(v.Ahead, c)
+		}
+	}
 	cp, _ := e.capAt(stamp)
 	return c.inspectWindow(ctx, lc, min(max(cp, 0), lc.Limit), now, v)
 }

@@ -87,6 +87,9 @@ func TestInspectShare(t *testing.T) {
 	// decision takes it and leaves none).
 	at := base.Add(4500 * time.Millisecond)
 	v := inspect(at)
+	if want := []CapStep{{At: lower.UnixNano(), Cap: 4}}; !reflect.DeepEqual(v.Ahead, want) {
+		t.Errorf("caps ahead %+v; want %+v", v.Ahead, want)
+	}
 	if v.Share != 7 || v.Decision.Limit != 7 || v.Decision.Remaining != 1 || !v.Decision.Allowed || !v.RetryKnown || v.Decision.RetryAfter != 0 {
 		t.Fatalf("under the cap of 7: %+v; want share 7, 1 left, allowed", v)
 	}
