@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -104,32 +105,13 @@ func inspectShares(ctx context.Context, e env, o *options, rule policy.Rule, sou
 		return usageError{fmt.Errorf("rule %s has scope global on an eventual table: its regions' shares are in the state table: give it with -dynamo-table NAME (and -dynamo-endpoint URL for DynamoDB Local)", o.rule)}
 	}
 	names := strings.Split(list, ",")
-	client, err := dynamoClient(ctx, o)
+	p, err := bindShares(ctx, o, rule, source, place, len(names))
 	if err != nil {
 		return err
-	}
-	st, err := dynamo.New(client, dynamo.Config{Table: o.dynamoTable, Timeout: o.timeout})
-	if err != nil {
-		return fmt.Errorf("-dynamo-table: %w", err)
-	}
-	build := func(l *policy.Limit, _ int64, leases bool) (limiter.Limiter, error) {
-		kc := wiring.SharesKeys(l, len(names), leases)
-		kc.Table = regions.Table{Client: client, Table: o.dynamoTable, Region: place}
-		kc.Store = st
-		return &shareLimit{kc: kc}, nil
-	}
-	p, err := policy.New([]policy.Rule{rule}, policy.Options{Stores: map[string]storage.Store{"dynamo": st}, DefaultBackend: "dynamo",
-		Shares: &policy.Shares{Regions: len(names), Build: build}})
-	if err != nil {
-		return fmt.Errorf("%s: %w", source, err)
 	}
 	key, err := renderKey(p, o)
 	if err != nil {
 		return err
-	}
-	lims, defs, err := p.Limits(o.rule, o.tier)
-	if err != nil {
-		return usageError{err}
 	}
 	tier := o.tier
 	if tier == "" {
@@ -137,15 +119,63 @@ func inspectShares(ctx context.Context, e env, o *options, rule policy.Rule, sou
 	}
 	h := shareHeader{header: header{Rule: o.rule, Tier: tier, Key: key}, Region: name, Place: place, Regions: names}
 	now := e.now()
+	rows, err := readShares(ctx, p, o, key, h, list, now)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			shareHeader
+			Shares []shareRow `json:"shares"`
+		}{h, rows})
+	}
+	return printShares(e.stdout, h, list, rows, now)
+}
+
+// bindShares binds the rule's limits as the authorizer binds them in
+// region place of n (policy.Shares, wiring.SharesKeys), on the state
+// table.
+func bindShares(ctx context.Context, o *options, rule policy.Rule, source string, place, n int) (*policy.Policy, error) {
+	client, err := dynamoClient(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	st, err := dynamo.New(client, dynamo.Config{Table: o.dynamoTable, Timeout: o.timeout})
+	if err != nil {
+		return nil, fmt.Errorf("-dynamo-table: %w", err)
+	}
+	build := func(l *policy.Limit, _ int64, leases bool) (limiter.Limiter, error) {
+		kc := wiring.SharesKeys(l, n, leases)
+		kc.Table = regions.Table{Client: client, Table: o.dynamoTable, Region: place}
+		kc.Store = st
+		return &shareLimit{kc: kc}, nil
+	}
+	p, err := policy.New([]policy.Rule{rule}, policy.Options{Stores: map[string]storage.Store{"dynamo": st}, DefaultBackend: "dynamo",
+		Shares: &policy.Shares{Regions: n, Build: build}})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", source, err)
+	}
+	return p, nil
+}
+
+// readShares reads the region's share of each limit of the rule (or
+// tier) for key (regions.KeysConfig.Inspect: reads only).
+func readShares(ctx context.Context, p *policy.Policy, o *options, key string, h shareHeader, list string, now time.Time) ([]shareRow, error) {
+	lims, defs, err := p.Limits(o.rule, o.tier)
+	if err != nil {
+		return nil, usageError{err}
+	}
 	rows := make([]shareRow, len(lims))
 	for i, l := range lims {
 		sl, ok := l.(*shareLimit)
 		if !ok {
-			return fmt.Errorf("limit %s: %T is not a regional share", defs[i].Name, l)
+			return nil, fmt.Errorf("limit %s: %T is not a regional share", defs[i].Name, l)
 		}
 		v, err := sl.kc.Inspect(ctx, key, now)
 		if err != nil {
-			return fmt.Errorf("inspect %s/%s: region %s (place %d of %s): %w", o.rule, defs[i].Name, name, place, list, err)
+			return nil, fmt.Errorf("inspect %s/%s: region %s (place %d of %s): %w", o.rule, defs[i].Name, h.Region, h.Place, list, err)
 		}
 		r := shareRow{Name: defs[i].Name, Algorithm: defs[i].Algorithm.String(), Backend: "dynamo", Capacity: defs[i].Capacity(),
 			Share: v.Share, Remaining: v.Decision.Remaining, ResetAfterMS: ceilMS(v.Decision.ResetAfter), Allowed: v.Decision.Allowed,
@@ -160,17 +190,15 @@ func inspectShares(ctx context.Context, e env, o *options, rule policy.Rule, sou
 		}
 		rows[i] = r
 	}
-	if o.json {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			shareHeader
-			Shares []shareRow `json:"shares"`
-		}{h, rows})
-	}
-	fmt.Fprintf(e.stdout, "rule %s, tier %s, key %s\n", h.Rule, h.Tier, h.Key)
-	fmt.Fprintf(e.stdout, "scope global on an eventual table: region %s's share (place %d of %s), as its processes decide by it\n", name, place, list)
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	return rows, nil
+}
+
+// printShares writes the rows as a table, with what a lapsed entry and
+// an unknown retry mean.
+func printShares(w io.Writer, h shareHeader, list string, rows []shareRow, now time.Time) error {
+	fmt.Fprintf(w, "rule %s, tier %s, key %s\n", h.Rule, h.Tier, h.Key)
+	fmt.Fprintf(w, "scope global on an eventual table: region %s's share (place %d of %s), as its processes decide by it\n", h.Region, h.Place, list)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "LIMIT\tALGORITHM\tGLOBAL\tREGION-SHARE\tREMAINING\tRESET-AFTER\tRETRY-AFTER\tWITHHELD\tCAP-AHEAD\tENTRY\tLEDGER-SHARES")
 	var lapsed, unknown bool
 	for _, r := range rows {
@@ -205,10 +233,10 @@ func inspectShares(ctx context.Context, e env, o *options, rule policy.Rule, sou
 		return err
 	}
 	if lapsed {
-		fmt.Fprintln(e.stdout, "A lapsed entry (or none) is not used: the region's next decision of the key waits for its agent to publish one; the share shown is the last published.")
+		fmt.Fprintln(w, "A lapsed entry (or none) is not used: the region's next decision of the key waits for its agent to publish one; the share shown is the last published.")
 	}
 	if unknown {
-		fmt.Fprintln(e.stdout, "RETRY-AFTER -: no share in force, no wait can be told (a grant to the region ends it).")
+		fmt.Fprintln(w, "RETRY-AFTER -: no share in force, no wait can be told (a grant to the region ends it).")
 	}
 	return nil
 }

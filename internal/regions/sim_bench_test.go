@@ -3,7 +3,9 @@ package regions
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,20 +37,34 @@ func exactFrom(tb testing.TB, exact limiter.Limiter, calls []limitertest.Call, f
 }
 
 // simRuns are the runs of the benchmarks: each split for 30 s, and the
-// split that moves (at half time) for 30 s, 60 s and 120 s.
-var simRuns = func() []simRun {
+// split that moves (at half time) for 30 s, 60 s and 120 s; with
+// SLUICE_SIM_LENGTHS (durations, comma-separated), every split for each
+// of those lengths.
+func simRuns(tb testing.TB) []simRun {
+	var every []time.Duration
+	if v := os.Getenv("SLUICE_SIM_LENGTHS"); v != "" {
+		for _, f := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(f)
+			if err != nil || d <= 0 {
+				tb.Fatalf("SLUICE_SIM_LENGTHS: %q is not a duration", f)
+			}
+			every = append(every, d)
+		}
+	}
 	var runs []simRun
 	for _, sp := range simSplits {
-		if sp.then == nil {
-			runs = append(runs, simRun{sp.name, sp.split, nil, 30 * time.Second})
-			continue
+		lengths := every
+		if lengths == nil && sp.then == nil {
+			lengths = []time.Duration{30 * time.Second}
+		} else if lengths == nil {
+			lengths = []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second}
 		}
-		for _, d := range []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second} {
+		for _, d := range lengths {
 			runs = append(runs, simRun{sp.name, sp.split, sp.then, d})
 		}
 	}
 	return runs
-}()
+}
 
 type simRun struct {
 	name        string
@@ -67,7 +83,7 @@ func BenchmarkSharesSim(b *testing.B) {
 		name string
 		cfg  Config
 	}{{"window", simWindow}, {"bucket", simBucket}} {
-		for _, r := range simRuns {
+		for _, r := range simRuns(b) {
 			b.Run(fmt.Sprintf("%s/%s/%v", alg.name, r.name, r.dur), func(b *testing.B) {
 				for range b.N {
 					var all, steady []float64
