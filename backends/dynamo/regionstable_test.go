@@ -199,6 +199,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 				for _, a := range holders {
 					o, p := a.Share()
 					s.owned, s.pending = append(s.owned, o), append(s.pending, p)
+					s.demand = append(s.demand, a.Stats().Demand)
 				}
 				samples = append(samples, s)
 			}
@@ -247,6 +248,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 type shareSample struct {
 	at             time.Duration
 	owned, pending []int64
+	demand         []float64
 }
 
 // traceRun logs, for each second of a run: per region the units offered
@@ -293,6 +295,7 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 			exact[i] += c.Cost
 		}
 	}
+	var lines []string
 	for i := range n {
 		line := fmt.Sprintf("trace %2ds:", i)
 		var adm int64
@@ -303,15 +306,17 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 					s = x
 				}
 			}
-			o, p := int64(-1), int64(-1)
+			o, p, dm := int64(-1), int64(-1), -1.0
 			if r < len(s.owned) {
-				o, p = s.owned[r], s.pending[r]
+				o, p, dm = s.owned[r], s.pending[r], s.demand[r]
 			}
-			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d |", r, admitted[i][r], offered[i][r], o, p)
+			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f |", r, admitted[i][r], offered[i][r], o, p, dm)
 			adm += admitted[i][r]
 		}
-		tb.Logf("%s admitted %4d exact %4d", line, adm, exact[i])
+		lines = append(lines, fmt.Sprintf("%s admitted %4d exact %4d", line, adm, exact[i]))
 	}
+	// To stderr: a benchmark's log is cut after ten lines.
+	fmt.Fprintf(os.Stderr, "%s: trace:\n%s\n", tb.Name(), strings.Join(lines, "\n"))
 }
 
 // exactAfter replays calls on one serialized limiter and returns what the

@@ -305,6 +305,11 @@ type Agent struct {
 	// brokenStale: the plan counts a stale entry's demand (planView), as
 	// before.
 	brokenStale bool
+	// brokenJump: a single tick far from the estimate replaces it, as
+	// before (nextDemand). jumpSide is the side of the last tick's
+	// count, if far (nextDemand).
+	brokenJump bool
+	jumpSide   int
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -339,6 +344,8 @@ type AgentStats struct {
 	// Withheld is the largest pending grant; Share the current share
 	// (without pending grants).
 	Given, Received, Withheld, Share int64
+	// Demand is the region's demand estimate (units a second).
+	Demand float64
 }
 
 // NewAgent returns region's agent, holding the base share, on store:
@@ -501,18 +508,40 @@ func (a *Agent) estimate(now time.Time) {
 	if !a.last.IsZero() && now.After(a.last) {
 		dt := now.Sub(a.last).Seconds()
 		own := &a.states[a.r]
-		// Exponentially weighted, unless the tick's count is far from
-		// what the estimate expects of a Poisson stream (more than
-		// jumpSigmas deviations and jumpMin units): demand that moved,
-		// taken at once.
-		want := own.Demand * dt
-		if d := math.Abs(float64(offered) - want); a.stats.Ticks == 2 || d > jumpSigmas*math.Sqrt(want)+jumpMin {
-			own.Demand = float64(offered) / dt
-		} else {
-			own.Demand = (1-demandWeight)*own.Demand + demandWeight*float64(offered)/dt
-		}
+		own.Demand = a.nextDemand(own.Demand, float64(offered), dt)
+		a.stats.Demand = own.Demand
 	}
 	a.last = now
+}
+
+// nextDemand is the demand estimate after a tick of dt seconds that
+// counted offered units, from the estimate est: exponentially weighted,
+// unless the tick's count is far from what the estimate expects of a
+// Poisson stream (more than jumpSigmas deviations and jumpMin units).
+// Two such ticks in a row on the same side are demand that moved, taken
+// at once (the first tick's estimate too); a single one (a burst of
+// calls that waited on a slow store, or of counts its processes wrote
+// late) is weighed in at that bound only, so that the plans do not move
+// units after a blip that is over before the units arrive. Under a.mu.
+func (a *Agent) nextDemand(est, offered, dt float64) float64 {
+	want := est * dt
+	bound := jumpSigmas*math.Sqrt(want) + jumpMin
+	side := 0
+	if d := offered - want; d > bound {
+		side = 1
+	} else if -d > bound {
+		side = -1
+	}
+	last := a.jumpSide
+	a.jumpSide = side
+	if a.stats.Ticks == 2 || side != 0 && (side == last || a.brokenJump) {
+		a.jumpSide = 0
+		return offered / dt
+	}
+	if side != 0 {
+		offered = max(want+float64(side)*bound, 0)
+	}
+	return (1-demandWeight)*est + demandWeight*offered/dt
 }
 
 // planNow is the plan at now (plan), on planView.

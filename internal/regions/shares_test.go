@@ -594,3 +594,72 @@ func TestSharesStaleDemand(t *testing.T) {
 		})
 	}
 }
+
+// TestSharesDemandBlip: a region's demand estimate (Agent.estimate) at 80
+// units a second, ticked every 250 ms, through one tick that counts 260
+// (its processes' calls that waited on a slow store, or their counts
+// written late) and one that counts none: the estimate stays near 80
+// and an even split's plan gives nothing (before, a single tick far from
+// the estimate replaced it: 1,040 a second, and the other regions gave
+// it most of their units, to give them back a tick or two later). Two
+// far ticks in a row on the same side are demand that moved: taken at
+// once. Fails with brokenJump.
+func TestSharesDemandBlip(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		cfg := Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 200, RefillTime: 10 * time.Millisecond, RefillAmount: 2}}
+		ledger := &simLedger{hist: make([][]State, 3), now: new(time.Time)}
+		a, err := NewAgent(cfg, 1, ledger, memStore(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.brokenJump = broken
+		now := time.Unix(1000, 0)
+		tick := func(n int64) float64 {
+			a.offered.Store(n)
+			now = now.Add(250 * time.Millisecond)
+			a.estimate(now)
+			return a.Stats().Demand
+		}
+		for range 40 {
+			tick(20)
+		}
+		var worst float64
+		gave := false
+		for _, n := range []int64{260, 20, 20, 0, 20, 20} {
+			d := tick(n)
+			if dev := max(d-80, 80-d); dev > worst {
+				worst = dev
+			}
+			states := make([]State, 3)
+			for r := range states {
+				states[r] = State{Demand: 80, Given: make([]int64, 3)}
+			}
+			states[1].Demand = d
+			g := cfg.plan(0, states, false)
+			gave = gave || g != nil
+			if g != nil && !broken {
+				t.Errorf("a tick of %d: estimate %.1f, region 0's plan gives %v at an even split", n, d, g)
+			}
+		}
+		if !broken && worst > 20 {
+			t.Errorf("the estimate strayed %.1f from 80 a second after single ticks far from it", worst)
+		}
+		if broken && (worst < 500 || !gave) {
+			t.Errorf("brokenJump: the estimate strayed only %.1f, the plan gave: %v (the test cannot fail)", worst, gave)
+		}
+		if broken {
+			continue
+		}
+		tick(100)
+		if d := tick(100); d != 400 {
+			t.Errorf("two ticks of 100 in a row: estimate %.1f, want 400 (demand that moved)", d)
+		}
+		for range 4 {
+			tick(100)
+		}
+		tick(0)
+		if d := tick(0); d != 0 {
+			t.Errorf("two ticks of none in a row: estimate %.1f, want 0", d)
+		}
+	}
+}
