@@ -201,6 +201,29 @@ func TestRegionShares(t *testing.T) {
 	t.Logf("replication: %+v", g.Stats())
 }
 
+// shareRun is one run of the regional shares' benchmarks.
+type shareRun struct {
+	name        string
+	split, then []float64
+	dur         time.Duration
+}
+
+// shareRuns are each steady split (shareSplits) for 30 s and each split
+// that moves for every length of moves, named by name.
+func shareRuns(moves []time.Duration, name func(split string, d time.Duration) string) []shareRun {
+	var runs []shareRun
+	for _, s := range shareSplits {
+		if s.then == nil {
+			runs = append(runs, shareRun{s.name, s.split, nil, 30 * time.Second})
+			continue
+		}
+		for _, d := range moves {
+			runs = append(runs, shareRun{name(s.name, d), s.split, s.then, d})
+		}
+	}
+	return runs
+}
+
 // BenchmarkRegionShares reports the regional shares' figures on the
 // default-mode harness, lag 1 s, 1.2 times the steady rate (run with
 // -benchtime=1x): per limit, each split for 30 s, and the split that
@@ -211,21 +234,8 @@ func TestRegionShares(t *testing.T) {
 // decision.
 func BenchmarkRegionShares(b *testing.B) {
 	g, table, eps := startEventual(b)
-	type run struct {
-		name        string
-		split, then []float64
-		dur         time.Duration
-	}
-	var runs []run
-	for _, s := range shareSplits {
-		if s.then == nil {
-			runs = append(runs, run{s.name, s.split, nil, 30 * time.Second})
-			continue
-		}
-		for _, d := range []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second} {
-			runs = append(runs, run{fmt.Sprintf("%s/%v", s.name, d), s.split, s.then, d})
-		}
-	}
+	runs := shareRuns([]time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second},
+		func(split string, d time.Duration) string { return fmt.Sprintf("%s/%v", split, d) })
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
 		for _, r := range runs {
 			b.Run(string(alg)+"/"+r.name, func(b *testing.B) {

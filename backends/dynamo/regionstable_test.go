@@ -454,25 +454,12 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 		}
 	}
 	b.Logf("table times: refresh %v, flush %v, validity %v, deadline %v, lock life %v", times.Refresh, times.Flush, times.Validity, times.Deadline, times.LockLife)
-	type run struct {
-		name        string
-		split, then []float64
-		dur         time.Duration
-	}
-	var runs []run
-	for _, s := range shareSplits {
-		if s.then == nil {
-			runs = append(runs, run{s.name, s.split, nil, 30 * time.Second})
-			continue
+	runs := shareRuns(moves, func(split string, d time.Duration) string {
+		if d == 30*time.Second {
+			return split
 		}
-		for _, d := range moves {
-			name := s.name
-			if d != 30*time.Second {
-				name += fmt.Sprintf("/%gs", d.Seconds())
-			}
-			runs = append(runs, run{name, s.split, s.then, d})
-		}
-	}
+		return fmt.Sprintf("%s/%gs", split, d.Seconds())
+	})
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
 		for _, s := range runs {
 			for _, path := range []string{"memory", "table"} {
