@@ -141,8 +141,7 @@ func (c KeysConfig) inspectWindow(ctx context.Context, lc Config, cp int64, now 
 		return ShareView{}, fmt.Errorf("%w: a window's store must be a storage.Counter, not %T", ErrInvalidConfig, c.Store)
 	}
 	// The window the processes decide on (Process): the same key space.
-	w, err := limiter.NewSlidingWindow(store, limiter.SlidingWindowConfig{Name: "share", Limit: lc.Limit, Window: lc.Window, SubWindows: lc.SubWindows,
-		Representation: limiter.SubWindowCounters, Leases: lc.Leases})
+	w, err := lc.window(store, lc.Leases)
 	if err != nil {
 		return ShareView{}, err
 	}

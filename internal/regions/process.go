@@ -64,8 +64,7 @@ func NewProcess(cfg Config, t Table, store any) (*Process, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: a window's store must be a storage.Counter, not %T", ErrInvalidConfig, store)
 	}
-	w, err := limiter.NewSlidingWindow(c, limiter.SlidingWindowConfig{Name: "share", Limit: cfg.Limit, Window: cfg.Window, SubWindows: cfg.SubWindows,
-		Representation: limiter.SubWindowCounters, Leases: cfg.Leases})
+	w, err := cfg.window(c, cfg.Leases)
 	if err != nil {
 		return nil, err
 	}

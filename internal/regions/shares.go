@@ -385,7 +385,7 @@ func NewAgent(cfg Config, region int, ledger Ledger, store any) (*Agent, error) 
 	if !ok {
 		return nil, fmt.Errorf("%w: a window's store must be a storage.Counter, not %T", ErrInvalidConfig, store)
 	}
-	w, err := a.window(c, false)
+	w, err := a.cfg.window(c, false)
 	if err != nil {
 		return nil, err
 	}
@@ -393,10 +393,11 @@ func NewAgent(cfg Config, region int, ledger Ledger, store any) (*Agent, error) 
 	return a, nil
 }
 
-// window is a window of the whole limit on c.
-func (a *Agent) window(c storage.Counter, leases bool) (*limiter.SlidingWindow, error) {
-	cfg := a.cfg
-	return limiter.NewSlidingWindow(c, limiter.SlidingWindowConfig{Name: "share", Limit: cfg.Limit, Window: cfg.Window, SubWindows: cfg.SubWindows,
+// window is a window of the whole limit on c: the one a region's
+// processes decide on, its agent peeks at and Inspect reads (one key
+// space).
+func (c Config) window(store storage.Counter, leases bool) (*limiter.SlidingWindow, error) {
+	return limiter.NewSlidingWindow(store, limiter.SlidingWindowConfig{Name: "share", Limit: c.Limit, Window: c.Window, SubWindows: c.SubWindows,
 		Representation: limiter.SubWindowCounters, Leases: leases})
 }
 
@@ -814,7 +815,7 @@ func (a *Agent) NewLimiter(store any) (*Limiter, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: a window's store must be a storage.Counter, not %T", ErrInvalidConfig, store)
 	}
-	w, err := a.window(c, a.cfg.Leases)
+	w, err := a.cfg.window(c, a.cfg.Leases)
 	if err != nil {
 		return nil, err
 	}
