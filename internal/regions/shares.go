@@ -50,8 +50,8 @@ const (
 	hysteresis = 0.2
 	minSurplus = 0.01
 	// demandWeight is the weight of a tick's rate in the demand estimate;
-	// a tick's count more than jumpSigmas deviations and jumpMin units
-	// from the estimate replaces it.
+	// two ticks in a row counting more than jumpSigmas deviations and
+	// jumpMin units from it on the same side replace it (nextDemand).
 	demandWeight = 0.1
 	jumpSigmas   = 4
 	jumpMin      = 4
@@ -305,6 +305,9 @@ type Agent struct {
 	// brokenStale: the plan counts a stale entry's demand (planView), as
 	// before.
 	brokenStale bool
+	// brokenCap: the plan counts a demand above the limit's rate (planView),
+	// as before.
+	brokenCap bool
 	// brokenJump: a single tick far from the estimate replaces it, as
 	// before (nextDemand). jumpSide is the side of the last tick's
 	// count, if far (nextDemand).
@@ -560,14 +563,31 @@ func (a *Agent) planNow(now time.Time, giving bool) []int64 {
 // count; only its target falls to the floor, so the others give it
 // nothing and keep more (a plan only decides what a region gives out of
 // what it holds: never over does not depend on it).
+//
+// And every region's demand counts at most the limit's rate. Steadily
+// this changes which region uses the units, never how many are used (a
+// region whose demand is counted at the rate uses all it could hold; one
+// counted as it is, d, is given less than d: the weights sum to more
+// than the rate). But an estimate far above the rate is more often a
+// burst (calls that waited on a slow store, taken as moved demand after
+// two such ticks) than demand, and the units it drew from the others
+// arrived after it was over. Where every region's demand is above the
+// rate the limit is split evenly.
 func (a *Agent) planView(now time.Time) []State {
 	states := a.states
+	rate := a.cfg.rate()
 	for o, st := range a.states {
+		d := st.Demand
 		if a.stale(o, st, now.UnixNano()) && !a.brokenStale {
+			d = 0
+		} else if !a.brokenCap {
+			d = min(d, rate)
+		}
+		if d != st.Demand {
 			if &states[0] == &a.states[0] {
 				states = slices.Clone(a.states) // the entries' slices are shared, read only
 			}
-			states[o].Demand = 0
+			states[o].Demand = d
 		}
 	}
 	return states

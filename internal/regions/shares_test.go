@@ -663,3 +663,54 @@ func TestSharesDemandBlip(t *testing.T) {
 		}
 	}
 }
+
+// TestSharesDemandCap: a region's plan counts another region's demand at
+// most the limit's rate. Regions hold a bucket's units at 60/30/10 of
+// 144, 72 and 24 a second (1.2 times the rate of 200) when region 1's
+// estimate jumps to 3,021 a second (as one did through the table, a
+// stalled process's calls arriving at once over two ticks). Counted at the
+// rate, region 0 gives region 1 what a demand of 200 a second calls for
+// (41 units of its 118); counted as it is (brokenCap), nearly all it holds
+// (109). With no demand above the rate the plans are the same.
+func TestSharesDemandCap(t *testing.T) {
+	cfg := Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 200, RefillTime: 10 * time.Millisecond, RefillAmount: 2}}
+	now := time.Unix(1000, 0)
+	plan := func(broken bool, d1 float64) []int64 {
+		ledger := &simLedger{hist: make([][]State, 3), now: &now}
+		a, err := NewAgent(cfg, 0, ledger, memStore(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.brokenCap = broken
+		// Shares 118, 59, 19 of 196: region 1 gave region 0 6 units,
+		// region 2 gave it 46.
+		a.states = []State{
+			{Demand: 144, Given: []int64{0, 0, 0}, Seq: 9, At: now.UnixNano()},
+			{Demand: d1, Given: []int64{6, 0, 0}, Seq: 9, At: now.UnixNano()},
+			{Demand: 24, Given: []int64{46, 0, 0}, Seq: 9, At: now.UnixNano()},
+		}
+		if s := cfg.share(0, a.states); s != 118 {
+			t.Fatalf("region 0's share %d, want 118", s)
+		}
+		return a.planNow(now, false)
+	}
+	gives := func(g []int64) int64 {
+		var s int64
+		for _, u := range g {
+			s += u
+		}
+		return s
+	}
+	capped, broken := gives(plan(false, 3021)), gives(plan(true, 3021))
+	// Targets at 144:200:24 of 196: region 0's 76.7, so a surplus of 41.3.
+	if capped < 35 || capped > 42 {
+		t.Errorf("counted at the rate, region 0 gives %d units, want 35-42 (its surplus over a target of 144:200:24)", capped)
+	}
+	if broken < 100 {
+		t.Errorf("brokenCap: region 0 gives %d units, want 100 or more (the test cannot fail)", broken)
+	}
+	if a, b := plan(false, 150), plan(true, 150); a == nil || !slices.Equal(a, b) {
+		t.Errorf("region 1 at 150 a second, below the rate: the plan %v, want %v (and some)", a, b)
+	}
+	t.Logf("region 0 gives %d counted at the rate, %d counted as estimated", capped, broken)
+}
