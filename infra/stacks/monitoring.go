@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
 	"github.com/aws/jsii-runtime-go"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/infra/sluice"
 )
 
@@ -51,6 +52,11 @@ func newMonitoring(s awscdk.Stack, c *Config, region string, limiter *sluice.Rat
 		graph("State table throttled requests (this region)", limiter.TableThrottledRequests()),
 		graph("Throttled by rule (decided without the store)", m.ByRule(sluice.MetricThrottled)),
 	)
+	if len(limiter.SharesAlarms()) > 0 {
+		// The construct runs the keeper: it makes the shares' alarms
+		// exactly then (unless asked not to, which this app never does).
+		dash.AddWidgets(sharesGraphs(limiter, graph)...)
+	}
 	dash.AddWidgets(
 		graph("Authorizer duration (ms)", fn.MetricDuration(&awscloudwatch.MetricOptions{Statistic: jsii.String("p99")})),
 		graph("Authorizer errors and throttles", fn.MetricErrors(nil), fn.MetricThrottles(nil)),
@@ -62,6 +68,26 @@ func newMonitoring(s awscdk.Stack, c *Config, region string, limiter *sluice.Rat
 		}))
 	}
 	dash.AddWidgets(widgets...)
+}
+
+// sharesGraphs are the regional shares' graphs (a global rule on an
+// eventual table): their troubles, and the units they moved, each summed
+// over every limit (the construct's SharesMetric; per limit with the
+// dimension Limit).
+func sharesGraphs(limiter *sluice.RateLimiter, graph func(string, ...awscloudwatch.IMetric) awscloudwatch.IWidget) []awscloudwatch.IWidget {
+	metrics := func(names ...string) []awscloudwatch.IMetric {
+		var out []awscloudwatch.IMetric
+		for _, n := range names {
+			out = append(out, limiter.SharesMetric(n))
+		}
+		return out
+	}
+	return []awscloudwatch.IWidget{
+		graph("Regional shares: stale decisions, dropped keys, tick errors, roles lost",
+			metrics(config.MetricSharesStale, config.MetricSharesDropped, config.MetricSharesTickErrors, config.MetricSharesRoleLost)...),
+		graph("Regional shares: units given to and received from other regions",
+			metrics(config.MetricSharesGiven, config.MetricSharesReceived)...),
+	}
 }
 
 // newAlarms adds the region's alarms (its own and the construct's), with

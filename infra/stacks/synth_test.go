@@ -22,7 +22,7 @@ import (
 )
 
 // Synthesis goes through jsii and node (tens of seconds per app), so each
-// test binary synthesizes two apps once, and every test reads the shared
+// test binary synthesizes four apps once, and every test reads the shared
 // templates:
 //
 //   - "regional": testdata/regional.json, three regions, default (MREC)
@@ -31,7 +31,13 @@ import (
 //   - "mrsc": testdata/mrsc.json with context overrides (account, regions,
 //     primary region, consistency=mrsc), node-based memcached, a rules
 //     table, authorizer-context headers, no HTTP API, the utilization
-//     shedder on the state table.
+//     shedder on the state table;
+//   - "global": testdata/global.json, the shipped example's defaults and
+//     rules (infra/rules.yaml, with a rule of scope global) on three
+//     regions' default (eventual) tables, an alarm topic in each region:
+//     the construct runs the keeper and alarms on the regional shares;
+//   - "global-mrsc": the same with -c consistency=mrsc, as docs/infra.md
+//     prints it: the global rule is one limit, with no shares.
 
 const (
 	mrscAccount = "222222222222"
@@ -134,6 +140,8 @@ func synthesizeAll() (_ map[string]*synthApp, err error) {
 			CtxPrimaryRegion: mrscPrimary,
 			CtxConsistency:   ConsistencyMRSC,
 		}},
+		{"global", map[string]any{CtxConfig: "testdata/global.json"}},
+		{"global-mrsc", map[string]any{CtxConfig: "testdata/global.json", CtxConsistency: ConsistencyMRSC}},
 	} {
 		ctx := map[string]any{CtxBootstrapDir: bootstrapDir}
 		for k, v := range flags {
@@ -221,10 +229,13 @@ func cdkJSONContext(path string) (map[string]any, error) {
 	return doc.Context, nil
 }
 
+// appNames are the synthesized apps, in the order tests run them.
+var appNames = []string{"regional", "mrsc", "global", "global-mrsc"}
+
 // eachStack runs f as a subtest for every stack of every app.
 func eachStack(t *testing.T, f func(t *testing.T, a *synthApp, s *synthStack)) {
 	t.Helper()
-	for _, name := range []string{"regional", "mrsc"} {
+	for _, name := range appNames {
 		a := apps(t)[name]
 		for _, s := range a.stacks {
 			t.Run(name+"/"+s.region, func(t *testing.T) { f(t, a, s) })
@@ -459,7 +470,11 @@ func TestGatewayResponses(t *testing.T) {
 			}
 			return out
 		}
-		retryAfter := fmt.Sprintf("'%d'", a.cfg.API.RetryAfterSeconds)
+		retry := a.cfg.API.RetryAfterSeconds
+		if retry == 0 {
+			retry = 60 // derived from the rules: infra/rules.yaml's one-minute windows
+		}
+		retryAfter := fmt.Sprintf("'%d'", retry)
 
 		denied, ok := byType["ACCESS_DENIED"]
 		if !ok {
@@ -1066,6 +1081,8 @@ func TestAlarms(t *testing.T) {
 				if p["Threshold"] != float64(1) || p["ComparisonOperator"] != "GreaterThanOrEqualToThreshold" {
 					t.Errorf("table throttle alarm %v, want >= 1", p)
 				}
+			case strings.HasPrefix(render(p["MetricName"]), "Shares"):
+				// The regional shares': TestSharesAlarms.
 			case strings.Contains(metrics, "denied / (allowed + denied)"):
 				found["denied"] = true
 				if p["Threshold"] != a.cfg.Alarms.DeniedRatio ||
