@@ -37,6 +37,13 @@ type KeysConfig struct {
 	// decisions (Sweep: the other regions' wants indexes read, the keys
 	// they list ticked here; default Tick).
 	SweepEvery time.Duration
+	// SweepDeadline bounds each index read, prune and tick of a sweep
+	// run in line with a decision (default a quarter of the table's
+	// Deadline; the keeper's have the Deadline), so that a key whose
+	// requests do not answer, ticked by the sweep, holds the decision of
+	// another key that ran it for about SweepDeadline, not its whole
+	// deadline.
+	SweepDeadline time.Duration
 	// SweepKeys bounds the keys a sweep ticks (those ticked longest ago
 	// first; default 64).
 	SweepKeys int
@@ -120,6 +127,7 @@ func NewKeys(cfg KeysConfig) (*Keys, error) {
 	cfg.WantsLife = orDefault(cfg.WantsLife, DefaultWantsLife)
 	cfg.ReportEvery = orDefault(cfg.ReportEvery, DefaultReportEvery)
 	cfg.Table = cfg.Table.withDefaults()
+	cfg.SweepDeadline = orDefault(cfg.SweepDeadline, cfg.Table.Deadline/4)
 	if cfg.Prefix == "" || cfg.Holder == "" {
 		return nil, fmt.Errorf("%w: keys need a prefix and a holder", ErrInvalidConfig)
 	}
@@ -191,7 +199,7 @@ func (k *Keys) AllowN(ctx context.Context, key string, now time.Time, n int64) (
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			k.Sweep(ctx, now) //nolint:errcheck // counted in its stats; the next sweep reads again
+			k.sweepBy(ctx, now, k.cfg.SweepDeadline) //nolint:errcheck // counted in its stats; the next sweep reads again
 		}()
 		defer func() { <-done }()
 	}

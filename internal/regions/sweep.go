@@ -80,6 +80,12 @@ func (k *Keys) sweepDue(t int64) bool {
 // ([Keeper]) sweeps for a region without traffic. A sweep already under
 // way makes Sweep return at once.
 func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
+	return k.sweepBy(ctx, now, k.cfg.Table.Deadline)
+}
+
+// sweepBy is Sweep with each request (an index read, the prune, a
+// tick's) bounded by bound.
+func (k *Keys) sweepBy(ctx context.Context, now time.Time, bound time.Duration) (SweepStats, error) {
 	var st SweepStats
 	if !k.sweep.running.TryLock() {
 		return st, nil
@@ -90,8 +96,8 @@ func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
 	k.sweep.swept = max(k.sweep.swept, t)
 	k.sweep.mu.Unlock()
 	st.Sweeps = 1
-	wanted, firstErr := k.wanted(ctx, t, &st)
-	firstErr = cmp(firstErr, k.prune(ctx, t, &st))
+	wanted, firstErr := k.wanted(ctx, t, bound, &st)
+	firstErr = cmp(firstErr, k.prune(ctx, t, bound, &st))
 	// A grant under way here is finished whether or not its key is still
 	// listed: a giver that withheld units (or rebased) and is not ticked
 	// again would keep them from every region.
@@ -140,7 +146,7 @@ func (k *Keys) Sweep(ctx context.Context, now time.Time) (SweepStats, error) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			defer d.ks.ticking.Unlock()
-			tctx, cancel := context.WithTimeout(ctx, k.cfg.Table.Deadline)
+			tctx, cancel := context.WithTimeout(ctx, bound)
 			err := k.tick(tctx, d.ks, now)
 			cancel()
 			mu.Lock()
@@ -182,7 +188,7 @@ func (k *Keys) givingUnderWay(listed []string) []string {
 
 // wanted is the keys the other regions' wants indexes list in force at
 // now, each once.
-func (k *Keys) wanted(ctx context.Context, now int64, st *SweepStats) ([]string, error) {
+func (k *Keys) wanted(ctx context.Context, now int64, bound time.Duration, st *SweepStats) ([]string, error) {
 	var (
 		out      []string
 		firstErr error
@@ -193,7 +199,7 @@ func (k *Keys) wanted(ctx context.Context, now int64, st *SweepStats) ([]string,
 		if o == t.Region {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, t.Deadline)
+		rctx, cancel := context.WithTimeout(ctx, bound)
 		life := k.cfg.WantsLife
 		if k.brokenExpiry {
 			life = time.Duration(1<<63 - 1)
@@ -223,7 +229,7 @@ func (k *Keys) wanted(ctx context.Context, now int64, st *SweepStats) ([]string,
 // no more here, or they would have listed their keys again), at most
 // every WantsLife per process: one read of the index, and a write per
 // pruneBatch listings removed.
-func (k *Keys) prune(ctx context.Context, now int64, st *SweepStats) error {
+func (k *Keys) prune(ctx context.Context, now int64, bound time.Duration, st *SweepStats) error {
 	if k.brokenExpiry {
 		return nil
 	}
@@ -238,7 +244,7 @@ func (k *Keys) prune(ctx context.Context, now int64, st *SweepStats) error {
 		return nil
 	}
 	t := k.cfg.Table
-	pctx, cancel := context.WithTimeout(ctx, t.Deadline)
+	pctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	n, err := pruneWants(pctx, t.Client, t.Table, k.cfg.Prefix, t.Region, now-life)
 	st.Prunes++
