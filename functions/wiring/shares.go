@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/authz"
 	"github.com/sluicehq/sluice/internal/regions"
@@ -41,6 +42,9 @@ func (b *Built) buildShares(ddb *dynamodb.Client, metrics *authz.Metrics) (*poli
 		return nil, fmt.Errorf("wiring: regional shares: %w", err)
 	}
 	n := len(env.Regions)
+	if ddb != nil {
+		ddb = sharesClient(ddb)
+	}
 	build := func(l *policy.Limit, cost int64, leases bool) (limiter.Limiter, error) {
 		store, ok := b.Stores[BackendDynamo]
 		if !ok || ddb == nil {
@@ -59,6 +63,19 @@ func (b *Built) buildShares(ddb *dynamodb.Client, metrics *authz.Metrics) (*poli
 	}
 	b.Logger.Info("scope global kept as regional shares", "table_mode", env.TableMode, "regions", env.Regions, "region", env.Regions[env.Region])
 	return &policy.Shares{Regions: n, Build: build}, nil
+}
+
+// sharesClient is ddb with the store's retryer (dynamo.NewRetryer) for
+// the shares' own requests (ledger entries, boards, the wants index),
+// which go to the table through the client, not the store: the SDK's
+// default retries a throttled request after backoffs of up to seconds,
+// from a retry quota that every key in the container shares, so one hot
+// key's throttled ledger entry would hold its decisions for seconds and
+// drain the quota the other keys' retries need. A throttle now fails the
+// request at once (a tick that fails is resumed by the next one; a
+// process keeps deciding by the entry it holds while that is valid).
+func sharesClient(ddb *dynamodb.Client) *dynamodb.Client {
+	return dynamodb.New(ddb.Options(), func(o *dynamodb.Options) { o.Retryer = dynamo.NewRetryer(dynamo.RetryerConfig{}) })
 }
 
 // SharesKeys is the part of l's regional shares among n regions that
