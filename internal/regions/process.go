@@ -33,13 +33,17 @@ type Process struct {
 	buckets map[string]*limiter.TokenBucket
 
 	reading sync.Mutex // one read at a time
-	stats   struct{ reads, flushes, stale atomic.Int64 }
+	stats   struct{ reads, flushes, stale, waits atomic.Int64 }
+	// brokenNoWait (tests): a decision that finds no entry valid fails
+	// at once, as before.
+	brokenNoWait bool
 }
 
 // ProcessStats counts a process's requests to its region's item and the
-// decisions it could not make for want of a valid entry.
+// decisions it could not make for want of a valid entry; Waits is the
+// reads made again waiting for one (counted in Reads too).
 type ProcessStats struct {
-	Reads, Flushes, Stale int64
+	Reads, Flushes, Stale, Waits int64
 }
 
 // NewProcess returns a process's limiter of region t.Region's share of
@@ -74,7 +78,7 @@ func NewProcess(cfg Config, t Table, store any) (*Process, error) {
 
 // Stats returns the process's counts.
 func (p *Process) Stats() ProcessStats {
-	return ProcessStats{Reads: p.stats.reads.Load(), Flushes: p.stats.flushes.Load(), Stale: p.stats.stale.Load()}
+	return ProcessStats{Reads: p.stats.reads.Load(), Flushes: p.stats.flushes.Load(), Stale: p.stats.stale.Load(), Waits: p.stats.waits.Load()}
 }
 
 // AllowN decides n units of key at now (the wall clock) against the
@@ -159,7 +163,41 @@ func (p *Process) current(ctx context.Context, t int64) (Entry, error) {
 
 	rctx, cancel := context.WithTimeout(ctx, p.t.Deadline)
 	defer cancel()
-	got, found, err := p.t.read(rctx, flush)
+	err := p.readEntry(rctx, t, flush)
+	// No entry valid at t, yet the table answered: another process may be
+	// publishing one (a new key's first tick, or a role taken over from a
+	// holder that stopped ticking, whose tick this process's own did not
+	// win). Read again after short pauses until one is valid or the
+	// deadline comes, rather than fail the decision at once.
+	for pause := entryWait; err == nil && !p.valid(t) && !p.brokenNoWait; pause *= 2 {
+		select {
+		case <-rctx.Done():
+			return Entry{}, fmt.Errorf("%w (%v)", ErrStale, rctx.Err())
+		case <-time.After(pause):
+		}
+		p.stats.waits.Add(1)
+		err = p.readEntry(rctx, t, 0)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.has && t < p.entry.Until {
+		return p.entry, nil
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("%w (%v)", ErrStale, err)
+	}
+	return Entry{}, ErrStale
+}
+
+// entryWait is the first pause before a process reads its entry again
+// for a decision that found none valid (doubling each time, within the
+// table's Deadline).
+const entryWait = 5 * time.Millisecond
+
+// readEntry reads the region's entry for a decision stamped t, writing
+// flush offered units with it, and keeps it if newer than the one held.
+func (p *Process) readEntry(ctx context.Context, t, flush int64) error {
+	got, found, err := p.t.read(ctx, flush)
 	p.stats.reads.Add(1)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -171,13 +209,14 @@ func (p *Process) current(ctx context.Context, t int64) (Entry, error) {
 	if err == nil && found && (!p.has || got.Seq >= p.entry.Seq) {
 		p.entry, p.has, p.fetched = got, true, t
 	}
-	if p.has && t < p.entry.Until {
-		return p.entry, nil
-	}
-	if err != nil {
-		return Entry{}, fmt.Errorf("%w (%v)", ErrStale, err)
-	}
-	return Entry{}, ErrStale
+	return err
+}
+
+// valid reports whether the process holds an entry valid at t.
+func (p *Process) valid(t int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.has && t < p.entry.Until
 }
 
 // bucket returns the process's bucket of item it (dropping those of items
