@@ -309,6 +309,9 @@ type Agent struct {
 	// brokenRoom: they are added up to what the grant would have held,
 	// but without the cap by the item's room.
 	brokenLate, brokenEarly, brokenRoom bool
+	// brokenCarry: through the table, the carry's room is counted at the
+	// new item's first stamp only, as before (carryTable).
+	brokenCarry bool
 	// noTokens (tests): through the table, a bucket's giver carries no
 	// tokens with its grants, as before (carryTokens).
 	noTokens bool

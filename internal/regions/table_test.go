@@ -573,3 +573,78 @@ func (c *loseSave) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput,
 	}
 	return c.TableClient.UpdateItem(ctx, in, opts...)
 }
+
+// TestSharesTableCarryRoom: a region's bucket (22, 20 units shared,
+// refilled 10 a second) rebases from its share of 10, full (idle), to 7,
+// giving 3 with its new item's first stamp F; its processes decide on
+// the new item (empty at F, one token every 286 ms) before the carry
+// lands, 600 ms on, and take the 2 it refilled. In memory the new item
+// held 7 at F (the old one's tokens, at most its capacity), dropped those
+// refills (full), and holds 5 after the 2 taken; the carry must leave it
+// no fuller, and send the rest with the grant (3, one a unit). The carry
+// as before (its room counted at F alone, brokenCarry) adds 7 to the
+// drained item: 2 more than in memory.
+func TestSharesTableCarryRoom(t *testing.T) {
+	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 22, RefillTime: 100 * time.Millisecond, RefillAmount: 1}
+	cfg := Config{Regions: 2, Key: "k", Bucket: &b}
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			ctx := t.Context()
+			tt := Table{Client: &loseSave{}, Table: "t", Name: "carry", Region: 0}
+			a, err := NewTableAgent(cfg, tt, "r0", memStore(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.brokenCarry = broken
+			now := time.Now()
+			f := now.Add(100 * time.Millisecond)
+			it, err := a.newItem(ctx, f, 7, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			it.mine = true
+			old := a.items[0]
+			a.items = append(a.items, it)
+			a.states[0].Given[1] = 3
+			a.states[0].Moves = []Move{{To: 1, Units: 3, At: f.UnixNano(), Upto: 3}}
+			// Decisions on the new item 600 ms after F: its 2 refills.
+			now = f.Add(600 * time.Millisecond)
+			var took int64
+			for range 10 {
+				d, err := it.own.AllowN(ctx, it.key, now, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					took++
+				}
+			}
+			a.tbl.started = time.Now()
+			if err := a.carryTable(ctx, now); err != nil {
+				t.Fatal(err)
+			}
+			d, err := it.own.Get(ctx, it.key, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := a.TableStats()
+			t.Logf("old item %s: moved %d; new item took %d, then holds %d; tokens with the grant %+v", old.key, ts.Moved, took, d.Remaining, a.states[0].Moves)
+			if took != 2 || ts.Moved != 10 {
+				t.Fatalf("took %d from the new item and moved %d, want 2 and 10", took, ts.Moved)
+			}
+			memory := min(int64(7), 10) - took
+			if broken {
+				if d.Remaining <= memory {
+					t.Errorf("the carry as before: the new item holds %d, no more than in memory (%d)", d.Remaining, memory)
+				}
+				return
+			}
+			if d.Remaining > memory || d.Remaining < memory-1 {
+				t.Errorf("the new item holds %d after the carry, want %d (in memory) or one less", d.Remaining, memory)
+			}
+			if k := a.states[0].Moves[0].Tokens; k != 3 {
+				t.Errorf("the grant carries %d tokens, want 3 (one a unit)", k)
+			}
+		})
+	}
+}

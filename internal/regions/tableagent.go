@@ -728,7 +728,8 @@ func (a *Agent) transit(in, inForce []int64, from int64) (credit, units int64, r
 // are held out of the free tokens (the item's ring) until they lapse,
 // spent at stamps before at or lost. A raise's new item already holds
 // its extra (rebaseTable): the carry adds at most the rest of its
-// capacity.
+// capacity, less its refills since at. What the new item does not take
+// goes with the grants that left at at (carryTokens).
 func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if len(a.items) < 2 || now.UnixNano() < a.items[1].from {
@@ -759,9 +760,20 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 			break
 		}
 	}
+	// What the new item takes: at most its room as the refund lands
+	// (its capacity less what it held at its first stamp and its refills
+	// since, lateTokens): the refund at at is added to what the item
+	// holds when it lands, refilled to the latest decision's stamp, so
+	// a room counted at at alone let tokens held and carried exceed the
+	// capacity by that refill. An idle item ends full either way; the
+	// rest goes with the grants.
 	var c int64
 	if it.own != nil {
-		c = max(min(moved, it.share-it.extra), 0)
+		ref := now.UnixNano() + int64(time.Since(a.tbl.started)+rebaseAhead)
+		if a.brokenCarry {
+			ref = it.from
+		}
+		c = max(min(moved, it.share-it.extra-it.refills(ref)), 0)
 	}
 	if c > 0 {
 		if err := it.own.Refund(ctx, it.key, at, c); err != nil {
@@ -888,8 +900,7 @@ func (a *Agent) lateTokens(now time.Time) {
 			n, at = min(o, it.share-it.extra), it.from
 			it.extra += max(n, 0)
 		case it.heldOK:
-			fill := max(ref+int64(rebaseAhead)-it.from, 0) / int64(it.cfg.RefillTime) * it.cfg.RefillAmount
-			n, at = min(o, it.share-it.held-fill), ref
+			n, at = min(o, it.share-it.held-it.refills(ref+int64(rebaseAhead))), ref
 			it.held += max(n, 0)
 		}
 		if a.brokenLate || a.brokenRoom {
@@ -919,4 +930,13 @@ func (a *Agent) refundOwed(ctx context.Context) error {
 		a.tbl.count(func(s *TableStats) { s.TokensLate += o.n })
 	}
 	return firstErr
+}
+
+// refills is the refills item it has had from its first stamp to t (its
+// grid starts there).
+func (it *bucketItem) refills(t int64) int64 {
+	if t <= it.from || it.from == minStamp || it.cfg.RefillTime <= 0 {
+		return 0
+	}
+	return (t - it.from) / int64(it.cfg.RefillTime) * it.cfg.RefillAmount
 }
