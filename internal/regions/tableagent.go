@@ -230,7 +230,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	if a.cfg.Bucket != nil {
 		a.lateTokens(now)
 		if a.brokenEarly {
-			firstErr = cmp(firstErr, a.refundOwed(ctx))
+			firstErr = cmp(firstErr, a.refundOwed(ctx, now))
 		}
 	}
 	a.updateWants(ctx, now)
@@ -238,7 +238,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		return cmp(firstErr, err) // nothing owed is added: under-admits
 	}
 	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
-	return cmp(firstErr, a.refundOwed(ctx))
+	return cmp(firstErr, a.refundOwed(ctx, now))
 }
 
 // givingUnderWay reports whether the agent, holding the role, has a
@@ -777,6 +777,9 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	}
 	if c > 0 {
 		if err := it.own.Refund(ctx, it.key, at, c); err != nil {
+			a.mu.Lock()
+			it.mine = false // added or not: what it holds is not known here
+			a.mu.Unlock()
 			return fmt.Errorf("regions: carry to %q: %w", it.key, err)
 		}
 	}
@@ -832,11 +835,14 @@ func (a *Agent) carryTokens(at, excess int64) int64 {
 	return sent
 }
 
-// owed is n tokens to add to item it at stamp at once the tick's save has
-// recorded them as taken (lateTokens).
+// owed is at most n tokens to add to item it once the tick's save has
+// recorded them as taken (lateTokens): at its first stamp while it is
+// ahead (ahead), else at the refund's; base is what it held at its first
+// stamp before them (refundOwed).
 type owed struct {
-	it    *bucketItem
-	at, n int64
+	it          *bucketItem
+	n, base     int64
+	ahead, free bool // free: no room (brokenLate, brokenRoom)
 }
 
 // lateTokens takes the tokens of the grants that left transit before
@@ -894,36 +900,53 @@ func (a *Agent) lateTokens(now time.Time) {
 		if o <= 0 || it == nil || it.own == nil || !slices.Contains(a.items, it) {
 			continue
 		}
-		var n, at int64
+		w := owed{it: it, ahead: it.from > t, free: a.brokenLate || a.brokenRoom}
 		switch {
-		case it.from > t:
-			n, at = min(o, it.share-it.extra), it.from
-			it.extra += max(n, 0)
+		case w.ahead:
+			w.base = it.extra
+			w.n = min(o, it.share-w.base)
+			it.extra += max(w.n, 0)
 		case it.heldOK:
-			n, at = min(o, it.share-it.held-it.refills(ref+int64(rebaseAhead))), ref
-			it.held += max(n, 0)
+			w.base = it.held
+			w.n = min(o, it.share-w.base-it.refills(ref+int64(rebaseAhead)))
+			it.held += max(w.n, 0)
 		}
-		if a.brokenLate || a.brokenRoom {
-			n = o
+		if w.free {
+			w.n = o
 		}
-		if n > 0 {
-			tb.owe = append(tb.owe, owed{it: it, at: at, n: n})
+		if w.n > 0 {
+			tb.owe = append(tb.owe, w)
 		}
 	}
 	tb.owing += owe
 }
 
 // refundOwed adds the tokens lateTokens found owed (after the tick's
-// save recorded them as taken). A refund that fails loses its tokens
-// (under-admits).
-func (a *Agent) refundOwed(ctx context.Context) error {
+// save recorded them as taken), each at most its item's room as it is
+// sent (the save took a while: the item may have refilled further; the
+// board's Extra and Held count the larger figure, which only
+// under-admits). A refund that fails loses its tokens (under-admits).
+func (a *Agent) refundOwed(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	owe := a.tbl.owe
 	a.tbl.owe = nil
 	a.mu.Unlock()
 	var firstErr error
 	for _, o := range owe {
-		if err := o.it.own.Refund(ctx, o.it.key, time.Unix(0, o.at), o.n); err != nil {
+		t := now.UnixNano() + int64(time.Since(a.tbl.started))
+		n := min(o.n, o.it.share-o.base-o.it.refills(t+int64(rebaseAhead)))
+		at := t
+		if o.ahead {
+			at = o.it.from
+		}
+		if o.free {
+			n = o.n
+		}
+		if n <= 0 {
+			continue
+		}
+		o.n = n
+		if err := o.it.own.Refund(ctx, o.it.key, time.Unix(0, at), o.n); err != nil {
 			firstErr = cmp(firstErr, fmt.Errorf("regions: a grant's tokens to %q: %w", o.it.key, err))
 			continue
 		}
