@@ -198,27 +198,24 @@ type board struct {
 	// share that kept its rate (transit). Written with the items, so a
 	// successor credits no grant twice.
 	In []int64 `json:"mi,omitempty"`
-	// Took are the recent grants that left transit in a new item (at
-	// most moveMax): what each was credited there and whether its
-	// tokens were taken, so that tokens its giver carries later are
-	// added at most once, to at most what the grant would have held
-	// (lateTokens).
+	// Took are the grants that left transit in a new item before their
+	// tokens were read (at most moveMax): what each was credited there,
+	// so that the tokens its giver carries later are added at most once
+	// (a grant leaves Took as its tokens are taken), to at most what the
+	// grant would have held (lateTokens).
 	Took []took `json:"mt,omitempty"`
 }
 
-// took is a bucket's grant to this region that left transit in new item
-// Item: From's grant of Units (its running total Upto), its giver's stamp
-// At, Credit the tokens the item held for it at its first stamp
-// (min(Units, Tokens + the refill in transit)), Tokens its tokens taken
-// (0: none yet).
+// took is a bucket's grant to this region that left transit in the new
+// item whose first stamp is Item before its tokens were read: From's
+// grant of Units (its running total Upto), Credit the tokens the item
+// held for it at its first stamp (its refill in transit).
 type took struct {
-	From   int    `json:"o"`
-	Upto   int64  `json:"n"`
-	Units  int64  `json:"u"`
-	At     int64  `json:"t"`
-	Credit int64  `json:"c"`
-	Tokens int64  `json:"k,omitempty"`
-	Item   string `json:"i"`
+	From   int   `json:"o"`
+	Upto   int64 `json:"n"`
+	Units  int64 `json:"u"`
+	Credit int64 `json:"c"`
+	Item   int64 `json:"i"`
 }
 
 // tableItem is the region's item as read.

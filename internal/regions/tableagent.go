@@ -643,11 +643,8 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	var fromTick, tokens int64
 	var recs []took
 	if it.own != nil {
-		credit, units, rs := a.transit(in, inForce, from)
-		recs = rs
-		for _, r := range recs {
-			tokens += r.Tokens
-		}
+		credit, units, k, rs := a.transit(in, inForce, from)
+		recs, tokens = rs, k
 		if raise > 0 {
 			fromTick = min(a.cfg.refilled(raise, time.Duration(from-now.UnixNano())), s)
 		}
@@ -676,7 +673,7 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	a.items = append(a.items, it)
 	tb.items[it.key] = it
 	for i := range recs {
-		recs[i].Item = it.key
+		recs[i].Item = it.from
 	}
 	tb.took = append(tb.took, recs...)
 	if n := len(tb.took); n > moveMax {
@@ -692,12 +689,13 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 // (Move) is a bucket of its units holding the tokens carried with it
 // (none until its giver's carry is read: lateTokens adds them later)
 // refilled at their rate from its giver's stamp At until from less Skew,
-// at most its units (accrued). units is the units of those listed; the
-// rest count from the receiver's tick (rebaseTable). recs are the grants
-// listed, each with its credit (their Item is the caller's to set).
-func (a *Agent) transit(in, inForce []int64, from int64) (credit, units int64, recs []took) {
+// at most its units (accrued). units is the units of those listed, and
+// tokens their tokens; the rest count from the receiver's tick
+// (rebaseTable). recs are the grants listed whose tokens were not read
+// yet, each with its credit (their Item is the caller's to set).
+func (a *Agent) transit(in, inForce []int64, from int64) (credit, units, tokens int64, recs []took) {
 	if len(in) != a.cfg.Regions || len(inForce) != a.cfg.Regions {
-		return 0, 0, nil
+		return 0, 0, 0, nil
 	}
 	for o, ap := range a.applied {
 		if o == a.r {
@@ -711,10 +709,13 @@ func (a *Agent) transit(in, inForce []int64, from int64) (credit, units int64, r
 			k := min(max(m.Tokens, 0), m.Units)
 			c := k + a.accrued([]Move{m}, in[o], from-int64(a.cfg.Skew))
 			credit += c
-			recs = append(recs, took{From: o, Upto: m.Upto, Units: m.Units, At: m.At, Credit: c, Tokens: k})
+			tokens += k
+			if k == 0 {
+				recs = append(recs, took{From: o, Upto: m.Upto, Units: m.Units, Credit: c})
+			}
 		}
 	}
-	return credit, units, recs
+	return credit, units, tokens, recs
 }
 
 // carryTable moves the old item's free tokens to the new one once the new
@@ -851,8 +852,8 @@ type owed struct {
 // holds Credit for it (its refill in transit, at most its units), where
 // the grant, a bucket of its units holding its k tokens and refilled in
 // transit, would have held min(Units, k + refill): it is owed
-// min(k, Units - Credit). The board records the tokens as taken (Took)
-// in the tick's save, and only after that save the owed tokens are added
+// min(k, Units - Credit). The tick's save records the tokens as taken
+// (the grant leaves Took), and only after that save the owed tokens are added
 // (refundOwed): a successor that resumes after it takes none again; a
 // save lost adds none (under-admits). They go to the grant's item, if
 // still the region's:
@@ -875,29 +876,37 @@ func (a *Agent) lateTokens(now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var owe int64
-	for i := range tb.took {
-		r := &tb.took[i]
-		if r.Tokens != 0 || r.From < 0 || r.From >= len(a.applied) || r.From == a.r {
+	keep := tb.took[:0:0]
+	for _, r := range tb.took {
+		if r.From < 0 || r.From >= len(a.applied) || r.From == a.r {
 			continue
 		}
-		var k int64
+		k, listed := int64(0), false
 		for _, m := range a.applied[r.From].Moves {
 			if m.To == a.r && m.Upto == r.Upto {
-				k = min(max(m.Tokens, 0), r.Units)
+				k, listed = min(max(m.Tokens, 0), r.Units), true
 				break
 			}
 		}
 		if k == 0 {
+			if listed || a.applied[r.From].Seq == 0 {
+				keep = append(keep, r) // its tokens may come yet
+			}
 			continue
 		}
-		r.Tokens = k // taken, whatever of it is added
+		// Taken, whatever of it is added: the save leaves it out.
 		o := min(k, max(r.Units-r.Credit, 0))
 		if a.brokenLate {
 			o = k
 		}
 		owe += o
-		it := tb.items[r.Item]
-		if o <= 0 || it == nil || it.own == nil || !slices.Contains(a.items, it) {
+		var it *bucketItem
+		for _, x := range a.items {
+			if x.from == r.Item {
+				it = x
+			}
+		}
+		if o <= 0 || it == nil || it.own == nil {
 			continue
 		}
 		w := owed{it: it, ahead: it.from > t, free: a.brokenLate || a.brokenRoom}
@@ -918,6 +927,7 @@ func (a *Agent) lateTokens(now time.Time) {
 			tb.owe = append(tb.owe, w)
 		}
 	}
+	tb.took = keep
 	tb.owing += owe
 }
 
