@@ -44,18 +44,26 @@ import (
 // item with the tokens carried (accrued). So the rate given is in some
 // bucket at every stamp but between the receiver's tick and its new
 // item's first stamp. Through the table the receiver's new item holds
-// what the grants refilled up to its own first stamp (transit).
+// what the grants refilled up to its own first stamp (transit), and the
+// tokens travel a tick later (carryTable, lateTokens).
 
 // bucketItem is a bucket share on its item, for stamps from from on.
 type bucketItem struct {
 	key   string
 	from  int64
 	share int64
-	// extra is the tokens a rebase through the table adds at the
-	// carry besides the old item's (rebaseTable).
+	// extra is the tokens a rebase through the table puts in the item
+	// at its first stamp besides the old item's (rebaseTable), and the
+	// grants' tokens read while it was ahead (lateTokens).
 	extra int64
-	cfg   limiter.TokenBucketConfig
-	own   *limiter.TokenBucket // the agent's, without leases; nil when share is 0
+	// Through the table: mine, made by this agent (its carry's tokens
+	// are known here); held, if heldOK, the tokens at its first stamp
+	// and the grants' tokens added since (lateTokens).
+	mine   bool
+	held   int64
+	heldOK bool
+	cfg    limiter.TokenBucketConfig
+	own    *limiter.TokenBucket // the agent's, without leases; nil when share is 0
 	// closed: no more decisions; inflight: decisions under way. Under
 	// the agent's mu.
 	closed   bool
@@ -158,12 +166,13 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 		if a.tbl == nil {
 			own.Moves = append(own.Moves, Move{To: o, Units: u, Tokens: k, At: at, Upto: own.Given[o]})
 		} else if it := a.items[len(a.items)-1]; it.from > now.UnixNano() {
-			// Through the table no tokens travel (rebase), and the rate
-			// given leaves the region's bucket at its new item's first
-			// stamp. A grant made without a new item ahead (units
-			// received and given at once: the region's rate unchanged)
-			// is not listed: its receiver counts its refill from its
-			// own tick, as before.
+			// Through the table the rate given leaves the region's
+			// bucket at its new item's first stamp, and the tokens go
+			// with the grant at the carry (carryTable sets Tokens). A
+			// grant made without a new item ahead (units received and
+			// given at once: the region's rate unchanged) is not
+			// listed: its receiver counts its refill from its own
+			// tick, as before.
 			own.Moves = append(own.Moves, Move{To: o, Units: u, At: it.from, Upto: own.Given[o]})
 		}
 	}

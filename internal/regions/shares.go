@@ -302,6 +302,19 @@ type Agent struct {
 	// brokenAccrue: a bucket's grant arrives as if in transit for an
 	// hour (full: the tokens its capacity holds, refilled or not).
 	brokenAccrue bool
+	// brokenLate: through the table, a grant's tokens read after it left
+	// transit are added whole (no cap by what it would have held, nor by
+	// its item's room); brokenEarly: they are added before the tick's
+	// save records them as taken (lateTokens).
+	// brokenRoom: they are added up to what the grant would have held,
+	// but without the cap by the item's room.
+	brokenLate, brokenEarly, brokenRoom bool
+	// brokenCarry: through the table, the carry's room is counted at the
+	// new item's first stamp only, as before (carryTable).
+	brokenCarry bool
+	// noTokens (tests): through the table, a bucket's giver carries no
+	// tokens with its grants, as before (carryTokens).
+	noTokens bool
 	// brokenStale: the plan counts a stale entry's demand (planView), as
 	// before.
 	brokenStale bool

@@ -140,8 +140,13 @@ type ItemStep struct {
 	// Extra is the tokens the item held at its first stamp, besides the
 	// old item's free ones the carry adds: what the units it adds
 	// refilled while it waited to take over (the agent's; processes
-	// ignore it).
+	// ignore it), and what a grant's tokens read while the item was
+	// ahead added to it (lateTokens).
 	Extra int64 `json:"x,omitempty"`
+	// Held, once its carry is made, is the tokens it held at its first
+	// stamp (Extra and the carry's) plus the grants' tokens added since
+	// (lateTokens); nil: not known here (a successor's carry).
+	Held *int64 `json:"h,omitempty"`
 }
 
 // capAt is the cap for a decision stamped t (false: none).
@@ -193,6 +198,24 @@ type board struct {
 	// share that kept its rate (transit). Written with the items, so a
 	// successor credits no grant twice.
 	In []int64 `json:"mi,omitempty"`
+	// Took are the grants that left transit in a new item before their
+	// tokens were read (at most moveMax): what each was credited there,
+	// so that the tokens its giver carries later are added at most once
+	// (a grant leaves Took as its tokens are taken), to at most what the
+	// grant would have held (lateTokens).
+	Took []took `json:"mt,omitempty"`
+}
+
+// took is a bucket's grant to this region that left transit in the new
+// item whose first stamp is Item before its tokens were read: From's
+// grant of Units (its running total Upto), Credit the tokens the item
+// held for it at its first stamp (its refill in transit).
+type took struct {
+	From   int   `json:"o"`
+	Upto   int64 `json:"n"`
+	Units  int64 `json:"u"`
+	Credit int64 `json:"c"`
+	Item   int64 `json:"i"`
 }
 
 // tableItem is the region's item as read.

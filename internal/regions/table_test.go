@@ -170,15 +170,20 @@ func TestSharesTableWait(t *testing.T) {
 // regions of a bucket of 22 (20 units shared), refilled 10 a second.
 // Region 1 spends all it has; region 0, idle, gives it its surplus,
 // listing the grant (State.Moves) with the stamp its own rate left (its
-// new item's first). Region 1's raise takes over a validity after its
-// tick, its new item empty there: it holds what each grant refilled in
-// transit, from its giver's stamp to the new item's first, at most its
-// units (the giver's rate, in no item meanwhile), and the carry adds the
-// old item's free tokens, up to the new capacity. The tokens in the new
-// item as it takes over are read from the store and must be exactly
-// that count, computed from the stamps; they are checked against the
-// bound never over rests on (each grant a bucket of its units refilled at
-// their rate while in transit, and the old item's tokens).
+// new item's first), and at its carry, a tick later, the tokens it saved
+// above its new share go with the grant (Move.Tokens). Region 1's raise
+// takes over a validity after its tick, its new item empty there: it
+// holds what each grant, a bucket of its units holding its tokens, holds
+// from its giver's stamp to the new item's first (min(units, tokens +
+// refill)), and the carry adds the old item's free tokens, up to the new
+// capacity. The tokens in the new item as it takes over are read from
+// the store and must be exactly that count, computed from the stamps;
+// they are checked against the bound never over rests on (each grant a
+// bucket of its units holding its tokens refilled at their rate while in
+// transit, and the old item's tokens).
+//
+// Without tokens (region 0 carries none, as before: the grants' refill
+// in transit alone):
 //
 //   - in-time: region 1 ticks every 100 ms and takes the grant at its
 //     first tick after it is in force;
@@ -193,6 +198,25 @@ func TestSharesTableWait(t *testing.T) {
 //   - broken-whole: a raise that adds its whole units, refilled or not;
 //   - broken-accrued: grants counted as in transit for an hour (full):
 //     both put more in the item than the bound (the check sees it).
+//
+// With tokens:
+//
+//   - tokens-before: as late: region 1 reads the grant with its tokens
+//     and its new item holds min(units, tokens + refill);
+//   - tokens-after: region 1 raises before region 0's carry (refill
+//     only), reads the tokens at its next tick, the new item still ahead,
+//     and adds min(tokens, units - what it credited) once: the same
+//     count; later ticks add nothing;
+//   - tokens-after-lost: as tokens-after, but the save of the tick that
+//     reads the tokens is lost: the next tick, resuming from the item,
+//     adds them once;
+//   - carry-lost: region 0's save of its carry is lost: the next tick
+//     redoes the carry, finds the old item claimed and carries nothing
+//     (the tokens are lost, never carried twice): refill only;
+//   - broken-late: tokens read after added whole (no cap by what the
+//     grant would have held); broken-early: added before the save that
+//     records them as taken, which is lost: added twice. Both exceed the
+//     bound.
 func TestSharesTableRaise(t *testing.T) {
 	client, table := testTable(t)
 	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 22, RefillTime: 100 * time.Millisecond, RefillAmount: 1}
@@ -201,12 +225,30 @@ func TestSharesTableRaise(t *testing.T) {
 		name                 string
 		late, restart        bool
 		brokenExtra, brokenA bool
+		// tokens: region 0 carries tokens; first: region 1 ticks before
+		// region 0 (it raises before the carry); loseLate: region 1's
+		// save of the tick that reads the tokens is lost; loseCarry:
+		// region 0's save of its carry is lost.
+		tokens, first, loseLate, loseCarry bool
+		brokenLate, brokenEarly            bool
+		// giverLate: region 0 does not tick from its grant until region
+		// 1 has drained its new item a second after it took over;
+		// brokenRoom: tokens read after added without the item's room.
+		giverLate, brokenRoom bool
 	}{
 		{name: "in-time"},
 		{name: "late", late: true},
 		{name: "restart", late: true, restart: true},
 		{name: "broken-whole", brokenExtra: true},
 		{name: "broken-accrued", late: true, brokenA: true},
+		{name: "tokens-before", late: true, tokens: true},
+		{name: "tokens-after", first: true, tokens: true},
+		{name: "tokens-after-lost", first: true, tokens: true, loseLate: true},
+		{name: "carry-lost", tokens: true, loseCarry: true},
+		{name: "broken-late", first: true, tokens: true, brokenLate: true},
+		{name: "broken-early", first: true, tokens: true, loseLate: true, brokenEarly: true},
+		{name: "tokens-in-force", tokens: true, giverLate: true},
+		{name: "broken-room", tokens: true, giverLate: true, brokenRoom: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := t.Context()
@@ -216,14 +258,13 @@ func TestSharesTableRaise(t *testing.T) {
 			var procs [2]*Process
 			var tts [2]Table
 			var stores [2]*memory.Store
-			lossy := &loseSave{TableClient: client}
+			var lossy [2]*loseSave
 			for r := range agents {
 				tts[r] = Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
 					Validity: time.Second, Deadline: time.Second, LockLife: 750 * time.Millisecond}
 				tt := tts[r]
-				if r == 1 {
-					tt.Client = lossy
-				}
+				lossy[r] = &loseSave{TableClient: client}
+				tt.Client = lossy[r]
 				st := memStore(t)
 				stores[r] = st
 				a, err := NewTableAgent(cfg, tt, fmt.Sprintf("r%d", r), st)
@@ -231,19 +272,13 @@ func TestSharesTableRaise(t *testing.T) {
 					t.Fatal(err)
 				}
 				a.brokenExtra, a.brokenAccrue = c.brokenExtra, c.brokenA
+				a.brokenLate, a.brokenEarly, a.brokenRoom = c.brokenLate, c.brokenEarly, c.brokenRoom
+				a.noTokens = !c.tokens
 				agents[r] = a
 				if procs[r], err = NewProcess(cfg, tts[r], st); err != nil {
 					t.Fatal(err)
 				}
 			}
-			tickOne := func(r int) {
-				t.Helper()
-				if err := agents[r].Tick(ctx, now); err != nil {
-					t.Fatal(err)
-				}
-			}
-			tickOne(0)
-			tickOne(1)
 			// The grant's stamp: its giver's new item's first (0: not
 			// given yet).
 			givenAt := func() int64 {
@@ -254,6 +289,26 @@ func TestSharesTableRaise(t *testing.T) {
 				}
 				return 0
 			}
+			carryLost, giverBack := false, false
+			tickOne := func(r int) {
+				t.Helper()
+				if r == 0 && c.giverLate && !giverBack && givenAt() != 0 {
+					return // region 0 stops ticking once it gave
+				}
+				if r == 0 && c.loseCarry && !carryLost && givenAt() != 0 && now.UnixNano() >= givenAt() {
+					carryLost = true
+					lossy[0].lose.Store(true)
+					if err := agents[0].Tick(ctx, now); err == nil || !lossy[0].lost.Load() {
+						t.Fatalf("region 0's save of its carry was not lost: %v", err)
+					}
+					return
+				}
+				if err := agents[r].Tick(ctx, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tickOne(0)
+			tickOne(1)
 			// Region 1 spends what it has every 100 ms (its demand is
 			// written with its reads) until its raise is under way.
 			var raised *bucketItem
@@ -272,12 +327,14 @@ func TestSharesTableRaise(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				tickOne(0)
+				if !c.first {
+					tickOne(0)
+				}
 				if at := givenAt(); c.late && at != 0 && now.UnixNano() >= at && now.UnixNano() < at+int64(600*time.Millisecond) {
 					continue // region 1 reads the grant late
 				}
 				if c.restart && givenAt() != 0 && now.UnixNano() >= givenAt() {
-					lossy.lose.Store(true) // the save of the tick that raises
+					lossy[1].lose.Store(true) // the save of the tick that raises
 				}
 				err := agents[1].Tick(ctx, now)
 				a := agents[1]
@@ -286,7 +343,7 @@ func TestSharesTableRaise(t *testing.T) {
 					raised, started = a.items[1], now
 				}
 				a.mu.Unlock()
-				if lossy.lost.Load() {
+				if lossy[1].lost.Load() {
 					if raised == nil || err == nil {
 						t.Fatalf("a save was lost, yet raised %v, error %v", raised != nil, err)
 					}
@@ -294,6 +351,9 @@ func TestSharesTableRaise(t *testing.T) {
 				}
 				if err != nil {
 					t.Fatal(err)
+				}
+				if c.first {
+					tickOne(0)
 				}
 			}
 			if raised == nil {
@@ -310,6 +370,7 @@ func TestSharesTableRaise(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				succ.noTokens = !c.tokens
 				agents[1], raised = succ, nil
 				for i := 0; raised == nil && i < 40; i++ {
 					now = now.Add(100 * time.Millisecond)
@@ -331,37 +392,112 @@ func TestSharesTableRaise(t *testing.T) {
 			}
 			movedBefore := agents[1].TableStats().Moved
 			// No decision from here on: the carry is the only change.
+			lateLost := false
 			for now.UnixNano() < raised.from {
 				now = now.Add(100 * time.Millisecond)
 				tickOne(0)
+				if c.loseLate && !lateLost && agents[0].TableStats().TokensOut > 0 {
+					// The save of the tick that reads the tokens.
+					lateLost = true
+					lossy[1].lose.Store(true)
+					if err := agents[1].Tick(ctx, now); err == nil || !lossy[1].lost.Load() {
+						t.Fatalf("region 1's save was not lost: %v", err)
+					}
+					continue
+				}
 				tickOne(1)
+			}
+			if c.loseLate && !lateLost {
+				t.Fatalf("region 0 carried no tokens before region 1's raise took over: %+v", agents[0].TableStats())
 			}
 			moved := agents[1].TableStats().Moved - movedBefore
 			at := time.Unix(0, raised.from)
+			// What the raise's grants held in transit, from the stamps:
+			// a grant of g carrying k from its giver's stamp A to at
+			// holds min(g, k + floor(g * 1 * (at - A) / (20 * 100 ms))).
+			// owed is what the tokens add to a refill-only credit.
+			raise := raised.share - cfg.base(1)
+			inTransit := func() (transit, tokens, owed int64) {
+				var listed int64
+				for _, m := range agents[0].states[0].Moves {
+					if m.To == 1 && m.Upto <= raise {
+						refill := m.Units * (raised.from - m.At) / (cfg.units() * int64(b.RefillTime))
+						transit += min(m.Units, m.Tokens+refill)
+						listed += m.Units
+						tokens += m.Tokens
+						owed += min(m.Tokens, m.Units-min(m.Units, refill))
+					}
+				}
+				if listed != raise {
+					t.Fatalf("region 0 listed %d units to region 1, the raise is %d", listed, raise)
+				}
+				return transit, tokens, owed
+			}
+			if c.giverLate {
+				// Region 1 decides on its new item a second after it took
+				// over, draining it, before region 0's carry (and the
+				// grant's tokens) are read. In memory the item would have
+				// held min(19, want + r) by then, r its refills since at
+				// (its grid starts there), and a full item drops refill:
+				// what region 1 may admit after its drain is at most what
+				// that item would hold after it, so the tokens added late
+				// must not exceed it.
+				for now.UnixNano() < raised.from+int64(time.Second) {
+					now = now.Add(100 * time.Millisecond)
+					tickOne(1)
+				}
+				if !raised.heldOK {
+					t.Fatalf("region 1's item does not know what it held at its first stamp")
+				}
+				held := raised.held
+				var drained int64
+				for range 40 {
+					d, err := procs[1].AllowN(ctx, "k", now, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !d.Allowed {
+						break
+					}
+					drained++
+				}
+				giverBack = true
+				tickOne(0)
+				tickOne(1)
+				transit, tokens, owed := inTransit()
+				want := transit + min(moved, raised.share-transit)
+				r := (now.UnixNano() - raised.from) / int64(raised.cfg.RefillTime)
+				after := min(raised.share, want+r) - drained
+				ts1 := agents[1].TableStats()
+				t.Logf("region 1's item held %d at its first stamp (%d in memory), %d refills later drained %d; then region 0 carried %d tokens (%d owed): %d added, at most %d",
+					held, want, r, drained, tokens, owed, ts1.TokensLate, after)
+				if drained != min(raised.share, held+r) {
+					t.Errorf("region 1 drained %d, want %d (its item's %d and %d refills)", drained, min(raised.share, held+r), held, r)
+				}
+				if tokens == 0 || ts1.TokensOwed != owed {
+					t.Errorf("region 1 owed %d, want %d (of %d tokens carried)", ts1.TokensOwed, owed, tokens)
+				}
+				if c.brokenRoom {
+					if ts1.TokensLate <= after {
+						t.Errorf("tokens added without the room: %d, within what the item would hold (%d)", ts1.TokensLate, after)
+					}
+				} else if ts1.TokensLate > after {
+					t.Errorf("tokens added late: %d, more than the item would hold in memory after the drain (%d)", ts1.TokensLate, after)
+				}
+				return
+			}
 			d, err := raised.own.Get(ctx, raised.key, at)
 			if err != nil {
 				t.Fatal(err)
 			}
-			// What the raise's grants refilled in transit, from the
-			// stamps: a grant of g from its giver's stamp A to at
-			// refills floor(g * 1 * (at - A) / (20 * 100 ms)), at most g.
-			raise := raised.share - cfg.base(1)
-			var transit, listed int64
-			for _, m := range agents[0].states[0].Moves {
-				if m.To == 1 && m.Upto <= raise {
-					transit += min(m.Units, m.Units*(raised.from-m.At)/(cfg.units()*int64(b.RefillTime)))
-					listed += m.Units
-				}
-			}
-			if listed != raise {
-				t.Fatalf("region 0 listed %d units to region 1, the raise is %d", listed, raise)
-			}
+			transit, tokens, owed := inTransit()
 			fromTick := cfg.refilled(raise, at.Sub(started)) // the refill counted from region 1's tick, before
 			want := transit + min(moved, raised.share-transit)
 			bound := transit + moved
-			t.Logf("region 1's raise to %d (by %d), in force %v after its tick: %d tokens there (moved %d; the grants refilled %d in transit, %d from the tick; want %d, bound %d)",
-				raised.share, raise, at.Sub(started), d.Remaining, moved, transit, fromTick, want, bound)
-			if broken := c.brokenExtra || c.brokenA; broken {
+			ts0, ts1 := agents[0].TableStats(), agents[1].TableStats()
+			t.Logf("region 1's raise to %d (by %d), in force %v after its tick: %d tokens there (moved %d; the grants held %d in transit, %d of it tokens carried, %d from the tick; want %d, bound %d); region 0 %+v; region 1 %+v",
+				raised.share, raise, at.Sub(started), d.Remaining, moved, transit, tokens, fromTick, want, bound, ts0, ts1)
+			if broken := c.brokenExtra || c.brokenA || c.brokenLate || c.brokenEarly; broken {
 				if d.Remaining <= bound {
 					t.Errorf("a broken raise: the new item holds %d, within the bound %d", d.Remaining, bound)
 				}
@@ -371,13 +507,38 @@ func TestSharesTableRaise(t *testing.T) {
 				t.Errorf("the new item holds %d tokens as it takes over, more than the bound %d (the old item's %d and the transit's %d)", d.Remaining, bound, moved, transit)
 			}
 			if d.Remaining != want {
-				t.Errorf("the new item holds %d tokens, want %d (%d refilled in transit, %d moved)", d.Remaining, want, transit, moved)
+				t.Errorf("the new item holds %d tokens, want %d (%d held in transit, %d moved)", d.Remaining, want, transit, moved)
 			}
-			if c.late && transit <= fromTick {
+			if c.late && !c.tokens && transit <= fromTick {
 				t.Errorf("read late, the grants refilled %d in transit, no more than %d from region 1's tick", transit, fromTick)
 			}
+			switch {
+			case c.loseCarry:
+				if tokens != 0 || ts0.TokensOut != 0 || ts0.Carries != 2 {
+					t.Errorf("region 0's carry was redone (%d carries) after its save was lost, and carried %d tokens (%d listed), want 2 carries and none", ts0.Carries, ts0.TokensOut, tokens)
+				}
+			case c.tokens:
+				if tokens == 0 || tokens != ts0.TokensOut {
+					t.Errorf("region 0 listed %d tokens with its grants, carried %d, want them equal and some", tokens, ts0.TokensOut)
+				}
+				if c.first {
+					if ts1.TokensIn != 0 || ts1.TokensLate != owed || owed == 0 {
+						t.Errorf("tokens read after the raise: %d in the raise and %d added later, want 0 and %d", ts1.TokensIn, ts1.TokensLate, owed)
+					}
+				} else if ts1.TokensIn != tokens || ts1.TokensLate != 0 {
+					t.Errorf("tokens read before the raise: %d in the raise and %d added later, want %d and 0", ts1.TokensIn, ts1.TokensLate, tokens)
+				}
+			}
 			// The grants are out of transit on the board: a later rebase
-			// credits none of them again.
+			// credits none of them again, and later ticks add no token.
+			for range 3 {
+				now = now.Add(100 * time.Millisecond)
+				tickOne(0)
+				tickOne(1)
+			}
+			if late := agents[1].TableStats().TokensLate; late != ts1.TokensLate {
+				t.Errorf("later ticks added %d tokens more", late-ts1.TokensLate)
+			}
 			it, err := tts[1].load(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -385,7 +546,10 @@ func TestSharesTableRaise(t *testing.T) {
 			if len(it.board.In) != 2 || it.board.In[0] != raise {
 				t.Errorf("the board's In is %v, want [%d 0]", it.board.In, raise)
 			}
-			if got, units := agents[1].transit(it.board.In, []int64{raise, 0}, raised.from+int64(time.Hour)); got != 0 || units != 0 {
+			if c.tokens && !c.loseCarry && len(it.board.Took) != 0 {
+				t.Errorf("the board still waits for tokens of %+v", it.board.Took)
+			}
+			if got, units, _, _ := agents[1].transit(it.board.In, []int64{raise, 0}, raised.from+int64(time.Hour)); got != 0 || units != 0 {
 				t.Errorf("a later rebase would credit %d tokens of %d units again", got, units)
 			}
 		})
@@ -406,4 +570,79 @@ func (c *loseSave) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput,
 		return nil, errors.New("test: the save was lost")
 	}
 	return c.TableClient.UpdateItem(ctx, in, opts...)
+}
+
+// TestSharesTableCarryRoom: a region's bucket (22, 20 units shared,
+// refilled 10 a second) rebases from its share of 10, full (idle), to 7,
+// giving 3 with its new item's first stamp F; its processes decide on
+// the new item (empty at F, one token every 286 ms) before the carry
+// lands, 600 ms on, and take the 2 it refilled. In memory the new item
+// held 7 at F (the old one's tokens, at most its capacity), dropped those
+// refills (full), and holds 5 after the 2 taken; the carry must leave it
+// no fuller, and send the rest with the grant (3, one a unit). The carry
+// as before (its room counted at F alone, brokenCarry) adds 7 to the
+// drained item: 2 more than in memory.
+func TestSharesTableCarryRoom(t *testing.T) {
+	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 22, RefillTime: 100 * time.Millisecond, RefillAmount: 1}
+	cfg := Config{Regions: 2, Key: "k", Bucket: &b}
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			ctx := t.Context()
+			tt := Table{Client: &loseSave{}, Table: "t", Name: "carry", Region: 0}
+			a, err := NewTableAgent(cfg, tt, "r0", memStore(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.brokenCarry = broken
+			now := time.Now()
+			f := now.Add(100 * time.Millisecond)
+			it, err := a.newItem(ctx, f, 7, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			it.mine = true
+			old := a.items[0]
+			a.items = append(a.items, it)
+			a.states[0].Given[1] = 3
+			a.states[0].Moves = []Move{{To: 1, Units: 3, At: f.UnixNano(), Upto: 3}}
+			// Decisions on the new item 600 ms after F: its 2 refills.
+			now = f.Add(600 * time.Millisecond)
+			var took int64
+			for range 10 {
+				d, err := it.own.AllowN(ctx, it.key, now, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					took++
+				}
+			}
+			a.tbl.started = time.Now()
+			if err := a.carryTable(ctx, now); err != nil {
+				t.Fatal(err)
+			}
+			d, err := it.own.Get(ctx, it.key, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := a.TableStats()
+			t.Logf("old item %s: moved %d; new item took %d, then holds %d; tokens with the grant %+v", old.key, ts.Moved, took, d.Remaining, a.states[0].Moves)
+			if took != 2 || ts.Moved != 10 {
+				t.Fatalf("took %d from the new item and moved %d, want 2 and 10", took, ts.Moved)
+			}
+			memory := min(int64(7), 10) - took
+			if broken {
+				if d.Remaining <= memory {
+					t.Errorf("the carry as before: the new item holds %d, no more than in memory (%d)", d.Remaining, memory)
+				}
+				return
+			}
+			if d.Remaining > memory || d.Remaining < memory-1 {
+				t.Errorf("the new item holds %d after the carry, want %d (in memory) or one less", d.Remaining, memory)
+			}
+			if k := a.states[0].Moves[0].Tokens; k != 3 {
+				t.Errorf("the grant carries %d tokens, want 3 (one a unit)", k)
+			}
+		})
+	}
 }

@@ -56,6 +56,14 @@ type tableAgent struct {
 	// running total of units given this region in force at the tick
 	// (receive). A bucket's; under the agent's mu.
 	in, inForce []int64
+	// took is the board's Took; owe the grants' tokens to add once the
+	// tick's save has recorded them as taken (lateTokens). A bucket's;
+	// under the agent's mu.
+	took []took
+	owe  []owed
+	// sent and owing are the tick's tokens carried with grants and owed
+	// (counted once its save is made).
+	sent, owing int64
 
 	mu    sync.Mutex
 	stats TableStats
@@ -76,6 +84,14 @@ type TableStats struct {
 	// RefilledFromTick what they would have held counted from the tick
 	// that started each raise (as before the giver's stamp was used).
 	Refilled, RefilledFromTick int64
+	// TokensOut is the tokens it carried with its grants (its old
+	// items' free tokens above their new shares, at the carry: those
+	// of a tick whose save was made); TokensIn those of the grants to
+	// it that its new items held as they took the grants over (read
+	// before); TokensOwed what the tokens read after were worth (what
+	// each grant would have held more; a tick whose save was made),
+	// and TokensLate what of it was added (lateTokens).
+	TokensOut, TokensIn, TokensOwed, TokensLate int64
 	// ResumedPending is the units withheld for a window grant, and
 	// ResumedRebases the rebases under way, on record when it took the
 	// role (a predecessor's, finished by this agent).
@@ -211,8 +227,18 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		firstErr = cmp(firstErr, a.giveWindow(ctx, now))
 		a.holdFirst(now)
 	}
+	if a.cfg.Bucket != nil {
+		a.lateTokens(now)
+		if a.brokenEarly {
+			firstErr = cmp(firstErr, a.refundOwed(ctx, now))
+		}
+	}
 	a.updateWants(ctx, now)
-	return cmp(firstErr, a.save(ctx, now))
+	if err := a.save(ctx, now); err != nil || !a.Holds() {
+		return cmp(firstErr, err) // nothing owed is added: under-admits
+	}
+	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
+	return cmp(firstErr, a.refundOwed(ctx, now))
 }
 
 // givingUnderWay reports whether the agent, holding the role, has a
@@ -277,6 +303,7 @@ func (a *Agent) resume(it tableItem) error {
 	if len(b.In) == a.cfg.Regions {
 		tb.in = slices.Clone(b.In)
 	}
+	tb.took, tb.owe, tb.sent, tb.owing = slices.Clone(b.Took), nil, 0, 0
 	if b.Tick != 0 {
 		a.last = time.Unix(0, b.Tick)
 	}
@@ -288,6 +315,9 @@ func (a *Agent) resume(it tableItem) error {
 		bi := tb.items[s.Key]
 		if bi == nil {
 			bi = &bucketItem{key: s.Key, from: s.From, share: s.Share, extra: s.Extra}
+			if s.Held != nil {
+				bi.held, bi.heldOK = *s.Held, true
+			}
 			if s.Share > 0 {
 				bi.cfg = a.cfg.bucketFor(s.Share, false)
 				own, err := limiter.NewTokenBucket(a.store.(storage.BucketStore), bi.cfg)
@@ -298,6 +328,14 @@ func (a *Agent) resume(it tableItem) error {
 				bi.cfg.Leases = a.cfg.Leases
 			}
 			tb.items[s.Key] = bi
+		} else {
+			// What the board says was added (a save lost: what this
+			// agent added meanwhile was not refunded), but a carry made
+			// here and not yet saved.
+			bi.extra = s.Extra
+			if s.Held != nil {
+				bi.held, bi.heldOK = *s.Held, true
+			}
 		}
 		items = append(items, bi)
 	}
@@ -317,13 +355,20 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	pub := *own
 	pub.Given = slices.Clone(own.Given)
 	pub.Future = slices.Clone(own.Future)
+	pub.Tokens = slices.Clone(own.Tokens)
+	pub.Moves = slices.Clone(own.Moves)
 	b := board{Lows: slices.Clone(tb.lows), Seen: tb.seen, Tick: t, Wants: tb.listed, WantsTry: tb.wantsTry}
 	b.Entry = Entry{Seq: tb.seq + 1, Until: t + int64(tb.t.Validity)}
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
 		b.In = slices.Clone(tb.in)
+		b.Took = slices.Clone(tb.took)
 		for _, it := range a.items {
-			b.Entry.Items = append(b.Entry.Items, ItemStep{Key: it.key, From: it.from, Share: it.share, Extra: it.extra})
+			st := ItemStep{Key: it.key, From: it.from, Share: it.share, Extra: it.extra}
+			if it.heldOK {
+				st.Held = new(it.held)
+			}
+			b.Entry.Items = append(b.Entry.Items, st)
 		}
 	} else {
 		b.Entry.Caps = a.capSteps(t)
@@ -594,9 +639,12 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	if err != nil {
 		return err
 	}
-	var fromTick int64
+	it.mine = true
+	var fromTick, tokens int64
+	var recs []took
 	if it.own != nil {
-		credit, units := a.transit(in, inForce, from)
+		credit, units, k, rs := a.transit(in, inForce, from)
+		recs, tokens = rs, k
 		if raise > 0 {
 			fromTick = min(a.cfg.refilled(raise, time.Duration(from-now.UnixNano())), s)
 		}
@@ -615,40 +663,59 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 			}
 		}
 	}
-	tb.count(func(st *TableStats) { st.Refilled += it.extra; st.RefilledFromTick += fromTick })
+	tb.count(func(st *TableStats) {
+		st.Refilled += max(it.extra-tokens, 0)
+		st.RefilledFromTick += fromTick
+		st.TokensIn += min(tokens, it.extra)
+	})
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.items = append(a.items, it)
 	tb.items[it.key] = it
+	for i := range recs {
+		recs[i].Item = it.from
+	}
+	tb.took = append(tb.took, recs...)
+	if n := len(tb.took); n > moveMax {
+		tb.took = slices.Delete(tb.took, 0, n-moveMax)
+	}
 	a.stats.Rebases++
 	return nil
 }
 
 // transit is what the grants to this region in force since in (per
-// giver, its running total given this region; to inForce) refilled in
-// transit until from, this region's new item's first stamp: each listed
-// in its giver's entry (Move, no tokens carried through the table) is a
-// bucket of its units refilled at their rate from its giver's stamp At
-// until from less Skew, at most its units (accrued). units is the units
-// of those listed; the rest count from the receiver's tick (rebaseTable).
-func (a *Agent) transit(in, inForce []int64, from int64) (credit, units int64) {
+// giver, its running total given this region; to inForce) hold at from,
+// this region's new item's first stamp: each listed in its giver's entry
+// (Move) is a bucket of its units holding the tokens carried with it
+// (none until its giver's carry is read: lateTokens adds them later)
+// refilled at their rate from its giver's stamp At until from less Skew,
+// at most its units (accrued). units is the units of those listed, and
+// tokens their tokens; the rest count from the receiver's tick
+// (rebaseTable). recs are the grants listed whose tokens were not read
+// yet, each with its credit (their Item is the caller's to set).
+func (a *Agent) transit(in, inForce []int64, from int64) (credit, units, tokens int64, recs []took) {
 	if len(in) != a.cfg.Regions || len(inForce) != a.cfg.Regions {
-		return 0, 0
+		return 0, 0, 0, nil
 	}
 	for o, ap := range a.applied {
 		if o == a.r {
 			continue
 		}
-		var ms []Move
 		for _, m := range ap.Moves {
-			if m.To == a.r && m.Upto > in[o] && m.Upto <= inForce[o] && m.Units > 0 {
-				ms = append(ms, m)
-				units += m.Units
+			if m.To != a.r || m.Upto <= in[o] || m.Upto > inForce[o] || m.Units <= 0 {
+				continue
+			}
+			units += m.Units
+			k := min(max(m.Tokens, 0), m.Units)
+			c := k + a.accrued([]Move{m}, in[o], from-int64(a.cfg.Skew))
+			credit += c
+			tokens += k
+			if k == 0 {
+				recs = append(recs, took{From: o, Upto: m.Upto, Units: m.Units, Credit: c})
 			}
 		}
-		credit += a.accrued(ms, in[o], from-int64(a.cfg.Skew))
 	}
-	return credit, units
+	return credit, units, tokens, recs
 }
 
 // carryTable moves the old item's free tokens to the new one once the new
@@ -662,7 +729,8 @@ func (a *Agent) transit(in, inForce []int64, from int64) (credit, units int64) {
 // are held out of the free tokens (the item's ring) until they lapse,
 // spent at stamps before at or lost. A raise's new item already holds
 // its extra (rebaseTable): the carry adds at most the rest of its
-// capacity.
+// capacity, less its refills since at. What the new item does not take
+// goes with the grants that left at at (carryTokens).
 func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if len(a.items) < 2 || now.UnixNano() < a.items[1].from {
@@ -693,15 +761,215 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 			break
 		}
 	}
-	if c := min(moved, it.share-it.extra); c > 0 && it.own != nil {
+	// What the new item takes: at most its room as the refund lands
+	// (its capacity less what it held at its first stamp and its refills
+	// since, lateTokens): the refund at at is added to what the item
+	// holds when it lands, refilled to the latest decision's stamp, so
+	// a room counted at at alone let tokens held and carried exceed the
+	// capacity by that refill. An idle item ends full either way; the
+	// rest goes with the grants.
+	var c int64
+	if it.own != nil {
+		ref := now.UnixNano() + int64(time.Since(a.tbl.started)+rebaseAhead)
+		if a.brokenCarry {
+			ref = it.from
+		}
+		c = max(min(moved, it.share-it.extra-it.refills(ref)), 0)
+	}
+	if c > 0 {
 		if err := it.own.Refund(ctx, it.key, at, c); err != nil {
+			a.mu.Lock()
+			it.mine = false // added or not: what it holds is not known here
+			a.mu.Unlock()
 			return fmt.Errorf("regions: carry to %q: %w", it.key, err)
 		}
 	}
 	a.mu.Lock()
+	if it.mine { // a successor's carry does not know what its predecessor's added
+		if !it.heldOK {
+			it.held, it.heldOK = it.extra, true
+		}
+		it.held += c
+	}
+	a.tbl.sent += a.carryTokens(it.from, moved-c)
 	a.items = a.items[1:]
 	delete(a.tbl.items, old.key)
 	a.mu.Unlock()
 	a.tbl.count(func(s *TableStats) { s.Carries++; s.Moved += moved })
 	return nil
+}
+
+// carryTokens carries the tokens the old item held at the carry above
+// what its new one (first stamp at) takes, excess, with the grants whose
+// rate left at at (the grants the region's share fell by there, listed
+// in its entry), at most one a unit, in proportion to their units: their
+// Move.Tokens and the running totals State.Tokens, published by the
+// tick's save. The claim gives the tokens to one carry only, so a
+// successor that redoes the carry (its predecessor's save lost) carries
+// none: the tokens are lost (under-admits), never carried twice. It
+// returns the tokens carried. Under a.mu.
+func (a *Agent) carryTokens(at, excess int64) int64 {
+	own := &a.states[a.r]
+	var units int64
+	for _, m := range own.Moves {
+		if m.At == at && m.To != a.r && m.Tokens == 0 {
+			units += m.Units
+		}
+	}
+	if excess <= 0 || units <= 0 || a.noTokens {
+		return 0
+	}
+	excess = min(excess, units)
+	tokens := make([]int64, a.cfg.Regions)
+	copy(tokens, own.Tokens)
+	moves := slices.Clone(own.Moves) // the published entry's are shared
+	var sent int64
+	for i, m := range moves {
+		if m.At == at && m.To != a.r && m.Tokens == 0 {
+			k := excess * m.Units / units
+			moves[i].Tokens = k
+			tokens[m.To] += k
+			sent += k
+		}
+	}
+	own.Tokens, own.Moves = tokens, moves
+	return sent
+}
+
+// owed is at most n tokens to add to item it once the tick's save has
+// recorded them as taken (lateTokens): at its first stamp while it is
+// ahead (ahead), else at the refund's; base is what it held at its first
+// stamp before them (refundOwed).
+type owed struct {
+	it          *bucketItem
+	n, base     int64
+	ahead, free bool // free: no room (brokenLate, brokenRoom)
+}
+
+// lateTokens takes the tokens of the grants that left transit before
+// their givers' carries were read (a grant's tokens travel with its
+// giver's carry, a tick after its stamp: carryTable). The grant's item
+// holds Credit for it (its refill in transit, at most its units), where
+// the grant, a bucket of its units holding its k tokens and refilled in
+// transit, would have held min(Units, k + refill): it is owed
+// min(k, Units - Credit). The tick's save records the tokens as taken
+// (the grant leaves Took), and only after that save the owed tokens are added
+// (refundOwed): a successor that resumes after it takes none again; a
+// save lost adds none (under-admits). They go to the grant's item, if
+// still the region's:
+//
+//   - ahead (not yet in force, its carry not made): at its first stamp,
+//     as if read before (Extra; the carry then adds the old item's
+//     tokens up to the rest of the capacity);
+//   - in force, its tokens at its first stamp known (Held): at most its
+//     capacity less Held and what it refilled since (its grid starts at
+//     its first stamp), so that the tokens it held and those owed never
+//     exceed its capacity at any stamp since. (A bucket that filled
+//     meanwhile dropped refill the grant's tokens would have displaced:
+//     adding them later without that cap would hand back a dropped
+//     refill.)
+//
+// Otherwise (replaced since, or its carry a predecessor's) they are lost.
+func (a *Agent) lateTokens(now time.Time) {
+	tb, t := a.tbl, now.UnixNano()
+	ref := t + int64(time.Since(tb.started)) // about when the refunds are made
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var owe int64
+	keep := tb.took[:0:0]
+	for _, r := range tb.took {
+		if r.From < 0 || r.From >= len(a.applied) || r.From == a.r {
+			continue
+		}
+		k, listed := int64(0), false
+		for _, m := range a.applied[r.From].Moves {
+			if m.To == a.r && m.Upto == r.Upto {
+				k, listed = min(max(m.Tokens, 0), r.Units), true
+				break
+			}
+		}
+		if k == 0 {
+			if listed || a.applied[r.From].Seq == 0 {
+				keep = append(keep, r) // its tokens may come yet
+			}
+			continue
+		}
+		// Taken, whatever of it is added: the save leaves it out.
+		o := min(k, max(r.Units-r.Credit, 0))
+		if a.brokenLate {
+			o = k
+		}
+		owe += o
+		var it *bucketItem
+		for _, x := range a.items {
+			if x.from == r.Item {
+				it = x
+			}
+		}
+		if o <= 0 || it == nil || it.own == nil {
+			continue
+		}
+		w := owed{it: it, ahead: it.from > t, free: a.brokenLate || a.brokenRoom}
+		switch {
+		case w.ahead:
+			w.base = it.extra
+			w.n = min(o, it.share-w.base)
+			it.extra += max(w.n, 0)
+		case it.heldOK:
+			w.base = it.held
+			w.n = min(o, it.share-w.base-it.refills(ref+int64(rebaseAhead)))
+			it.held += max(w.n, 0)
+		}
+		if w.free {
+			w.n = o
+		}
+		if w.n > 0 {
+			tb.owe = append(tb.owe, w)
+		}
+	}
+	tb.took = keep
+	tb.owing += owe
+}
+
+// refundOwed adds the tokens lateTokens found owed (after the tick's
+// save recorded them as taken), each at most its item's room as it is
+// sent (the save took a while: the item may have refilled further; the
+// board's Extra and Held count the larger figure, which only
+// under-admits). A refund that fails loses its tokens (under-admits).
+func (a *Agent) refundOwed(ctx context.Context, now time.Time) error {
+	a.mu.Lock()
+	owe := a.tbl.owe
+	a.tbl.owe = nil
+	a.mu.Unlock()
+	var firstErr error
+	for _, o := range owe {
+		t := now.UnixNano() + int64(time.Since(a.tbl.started))
+		n := min(o.n, o.it.share-o.base-o.it.refills(t+int64(rebaseAhead)))
+		at := t
+		if o.ahead {
+			at = o.it.from
+		}
+		if o.free {
+			n = o.n
+		}
+		if n <= 0 {
+			continue
+		}
+		o.n = n
+		if err := o.it.own.Refund(ctx, o.it.key, time.Unix(0, at), o.n); err != nil {
+			firstErr = cmp(firstErr, fmt.Errorf("regions: a grant's tokens to %q: %w", o.it.key, err))
+			continue
+		}
+		a.tbl.count(func(s *TableStats) { s.TokensLate += o.n })
+	}
+	return firstErr
+}
+
+// refills is the refills item it has had from its first stamp to t (its
+// grid starts there).
+func (it *bucketItem) refills(t int64) int64 {
+	if t <= it.from || it.from == minStamp || it.cfg.RefillTime <= 0 {
+		return 0
+	}
+	return (t - it.from) / int64(it.cfg.RefillTime) * it.cfg.RefillAmount
 }
