@@ -536,27 +536,24 @@ func reportRegions(b *testing.B, rep regionReport) {
 	}
 }
 
-// TestRegionsEventual runs a global window with leases on one
-// default-mode harness (three regions, lag 1 s):
+// testRegionsEventual runs a global window with leases on the
+// default-mode harness (three regions, lag 1 s) without shares, as
+// TestRegionShares' first subtest (one harness: its three JVMs take
+// longer to start than the run):
 //
-//   - shared: one key written in every region, demand split evenly and
-//     each region offering the whole limit's rate. Each region's
-//     conditional writes see its own copy only and whole items replace
-//     each other (last writer wins), so the regions together admit up to
-//     three times the limit: the test asserts that the history checker
-//     over the union of regions finds windows over the limit (it must, or
-//     the harness does not replicate as DynamoDB does). This is the
-//     baseline regional shares must fix.
+//   - eventual/shared: one key written in every region, demand split
+//     evenly and each region offering the whole limit's rate. Each
+//     region's conditional writes see its own copy only and whole items
+//     replace each other (last writer wins), so the regions together
+//     admit up to three times the limit: the test asserts that the
+//     history checker over the union of regions finds windows over the
+//     limit (it must, or the harness does not replicate as DynamoDB
+//     does). This is the baseline regional shares must fix.
 //
-// It asserts that no decision failed. Regional shares, which keep such a
-// limit: TestRegionShares.
-func TestRegionsEventual(t *testing.T) {
-	if testing.Short() {
-		t.Skip("three DynamoDB Locals")
-	}
-	testserver.DynamoDBLocal(t) // skip (or fail under make test) without the servers
-	g, table, eps := startEventual(t)
-	t.Run("shared", func(t *testing.T) {
+// It asserts that no decision failed, and waits for the replication to
+// settle before the shares' runs.
+func testRegionsEventual(t *testing.T, g *testserver.Regions, table string, eps []string) {
+	t.Run("eventual/shared", func(t *testing.T) {
 		d := regionDemand{Name: "33/33/33", Split: []float64{1. / 3, 1. / 3, 1. / 3}, Rate: 3 * regionRate, Duration: 5 * time.Second}
 		rep := runRegions(t, table, eps, regionsGates{g}.requests, nil, d, nil)
 		t.Logf("eventual, %s, 3x the limit's rate offered: %v", d.Name, rep)
@@ -571,6 +568,11 @@ func TestRegionsEventual(t *testing.T) {
 			t.Errorf("admitted %d, not above the exact %d", rep.admitted, rep.exact)
 		}
 	})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := g.Settle(ctx); err != nil {
+		t.Fatalf("replication after the baseline: %v", err)
+	}
 }
 
 // mrscScale is the MRSC hot-key runs' scale: a window of 10,000 per 4 s
