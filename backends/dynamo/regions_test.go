@@ -437,7 +437,8 @@ func mrscDemands(d time.Duration, all bool) []regionDemand {
 // and no decision failed; it reports the share of exact, the store
 // requests per decision and the p50 decision latency against a regional
 // round trip measured in the same run (BenchmarkRegionsMRSC reports them
-// as metrics).
+// as metrics). The runs (keys of their own, paced by the wall clock) go
+// two at a time: the store requests logged are then both runs'.
 func TestRegionsMRSCLeases(t *testing.T) {
 	if testing.Short() {
 		t.Skip("15 s against DynamoDB Local")
@@ -447,6 +448,7 @@ func TestRegionsMRSCLeases(t *testing.T) {
 		Rate: 1.2 * regionRate, Duration: 3 * time.Second, Prefill: regionBucket.MaxAmount / 2, Alg: regionAlgBucket, MRSC: true})
 	for _, d := range ds {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			rep := runRegions(t, table, eps, m.Requests, raw, d, nil)
 			t.Logf("mrsc %s: %v; harness: %v", d.Name, rep, m.Stats())
 			if rep.failed > 0 {
