@@ -162,22 +162,21 @@ func checkShares(tb testing.TB, rep sharesReport) {
 }
 
 // TestRegionShares: on one default-mode harness (three regions, lag
-// 1 s), first the baseline without shares (testRegionsEventual: the
-// regions admit over the limit), then the window with demand moving
-// from region 0 to region 2 (98/1/1 for 3 s, then 1/1/98 for 3 s) and
-// the bucket at 60/30/10 for 4 s, each at 1.2 times the steady rate: no window of stamps over the
+// 1 s), the window with demand moving from region 0 to region 2
+// (98/1/1 for 3 s, then 1/1/98 for 3 s) and the bucket at 60/30/10 for
+// 4 s, each at 1.2 times the steady rate: no window of stamps over the
 // union of regions is over the limit (the bucket's bound), no decision
 // failed, and the shares moved (region 2 ended with more of the window
 // than it started with; the bucket's regions made grants). The share of
 // exact is logged; BenchmarkRegionShares reports it on 30 s runs. The
-// table's runs follow (testRegionSharesTable).
+// table's runs follow (testRegionSharesTable), then the baseline without
+// shares (testRegionsEventual: the regions admit over the limit).
 func TestRegionShares(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three DynamoDB Locals")
 	}
 	testserver.DynamoDBLocal(t) // skip (or fail under make test) without the servers
 	g, table, eps := startEventual(t)
-	testRegionsEventual(t, g, table, eps)
 	t.Run("window/98/1/1-then-1/1/98", func(t *testing.T) {
 		d := regionDemand{Name: "rs/window/move", Split: shareSplits[3].split, Then: shareSplits[3].then, Rate: 1.2 * regionRate, Duration: 3 * time.Second}
 		rep := runRegionShares(t, g, table, eps, d, 0)
@@ -201,6 +200,7 @@ func TestRegionShares(t *testing.T) {
 		}
 	})
 	testRegionSharesTable(t, g, table, eps) // the same through the table (regionstable_test.go)
+	testRegionsEventual(t, g, table, eps)   // the baseline (regions_test.go)
 	t.Logf("replication: %+v", g.Stats())
 }
 
