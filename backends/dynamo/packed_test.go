@@ -246,7 +246,8 @@ func packedItemSize(it item) int {
 // 4*floor(newest/4) - Keep), every older one removed by the add itself,
 // with no extra request. The largest item is logged: at the default 160
 // slots with traffic in every slot it passes 1 KB (2 WCU) and stays under
-// 2 KB; at 64 slots it stays under 1 KB.
+// 2 KB; at 64 slots it stays under 1 KB. The cases (keys of their own,
+// one request at a time each) run in parallel.
 func TestPackedRemoval(t *testing.T) {
 	for _, c := range []struct {
 		r, every int
@@ -257,6 +258,7 @@ func TestPackedRemoval(t *testing.T) {
 		{96, 1, 1, 1400}, {64, 1, 50, 1024},
 	} {
 		t.Run(fmt.Sprintf("r=%d/every=%d/n=%d", c.r, c.every, c.perSlot), func(t *testing.T) {
+			t.Parallel()
 			s, r, dc := newStore(t, dynamo.Config{})
 			r.consumed = true
 			p := newPacked(t, s, dc)

@@ -437,7 +437,8 @@ func mrscDemands(d time.Duration, all bool) []regionDemand {
 // and no decision failed; it reports the share of exact, the store
 // requests per decision and the p50 decision latency against a regional
 // round trip measured in the same run (BenchmarkRegionsMRSC reports them
-// as metrics).
+// as metrics). The runs (keys of their own, paced by the wall clock) go
+// two at a time: the store requests logged are then both runs'.
 func TestRegionsMRSCLeases(t *testing.T) {
 	if testing.Short() {
 		t.Skip("15 s against DynamoDB Local")
@@ -447,6 +448,7 @@ func TestRegionsMRSCLeases(t *testing.T) {
 		Rate: 1.2 * regionRate, Duration: 3 * time.Second, Prefill: regionBucket.MaxAmount / 2, Alg: regionAlgBucket, MRSC: true})
 	for _, d := range ds {
 		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
 			rep := runRegions(t, table, eps, m.Requests, raw, d, nil)
 			t.Logf("mrsc %s: %v; harness: %v", d.Name, rep, m.Stats())
 			if rep.failed > 0 {
@@ -536,27 +538,24 @@ func reportRegions(b *testing.B, rep regionReport) {
 	}
 }
 
-// TestRegionsEventual runs a global window with leases on one
-// default-mode harness (three regions, lag 1 s):
+// testRegionsEventual runs a global window with leases on the
+// default-mode harness (three regions, lag 1 s) without shares, as
+// TestRegionShares' last subtest (one harness: its three JVMs take
+// longer to start than the run; last, so that the shares' runs meet the
+// harness as fresh as before):
 //
-//   - shared: one key written in every region, demand split evenly and
-//     each region offering the whole limit's rate. Each region's
-//     conditional writes see its own copy only and whole items replace
-//     each other (last writer wins), so the regions together admit up to
-//     three times the limit: the test asserts that the history checker
-//     over the union of regions finds windows over the limit (it must, or
-//     the harness does not replicate as DynamoDB does). This is the
-//     baseline regional shares must fix.
+//   - eventual/shared: one key written in every region, demand split
+//     evenly and each region offering the whole limit's rate. Each
+//     region's conditional writes see its own copy only and whole items
+//     replace each other (last writer wins), so the regions together
+//     admit up to three times the limit: the test asserts that the
+//     history checker over the union of regions finds windows over the
+//     limit (it must, or the harness does not replicate as DynamoDB
+//     does). This is the baseline regional shares must fix.
 //
-// It asserts that no decision failed. Regional shares, which keep such a
-// limit: TestRegionShares.
-func TestRegionsEventual(t *testing.T) {
-	if testing.Short() {
-		t.Skip("three DynamoDB Locals")
-	}
-	testserver.DynamoDBLocal(t) // skip (or fail under make test) without the servers
-	g, table, eps := startEventual(t)
-	t.Run("shared", func(t *testing.T) {
+// It asserts that no decision failed.
+func testRegionsEventual(t *testing.T, g *testserver.Regions, table string, eps []string) {
+	t.Run("eventual/shared", func(t *testing.T) {
 		d := regionDemand{Name: "33/33/33", Split: []float64{1. / 3, 1. / 3, 1. / 3}, Rate: 3 * regionRate, Duration: 5 * time.Second}
 		rep := runRegions(t, table, eps, regionsGates{g}.requests, nil, d, nil)
 		t.Logf("eventual, %s, 3x the limit's rate offered: %v", d.Name, rep)

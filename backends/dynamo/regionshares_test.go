@@ -168,7 +168,9 @@ func checkShares(tb testing.TB, rep sharesReport) {
 // union of regions is over the limit (the bucket's bound), no decision
 // failed, and the shares moved (region 2 ended with more of the window
 // than it started with; the bucket's regions made grants). The share of
-// exact is logged; BenchmarkRegionShares reports it on 30 s runs.
+// exact is logged; BenchmarkRegionShares reports it on 30 s runs. The
+// table's runs follow (testRegionSharesTable), then the baseline without
+// shares (testRegionsEventual: the regions admit over the limit).
 func TestRegionShares(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three DynamoDB Locals")
@@ -198,6 +200,7 @@ func TestRegionShares(t *testing.T) {
 		}
 	})
 	testRegionSharesTable(t, g, table, eps) // the same through the table (regionstable_test.go)
+	testRegionsEventual(t, g, table, eps)   // the baseline (regions_test.go)
 	t.Logf("replication: %+v", g.Stats())
 }
 

@@ -13,7 +13,7 @@ import (
 // on purpose, every algorithm, wall-clock and shared-clock stamps, checked
 // against the exact model.
 func TestHistory(t *testing.T) {
-	limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history:"}), limitertest.HistoryOptions{})
+	limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history:"}), limitertest.HistoryOptions{Parallel: true})
 }
 
 // TestHistoryProxy runs the window scenarios in the pipeline-safe mode for
@@ -31,6 +31,7 @@ func TestHistoryProxy(t *testing.T) {
 	limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history-proxy:", Proxy: true}), limitertest.HistoryOptions{
 		Scenarios: windows,
 		Clocks:    []limitertest.Clock{limitertest.WallClock},
+		Parallel:  true,
 	})
 }
 

@@ -196,15 +196,18 @@ func TestHistoryPacked(t *testing.T) {
 	t.Run("Pipeline", func(t *testing.T) {
 		limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history-packed:"}), limitertest.HistoryOptions{
 			Scenarios: []limitertest.Scenario{limitertest.PackedScenario()},
+			Parallel:  true,
 		})
 	})
 	t.Run("Proxy", func(t *testing.T) {
+		t.Parallel()
 		limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history-packed-proxy:", Proxy: true}), limitertest.HistoryOptions{
 			Scenarios: []limitertest.Scenario{limitertest.PackedScenario()},
 			Clocks:    []limitertest.Clock{limitertest.WallClock},
 		})
 	})
 	t.Run("MaxCost", func(t *testing.T) {
+		t.Parallel()
 		limitertest.RunHistory(t, newStore(t, memcached.Config{KeyPrefix: "history-packed-max-cost:"}), limitertest.HistoryOptions{
 			Scenarios: []limitertest.Scenario{limitertest.PackedMaxCostScenario()},
 			Clocks:    []limitertest.Clock{limitertest.WallClock},

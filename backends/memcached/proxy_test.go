@@ -72,8 +72,9 @@ func runFleetHistory(t *testing.T, s *memcached.Store) {
 	for i := range scs {
 		scs[i].Duration = min(scs[i].Duration, 2*time.Second)
 	}
-	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: scs, Clocks: []limitertest.Clock{limitertest.SharedClock}})
-	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: []limitertest.Scenario{straddleScenario()}, Clocks: []limitertest.Clock{limitertest.SkewedClock}})
+	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: scs, Clocks: []limitertest.Clock{limitertest.SharedClock}, Parallel: true})
+	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: []limitertest.Scenario{straddleScenario()}, Clocks: []limitertest.Clock{limitertest.SkewedClock},
+		Parallel: true})
 }
 
 // TestHistoryNutcrackerBatched runs the batched history checker (every

@@ -11,7 +11,7 @@ import (
 // goroutines on hot keys with arrivals reordered on purpose, every algorithm,
 // wall-clock and shared-clock stamps, checked against the exact model.
 func TestHistory(t *testing.T) {
-	limitertest.RunHistory(t, newStore(t, memory.Config{}), limitertest.HistoryOptions{})
+	limitertest.RunHistory(t, newStore(t, memory.Config{}), limitertest.HistoryOptions{Parallel: true})
 }
 
 // TestHistoryPacked runs the history checker on the packed sliding window
@@ -21,6 +21,7 @@ func TestHistory(t *testing.T) {
 func TestHistoryPacked(t *testing.T) {
 	limitertest.RunHistory(t, newStore(t, memory.Config{}), limitertest.HistoryOptions{
 		Scenarios: []limitertest.Scenario{limitertest.PackedScenario()},
+		Parallel:  true,
 	})
 }
 
@@ -36,5 +37,6 @@ func TestHistoryFailsBrokenPacked(t *testing.T) {
 func TestHistoryPackedMaxCost(t *testing.T) {
 	limitertest.RunHistory(t, newStore(t, memory.Config{}), limitertest.HistoryOptions{
 		Scenarios: []limitertest.Scenario{limitertest.PackedMaxCostScenario()},
+		Parallel:  true,
 	})
 }

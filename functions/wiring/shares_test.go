@@ -108,6 +108,15 @@ func sdkSetenv(t *testing.T, endpoint string) {
 	}
 }
 
+// longer is short, or long with SLUICE_LONG=1: the full length of a test
+// whose longer run is a soak (docs/testing.md).
+func longer[T any](short, long T) T {
+	if os.Getenv("SLUICE_LONG") == "1" {
+		return long
+	}
+	return short
+}
+
 // sharesEnv is region's environment as the construct sets it, with rules.
 func sharesEnv(table, region, rules string) map[string]string {
 	return map[string]string{

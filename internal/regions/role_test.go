@@ -24,6 +24,7 @@ import (
 // the role extended from the tick's stamp only (the broken run, as
 // before), it lapses before A's next save lands, whenever two of A's
 // ticks outlast LockLife (750 ms): B takes it and A's save is refused.
+// The two runs (agents of their own) run at once, through the same proxy.
 func TestRoleKeptUnderSlowTicks(t *testing.T) {
 	client, table := testTable(t)
 	proxy := testserver.NewHTTPProxy(t, *client.Options().BaseEndpoint)
@@ -33,6 +34,7 @@ func TestRoleKeptUnderSlowTicks(t *testing.T) {
 	const run = 4 * time.Second
 	for _, broken := range []bool{false, true} {
 		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			t.Parallel()
 			ctx := t.Context()
 			name := fmt.Sprintf("role-%v-%d", broken, time.Now().UnixNano())
 			agent := func(c *dynamodb.Client, holder string) *Agent {

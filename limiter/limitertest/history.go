@@ -192,6 +192,10 @@ type HistoryOptions struct {
 	Clocks []Clock
 	// CheckTimeout bounds each linearizability check; zero means 30 s.
 	CheckTimeout time.Duration
+	// Parallel runs each scenario and clock in a parallel subtest (their
+	// keys are their own): for a store whose calls wait more than they
+	// compute. RunHistory then returns before they run.
+	Parallel bool
 }
 
 func (o HistoryOptions) withDefaults() HistoryOptions {
@@ -288,6 +292,9 @@ func RunHistory(t *testing.T, s Store, opt HistoryOptions) {
 				continue // skew is checked on the windows
 			}
 			t.Run(sc.Name+"/"+clock.String(), func(t *testing.T) {
+				if opt.Parallel {
+					t.Parallel()
+				}
 				o := opt
 				o.Seed = subSeed(opt.Seed, i, clock)
 				keys := o.Keys
