@@ -41,8 +41,10 @@ func TestInspectShare(t *testing.T) {
 		Table: Table{Client: client, Table: table, Region: 1}, Prefix: "lim:", Store: st}
 	const sub = time.Second
 	// Stamps ahead of the real clock (a decision's requests end by its
-	// stamp plus the deadline), on a sub-window boundary.
-	base := time.Now().Truncate(sub).Add(2 * sub)
+	// stamp plus the deadline), on a sub-window boundary: 30 s, so that a
+	// loaded machine's setup (the table, the publications) does not reach
+	// them.
+	base := time.Now().Truncate(sub).Add(30 * sub)
 	lower := base.Add(5 * sub)
 	// Region 1 gave 2 to region 2; region 0 gave 1 to region 1.
 	publish(t, kc, "k", 1, State{Given: []int64{0, 0, 2}, Seq: 1}, board{
