@@ -770,11 +770,11 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	// rest goes with the grants.
 	var c int64
 	if it.own != nil {
-		ref := now.UnixNano() + int64(time.Since(a.tbl.started)+rebaseAhead)
+		room := it.room(it.extra, a.tbl.stamp(now))
 		if a.brokenCarry {
-			ref = it.from
+			room = it.share - it.extra
 		}
-		c = max(min(moved, it.share-it.extra-it.refills(ref)), 0)
+		c = max(min(moved, room), 0)
 	}
 	if c > 0 {
 		if err := it.own.Refund(ctx, it.key, at, c); err != nil {
@@ -872,7 +872,7 @@ type owed struct {
 // Otherwise (replaced since, or its carry a predecessor's) they are lost.
 func (a *Agent) lateTokens(now time.Time) {
 	tb, t := a.tbl, now.UnixNano()
-	ref := t + int64(time.Since(tb.started)) // about when the refunds are made
+	ref := tb.stamp(now) // about when the refunds are made
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var owe int64
@@ -917,7 +917,7 @@ func (a *Agent) lateTokens(now time.Time) {
 			it.extra += max(w.n, 0)
 		case it.heldOK:
 			w.base = it.held
-			w.n = min(o, it.share-w.base-it.refills(ref+int64(rebaseAhead)))
+			w.n = min(o, it.room(w.base, ref))
 			it.held += max(w.n, 0)
 		}
 		if w.free {
@@ -943,8 +943,8 @@ func (a *Agent) refundOwed(ctx context.Context, now time.Time) error {
 	a.mu.Unlock()
 	var firstErr error
 	for _, o := range owe {
-		t := now.UnixNano() + int64(time.Since(a.tbl.started))
-		n := min(o.n, o.it.share-o.base-o.it.refills(t+int64(rebaseAhead)))
+		t := a.tbl.stamp(now)
+		n := min(o.n, o.it.room(o.base, t))
 		at := t
 		if o.ahead {
 			at = o.it.from
@@ -963,6 +963,20 @@ func (a *Agent) refundOwed(ctx context.Context, now time.Time) error {
 		a.tbl.count(func(s *TableStats) { s.TokensLate += o.n })
 	}
 	return firstErr
+}
+
+// stamp is about the stamp of a request the tick under way makes now:
+// the tick's stamp plus the time it has taken so far.
+func (tb *tableAgent) stamp(now time.Time) int64 {
+	return now.UnixNano() + int64(time.Since(tb.started))
+}
+
+// room is what item it can take on top of base tokens by a refund sent
+// at stamp t: its capacity less base and its refills up to t, and
+// rebaseAhead's more (the refund lands after decisions stamped a little
+// later).
+func (it *bucketItem) room(base, t int64) int64 {
+	return it.share - base - it.refills(t+int64(rebaseAhead))
 }
 
 // refills is the refills item it has had from its first stamp to t (its
