@@ -29,7 +29,11 @@ func TestHistory(t *testing.T) {
 	if _, err := limitertest.RunScenario(context.Background(), s, warm, limitertest.SharedClock, limitertest.HistoryOptions{Seed: 1}); err != nil {
 		t.Fatal(err)
 	}
-	limitertest.RunHistory(t, limitertest.BucketsAtStamp(s), limitertest.HistoryOptions{Scenarios: historyScenarios()})
+	// The linearizability search's time depends on the history's shape
+	// (this store's lost races and retries overlap many calls on a key):
+	// one of 524 calls took more than the default 30 s under make test,
+	// which is no verdict, so a failure. Two minutes bound it still.
+	limitertest.RunHistory(t, limitertest.BucketsAtStamp(s), limitertest.HistoryOptions{Scenarios: historyScenarios(), CheckTimeout: 2 * time.Minute})
 	st := s.Stats()
 	t.Logf("%d requests (%d failed: lost races); %d conflicts, %d reads, %d cleanups",
 		r.load(), r.failed.Load(), st.Conflicts, st.Reads, st.Cleanups)
