@@ -38,8 +38,8 @@ type KeysConfig struct {
 	// they list ticked here; default Tick).
 	SweepEvery time.Duration
 	// SweepDeadline bounds each index read, prune and tick of a sweep
-	// run in line with a decision (default a quarter of the table's
-	// Deadline; the keeper's have the Deadline), so that a key whose
+	// run in line with a decision (default half the table's Deadline;
+	// the keeper's have the Deadline), so that a key whose
 	// requests do not answer, ticked by the sweep, holds the decision of
 	// another key that ran it for about SweepDeadline, not its whole
 	// deadline.
@@ -127,7 +127,7 @@ func NewKeys(cfg KeysConfig) (*Keys, error) {
 	cfg.WantsLife = orDefault(cfg.WantsLife, DefaultWantsLife)
 	cfg.ReportEvery = orDefault(cfg.ReportEvery, DefaultReportEvery)
 	cfg.Table = cfg.Table.withDefaults()
-	cfg.SweepDeadline = orDefault(cfg.SweepDeadline, cfg.Table.Deadline/4)
+	cfg.SweepDeadline = orDefault(cfg.SweepDeadline, cfg.Table.Deadline/2)
 	if cfg.Prefix == "" || cfg.Holder == "" {
 		return nil, fmt.Errorf("%w: keys need a prefix and a holder", ErrInvalidConfig)
 	}
