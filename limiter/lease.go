@@ -78,6 +78,14 @@ const (
 	// trips, and the takes and returns of a hot key's processes keep its
 	// item written from every region at once.
 	leaseRoundTrips = 8
+	// backlogSpacing and backlogRun: units seen closer together than
+	// 1/backlogSpacing of the key's mean spacing (its rate's) are a
+	// backlog's (calls that queued behind a pause, answered one after
+	// another), and backlogRun of them in a row make a run (leaseKey.run).
+	// On a Poisson stream a gap that short is 1 in 8 and a run of
+	// backlogRun 1 in 2,000.
+	backlogSpacing = 8
+	backlogRun     = 4
 	// leaseSaves is the store time a lease below minLease must save on
 	// such a store (its units less one, times the key's round trip): a
 	// key under minLease leases from 2 units when its round trip is long.
@@ -129,6 +137,10 @@ type leaseKey struct {
 	remaining int64
 	// drained: no take before this stamp.
 	drained int64
+	// run is the units of the backlog run the last ones seen belong to
+	// (observe): near a lease's end, a backlog leases what its run has
+	// shown (want), on a key whose last lease was taken at took.
+	run, took int64
 	// rtt is the key's store round trip in this process (wall time of
 	// the store steps that decided it, conflicts and retries included),
 	// averaged; 0: not measured (always, unless the leaser is far).
@@ -205,11 +217,19 @@ func (sh *leaseShard) entry(key string, t int64) *leaseKey {
 	return k
 }
 
-// observe adds n units at t to the key's rate estimate.
+// observe adds n units at t to the key's rate estimate, and to its
+// backlog run when they come within a fraction of the rate's spacing of
+// the last ones.
 func (k *leaseKey) observe(t, n int64) {
-	if dt := t - k.seen; dt > 0 {
+	dt := t - k.seen
+	if dt > 0 {
 		k.sum *= math.Exp2(-float64(dt) / float64(rateHalfLife))
 		k.seen = t
+	}
+	if r := k.rate(); k.sum > 0 && float64(max(dt, 0))*r*backlogSpacing < float64(n)*float64(time.Second) {
+		k.run += n
+	} else {
+		k.run = n
 	}
 	k.sum += float64(n)
 }
@@ -301,17 +321,36 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 		// only hold units the other processes are denied meanwhile.
 		life = long
 	}
+	nominal := int64(rate * life.Seconds())
 	if left := time.Duration(end - t); left-life < life {
 		// What would be left after this lease is shorter than it: one
 		// lease to the end rather than a short one after it.
 		life = min(left, storage.MaxLeaseLife)
 	}
 	w := min(int64(rate*life.Seconds()), k.remaining/fairShare, l.maxWant)
+	if w < k.minLease() && nominal >= k.minLease() && k.run >= backlogRun && t-k.took < int64(rateHalfLife) && !brokenBacklog {
+		// A backlog near the lease's end of a key that leased within
+		// the last second (calls that queued behind a pause of the
+		// process, answered at once; a cold key's quick handful never
+		// leases): the rate, spread
+		// over the little time left, says a lease would strand its
+		// units, and each call would be a store step of its own. Lease
+		// the units the run has shown so far (it doubles with each
+		// take), at most the lease the rate calls for.
+		w = min(k.run, nominal, k.remaining/fairShare, l.maxWant)
+		if w > n {
+			return w
+		}
+	}
 	if w < k.minLease() || w <= n {
 		return n
 	}
 	return w
 }
+
+// brokenBacklog: a backlog near a lease's end is a store step a call
+// (want), as before; tests only.
+var brokenBacklog = false
 
 // minLease is the smallest lease worth taking on the key: minLease, or
 // fewer units (at least 2) when they save leaseSaves of store round trips
@@ -381,6 +420,7 @@ func (l *leaser) took(key string, t, n, want, got, end, ref int64, d Decision) l
 		old.holds = l.holds
 	}
 	k.units, k.got, k.from, k.to, k.ref, k.d = got-n, got, t, end, ref, d
+	k.took = t
 	return old
 }
 

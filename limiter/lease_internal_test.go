@@ -107,3 +107,54 @@ func TestLeaseMinimumRoundTrip(t *testing.T) {
 		t.Errorf("a regional key's round trip %v, minimum lease %d: want 0, %d", k.rtt, k.minLease(), minLease)
 	}
 }
+
+// backlogCalls runs one process's decisions on a window key's leases, as
+// Decide does (spend, else want and a store step that grants all it
+// asks): 100 a second, evenly, from a slot's start until 280 ms before
+// its end; then a pause of 250 ms, and the 25 calls that queued
+// meanwhile answered 20 µs apart, 30 ms before the slot's end (as a
+// process paused on a loaded host). It returns the store steps of the
+// steady part and of the backlog.
+func backlogCalls(t *testing.T) (steady, backlog int) {
+	t.Helper()
+	const sec = int64(time.Second)
+	sub := 3 * sec // a minute's window in 20 slots
+	l := newLeaser(1<<20, nil)
+	const key = "k"
+	s0 := 1000 * sub
+	decide := func(now int64) int {
+		if _, _, ok, _ := l.spend(key, now, 1); ok {
+			return 0
+		}
+		ref, end := now/sub, (now/sub+1)*sub
+		w := l.want(key, now, 1, end)
+		l.took(key, now, 1, w, w, end, ref, Decision{Allowed: true, Limit: 1 << 20, Remaining: 1 << 19})
+		return 1
+	}
+	for now := s0; now < s0+sub-280*int64(time.Millisecond); now += sec / 100 {
+		steady += decide(now)
+	}
+	for i := range int64(25) {
+		backlog += decide(s0 + sub - 30*int64(time.Millisecond) + i*20*int64(time.Microsecond))
+	}
+	return steady, backlog
+}
+
+// A backlog near the end of a window's slot (a process paused, then
+// answering the calls that queued) leases what its run has shown rather
+// than sending each call to the store: the rate spread over the 30 ms
+// left calls for 3 units, under the smallest lease. The steady calls are
+// unchanged by the rule (evenly spaced, they make no run).
+func TestLeaseBacklogAtSlotEnd(t *testing.T) {
+	steady, backlog := backlogCalls(t)
+	brokenBacklog = true
+	steadyOld, backlogOld := backlogCalls(t)
+	brokenBacklog = false
+	t.Logf("store steps: steady %d, backlog of 25 %d (%d and %d without the backlog rule)", steady, backlog, steadyOld, backlogOld)
+	if backlog > 8 {
+		t.Errorf("a backlog of 25 calls near the slot's end took %d store steps, want at most 8", backlog)
+	}
+	if steady != steadyOld {
+		t.Errorf("steady calls took %d store steps, %d without the backlog rule: the rule should not apply", steady, steadyOld)
+	}
+}
