@@ -227,6 +227,12 @@ func (c casLoop) update(ctx context.Context, kind, key string, apply applyFunc) 
 			return d, nil
 		case errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCacheMiss):
 		default:
+			if lost > 0 && ctx.Err() != nil {
+				// The deadline struck during the write after lost races:
+				// the races are why, as when it strikes in a read or a
+				// wait.
+				err = fmt.Errorf("%w: %d lost races, then: %w", storage.ErrConflict, lost, err)
+			}
 			return storage.Decision{}, errorf(kind+": write", err)
 		}
 		// Lost a race. A stale cached item does not count as a loss.

@@ -291,6 +291,46 @@ func TestCASConflict(t *testing.T) {
 	}
 }
 
+// TestCASConflictDeadlineInWrite: lost races, then the deadline strikes
+// while a write is in flight (the server answers the third cas after
+// it): the error wraps storage.ErrConflict as well as the deadline, as it
+// does when the deadline strikes in a read or a backoff. (Before, only
+// the deadline: seen under load in TestCASConflict.)
+func TestCASConflictDeadlineInWrite(t *testing.T) {
+	var cas atomic.Int64
+	addr := startFake(t, func(line string, r *bufio.Reader) string {
+		f := strings.Fields(line)
+		switch f[0] {
+		case "gets":
+			v := string(encodeBucket(storage.BucketState{Tokens: 1, Updated: 1}))
+			return fmt.Sprintf("VALUE %s 0 %d 42\r\n%s\r\nEND\r\n", f[1], len(v), v)
+		case "cas":
+			n, _ := strconv.Atoi(f[4])
+			r.Discard(n + 2)
+			if cas.Add(1) == 3 {
+				time.Sleep(300 * time.Millisecond)
+			}
+			return "EXISTS\r\n"
+		}
+		return "ERROR\r\n"
+	})
+	s, err := New(Config{Addrs: []string{addr}, MaxRetries: 100, RetryBackoff: time.Microsecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	b, _ := limiter.NewTokenBucket(singleStep{s}, limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Minute, NoDenyCache: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = b.Allow(ctx, "k", time.Unix(100, 0))
+	if !errors.Is(err, storage.ErrConflict) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("lost races, then the deadline in a write: %v, want ErrConflict and DeadlineExceeded", err)
+	}
+	if got := cas.Load(); got != 3 {
+		t.Fatalf("%d cas attempts, want 3 (the third outlives the deadline)", got)
+	}
+}
+
 // TestCachedItemSkipsTheRead: after a read that wrote nothing (a peek), the
 // next update of the key writes with cas on the cached CAS id, without a
 // gets; a stale cached item costs one failed cas and a re-read, and no
