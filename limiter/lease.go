@@ -226,7 +226,7 @@ func (k *leaseKey) observe(t, n int64) {
 		k.sum *= math.Exp2(-float64(dt) / float64(rateHalfLife))
 		k.seen = t
 	}
-	if r := k.rate(); k.sum > 0 && float64(max(dt, 0))*r*backlogSpacing < float64(n)*float64(time.Second) {
+	if k.sum > 0 && (dt <= 0 || float64(dt)*k.rate()*backlogSpacing < float64(n)*float64(time.Second)) {
 		k.run += n
 	} else {
 		k.run = n
