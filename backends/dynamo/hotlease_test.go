@@ -152,9 +152,9 @@ func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 		r.violations = limitertest.CheckTrailingWindow(r.rep.Calls, 60*leaseLimit, time.Minute)
 	}
 	rep := r.rep
-	t.Logf("%s (demand %.1f of the limit, uneven %v, leases %v): %d decisions, %d admitted (%d from leases), exact %d: %.3f of it without the prefill; %d throttled (%d after the first second); proxy: %d requests (%.3f a decision), %.0f write units (%.3f a decision), %d throttled; stores: %d conflicts, %d settlements; leases %+v",
+	t.Logf("%s (demand %.1f of the limit, uneven %v, leases %v): %d decisions, %d admitted (%d from leases), exact %d: %.3f of it without the prefill; %d throttled (%d after the first second), %d denied by the deny cache, %d failed; proxy: %d requests (%.3f a decision), %.0f write units (%.3f a decision), %d throttled; stores: %d conflicts, %d settlements; leases %+v",
 		alg, opt.Rate/leaseLimit, uneven, leases, len(rep.Calls), rep.Admitted, rep.Leased, r.exact, float64(rep.Admitted-r.prefill)/float64(r.exact-r.prefill),
-		rep.Throttled, rep.ThrottledLate, r.proxy.Requests, r.perDecision, r.proxy.WriteUnits, r.wruPer, r.proxy.Throttled, r.conflicts, r.settles, rep.Leases)
+		rep.Throttled, rep.ThrottledLate, rep.Cached, rep.Failed, r.proxy.Requests, r.perDecision, r.proxy.WriteUnits, r.wruPer, r.proxy.Throttled, r.conflicts, r.settles, rep.Leases)
 	return r
 }
 
