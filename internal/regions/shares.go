@@ -326,6 +326,9 @@ type Agent struct {
 	// count, if far (nextDemand).
 	brokenJump bool
 	jumpSide   int
+	// readsTook (tests), if set, is how long the reads of a tick at now
+	// took (the simulation's stalled store); nil: measured.
+	readsTook func(now time.Time) time.Duration
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end

@@ -68,6 +68,52 @@ type sim struct {
 	// (overrides split and then).
 	splits [][]float64
 	every  time.Duration
+	// stalls are stalls of a region's store (simStall).
+	stalls []simStall
+}
+
+// simStall is a stall of region's store from at for dur: its processes'
+// calls wait (each decided at the stall's end, its stamp then, and its
+// unit counted offered then), and its agent's ticks meanwhile read
+// slowly (their reads take until the stall's end: Agent.readsTook).
+type simStall struct {
+	region  int
+	at, dur time.Duration
+}
+
+// stallEnd is when the stall of region r's store under way at now ends
+// (false: none).
+func (s sim) stallEnd(r int, now time.Time) (time.Time, bool) {
+	for _, st := range s.stalls {
+		from := simStart.Add(st.at)
+		if st.region == r && !now.Before(from) && now.Before(from.Add(st.dur)) {
+			return from.Add(st.dur), true
+		}
+	}
+	return time.Time{}, false
+}
+
+// withStalls returns s with four stalls of its busiest region's store
+// (the second half's, if demand moves), at a fifth of the run apart, each
+// of 0.3-1 s (from the seed).
+func (s sim) withStalls() sim {
+	rng := rand.New(rand.NewPCG(s.seed, 4))
+	for k := 1; k <= 4; k++ {
+		at := time.Duration(k) * s.dur / 5
+		split := s.split
+		if s.then != nil && at >= s.dur/2 {
+			split = s.then
+		}
+		busy := 0
+		for r, x := range split {
+			if x > split[busy] {
+				busy = r
+			}
+		}
+		dur := 300*time.Millisecond + time.Duration(rng.Int64N(int64(700*time.Millisecond)))
+		s.stalls = append(s.stalls, simStall{region: busy, at: at, dur: dur.Round(time.Millisecond)})
+	}
+	return s
 }
 
 type simResult struct {
@@ -99,6 +145,15 @@ func (s sim) run(t testing.TB) simResult {
 		a.broken = s.broken
 		a.brokenTokens = s.brokenTok
 		a.brokenAccrue = s.brokenAcc
+		if s.stalls != nil {
+			a.readsTook = func(at time.Time) time.Duration {
+				end, ok := s.stallEnd(r, at)
+				if !ok {
+					return 0
+				}
+				return end.Sub(at)
+			}
+		}
 		agents[r] = a
 		for range s.procs {
 			l, err := a.NewLimiter(st)
@@ -118,6 +173,18 @@ func (s sim) run(t testing.TB) simResult {
 	next := make([]time.Time, len(agents))
 	for r := range next {
 		next[r] = start
+	}
+	waiting := make([]int, len(agents)) // calls waiting on a stalled store
+	decide := func(r int, at time.Time) {
+		l := procs[r][rng.IntN(len(procs[r]))]
+		d, err := l.AllowN(ctx, s.cfg.Key, at, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.calls = append(res.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: at, Allowed: d.Allowed, Reached: true})
+		if d.Allowed {
+			res.admitted++
+		}
 	}
 	for now.Before(end) {
 		split := s.split
@@ -166,17 +233,17 @@ func (s sim) run(t testing.TB) simResult {
 			s.trace.Logf("%s | admitted/s %d", line, adm[0]*2)
 		}
 		for r := range agents {
+			_, stalled := s.stallEnd(r, now)
+			for ; !stalled && waiting[r] > 0; waiting[r]-- {
+				decide(r, now) // the calls that waited, at the stall's end
+			}
 			// Poisson arrivals: exponential gaps.
 			for next[r].Before(now.Add(time.Millisecond)) {
 				at := next[r]
-				l := procs[r][rng.IntN(len(procs[r]))]
-				d, err := l.AllowN(ctx, s.cfg.Key, at, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				res.calls = append(res.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: at, Allowed: d.Allowed, Reached: true})
-				if d.Allowed {
-					res.admitted++
+				if stalled {
+					waiting[r]++
+				} else {
+					decide(r, at)
 				}
 				if rate := s.rate * split[r]; rate > 0 {
 					next[r] = at.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
