@@ -55,6 +55,13 @@ const (
 	demandWeight = 0.1
 	jumpSigmas   = 4
 	jumpMin      = 4
+	// A tick whose reads took more than slowReads times the agent's
+	// usual (its ticks' average, weighted demandWeight) and slowMin is
+	// slow: its count is held, not weighed, until a tick that is not, or
+	// holdMax of them (Agent.estimate).
+	slowReads = 4
+	slowMin   = 100 * time.Millisecond
+	holdMax   = 2 * time.Second
 	// needHeadroom is how much more than its demand at the limit's rate
 	// a region's need is (Config.need).
 	needHeadroom = 2.5
@@ -329,6 +336,13 @@ type Agent struct {
 	// readsTook (tests), if set, is how long the reads of a tick at now
 	// took (the simulation's stalled store); nil: measured.
 	readsTook func(now time.Time) time.Duration
+	// usualTook is how long the agent's ticks' reads usually take;
+	// heldOffered and heldDt the units and seconds of the slow ticks
+	// held (estimate). brokenStall: a slow tick's count is weighed as
+	// any other's, as before.
+	usualTook           time.Duration
+	heldOffered, heldDt float64
+	brokenStall         bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -363,8 +377,10 @@ type AgentStats struct {
 	// Withheld is the largest pending grant; Share the current share
 	// (without pending grants).
 	Given, Received, Withheld, Share int64
-	// Demand is the region's demand estimate (units a second).
+	// Demand is the region's demand estimate (units a second); Held the
+	// slow ticks whose counts were held (Agent.estimate).
 	Demand float64
+	Held   int64
 }
 
 // NewAgent returns region's agent, holding the base share, on store:
@@ -428,8 +444,9 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	if a.tbl != nil {
 		return a.tickTable(ctx, now)
 	}
+	start := time.Now()
 	firstErr := a.readOthers(ctx)
-	a.estimate(now)
+	a.estimate(now, a.took(now, start))
 
 	a.receive(now)
 
@@ -519,19 +536,61 @@ func (a *Agent) receive(now time.Time) {
 }
 
 // estimate updates the region's demand from the units its processes
-// were offered since the last tick.
-func (a *Agent) estimate(now time.Time) {
+// were offered since the last tick, whose reads took took.
+//
+// A slow tick (its reads took more than slowReads times the usual and
+// slowMin) is held: its count and time are kept aside, the estimate
+// unchanged, and the next tick that is not slow weighs them with its own
+// as one tick. A stall of the region's store (or a starved host) delays
+// the processes' calls, and their counts with them, as it delays the
+// agent's reads: counted tick by tick, the stall reads as two ticks far
+// below the estimate (demand that left, nextDemand), and the region gave
+// its units away just before the calls that waited came back. Counted
+// over the stall and the tick after it, the calls that waited are there.
+// A hold lasts at most holdMax: slowness that lasts that long is the
+// store's new usual. It reports whether it held the tick (through the
+// table, the board keeps the held count: tickTable).
+func (a *Agent) estimate(now time.Time, took time.Duration) (held bool) {
 	offered := a.offered.Swap(0)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.Ticks++
+	slow := took > slowMin && took > slowReads*a.usualTook && a.stats.Ticks > 1 && !a.brokenStall
+	if a.stats.Ticks == 1 {
+		a.usualTook = took
+	} else if !slow {
+		a.usualTook += time.Duration(demandWeight * float64(took-a.usualTook))
+	}
 	if !a.last.IsZero() && now.After(a.last) {
 		dt := now.Sub(a.last).Seconds()
-		own := &a.states[a.r]
-		own.Demand = a.nextDemand(own.Demand, float64(offered), dt)
-		a.stats.Demand = own.Demand
+		if slow && a.heldDt+dt < holdMax.Seconds() {
+			if a.tbl == nil {
+				a.heldOffered += float64(offered)
+				a.heldDt += dt
+			}
+			a.jumpSide = 0 // a far tick before the stall was part of it
+			a.stats.Held++
+			held = true
+		} else {
+			if slow { // held holdMax: the new usual
+				a.usualTook = took
+			}
+			own := &a.states[a.r]
+			own.Demand = a.nextDemand(own.Demand, float64(offered)+a.heldOffered, dt+a.heldDt)
+			a.heldOffered, a.heldDt = 0, 0
+			a.stats.Demand = own.Demand
+		}
 	}
 	a.last = now
+	return held
+}
+
+// took is how long the reads of a tick at now took, from start.
+func (a *Agent) took(now, start time.Time) time.Duration {
+	if a.readsTook != nil {
+		return a.readsTook(now)
+	}
+	return time.Since(start)
 }
 
 // nextDemand is the demand estimate after a tick of dt seconds that

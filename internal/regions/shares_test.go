@@ -145,14 +145,12 @@ func (s sim) run(t testing.TB) simResult {
 		a.broken = s.broken
 		a.brokenTokens = s.brokenTok
 		a.brokenAccrue = s.brokenAcc
-		if s.stalls != nil {
-			a.readsTook = func(at time.Time) time.Duration {
-				end, ok := s.stallEnd(r, at)
-				if !ok {
-					return 0
-				}
-				return end.Sub(at)
+		a.readsTook = func(at time.Time) time.Duration { // the memory store's: none, or a stall's
+			end, ok := s.stallEnd(r, at)
+			if !ok {
+				return 0
 			}
+			return end.Sub(at)
 		}
 		agents[r] = a
 		for range s.procs {
@@ -684,7 +682,7 @@ func TestSharesDemandBlip(t *testing.T) {
 		tick := func(n int64) float64 {
 			a.offered.Store(n)
 			now = now.Add(250 * time.Millisecond)
-			a.estimate(now)
+			a.estimate(now, 0)
 			return a.Stats().Demand
 		}
 		for range 40 {
@@ -780,4 +778,97 @@ func TestSharesDemandCap(t *testing.T) {
 		t.Errorf("region 1 at 150 a second, below the rate: the plan %v, want %v (and some)", a, b)
 	}
 	t.Logf("region 0 gives %d counted at the rate, %d counted as estimated", capped, broken)
+}
+
+// TestSharesDemandStall: region 0 of a bucket's three regions asks 200
+// units a second (50 a tick of 250 ms), the others 2 (their entries in
+// the ledger, fresh, showing they gave region 0 their units: it holds
+// all 197). Its store stalls for 750 ms: three ticks count
+// none, their reads taking 700, 450 and 200 ms (usually 2 ms), and the
+// tick after counts the 150 calls that waited with its own 50. The
+// estimate holds (within 20 of 200) and region 0 gives nothing; with
+// brokenStall (a slow tick's count weighed as any other's, as before)
+// two ticks of none drop it to 0 and region 0 gives nearly all its units
+// to the idle regions. Demand that leaves is followed: within two ticks
+// with the reads as usual, within holdMax and two ticks while they stay
+// slow.
+func TestSharesDemandStall(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			ctx := t.Context()
+			now := simStart
+			ledger := &simLedger{hist: make([][]State, 3), now: &now}
+			a, err := NewAgent(simBucket, 0, ledger, memStore(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.ahead = 0
+			a.brokenStall = broken
+			a.states[0].Demand = 200 // as estimated before
+			took := 2 * time.Millisecond
+			a.readsTook = func(time.Time) time.Duration { return took }
+			seq := int64(0)
+			tick := func(n int64, reads time.Duration) float64 {
+				t.Helper()
+				now = now.Add(250 * time.Millisecond)
+				seq++
+				for r := 1; r < 3; r++ {
+					// Region r gave region 0 its base.
+					gave := []int64{simBucket.base(r), 0, 0}
+					ledger.Publish(ctx, r, State{Demand: 2, Given: gave, Seq: seq, At: now.UnixNano()}) //nolint:errcheck // memory
+				}
+				a.offered.Add(n)
+				took = reads
+				if err := a.Tick(ctx, now); err != nil {
+					t.Fatal(err)
+				}
+				return a.Stats().Demand
+			}
+			for range 40 {
+				tick(50, 2*time.Millisecond)
+			}
+			var low float64 = 200
+			for _, c := range []struct {
+				n     int64
+				reads time.Duration
+			}{{0, 700 * time.Millisecond}, {0, 450 * time.Millisecond}, {0, 200 * time.Millisecond}, {200, 3 * time.Millisecond}, {50, 2 * time.Millisecond}} {
+				low = min(low, tick(c.n, c.reads))
+			}
+			st := a.Stats()
+			t.Logf("through the stall: the estimate at least %.1f, now %.1f; region 0 gave %d units, holds %d; %d ticks held", low, st.Demand, st.Given, st.Share, st.Held)
+			if broken {
+				if low > 20 || st.Given < 40 {
+					t.Errorf("brokenStall: the estimate fell only to %.1f and region 0 gave %d units (the test cannot fail)", low, st.Given)
+				}
+				return
+			}
+			if low < 180 || st.Given != 0 || st.Held != 3 {
+				t.Errorf("a stall: the estimate fell to %.1f, region 0 gave %d units, %d ticks held; want 180 or more, none, 3", low, st.Given, st.Held)
+			}
+			// Demand that leaves, the reads as usual: two ticks.
+			for i := range 2 {
+				tick(0, 2*time.Millisecond)
+				if d := a.Stats().Demand; i == 1 && d > 1 {
+					t.Errorf("demand that left: the estimate %.1f two ticks later, want 0", d)
+				}
+			}
+			if a.Stats().Given < 40 {
+				t.Errorf("demand that left: region 0 gave %d units, want 40 or more", a.Stats().Given)
+			}
+			// Back, then gone while the reads stay slow (400 ms).
+			for range 8 {
+				tick(50, 2*time.Millisecond)
+			}
+			most := int(holdMax/(250*time.Millisecond)) + 2
+			ticks := 0
+			for ticks < most && a.Stats().Demand > 1 {
+				tick(0, 400*time.Millisecond)
+				ticks++
+			}
+			if d := a.Stats().Demand; d > 1 {
+				t.Errorf("demand that left, the reads slow: the estimate %.1f after %d ticks, want 0", d, ticks)
+			}
+			t.Logf("demand that left while the reads were slow: followed in %d ticks", ticks)
+		})
+	}
 }

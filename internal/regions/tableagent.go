@@ -29,7 +29,8 @@ type tableAgent struct {
 	// units sum to the agent's pending.
 	lows     []lowering
 	maxUntil int64 // the latest Until published
-	seen     int64 // the demand counter, as this tick read it
+	seen     int64 // the demand counter as the last tick weighed read it
+	counted  int64 // that tick's stamp (a held tick weighs nothing: estimate)
 	seq      int64 // the entry's
 	items    map[string]*bucketItem
 	// wants is the key's place in its limit's wants index (nil: none);
@@ -219,7 +220,12 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	}
 	firstErr := a.readOthers(ctx)
 	a.offered.Store(max(it.demand-it.board.Seen, 0))
-	a.estimate(now)
+	tb.counted = t
+	if a.estimate(now, a.took(now, tb.started)) {
+		// Held: the next tick counts from the last counted one, whichever
+		// process holds the role then.
+		tb.seen, tb.counted = it.board.Seen, it.board.Tick
+	}
 	a.receive(now)
 	if a.cfg.Bucket != nil {
 		firstErr = cmp(firstErr, a.giveBucketTable(ctx, now))
@@ -357,7 +363,7 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	pub.Future = slices.Clone(own.Future)
 	pub.Tokens = slices.Clone(own.Tokens)
 	pub.Moves = slices.Clone(own.Moves)
-	b := board{Lows: slices.Clone(tb.lows), Seen: tb.seen, Tick: t, Wants: tb.listed, WantsTry: tb.wantsTry}
+	b := board{Lows: slices.Clone(tb.lows), Seen: tb.seen, Tick: tb.counted, Wants: tb.listed, WantsTry: tb.wantsTry}
 	b.Entry = Entry{Seq: tb.seq + 1, Until: t + int64(tb.t.Validity)}
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
