@@ -199,7 +199,8 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 				for _, a := range holders {
 					o, p := a.Share()
 					s.owned, s.pending = append(s.owned, o), append(s.pending, p)
-					s.demand = append(s.demand, a.Stats().Demand)
+					st := a.Stats()
+					s.demand, s.held = append(s.demand, st.Demand), append(s.held, st.Held)
 				}
 				samples = append(samples, s)
 			}
@@ -249,11 +250,12 @@ type shareSample struct {
 	at             time.Duration
 	owned, pending []int64
 	demand         []float64
+	held           []int64 // the holder's ticks held as slow, so far
 }
 
 // traceRun logs, for each second of a run: per region the units offered
-// and admitted and the holder's share and withheld units at the second's
-// end; over the union, what was admitted and what exact admitted.
+// and admitted and the holder's share, withheld units, demand estimate and
+// ticks held as slow so far (Agent.estimate) at the second's end; over the union, what was admitted and what exact admitted.
 func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSample) {
 	tb.Helper()
 	sec := func(t time.Time) int { return int(t.Sub(rep.start) / time.Second) }
@@ -306,11 +308,11 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 					s = x
 				}
 			}
-			o, p, dm := int64(-1), int64(-1), -1.0
+			o, p, dm, h := int64(-1), int64(-1), -1.0, int64(-1)
 			if r < len(s.owned) {
-				o, p, dm = s.owned[r], s.pending[r], s.demand[r]
+				o, p, dm, h = s.owned[r], s.pending[r], s.demand[r], s.held[r]
 			}
-			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f |", r, admitted[i][r], offered[i][r], o, p, dm)
+			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f held %2d |", r, admitted[i][r], offered[i][r], o, p, dm, h)
 			adm += admitted[i][r]
 		}
 		lines = append(lines, fmt.Sprintf("%s admitted %4d exact %4d", line, adm, exact[i]))
