@@ -378,9 +378,12 @@ type AgentStats struct {
 	// (without pending grants).
 	Given, Received, Withheld, Share int64
 	// Demand is the region's demand estimate (units a second); Held the
-	// slow ticks whose counts were held (Agent.estimate).
-	Demand float64
-	Held   int64
+	// slow ticks whose counts were held, Took how long the last tick's
+	// reads took and UsualTook how long they usually take
+	// (Agent.estimate).
+	Demand          float64
+	Held            int64
+	Took, UsualTook time.Duration
 }
 
 // NewAgent returns region's agent, holding the base share, on store:
@@ -582,6 +585,7 @@ func (a *Agent) estimate(now time.Time, took time.Duration) (held bool) {
 		}
 	}
 	a.last = now
+	a.stats.Took, a.stats.UsualTook = took, a.usualTook
 	return held
 }
 
