@@ -252,8 +252,8 @@ type shareSample struct {
 	owned, pending []int64
 	demand         []float64
 	held           []int64 // the holder's ticks held as slow, so far
-	// took and usual: how long the holder's last tick's reads took, and
-	// usually take.
+	// took and usual: how long the holder's last tick waited on the
+	// store (AgentStats.Took), and usually waits.
 	took, usual []time.Duration
 }
 
@@ -308,7 +308,7 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 		var adm int64
 		for r := range rep.byRegion {
 			var s shareSample
-			var took time.Duration // the longest reads sampled in the second
+			var took time.Duration // the longest wait sampled in the second
 			for _, x := range samples {
 				if x.at < time.Duration(i+1)*time.Second {
 					s = x
@@ -321,7 +321,7 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 			if r < len(s.owned) {
 				o, p, dm, h, usual = s.owned[r], s.pending[r], s.demand[r], s.held[r], s.usual[r]
 			}
-			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f held %2d reads %4d/%3d ms |", r, admitted[i][r], offered[i][r], o, p, dm, h,
+			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f held %2d waited %4d/%3d ms |", r, admitted[i][r], offered[i][r], o, p, dm, h,
 				took.Milliseconds(), usual.Milliseconds())
 			adm += admitted[i][r]
 		}

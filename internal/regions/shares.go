@@ -55,7 +55,7 @@ const (
 	demandWeight = 0.1
 	jumpSigmas   = 4
 	jumpMin      = 4
-	// A tick whose reads took more than slowReads times the agent's
+	// A tick whose requests took more than slowReads times the agent's
 	// usual (its ticks' average, weighted demandWeight) and slowMin is
 	// slow: its count is held, not weighed, until a tick that is not, or
 	// holdMax of them (Agent.estimate).
@@ -333,10 +333,11 @@ type Agent struct {
 	// count, if far (nextDemand).
 	brokenJump bool
 	jumpSide   int
-	// readsTook (tests), if set, is how long the reads of a tick at now
-	// took (the simulation's stalled store); nil: measured.
-	readsTook func(now time.Time) time.Duration
-	// usualTook is how long the agent's ticks' reads usually take;
+	// storeWait (tests), if set, is how long a tick at now waited on the
+	// region's store (the simulation's stalled store); nil: measured
+	// (took).
+	storeWait func(now time.Time) time.Duration
+	// usualTook is how long the agent's ticks usually wait on the store;
 	// heldOffered and heldDt the units and seconds of the slow ticks
 	// held (estimate). brokenStall: a slow tick's count is weighed as
 	// any other's, as before.
@@ -379,11 +380,12 @@ type AgentStats struct {
 	Given, Received, Withheld, Share int64
 	// Demand is the region's demand estimate (units a second); Held the
 	// slow ticks whose counts were held, Took how long the last tick's
-	// reads took and UsualTook how long they usually take
-	// (Agent.estimate).
-	Demand          float64
-	Held            int64
-	Took, UsualTook time.Duration
+	// requests took (its reads, or the write of the tick before, the
+	// longer) and UsualTook how long they usually take (Agent.estimate);
+	// Wrote how long the last tick's write took.
+	Demand                 float64
+	Held                   int64
+	Took, UsualTook, Wrote time.Duration
 }
 
 // NewAgent returns region's agent, holding the base share, on store:
@@ -469,7 +471,10 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	pub.Future = slices.Clone(own.Future)
 	pub.Tokens = slices.Clone(own.Tokens)
 	pub.Moves = slices.Clone(own.Moves)
-	if err := a.ledger.Publish(ctx, a.r, pub); err != nil {
+	wrote := time.Now()
+	err = a.ledger.Publish(ctx, a.r, pub)
+	a.count(func(s *AgentStats) { s.Wrote = time.Since(wrote) })
+	if err != nil {
 		// Published at a later tick: the grant is already out of this
 		// region's share, so a late publication only delays it.
 		a.count(func(s *AgentStats) { s.PublishErrors++ })
@@ -539,14 +544,15 @@ func (a *Agent) receive(now time.Time) {
 }
 
 // estimate updates the region's demand from the units its processes
-// were offered since the last tick, whose reads took took.
+// were offered since the last tick, which waited took on the region's
+// store (Agent.took).
 //
-// A slow tick (its reads took more than slowReads times the usual and
+// A slow tick (its requests took more than slowReads times the usual and
 // slowMin) is held: its count and time are kept aside, the estimate
 // unchanged, and the next tick that is not slow weighs them with its own
 // as one tick. A stall of the region's store (or a starved host) delays
 // the processes' calls, and their counts with them, as it delays the
-// agent's reads: counted tick by tick, the stall reads as two ticks far
+// agent's requests: counted tick by tick, the stall reads as two ticks far
 // below the estimate (demand that left, nextDemand), and the region gave
 // its units away just before the calls that waited came back. Counted
 // over the stall and the tick after it, the calls that waited are there.
@@ -589,12 +595,14 @@ func (a *Agent) estimate(now time.Time, took time.Duration) (held bool) {
 	return held
 }
 
-// took is how long the reads of a tick at now took, from start.
+// took is how long a tick at now waited on the region's store: its
+// reads, from start, or the last tick's write (its entry's publication),
+// the longer (a stall may hold writes only).
 func (a *Agent) took(now, start time.Time) time.Duration {
-	if a.readsTook != nil {
-		return a.readsTook(now)
+	if a.storeWait != nil {
+		return a.storeWait(now)
 	}
-	return time.Since(start)
+	return max(time.Since(start), a.Stats().Wrote)
 }
 
 // nextDemand is the demand estimate after a tick of dt seconds that

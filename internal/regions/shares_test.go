@@ -75,7 +75,7 @@ type sim struct {
 // simStall is a stall of region's store from at for dur: its processes'
 // calls wait (each decided at the stall's end, its stamp then, and its
 // unit counted offered then), and its agent's ticks meanwhile read
-// slowly (their reads take until the stall's end: Agent.readsTook).
+// slowly (their reads take until the stall's end: Agent.storeWait).
 type simStall struct {
 	region  int
 	at, dur time.Duration
@@ -145,7 +145,7 @@ func (s sim) run(t testing.TB) simResult {
 		a.broken = s.broken
 		a.brokenTokens = s.brokenTok
 		a.brokenAccrue = s.brokenAcc
-		a.readsTook = func(at time.Time) time.Duration { // the memory store's: none, or a stall's
+		a.storeWait = func(at time.Time) time.Duration { // the memory store's: none, or a stall's
 			end, ok := s.stallEnd(r, at)
 			if !ok {
 				return 0
@@ -806,7 +806,7 @@ func TestSharesDemandStall(t *testing.T) {
 			a.brokenStall = broken
 			a.states[0].Demand = 200 // as estimated before
 			took := 2 * time.Millisecond
-			a.readsTook = func(time.Time) time.Duration { return took }
+			a.storeWait = func(time.Time) time.Duration { return took }
 			seq := int64(0)
 			tick := func(n int64, reads time.Duration) float64 {
 				t.Helper()

@@ -650,7 +650,7 @@ func TestSharesTableCarryRoom(t *testing.T) {
 // TestSharesTableStall: through the table, region 0's agent (holder a)
 // counts 50 units a tick of 250 ms (200 a second), then its store
 // stalls: two ticks count none and their reads are slow (700 and 450
-// ms: Agent.readsTook). They are held, and the board keeps the demand
+// ms: Agent.storeWait). They are held, and the board keeps the demand
 // counter and the stamp of the last tick counted, so the next tick,
 // another process's agent (holder b) that takes the role over a second
 // later, weighs the 300 units that came in the 1.5 s since with its own:
@@ -682,7 +682,7 @@ func TestSharesTableStall(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				a.readsTook = func(time.Time) time.Duration { return reads }
+				a.storeWait = func(time.Time) time.Duration { return reads }
 				if err := a.Tick(ctx, now); err != nil {
 					t.Fatal(err)
 				}

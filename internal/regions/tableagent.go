@@ -240,7 +240,10 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		}
 	}
 	a.updateWants(ctx, now)
-	if err := a.save(ctx, now); err != nil || !a.Holds() {
+	wrote := time.Now()
+	err = a.save(ctx, now)
+	a.count(func(s *AgentStats) { s.Wrote = time.Since(wrote) })
+	if err != nil || !a.Holds() {
 		return cmp(firstErr, err) // nothing owed is added: under-admits
 	}
 	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
