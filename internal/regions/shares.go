@@ -62,6 +62,10 @@ const (
 	slowReads = 4
 	slowMin   = 100 * time.Millisecond
 	holdMax   = 2 * time.Second
+	// holdAfter is how many ticks after a slow one are held too: the
+	// processes' counts come with their next requests, which may end
+	// after the agent's.
+	holdAfter = 2
 	// needHeadroom is how much more than its demand at the limit's rate
 	// a region's need is (Config.need).
 	needHeadroom = 2.5
@@ -343,6 +347,7 @@ type Agent struct {
 	// any other's, as before.
 	usualTook           time.Duration
 	heldOffered, heldDt float64
+	slowAfter           int // ticks still held after the last slow one
 	brokenStall         bool
 
 	mu   sync.Mutex
@@ -548,9 +553,9 @@ func (a *Agent) receive(now time.Time) {
 // store (Agent.took).
 //
 // A slow tick (its requests took more than slowReads times the usual and
-// slowMin) is held: its count and time are kept aside, the estimate
-// unchanged, and the next tick that is not slow weighs them with its own
-// as one tick. A stall of the region's store (or a starved host) delays
+// slowMin), and the holdAfter ticks after it, are held: their counts and
+// time are kept aside, the estimate unchanged, and the next tick not held
+// weighs them with its own as one tick. A stall of the region's store (or a starved host) delays
 // the processes' calls, and their counts with them, as it delays the
 // agent's requests: counted tick by tick, the stall reads as two ticks far
 // below the estimate (demand that left, nextDemand), and the region gave
@@ -564,11 +569,17 @@ func (a *Agent) estimate(now time.Time, took time.Duration) (held bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.Ticks++
-	slow := took > slowMin && took > slowReads*a.usualTook && a.stats.Ticks > 1 && !a.brokenStall
+	waited := took > slowMin && took > slowReads*a.usualTook && a.stats.Ticks > 1 && !a.brokenStall
 	if a.stats.Ticks == 1 {
 		a.usualTook = took
-	} else if !slow {
+	} else if !waited {
 		a.usualTook += time.Duration(demandWeight * float64(took-a.usualTook))
+	}
+	slow := waited || a.slowAfter > 0
+	if waited {
+		a.slowAfter = holdAfter
+	} else if a.slowAfter > 0 {
+		a.slowAfter--
 	}
 	if !a.last.IsZero() && now.After(a.last) {
 		dt := now.Sub(a.last).Seconds()
@@ -581,7 +592,7 @@ func (a *Agent) estimate(now time.Time, took time.Duration) (held bool) {
 			a.stats.Held++
 			held = true
 		} else {
-			if slow { // held holdMax: the new usual
+			if waited { // held holdMax: the new usual
 				a.usualTook = took
 			}
 			own := &a.states[a.r]

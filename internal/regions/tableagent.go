@@ -219,13 +219,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		})
 	}
 	firstErr := a.readOthers(ctx)
-	a.offered.Store(max(it.demand-it.board.Seen, 0))
-	tb.counted = t
-	if a.estimate(now, a.took(now, tb.started)) {
-		// Held: the next tick counts from the last counted one, whichever
-		// process holds the role then.
-		tb.seen, tb.counted = it.board.Seen, it.board.Tick
-	}
+	a.estimateTable(now, it)
 	a.receive(now)
 	if a.cfg.Bucket != nil {
 		firstErr = cmp(firstErr, a.giveBucketTable(ctx, now))
@@ -248,6 +242,19 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	}
 	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
 	return cmp(firstErr, a.refundOwed(ctx, now))
+}
+
+// estimateTable is estimate through the table, on the units the demand
+// counter gained since the last tick weighed (the board's Seen, at its
+// Tick). A held tick leaves them as they are, so that the next tick
+// counts from there, whichever process holds the role then.
+func (a *Agent) estimateTable(now time.Time, it tableItem) {
+	tb := a.tbl
+	a.offered.Store(max(it.demand-it.board.Seen, 0))
+	tb.counted = now.UnixNano()
+	if a.estimate(now, a.took(now, tb.started)) {
+		tb.seen, tb.counted = it.board.Seen, it.board.Tick
+	}
 }
 
 // givingUnderWay reports whether the agent, holding the role, has a
