@@ -555,15 +555,16 @@ func (a *Agent) receive(now time.Time) {
 // A slow tick (its requests took more than slowReads times the usual and
 // slowMin), and the holdAfter ticks after it, are held: their counts and
 // time are kept aside, the estimate unchanged, and the next tick not held
-// weighs them with its own as one tick. A stall of the region's store (or a starved host) delays
-// the processes' calls, and their counts with them, as it delays the
-// agent's requests: counted tick by tick, the stall reads as two ticks far
-// below the estimate (demand that left, nextDemand), and the region gave
-// its units away just before the calls that waited came back. Counted
-// over the stall and the tick after it, the calls that waited are there.
-// A hold lasts at most holdMax: slowness that lasts that long is the
-// store's new usual. It reports whether it held the tick (through the
-// table, the board keeps the held count: tickTable).
+// weighs them with its own as one tick. A stall of the region's store (or
+// a starved host) delays the processes' calls, and their counts with
+// them, as it delays the agent's requests: counted tick by tick, the
+// stall reads as two ticks far below the estimate (demand that left,
+// nextDemand), and the region gave its units away just before the calls
+// that waited came back. Counted over the stall and the ticks after it,
+// the calls that waited are there. A hold lasts at most holdMax: slowness
+// that lasts that long is the store's new usual. It reports whether it
+// held the tick (through the table, the board keeps the held count:
+// estimateTable).
 func (a *Agent) estimate(now time.Time, took time.Duration) (held bool) {
 	offered := a.offered.Swap(0)
 	a.mu.Lock()
