@@ -199,7 +199,9 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 				for _, a := range holders {
 					o, p := a.Share()
 					s.owned, s.pending = append(s.owned, o), append(s.pending, p)
-					s.demand = append(s.demand, a.Stats().Demand)
+					st := a.Stats()
+					s.demand, s.held = append(s.demand, st.Demand), append(s.held, st.Held)
+					s.took, s.usual = append(s.took, st.Took), append(s.usual, st.UsualTook)
 				}
 				samples = append(samples, s)
 			}
@@ -249,11 +251,16 @@ type shareSample struct {
 	at             time.Duration
 	owned, pending []int64
 	demand         []float64
+	held           []int64 // the holder's ticks held as slow, so far
+	// took and usual: how long the holder's last tick waited on the
+	// store (AgentStats.Took), and usually waits.
+	took, usual []time.Duration
 }
 
 // traceRun logs, for each second of a run: per region the units offered
-// and admitted and the holder's share and withheld units at the second's
-// end; over the union, what was admitted and what exact admitted.
+// and admitted and the holder's share, withheld units, demand estimate and
+// ticks held as slow so far (Agent.estimate) at the second's end, and the
+// longest reads of its ticks sampled in the second against their usual; over the union, what was admitted and what exact admitted.
 func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSample) {
 	tb.Helper()
 	sec := func(t time.Time) int { return int(t.Sub(rep.start) / time.Second) }
@@ -301,16 +308,21 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 		var adm int64
 		for r := range rep.byRegion {
 			var s shareSample
+			var took time.Duration // the longest wait sampled in the second
 			for _, x := range samples {
 				if x.at < time.Duration(i+1)*time.Second {
 					s = x
+					if x.at >= time.Duration(i)*time.Second && r < len(x.took) {
+						took = max(took, x.took[r])
+					}
 				}
 			}
-			o, p, dm := int64(-1), int64(-1), -1.0
+			o, p, dm, h, usual := int64(-1), int64(-1), -1.0, int64(-1), time.Duration(-1)
 			if r < len(s.owned) {
-				o, p, dm = s.owned[r], s.pending[r], s.demand[r]
+				o, p, dm, h, usual = s.owned[r], s.pending[r], s.demand[r], s.held[r], s.usual[r]
 			}
-			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f |", r, admitted[i][r], offered[i][r], o, p, dm)
+			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f held %2d waited %4d/%3d ms |", r, admitted[i][r], offered[i][r], o, p, dm, h,
+				took.Milliseconds(), usual.Milliseconds())
 			adm += admitted[i][r]
 		}
 		lines = append(lines, fmt.Sprintf("%s admitted %4d exact %4d", line, adm, exact[i]))

@@ -55,6 +55,17 @@ const (
 	demandWeight = 0.1
 	jumpSigmas   = 4
 	jumpMin      = 4
+	// A tick whose requests took more than slowReads times the agent's
+	// usual (its ticks' average, weighted demandWeight) and slowMin is
+	// slow: its count is held, not weighed, until a tick that is not, or
+	// holdMax of them (Agent.estimate).
+	slowReads = 4
+	slowMin   = 100 * time.Millisecond
+	holdMax   = 2 * time.Second
+	// holdAfter is how many ticks after a slow one are held too: the
+	// processes' counts come with their next requests, which may end
+	// after the agent's.
+	holdAfter = 2
 	// needHeadroom is how much more than its demand at the limit's rate
 	// a region's need is (Config.need).
 	needHeadroom = 2.5
@@ -326,6 +337,18 @@ type Agent struct {
 	// count, if far (nextDemand).
 	brokenJump bool
 	jumpSide   int
+	// storeWait (tests), if set, is how long a tick at now waited on the
+	// region's store (the simulation's stalled store); nil: measured
+	// (took).
+	storeWait func(now time.Time) time.Duration
+	// usualTook is how long the agent's ticks usually wait on the store;
+	// heldOffered and heldDt the units and seconds of the slow ticks
+	// held (estimate). brokenStall: a slow tick's count is weighed as
+	// any other's, as before.
+	usualTook           time.Duration
+	heldOffered, heldDt float64
+	slowAfter           int // ticks still held after the last slow one
+	brokenStall         bool
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled as decisions end
@@ -360,8 +383,14 @@ type AgentStats struct {
 	// Withheld is the largest pending grant; Share the current share
 	// (without pending grants).
 	Given, Received, Withheld, Share int64
-	// Demand is the region's demand estimate (units a second).
-	Demand float64
+	// Demand is the region's demand estimate (units a second); Held the
+	// slow ticks whose counts were held, Took how long the last tick's
+	// requests took (its reads, or the write of the tick before, the
+	// longer) and UsualTook how long they usually take (Agent.estimate);
+	// Wrote how long the last tick's write took.
+	Demand                 float64
+	Held                   int64
+	Took, UsualTook, Wrote time.Duration
 }
 
 // NewAgent returns region's agent, holding the base share, on store:
@@ -425,8 +454,9 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	if a.tbl != nil {
 		return a.tickTable(ctx, now)
 	}
+	start := time.Now()
 	firstErr := a.readOthers(ctx)
-	a.estimate(now)
+	a.estimate(now, a.took(now, start))
 
 	a.receive(now)
 
@@ -446,7 +476,10 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	pub.Future = slices.Clone(own.Future)
 	pub.Tokens = slices.Clone(own.Tokens)
 	pub.Moves = slices.Clone(own.Moves)
-	if err := a.ledger.Publish(ctx, a.r, pub); err != nil {
+	wrote := time.Now()
+	err = a.ledger.Publish(ctx, a.r, pub)
+	a.count(func(s *AgentStats) { s.Wrote = time.Since(wrote) })
+	if err != nil {
 		// Published at a later tick: the grant is already out of this
 		// region's share, so a late publication only delays it.
 		a.count(func(s *AgentStats) { s.PublishErrors++ })
@@ -516,19 +549,72 @@ func (a *Agent) receive(now time.Time) {
 }
 
 // estimate updates the region's demand from the units its processes
-// were offered since the last tick.
-func (a *Agent) estimate(now time.Time) {
+// were offered since the last tick, which waited took on the region's
+// store (Agent.took).
+//
+// A slow tick (its requests took more than slowReads times the usual and
+// slowMin), and the holdAfter ticks after it, are held: their counts and
+// time are kept aside, the estimate unchanged, and the next tick not held
+// weighs them with its own as one tick. A stall of the region's store (or
+// a starved host) delays the processes' calls, and their counts with
+// them, as it delays the agent's requests: counted tick by tick, the
+// stall reads as two ticks far below the estimate (demand that left,
+// nextDemand), and the region gave its units away just before the calls
+// that waited came back. Counted over the stall and the ticks after it,
+// the calls that waited are there. A hold lasts at most holdMax: slowness
+// that lasts that long is the store's new usual. It reports whether it
+// held the tick (through the table, the board keeps the held count:
+// estimateTable).
+func (a *Agent) estimate(now time.Time, took time.Duration) (held bool) {
 	offered := a.offered.Swap(0)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.Ticks++
+	waited := took > slowMin && took > slowReads*a.usualTook && a.stats.Ticks > 1 && !a.brokenStall
+	if a.stats.Ticks == 1 {
+		a.usualTook = took
+	} else if !waited {
+		a.usualTook += time.Duration(demandWeight * float64(took-a.usualTook))
+	}
+	slow := waited || a.slowAfter > 0
+	if waited {
+		a.slowAfter = holdAfter
+	} else if a.slowAfter > 0 {
+		a.slowAfter--
+	}
 	if !a.last.IsZero() && now.After(a.last) {
 		dt := now.Sub(a.last).Seconds()
-		own := &a.states[a.r]
-		own.Demand = a.nextDemand(own.Demand, float64(offered), dt)
-		a.stats.Demand = own.Demand
+		if slow && a.heldDt+dt < holdMax.Seconds() {
+			if a.tbl == nil {
+				a.heldOffered += float64(offered)
+				a.heldDt += dt
+			}
+			a.jumpSide = 0 // a far tick before the stall was part of it
+			a.stats.Held++
+			held = true
+		} else {
+			if waited { // held holdMax: the new usual
+				a.usualTook = took
+			}
+			own := &a.states[a.r]
+			own.Demand = a.nextDemand(own.Demand, float64(offered)+a.heldOffered, dt+a.heldDt)
+			a.heldOffered, a.heldDt = 0, 0
+			a.stats.Demand = own.Demand
+		}
 	}
 	a.last = now
+	a.stats.Took, a.stats.UsualTook = took, a.usualTook
+	return held
+}
+
+// took is how long a tick at now waited on the region's store: its
+// reads, from start, or the last tick's write (its entry's publication),
+// the longer (a stall may hold writes only).
+func (a *Agent) took(now, start time.Time) time.Duration {
+	if a.storeWait != nil {
+		return a.storeWait(now)
+	}
+	return max(time.Since(start), a.Stats().Wrote)
 }
 
 // nextDemand is the demand estimate after a tick of dt seconds that

@@ -68,6 +68,66 @@ type sim struct {
 	// (overrides split and then).
 	splits [][]float64
 	every  time.Duration
+	// stalls are stalls of a region's store (simStall).
+	stalls []simStall
+}
+
+// simStall is a stall of region's store from at for dur: its processes'
+// calls wait (each decided at the stall's end, its stamp then, and its
+// unit counted offered then), and its agent's requests for the first
+// seen of it (their ticks wait until then: Agent.storeWait).
+type simStall struct {
+	region        int
+	at, dur, seen time.Duration
+}
+
+// agentWait is how long region r's agent's tick at now waits on its
+// store (a stall's first seen).
+func (s sim) agentWait(r int, now time.Time) time.Duration {
+	for _, st := range s.stalls {
+		from := simStart.Add(st.at)
+		if st.region == r && !now.Before(from) && now.Before(from.Add(st.seen)) {
+			return from.Add(st.seen).Sub(now)
+		}
+	}
+	return 0
+}
+
+// stalled reports whether region r's store is in a stall at now.
+func (s sim) stalled(r int, now time.Time) bool {
+	for _, st := range s.stalls {
+		from := simStart.Add(st.at)
+		if st.region == r && !now.Before(from) && now.Before(from.Add(st.dur)) {
+			return true
+		}
+	}
+	return false
+}
+
+// withStalls returns s with four stalls of its busiest region's store
+// (the second half's, if demand moves), at a fifth of the run apart (and
+// up to a tick later), each of 0.3-1 s (from the seed), its agent's requests waiting the first seen
+// of each (a share: 1, the whole stall).
+func (s sim) withStalls(seen float64) sim {
+	rng := rand.New(rand.NewPCG(s.seed, 4))
+	for k := 1; k <= 4; k++ {
+		at := time.Duration(k) * s.dur / 5
+		split := s.split
+		if s.then != nil && at >= s.dur/2 {
+			split = s.then
+		}
+		busy := 0
+		for r, x := range split {
+			if x > split[busy] {
+				busy = r
+			}
+		}
+		at += time.Duration(rng.Int64N(int64(250 * time.Millisecond))).Round(time.Millisecond) // any phase of the ticks
+		dur := 300*time.Millisecond + time.Duration(rng.Int64N(int64(700*time.Millisecond)))
+		dur = dur.Round(time.Millisecond)
+		s.stalls = append(s.stalls, simStall{region: busy, at: at, dur: dur, seen: time.Duration(seen * float64(dur)).Round(time.Millisecond)})
+	}
+	return s
 }
 
 type simResult struct {
@@ -99,6 +159,7 @@ func (s sim) run(t testing.TB) simResult {
 		a.broken = s.broken
 		a.brokenTokens = s.brokenTok
 		a.brokenAccrue = s.brokenAcc
+		a.storeWait = func(at time.Time) time.Duration { return s.agentWait(r, at) } // the memory store's: none, or a stall's
 		agents[r] = a
 		for range s.procs {
 			l, err := a.NewLimiter(st)
@@ -118,6 +179,18 @@ func (s sim) run(t testing.TB) simResult {
 	next := make([]time.Time, len(agents))
 	for r := range next {
 		next[r] = start
+	}
+	waiting := make([]int, len(agents)) // calls waiting on a stalled store
+	decide := func(r int, at time.Time) {
+		l := procs[r][rng.IntN(len(procs[r]))]
+		d, err := l.AllowN(ctx, s.cfg.Key, at, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.calls = append(res.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: at, Allowed: d.Allowed, Reached: true})
+		if d.Allowed {
+			res.admitted++
+		}
 	}
 	for now.Before(end) {
 		split := s.split
@@ -166,17 +239,17 @@ func (s sim) run(t testing.TB) simResult {
 			s.trace.Logf("%s | admitted/s %d", line, adm[0]*2)
 		}
 		for r := range agents {
+			stalled := s.stalled(r, now)
+			for ; !stalled && waiting[r] > 0; waiting[r]-- {
+				decide(r, now) // the calls that waited, at the stall's end
+			}
 			// Poisson arrivals: exponential gaps.
 			for next[r].Before(now.Add(time.Millisecond)) {
 				at := next[r]
-				l := procs[r][rng.IntN(len(procs[r]))]
-				d, err := l.AllowN(ctx, s.cfg.Key, at, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				res.calls = append(res.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: at, Allowed: d.Allowed, Reached: true})
-				if d.Allowed {
-					res.admitted++
+				if stalled {
+					waiting[r]++
+				} else {
+					decide(r, at)
 				}
 				if rate := s.rate * split[r]; rate > 0 {
 					next[r] = at.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
@@ -617,7 +690,7 @@ func TestSharesDemandBlip(t *testing.T) {
 		tick := func(n int64) float64 {
 			a.offered.Store(n)
 			now = now.Add(250 * time.Millisecond)
-			a.estimate(now)
+			a.estimate(now, 0)
 			return a.Stats().Demand
 		}
 		for range 40 {
@@ -713,4 +786,102 @@ func TestSharesDemandCap(t *testing.T) {
 		t.Errorf("region 1 at 150 a second, below the rate: the plan %v, want %v (and some)", a, b)
 	}
 	t.Logf("region 0 gives %d counted at the rate, %d counted as estimated", capped, broken)
+}
+
+// TestSharesDemandStall: region 0 of a bucket's three regions asks 200
+// units a second (50 a tick of 250 ms), the others 2 (their entries in
+// the ledger, fresh, showing they gave region 0 their units: it holds
+// all 197). Its store stalls: three ticks count none, their reads
+// taking 700, 450 and 200 ms (usually 2 ms), two more count none, the
+// agent's requests quick again but not yet its processes', and the next
+// counts the 250 calls that waited with its own 50. The estimate holds
+// (within 20 of 200) and region 0 gives nothing; with brokenStall (a
+// slow tick's count weighed as any other's, as before) two ticks of none
+// drop it to 0 and region 0 gives nearly all its units to the idle
+// regions. Demand that leaves is followed: within two ticks with the
+// reads as usual, within holdMax, holdAfter and two ticks while they
+// stay slow.
+func TestSharesDemandStall(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			ctx := t.Context()
+			now := simStart
+			ledger := &simLedger{hist: make([][]State, 3), now: &now}
+			a, err := NewAgent(simBucket, 0, ledger, memStore(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.ahead = 0
+			a.brokenStall = broken
+			a.states[0].Demand = 200 // as estimated before
+			took := 2 * time.Millisecond
+			a.storeWait = func(time.Time) time.Duration { return took }
+			seq := int64(0)
+			tick := func(n int64, reads time.Duration) float64 {
+				t.Helper()
+				now = now.Add(250 * time.Millisecond)
+				seq++
+				for r := 1; r < 3; r++ {
+					// Region r gave region 0 its base.
+					gave := []int64{simBucket.base(r), 0, 0}
+					ledger.Publish(ctx, r, State{Demand: 2, Given: gave, Seq: seq, At: now.UnixNano()}) //nolint:errcheck // memory
+				}
+				a.offered.Add(n)
+				took = reads
+				if err := a.Tick(ctx, now); err != nil {
+					t.Fatal(err)
+				}
+				return a.Stats().Demand
+			}
+			for range 40 {
+				tick(50, 2*time.Millisecond)
+			}
+			var low float64 = 200
+			for _, c := range []struct {
+				n     int64
+				reads time.Duration
+			}{{0, 700 * time.Millisecond}, {0, 450 * time.Millisecond}, {0, 200 * time.Millisecond}, {0, 3 * time.Millisecond}, {0, 2 * time.Millisecond},
+				{300, 2 * time.Millisecond}} {
+				low = min(low, tick(c.n, c.reads))
+			}
+			for range 4 {
+				low = min(low, tick(50, 2*time.Millisecond))
+			}
+			st := a.Stats()
+			t.Logf("through the stall: the estimate at least %.1f, now %.1f; region 0 gave %d units, holds %d; %d ticks held", low, st.Demand, st.Given, st.Share, st.Held)
+			if broken {
+				if low > 20 || st.Given < 40 {
+					t.Errorf("brokenStall: the estimate fell only to %.1f and region 0 gave %d units (the test cannot fail)", low, st.Given)
+				}
+				return
+			}
+			if low < 180 || st.Given != 0 || st.Held != 3+holdAfter {
+				t.Errorf("a stall: the estimate fell to %.1f, region 0 gave %d units, %d ticks held; want 180 or more, none, %d", low, st.Given, st.Held, 3+holdAfter)
+			}
+			// Demand that leaves, the reads as usual: two ticks.
+			for i := range 2 {
+				tick(0, 2*time.Millisecond)
+				if d := a.Stats().Demand; i == 1 && d > 1 {
+					t.Errorf("demand that left: the estimate %.1f two ticks later, want 0", d)
+				}
+			}
+			if a.Stats().Given < 40 {
+				t.Errorf("demand that left: region 0 gave %d units, want 40 or more", a.Stats().Given)
+			}
+			// Back, then gone while the reads stay slow (400 ms).
+			for range 8 {
+				tick(50, 2*time.Millisecond)
+			}
+			most := int(holdMax/(250*time.Millisecond)) + holdAfter + 2
+			ticks := 0
+			for ticks < most && a.Stats().Demand > 1 {
+				tick(0, 400*time.Millisecond)
+				ticks++
+			}
+			if d := a.Stats().Demand; d > 1 {
+				t.Errorf("demand that left, the reads slow: the estimate %.1f after %d ticks, want 0", d, ticks)
+			}
+			t.Logf("demand that left while the reads were slow: followed in %d ticks", ticks)
+		})
+	}
 }

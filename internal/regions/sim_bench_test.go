@@ -60,7 +60,25 @@ func simRuns(tb testing.TB) []simRun {
 			lengths = []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second}
 		}
 		for _, d := range lengths {
-			runs = append(runs, simRun{sp.name, sp.split, sp.then, d})
+			runs = append(runs, simRun{sp.name, sp.split, sp.then, d, 0})
+		}
+	}
+	// The busy region's store stalls (sim.withStalls) at 98/1/1 and
+	// where demand moves, 30 s (or each of SLUICE_SIM_LENGTHS), its
+	// agent's requests waiting the whole stall, or its first half only
+	// (-half: the processes' requests end later).
+	for _, st := range []struct {
+		sp   int
+		name string
+		seen float64
+	}{{0, "-stalls", 1}, {3, "-stalls", 1}, {0, "-stalls-half", 0.5}, {3, "-stalls-half", 0.5}} {
+		lengths := every
+		if lengths == nil {
+			lengths = []time.Duration{30 * time.Second}
+		}
+		sp := simSplits[st.sp]
+		for _, d := range lengths {
+			runs = append(runs, simRun{sp.name + st.name, sp.split, sp.then, d, st.seen})
 		}
 	}
 	return runs
@@ -70,11 +88,14 @@ type simRun struct {
 	name        string
 	split, then []float64
 	dur         time.Duration
+	seen        float64 // stalls (sim.withStalls) seen by the agent, if set
 }
 
 // BenchmarkSharesSim reports the shares' share of exact on memory stores
 // with a simulated clock (lag 1 s, 1.2 times the steady rate, five seeds
-// per case; run with -benchtime=1x): per limit and run (simRuns), the
+// per case; run with -benchtime=1x; the rows "-stalls" with four stalls
+// of the busy region's store, sim.withStalls, "-stalls-half" the agent
+// seeing their first half only): per limit and run (simRuns), the
 // least and the mean over the seeds, over the whole run and over the
 // calls stamped after its first 10 s (the shares start split evenly).
 // Never over is asserted on every run.
@@ -88,7 +109,11 @@ func BenchmarkSharesSim(b *testing.B) {
 				for range b.N {
 					var all, steady []float64
 					for seed := range 5 {
-						res := sim{cfg: alg.cfg, split: r.split, then: r.then, rate: 240, dur: r.dur, lag: time.Second, procs: 2, seed: uint64(seed + 1)}.run(b)
+						sm := sim{cfg: alg.cfg, split: r.split, then: r.then, rate: 240, dur: r.dur, lag: time.Second, procs: 2, seed: uint64(seed + 1)}
+						if r.seen > 0 {
+							sm = sm.withStalls(r.seen)
+						}
+						res := sm.run(b)
 						for _, v := range res.over {
 							b.Errorf("seed %d: over the limit: %v", seed+1, v)
 						}

@@ -646,3 +646,79 @@ func TestSharesTableCarryRoom(t *testing.T) {
 		})
 	}
 }
+
+// TestSharesTableStall: through the table, region 0's agent (holder a)
+// counts 50 units a tick of 250 ms (200 a second), then its store
+// stalls: two ticks count none and their reads are slow (700 and 450
+// ms: Agent.storeWait). They are held, and the board keeps the demand
+// counter and the stamp of the last tick counted, so the next tick,
+// another process's agent (holder b) that takes the role over a second
+// later, weighs the 300 units that came in the 1.5 s since with its own:
+// the estimate stays at 200. With brokenStall the two ticks of none drop
+// it to 0 and the next one, a single tick far above, moves it by its
+// bound only.
+func TestSharesTableStall(t *testing.T) {
+	client, table := testTable(t)
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			ctx := t.Context()
+			now := time.Now()
+			tt := Table{Client: client, Table: table, Name: fmt.Sprintf("stall-%v-%d", broken, now.UnixNano())}
+			st := memStore(t)
+			var agents [2]*Agent
+			for i := range agents {
+				a, err := NewTableAgent(simBucket, tt, fmt.Sprintf("holder-%d", i), st)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.brokenStall = broken
+				agents[i] = a
+			}
+			tw := tt.withDefaults()
+			tick := func(a *Agent, n int64, reads time.Duration) {
+				t.Helper()
+				if n > 0 {
+					if _, _, err := tw.read(ctx, n); err != nil {
+						t.Fatal(err)
+					}
+				}
+				a.storeWait = func(time.Time) time.Duration { return reads }
+				if err := a.Tick(ctx, now); err != nil {
+					t.Fatal(err)
+				}
+				if !a.Holds() {
+					t.Fatalf("%s does not hold the role", a.tbl.holder)
+				}
+			}
+			for range 10 {
+				now = now.Add(250 * time.Millisecond)
+				tick(agents[0], 50, 2*time.Millisecond)
+			}
+			counted := now.UnixNano()
+			for _, reads := range []time.Duration{700 * time.Millisecond, 450 * time.Millisecond} {
+				now = now.Add(250 * time.Millisecond)
+				tick(agents[0], 0, reads)
+			}
+			it, err := tw.load(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := agents[0].Stats().Demand
+			now = now.Add(time.Second) // the role lapses: holder 1 takes it
+			tick(agents[1], 300, 2*time.Millisecond)
+			after := agents[1].Stats().Demand
+			t.Logf("estimate %.1f after the stalled ticks (held %d, the board's tick %v after the last counted), %.1f after holder 1's",
+				before, agents[0].Stats().Held, time.Duration(it.board.Tick-counted), after)
+			if broken {
+				if before > 1 || after > 50 {
+					t.Errorf("brokenStall: the estimate %.1f after the stalled ticks, %.1f after (the test cannot fail)", before, after)
+				}
+				return
+			}
+			if it.board.Tick != counted || before != 200 || after < 180 || after > 220 {
+				t.Errorf("the board's tick %v after the last counted, the estimate %.1f after the stalled ticks and %.1f after holder 1's; want 0, 200, 180-220",
+					time.Duration(it.board.Tick-counted), before, after)
+			}
+		})
+	}
+}

@@ -29,7 +29,8 @@ type tableAgent struct {
 	// units sum to the agent's pending.
 	lows     []lowering
 	maxUntil int64 // the latest Until published
-	seen     int64 // the demand counter, as this tick read it
+	seen     int64 // the demand counter as the last tick weighed read it
+	counted  int64 // that tick's stamp (a held tick weighs nothing: estimate)
 	seq      int64 // the entry's
 	items    map[string]*bucketItem
 	// wants is the key's place in its limit's wants index (nil: none);
@@ -218,8 +219,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		})
 	}
 	firstErr := a.readOthers(ctx)
-	a.offered.Store(max(it.demand-it.board.Seen, 0))
-	a.estimate(now)
+	a.estimateTable(now, it)
 	a.receive(now)
 	if a.cfg.Bucket != nil {
 		firstErr = cmp(firstErr, a.giveBucketTable(ctx, now))
@@ -234,11 +234,27 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		}
 	}
 	a.updateWants(ctx, now)
-	if err := a.save(ctx, now); err != nil || !a.Holds() {
+	wrote := time.Now()
+	err = a.save(ctx, now)
+	a.count(func(s *AgentStats) { s.Wrote = time.Since(wrote) })
+	if err != nil || !a.Holds() {
 		return cmp(firstErr, err) // nothing owed is added: under-admits
 	}
 	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
 	return cmp(firstErr, a.refundOwed(ctx, now))
+}
+
+// estimateTable is estimate through the table, on the units the demand
+// counter gained since the last tick weighed (the board's Seen, at its
+// Tick). A held tick leaves them as they are, so that the next tick
+// counts from there, whichever process holds the role then.
+func (a *Agent) estimateTable(now time.Time, it tableItem) {
+	tb := a.tbl
+	a.offered.Store(max(it.demand-it.board.Seen, 0))
+	tb.counted = now.UnixNano()
+	if a.estimate(now, a.took(now, tb.started)) {
+		tb.seen, tb.counted = it.board.Seen, it.board.Tick
+	}
 }
 
 // givingUnderWay reports whether the agent, holding the role, has a
@@ -357,7 +373,7 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	pub.Future = slices.Clone(own.Future)
 	pub.Tokens = slices.Clone(own.Tokens)
 	pub.Moves = slices.Clone(own.Moves)
-	b := board{Lows: slices.Clone(tb.lows), Seen: tb.seen, Tick: t, Wants: tb.listed, WantsTry: tb.wantsTry}
+	b := board{Lows: slices.Clone(tb.lows), Seen: tb.seen, Tick: tb.counted, Wants: tb.listed, WantsTry: tb.wantsTry}
 	b.Entry = Entry{Seq: tb.seq + 1, Until: t + int64(tb.t.Validity)}
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
