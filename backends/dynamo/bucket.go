@@ -392,9 +392,12 @@ func (s *Store) bucketClauses(u *update, a attrs, op storage.BucketOp, cur bucke
 	b, t := u.name(a.pre+attrBase), u.name(a.pre+attrTat)
 	floor := plan.level - op.MaxAmount // below it, the bucket is full at the op's step
 	onGrid := func() string { return b + " = " + u.num(plan.base) }
-	if plan.kind == writeTake || plan.kind == writeFull {
+	if plan.kind != writeCreate { // which fails on any item
 		// Decided without a lease ring: none may have appeared meanwhile
-		// (its units would be taken twice).
+		// (a take's units would be taken twice; a write that changes tat
+		// alone breaks c = tat + h, and the ring's takes, planned on tat
+		// and conditioned on c, then lose again and again). Failed, it
+		// is planned again on the ring the item returned.
 		u.cond = append(u.cond, "attribute_not_exists("+u.name(a.pre+attrHeld)+")")
 	}
 	switch plan.kind {
