@@ -179,8 +179,9 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		tick(a, nil)
 	}
 	var (
-		pmu   sync.Mutex
-		procs []*regions.Process
+		pmu    sync.Mutex
+		procs  []*regions.Process
+		stores []procStore // the processes' stores, for the trace's lost races
 	)
 	d.Timeout = times.Deadline
 	rep := tableReport{sharesReport: sharesReport{start: time.Now()}}
@@ -203,6 +204,12 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 					s.demand, s.held = append(s.demand, st.Demand), append(s.held, st.Held)
 					s.took, s.usual = append(s.took, st.Took), append(s.usual, st.UsualTook)
 				}
+				s.lost = make([]int64, len(holders))
+				pmu.Lock()
+				for _, ps := range stores {
+					s.lost[ps.region] += ps.st.Stats().Conflicts
+				}
+				pmu.Unlock()
 				samples = append(samples, s)
 			}
 		})
@@ -214,6 +221,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		}
 		pmu.Lock()
 		procs = append(procs, p)
+		stores = append(stores, procStore{i, st})
 		pmu.Unlock()
 		return p
 	})
@@ -255,12 +263,25 @@ type shareSample struct {
 	// took and usual: how long the holder's last tick waited on the
 	// store (AgentStats.Took), and usually waits.
 	took, usual []time.Duration
+	// lost: the region's processes' conditional writes that lost so far
+	// (their stores' Stats().Conflicts).
+	lost []int64
+}
+
+// procStore is a process's store and its region.
+type procStore struct {
+	region int
+	st     *dynamo.Store
 }
 
 // traceRun logs, for each second of a run: per region the units offered
 // and admitted and the holder's share, withheld units, demand estimate and
-// ticks held as slow so far (Agent.estimate) at the second's end, and the
-// longest reads of its ticks sampled in the second against their usual; over the union, what was admitted and what exact admitted.
+// ticks held as slow so far (Agent.estimate) at the second's end, the
+// longest reads of its ticks sampled in the second against their usual,
+// the longest decision of its processes stamped in the second and their
+// conditional writes that lost in it (a bucket's takes that keep losing
+// hold a decision until its deadline: the processes then ask few calls a
+// second); over the union, what was admitted and what exact admitted.
 func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSample) {
 	tb.Helper()
 	sec := func(t time.Time) int { return int(t.Sub(rep.start) / time.Second) }
@@ -272,8 +293,9 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 		return
 	}
 	offered, admitted := make([][]int64, n), make([][]int64, n)
+	longest := make([][]time.Duration, n) // the longest decision stamped in the second
 	for i := range n {
-		offered[i], admitted[i] = make([]int64, len(rep.byRegion)), make([]int64, len(rep.byRegion))
+		offered[i], admitted[i], longest[i] = make([]int64, len(rep.byRegion)), make([]int64, len(rep.byRegion)), make([]time.Duration, len(rep.byRegion))
 	}
 	for r, cs := range rep.byRegion {
 		for _, c := range cs {
@@ -282,6 +304,7 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 				if c.Allowed {
 					admitted[i][r] += c.Cost
 				}
+				longest[i][r] = max(longest[i][r], c.End-c.Start)
 			}
 		}
 	}
@@ -307,9 +330,12 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 		line := fmt.Sprintf("trace %2ds:", i)
 		var adm int64
 		for r := range rep.byRegion {
-			var s shareSample
-			var took time.Duration // the longest wait sampled in the second
+			var s, before shareSample // the second's last sample, and the one before the second
+			var took time.Duration    // the longest wait sampled in the second
 			for _, x := range samples {
+				if x.at < time.Duration(i)*time.Second {
+					before = x
+				}
 				if x.at < time.Duration(i+1)*time.Second {
 					s = x
 					if x.at >= time.Duration(i)*time.Second && r < len(x.took) {
@@ -321,8 +347,15 @@ func traceRun(tb testing.TB, alg regionAlg, rep tableReport, samples []shareSamp
 			if r < len(s.owned) {
 				o, p, dm, h, usual = s.owned[r], s.pending[r], s.demand[r], s.held[r], s.usual[r]
 			}
-			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f held %2d waited %4d/%3d ms |", r, admitted[i][r], offered[i][r], o, p, dm, h,
-				took.Milliseconds(), usual.Milliseconds())
+			var lost int64
+			if r < len(s.lost) {
+				lost = s.lost[r]
+				if r < len(before.lost) {
+					lost -= before.lost[r]
+				}
+			}
+			line += fmt.Sprintf(" r%d %4d/%4d share %4d-%4d demand %5.1f held %2d waited %4d/%3d ms calls %4d ms lost %4d |", r, admitted[i][r], offered[i][r], o, p, dm, h,
+				took.Milliseconds(), usual.Milliseconds(), longest[i][r].Milliseconds(), lost)
 			adm += admitted[i][r]
 		}
 		lines = append(lines, fmt.Sprintf("%s admitted %4d exact %4d", line, adm, exact[i]))
