@@ -15,7 +15,7 @@ func publish(t *testing.T, kc KeysConfig, key string, r int, st State, b board) 
 	tt := kc.Table.withDefaults()
 	tt.Name, tt.Region = kc.Prefix+key, r
 	now := time.Now().UnixNano()
-	it, err := tt.acquire(t.Context(), 0, "test", now, now+int64(time.Hour))
+	it, err := tt.acquire(t.Context(), 0, "test", now, now+int64(time.Hour), tableItem{}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -208,11 +208,15 @@ func (k *Keys) AllowN(ctx context.Context, key string, now time.Time, n int64) (
 		ks.mu.Lock()
 		ks.tried = t
 		ks.mu.Unlock()
-		if !valid {
+		if !valid && ks.proc.t.brokenLapse {
 			// The decision needs the entry the tick may publish.
 			k.tick(ctx, ks, now) //nolint:errcheck // counted; the decision reads what is there
 			ks.ticking.Unlock()
 		} else {
+			// A decision without an entry valid at its stamp reads
+			// again while the tick runs (Process.current) rather than
+			// after it: a take publishes the entry again at its first
+			// write (Table.extend), long before the tick's save.
 			done := make(chan struct{})
 			go func() {
 				defer close(done)

@@ -72,6 +72,9 @@ type Table struct {
 	// LockLife is how long the agent role stays with a holder that stops
 	// ticking (default 750 ms).
 	LockLife time.Duration
+
+	// brokenLapse (tests): the rule before the entry kept (lapse_test.go).
+	brokenLapse bool
 }
 
 // Table defaults.
@@ -227,6 +230,7 @@ type tableItem struct {
 	epoch    int64
 	holder   string
 	lapses   int64
+	rawBoard string // b as read ("": none)
 }
 
 func (t *Table) parse(m map[string]types.AttributeValue) (tableItem, error) {
@@ -244,6 +248,7 @@ func (t *Table) parse(m map[string]types.AttributeValue) (tableItem, error) {
 		if err := json.Unmarshal([]byte(v.Value), &it.board); err != nil {
 			return it, fmt.Errorf("regions: region %d's board: %w", t.Region, err)
 		}
+		it.rawBoard = v.Value
 	}
 	var err error
 	num := func(name string, dst *int64) {
@@ -280,17 +285,31 @@ var errLost = errors.New("regions: the agent role is held by another")
 
 // acquire takes the agent role from epoch seen (0: never held), which
 // must have lapsed by now, for holder until lapses; it returns the item
-// as of the take.
-func (t *Table) acquire(ctx context.Context, seen int64, holder string, now, lapses int64) (tableItem, error) {
+// as of the take. With until after the Until of the entry in prev (the
+// item as read before, unchanged since: the condition), the take also
+// publishes that entry again, valid until until (see extend).
+func (t *Table) acquire(ctx context.Context, seen int64, holder string, now, lapses int64, prev tableItem, until int64) (tableItem, error) {
+	update, cond := "SET ep = :new, h = :h, x = :x", "attribute_not_exists(ep) OR (ep = :seen AND x < :now)"
+	vals := map[string]types.AttributeValue{
+		":new": n(seen + 1), ":seen": n(seen), ":now": n(now), ":x": n(lapses), ":h": &types.AttributeValueMemberS{Value: holder},
+	}
+	if b, ok := prev.extend(until); ok && !t.brokenLapse {
+		bj, err := json.Marshal(b)
+		if err != nil {
+			return tableItem{}, err
+		}
+		update += ", b = :nb"
+		cond = "b = :ob AND (" + cond + ")"
+		vals[":nb"] = &types.AttributeValueMemberS{Value: string(bj)}
+		vals[":ob"] = &types.AttributeValueMemberS{Value: prev.rawBoard}
+	}
 	out, err := t.Client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:           aws.String(t.Table),
-		Key:                 t.key(),
-		UpdateExpression:    aws.String("SET ep = :new, h = :h, x = :x"),
-		ConditionExpression: aws.String("attribute_not_exists(ep) OR (ep = :seen AND x < :now)"),
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":new": n(seen + 1), ":seen": n(seen), ":now": n(now), ":x": n(lapses), ":h": &types.AttributeValueMemberS{Value: holder},
-		},
-		ReturnValues: types.ReturnValueAllNew,
+		TableName:                 aws.String(t.Table),
+		Key:                       t.key(),
+		UpdateExpression:          aws.String(update),
+		ConditionExpression:       aws.String(cond),
+		ExpressionAttributeValues: vals,
+		ReturnValues:              types.ReturnValueAllNew,
 	})
 	if err != nil {
 		if _, ok := errors.AsType[*types.ConditionalCheckFailedException](err); ok {
@@ -299,6 +318,27 @@ func (t *Table) acquire(ctx context.Context, seen int64, holder string, now, lap
 		return tableItem{}, err
 	}
 	return t.parse(out.Attributes)
+}
+
+// extend is the board of it with its entry published again, unchanged
+// but valid until until (false: no entry, or one valid as long). A
+// successor's take publishes it, so that the region's processes have an
+// entry to decide by while the successor's first tick runs (several
+// requests; on a loaded host longer than the entries' validity). It is
+// the entry the predecessor's next tick would have published had nothing
+// changed: its caps and items are by stamp, and every change to them
+// (a lowering, a grant, a rebase) is made by a later tick, from a stamp
+// no earlier than the latest Until on record, which now includes until
+// (MaxUntil). docs/regions.md, "The role under slow ticks".
+func (it tableItem) extend(until int64) (board, bool) {
+	b := it.board
+	if it.rawBoard == "" || b.Entry.Seq == 0 || b.Entry.Until >= until {
+		return board{}, false
+	}
+	b.Entry.Seq++
+	b.Entry.Until = until
+	b.MaxUntil = max(b.MaxUntil, until)
+	return b, true
 }
 
 // save writes the ledger entry and the board, and extends the role to

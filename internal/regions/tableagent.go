@@ -186,7 +186,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 			tb.count(func(s *TableStats) { s.Standby++ })
 			return nil
 		}
-		it, err = tb.t.acquire(ctx, it.epoch, tb.holder, t, t+int64(tb.t.LockLife))
+		it, err = tb.t.acquire(ctx, it.epoch, tb.holder, t, t+int64(tb.t.LockLife), it, tb.stamp(now)+int64(tb.t.Validity))
 		if errors.Is(err, errLost) {
 			tb.count(func(s *TableStats) { s.Standby++ })
 			return nil
@@ -374,7 +374,11 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	pub.Tokens = slices.Clone(own.Tokens)
 	pub.Moves = slices.Clone(own.Moves)
 	b := board{Lows: slices.Clone(tb.lows), Seen: tb.seen, Tick: tb.counted, Wants: tb.listed, WantsTry: tb.wantsTry}
-	b.Entry = Entry{Seq: tb.seq + 1, Until: t + int64(tb.t.Validity)}
+	until := tb.stamp(now) + int64(tb.t.Validity) // see Table.extend
+	if tb.t.brokenLapse {
+		until = t + int64(tb.t.Validity)
+	}
+	b.Entry = Entry{Seq: tb.seq + 1, Until: until}
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
 		b.In = slices.Clone(tb.in)
@@ -391,7 +395,11 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	}
 	epoch := tb.epoch
 	a.mu.Unlock()
-	err := tb.t.save(ctx, epoch, pub, b, tb.lapse(t))
+	lapses := tb.lapse(t)
+	if !tb.t.brokenLapse {
+		lapses = min(lapses, until) // the role lapses with the entry
+	}
+	err := tb.t.save(ctx, epoch, pub, b, lapses)
 	switch {
 	case errors.Is(err, errLost):
 		a.setEpoch(0)
@@ -420,9 +428,9 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 // process's monotonic clock (a simulated stamp does not pass while the
 // requests wait); the lapse is compared with the other containers'
 // clocks, which agree with this one's within milliseconds. A holder that
-// stopped keeps the role up to twice its last tick longer: the Validity
-// must exceed LockLife and three ticks for a successor to publish before
-// the entries lapse (a tick takes tens of milliseconds on DynamoDB).
+// stopped keeps the role up to twice its last tick longer, but no longer
+// than its entry (save; docs/regions.md, "The entry while the holder is
+// quiet").
 func (tb *tableAgent) lapse(t int64) int64 {
 	if tb.brokenLife {
 		return t + int64(tb.t.LockLife)

@@ -1,6 +1,7 @@
 package testserver
 
 import (
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -19,8 +20,9 @@ import (
 // SDK retries and lost conditional writes are requests too. It closes when
 // the test ends.
 type HTTPProxy struct {
-	srv   *httptest.Server
-	delay atomic.Int64 // ns each request is held before it is passed on
+	srv    *httptest.Server
+	delay  atomic.Int64 // ns each request is held before it is passed on
+	jitter atomic.Int64 // ns up to which a request is held longer (uniform)
 	// hold, if set, is called with a request's operation before it is
 	// passed on, and what it returns once the answer is back (a region's
 	// gate, regions.go).
@@ -93,7 +95,7 @@ func newHTTPProxy(t testing.TB, target string, hold func(op string) func()) *HTT
 		}
 		rec := &statusWriter{ResponseWriter: w}
 		start := time.Now()
-		if d := p.delay.Load(); d > 0 {
+		if d := p.delay.Load() + jitter(p.jitter.Load()); d > 0 {
 			time.Sleep(time.Duration(d))
 		}
 		if p.hold != nil {
@@ -114,6 +116,17 @@ func newHTTPProxy(t testing.TB, target string, hold func(op string) func()) *HTT
 // whatever the scheduling of a loaded machine, and requests sent one after
 // another cannot (see Waves).
 func (p *HTTPProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// SetJitter holds every request up to j longer than SetDelay's (uniformly
+// at random), as a loaded host's requests vary.
+func (p *HTTPProxy) SetJitter(j time.Duration) { p.jitter.Store(int64(j)) }
+
+func jitter(j int64) int64 {
+	if j <= 0 {
+		return 0
+	}
+	return rand.Int64N(j)
+}
 
 // URL returns the proxy's endpoint URL.
 func (p *HTTPProxy) URL() string { return p.srv.URL }
