@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -213,6 +214,7 @@ func TestCapProxyTableCap(t *testing.T) {
 	client := ddbClient(p.URL(), func(o *dynamodb.Options) { o.Retryer = aws.NopRetryer{} })
 	var admitted int
 	var reasons []types.ThrottlingReason
+	start := time.Now()
 	for i := range 40 { // 40 keys, one write each: no partition over its cap
 		_, err := client.PutItem(t.Context(), &dynamodb.PutItemInput{TableName: aws.String(table), Item: item{"pk": s(fmt.Sprint("k", i))}})
 		var pte *types.ProvisionedThroughputExceededException
@@ -225,8 +227,15 @@ func TestCapProxyTableCap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if admitted < 20 || admitted > 25 || len(reasons) != 1 || aws.ToString(reasons[0].Reason) != ReasonWriteKeyRange {
-		t.Errorf("admitted %d of 40 one-per-key writes, last reasons %+v; want about the table's 20 and a write reason", admitted, reasons)
+	// The table's second of burst (20), and its refill while the writes
+	// ran (20 a second: on a loaded machine the 40 writes take longer).
+	took := time.Since(start)
+	most := 20 + int(math.Ceil(20*took.Seconds()))
+	if admitted < 20 || admitted > most {
+		t.Errorf("admitted %d of 40 one-per-key writes in %v; want the table's 20 and at most its refill meanwhile (%d in all)", admitted, took, most)
+	}
+	if most < 40 && (len(reasons) != 1 || aws.ToString(reasons[0].Reason) != ReasonWriteKeyRange) {
+		t.Errorf("admitted %d of 40 in %v, last reasons %+v; want a write reason", admitted, took, reasons)
 	}
 }
 
