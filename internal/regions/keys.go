@@ -75,9 +75,10 @@ const (
 // agent role ticks every Tick; another tries to take the role only when
 // the entry its process read says the holder stopped publishing (its
 // publication plus the table's LockLife has passed), so a region's active
-// keys cost no reads beyond their processes' and one holder's. A key's
-// first decision in a process that finds no entry valid waits for that
-// tick (it publishes the region's base share for a new key).
+// keys cost no reads beyond their processes' and one holder's. A
+// decision in a process that finds no entry valid runs that tick beside
+// it and reads again while it runs (a take publishes the predecessor's
+// entry again; a new key's first tick, the region's base share).
 //
 // A region short of k lists k in its wants index (wants.go); the other
 // regions tick their agents of the keys listed there (Sweep), in line

@@ -60,10 +60,10 @@ type Table struct {
 	// traffic stopped may be seconds later: its agent then counts past
 	// demand as present.
 	Flush time.Duration
-	// Validity (V) is how long after its publication an entry may be
-	// used: for decisions stamped before then (default 1 s). It must
-	// exceed Refresh, and LockLife plus a tick for a successor to
-	// publish before the entries lapse.
+	// Validity (V) is how long after its publication (its save's send)
+	// an entry may be used: for decisions stamped before then (default
+	// 1 s). It must exceed Refresh and LockLife; a successor's take
+	// publishes the entry again (Table.extend).
 	Validity time.Duration
 	// Deadline (D) bounds a decision: a process gives up its store
 	// requests D after the decision's stamp (default 1 s). An agent
