@@ -247,20 +247,7 @@ func TestCorruptState(t *testing.T) {
 // MaxRetries, and never a decision.
 func TestCASConflict(t *testing.T) {
 	var cas atomic.Int64
-	addr := startFake(t, func(line string, r *bufio.Reader) string {
-		f := strings.Fields(line)
-		switch f[0] {
-		case "gets":
-			v := string(encodeBucket(storage.BucketState{Tokens: 1, Updated: 1}))
-			return fmt.Sprintf("VALUE %s 0 %d 42\r\n%s\r\nEND\r\n", f[1], len(v), v)
-		case "cas":
-			n, _ := strconv.Atoi(f[4])
-			r.Discard(n + 2)
-			cas.Add(1)
-			return "EXISTS\r\n"
-		}
-		return "ERROR\r\n"
-	})
+	addr := conflictServer(t, &cas, func(int64) {})
 	s, err := New(Config{Addrs: []string{addr}, MaxRetries: 3, RetryBackoff: time.Microsecond})
 	if err != nil {
 		t.Fatal(err)
@@ -291,14 +278,11 @@ func TestCASConflict(t *testing.T) {
 	}
 }
 
-// TestCASConflictDeadlineInWrite: lost races, then the deadline strikes
-// while a write is in flight (the server answers the third cas after
-// it): the error wraps storage.ErrConflict as well as the deadline, as it
-// does when the deadline strikes in a read or a backoff. (Before, only
-// the deadline: seen under load in TestCASConflict.)
-func TestCASConflictDeadlineInWrite(t *testing.T) {
-	var cas atomic.Int64
-	addr := startFake(t, func(line string, r *bufio.Reader) string {
+// conflictServer is a fake memcached whose every cas loses (EXISTS): its
+// gets return a bucket, and each cas is counted in cas, then passed to
+// before (with its count) before the answer.
+func conflictServer(t *testing.T, cas *atomic.Int64, before func(n int64)) string {
+	return startFake(t, func(line string, r *bufio.Reader) string {
 		f := strings.Fields(line)
 		switch f[0] {
 		case "gets":
@@ -307,12 +291,24 @@ func TestCASConflictDeadlineInWrite(t *testing.T) {
 		case "cas":
 			n, _ := strconv.Atoi(f[4])
 			r.Discard(n + 2)
-			if cas.Add(1) == 3 {
-				time.Sleep(300 * time.Millisecond)
-			}
+			before(cas.Add(1))
 			return "EXISTS\r\n"
 		}
 		return "ERROR\r\n"
+	})
+}
+
+// TestCASConflictDeadlineInWrite: lost races, then the deadline strikes
+// while a write is in flight (the server answers the third cas after
+// it): the error wraps storage.ErrConflict as well as the deadline, as it
+// does when the deadline strikes in a read or a backoff. (Before, only
+// the deadline: seen under load in TestCASConflict.)
+func TestCASConflictDeadlineInWrite(t *testing.T) {
+	var cas atomic.Int64
+	addr := conflictServer(t, &cas, func(n int64) {
+		if n == 3 {
+			time.Sleep(300 * time.Millisecond)
+		}
 	})
 	s, err := New(Config{Addrs: []string{addr}, MaxRetries: 100, RetryBackoff: time.Microsecond})
 	if err != nil {
