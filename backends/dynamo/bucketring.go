@@ -313,7 +313,7 @@ func (s *Store) ringClauses(u *update, a attrs, op storage.BucketOp, plan bucket
 	if consumed != 0 {
 		sn := name(attrUnsettled)
 		u.add = append(u.add, sn+" "+u.num(consumed))
-		if consumed < 0 {
+		if consumed < 0 && !s.brokenRefundRoom {
 			u.cond = append(u.cond, sn+" >= "+u.num(-consumed))
 		}
 	}

@@ -28,6 +28,6 @@ func BreakMerged(s *Store) { s.brokenMerged = true }
 func Attr(space, name string) string { return spacePrefix(space) + name }
 
 // BreakRingRefund breaks a refund on a bucket's lease ring on purpose:
-// noC lowers tat without c, noRoom drops the condition that tat keeps
-// room for it (tests show they fail).
+// noC lowers tat without c, noRoom drops the conditions that tat and s
+// hold what it gives back (tests show they fail).
 func BreakRingRefund(s *Store, noC, noRoom bool) { s.brokenRefundC, s.brokenRefundRoom = noC, noRoom }

@@ -118,3 +118,79 @@ func ringAttrs(t *testing.T, c *dynamodb.Client, key storage.Key) (tat, held, co
 	}
 	return num("t"), num("h"), num("c")
 }
+
+// TestRingRefundRoom: a refund planned on a stale item meets another
+// that filled the bucket first, and gives back only what fits. A bucket
+// of 100 (no refill): B leases 10 (the ring), takes 30 (settled: tat =
+// -70) and 5 (unsettled: s = 5); C reads the bucket (55 free: room for
+// 30 in tat and 5 in s); A refunds 40, of which 35 fit (tat = -100, the
+// full bucket at step 0; s = 0); C then refunds 35 on what it
+// remembers: its conditions (tat >= -70, s >= 5) fail, and planned again
+// on the item returned, nothing fits. After both, tat = -100, h = 10,
+// c = -90, and B takes exactly 90, 1 at a time (the lease holds the
+// rest). Without the room conditions C's refund lowers tat to -130 and
+// s to -5 (h to 5): B's condition then allows 95, its plan (which caps
+// the bucket at MaxAmount) 90 until a settlement, and B takes 91: over a
+// bucket of 100 with nothing refilled.
+func TestRingRefundRoom(t *testing.T) {
+	r := staleRefunds(t, nil)
+	t.Logf("after the refunds: tat %d, h %d, c %d; B took %d (%v)", r.tat, r.held, r.committed, r.taken, r.err)
+	if r.tat != -100 || r.committed != -90 || r.held != 10 || r.taken != 90 || r.err != nil {
+		t.Errorf("want tat -100, h 10, c -90 after the refunds, and 90 taken")
+	}
+	r = staleRefunds(t, func(s *dynamo.Store) { dynamo.BreakRingRefund(s, false, true) })
+	t.Logf("room conditions dropped: after the refunds: tat %d, h %d, c %d; B took %d (%v)", r.tat, r.held, r.committed, r.taken, r.err)
+	if r.taken <= 90 {
+		t.Errorf("the broken refund passed: B took %d", r.taken)
+	}
+}
+
+// staleRefunds runs TestRingRefundRoom's calls, breaking C's store with
+// broken (if not nil): the item's tat, h and c after the refunds, and
+// what B took then.
+func staleRefunds(t *testing.T, broken func(*dynamo.Store)) (r ringRefundRun) {
+	a, _, client := newStore(t, dynamo.Config{})
+	b, _, _ := newStore(t, dynamo.Config{})
+	c, _, _ := newStore(t, dynamo.Config{})
+	if broken != nil {
+		broken(c)
+	}
+	key := storage.Key{Space: "tb:ringroom", Name: t.Name() + time.Now().Format(time.RFC3339Nano)}
+	now := time.Now().UnixNano()
+	op := func(mode storage.Mode, n int64) storage.BucketOp {
+		return storage.BucketOp{MaxAmount: 100, RefillTime: time.Hour, RefillAmount: 1, Now: now, N: n, Mode: mode, Want: 10,
+			Epoch: now/int64(storage.LeaseEpoch) + 2}
+	}
+	for _, step := range []struct {
+		name string
+		s    *dynamo.Store
+		op   storage.BucketOp
+	}{
+		{"B's lease", b, op(storage.ModeLease, 1)},
+		{"B's take of 30", b, op(storage.ModeTake, 30)},
+		{"B's take of 5", b, op(storage.ModeTake, 5)},
+		{"C's read", c, op(storage.ModePeek, 0)},
+		{"A's refund of 40", a, op(storage.ModeRefund, 40)},
+		{"C's refund of 35", c, op(storage.ModeRefund, 35)},
+	} {
+		if d, err := step.s.UpdateBucket(t.Context(), key, step.op, time.Hour); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v, %v", step.name, d, err)
+		}
+		if err := b.WaitRefunds(t.Context()); err != nil { // the settlement of the 30
+			t.Fatal(err)
+		}
+	}
+	r.tat, r.held, r.committed = ringAttrs(t, client, key)
+	for range 200 {
+		d, err := b.UpdateBucket(t.Context(), key, op(storage.ModeTake, 1), time.Hour)
+		if err != nil {
+			r.err = err
+			break
+		}
+		if !d.Allowed {
+			break
+		}
+		r.taken++
+	}
+	return r
+}

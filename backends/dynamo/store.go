@@ -154,7 +154,8 @@ type Store struct {
 	// it with other parts (tests show the history checker fails it).
 	brokenMerged bool
 	// brokenRefundC lowers tat without c in a refund on a lease ring;
-	// brokenRefundRoom drops its room condition (tests show they fail).
+	// brokenRefundRoom drops its room conditions, on tat and on s
+	// (tests show they fail).
 	brokenRefundC, brokenRefundRoom bool
 	// prefixes are the attribute prefixes of the spaces served (item.go).
 	prefixes prefixes
