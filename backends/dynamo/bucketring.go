@@ -291,6 +291,14 @@ func (s *Store) ringClauses(u *update, a attrs, op storage.BucketOp, plan bucket
 		}
 		return
 	}
+	s.ringOpsClauses(u, a, op, plan, held)
+}
+
+// ringOpsClauses adds plan's writeRing on an item with a ring to u: held
+// is the change of h.
+func (s *Store) ringOpsClauses(u *update, a attrs, op storage.BucketOp, plan bucketPlan, held int64) {
+	w := &plan.ring
+	name := func(attr string) string { return u.name(a.pre + attr) }
 	u.cond = append(u.cond, name(attrBase)+" = "+u.num(plan.base))
 	s.refundClauses(u, a, op, plan)
 	consumed := w.consumed
