@@ -25,9 +25,13 @@ import (
 //
 // What is free for a take is min(MaxAmount - h, level - c): each bound is
 // one attribute, so a take's condition ("c <= level - n AND h <= max - n")
-// is exact whatever other writers did meanwhile, and no write but the
-// settlement touches tat. Takes, lease takes and returns are relative
-// (ADD) and do not conflict with one another; a slot taken over by a new
+// is exact whatever other writers did meanwhile, and no write but a
+// settlement or a refund touches tat. A refund lowers tat and c together
+// (ADD, relative), on condition that tat keeps it within the full bucket
+// at its step, and gives back from s what tat has no room for (see
+// docs/leases.md). Takes, lease takes and returns are relative (ADD) and
+// do not conflict with one another (a refund's condition meets only
+// other refunds and settlements, through tat); a slot taken over by a new
 // epoch is set on condition that it is as seen (an expired epoch's slot
 // no longer changes). Settlement, a write of its own sent without waiting
 // when s passes a step (settleSteps), moves s into tat as if spent at one
@@ -128,6 +132,10 @@ type ringWrite struct {
 	cond     [2]int64
 	reset    [2]bool
 	from, to [2]storage.LeaseSlot
+	// refund is what a refund gives back through tat (tat and c lower by
+	// it, on condition that tat keeps room for it); consumed < 0 gives
+	// back the rest from s.
+	refund int64
 	// need is what the op takes: free must hold it (0: no condition).
 	need  int64
 	level int64 // RefillAmount*k at the op's step
@@ -197,13 +205,32 @@ func planRing(op storage.BucketOp, cur bucketItem, found, fromServer bool) (buck
 	}
 	w.consumed = v.state.Tokens - st.Tokens - expired
 	if w.consumed < 0 {
-		// A refund: from what is unsettled, the rest dropped (stricter).
-		w.consumed = -min(-w.consumed, cur.unsettled)
+		room := max(cur.tat-(v.level-op.MaxAmount), 0)
+		n := -w.consumed
+		w.refund, w.consumed = splitRefund(n, room, cur.unsettled)
+		if capped := op.Refund() && v.state.Tokens-expired+op.N > op.MaxAmount; (capped || w.refund-w.consumed < n) && !fromServer {
+			// Capped on a remembered item: confirm the room with a
+			// read (others' takes since made more; had they made less,
+			// the write's conditions would fail and return the item).
+			return bucketPlan{read: true}, bucketItem{}, d, nil
+		}
+		if w.refund == 0 && w.consumed == 0 && w.du == [2]int64{} && w.reset == [2]bool{} && w.mode == ringOps {
+			return bucketPlan{}, bucketItem{}, d, nil // nothing fits
+		}
 	}
 	if op.Take() && d.Allowed {
 		w.need = max(d.Granted, op.N)
 	}
 	return bucketPlan{kind: writeRing, base: cur.base, level: v.level, ring: w}, bucketItem{}, d, nil
+}
+
+// splitRefund splits a refund of n tokens into what tat gives back (up to
+// room, what tat lacks of the full bucket at the op's step) and what s
+// does (up to unsettled); what neither holds is dropped. It returns the
+// part through tat and the change of s (not positive).
+func splitRefund(n, room, unsettled int64) (viaTat, consumed int64) {
+	viaTat = min(n, room)
+	return viaTat, -min(n-viaTat, unsettled)
 }
 
 // added is what the write adds to s.
@@ -256,14 +283,24 @@ func (s *Store) ringClauses(u *update, a attrs, op storage.BucketOp, plan bucket
 		// The ring's first write: h and c from what tat holds now.
 		t, hn := name(attrTat), name(attrHeld)
 		u.cond = append(u.cond, name(attrBase)+" = "+u.num(plan.base), "attribute_not_exists("+hn+")")
-		u.set = append(u.set, name(attrUnsettled)+" = "+u.num(w.consumed), hn+" = "+u.num(held), name(attrCommitted)+" = "+t+" + "+u.num(held))
+		u.set = append(u.set, name(attrUnsettled)+" = "+u.num(max(w.consumed, 0)), hn+" = "+u.num(held), name(attrCommitted)+" = "+t+" + "+u.num(held-w.refund))
+		s.refundClauses(u, a, op, plan)
 		setSlots()
 		if w.need > 0 {
 			u.cond = append(u.cond, t+" <= "+u.num(plan.level-w.need))
 		}
 		return
 	}
+	s.ringOpsClauses(u, a, op, plan, held)
+}
+
+// ringOpsClauses adds plan's writeRing on an item with a ring to u: held
+// is the change of h.
+func (s *Store) ringOpsClauses(u *update, a attrs, op storage.BucketOp, plan bucketPlan, held int64) {
+	w := &plan.ring
+	name := func(attr string) string { return u.name(a.pre + attr) }
 	u.cond = append(u.cond, name(attrBase)+" = "+u.num(plan.base))
+	s.refundClauses(u, a, op, plan)
 	consumed := w.consumed
 	for j := range 2 {
 		switch {
@@ -284,18 +321,41 @@ func (s *Store) ringClauses(u *update, a attrs, op storage.BucketOp, plan bucket
 	if consumed != 0 {
 		sn := name(attrUnsettled)
 		u.add = append(u.add, sn+" "+u.num(consumed))
-		if consumed < 0 {
+		if consumed < 0 && !s.brokenRefundRoom {
 			u.cond = append(u.cond, sn+" >= "+u.num(-consumed))
 		}
 	}
-	if held != 0 || w.need > 0 {
-		hn, cn := name(attrHeld), name(attrCommitted)
-		if held != 0 {
-			u.add = append(u.add, hn+" "+u.num(held), cn+" "+u.num(held))
-		}
-		if w.need > 0 {
-			u.cond = append(u.cond, cn+" <= "+u.num(plan.level-w.need), hn+" <= "+u.num(op.MaxAmount-w.need))
-		}
+	// c changes with h and with tat (a refund's part through tat).
+	dc := held - w.refund
+	if s.brokenRefundC {
+		dc = held
+	}
+	if held != 0 {
+		u.add = append(u.add, name(attrHeld)+" "+u.num(held))
+	}
+	if dc != 0 {
+		u.add = append(u.add, name(attrCommitted)+" "+u.num(dc))
+	}
+	if w.need > 0 {
+		u.cond = append(u.cond, name(attrCommitted)+" <= "+u.num(plan.level-w.need), name(attrHeld)+" <= "+u.num(op.MaxAmount-w.need))
+	}
+}
+
+// refundClauses adds the part of plan's refund that tat gives back: tat
+// lowers by it (c too, in the caller), on condition that tat keeps it
+// within the full bucket at the op's step (tat - refund >= level - max).
+// That one comparison is exact: with it, what the refill holds after,
+// level - tat, is at most MaxAmount, and what is free for a take,
+// min(MaxAmount - h, level - c), grows by the refund exactly.
+func (s *Store) refundClauses(u *update, a attrs, op storage.BucketOp, plan bucketPlan) {
+	w := &plan.ring
+	if w.refund <= 0 {
+		return
+	}
+	t := u.name(a.pre + attrTat)
+	u.set = append(u.set, t+" = "+t+" - "+u.num(w.refund))
+	if !s.brokenRefundRoom {
+		u.cond = append(u.cond, t+" >= "+u.num(plan.level-op.MaxAmount+w.refund))
 	}
 }
 

@@ -26,3 +26,8 @@ func BreakMerged(s *Store) { s.brokenMerged = true }
 
 // Attr is the name of attribute name of the limit space in its item.
 func Attr(space, name string) string { return spacePrefix(space) + name }
+
+// BreakRingRefund breaks a refund on a bucket's lease ring on purpose:
+// noC lowers tat without c, noRoom drops the conditions that tat and s
+// hold what it gives back (tests show they fail).
+func BreakRingRefund(s *Store, noC, noRoom bool) { s.brokenRefundC, s.brokenRefundRoom = noC, noRoom }

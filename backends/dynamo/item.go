@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -166,10 +167,18 @@ func (u *update) keepTTL(ttl time.Duration) {
 func (u *update) dropConds(n int) {
 	dropped := strings.Join(u.cond[n:], " ")
 	u.cond = u.cond[:n]
-	used := strings.Join(slices.Concat(u.add, u.set, u.del, u.cond), " ")
+	used := strings.Join(slices.Concat(u.add, u.set, u.del, u.remove, u.cond), " ")
 	for vp := range u.values {
 		if strings.Contains(dropped, vp) && !containsToken(used, vp) {
 			delete(u.values, vp)
+		}
+	}
+	// A name only the dropped conditions used stays in a condition that
+	// always holds (DynamoDB refuses an unused name; removing it would
+	// give its placeholder to the next name).
+	for _, np := range slices.Sorted(maps.Keys(u.names)) {
+		if containsToken(dropped, np) && !containsToken(used, np) {
+			u.cond = append(u.cond, "(attribute_exists("+np+") OR attribute_not_exists("+np+"))")
 		}
 	}
 }

@@ -153,6 +153,10 @@ type Store struct {
 	// brokenMerged drops a bucket's condition from the writes that merge
 	// it with other parts (tests show the history checker fails it).
 	brokenMerged bool
+	// brokenRefundC lowers tat without c in a refund on a lease ring;
+	// brokenRefundRoom drops its room conditions, on tat and on s
+	// (tests show they fail).
+	brokenRefundC, brokenRefundRoom bool
 	// prefixes are the attribute prefixes of the spaces served (item.go).
 	prefixes prefixes
 	// longestTTL is the longest ttl any limit asked of the store (ns).
