@@ -392,9 +392,7 @@ func (s *Store) bucketClauses(u *update, a attrs, op storage.BucketOp, cur bucke
 	b, t := u.name(a.pre+attrBase), u.name(a.pre+attrTat)
 	floor := plan.level - op.MaxAmount // below it, the bucket is full at the op's step
 	onGrid := func() string { return b + " = " + u.num(plan.base) }
-	if plan.kind != writeCreate && !broken {
-		// (A creation fails on any item; broken drops every condition,
-		// and DynamoDB refuses a name the expressions do not use.)
+	if plan.kind != writeCreate { // which fails on any item
 		// Decided without a lease ring: none may have appeared meanwhile
 		// (a take's units would be taken twice; a write that changes tat
 		// alone breaks c = tat + h, and the ring's takes, planned on tat
