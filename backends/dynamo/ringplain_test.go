@@ -57,6 +57,19 @@ type ringRefundRun struct {
 	tat, held, committed int64
 }
 
+// takeUntilDenied sends take on key through s until a denial, an error or
+// most takes: the takes allowed, and the error.
+func takeUntilDenied(t *testing.T, s *dynamo.Store, key storage.Key, take storage.BucketOp, most int) (taken int64, err error) {
+	for range most {
+		d, err := s.UpdateBucket(t.Context(), key, take, time.Hour)
+		if err != nil || !d.Allowed {
+			return taken, err
+		}
+		taken++
+	}
+	return taken, nil
+}
+
 // refundOnRing runs TestRingRefundFromPlainView's calls, breaking A's
 // store with broken (if not nil), and reads the item back.
 func refundOnRing(t *testing.T, broken func(*dynamo.Store)) (r ringRefundRun) {
@@ -80,17 +93,7 @@ func refundOnRing(t *testing.T, broken func(*dynamo.Store)) (r ringRefundRun) {
 	if _, err := a.UpdateBucket(t.Context(), key, op(storage.ModeRefund, 20), time.Hour); err != nil {
 		t.Fatalf("A's refund of 20: %v", err)
 	}
-	for range 100 {
-		d, err := b.UpdateBucket(t.Context(), key, op(storage.ModeTake, 1), time.Hour)
-		if err != nil {
-			r.err = err
-			break
-		}
-		if !d.Allowed {
-			break
-		}
-		r.taken++
-	}
+	r.taken, r.err = takeUntilDenied(t, b, key, op(storage.ModeTake, 1), 100)
 	r.conflicts = b.Stats().Conflicts
 	for _, s := range []*dynamo.Store{a, b} {
 		if err := s.WaitRefunds(t.Context()); err != nil { // settlements
@@ -181,16 +184,6 @@ func staleRefunds(t *testing.T, broken func(*dynamo.Store)) (r ringRefundRun) {
 		}
 	}
 	r.tat, r.held, r.committed = ringAttrs(t, client, key)
-	for range 200 {
-		d, err := b.UpdateBucket(t.Context(), key, op(storage.ModeTake, 1), time.Hour)
-		if err != nil {
-			r.err = err
-			break
-		}
-		if !d.Allowed {
-			break
-		}
-		r.taken++
-	}
+	r.taken, r.err = takeUntilDenied(t, b, key, op(storage.ModeTake, 1), 200)
 	return r
 }
