@@ -57,6 +57,15 @@ type ringRefundRun struct {
 	tat, held, committed int64
 }
 
+// ringOps returns the ops of the ring refund tests at stamp now: a bucket
+// of 100 with no refill in the test (one token an hour), leases of 10.
+func ringOps(now int64) func(mode storage.Mode, n int64) storage.BucketOp {
+	return func(mode storage.Mode, n int64) storage.BucketOp {
+		return storage.BucketOp{MaxAmount: 100, RefillTime: time.Hour, RefillAmount: 1, Now: now, N: n, Mode: mode, Want: 10,
+			Epoch: now/int64(storage.LeaseEpoch) + 2}
+	}
+}
+
 // takeUntilDenied sends take on key through s until a denial, an error or
 // most takes: the takes allowed, and the error.
 func takeUntilDenied(t *testing.T, s *dynamo.Store, key storage.Key, take storage.BucketOp, most int) (taken int64, err error) {
@@ -79,11 +88,7 @@ func refundOnRing(t *testing.T, broken func(*dynamo.Store)) (r ringRefundRun) {
 		broken(a)
 	}
 	key := storage.Key{Space: "tb:ringplain", Name: t.Name() + time.Now().Format(time.RFC3339Nano)}
-	now := time.Now().UnixNano()
-	op := func(mode storage.Mode, n int64) storage.BucketOp {
-		return storage.BucketOp{MaxAmount: 100, RefillTime: time.Hour, RefillAmount: 1, Now: now, N: n, Mode: mode, Want: 10,
-			Epoch: now/int64(storage.LeaseEpoch) + 2}
-	}
+	op := ringOps(time.Now().UnixNano())
 	if d, err := a.UpdateBucket(t.Context(), key, op(storage.ModeTake, 50), time.Hour); err != nil || !d.Allowed {
 		t.Fatalf("A's take of 50: %+v, %v", d, err)
 	}
@@ -159,11 +164,7 @@ func staleRefunds(t *testing.T, broken func(*dynamo.Store)) (r ringRefundRun) {
 		broken(c)
 	}
 	key := storage.Key{Space: "tb:ringroom", Name: t.Name() + time.Now().Format(time.RFC3339Nano)}
-	now := time.Now().UnixNano()
-	op := func(mode storage.Mode, n int64) storage.BucketOp {
-		return storage.BucketOp{MaxAmount: 100, RefillTime: time.Hour, RefillAmount: 1, Now: now, N: n, Mode: mode, Want: 10,
-			Epoch: now/int64(storage.LeaseEpoch) + 2}
-	}
+	op := ringOps(time.Now().UnixNano())
 	for _, step := range []struct {
 		name string
 		s    *dynamo.Store
