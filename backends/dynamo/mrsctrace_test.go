@@ -1,6 +1,7 @@
 package dynamo_test
 
 import (
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -20,6 +21,11 @@ import (
 // nor delayed, and a read never conflicts), against what the serialized
 // bucket replaying the same calls holds at the same instants. It
 // decomposes a run's loss against exact (logBucketTrace).
+
+// traceMRSC turns the trace on (go test ... -args -mrsc.trace, or
+// -mrsc.trace on a test binary): the probes add reads to the shared
+// DynamoDB Local, and the leases are returned after the run.
+var traceMRSC = flag.Bool("mrsc.trace", false, "trace BenchmarkRegionsMRSC's bucket runs (mrsctrace_test.go)")
 
 // probeEvery is how often a traced run reads its bucket.
 const probeEvery = 100 * time.Millisecond
@@ -71,8 +77,9 @@ func probeBucket(tb testing.TB, table, endpoint string, d regionDemand, stop <-c
 }
 
 // returnAll ends the processes' leases (a bucket's), as a process
-// that shuts down does.
-func returnAll(tb testing.TB, procs [][]limiter.Limiter) {
+// that shuts down does, and returns their lease counters once the
+// returns sent without waiting are done (they time out after a second).
+func returnAll(tb testing.TB, procs [][]limiter.Limiter) limiter.LeaseStats {
 	tb.Helper()
 	for _, ls := range procs {
 		for _, l := range ls {
@@ -83,6 +90,16 @@ func returnAll(tb testing.TB, procs [][]limiter.Limiter) {
 			}
 		}
 	}
+	time.Sleep(1500 * time.Millisecond)
+	var sum limiter.LeaseStats
+	for _, ls := range procs {
+		for _, l := range ls {
+			if b, ok := l.(*limiter.TokenBucket); ok {
+				sum = sum.Add(b.LeaseStats())
+			}
+		}
+	}
+	return sum
 }
 
 // exactTrace replays calls in stamp order on the serialized bucket, with
@@ -140,27 +157,19 @@ type traceBin struct {
 	levelSum, unsettledSum, capped int64
 }
 
-// logBucketTrace logs a traced bucket run second by second and its loss
-// decomposed: the stamps' span, the denials here that the serialized
-// bucket admitted (throttled, cached, denied by the store), the free
-// tokens at the end here and there, and the units of leases still held.
-func logBucketTrace(tb testing.TB, d regionDemand, rep regionReport) {
-	tb.Helper()
-	if len(rep.probes) == 0 {
-		return
-	}
-	admits, exactFree := exactTrace(tb, d, rep.calls, rep.probes)
-	t0 := rep.start
-	bin := func(t time.Time) int { return max(int(t.Sub(t0)/time.Second), 0) }
-	var bins []traceBin
-	at := func(i int) *traceBin {
+// traceBins sorts a traced run's decisions and probes into seconds
+// since its start; first and last bound the decisions' stamps, and
+// lossBy counts the decisions decided otherwise than by the serialized
+// bucket (admits), by what decided them here.
+func traceBins(rep regionReport, admits []bool, exactFree []int64, maxAmount int64) (bins []traceBin, first, last time.Time, lossBy map[string]int) {
+	at := func(t time.Time) *traceBin {
+		i := max(int(t.Sub(rep.start)/time.Second), 0)
 		for len(bins) <= i {
 			bins = append(bins, traceBin{})
 		}
 		return &bins[i]
 	}
-	var first, last time.Time
-	lossBy := map[string]int{}
+	lossBy = map[string]int{}
 	for i, c := range rep.calls {
 		if c.Worker < 0 {
 			continue
@@ -171,62 +180,74 @@ func logBucketTrace(tb testing.TB, d regionDemand, rep regionReport) {
 		if c.Stamp.After(last) {
 			last = c.Stamp
 		}
-		b := at(bin(c.Stamp))
+		b := at(c.Stamp)
 		b.decisions++
 		b.admitted += boolInt(c.Allowed)
 		b.exact += boolInt(admits[i])
 		b.cached += boolInt(c.Cached)
-		if !c.Allowed && admits[i] {
-			b.ourDeniedExactAdmits++
-		}
 		switch {
 		case c.Allowed == admits[i]:
 		case c.Allowed:
 			lossBy["admitted here, denied there"]--
 		case c.Cached:
-			lossBy["deny cache"]++
-		case !c.Reached:
-			lossBy["denied unreached"]++
+			lossBy["denied by the deny cache"]++
 		default:
+			b.ourDeniedExactAdmits++
 			lossBy["denied by the store or throttled"]++
 		}
 	}
 	for _, t := range rep.throttledAt {
-		at(bin(rep.start.Add(t))).throttled++
+		at(rep.start.Add(t)).throttled++
 	}
 	for i, p := range rep.probes {
-		b := at(bin(p.at))
+		b := at(p.at)
 		b.freeSum += p.free
 		b.exactFreeSum += exactFree[i]
 		b.probes++
 		b.levelSum += p.ring.Level
 		b.unsettledSum += p.ring.Unsettled
-		if p.ring.Level > scaledBucket(d.Scale).MaxAmount {
-			b.capped++
-		}
+		b.capped += int64(boolInt(p.ring.Level > maxAmount))
 	}
+	return bins, first, last, lossBy
+}
+
+// logBucketTrace logs a traced bucket run second by second and its loss
+// decomposed: the stamps' span, the denials here that the serialized
+// bucket admitted, the free tokens at the end here and there, and the
+// refill each dropped: the serialized bucket's when full; here, besides,
+// while the ring's level (refill less tat) is above MaxAmount with
+// unsettled and leased units inside, and the units of leases that
+// expired unspent. With R the refill since the prefill and every lease
+// returned, admitted = MaxAmount + R - (level - s) - dropped, so
+// dropped = MaxAmount + R - level + s - admitted, plus the spent units of
+// leases still held at the end (0 to h - s).
+func logBucketTrace(tb testing.TB, d regionDemand, rep regionReport) {
+	tb.Helper()
+	if len(rep.probes) == 0 {
+		return
+	}
+	cfg := scaledBucket(d.Scale)
+	admits, exactFree := exactTrace(tb, d, rep.calls, rep.probes)
+	bins, first, last, lossBy := traceBins(rep, admits, exactFree, cfg.MaxAmount)
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "trace %s: stamps span %v (first %v after the start); per second: decisions, admitted here/there, throttled, cached, denied here admitted there, mean free here/there:\n",
+	fmt.Fprintf(&sb, "trace %s: stamps span %v (first %v after the start); per second: decisions, admitted here/there, throttled, cached, "+
+		"denied here admitted there, mean free here/there, ring level (uncapped) and s, probes with the level above MaxAmount:\n",
 		d.Name, last.Sub(first).Round(time.Millisecond), first.Sub(rep.start).Round(time.Millisecond))
 	for i, b := range bins {
 		n := float64(max(b.probes, 1))
 		fmt.Fprintf(&sb, "  s%-2d %4d %4d/%-4d thr %3d cached %3d lost %3d free %5.1f/%5.1f level %5.1f s %5.1f capped %d/%d\n", i, b.decisions, b.admitted, b.exact,
 			b.throttled, b.cached, b.ourDeniedExactAdmits, float64(b.freeSum)/n, float64(b.exactFreeSum)/n, float64(b.levelSum)/n, float64(b.unsettledSum)/n, b.capped, b.probes)
 	}
-	cfg := scaledBucket(d.Scale)
-	span := rep.probes[len(rep.probes)-1].at.Sub(rep.calls[0].Stamp)
-	refill := int64(span/cfg.RefillTime) * cfg.RefillAmount
-	fin := rep.probes[len(rep.probes)-1]
-	exactDropped := cfg.MaxAmount + refill - exactFree[len(exactFree)-1] - rep.exact
-	ourDropped := cfg.MaxAmount + refill - fin.ring.Level + fin.ring.Unsettled - rep.admitted
-	fmt.Fprintf(&sb, "  refill %d over %v; dropped (or expired in leases) here %d, there %d; at the end here level %d, s %d, h %d\n",
-		refill, span.Round(time.Millisecond), ourDropped, exactDropped, fin.ring.Level, fin.ring.Unsettled, fin.ring.Held)
-	ls := rep.leases
-	open := ls.Granted - ls.Takes - ls.Decisions - ls.Returned - ls.Lost
-	end := rep.probes[len(rep.probes)-1]
-	fmt.Fprintf(&sb, "  loss %d (exact %d - admitted %d): per decision %v; free at the end %d here, %d there; leases: %d granted in %d takes, %d decisions, %d returned, %d lost, %d still held at the end",
-		rep.exact-rep.admitted, rep.exact, rep.admitted, lossBy, end.free, exactFree[len(exactFree)-1], ls.Granted, ls.Takes, ls.Decisions, ls.Returned, ls.Lost, open)
-	fmt.Fprintf(&sb, "; %d settlements; throttled by region %v, decisions by region", end.ring.Settled, rep.throttledBy)
+	fin, exactEnd := rep.probes[len(rep.probes)-1], exactFree[len(exactFree)-1]
+	refill := int64(fin.at.Sub(rep.calls[0].Stamp)/cfg.RefillTime) * cfg.RefillAmount
+	dropped := cfg.MaxAmount + refill - fin.ring.Level + fin.ring.Unsettled - rep.admitted
+	fmt.Fprintf(&sb, "  loss %d (exact %d - admitted %d); decisions decided otherwise: %v; refill since the prefill %d; dropped here %d to %d, there %d; "+
+		"free at the end here %d, there %d; at the end here level %d, s %d, h %d, settlements %d\n",
+		rep.exact-rep.admitted, rep.exact, rep.admitted, lossBy, refill, dropped, dropped+fin.ring.Held-fin.ring.Unsettled,
+		cfg.MaxAmount+refill-exactEnd-rep.exact, fin.free, exactEnd, fin.ring.Level, fin.ring.Unsettled, fin.ring.Held, fin.ring.Settled)
+	ls := rep.leasesAfter
+	fmt.Fprintf(&sb, "  leases: %d takes granted %d, %d decisions, %d returns gave back %d, %d lost (after the returns); throttled by region %v, decisions by region",
+		ls.Takes, ls.Granted, ls.Decisions, ls.Returns, ls.Returned, ls.Lost, rep.throttledBy)
 	for _, cs := range rep.byRegion {
 		fmt.Fprintf(&sb, " %d", len(cs))
 	}

@@ -151,6 +151,8 @@ type regionReport struct {
 	probes      []probe
 	throttledAt []time.Duration
 	throttledBy []int64 // per region
+	// leasesAfter: the lease counters once every lease was returned.
+	leasesAfter limiter.LeaseStats
 	start       time.Time
 	// requests is the store requests the regions' endpoints received.
 	requests int
@@ -281,7 +283,7 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	}
 	rep.requests = requests() - mark
 	if d.Probe != "" {
-		returnAll(tb, procs) // the trace's last probe sees no lease
+		rep.leasesAfter = returnAll(tb, procs) // the trace's last probe sees no lease
 	}
 	close(stopc)
 	wg.Wait()
@@ -525,7 +527,7 @@ func BenchmarkRegionsMRSC(b *testing.B) {
 			for i := range b.N {
 				run := d
 				run.Name = fmt.Sprintf("%s/%d-%d", d.Name, i, time.Now().UnixNano()) // a key of its own
-				if d.Alg == regionAlgBucket {
+				if d.Alg == regionAlgBucket && *traceMRSC {
 					run.Probe = testserver.DynamoDBLocal(b)
 				}
 				mark := m.Stats()
