@@ -77,9 +77,8 @@ func probeBucket(tb testing.TB, table, endpoint string, d regionDemand, stop <-c
 }
 
 // returnAll ends the processes' leases (a bucket's), as a process
-// that shuts down does, and returns their lease counters once the
-// returns sent without waiting are done (they time out after a second).
-func returnAll(tb testing.TB, procs [][]limiter.Limiter) limiter.LeaseStats {
+// that shuts down does.
+func returnAll(tb testing.TB, procs [][]limiter.Limiter) {
 	tb.Helper()
 	for _, ls := range procs {
 		for _, l := range ls {
@@ -90,6 +89,11 @@ func returnAll(tb testing.TB, procs [][]limiter.Limiter) limiter.LeaseStats {
 			}
 		}
 	}
+}
+
+// leasesAfter is the processes' lease counters once the returns sent
+// without waiting are done (they time out after a second).
+func leasesAfter(procs [][]limiter.Limiter) limiter.LeaseStats {
 	time.Sleep(1500 * time.Millisecond)
 	var sum limiter.LeaseStats
 	for _, ls := range procs {
@@ -155,6 +159,8 @@ type traceBin struct {
 	// s; capped the probes whose level was above MaxAmount (refill
 	// dropped unless s is settled first).
 	levelSum, unsettledSum, capped int64
+	// exactFull: the probes where the serialized bucket was full.
+	exactFull int64
 }
 
 // traceBins sorts a traced run's decisions and probes into seconds
@@ -207,6 +213,7 @@ func traceBins(rep regionReport, admits []bool, exactFree []int64, maxAmount int
 		b.levelSum += p.ring.Level
 		b.unsettledSum += p.ring.Unsettled
 		b.capped += int64(boolInt(p.ring.Level > maxAmount))
+		b.exactFull += int64(boolInt(exactFree[i] >= maxAmount))
 	}
 	return bins, first, last, lossBy
 }
@@ -218,9 +225,10 @@ func traceBins(rep regionReport, admits []bool, exactFree []int64, maxAmount int
 // while the ring's level (refill less tat) is above MaxAmount with
 // unsettled and leased units inside, and the units of leases that
 // expired unspent. With R the refill since the prefill and every lease
-// returned, admitted = MaxAmount + R - (level - s) - dropped, so
-// dropped = MaxAmount + R - level + s - admitted, plus the spent units of
-// leases still held at the end (0 to h - s).
+// returned, admitted = MaxAmount + R - (min(level, MaxAmount) - s) -
+// dropped, so dropped = MaxAmount + R - min(level, MaxAmount) + s -
+// admitted, plus the spent units of leases still held at the end (0 to
+// h - s).
 func logBucketTrace(tb testing.TB, d regionDemand, rep regionReport) {
 	tb.Helper()
 	if len(rep.probes) == 0 {
@@ -235,12 +243,12 @@ func logBucketTrace(tb testing.TB, d regionDemand, rep regionReport) {
 		d.Name, last.Sub(first).Round(time.Millisecond), first.Sub(rep.start).Round(time.Millisecond))
 	for i, b := range bins {
 		n := float64(max(b.probes, 1))
-		fmt.Fprintf(&sb, "  s%-2d %4d %4d/%-4d thr %3d cached %3d lost %3d free %5.1f/%5.1f level %5.1f s %5.1f capped %d/%d\n", i, b.decisions, b.admitted, b.exact,
-			b.throttled, b.cached, b.ourDeniedExactAdmits, float64(b.freeSum)/n, float64(b.exactFreeSum)/n, float64(b.levelSum)/n, float64(b.unsettledSum)/n, b.capped, b.probes)
+		fmt.Fprintf(&sb, "  s%-2d %4d %4d/%-4d thr %3d cached %3d lost %3d free %5.1f/%5.1f level %5.1f s %5.1f capped %d/%d (full there %d)\n", i, b.decisions, b.admitted, b.exact,
+			b.throttled, b.cached, b.ourDeniedExactAdmits, float64(b.freeSum)/n, float64(b.exactFreeSum)/n, float64(b.levelSum)/n, float64(b.unsettledSum)/n, b.capped, b.probes, b.exactFull)
 	}
 	fin, exactEnd := rep.probes[len(rep.probes)-1], exactFree[len(exactFree)-1]
 	refill := int64(fin.at.Sub(rep.calls[0].Stamp)/cfg.RefillTime) * cfg.RefillAmount
-	dropped := cfg.MaxAmount + refill - fin.ring.Level + fin.ring.Unsettled - rep.admitted
+	dropped := cfg.MaxAmount + refill - min(fin.ring.Level, cfg.MaxAmount) + fin.ring.Unsettled - rep.admitted
 	fmt.Fprintf(&sb, "  loss %d (exact %d - admitted %d); decisions decided otherwise: %v; refill since the prefill %d; dropped here %d to %d, there %d; "+
 		"free at the end here %d, there %d; at the end here level %d, s %d, h %d, settlements %d\n",
 		rep.exact-rep.admitted, rep.exact, rep.admitted, lossBy, refill, dropped, dropped+fin.ring.Held-fin.ring.Unsettled,

@@ -283,12 +283,13 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	}
 	rep.requests = requests() - mark
 	if d.Probe != "" {
-		rep.leasesAfter = returnAll(tb, procs) // the trace's last probe sees no lease
+		returnAll(tb, procs) // the trace's last probe sees no lease
 	}
 	close(stopc)
 	wg.Wait()
 	if d.Probe != "" {
 		rep.probes = <-probed
+		rep.leasesAfter = leasesAfter(procs)
 	}
 
 	var lat, latAllowed []time.Duration
