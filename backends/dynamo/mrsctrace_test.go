@@ -1,6 +1,7 @@
 package dynamo_test
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"slices"
@@ -26,6 +27,10 @@ import (
 // -mrsc.trace on a test binary): the probes add reads to the shared
 // DynamoDB Local, and the leases are returned after the run.
 var traceMRSC = flag.Bool("mrsc.trace", false, "trace BenchmarkRegionsMRSC's bucket runs (mrsctrace_test.go)")
+
+// openMRSC makes BenchmarkRegionsMRSC's bucket runs open loops
+// (limitertest.HotOptions.Open): -mrsc.open.
+var openMRSC = flag.Bool("mrsc.open", false, "BenchmarkRegionsMRSC's bucket runs as open loops (each decision at its time, several in flight in a process)")
 
 // probeEvery is how often a traced run reads its bucket.
 const probeEvery = 100 * time.Millisecond
@@ -253,6 +258,8 @@ func logBucketTrace(tb testing.TB, d regionDemand, rep regionReport) {
 		"free at the end here %d, there %d; at the end here level %d, s %d, h %d, settlements %d\n",
 		rep.exact-rep.admitted, rep.exact, rep.admitted, lossBy, refill, dropped, dropped+fin.ring.Held-fin.ring.Unsettled,
 		cfg.MaxAmount+refill-exactEnd-rep.exact, fin.free, exactEnd, fin.ring.Level, fin.ring.Unsettled, fin.ring.Held, fin.ring.Settled)
+	behind, behindReached := behindWrites(rep.byRegion)
+	fmt.Fprintf(&sb, "  decisions that started while their process had a store step of the key in flight: %d, %d of them store steps themselves\n", behind, behindReached)
 	ls := rep.leasesAfter
 	fmt.Fprintf(&sb, "  leases: %d takes granted %d, %d decisions, %d returns gave back %d, %d lost (after the returns); throttled by region %v, decisions by region",
 		ls.Takes, ls.Granted, ls.Decisions, ls.Returns, ls.Returned, ls.Lost, rep.throttledBy)
@@ -260,6 +267,34 @@ func logBucketTrace(tb testing.TB, d regionDemand, rep regionReport) {
 		fmt.Fprintf(&sb, " %d", len(cs))
 	}
 	tb.Log(sb.String())
+}
+
+// behindWrites counts the decisions that started while a store step of
+// their process (a decision that reached the store) was in flight, and
+// how many of them reached the store themselves.
+func behindWrites(byRegion [][]limitertest.Call) (behind, reached int) {
+	for _, cs := range byRegion {
+		byWorker := map[int][]limitertest.Call{}
+		for _, c := range cs {
+			if c.Worker >= 0 {
+				byWorker[c.Worker] = append(byWorker[c.Worker], c)
+			}
+		}
+		for _, ws := range byWorker {
+			slices.SortFunc(ws, func(a, b limitertest.Call) int { return cmp.Compare(a.Start, b.Start) })
+			var until time.Duration // the latest end of a store step so far
+			for _, c := range ws {
+				if c.Start < until {
+					behind++
+					reached += boolInt(c.Reached)
+				}
+				if c.Reached {
+					until = max(until, c.End)
+				}
+			}
+		}
+	}
+	return behind, reached
 }
 
 func boolInt(b bool) int {

@@ -116,6 +116,9 @@ type regionDemand struct {
 	// configured for it (dynamo.Config.CrossRegion: leases sized by the
 	// round trip).
 	MRSC bool
+	// Open: each process's arrivals are an open loop
+	// (limitertest.HotOptions.Open).
+	Open bool
 	// Probe, if set (a bucket's run), is an endpoint of the table read
 	// without the harness's proxies: the run is traced (probeBucket).
 	Probe string
@@ -252,7 +255,7 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 			if split[i] == 0 {
 				continue
 			}
-			opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * split[i], Duration: d.Duration}
+			opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * split[i], Duration: d.Duration, Open: d.Open}
 			runs.Go(func() {
 				h := limitertest.RunHot(ctx, ls, opt)
 				mu.Lock()
@@ -531,6 +534,7 @@ func BenchmarkRegionsMRSC(b *testing.B) {
 				if d.Alg == regionAlgBucket && *traceMRSC {
 					run.Probe = testserver.DynamoDBLocal(b)
 				}
+				run.Open = d.Alg == regionAlgBucket && *openMRSC
 				mark := m.Stats()
 				rep := runRegions(b, table, eps, m.Requests, raw, run, nil)
 				reportMRSC(b, m, mark, d.Name, rep)
