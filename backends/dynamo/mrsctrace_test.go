@@ -258,6 +258,8 @@ func logBucketTrace(tb testing.TB, d regionDemand, rep regionReport) {
 		"free at the end here %d, there %d; at the end here level %d, s %d, h %d, settlements %d\n",
 		rep.exact-rep.admitted, rep.exact, rep.admitted, lossBy, refill, dropped, dropped+fin.ring.Held-fin.ring.Unsettled,
 		cfg.MaxAmount+refill-exactEnd-rep.exact, fin.free, exactEnd, fin.ring.Level, fin.ring.Unsettled, fin.ring.Held, fin.ring.Settled)
+	fmt.Fprintf(&sb, "  decisions that reached the store (throttled included), by latency under 50 ms, 50-200 ms, 200-500 ms, over: admitted %v, denied %v\n",
+		storeLatencies(rep.calls, true), storeLatencies(rep.calls, false))
 	behind, behindReached := behindWrites(rep.byRegion)
 	fmt.Fprintf(&sb, "  decisions that started while their process had a store step of the key in flight: %d, %d of them store steps themselves\n", behind, behindReached)
 	ls := rep.leasesAfter
@@ -302,4 +304,27 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// storeLatencies counts the decisions that reached the store and were
+// admitted (or denied), by latency: under 50 ms, 50-200 ms, 200-500 ms,
+// over.
+func storeLatencies(calls []limitertest.Call, admitted bool) [4]int {
+	var n [4]int
+	for _, c := range calls {
+		if c.Worker < 0 || !c.Reached || c.Allowed != admitted || c.Err != nil {
+			continue
+		}
+		switch d := c.End - c.Start; {
+		case d < 50*time.Millisecond:
+			n[0]++
+		case d < 200*time.Millisecond:
+			n[1]++
+		case d < 500*time.Millisecond:
+			n[2]++
+		default:
+			n[3]++
+		}
+	}
+	return n
 }
