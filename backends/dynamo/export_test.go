@@ -1,5 +1,11 @@
 package dynamo
 
+import (
+	"context"
+
+	"github.com/sluicehq/sluice/limiter/storage"
+)
+
 // SetExactOnly makes s write every bucket state with a condition on the exact
 // old values, never with a relative update conditioned on a value range.
 func SetExactOnly(s *Store, on bool) { s.exactOnly = on }
@@ -31,3 +37,25 @@ func Attr(space, name string) string { return spacePrefix(space) + name }
 // noC lowers tat without c, noRoom drops the conditions that tat and s
 // hold what it gives back (tests show they fail).
 func BreakRingRefund(s *Store, noC, noRoom bool) { s.brokenRefundC, s.brokenRefundRoom = noC, noRoom }
+
+// RingProbe is a bucket item's ring as an op stamped op.Now sees it.
+type RingProbe struct {
+	// Level is the refill level less tat (uncapped: above MaxAmount the
+	// bucket is full by tat); Unsettled and Held are s and h.
+	Level, Unsettled, Held, Settled int64
+}
+
+// ProbeRing reads k's bucket item (strongly consistent) and returns its
+// ring as op sees it.
+func ProbeRing(ctx context.Context, s *Store, k storage.Key, op storage.BucketOp) (RingProbe, error) {
+	a, err := s.attrsOf(k)
+	if err != nil {
+		return RingProbe{}, err
+	}
+	it, found, err := s.readBucket(ctx, a)
+	if err != nil || !found {
+		return RingProbe{}, err
+	}
+	v, _ := it.view(op)
+	return RingProbe{Level: v.level - it.tat, Unsettled: it.unsettled, Held: it.held, Settled: it.settled}, nil
+}

@@ -116,6 +116,12 @@ type regionDemand struct {
 	// configured for it (dynamo.Config.CrossRegion: leases sized by the
 	// round trip).
 	MRSC bool
+	// Open: each process's arrivals are an open loop
+	// (limitertest.HotOptions.Open).
+	Open bool
+	// Probe, if set (a bucket's run), is an endpoint of the table read
+	// without the harness's proxies: the run is traced (probeBucket).
+	Probe string
 }
 
 // regionReport is what became of a run's decisions over the union of
@@ -143,6 +149,14 @@ type regionReport struct {
 	worst int64
 	// limit is the window's limit (scaled).
 	limit int64
+	// probes are a traced run's (regionDemand.Probe); throttledAt the
+	// throttled decisions' times since start, the run's.
+	probes      []probe
+	throttledAt []time.Duration
+	throttledBy []int64 // per region
+	// leasesAfter: the lease counters once every lease was returned.
+	leasesAfter limiter.LeaseStats
+	start       time.Time
 	// requests is the store requests the regions' endpoints received.
 	requests int
 	// p50 is the median decision latency (p50Allowed: of the admitted
@@ -230,13 +244,18 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	if d.Prefill > 0 && newProc == nil {
 		prefill(tb, &rep, d, endpoints[0], table)
 	}
+	probed := make(chan []probe, 1)
+	if d.Probe != "" {
+		go func() { probed <- probeBucket(tb, table, d.Probe, d, stopc) }()
+	}
+	rep.start = time.Now()
 	phase := func(split []float64) {
 		var runs sync.WaitGroup
 		for i, ls := range procs {
 			if split[i] == 0 {
 				continue
 			}
-			opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * split[i], Duration: d.Duration}
+			opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * split[i], Duration: d.Duration, Open: d.Open}
 			runs.Go(func() {
 				h := limitertest.RunHot(ctx, ls, opt)
 				mu.Lock()
@@ -249,6 +268,11 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 				rep.throttled += h.Throttled
 				rep.cached += h.Cached
 				rep.leases = rep.leases.Add(h.Leases)
+				rep.throttledAt = append(rep.throttledAt, h.ThrottledAt...)
+				for len(rep.throttledBy) <= i {
+					rep.throttledBy = append(rep.throttledBy, 0)
+				}
+				rep.throttledBy[i] += h.Throttled
 				if rep.firstErr == nil {
 					rep.firstErr = h.FirstErr
 				}
@@ -260,9 +284,16 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 	if d.Then != nil {
 		phase(d.Then)
 	}
+	rep.requests = requests() - mark
+	if d.Probe != "" {
+		returnAll(tb, procs) // the trace's last probe sees no lease
+	}
 	close(stopc)
 	wg.Wait()
-	rep.requests = requests() - mark
+	if d.Probe != "" {
+		rep.probes = <-probed
+		rep.leasesAfter = leasesAfter(procs)
+	}
 
 	var lat, latAllowed []time.Duration
 	for _, c := range rep.calls {
@@ -500,9 +531,14 @@ func BenchmarkRegionsMRSC(b *testing.B) {
 			for i := range b.N {
 				run := d
 				run.Name = fmt.Sprintf("%s/%d-%d", d.Name, i, time.Now().UnixNano()) // a key of its own
+				if d.Alg == regionAlgBucket && *traceMRSC {
+					run.Probe = testserver.DynamoDBLocal(b)
+				}
+				run.Open = d.Alg == regionAlgBucket && *openMRSC
 				mark := m.Stats()
 				rep := runRegions(b, table, eps, m.Requests, raw, run, nil)
 				reportMRSC(b, m, mark, d.Name, rep)
+				logBucketTrace(b, run, rep)
 			}
 		})
 	}

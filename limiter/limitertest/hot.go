@@ -20,6 +20,13 @@ type HotOptions struct {
 	// Uneven gives process 0 half of Rate; the others share the rest.
 	// Otherwise every process gets Rate/len(limiters).
 	Uneven bool
+	// Open makes each process's arrivals an open loop: every decision
+	// starts at its scheduled time in a goroutine of its own, so a slow
+	// decision delays none after it and a process may have several
+	// decisions of the key in flight. Otherwise a process decides one
+	// at a time, and a slow decision delays the next ones (which then
+	// come back to back, stamped late).
+	Open bool
 	// Duration is how long the processes call.
 	Duration time.Duration
 	// Prefill, with Prefiller, takes that many units of the key at the
@@ -113,39 +120,58 @@ func runProcess(ctx context.Context, l limiter.Limiter, i, n int, opt HotOptions
 	pace := time.Duration(float64(time.Second) / opt.rate(i, n))
 	// Stagger the processes over one pace interval.
 	next := begin.Add(time.Duration(i) * pace / time.Duration(n))
-	out := make([]limiter.Outcome, 1)
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
 	for next.Before(end) && ctx.Err() == nil {
 		time.Sleep(time.Until(next))
 		next = next.Add(pace)
-		now := time.Now()
-		start := now.Sub(begin)
-		_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: l, Key: opt.Key, N: 1}}, out)
-		o := out[0]
-		switch {
-		case err != nil:
-			r.Failed++
-			if r.FirstErr == nil {
-				r.FirstErr = err
-			}
-		case o.Throttled:
-			r.Throttled++
-			r.ThrottledAt = append(r.ThrottledAt, start)
-			if start > time.Second {
-				r.ThrottledLate++
-			}
-		case o.Cached:
-			r.Cached++
-		case o.Decision.Allowed:
-			r.Admitted++
-			if o.Leased {
-				r.Leased++
-			}
+		if !opt.Open {
+			r.decide(ctx, l, i, opt.Key, begin, nil)
+			continue
 		}
-		r.Calls = append(r.Calls, Call{Worker: i, Key: opt.Key, Stamp: now, Cost: 1, Start: start, End: time.Since(begin),
-			Reached: !o.Cached && !o.Leased, Allowed: err == nil && o.Decision.Allowed, Remaining: o.Decision.Remaining,
-			Cached: o.Cached, Err: err})
+		wg.Go(func() { r.decide(ctx, l, i, opt.Key, begin, &mu) })
 	}
+	wg.Wait()
 	return r
+}
+
+// decide is one decision of key by process i at the time it is called,
+// recorded in r (under mu, if set).
+func (r *HotReport) decide(ctx context.Context, l limiter.Limiter, i int, key string, begin time.Time, mu *sync.Mutex) {
+	var out [1]limiter.Outcome
+	now := time.Now()
+	start := now.Sub(begin)
+	_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: l, Key: key, N: 1}}, out[:])
+	o := out[0]
+	if mu != nil {
+		mu.Lock()
+		defer mu.Unlock()
+	}
+	switch {
+	case err != nil:
+		r.Failed++
+		if r.FirstErr == nil {
+			r.FirstErr = err
+		}
+	case o.Throttled:
+		r.Throttled++
+		r.ThrottledAt = append(r.ThrottledAt, start)
+		if start > time.Second {
+			r.ThrottledLate++
+		}
+	case o.Cached:
+		r.Cached++
+	case o.Decision.Allowed:
+		r.Admitted++
+		if o.Leased {
+			r.Leased++
+		}
+	}
+	r.Calls = append(r.Calls, Call{Worker: i, Key: key, Stamp: now, Cost: 1, Start: start, End: time.Since(begin),
+		Reached: !o.Cached && !o.Leased, Allowed: err == nil && o.Decision.Allowed, Remaining: o.Decision.Remaining,
+		Cached: o.Cached, Err: err})
 }
 
 // add adds a process's report to rep.
