@@ -58,7 +58,7 @@ func TestHotBucketAtStamp(t *testing.T) {
 		s := BucketsAtStamp(newStampStore(racy))
 		sc := HotBucketScenario(500 * ms)
 		sc.Bucket.NoDenyCache = true // the RetryAfter above is not the bucket's
-		rep, err := RunScenario(context.Background(), s, sc, WallClock, HistoryOptions{Seed: seed, Workers: 64, CheckTimeout: 20 * time.Second})
+		rep, err := RunScenario(context.Background(), s, sc, WallClock, HistoryOptions{Seed: seed, Workers: 64, CheckTimeout: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
