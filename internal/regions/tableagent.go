@@ -575,14 +575,16 @@ const readySlack = 50 * time.Millisecond
 // readyBy is the units of the lowerings ready by the tick at now, and
 // the latest Ready among them: those whose Ready is past, or at most
 // readySlack ahead of the tick's stamp so far (the caller waits until
-// then: waitReady). Under a.mu.
+// then: waitReady), and in effect by the tick's stamp (its From: the
+// grant's first part is in force from that stamp). Under a.mu.
 func (a *Agent) readyBy(now time.Time) (ready, by int64) {
 	tb, t := a.tbl, now.UnixNano()
+	r := t
 	if !a.brokenReady {
-		t = tb.stamp(now) + int64(readySlack)
+		r = tb.stamp(now) + int64(readySlack)
 	}
 	for _, l := range tb.lows {
-		if t >= l.Ready || a.brokenWait {
+		if r >= l.Ready && t >= l.From || a.brokenWait {
 			ready += l.Units
 			by = max(by, l.Ready)
 		}
