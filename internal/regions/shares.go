@@ -337,6 +337,16 @@ type Agent struct {
 	// count, if far (nextDemand).
 	brokenJump bool
 	jumpSide   int
+	// falling: the last tick's count was far below the estimate, a
+	// first such tick (nextDemand weighed it in at the bound), at
+	// tickRate units a second: through the table, a window's lowering
+	// is made at once for what that rate leaves (holdFor).
+	falling  bool
+	tickRate float64
+	// brokenHold: through the table, a window's lowering withholds only
+	// what the plan asks, as before (holdFor); brokenReady: a lowering is
+	// ready only at a tick stamped past its Ready, as before (lowerTable).
+	brokenHold, brokenReady bool
 	// storeWait (tests), if set, is how long a tick at now waited on the
 	// region's store (the simulation's stalled store); nil: measured
 	// (took).
@@ -570,6 +580,7 @@ func (a *Agent) estimate(now time.Time, took time.Duration) (held bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.Ticks++
+	a.falling = false
 	waited := took > slowMin && took > slowReads*a.usualTook && a.stats.Ticks > 1 && !a.brokenStall
 	if a.stats.Ticks == 1 {
 		a.usualTook = took
@@ -641,6 +652,7 @@ func (a *Agent) nextDemand(est, offered, dt float64) float64 {
 		a.jumpSide = 0
 		return offered / dt
 	}
+	a.falling, a.tickRate = side < 0, offered/dt
 	if side != 0 {
 		offered = max(want+float64(side)*bound, 0)
 	}
@@ -717,8 +729,12 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 	if a.tbl != nil {
 		// Through the table: the lowerings wait their deadlines; want
 		// becomes what the ready ones allow (lowerTable).
-		if want = a.lowerTable(now, g, want); want == 0 {
+		var by int64
+		if want, by = a.lowerTable(now, g, want); want == 0 {
 			return nil
+		}
+		if err := a.waitReady(ctx, now, by); err != nil {
+			return err // the units stay withheld: the next tick gives them
 		}
 	} else {
 		a.mu.Lock()

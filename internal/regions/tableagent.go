@@ -488,21 +488,24 @@ type lowering struct {
 
 // lowerTable is a window grant's step 1 and 2 through the table, for the
 // plan g (summing to want): it withholds what the plan asks beyond the
-// lowerings on record in a new one (while the others wait), releases
-// what the plan no longer asks and the region's own demand needs (the
-// newest first), and returns what may be given now, g scaled to it:
-// what the plan asks, at most the units of the ready lowerings.
-func (a *Agent) lowerTable(now time.Time, g []int64, want int64) int64 {
+// lowerings on record, and what the region's own demand leaves (holdFor),
+// in a new one (while the others wait), releases what the plan no longer
+// asks and the region's own demand needs (the newest first), and returns
+// what may be given now, g scaled to it: what the plan asks, at most the
+// units of the ready lowerings; and the latest Ready of those (readyBy:
+// the caller waits until then before it reads its count).
+func (a *Agent) lowerTable(now time.Time, g []int64, want int64) (int64, int64) {
 	tb, t := a.tbl, now.UnixNano()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	want = clampPlan(g, want, a.owned)
+	hold := a.holdFor(want)
 	switch {
-	case want > a.pending:
+	case hold > a.pending:
 		from := max(tb.maxUntil, t)
-		tb.lows = append(tb.lows, lowering{Units: want - a.pending, From: from, Ready: from + int64(tb.t.Deadline)})
-		a.pending = want
-	case want < a.pending:
+		tb.lows = append(tb.lows, lowering{Units: hold - a.pending, From: from, Ready: from + int64(tb.t.Deadline)})
+		a.pending = hold
+	case hold < a.pending:
 		// A withheld unit released and withheld again waits anew (the
 		// entries published meanwhile show it): keep what the region's
 		// own demand leaves, for the plan to give at once when it asks,
@@ -515,7 +518,7 @@ func (a *Agent) lowerTable(now time.Time, g []int64, want int64) int64 {
 				fresh += l.Units
 			}
 		}
-		keep := max(want, min(a.pending, fresh, a.owned-int64(a.cfg.need(a.states[a.r].Demand))))
+		keep := max(hold, min(a.pending, fresh, a.owned-int64(a.cfg.need(a.states[a.r].Demand))))
 		release := func(i int) {
 			d := min(tb.lows[i].Units, a.pending-keep)
 			tb.lows[i].Units -= d
@@ -532,13 +535,79 @@ func (a *Agent) lowerTable(now time.Time, g []int64, want int64) int64 {
 		tb.lows = slices.DeleteFunc(tb.lows, func(l lowering) bool { return l.Units <= 0 })
 	}
 	a.stats.Withheld = max(a.stats.Withheld, a.pending)
-	var ready int64
+	ready, by := a.readyBy(now)
+	return clampPlan(g, want, ready), by
+}
+
+// holdFor is what a window's lowering withholds through the table when
+// the plan asks want: once the plan asks anything, or the tick's count
+// fell far below the estimate (falling: a first such tick, which the
+// estimate weighs in at the bound only), the share less what the
+// region's own demand needs (at most the tick's rate, when falling), and
+// at least want. A lowering is ready a validity and a deadline after it
+// is made, however few units it withholds; the plan asks little of a
+// region whose demand just left while the others' demands it reads are
+// a lag old, and more a lag later, when it reads where the demand went:
+// withheld then, those units waited their own validity and deadline
+// (and before they were withheld, while the estimate still counted the
+// first tick's fall at its bound, a tick more). Units withheld beyond
+// what the plan asks only deny more until the region's demand needs
+// them (the next tick releases them, lowerTable). Under a.mu.
+func (a *Agent) holdFor(want int64) int64 {
+	if a.brokenHold || want == 0 && !a.falling {
+		return want
+	}
+	d := a.states[a.r].Demand
+	if a.falling {
+		d = min(d, a.tickRate)
+	}
+	return max(want, a.owned-int64(a.cfg.need(d)))
+}
+
+// readySlack is how far ahead of a tick's stamp (as far as the tick has
+// run) a lowering's Ready may be for the tick to wait for it
+// (readyBy): a Ready is a validity and a deadline past the stamp of a
+// save, late in an earlier tick, so a tick stamped that much later
+// (eight ticks of 250 ms after it) finds it a few milliseconds ahead,
+// and without the wait the grant waited a whole tick more.
+const readySlack = 50 * time.Millisecond
+
+// readyBy is the units of the lowerings ready by the tick at now, and
+// the latest Ready among them: those whose Ready is past, or at most
+// readySlack ahead of the tick's stamp so far (the caller waits until
+// then: waitReady), and in effect by the tick's stamp (its From: the
+// grant's first part is in force from that stamp). Under a.mu.
+func (a *Agent) readyBy(now time.Time) (ready, by int64) {
+	tb, t := a.tbl, now.UnixNano()
+	r := t
+	if !a.brokenReady {
+		r = tb.stamp(now) + int64(readySlack)
+	}
 	for _, l := range tb.lows {
-		if t >= l.Ready || a.brokenWait {
+		if r >= l.Ready && t >= l.From || a.brokenWait {
 			ready += l.Units
+			by = max(by, l.Ready)
 		}
 	}
-	return clampPlan(g, want, ready)
+	return ready, by
+}
+
+// waitReady waits until the tick's stamp (as far as it has run) is at
+// least by, a lowering's Ready: from then on, every decision that read a
+// higher cap is past its deadline, and the count may be read.
+func (a *Agent) waitReady(ctx context.Context, now time.Time, by int64) error {
+	d := time.Duration(by - a.tbl.stamp(now))
+	if d <= 0 || a.brokenWait {
+		return nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return nil
+	}
 }
 
 // firstHold is how far ahead of a region's first entry the units its
