@@ -38,6 +38,10 @@ type Config struct {
 	// Skew bounds how far apart the regions' clocks are: a region uses
 	// a grant only Skew after its giver published it.
 	Skew time.Duration
+
+	// brokenSmall (tests): a bucket's surplus under minSurplus of the
+	// units is never given, as before (plan).
+	brokenSmall bool
 }
 
 // Allocation tuning.
@@ -229,7 +233,12 @@ func (c Config) rate() float64 {
 // part of what the regions short of their targets lack, as r sees them,
 // in proportion to its surplus among all the regions' surpluses, and
 // never more than its surplus. giving reports that r already withholds
-// units for a grant (no hysteresis then).
+// units for a grant (no hysteresis then). The hysteresis: a surplus of
+// at least hysteresis of r's target and minSurplus of the units; a
+// bucket's, when the regions short lack minSurplus of the units
+// altogether, of a unit at least (a small region's few units above its
+// target are its rate unused for good, and a bucket gives them in one
+// rebase: docs/regions.md, "The bucket at 98/1/1 through the table").
 func (c Config) plan(r int, states []State, giving bool) []int64 {
 	tg := c.targets(states)
 	shares := make([]float64, len(states))
@@ -237,7 +246,7 @@ func (c Config) plan(r int, states []State, giving bool) []int64 {
 		shares[o] = float64(c.share(o, states))
 	}
 	surplus := shares[r] - tg[r]
-	if surplus <= 0 || !giving && surplus < max(hysteresis*tg[r], minSurplus*float64(c.units())) {
+	if surplus <= 0 {
 		return nil
 	}
 	lack := make([]float64, len(states))
@@ -250,7 +259,11 @@ func (c Config) plan(r int, states []State, giving bool) []int64 {
 			lacking += lack[o]
 		}
 	}
-	if lacking < 1 {
+	least := minSurplus * float64(c.units())
+	if c.Bucket != nil && lacking >= least && !c.brokenSmall {
+		least = 1
+	}
+	if lacking < 1 || !giving && surplus < max(hysteresis*tg[r], least) {
 		return nil
 	}
 	give := min(surplus, lacking*surplus/surpluses)

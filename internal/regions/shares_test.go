@@ -885,3 +885,41 @@ func TestSharesDemandStall(t *testing.T) {
 		})
 	}
 }
+
+// TestSharesSmallSurplus: the plan of a small region of a bucket gives a
+// surplus of a unit or more, under minSurplus of the units, when the
+// regions short lack minSurplus of the units altogether (the table's
+// 98/1/1 after its first grants: shares 189, 4, 4 against targets of
+// 192.4, 2.3, 2.3); brokenSmall, as before, gives nothing, and the
+// region keeps the rate of 1.7 units unused.
+func TestSharesSmallSurplus(t *testing.T) {
+	cfg := Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 200, RefillTime: 10 * time.Millisecond, RefillAmount: 2}}
+	states := func(g1, g2 int64) []State {
+		return []State{
+			{Demand: 200, Given: []int64{0, 0, 0}},
+			{Demand: 2.4, Given: []int64{g1, 0, 0}},
+			{Demand: 2.4, Given: []int64{g2, 0, 0}},
+		}
+	}
+	st := states(62, 61)
+	if s := []int64{cfg.share(0, st), cfg.share(1, st), cfg.share(2, st)}; !slices.Equal(s, []int64{189, 4, 4}) {
+		t.Fatalf("shares %v, want [189 4 4]", s)
+	}
+	if g := cfg.plan(1, st, false); !slices.Equal(g, []int64{1, 0, 0}) {
+		t.Errorf("region 1 at 4 units, target 2.3: the plan %v, want [1 0 0]", g)
+	}
+	broken := cfg
+	broken.brokenSmall = true
+	if g := broken.plan(1, st, false); g != nil {
+		t.Errorf("brokenSmall: region 1 at 4 units gives %v, want nothing (the test cannot fail)", g)
+	}
+	// Once both gave a unit: surpluses of 0.7, and region 0 lacks 1.4.
+	if g := cfg.plan(1, states(63, 62), false); g != nil {
+		t.Errorf("region 1 at 3 units, target 2.3: the plan %v, want nothing", g)
+	}
+	// A window keeps the hysteresis: the same shares give nothing.
+	win := Config{Regions: 3, Key: "k", Limit: 197, Window: time.Second, SubWindows: 10}
+	if g := win.plan(1, states(62, 61), false); g != nil {
+		t.Errorf("a window: region 1 at 4 units gives %v, want nothing", g)
+	}
+}
