@@ -238,7 +238,8 @@ func (c Config) rate() float64 {
 // bucket's, when the regions short lack minSurplus of the units
 // altogether, of a unit at least (a small region's few units above its
 // target are its rate unused for good, and a bucket gives them in one
-// rebase: docs/regions.md, "The bucket at 98/1/1 through the table").
+// rebase: docs/regions.md, "The bucket at 98/1/1 through the table,
+// decomposed").
 func (c Config) plan(r int, states []State, giving bool) []int64 {
 	tg := c.targets(states)
 	shares := make([]float64, len(states))
