@@ -65,11 +65,43 @@ func TestLeasesHotKey(t *testing.T) {
 				// lives one slot.
 				procs, rate = 2, 400
 			}
-			ls, exact := hotLimits(t, alg, store, procs, true)
-			rep := limitertest.RunHot(t.Context(), ls, limitertest.HotOptions{Key: "hot", Rate: rate, Duration: 4 * time.Second})
-			checkHot(t, alg, rep, exact, store.Calls())
+			// A run in which the process stood still (a GC or the host's
+			// pause: reproduced with SIGSTOP, 600 ms ending just before a
+			// slot's end gives 657 store calls) measures the pause, not the
+			// leases: it is run again, at most twice; the last is checked
+			// whatever it saw.
+			for attempt := 1; ; attempt++ {
+				ls, exact := hotLimits(t, alg, store, procs, true)
+				rep := limitertest.RunHot(t.Context(), ls, limitertest.HotOptions{Key: "hot", Rate: rate, Duration: 4 * time.Second})
+				if gap := longestGap(rep.Calls); gap > hotStall && attempt < 3 {
+					t.Logf("%s: run %d stood still for %v (no decision of a process began): run again", alg, attempt, gap.Round(time.Millisecond))
+					store = newCounted(t)
+					continue
+				}
+				checkHot(t, alg, rep, exact, store.Calls())
+				break
+			}
 		})
 	}
+}
+
+// hotStall is the longest a process of the hot-key runs may go without
+// beginning a decision (each begins one every 10 ms, or 5 ms) before the
+// run counts as stalled.
+const hotStall = 200 * time.Millisecond
+
+// longestGap is the longest time between two decisions of one process
+// beginning, over calls.
+func longestGap(calls []limitertest.Call) time.Duration {
+	last := map[int]time.Duration{}
+	var gap time.Duration
+	for _, c := range calls {
+		if prev, ok := last[c.Worker]; ok {
+			gap = max(gap, c.Start-prev)
+		}
+		last[c.Worker] = c.Start
+	}
+	return gap
 }
 
 func checkHot(t *testing.T, alg string, rep limitertest.HotReport, exact limiter.Limiter, storeCalls int64) {
