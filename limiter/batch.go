@@ -37,6 +37,14 @@ type Item struct {
 	// included, against min(Cap, Limit) on the same counters; any other
 	// limit refuses it (ErrInvalidConfig). See cap.go.
 	Cap int64
+	// Fence, if positive, fences the item's take (lease takes included):
+	// the store counts it only if the key's fence (SlidingWindow.RaiseFence)
+	// is at most Fence. Refused, nothing is taken and Decide returns an
+	// error wrapping storage.ErrFenced whatever Fail says: the caller
+	// decided on an older state and must read it again. Like Cap, it needs
+	// a *SlidingWindow with sub-window counters, on a store implementing
+	// storage.Fencer (else ErrInvalidConfig). See fence.go.
+	Fence int64
 }
 
 // Outcome is what became of one [Item].
@@ -203,6 +211,10 @@ func planAll(b batch, items []Item, now time.Time, t int64, lr *leaseRound, leas
 		if e.err == nil && it.Cap != 0 {
 			e.err = capCheck(s, it.Cap)
 		}
+		if e.err == nil && it.Fence != 0 {
+			e.err = fenceCheck(s, it.Fence)
+			fenceStep(&b.steps[i], it.Fence)
+		}
 	}
 }
 
@@ -236,6 +248,10 @@ func judgeAll(b batch, items []Item, out []Outcome, t int64) (denied bool, failE
 		if err != nil {
 			o.Err = err
 			e.undo = storage.Step{}
+			if errors.Is(err, storage.ErrFenced) {
+				failErr = fencedErr(failErr, err) // not an outage: never Fail
+				continue
+			}
 			if throttled(err) {
 				// The store refused this key for capacity: deny it (its
 				// units were not counted, so admitting it would be free),
@@ -260,12 +276,24 @@ func judgeAll(b batch, items []Item, out []Outcome, t int64) (denied bool, failE
 	return denied, failErr
 }
 
+// fencedErr is the batch's error once an item was fenced (err): the
+// first fenced error is always in it, with the first error before it.
+func fencedErr(failErr, err error) error {
+	switch {
+	case failErr == nil:
+		return err
+	case errors.Is(failErr, storage.ErrFenced):
+		return failErr
+	}
+	return errors.Join(failErr, err)
+}
+
 // rememberDenials puts the store's denials in the deny caches, before
 // anything is given back (a give-back bumps a cache's generation).
 func rememberDenials(b batch, items []Item, out []Outcome, t int64) {
 	for i, it := range items {
 		o := &out[i]
-		if b.es[i].s == nil || o.Skipped || o.Failed || o.Decision.Allowed || o.Decision.RetryAfter <= 0 {
+		if b.es[i].s == nil || o.Skipped || o.Failed || errors.Is(o.Err, storage.ErrFenced) || o.Decision.Allowed || o.Decision.RetryAfter <= 0 {
 			continue
 		}
 		b.es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision, b.es[i].gen)

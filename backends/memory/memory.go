@@ -39,6 +39,9 @@ type Store struct {
 	perShard  int
 	evictions atomic.Int64
 	expired   atomic.Int64
+	// brokenFence makes AddFenced ignore the fence (tests show they fail
+	// such a store).
+	brokenFence bool
 }
 
 var (
@@ -46,6 +49,7 @@ var (
 	_ storage.BucketStore   = (*Store)(nil)
 	_ storage.LogStore      = (*Store)(nil)
 	_ storage.PackedCounter = (*Store)(nil)
+	_ storage.Fencer        = (*Store)(nil)
 )
 
 type shard struct {
@@ -65,6 +69,9 @@ type entry struct {
 	// written.
 	slots  []int64
 	newest int64
+	// fence is the window's fence (storage.Fencer): an add fenced below
+	// it is refused. It lives and expires with the counters.
+	fence int64
 
 	bucket    storage.BucketState
 	hasBucket bool
@@ -181,7 +188,7 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 
 func (e *entry) reset() {
 	e.slots = e.slots[:0]
-	e.newest = 0
+	e.newest, e.fence = 0, 0
 	e.bucket, e.hasBucket = storage.BucketState{}, false
 	e.log = e.log[:0]
 	for l := range e.packed {
@@ -220,6 +227,36 @@ func (s *Store) lock(ctx context.Context, k storage.Key) (*shard, int64, error) 
 // (Counts.Moved), and judged against everything newer.
 // Reads (n == 0) never move the ring.
 func (s *Store) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
+	return s.add(ctx, k, cur, span, n, ttl, 0)
+}
+
+// AddFenced implements [storage.Fencer]: Add under the shard's lock, on
+// condition that the key's fence is at most fence.
+func (s *Store) AddFenced(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (storage.Counts, error) {
+	return s.add(ctx, k, cur, span, n, ttl, fence)
+}
+
+// RaiseFence implements [storage.Fencer]: under the shard's lock, the
+// key's fence becomes f if it was lower, and the key lives at least ttl
+// more (the fence goes with the key's counters: it expires, and is
+// evicted, with them).
+func (s *Store) RaiseFence(ctx context.Context, k storage.Key, f int64, ttl time.Duration) error {
+	if f <= 0 {
+		return fmt.Errorf("memory: bad fence %d", f)
+	}
+	sh, now, err := s.lock(ctx, k)
+	if err != nil {
+		return err
+	}
+	defer sh.mu.Unlock()
+	e := s.entry(sh, k, now)
+	e.fence = max(e.fence, f)
+	e.expires = max(e.expires, now+int64(ttl))
+	return nil
+}
+
+// add is Add, fenced when fence > 0 and n > 0.
+func (s *Store) add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (storage.Counts, error) {
 	if span < 1 || span > storage.MaxSpan || n < 0 {
 		return storage.Counts{}, fmt.Errorf("memory: bad window add (span %d, n %d)", span, n)
 	}
@@ -229,6 +266,9 @@ func (s *Store) Add(ctx context.Context, k storage.Key, cur int64, span int, n i
 	}
 	defer sh.mu.Unlock()
 	e := s.entry(sh, k, now)
+	if n > 0 && fence > 0 && e.fence > fence && !s.brokenFence {
+		return storage.Counts{}, fmt.Errorf("memory: window add fenced at %d, key's fence %d: %w", fence, e.fence, storage.ErrFenced)
+	}
 	horizon := storage.Horizon(span)
 	size := int64(span) + horizon
 	if int64(len(e.slots)) != size {
@@ -255,7 +295,7 @@ func (s *Store) Add(ctx context.Context, k storage.Key, cur int64, span int, n i
 		if e.slots[i] += n; e.slots[i] < 0 { // overflow
 			e.slots[i] = 1<<63 - 1
 		}
-		e.expires = now + int64(ttl)
+		e.expires = max(e.expires, now+int64(ttl))
 	}
 	var c storage.Counts
 	if at != cur {

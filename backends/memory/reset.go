@@ -16,7 +16,8 @@ var (
 // its shard's lock, whatever op says (an entry holds one limit's state on
 // one key: every counter of a window, a bucket or a log). A request after
 // it finds the key new; a refund after it finds nothing to give back, or
-// the entry a newer request created.
+// the entry a newer request created. A window's fence
+// ([storage.Fencer]) is kept: a reset never lowers it.
 func (s *Store) Reset(ctx context.Context, k storage.Key, _ *storage.ResetOp) error {
 	sh, _, err := s.lock(ctx, k)
 	if err != nil {
@@ -24,6 +25,11 @@ func (s *Store) Reset(ctx context.Context, k storage.Key, _ *storage.ResetOp) er
 	}
 	defer sh.mu.Unlock()
 	if e, ok := sh.m[k]; ok {
+		if f := e.fence; f > 0 && s.now() < e.expires {
+			e.reset()
+			e.fence = f
+			return nil
+		}
 		sh.remove(e)
 	}
 	return nil

@@ -9,8 +9,8 @@
 // [PackedCounter], [BucketStore], [LogStore]) and is driven through the
 // plain loop [Steps]. [Store] is a store of every kind a rule uses; the
 // concurrency limiter and the load shedders need [LeaseStore] and
-// [GaugeStore]; [Resetter], [LogReader], [LeaseKeeper] and [CrossRegionWriter]
-// are optional.
+// [GaugeStore]; [Resetter], [LogReader], [LeaseKeeper], [CrossRegionWriter] and
+// [Fencer] are optional.
 //
 // The algorithms a store makes atomic live here, so that a store does no
 // arithmetic of its own: [BucketOp.Apply], [LogOp.Apply], [LeaseOp.Apply]
@@ -18,8 +18,8 @@
 // answers a decision with [Decision]: the limiter's decision without the
 // limit's name, a type of its own so that this package does not import
 // package limiter (which imports it). The errors a store wraps
-// ([ErrUnavailable], [ErrThrottled], [ErrConflict], [ErrCorruptState])
-// tell the limiter how to treat a failure.
+// ([ErrUnavailable], [ErrThrottled], [ErrConflict], [ErrCorruptState],
+// [ErrFenced]) tell the limiter how to treat a failure.
 //
 // backends/memory is the reference implementation and limiter/limitertest
 // the conformance suite every store passes. docs/stores.md states what a

@@ -27,4 +27,9 @@ var (
 	// not get through. Like every store error, it follows the rule's fail
 	// mode.
 	ErrThrottled = errors.New("storage: store throttled")
+	// ErrFenced is what a store answers a fenced take ([Step].Fence)
+	// whose fence is below its key's ([Fencer]): nothing was taken. It is
+	// not an outage: the caller decided on a state older than the key's
+	// fence and must read that state again before deciding.
+	ErrFenced = errors.New("storage: fenced: the key's fence is above the take's")
 )

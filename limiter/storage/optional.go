@@ -76,3 +76,30 @@ type GaugeStore interface {
 	PutGauge(ctx context.Context, key Key, g Gauge, ttl time.Duration) error
 	GetGauge(ctx context.Context, key Key) (g Gauge, found bool, err error)
 }
+
+// Fencer is an optional [Counter] interface: a fence per key, below which
+// no take lands. A caller that lowers what others may take on a key (a
+// share of a limit, limiter.Item.Cap) raises the key's fence, then reads
+// the counters: every take decided on the older state carries a lower
+// fence, so it is either in what the read counts or refused.
+//
+// AddFenced is [Counter.Add] on condition that key's fence is at most
+// fence: if it is higher, nothing is added and the error wraps
+// [ErrFenced]. With fence 0, or n 0 (a read), it is Add. The add and the
+// fence check are one linearizable step.
+//
+// RaiseFence raises key's fence to f (f > 0) and never lowers it: a fence
+// already at f or above stays as it is, and the call succeeds. Once it has
+// returned nil, every AddFenced with a fence below f either landed before
+// (a consistent read afterwards counts it) or is refused with ErrFenced.
+// ttl is how long the fence must be kept at least (a window's counter
+// TTL); a store keeps it with the key's counters, as long as they are
+// kept, and a key's fence survives a [Resetter]'s reset.
+//
+// A [Batcher] that implements Fencer honours [Step].Fence in its Do. A
+// store wrapping another implements Fencer only if the wrapped one does,
+// and forwards both calls.
+type Fencer interface {
+	AddFenced(ctx context.Context, key Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (Counts, error)
+	RaiseFence(ctx context.Context, key Key, f int64, ttl time.Duration) error
+}

@@ -29,6 +29,13 @@ func (s Steps) Do(ctx context.Context, steps []Step, out []StepResult) {
 func (s Steps) Step(ctx context.Context, st *Step) StepResult {
 	var r StepResult
 	switch {
+	case st.Kind == StepAdd && st.Fence > 0 && st.N > 0:
+		f, ok := s.Counter.(Fencer)
+		if !ok {
+			r.Err = fmt.Errorf("%w: the store does not fence adds (%T is not a storage.Fencer)", ErrUnsupported, s.Counter)
+			break
+		}
+		r.Counts, r.Err = f.AddFenced(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL, st.Fence)
 	case st.Kind == StepAdd && s.Counter != nil:
 		r.Counts, r.Err = s.Counter.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
 	case st.Kind == StepSub && s.Counter != nil:

@@ -1,0 +1,197 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
+)
+
+func decideFenced(ctx context.Context, at time.Time, items ...limiter.Item) ([]limiter.Outcome, error) {
+	out := make([]limiter.Outcome, len(items))
+	_, err := limiter.Decide(ctx, at, items, out)
+	return out, err
+}
+
+func peekRemaining(t *testing.T, w *limiter.SlidingWindow, key string, at time.Time) int64 {
+	t.Helper()
+	d, err := w.Peek(context.Background(), key, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Remaining
+}
+
+// A fenced item below the key's fence takes nothing: Decide returns an
+// error wrapping storage.ErrFenced (also in the item's Outcome.Err), its
+// Fail does not decide it, and what the batch's other items took is given
+// back. At or above the fence, or unfenced, it passes; the fence never
+// goes down; a fenced refusal leaves no cached denial.
+func TestFenceDecide(t *testing.T) {
+	ctx := context.Background()
+	w, other := capWindow(t, 100, false), capWindow(t, 100, false)
+	at := time.Unix(1000, 0)
+	allow := limiter.Decision{Allowed: true}
+	if _, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 1}); err != nil {
+		t.Fatalf("fenced on a key without a fence: %v", err)
+	}
+	if err := w.RaiseFence(ctx, "k", 5); err != nil {
+		t.Fatal(err)
+	}
+	out, err := decideFenced(ctx, at, limiter.Item{Limit: other, Key: "k", N: 3}, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 3, Fail: &allow})
+	if !errors.Is(err, storage.ErrFenced) || !errors.Is(out[1].Err, storage.ErrFenced) || out[1].Failed || out[1].Decision.Allowed {
+		t.Fatalf("fenced below the key's fence: err %v, outcome %+v; want ErrFenced, not Failed, not allowed", err, out[1])
+	}
+	if !out[0].Refunded || peekRemaining(t, other, "k", at) != 100 || peekRemaining(t, w, "k", at) != 99 {
+		t.Errorf("the batch's other take was not given back (%+v), or the fenced one counted: remaining %d and %d, want 100 and 99",
+			out[0], peekRemaining(t, other, "k", at), peekRemaining(t, w, "k", at))
+	}
+	for _, f := range []int64{5, 6, 0} {
+		if out, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: f}); err != nil || !out[0].Decision.Allowed {
+			t.Errorf("fence %d against 5: %v %+v, want allowed", f, err, out[0])
+		}
+	}
+	if err := w.RaiseFence(ctx, "k", 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 4}); !errors.Is(err, storage.ErrFenced) {
+		t.Errorf("fence 4 after a raise to 2 over 5: %v, want ErrFenced (a raise never lowers)", err)
+	}
+	// A full key: the fenced refusal is not a denial, and caches none.
+	if _, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 96, Fence: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RaiseFence(ctx, "k", 9); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 5}); !errors.Is(err, storage.ErrFenced) {
+		t.Fatalf("fence 5 after a raise to 9: %v, want ErrFenced", err)
+	}
+	if out, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 9}); err != nil || out[0].Decision.Allowed || out[0].Cached {
+		t.Errorf("fence 9 on a full key: %v %+v, want denied by the store, not cached", err, out[0])
+	}
+}
+
+// A limit other than a window with sub-window counters on a
+// storage.Fencer refuses a fence, and so does RaiseFence.
+func TestFenceRefused(t *testing.T) {
+	s := newStore(t)
+	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 10, RefillTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw, err := limiter.NewFixedWindow(s, limiter.FixedWindowConfig{Name: "f", Limit: 10, Window: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "p", Limit: 10, Window: time.Second, Representation: limiter.Packed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := limiter.NewSlidingWindow(plainStore{s}, limiter.SlidingWindowConfig{Name: "plain", Limit: 10, Window: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		l     limiter.Limiter
+		fence int64
+	}{{"token bucket", b, 1}, {"fixed window", fw, 1}, {"packed window", p, 1}, {"store without Fencer", plain, 1}, {"negative fence", capWindow(t, 10, false), -1}}
+	for _, c := range cases {
+		_, err := decideFenced(context.Background(), time.Unix(0, 0), limiter.Item{Limit: c.l, Key: "k", N: 1, Fence: c.fence})
+		if !errors.Is(err, limiter.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", c.name, err)
+		}
+	}
+	for _, w := range []*limiter.SlidingWindow{p, plain} {
+		if err := w.RaiseFence(context.Background(), "k", 1); !errors.Is(err, limiter.ErrInvalidConfig) {
+			t.Errorf("RaiseFence on %q: %v, want ErrInvalidConfig", w.Config().Name, err)
+		}
+	}
+}
+
+// plainStore is a store of every kind that is not a storage.Fencer.
+type plainStore struct{ storage.Store }
+
+// fenceRecorder is the memory store, recording its fenced lease takes
+// (adds of more than one unit) and the fenced adds that landed.
+type fenceRecorder struct {
+	*memory.Store
+	mu                        sync.Mutex
+	raised                    int64 // the fence raised so far
+	leaseTakes, refusedLeases int
+	landedBelow               int // fenced adds below the raised fence that landed
+}
+
+func (r *fenceRecorder) AddFenced(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (storage.Counts, error) {
+	r.mu.Lock()
+	raised := r.raised
+	r.mu.Unlock()
+	c, err := r.Store.AddFenced(ctx, k, cur, span, n, ttl, fence)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n > 1 {
+		r.leaseTakes++
+		if errors.Is(err, storage.ErrFenced) {
+			r.refusedLeases++
+		}
+	}
+	if err == nil && n > 0 && fence < raised {
+		r.landedBelow++
+	}
+	return c, err
+}
+
+func (r *fenceRecorder) RaiseFence(ctx context.Context, k storage.Key, f int64, ttl time.Duration) error {
+	err := r.Store.RaiseFence(ctx, k, f, ttl)
+	r.mu.Lock()
+	r.raised = max(r.raised, f)
+	r.mu.Unlock()
+	return err
+}
+
+// A hot key's lease takes carry the item's fence: after the fence rose,
+// the calls with the old fence are answered from the leases taken before
+// while they last, and every lease take after is refused (ErrFenced).
+func TestFenceLeaseTake(t *testing.T) {
+	ctx := context.Background()
+	rec := &fenceRecorder{Store: newStore(t)}
+	w, err := limiter.NewSlidingWindow(rec, limiter.SlidingWindowConfig{Name: "w", Limit: 3000, Window: time.Second, SubWindows: 10,
+		Representation: limiter.SubWindowCounters, Leases: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Unix(2000, 0)
+	fenced, leased := 0, 0
+	for i := range 1500 { // 1,000 a second, a third of the limit
+		at := start.Add(time.Duration(i) * time.Millisecond)
+		if i == 1050 {
+			if err := w.RaiseFence(ctx, "k", 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 1})
+		switch {
+		case i >= 1050 && errors.Is(err, storage.ErrFenced):
+			fenced++
+		case err != nil:
+			t.Fatalf("call %d: %v", i, err)
+		case i >= 1050 && out[0].Leased:
+			leased++
+		}
+	}
+	before := rec.leaseTakes - rec.refusedLeases
+	t.Logf("lease takes %d (%d refused), after the raise: %d calls fenced, %d answered from a lease", rec.leaseTakes, rec.refusedLeases, fenced, leased)
+	if before == 0 || rec.refusedLeases == 0 || rec.landedBelow > 0 {
+		t.Errorf("lease takes %d landed, %d refused after the raise; %d fenced adds below the fence landed: want some, some, none",
+			before, rec.refusedLeases, rec.landedBelow)
+	}
+	if out, err := decideFenced(ctx, start.Add(1500*time.Millisecond), limiter.Item{Limit: w, Key: "k", N: 1, Fence: 2}); err != nil || !out[0].Decision.Allowed {
+		t.Errorf("a call with the new fence: %v %+v, want allowed", err, out[0])
+	}
+}
