@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/dynamo"
 	"github.com/sluicehq/sluice/internal/testserver"
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
 	"github.com/sluicehq/sluice/limiter/storage"
 )
@@ -89,5 +90,40 @@ func TestFenceWire(t *testing.T) {
 		adds, p.Requests, preq, p.WriteUnits, f.Requests, freq, f.WriteUnits, x.Requests, xreq, x.WriteUnits, raise.Requests, raise.WriteUnits)
 	if f.Requests != adds || freq != adds || f.WriteUnits != p.WriteUnits || x.Requests != adds {
 		t.Errorf("a fenced add costs more than an unfenced one, or a refused one more than one request")
+	}
+}
+
+// TestFenceDecide: a window on DynamoDB decides a fenced item through the
+// store's batch path: below the raised fence Decide returns ErrFenced and
+// nothing is counted (Peek), at it the item is decided.
+func TestFenceDecide(t *testing.T) {
+	s, _, _ := newStore(t, dynamo.Config{})
+	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "fence", Limit: 100, Window: time.Minute, Representation: limiter.SubWindowCounters})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, key, now := testCtx(t), "fence-decide-"+time.Now().Format("150405.000000"), time.Now()
+	decide := func(fence int64) error {
+		var out [1]limiter.Outcome
+		_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: w, Key: key, N: 10, Fence: fence}}, out[:])
+		if err == nil && !out[0].Decision.Allowed {
+			err = errors.New("denied")
+		}
+		return err
+	}
+	if err := decide(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RaiseFence(ctx, key, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := decide(1); !errors.Is(err, storage.ErrFenced) {
+		t.Errorf("fence 1 after a raise to 2: %v, want ErrFenced", err)
+	}
+	if err := decide(2); err != nil {
+		t.Errorf("fence 2: %v", err)
+	}
+	if d, err := w.Peek(ctx, key, now); err != nil || d.Remaining != 80 {
+		t.Errorf("peek: %v remaining %d, want 80 (two takes of 10 counted, the fenced one not)", err, d.Remaining)
 	}
 }
