@@ -220,14 +220,14 @@ func (b *Breaker) Done(probe bool, err error) { b.DoneKey(probe, 0, err) }
 // DoneKey reports the error of a call Allow let through for the key whose
 // hash is key (0: unknown, or the backend as a whole). A throttle
 // (storage.ErrThrottled) is an answer: the store refused that key for
-// capacity and is up. Failures (storage.ErrUnavailable) open the breaker
-// when Config.Failures of them come in a row from at least Config.Keys
-// distinct keys.
+// capacity and is up; so is a fenced take's refusal (storage.ErrFenced).
+// Failures (storage.ErrUnavailable) open the breaker when Config.Failures
+// of them come in a row from at least Config.Keys distinct keys.
 func (b *Breaker) DoneKey(probe bool, key uint64, err error) {
 	var outcome int // 1: the store answered; -1: it failed; 0: neither
 	switch {
 	case err == nil || errors.Is(err, storage.ErrConflict) || errors.Is(err, storage.ErrCorruptState) ||
-		errors.Is(err, storage.ErrThrottled):
+		errors.Is(err, storage.ErrThrottled) || errors.Is(err, storage.ErrFenced):
 		outcome = 1
 	case errors.Is(err, storage.ErrBreakerOpen):
 		// A wrapped store's own breaker: not this backend's answer.

@@ -140,6 +140,8 @@ func TestWhatCounts(t *testing.T) {
 		{nil, false},
 		{fmt.Errorf("x: %w", storage.ErrConflict), false},
 		{fmt.Errorf("x: %w", storage.ErrCorruptState), false},
+		{fmt.Errorf("x: %w", storage.ErrThrottled), false},
+		{fmt.Errorf("x: %w", storage.ErrFenced), false},
 		{fmt.Errorf("x: %w", limiter.ErrInvalidCost), true},
 		{errors.New("an error of no kind"), true},
 		{down, true},

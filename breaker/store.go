@@ -208,3 +208,48 @@ func (s *Store) packed() (storage.PackedCounter, error) {
 	}
 	return p, nil
 }
+
+var _ storage.Fencer = (*Store)(nil)
+
+// AddFenced implements [storage.Fencer] when the backend does (memory,
+// DynamoDB), through the breaker as Add; a refusal (storage.ErrFenced)
+// is the store's answer, not a failure. On a backend without it, it fails
+// with an error wrapping storage.ErrUnsupported, without asking the
+// breaker.
+func (s *Store) AddFenced(ctx context.Context, key storage.Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (storage.Counts, error) {
+	f, err := s.fencer()
+	if err != nil {
+		return storage.Counts{}, err
+	}
+	probe, err := s.b.Allow()
+	if err != nil {
+		return storage.Counts{}, err
+	}
+	c, err := f.AddFenced(ctx, key, cur, span, n, ttl, fence)
+	s.b.DoneKey(probe, keyHash(key), err)
+	return c, err
+}
+
+// RaiseFence implements [storage.Fencer] as AddFenced does.
+func (s *Store) RaiseFence(ctx context.Context, key storage.Key, f int64, ttl time.Duration) error {
+	fs, err := s.fencer()
+	if err != nil {
+		return err
+	}
+	probe, err := s.b.Allow()
+	if err != nil {
+		return err
+	}
+	err = fs.RaiseFence(ctx, key, f, ttl)
+	s.b.DoneKey(probe, keyHash(key), err)
+	return err
+}
+
+// fencer returns the backend as a storage.Fencer.
+func (s *Store) fencer() (storage.Fencer, error) {
+	f, ok := s.s.(storage.Fencer)
+	if !ok {
+		return nil, fmt.Errorf("breaker %q: store %T does not implement storage.Fencer: %w", s.b.Name(), s.s, storage.ErrUnsupported)
+	}
+	return f, nil
+}

@@ -1,0 +1,95 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/breaker"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
+)
+
+// wrapMemory is a memory store behind a breaker.
+func wrapMemory(t *testing.T) *breaker.Store {
+	t.Helper()
+	m, err := memory.New(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := breaker.Wrap(m, breaker.Config{Name: "fence"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestFence: the breaker passes a fencing backend's fence through (the
+// conformance suite, limitertest.RunFence, on a memory store behind it):
+// the wiring wraps every store in a breaker, and a window's shares take
+// effect at the fence only where the store fences.
+func TestFence(t *testing.T) {
+	limitertest.RunFence(t, wrapMemory(t))
+}
+
+// TestFenceHistory: the fence history (arrivals reordered) through the
+// breaker: no add with the old fence lands after RaiseFence returned.
+func TestFenceHistory(t *testing.T) {
+	seed, err := limitertest.HistorySeed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := limitertest.RunFenceHistory(context.Background(), wrapMemory(t), limitertest.FenceHistoryOptions{Seed: seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("seed %d: %+v", seed, h)
+	if err := h.Err(); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestFenceRefusals: refused takes are the store's answers, not failures:
+// more of them in a row, from more keys, than the breaker's Failures
+// leave it closed. On a backend that does not fence, the breaker's
+// AddFenced and RaiseFence fail with storage.ErrUnsupported without
+// reaching it.
+func TestFenceRefusals(t *testing.T) {
+	s := wrapMemory(t)
+	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Limit: 1000, Window: time.Minute, NoDenyCache: true, Representation: limiter.SubWindowCounters})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, now := context.Background(), time.Now()
+	refused := 0
+	for i := range 3 * breaker.DefaultFailures {
+		key := string(rune('a' + i%8))
+		if err := w.RaiseFence(ctx, key, 2); err != nil {
+			t.Fatal(err)
+		}
+		var out [1]limiter.Outcome
+		_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: w, Key: key, N: 1, Fence: 1}}, out[:])
+		if errors.Is(err, storage.ErrFenced) {
+			refused++
+		}
+	}
+	if refused != 3*breaker.DefaultFailures || s.Breaker().State() != breaker.Closed {
+		t.Errorf("%d of %d fenced takes refused, breaker %v: want all, closed", refused, 3*breaker.DefaultFailures, s.Breaker().State())
+	}
+
+	f := &fakeStore{}
+	nf := wrap(t, f, breaker.Config{})
+	k := storage.Key{Space: "s", Name: "k"}
+	if _, err := nf.AddFenced(ctx, k, 0, 1, 1, time.Minute, 1); !errors.Is(err, storage.ErrUnsupported) {
+		t.Errorf("AddFenced on a backend without a fence: %v, want storage.ErrUnsupported", err)
+	}
+	if err := nf.RaiseFence(ctx, k, 1, time.Minute); !errors.Is(err, storage.ErrUnsupported) {
+		t.Errorf("RaiseFence on a backend without a fence: %v, want storage.ErrUnsupported", err)
+	}
+	if n := f.calls.Load(); n != 0 {
+		t.Errorf("%d calls reached a backend that does not fence", n)
+	}
+}
