@@ -22,6 +22,7 @@ func holdAgent(t *testing.T, s int64, est float64, until int64) *Agent {
 	}
 	a.owned, a.states[0].Demand, a.stats.Ticks = s, est, 10
 	a.tbl.maxUntil, a.tbl.started = until, time.Now()
+	a.tbl.fenced = false // the wait (a store that does not fence)
 	return a
 }
 

@@ -126,6 +126,15 @@ type Entry struct {
 	Until int64      `json:"u"`
 	Caps  []CapStep  `json:"c,omitempty"`
 	Items []ItemStep `json:"i,omitempty"`
+	// Fence is a window's fence number (limiter.Item.Fence): the Seq of
+	// the publication that made the latest lowering in force at every
+	// stamp, carried by every later entry (0: none; the store does not
+	// fence). The agent raises the region's counters' fence to it before
+	// it reads their count for a grant, so that a decision by an entry
+	// published before (a higher cap, a lower fence) either reached the
+	// store by then or is refused (storage.ErrFenced) and decided again
+	// by a newer entry.
+	Fence int64 `json:"f,omitempty"`
 }
 
 // CapStep is a window's cap from stamp At (Unix ns) on.

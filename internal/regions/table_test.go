@@ -43,7 +43,8 @@ func testTable(t *testing.T) (*dynamodb.Client, string) {
 
 // TestSharesTableWait: through the table (one DynamoDB Local for both
 // regions, no replication lag, a simulated clock), two regions of a
-// window of 100 a second. Region 1's demand rises; region 0, idle, lowers
+// window of 100 a second, on stores taken as not fencing (the wait path;
+// TestSharesTableFence has the fence). Region 1's demand rises; region 0, idle, lowers
 // its cap to give its share away, from a stamp E past the validity of
 // the entries it published, and may read its count for the grant only
 // from E + Deadline. Meanwhile region 0's process decides 50 units at a
@@ -75,6 +76,7 @@ func TestSharesTableWait(t *testing.T) {
 					t.Fatal(err)
 				}
 				a.brokenWait = broken && r == 0
+				a.tbl.fenced = false // the wait path: a store that does not fence
 				agents[r] = a
 				if r == 0 {
 					// Region 0's process uses the entry it read for
@@ -163,6 +165,134 @@ func TestSharesTableWait(t *testing.T) {
 				t.Errorf("over the limit: %v", v)
 			}
 		})
+	}
+}
+
+// TestSharesTableFence: as TestSharesTableWait, on stores that fence
+// (storage.Fencer): region 0's agent, giving its share to region 1,
+// publishes its lowered cap in force at every stamp of the entry that
+// carries it, raises its counters' fence to that entry's fence number,
+// reads its count and gives, all in the tick that withheld the units (no
+// validity or deadline waited). Region 0's process still holds the entry
+// read before (Refresh 900 ms: a cap of 50, a lower fence number) and
+// decides 49 units by it after the grant: the first is refused by the
+// fence (nothing taken), the process reads its entry again at once and
+// decides by the new one (its cap lowered), and so do the rest; region
+// 1 admits on the grant at once, and no window is over. brokenFence (the
+// grant made without raising the fence): the 49 land under the old cap
+// beside region 1's grant, and the checker sees a window over the limit.
+// With leases (the "leases" cases), the processes take leases under
+// their caps: a lease take is fenced as a decision's add is.
+func TestSharesTableFence(t *testing.T) {
+	client, table := testTable(t)
+	for _, leases := range []bool{false, true} {
+		for _, broken := range []bool{false, true} {
+			t.Run(fmt.Sprintf("leases=%v/broken=%v", leases, broken), func(t *testing.T) {
+				fenceRun(t, client, table, leases, broken)
+			})
+		}
+	}
+}
+
+func fenceRun(t *testing.T, client *dynamodb.Client, table string, leases, broken bool) {
+	ctx := t.Context()
+	cfg := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10, Leases: leases}
+	now := time.Now()
+	name := fmt.Sprintf("fence-%v-%v-%d", leases, broken, now.UnixNano())
+	var agents [2]*Agent
+	var procs [2]*Process
+	for r := range agents {
+		tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
+			Validity: time.Second, Deadline: time.Second, LockLife: 750 * time.Millisecond}
+		st := memStore(t)
+		a, err := NewTableAgent(cfg, tt, fmt.Sprintf("r%d", r), st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !a.tbl.fenced {
+			t.Fatalf("the memory store does not fence (%T)", st)
+		}
+		a.tbl.brokenFence = broken && r == 0
+		agents[r] = a
+		if r == 0 {
+			tt.Refresh = 900 * time.Millisecond // uses the entry it read while it is valid
+		}
+		if procs[r], err = NewProcess(cfg, tt, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var calls []limitertest.Call
+	decide := func(r, n int) int {
+		got := 0
+		for range n {
+			d, err := procs[r].AllowN(ctx, "k", now, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls = append(calls, limitertest.Call{Key: "k", Cost: 1, Stamp: now, Allowed: d.Allowed, Reached: true})
+			if d.Allowed {
+				got++
+			}
+		}
+		return got
+	}
+	tick := func() {
+		for _, a := range agents {
+			if err := a.Tick(ctx, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	step := func(d time.Duration) { now = now.Add(d) }
+	tick()
+	step(10 * time.Millisecond)
+	got0 := decide(0, 1)
+	if d, err := procs[1].AllowN(ctx, "k", now, 50); err != nil || !d.Allowed {
+		t.Fatalf("region 1's first 50: %+v, %v", d, err)
+	}
+	calls = append(calls, limitertest.Call{Key: "k", Cost: 50, Stamp: now, Allowed: true, Reached: true})
+	// Region 0's agent learns region 1's demand and gives in the tick
+	// that withholds.
+	for range 2 {
+		step(40 * time.Millisecond)
+		tick()
+		if st := agents[0].Stats(); st.Withheld > 0 && st.Given == 0 {
+			t.Fatalf("region 0 withheld %d and gave nothing in the same tick: %+v, table %+v", st.Withheld, st, agents[0].TableStats())
+		}
+	}
+	st0 := agents[0].Stats()
+	if st0.Given == 0 {
+		t.Fatalf("region 0 gave nothing after region 1's demand rose: %+v", st0)
+	}
+	reads := procs[0].Stats().Reads
+	// Region 0's process decides 49 more by the entry it holds (a cap of
+	// 50, read before the lowering); region 1 decides on its grant.
+	step(40 * time.Millisecond)
+	got0 += decide(0, 49)
+	got1 := decide(1, 100)
+	ps := procs[0].Stats()
+	over := limitertest.CheckTrailingWindow(calls, cfg.Limit, cfg.Window)
+	t.Logf("region 0 gave %d and admitted %d, region 1 admitted %d on it; region 0's process: %+v (reads %d before the 49); table %+v",
+		st0.Given, got0, got1, ps, reads, agents[0].TableStats())
+	if broken {
+		if len(over) == 0 {
+			t.Errorf("the grant made without raising the fence: no window over the limit (region 0 admitted %d, region 1 %d)", got0, got1)
+		} else {
+			t.Logf("brokenFence: %d windows over the limit, the first %v (the test fails on it)", len(over), over[0])
+		}
+		return
+	}
+	for _, v := range over {
+		t.Errorf("over the limit: %v", v)
+	}
+	if ps.Fenced == 0 || ps.Reads == reads {
+		t.Errorf("region 0's process was not refused by the fence and read again: %+v (reads %d before)", ps, reads)
+	}
+	if got1 == 0 {
+		t.Errorf("region 1 admitted nothing on region 0's grant of %d", st0.Given)
+	}
+	if ts := agents[0].TableStats(); ts.Raises == 0 || ts.Fenced == 0 {
+		t.Errorf("region 0's agent made no fenced lowering or raised no fence: %+v", ts)
 	}
 }
 
