@@ -92,7 +92,7 @@ type tableReport struct {
 
 func (r tableReport) String() string {
 	s := r.sharesReport.String()
-	s += fmt.Sprintf("; processes: %d reads (%d with demand), %d stale", r.procs.Reads, r.procs.Flushes, r.procs.Stale)
+	s += fmt.Sprintf("; processes: %d reads (%d with demand), %d stale, %d fenced", r.procs.Reads, r.procs.Flushes, r.procs.Stale, r.procs.Fenced)
 	for i, h := range r.holders {
 		s += fmt.Sprintf("; region %d holder %+v", i, h)
 		if len(r.standbys) > 0 {
@@ -244,6 +244,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		rep.procs.Reads += s.Reads
 		rep.procs.Flushes += s.Flushes
 		rep.procs.Stale += s.Stale
+		rep.procs.Fenced += s.Fenced
 	}
 	rep.from = rep.start.Add(from)
 	rep.fromAdmitted, rep.fromExact = exactAfter(tb, d.Alg, rep.calls, rep.from)
