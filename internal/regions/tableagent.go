@@ -35,17 +35,20 @@ type tableAgent struct {
 	// same tick; without it a lowering waits a validity and a deadline.
 	// unsaved: a lowering made this tick is not yet published; raised:
 	// the fence this agent has raised the counters to. brokenFence
-	// (tests): a fenced lowering is given without raising the fence.
-	fenced      bool
-	fence       int64
-	unsaved     bool
-	raised      int64
-	brokenFence bool
-	maxUntil    int64 // the latest Until published
-	seen        int64 // the demand counter as the last tick weighed read it
-	counted     int64 // that tick's stamp (a held tick weighs nothing: estimate)
-	seq         int64 // the entry's
-	items       map[string]*bucketItem
+	// (tests): a fenced lowering is given without raising the fence;
+	// stopEarly (tests): the tick stops after the save before the grant,
+	// as a holder that stopped there.
+	fenced                 bool
+	fence                  int64
+	unsaved                bool
+	raised                 int64
+	brokenFence, stopEarly bool
+
+	maxUntil int64 // the latest Until published
+	seen     int64 // the demand counter as the last tick weighed read it
+	counted  int64 // that tick's stamp (a held tick weighs nothing: estimate)
+	seq      int64 // the entry's
+	items    map[string]*bucketItem
 	// wants is the key's place in its limit's wants index (nil: none);
 	// listed and wantsTry are as the board records them (wants.go).
 	wants    *wantsRef
@@ -686,6 +689,9 @@ func (a *Agent) fenceTable(ctx context.Context, now time.Time) error {
 			return errLost // nothing is given: the tick ends (tickTable)
 		}
 		tb.count(func(s *TableStats) { s.Early++ })
+		if tb.stopEarly {
+			return errStopped
+		}
 	}
 	if tb.raised >= f || tb.brokenFence {
 		return nil
@@ -766,6 +772,9 @@ func (c Config) refilled(u int64, d time.Duration) int64 {
 	r := float64(u) * float64(b.RefillAmount) * d.Seconds() / (float64(c.units()) * b.RefillTime.Seconds())
 	return max(min(int64(r), u), 0)
 }
+
+// errStopped (tests): a tick stopped on purpose (stopEarly).
+var errStopped = errors.New("regions: the tick stopped (a test)")
 
 // errRebasing: a rebase is under way (its carry not yet made).
 var errRebasing = errors.New("regions: a rebase is under way")
