@@ -165,7 +165,7 @@ func (s *Store) stepPart(a attrs, st *storage.Step) (part, error) {
 		if st.N == 0 {
 			return nil, nil
 		}
-		return &windowAdd{s: s, a: a, cur: st.Idx, span: st.Span, n: st.N, ttl: st.TTL, shadow: st.Shadow}, nil
+		return &windowAdd{s: s, a: a, cur: st.Idx, span: st.Span, n: st.N, ttl: st.TTL, fence: st.Fence, shadow: st.Shadow}, nil
 	case storage.StepSub:
 		if st.N < 0 {
 			return nil, fmt.Errorf("dynamo: bad window sub (n %d)", st.N)

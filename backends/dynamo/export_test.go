@@ -59,3 +59,7 @@ func ProbeRing(ctx context.Context, s *Store, k storage.Key, op storage.BucketOp
 	v, _ := it.view(op)
 	return RingProbe{Level: v.level - it.tat, Unsettled: it.unsettled, Held: it.held, Settled: it.settled}, nil
 }
+
+// BreakFence makes s's fenced window adds ignore the fence (tests show
+// they fail such a store).
+func BreakFence(s *Store) { s.brokenFence = true }

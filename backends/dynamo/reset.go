@@ -34,7 +34,8 @@ const maxRemoveNames = 200
 // Under concurrency (see [storage.Resetter]): an add between the read and
 // the write to a counter the read did not show stays (that request is
 // counted); any other is removed. The other limits' attributes and ttl
-// are untouched, and the other processes' remembered states fail their
+// are untouched, and so is a window's fence (storage.Fencer: a reset
+// never lowers it), and the other processes' remembered states fail their
 // conditions and are read again from the item.
 func (s *Store) Reset(ctx context.Context, k storage.Key, op *storage.ResetOp) error {
 	if op == nil {
@@ -67,7 +68,7 @@ func (s *Store) Reset(ctx context.Context, k storage.Key, op *storage.ResetOp) e
 		names = append(names, a.pre+attrLog, a.pre+attrVersion)
 	}
 	for name := range out.Item {
-		if _, ok := a.own(name); ok && name != AttrPK && name != AttrTTL && !slices.Contains(names, name) {
+		if _, ok := a.own(name); ok && name != AttrPK && name != AttrTTL && name != a.pre+attrFence && !slices.Contains(names, name) {
 			names = append(names, name)
 		}
 	}

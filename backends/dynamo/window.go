@@ -1,6 +1,7 @@
 package dynamo
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
@@ -110,6 +111,19 @@ func position(slot, cur int64, span int) (pos int, d int64) {
 // its add with a second UpdateItem (see moveBack). n == 0 is a consistent
 // read.
 func (s *Store) Add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration) (storage.Counts, error) {
+	return s.add(ctx, k, cur, span, n, ttl, 0)
+}
+
+// AddFenced implements [storage.Fencer]: Add whose UpdateItem also has
+// the condition that the limit's fence attribute is absent or at most
+// fence (docs/fence.md). A failed condition whose item shows a fence
+// above it is answered ErrFenced, never retried.
+func (s *Store) AddFenced(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (storage.Counts, error) {
+	return s.add(ctx, k, cur, span, n, ttl, fence)
+}
+
+// add is Add, fenced when fence > 0 and n > 0.
+func (s *Store) add(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (storage.Counts, error) {
 	if span < 1 || span > storage.MaxSpan || n < 0 {
 		return storage.Counts{}, fmt.Errorf("dynamo: bad window add (span %d, n %d)", span, n)
 	}
@@ -133,7 +147,7 @@ func (s *Store) Add(ctx context.Context, k storage.Key, cur int64, span int, n i
 		ic, err := decodeCounts(a, out.Item, cur, span)
 		return ic.Counts, err
 	}
-	p := &windowAdd{s: s, a: a, cur: cur, span: span, n: n, ttl: ttl}
+	p := &windowAdd{s: s, a: a, cur: cur, span: span, n: n, ttl: ttl, fence: fence}
 	err = s.writeOne(ctx, a.pk, p)
 	return p.res.Counts, err
 }
@@ -146,7 +160,8 @@ type windowAdd struct {
 	span   int
 	n      int64
 	ttl    time.Duration
-	shadow bool // a Shadow step: never skipped
+	fence  int64 // Step.Fence: 0 for none
+	shadow bool  // a Shadow step: never skipped
 	res    storage.StepResult
 }
 
@@ -155,6 +170,10 @@ func (p *windowAdd) next(_ context.Context, u *update) (bool, error) {
 	c := u.name(cname)
 	u.add = append(u.add, c+" "+u.num(p.n))
 	u.cond = append(u.cond, "(attribute_not_exists("+c+") OR attribute_type("+c+", "+u.typeN()+"))")
+	if p.fence > 0 && !p.s.brokenFence {
+		f := u.name(p.a.pre + attrFence)
+		u.cond = append(u.cond, "(attribute_not_exists("+f+") OR "+f+" <= "+u.num(p.fence)+")")
+	}
 	u.keepTTL(p.ttl)
 	u.allNew = true
 	horizon := storage.Horizon(p.span)
@@ -202,6 +221,13 @@ func (p *windowAdd) written(ctx context.Context, item map[string]types.Attribute
 
 func (p *windowAdd) lost(old map[string]types.AttributeValue) (bool, error) {
 	p.s.cache.remove(p.a.cacheKey())
+	if p.fence > 0 {
+		// A fence above ours failed the condition, or would on a retry
+		// (a fence never goes down): refused, not a lost race.
+		if f, err := fenceOf(p.a, old); err != nil || f > p.fence {
+			return false, cmp.Or(err, fmt.Errorf("dynamo: window %s: add fenced at %d, item's fence %d: %w", p.a.pk, p.fence, f, storage.ErrFenced))
+		}
+	}
 	// Only a counter of the wrong type fails this part's condition.
 	if _, err := decodeCounts(p.a, old, p.cur, p.span); err != nil {
 		return false, err

@@ -360,6 +360,9 @@ func (s *Store) prepare(st *storage.Step, b *bstep) error {
 		// detach computed the base and the item's key
 	case storage.StepAdd:
 		// the window's init computes it (from the known-counter cache)
+		if st.Fence > 0 && st.N > 0 {
+			return fmt.Errorf("memcached: %w: a fenced add (memcached keeps no fence: not a storage.Fencer)", storage.ErrUnsupported)
+		}
 	default:
 		b.base = s.keys.base(st.Key)
 	}
