@@ -66,8 +66,9 @@ type Table struct {
 	// publishes the entry again (Table.extend).
 	Validity time.Duration
 	// Deadline (D) bounds a decision: a process gives up its store
-	// requests D after the decision's stamp (default 1 s). An agent
-	// reads its region's count only D after a lowered cap took effect.
+	// requests D after the decision's stamp (default 1 s). Through a
+	// store that does not fence, an agent reads its region's count only
+	// D after a lowered cap took effect.
 	Deadline time.Duration
 	// LockLife is how long the agent role stays with a holder that stops
 	// ticking (default 750 ms).
