@@ -737,7 +737,8 @@ const firstHold = 500 * time.Millisecond
 // lowering takes effect past the validity of the entries published
 // before it: a region that idles at the start would give its share
 // about a validity later.) Units its demand needs are released by the
-// next ticks (lowerTable).
+// next ticks (lowerTable). Through a store that fences a lowering waits
+// for nothing, and none is made.
 func (a *Agent) holdFirst(now time.Time) {
 	tb := a.tbl
 	a.mu.Lock()
