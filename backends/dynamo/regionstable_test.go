@@ -92,7 +92,7 @@ type tableReport struct {
 
 func (r tableReport) String() string {
 	s := r.sharesReport.String()
-	s += fmt.Sprintf("; processes: %d reads (%d with demand), %d stale", r.procs.Reads, r.procs.Flushes, r.procs.Stale)
+	s += fmt.Sprintf("; processes: %d reads (%d with demand), %d stale, %d fenced", r.procs.Reads, r.procs.Flushes, r.procs.Stale, r.procs.Fenced)
 	for i, h := range r.holders {
 		s += fmt.Sprintf("; region %d holder %+v", i, h)
 		if len(r.standbys) > 0 {
@@ -244,6 +244,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		rep.procs.Reads += s.Reads
 		rep.procs.Flushes += s.Flushes
 		rep.procs.Stale += s.Stale
+		rep.procs.Fenced += s.Fenced
 	}
 	rep.from = rep.start.Add(from)
 	rep.fromAdmitted, rep.fromExact = exactAfter(tb, d.Alg, rep.calls, rep.from)
@@ -418,9 +419,13 @@ func checkTable(tb testing.TB, rep tableReport) {
 //   - window: demand moving from region 0 to region 2 (98/1/1 for 4 s,
 //     then 1/1/98 for 4 s), a standby agent in every region; region 0's
 //     holder freezes for 2.5 s right after a tick after the move that
-//     withheld units for a grant (mid-grant), then ticks again. The standby takes the role,
-//     resumes the withheld units and gives a grant; the frozen holder
-//     finds the role gone (its write refused, or the item's epoch moved).
+//     gave a grant (the store fences: a lowering is published, fenced
+//     and given in one tick; docs/regions.md, "A fence instead of the
+//     wait"), then ticks again. The standby takes the role and gives
+//     grants of its own, raising the fence to numbers above its
+//     predecessor's; the frozen holder finds the role gone (its write
+//     refused, or the item's epoch moved). (Mid-grant, between a
+//     lowering's publication and its fence: TestSharesTableFence.)
 //   - bucket: 60/30/10 for 4 s: the shares move (grants, rebases and
 //     their carries through the table).
 //
@@ -430,9 +435,15 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 	t.Run("table/window/takeover-mid-grant", func(t *testing.T) {
 		d := regionDemand{Name: "rt/window/move", Split: shareSplits[3].split, Then: shareSplits[3].then, Rate: 1.2 * regionRate, Duration: 4 * time.Second}
 		var frozen bool
-		moved := time.Now().Add(d.Duration) // after the move: units withheld for a grant, not the first entry's
+		grants := int64(-1) // region 0's grants at its first tick after the move
+		moved := time.Now().Add(d.Duration)
 		freeze := func(a *regions.Agent) time.Duration {
-			if _, pending := a.Share(); pending > 0 && !frozen && time.Now().After(moved) {
+			if !time.Now().After(moved) || frozen {
+				return 0
+			}
+			if g := a.Stats().Grants; grants < 0 {
+				grants = g
+			} else if g > grants {
 				frozen = true
 				// Past the role's life: LockLife after the save, plus
 				// as long again as the tick took (at most LockLife),
@@ -445,11 +456,11 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 		t.Logf("%v", rep)
 		checkTable(t, rep)
 		if !frozen {
-			t.Fatalf("region 0 never withheld units for a grant: no takeover mid-grant")
+			t.Fatalf("region 0 never gave a grant after the move: no takeover")
 		}
 		sb, h := rep.standbys[0], rep.holders[0]
-		if sb.Takeovers == 0 || sb.ResumedPending == 0 || rep.standbyStats[0].Grants == 0 {
-			t.Errorf("region 0's standby: %+v, %d grants: want a takeover with units withheld on record, and a grant", sb, rep.standbyStats[0].Grants)
+		if sb.Takeovers == 0 || sb.Raises == 0 || rep.standbyStats[0].Grants == 0 || h.Fenced == 0 {
+			t.Errorf("region 0's standby: %+v, %d grants; holder %+v: want fenced lowerings, a takeover, and grants with fences raised after it", sb, rep.standbyStats[0].Grants, h)
 		}
 		if h.Lost == 0 {
 			t.Errorf("region 0's frozen holder never found the role gone: %+v", h)

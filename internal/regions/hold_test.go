@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 // holdAgent is region 0 of three through the table (no request is made:
@@ -22,6 +25,7 @@ func holdAgent(t *testing.T, s int64, est float64, until int64) *Agent {
 	}
 	a.owned, a.states[0].Demand, a.stats.Ticks = s, est, 10
 	a.tbl.maxUntil, a.tbl.started = until, time.Now()
+	a.tbl.fenced = false // the wait (a store that does not fence)
 	return a
 }
 
@@ -138,5 +142,33 @@ func TestSharesTableReady(t *testing.T) {
 				t.Errorf("waited until %d, before Ready %d", s, ready)
 			}
 		})
+	}
+}
+
+// TestTableAgentFences: a table agent of a window fences where its store
+// does (storage.Fencer: the memory store) and keeps the wait where it
+// does not (the same store behind a Counter alone), and a bucket's never
+// fences (its rebases wait a validity).
+func TestTableAgentFences(t *testing.T) {
+	tt := Table{Client: dynamodb.New(dynamodb.Options{}), Table: "t", Name: "fences", Region: 0}
+	window := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}
+	bucket := Config{Regions: 2, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 22, RefillAmount: 1, RefillTime: 100 * time.Millisecond}}
+	for _, c := range []struct {
+		name  string
+		cfg   Config
+		store any
+		want  bool
+	}{
+		{"window/fencer", window, memStore(t), true},
+		{"window/counter", window, struct{ storage.Counter }{memStore(t)}, false},
+		{"bucket", bucket, memStore(t), false},
+	} {
+		a, err := NewTableAgent(c.cfg, tt, "h", c.store)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if a.tbl.fenced != c.want {
+			t.Errorf("%s: fenced %v, want %v", c.name, a.tbl.fenced, c.want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package regions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -33,7 +34,7 @@ type Process struct {
 	buckets map[string]*limiter.TokenBucket
 
 	reading sync.Mutex // one read at a time
-	stats   struct{ reads, flushes, stale, waits atomic.Int64 }
+	stats   struct{ reads, flushes, stale, waits, fenced atomic.Int64 }
 	// brokenNoWait (tests): a decision that finds no entry valid fails
 	// at once, as before.
 	brokenNoWait bool
@@ -41,9 +42,12 @@ type Process struct {
 
 // ProcessStats counts a process's requests to its region's item and the
 // decisions it could not make for want of a valid entry; Waits is the
-// reads made again waiting for one (counted in Reads too).
+// reads made again waiting for one (counted in Reads too); Fenced the
+// window decisions refused by the store's fence (a lowering published
+// since the entry they used), each followed by a read of the entry
+// (counted in Reads too) and a decision by it.
 type ProcessStats struct {
-	Reads, Flushes, Stale, Waits int64
+	Reads, Flushes, Stale, Waits, Fenced int64
 }
 
 // NewProcess returns a process's limiter of region t.Region's share of
@@ -78,7 +82,8 @@ func NewProcess(cfg Config, t Table, store any) (*Process, error) {
 
 // Stats returns the process's counts.
 func (p *Process) Stats() ProcessStats {
-	return ProcessStats{Reads: p.stats.reads.Load(), Flushes: p.stats.flushes.Load(), Stale: p.stats.stale.Load(), Waits: p.stats.waits.Load()}
+	return ProcessStats{Reads: p.stats.reads.Load(), Flushes: p.stats.flushes.Load(), Stale: p.stats.stale.Load(), Waits: p.stats.waits.Load(),
+		Fenced: p.stats.fenced.Load()}
 }
 
 // AllowN decides n units of key at now (the wall clock) against the
@@ -112,15 +117,67 @@ func (p *Process) AllowN(ctx context.Context, key string, now time.Time, n int64
 		}
 		return tb.AllowN(ctx, it.Key, now, n)
 	}
-	c, ok := e.capAt(t)
-	if !ok || c < n {
-		return limiter.Decision{Limit: max(c, 0), RetryAfter: p.cfg.Window / time.Duration(p.cfg.SubWindows)}, nil
+	return p.decideWindow(ctx, e, region, now, n)
+}
+
+// fencedTries is how many times a window decision refused by the fence
+// is decided again (each by an entry read since): one suffices unless
+// lowerings follow each other faster than the reads.
+const fencedTries = 3
+
+// decideWindow decides n units at now by entry e, with e's fence number:
+// refused by the store's fence (the agent published a lowering since e
+// and raised the fence: the take was not made), it reads the entry again
+// at once and decides by it, within the decision's deadline (ctx).
+func (p *Process) decideWindow(ctx context.Context, e Entry, region string, now time.Time, n int64) (limiter.Decision, error) {
+	t := now.UnixNano()
+	for try := 0; ; try++ {
+		c, ok := e.capAt(t)
+		if !ok || c < n {
+			return limiter.Decision{Limit: max(c, 0), RetryAfter: p.cfg.Window / time.Duration(p.cfg.SubWindows)}, nil
+		}
+		var out [1]limiter.Outcome
+		_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: p.w, Key: region, N: n, Cap: c, Fence: e.Fence}}, out[:])
+		if !errors.Is(err, storage.ErrFenced) {
+			if err != nil {
+				return limiter.Decision{}, err
+			}
+			return out[0].Decision, out[0].Err
+		}
+		p.stats.fenced.Add(1)
+		if try+1 >= fencedTries {
+			return limiter.Decision{}, fmt.Errorf("%w: refused by the fence %d times (%v)", ErrStale, fencedTries, err)
+		}
+		if e, err = p.reread(ctx, t, e.Fence); err != nil {
+			p.stats.stale.Add(1)
+			return limiter.Decision{}, err
+		}
 	}
-	var out [1]limiter.Outcome
-	if _, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: p.w, Key: region, N: n, Cap: c}}, out[:]); err != nil {
-		return limiter.Decision{}, err
+}
+
+// reread reads the entry for a decision stamped t that the fence refused
+// by an entry of fence number f (whatever its age): the entry another
+// decision read meanwhile, if its fence number is higher, else a new
+// read. The fence is raised only after the entry that carries it is
+// published, so the read returns one with a higher number.
+func (p *Process) reread(ctx context.Context, t, f int64) (Entry, error) {
+	p.reading.Lock()
+	defer p.reading.Unlock()
+	p.mu.Lock()
+	e, has := p.entry, p.has
+	p.mu.Unlock()
+	if !has || e.Fence <= f {
+		if err := p.readEntry(ctx, t, 0); err != nil {
+			return Entry{}, fmt.Errorf("%w (%v)", ErrStale, err)
+		}
+		p.mu.Lock()
+		e, has = p.entry, p.has
+		p.mu.Unlock()
 	}
-	return out[0].Decision, out[0].Err
+	if !has || t >= e.Until {
+		return Entry{}, ErrStale
+	}
+	return e, nil
 }
 
 // Refund gives nothing back (see Limiter.Refund).

@@ -741,11 +741,17 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 		want += u
 	}
 	if a.tbl != nil {
-		// Through the table: the lowerings wait their deadlines; want
-		// becomes what the ready ones allow (lowerTable).
+		// Through the table: the lowerings wait their deadlines, or
+		// through a store that fences, are published and fenced at
+		// once; want becomes what the ready ones allow (lowerTable).
 		var by int64
 		if want, by = a.lowerTable(now, g, want); want == 0 {
 			return nil
+		}
+		if err := a.fenceTable(ctx, now); errors.Is(err, errLost) {
+			return nil // the tick ends (tickTable)
+		} else if err != nil {
+			return err // the units stay withheld: the next tick gives them
 		}
 		if err := a.waitReady(ctx, now, by); err != nil {
 			return err // the units stay withheld: the next tick gives them

@@ -66,8 +66,9 @@ type Table struct {
 	// publishes the entry again (Table.extend).
 	Validity time.Duration
 	// Deadline (D) bounds a decision: a process gives up its store
-	// requests D after the decision's stamp (default 1 s). An agent
-	// reads its region's count only D after a lowered cap took effect.
+	// requests D after the decision's stamp (default 1 s). Through a
+	// store that does not fence, an agent reads its region's count only
+	// D after a lowered cap took effect.
 	Deadline time.Duration
 	// LockLife is how long the agent role stays with a holder that stops
 	// ticking (default 750 ms).
@@ -126,6 +127,15 @@ type Entry struct {
 	Until int64      `json:"u"`
 	Caps  []CapStep  `json:"c,omitempty"`
 	Items []ItemStep `json:"i,omitempty"`
+	// Fence is a window's fence number (limiter.Item.Fence): the Seq of
+	// the publication that made the latest lowering in force at every
+	// stamp, carried by every later entry (0: none; the store does not
+	// fence). The agent raises the region's counters' fence to it before
+	// it reads their count for a grant, so that a decision by an entry
+	// published before (a higher cap, a lower fence) either reached the
+	// store by then or is refused (storage.ErrFenced) and decided again
+	// by a newer entry.
+	Fence int64 `json:"f,omitempty"`
 }
 
 // CapStep is a window's cap from stamp At (Unix ns) on.

@@ -43,7 +43,8 @@ func testTable(t *testing.T) (*dynamodb.Client, string) {
 
 // TestSharesTableWait: through the table (one DynamoDB Local for both
 // regions, no replication lag, a simulated clock), two regions of a
-// window of 100 a second. Region 1's demand rises; region 0, idle, lowers
+// window of 100 a second, on stores taken as not fencing (the wait path;
+// TestSharesTableFence has the fence). Region 1's demand rises; region 0, idle, lowers
 // its cap to give its share away, from a stamp E past the validity of
 // the entries it published, and may read its count for the grant only
 // from E + Deadline. Meanwhile region 0's process decides 50 units at a
@@ -75,6 +76,7 @@ func TestSharesTableWait(t *testing.T) {
 					t.Fatal(err)
 				}
 				a.brokenWait = broken && r == 0
+				a.tbl.fenced = false // the wait path: a store that does not fence
 				agents[r] = a
 				if r == 0 {
 					// Region 0's process uses the entry it read for
@@ -163,6 +165,201 @@ func TestSharesTableWait(t *testing.T) {
 				t.Errorf("over the limit: %v", v)
 			}
 		})
+	}
+}
+
+// TestSharesTableFence: as TestSharesTableWait, on stores that fence
+// (storage.Fencer): region 0's agent, giving its share to region 1,
+// publishes its lowered cap in force at every stamp of the entry that
+// carries it, raises its counters' fence to that entry's fence number,
+// reads its count and gives, all in the tick that withheld the units (no
+// validity or deadline waited). Region 0's process still holds the entry
+// read before (Refresh 900 ms: a cap of 50, a lower fence number) and
+// decides 49 units by it after the grant: the first is refused by the
+// fence (nothing taken), the process reads its entry again at once and
+// decides by the new one (its cap lowered), and so do the rest; region
+// 1 admits on the grant at once, and no window is over. brokenFence (the
+// grant made without raising the fence): the 49 land under the old cap
+// beside region 1's grant, and the checker sees a window over the limit.
+// With leases, the processes take leases under their caps: a lease take
+// is fenced as a decision's add is. "successor": region 0's holder stops
+// after publishing the lowering, before it raises the fence; a second
+// agent of the region takes the role once it lapses, resumes the
+// lowering, raises the fence and gives (brokenFence: it gives without
+// raising it, and the window is over).
+func TestSharesTableFence(t *testing.T) {
+	client, table := testTable(t)
+	// A cold DynamoDB Local's first requests take long enough to push
+	// the real clock past the simulated one's deadlines: warm it up.
+	warm, err := NewTableAgent(Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10},
+		Table{Client: client, Table: table, Name: "fence-warm", Region: 0}, "warm", memStore(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := warm.Tick(t.Context(), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, mode := range []string{"holder", "leases", "successor"} {
+		for _, broken := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/broken=%v", mode, broken), func(t *testing.T) {
+				fenceRun(t, client, table, mode, broken)
+			})
+		}
+	}
+}
+
+// fenceRig is TestSharesTableFence's two regions, on a simulated clock.
+type fenceRig struct {
+	t      *testing.T
+	now    time.Time
+	agents [2]*Agent
+	procs  [2]*Process
+	calls  []limitertest.Call
+}
+
+func newFenceRig(t *testing.T, client *dynamodb.Client, table string, cfg Config, lockLife time.Duration) (*fenceRig, [2]Table, [2]*memory.Store) {
+	rg := &fenceRig{t: t, now: time.Now()}
+	name := fmt.Sprintf("fence-%s-%d", t.Name(), rg.now.UnixNano())
+	var tts [2]Table
+	var sts [2]*memory.Store
+	for r := range rg.agents {
+		tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
+			Validity: time.Second, Deadline: time.Second, LockLife: lockLife}
+		st := memStore(t)
+		a, err := NewTableAgent(cfg, tt, fmt.Sprintf("r%d", r), st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !a.tbl.fenced {
+			t.Fatalf("the memory store does not fence (%T)", st)
+		}
+		rg.agents[r] = a
+		if r == 0 {
+			tt.Refresh = 900 * time.Millisecond // uses the entry it read while it is valid
+		}
+		if rg.procs[r], err = NewProcess(cfg, tt, st); err != nil {
+			t.Fatal(err)
+		}
+		tts[r], sts[r] = tt, st
+	}
+	return rg, tts, sts
+}
+
+// decide decides n units one at a time in region r at the rig's clock.
+func (rg *fenceRig) decide(r, n int) int {
+	got := 0
+	for range n {
+		d, err := rg.procs[r].AllowN(rg.t.Context(), "k", rg.now, 1)
+		if err != nil {
+			rg.t.Fatal(err)
+		}
+		rg.calls = append(rg.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: rg.now, Allowed: d.Allowed, Reached: true})
+		if d.Allowed {
+			got++
+		}
+	}
+	return got
+}
+
+// tick ticks the agents given (the rig's by default) at the rig's clock.
+func (rg *fenceRig) tick(as ...*Agent) {
+	if len(as) == 0 {
+		as = rg.agents[:]
+	}
+	for _, a := range as {
+		if err := a.Tick(rg.t.Context(), rg.now); err != nil && !errors.Is(err, errStopped) {
+			rg.t.Fatal(err)
+		}
+	}
+}
+
+func fenceRun(t *testing.T, client *dynamodb.Client, table, mode string, broken bool) {
+	cfg := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10, Leases: mode == "leases"}
+	lockLife := 750 * time.Millisecond
+	if mode == "successor" {
+		lockLife = 100 * time.Millisecond // the stopped holder's role lapses soon
+	}
+	rg, tts, sts := newFenceRig(t, client, table, cfg, lockLife)
+	giver := rg.agents[0]
+	if mode == "successor" {
+		rg.agents[0].tbl.stopEarly = true
+		b, err := NewTableAgent(cfg, tts[0], "r0-successor", sts[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		giver = b
+	}
+	giver.tbl.brokenFence = broken
+	rg.tick()
+	rg.now = rg.now.Add(10 * time.Millisecond)
+	got0 := rg.decide(0, 1)
+	if d, err := rg.procs[1].AllowN(t.Context(), "k", rg.now, 50); err != nil || !d.Allowed {
+		t.Fatalf("region 1's first 50: %+v, %v", d, err)
+	}
+	rg.calls = append(rg.calls, limitertest.Call{Key: "k", Cost: 50, Stamp: rg.now, Allowed: true, Reached: true})
+	// Region 0's agent learns region 1's demand and gives in the tick
+	// that withholds (or stops there: successor).
+	for i := range 2 {
+		rg.now = rg.now.Add(40 * time.Millisecond)
+		if i == 1 && mode == "successor" {
+			// Region 1 ticks next with the successor: two ticks in a
+			// row without its decisions would take its demand as gone.
+			rg.tick(rg.agents[0])
+		} else {
+			rg.tick()
+		}
+		if st := rg.agents[0].Stats(); mode != "successor" && st.Withheld > 0 && st.Given == 0 {
+			t.Fatalf("region 0 withheld %d and gave nothing in the same tick: %+v, table %+v", st.Withheld, st, rg.agents[0].TableStats())
+		}
+	}
+	if mode == "successor" {
+		if ts := rg.agents[0].TableStats(); ts.Early == 0 || rg.agents[0].Stats().Given != 0 {
+			t.Fatalf("region 0's holder did not stop after publishing a lowering: %+v, %+v", ts, rg.agents[0].Stats())
+		}
+		rg.now = rg.now.Add(300 * time.Millisecond) // past the stopped holder's role
+		rg.tick(giver, rg.agents[1])
+	}
+	st0 := giver.Stats()
+	if st0.Given == 0 {
+		t.Fatalf("region 0 gave nothing after region 1's demand rose: %+v, table %+v", st0, giver.TableStats())
+	}
+	reads := rg.procs[0].Stats().Reads
+	// Region 0's process decides 49 more by the entry it holds (a cap of
+	// 50, read before the lowering); region 1 decides on its grant.
+	rg.now = rg.now.Add(40 * time.Millisecond)
+	got0 += rg.decide(0, 49)
+	got1 := rg.decide(1, 100)
+	fenceCheck(t, rg, giver, broken, got0, got1, reads)
+}
+
+// fenceCheck is TestSharesTableFence's verdict on a run.
+func fenceCheck(t *testing.T, rg *fenceRig, giver *Agent, broken bool, got0, got1 int, reads int64) {
+	t.Helper()
+	ps, st0, ts := rg.procs[0].Stats(), giver.Stats(), giver.TableStats()
+	over := limitertest.CheckTrailingWindow(rg.calls, 100, time.Second)
+	t.Logf("region 0 gave %d and admitted %d, region 1 admitted %d on it; region 0's process: %+v (reads %d before the 49); giver's table %+v",
+		st0.Given, got0, got1, ps, reads, ts)
+	if broken {
+		if len(over) == 0 {
+			t.Errorf("the grant made without raising the fence: no window over the limit (region 0 admitted %d, region 1 %d)", got0, got1)
+		} else {
+			t.Logf("brokenFence: %d windows over the limit, the first %v (the test fails on it)", len(over), over[0])
+		}
+		return
+	}
+	for _, v := range over {
+		t.Errorf("over the limit: %v", v)
+	}
+	if ps.Fenced == 0 || ps.Reads == reads {
+		t.Errorf("region 0's process was not refused by the fence and read again: %+v (reads %d before)", ps, reads)
+	}
+	if got1 == 0 {
+		t.Errorf("region 1 admitted nothing on region 0's grant of %d", st0.Given)
+	}
+	if ts.Raises == 0 {
+		t.Errorf("region 0's giver raised no fence: %+v", ts)
 	}
 }
 

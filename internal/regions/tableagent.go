@@ -27,7 +27,23 @@ type tableAgent struct {
 
 	// lows are the lowerings on record (a window's), oldest first: their
 	// units sum to the agent's pending.
-	lows     []lowering
+	lows []lowering
+	// fenced: the agent's store fences a window's counters
+	// (storage.Fencer): a lowering is in force at every stamp of the entry
+	// that publishes it and ready once the counters' fence is raised to
+	// that entry's fence number (fence, the board's Entry.Fence), in the
+	// same tick; without it a lowering waits a validity and a deadline.
+	// unsaved: a lowering made this tick is not yet published; raised:
+	// the fence this agent has raised the counters to. brokenFence
+	// (tests): a fenced lowering is given without raising the fence;
+	// stopEarly (tests): the tick stops after the save before the grant,
+	// as a holder that stopped there.
+	fenced                 bool
+	fence                  int64
+	unsaved                bool
+	raised                 int64
+	brokenFence, stopEarly bool
+
 	maxUntil int64 // the latest Until published
 	seen     int64 // the demand counter as the last tick weighed read it
 	counted  int64 // that tick's stamp (a held tick weighs nothing: estimate)
@@ -97,6 +113,11 @@ type TableStats struct {
 	// ResumedRebases the rebases under way, on record when it took the
 	// role (a predecessor's, finished by this agent).
 	ResumedPending, ResumedRebases int64
+	// Fenced is the window's lowerings made in force at every stamp
+	// (a store that fences), Raises the times it raised the counters'
+	// fence, and Early the saves made in a tick before its grant, to
+	// publish a lowering made in the same tick (fenceTable).
+	Fenced, Raises, Early int64
 }
 
 // NewTableAgent returns an agent of region t.Region that reaches the
@@ -114,6 +135,9 @@ func NewTableAgent(cfg Config, t Table, holder string, store any) (*Agent, error
 		return nil, err
 	}
 	a.tbl = &tableAgent{t: t, holder: holder, items: map[string]*bucketItem{}}
+	if _, ok := store.(storage.Fencer); ok && cfg.Bucket == nil {
+		a.tbl.fenced = true
+	}
 	if len(a.items) > 0 {
 		a.tbl.items[a.items[0].key] = a.items[0]
 	}
@@ -225,6 +249,9 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		firstErr = cmp(firstErr, a.giveBucketTable(ctx, now))
 	} else {
 		firstErr = cmp(firstErr, a.giveWindow(ctx, now))
+		if !a.Holds() {
+			return firstErr // the role was lost at a save before the grant (fenceTable)
+		}
 		a.holdFirst(now)
 	}
 	if a.cfg.Bucket != nil {
@@ -314,6 +341,7 @@ func (a *Agent) resume(it tableItem) error {
 		a.pending += l.Units
 	}
 	tb.maxUntil, tb.seq, tb.seen = b.MaxUntil, b.Entry.Seq, it.demand
+	tb.fence, tb.unsaved = b.Entry.Fence, false
 	tb.listed, tb.wantsTry = b.Wants, b.WantsTry
 	tb.in, tb.inForce = nil, nil
 	if len(b.In) == a.cfg.Regions {
@@ -378,7 +406,12 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	if tb.t.brokenLapse {
 		until = t + int64(tb.t.Validity)
 	}
-	b.Entry = Entry{Seq: tb.seq + 1, Until: until}
+	if tb.fenced && tb.fence == 0 {
+		// Every entry carries a fence number (0 would be no fence, never
+		// refused), so that a lowering's, higher, refuses those before.
+		tb.fence = 1
+	}
+	b.Entry = Entry{Seq: tb.seq + 1, Until: until, Fence: tb.fence}
 	b.MaxUntil = max(tb.maxUntil, b.Entry.Until)
 	if a.cfg.Bucket != nil {
 		b.In = slices.Clone(tb.in)
@@ -413,6 +446,9 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 		return err
 	}
 	a.count(func(s *AgentStats) { s.Published++ })
+	a.mu.Lock()
+	tb.seq, tb.maxUntil, tb.unsaved = b.Entry.Seq, b.MaxUntil, false // a later save of the tick (fenceTable)
+	a.mu.Unlock()
 	return nil
 }
 
@@ -480,10 +516,19 @@ func (a *Agent) capSteps(t int64) []CapStep {
 // lowering, and the count may be read for a grant of them from Ready
 // (From + Deadline), when every decision that read a higher cap is past
 // its deadline.
+//
+// Through a store that fences (Fence, the fence number of the entry that
+// published it), a lowering is in force at every stamp (From is
+// minStamp) and ready once the region's counters' fence is raised to
+// Fence: a decision that read a higher cap decided with a lower fence
+// number, and its take reached the store before the raise or is refused
+// (Ready is then the stamp of the tick that made it, for the release
+// rule of lowerTable).
 type lowering struct {
 	Units int64 `json:"u"`
 	From  int64 `json:"f"`
 	Ready int64 `json:"r"`
+	Fence int64 `json:"fn,omitempty"`
 }
 
 // lowerTable is a window grant's step 1 and 2 through the table, for the
@@ -501,6 +546,16 @@ func (a *Agent) lowerTable(now time.Time, g []int64, want int64) (int64, int64) 
 	want = clampPlan(g, want, a.owned)
 	hold := a.holdFor(want)
 	switch {
+	case hold > a.pending && tb.fenced:
+		// In force at every stamp of the entry that publishes it (the
+		// next save: its Seq is the fence number, above every entry's
+		// before), ready once the counters' fence is raised to it
+		// (fenceTable).
+		tb.fence = max(tb.fence+1, tb.seq+1)
+		tb.lows = append(tb.lows, lowering{Units: hold - a.pending, From: minStamp, Ready: t, Fence: tb.fence})
+		tb.unsaved = true
+		a.pending = hold
+		tb.count(func(s *TableStats) { s.Fenced++ })
 	case hold > a.pending:
 		from := max(tb.maxUntil, t)
 		tb.lows = append(tb.lows, lowering{Units: hold - a.pending, From: from, Ready: from + int64(tb.t.Deadline)})
@@ -519,6 +574,9 @@ func (a *Agent) lowerTable(now time.Time, g []int64, want int64) (int64, int64) 
 			}
 		}
 		keep := max(hold, min(a.pending, fresh, a.owned-int64(a.cfg.need(a.states[a.r].Demand))))
+		if tb.fenced {
+			keep = hold // withheld again at once: as in memory
+		}
 		release := func(i int) {
 			d := min(tb.lows[i].Units, a.pending-keep)
 			tb.lows[i].Units -= d
@@ -552,9 +610,14 @@ func (a *Agent) lowerTable(now time.Time, g []int64, want int64) (int64, int64) 
 // (and before they were withheld, while the estimate still counted the
 // first tick's fall at its bound, a tick more). Units withheld beyond
 // what the plan asks only deny more until the region's demand needs
-// them (the next tick releases them, lowerTable). Under a.mu.
+// them (the next tick releases them, lowerTable). Through a store that
+// fences, a lowering is ready in the tick that makes it: there is no wait
+// to start early or to save, and a lowering in force at every stamp
+// would deny the region's own decisions at once (a tick without
+// decisions, falling, would cut its cap to nothing until the next), so
+// it withholds what the plan asks, as in memory. Under a.mu.
 func (a *Agent) holdFor(want int64) int64 {
-	if a.brokenHold || want == 0 && !a.falling {
+	if a.brokenHold || a.tbl.fenced || want == 0 && !a.falling {
 		return want
 	}
 	d := a.states[a.r].Demand
@@ -584,12 +647,61 @@ func (a *Agent) readyBy(now time.Time) (ready, by int64) {
 		r = tb.stamp(now) + int64(readySlack)
 	}
 	for _, l := range tb.lows {
-		if r >= l.Ready && t >= l.From || a.brokenWait {
+		switch {
+		case l.Fence > 0: // once the fence is raised (fenceTable)
+			ready += l.Units
+		case r >= l.Ready && t >= l.From || a.brokenWait:
 			ready += l.Units
 			by = max(by, l.Ready)
 		}
 	}
 	return ready, by
+}
+
+// fenceTable makes the lowerings ready by the tick ready to give from,
+// through a store that fences: it publishes a lowering made this tick
+// (a save before the grant's; the tick's own save publishes the grant),
+// then raises the region's counters' fence to the latest lowering's
+// fence number, unless this agent already did (the fence never lowers).
+// From then on a decision that read a higher cap has taken what it took
+// (the count read next shows it) or takes nothing. It is idempotent: a
+// successor that resumes a lowering raises the fence again; a holder
+// that lost the role and raises a fence number on record changes
+// nothing (the entries published since carry it or a higher one), and
+// publishes no grant (its save is refused).
+func (a *Agent) fenceTable(ctx context.Context, now time.Time) error {
+	tb := a.tbl
+	a.mu.Lock()
+	fenced, unsaved := false, tb.unsaved
+	for _, l := range tb.lows {
+		fenced = fenced || l.Fence > 0
+	}
+	f := tb.fence
+	a.mu.Unlock()
+	if !fenced {
+		return nil
+	}
+	if unsaved {
+		if err := a.save(ctx, now); err != nil {
+			return err // the units stay withheld (if the save landed): the next tick gives them
+		}
+		if !a.Holds() {
+			return errLost // nothing is given: the tick ends (tickTable)
+		}
+		tb.count(func(s *TableStats) { s.Early++ })
+		if tb.stopEarly {
+			return errStopped
+		}
+	}
+	if tb.raised >= f || tb.brokenFence {
+		return nil
+	}
+	if err := a.peek.RaiseFence(ctx, a.key(), f); err != nil {
+		return fmt.Errorf("regions: raising region %d's fence to %d: %w", a.r, f, err)
+	}
+	tb.raised = f
+	tb.count(func(s *TableStats) { s.Raises++ })
+	return nil
 }
 
 // waitReady waits until the tick's stamp (as far as it has run) is at
@@ -625,12 +737,13 @@ const firstHold = 500 * time.Millisecond
 // lowering takes effect past the validity of the entries published
 // before it: a region that idles at the start would give its share
 // about a validity later.) Units its demand needs are released by the
-// next ticks (lowerTable).
+// next ticks (lowerTable). Through a store that fences a lowering waits
+// for nothing, and none is made.
 func (a *Agent) holdFirst(now time.Time) {
 	tb := a.tbl
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if tb.maxUntil != 0 || a.pending != 0 {
+	if tb.maxUntil != 0 || a.pending != 0 || tb.fenced {
 		return
 	}
 	u := a.owned - int64(a.cfg.need(a.states[a.r].Demand))
@@ -660,6 +773,9 @@ func (c Config) refilled(u int64, d time.Duration) int64 {
 	r := float64(u) * float64(b.RefillAmount) * d.Seconds() / (float64(c.units()) * b.RefillTime.Seconds())
 	return max(min(int64(r), u), 0)
 }
+
+// errStopped (tests): a tick stopped on purpose (stopEarly).
+var errStopped = errors.New("regions: the tick stopped (a test)")
 
 // errRebasing: a rebase is under way (its carry not yet made).
 var errRebasing = errors.New("regions: a rebase is under way")
