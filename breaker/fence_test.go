@@ -52,10 +52,32 @@ func TestFenceHistory(t *testing.T) {
 	}
 }
 
+// TestBucketFence: the breaker passes a fencing backend's bucket fence
+// through (limitertest.RunBucketFence on a memory store behind it).
+func TestBucketFence(t *testing.T) {
+	limitertest.RunBucketFence(t, wrapMemory(t))
+}
+
+// TestBucketFenceHistory: the bucket fence history through the breaker.
+func TestBucketFenceHistory(t *testing.T) {
+	seed, err := limitertest.HistorySeed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := limitertest.RunBucketFenceHistory(context.Background(), wrapMemory(t), limitertest.FenceHistoryOptions{Seed: seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("seed %d: %+v", seed, h)
+	if err := h.Err(); err != nil {
+		t.Error(err)
+	}
+}
+
 // TestFenceRefusals: refused takes are the store's answers, not failures:
 // more of them in a row, from more keys, than the breaker's Failures
 // leave it closed. On a backend that does not fence, the breaker's
-// AddFenced and RaiseFence fail with storage.ErrUnsupported without
+// AddFenced, UpdateBucketFenced and RaiseFence fail with storage.ErrUnsupported without
 // reaching it.
 func TestFenceRefusals(t *testing.T) {
 	s := wrapMemory(t)
@@ -85,6 +107,9 @@ func TestFenceRefusals(t *testing.T) {
 	k := storage.Key{Space: "s", Name: "k"}
 	if _, err := nf.AddFenced(ctx, k, 0, 1, 1, time.Minute, 1); !errors.Is(err, storage.ErrUnsupported) {
 		t.Errorf("AddFenced on a backend without a fence: %v, want storage.ErrUnsupported", err)
+	}
+	if _, err := nf.UpdateBucketFenced(ctx, k, storage.BucketOp{MaxAmount: 1, RefillTime: time.Second, RefillAmount: 1, N: 1}, time.Minute, 1); !errors.Is(err, storage.ErrUnsupported) {
+		t.Errorf("UpdateBucketFenced on a backend without a fence: %v, want storage.ErrUnsupported", err)
 	}
 	if err := nf.RaiseFence(ctx, k, 1, time.Minute); !errors.Is(err, storage.ErrUnsupported) {
 		t.Errorf("RaiseFence on a backend without a fence: %v, want storage.ErrUnsupported", err)

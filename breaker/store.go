@@ -253,3 +253,24 @@ func (s *Store) fencer() (storage.Fencer, error) {
 	}
 	return f, nil
 }
+
+var _ storage.BucketFencer = (*Store)(nil)
+
+// UpdateBucketFenced implements [storage.BucketFencer] when the backend
+// does (memory, DynamoDB), through the breaker as UpdateBucket; a refusal
+// (storage.ErrFenced) is the store's answer, not a failure. On a backend
+// without it, it fails with an error wrapping storage.ErrUnsupported,
+// without asking the breaker.
+func (s *Store) UpdateBucketFenced(ctx context.Context, key storage.Key, op storage.BucketOp, ttl time.Duration, fence int64) (storage.Decision, error) {
+	f, ok := s.s.(storage.BucketFencer)
+	if !ok {
+		return storage.Decision{}, fmt.Errorf("breaker %q: store %T does not implement storage.BucketFencer: %w", s.b.Name(), s.s, storage.ErrUnsupported)
+	}
+	probe, err := s.b.Allow()
+	if err != nil {
+		return storage.Decision{}, err
+	}
+	d, err := f.UpdateBucketFenced(ctx, key, op, ttl, fence)
+	s.b.DoneKey(probe, keyHash(key), err)
+	return d, err
+}

@@ -38,12 +38,13 @@ type Item struct {
 	// limit refuses it (ErrInvalidConfig). See cap.go.
 	Cap int64
 	// Fence, if positive, fences the item's take (lease takes included):
-	// the store counts it only if the key's fence (SlidingWindow.RaiseFence)
-	// is at most Fence. Refused, nothing is taken and Decide returns an
-	// error wrapping storage.ErrFenced whatever Fail says: the caller
-	// decided on an older state and must read it again. Like Cap, it needs
-	// a *SlidingWindow with sub-window counters, on a store implementing
-	// storage.Fencer (else ErrInvalidConfig). See fence.go.
+	// the store counts it only if the key's fence (SlidingWindow.RaiseFence,
+	// TokenBucket.RaiseFence) is at most Fence. Refused, nothing is taken
+	// and Decide returns an error wrapping storage.ErrFenced whatever Fail
+	// says: the caller decided on an older state and must read it again.
+	// It needs a *SlidingWindow with sub-window counters on a store
+	// implementing storage.Fencer, or a *TokenBucket on one implementing
+	// storage.BucketFencer too (else ErrInvalidConfig). See fence.go.
 	Fence int64
 }
 

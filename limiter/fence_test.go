@@ -78,10 +78,19 @@ func TestFenceDecide(t *testing.T) {
 }
 
 // A limit other than a window with sub-window counters on a
-// storage.Fencer refuses a fence, and so does RaiseFence.
+// storage.Fencer, or a token bucket on a storage.BucketFencer, refuses a
+// fence, and so does RaiseFence.
 func TestFenceRefused(t *testing.T) {
 	s := newStore(t)
-	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: 10, RefillTime: time.Second})
+	b, err := limiter.NewTokenBucket(windowFencer{s, s}, limiter.TokenBucketConfig{Name: "b", MaxAmount: 10, RefillTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bplain, err := limiter.NewTokenBucket(plainStore{s}, limiter.TokenBucketConfig{Name: "bplain", MaxAmount: 10, RefillTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bok, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "bok", MaxAmount: 10, RefillTime: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +110,7 @@ func TestFenceRefused(t *testing.T) {
 		name  string
 		l     limiter.Limiter
 		fence int64
-	}{{"token bucket", b, 1}, {"fixed window", fw, 1}, {"packed window", p, 1}, {"store without Fencer", plain, 1}, {"negative fence", capWindow(t, 10, false), -1}}
+	}{{"token bucket on a Fencer without BucketFencer", b, 1}, {"token bucket on a store without Fencer", bplain, 1}, {"negative fence on a bucket", bok, -1}, {"fixed window", fw, 1}, {"packed window", p, 1}, {"store without Fencer", plain, 1}, {"negative fence", capWindow(t, 10, false), -1}}
 	for _, c := range cases {
 		_, err := decideFenced(context.Background(), time.Unix(0, 0), limiter.Item{Limit: c.l, Key: "k", N: 1, Fence: c.fence})
 		if !errors.Is(err, limiter.ErrInvalidConfig) {
@@ -113,10 +122,25 @@ func TestFenceRefused(t *testing.T) {
 			t.Errorf("RaiseFence on %q: %v, want ErrInvalidConfig", w.Config().Name, err)
 		}
 	}
+	for _, c := range []struct {
+		b *limiter.TokenBucket
+		f int64
+	}{{b, 1}, {bplain, 1}, {bok, 0}} {
+		if err := c.b.RaiseFence(context.Background(), "k", c.f); !errors.Is(err, limiter.ErrInvalidConfig) {
+			t.Errorf("RaiseFence(%d) on bucket %q: %v, want ErrInvalidConfig", c.f, c.b.Config().Name, err)
+		}
+	}
 }
 
 // plainStore is a store of every kind that is not a storage.Fencer.
 type plainStore struct{ storage.Store }
+
+// windowFencer is a store of every kind that fences windows only (a
+// storage.Fencer, not a storage.BucketFencer).
+type windowFencer struct {
+	storage.Store
+	storage.Fencer
+}
 
 // fenceRecorder is the memory store, recording its fenced lease takes
 // (adds of more than one unit) and the fenced adds that landed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -39,8 +40,8 @@ type Store struct {
 	perShard  int
 	evictions atomic.Int64
 	expired   atomic.Int64
-	// brokenFence makes AddFenced ignore the fence (tests show they fail
-	// such a store).
+	// brokenFence makes AddFenced and UpdateBucketFenced ignore the
+	// fence (tests show they fail such a store).
 	brokenFence bool
 }
 
@@ -50,6 +51,7 @@ var (
 	_ storage.LogStore      = (*Store)(nil)
 	_ storage.PackedCounter = (*Store)(nil)
 	_ storage.Fencer        = (*Store)(nil)
+	_ storage.BucketFencer  = (*Store)(nil)
 )
 
 type shard struct {
@@ -69,8 +71,9 @@ type entry struct {
 	// written.
 	slots  []int64
 	newest int64
-	// fence is the window's fence (storage.Fencer): an add fenced below
-	// it is refused. It lives and expires with the counters.
+	// fence is the key's fence (storage.Fencer), a window's or a
+	// bucket's: an add or bucket take fenced below it is refused. It
+	// lives and expires with the key's state.
 	fence int64
 
 	bucket    storage.BucketState
@@ -251,7 +254,7 @@ func (s *Store) RaiseFence(ctx context.Context, k storage.Key, f int64, ttl time
 	defer sh.mu.Unlock()
 	e := s.entry(sh, k, now)
 	e.fence = max(e.fence, f)
-	e.expires = max(e.expires, now+int64(ttl))
+	e.expires = max(e.expires, expiry(now, ttl))
 	return nil
 }
 
@@ -295,7 +298,7 @@ func (s *Store) add(ctx context.Context, k storage.Key, cur int64, span int, n i
 		if e.slots[i] += n; e.slots[i] < 0 { // overflow
 			e.slots[i] = 1<<63 - 1
 		}
-		e.expires = max(e.expires, now+int64(ttl))
+		e.expires = max(e.expires, expiry(now, ttl))
 	}
 	var c storage.Counts
 	if at != cur {
@@ -446,7 +449,7 @@ func (s *Store) AddPacked(ctx context.Context, k storage.Key, op *storage.Packed
 		ttl = max(ttl, a.TTL)
 	}
 	if adds {
-		e.expires = max(e.expires, now+int64(ttl))
+		e.expires = max(e.expires, expiry(now, ttl))
 	}
 	for i, r := range op.Reads[:op.NReads] {
 		if p, ok := e.find(r); ok && e.held(r) {
@@ -506,17 +509,32 @@ func (s *Store) KeepsLeased() bool { return true }
 
 // UpdateBucket implements [storage.BucketStore] under the shard's lock.
 func (s *Store) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
+	return s.updateBucket(ctx, k, op, ttl, 0)
+}
+
+// UpdateBucketFenced implements [storage.BucketFencer]: UpdateBucket
+// under the shard's lock, a take on condition that the key's fence is at
+// most fence.
+func (s *Store) UpdateBucketFenced(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration, fence int64) (storage.Decision, error) {
+	return s.updateBucket(ctx, k, op, ttl, fence)
+}
+
+// updateBucket is UpdateBucket, a take fenced when fence > 0.
+func (s *Store) updateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration, fence int64) (storage.Decision, error) {
 	sh, now, err := s.lock(ctx, k)
 	if err != nil {
 		return storage.Decision{}, err
 	}
 	defer sh.mu.Unlock()
 	e := s.entry(sh, k, now)
+	if fence > 0 && op.Take() && e.fence > fence && !s.brokenFence {
+		return storage.Decision{}, fmt.Errorf("memory: bucket take fenced at %d, key's fence %d: %w", fence, e.fence, storage.ErrFenced)
+	}
 	next, d, write := op.Apply(e.bucket, e.hasBucket)
 	if write {
 		next.Version = e.bucket.Version + 1
 		e.bucket, e.hasBucket = next, true
-		e.expires = now + int64(ttl)
+		e.expires = max(e.expires, expiry(now, ttl)) // a raised fence's life is kept
 	}
 	return d, nil
 }
@@ -532,9 +550,19 @@ func (s *Store) UpdateLog(ctx context.Context, k storage.Key, op storage.LogOp, 
 	next, d, write := op.Apply(e.log)
 	if write {
 		e.log = next
-		e.expires = now + int64(ttl)
+		e.expires = expiry(now, ttl)
 	}
 	return d, nil
+}
+
+// expiry is now+ttl, saturated: a bucket's TTL may be near the largest
+// Duration (a large bucket refilled slowly), and a sum that wrapped would
+// make the entry expired at once.
+func expiry(now int64, ttl time.Duration) int64 {
+	if int64(ttl) > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return now + int64(ttl)
 }
 
 func mod(a, b int64) int64 {

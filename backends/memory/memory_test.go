@@ -2,6 +2,7 @@ package memory_test
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 func newStore(t testing.TB, cfg memory.Config) *memory.Store {
@@ -131,4 +133,18 @@ func TestNewRejectsNegativeCap(t *testing.T) {
 // token bucket and sliding window.
 func TestConformanceLeased(t *testing.T) {
 	limitertest.RunLeased(t, newStore(t, memory.Config{}))
+}
+
+// A bucket whose TTL is near the largest Duration (a large bucket refilled
+// slowly) is kept: its expiry saturates rather than wrapping to the past.
+func TestBucketLongTTL(t *testing.T) {
+	s := newStore(t, memory.Config{})
+	ctx, k := context.Background(), storage.Key{Space: "long", Name: "k"}
+	op := storage.BucketOp{MaxAmount: 10, RefillTime: time.Hour, RefillAmount: 1, Now: 1, N: 1}
+	for want := int64(9); want >= 7; want-- {
+		d, err := s.UpdateBucket(ctx, k, op, time.Duration(math.MaxInt64))
+		if err != nil || d.Remaining != want {
+			t.Fatalf("take: %v, %d left, want %d (the bucket was forgotten)", err, d.Remaining, want)
+		}
+	}
 }

@@ -39,6 +39,23 @@ func (s *DelayStore) RaiseFence(ctx context.Context, k storage.Key, f int64, ttl
 	return fs.RaiseFence(ctx, k, f, ttl)
 }
 
+var _ storage.BucketFencer = (*DelayStore)(nil)
+
+// UpdateBucketFenced implements [storage.BucketFencer] as UpdateBucket
+// does, forwarding to the inner store (an error wrapping
+// storage.ErrUnsupported when it is not a BucketFencer).
+func (s *DelayStore) UpdateBucketFenced(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration, fence int64) (storage.Decision, error) {
+	f, ok := s.inner.(storage.BucketFencer)
+	if !ok {
+		return storage.Decision{}, fmt.Errorf("limitertest: %w: %T is not a storage.BucketFencer", storage.ErrUnsupported, s.inner)
+	}
+	if err := s.delay(ctx); err != nil {
+		return storage.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
+	}
+	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2, false))
+	return f.UpdateBucketFenced(ctx, k, op, ttl, fence)
+}
+
 // fenceTTL is the TTL of the fence tests' counters and fences.
 const fenceTTL = time.Minute
 

@@ -10,7 +10,7 @@
 // plain loop [Steps]. [Store] is a store of every kind a rule uses; the
 // concurrency limiter and the load shedders need [LeaseStore] and
 // [GaugeStore]; [Resetter], [LogReader], [LeaseKeeper], [CrossRegionWriter] and
-// [Fencer] are optional.
+// [Fencer] (with [BucketFencer]) are optional.
 //
 // The algorithms a store makes atomic live here, so that a store does no
 // arithmetic of its own: [BucketOp.Apply], [LogOp.Apply], [LeaseOp.Apply]

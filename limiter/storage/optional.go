@@ -93,8 +93,10 @@ type GaugeStore interface {
 // returned nil, every AddFenced with a fence below f either landed before
 // (a consistent read afterwards counts it) or is refused with ErrFenced.
 // ttl is how long the fence must be kept at least (a window's counter
-// TTL); a store keeps it with the key's counters, as long as they are
-// kept, and a key's fence survives a [Resetter]'s reset.
+// TTL, a bucket's TTL); a store keeps it with the key's state, as long as
+// that is kept, and a key's fence survives a [Resetter]'s reset. The key
+// is a window's counters or, on a store that is also a [BucketFencer], a
+// token bucket: one fence per key, whatever its kind.
 //
 // A [Batcher] that implements Fencer honours [Step].Fence in its Do. A
 // store wrapping another implements Fencer only if the wrapped one does,
@@ -102,4 +104,25 @@ type GaugeStore interface {
 type Fencer interface {
 	AddFenced(ctx context.Context, key Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (Counts, error)
 	RaiseFence(ctx context.Context, key Key, f int64, ttl time.Duration) error
+}
+
+// BucketFencer is an optional [BucketStore] interface, on a store that is
+// a [Fencer] too: the fence of [Fencer] on a token bucket's takes.
+//
+// UpdateBucketFenced is [BucketStore.UpdateBucket] on condition that
+// key's fence ([Fencer.RaiseFence] on the bucket's key) is at most fence,
+// when op takes ([BucketOp.Take]: ModeTake, or ModeLease, with any lease
+// return it carries): if it is higher, the op changes nothing (a return it
+// carries is not applied either) and the error wraps [ErrFenced]. With
+// fence 0, or an op that does not take (a read, a refund, a lease's return
+// alone), it is UpdateBucket. The op and the fence check are one
+// linearizable step. Once RaiseFence returned nil, every fenced take below
+// the fence either landed before (a read of the bucket afterwards shows
+// it) or is refused.
+//
+// A [Batcher] that implements BucketFencer honours [Step].Fence on its
+// StepBucket takes. A wrapper implements it only if the wrapped store
+// does, and forwards it.
+type BucketFencer interface {
+	UpdateBucketFenced(ctx context.Context, key Key, op BucketOp, ttl time.Duration, fence int64) (Decision, error)
 }

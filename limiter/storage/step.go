@@ -63,11 +63,12 @@ type Step struct {
 	Span int
 	// N is the units of StepAdd and StepSub.
 	N int64
-	// Fence, if positive, fences a StepAdd that takes (N > 0): the store
-	// adds only if the key's fence is at most Fence, else it adds nothing
-	// and answers an error wrapping ErrFenced ([Fencer]). Zero is
-	// unfenced: exactly the request without it. Refunds and reads are
-	// never fenced.
+	// Fence, if positive, fences a StepAdd that takes (N > 0), or a
+	// StepBucket that takes (Bucket.Take(): a take or a lease take): the
+	// store performs it only if the key's fence is at most Fence, else it
+	// changes nothing and answers an error wrapping ErrFenced ([Fencer],
+	// [BucketFencer]). Zero is unfenced: exactly the request without it.
+	// Refunds, lease returns and reads are never fenced.
 	Fence int64
 	// TTL is how long the state must be kept (StepAdd, StepBucket, StepLog).
 	TTL    time.Duration

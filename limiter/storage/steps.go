@@ -36,6 +36,13 @@ func (s Steps) Step(ctx context.Context, st *Step) StepResult {
 			break
 		}
 		r.Counts, r.Err = f.AddFenced(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL, st.Fence)
+	case st.Kind == StepBucket && st.Fence > 0 && st.Bucket.Take():
+		f, ok := s.Bucket.(BucketFencer)
+		if !ok {
+			r.Err = fmt.Errorf("%w: the store does not fence buckets (%T is not a storage.BucketFencer)", ErrUnsupported, s.Bucket)
+			break
+		}
+		r.Decision, r.Err = f.UpdateBucketFenced(ctx, st.Key, st.Bucket, st.TTL, st.Fence)
 	case st.Kind == StepAdd && s.Counter != nil:
 		r.Counts, r.Err = s.Counter.Add(ctx, st.Key, st.Idx, st.Span, st.N, st.TTL)
 	case st.Kind == StepSub && s.Counter != nil:

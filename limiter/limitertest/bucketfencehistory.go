@@ -1,0 +1,124 @@
+package limitertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter/storage"
+)
+
+// bucketHistoryMax is the capacity of RunBucketFenceHistory's bucket:
+// never emptied, so every take is allowed and what the bucket lost is
+// what was taken.
+const bucketHistoryMax = 1 << 40
+
+// RunBucketFenceHistory is [RunFenceHistory] for a token bucket: Workers
+// goroutines take from one bucket with fence 1 through a [DelayStore] on
+// s (arrivals reordered on purpose), every other one capacity-lease takes
+// (one token, up to 4), half of them through the store's batch path
+// (Step.Fence) and half through UpdateBucketFenced; the bucket's fence is
+// raised to 2 half-way and its free tokens read at once, then again when
+// every take has returned. Every op is stamped with one instant, so the
+// bucket never refills and no lease expires: AtRaise and Final count the
+// tokens taken, Landed the tokens the takes answered (a lease's grant).
+// Check the result with [FenceHistory.Err].
+func RunBucketFenceHistory(ctx context.Context, s Store, opt FenceHistoryOptions) (FenceHistory, error) {
+	opt = fenceDefaults(opt)
+	fs, ok := s.(storage.Fencer)
+	if _, bf := s.(storage.BucketFencer); !ok || !bf {
+		return FenceHistory{}, fmt.Errorf("%T is not a storage.Fencer and a storage.BucketFencer", s)
+	}
+	ds := NewDelayStore(s, opt.MaxDelay, opt.Seed)
+	k := storage.Key{Space: "bucket-fence-history", Name: fmt.Sprintf("k-%d-%d", opt.Seed, time.Now().UnixNano())}
+	now := time.Now().UnixNano()
+	var (
+		h       FenceHistory
+		mu      sync.Mutex
+		raised  time.Time
+		firstEr error
+	)
+	stop := time.Now().Add(opt.Duration)
+	var wg sync.WaitGroup
+	for w := range opt.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(opt.Seed, uint64(w)))
+			ctx := WithDelayRand(ctx, r)
+			for time.Now().Before(stop) {
+				sent := time.Now()
+				got, err := bucketHistoryTake(ctx, ds, k, now, w)
+				mu.Lock()
+				if err == nil {
+					h.Landed += got - 1 // record counts one
+				}
+				if !h.record(err, sent, raised) && firstEr == nil {
+					firstEr = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(opt.Duration / 2)
+	err := fs.RaiseFence(ctx, k, 2, fenceTTL)
+	var free int64
+	if err == nil {
+		free, err = bucketHistoryFree(ctx, s, k, now)
+	}
+	mu.Lock()
+	raised, h.AtRaise = time.Now(), bucketHistoryMax-free
+	mu.Unlock()
+	wg.Wait()
+	if err != nil {
+		return h, fmt.Errorf("raise and read: %w", err)
+	}
+	if firstEr != nil {
+		return h, firstEr
+	}
+	free, err = bucketHistoryFree(ctx, s, k, now)
+	h.Final = bucketHistoryMax - free
+	return h, err
+}
+
+// bucketHistoryTake is worker w's take with fence 1: a lease take for an
+// odd w, through Do for w%4 >= 2. It returns the tokens taken.
+func bucketHistoryTake(ctx context.Context, ds *DelayStore, k storage.Key, now int64, w int) (int64, error) {
+	op := bucketHistoryOp(now, storage.ModeTake)
+	if w%2 == 1 {
+		op.Mode, op.Want, op.Epoch = storage.ModeLease, 4, floorDivide(now, int64(storage.LeaseEpoch))
+	}
+	var (
+		d   storage.Decision
+		err error
+	)
+	if w%4 >= 2 {
+		var out [1]storage.StepResult
+		ds.Do(ctx, []storage.Step{{Kind: storage.StepBucket, Key: k, Bucket: op, TTL: fenceTTL, Fence: 1}}, out[:])
+		d, err = out[0].Decision, out[0].Err
+	} else {
+		d, err = ds.UpdateBucketFenced(ctx, k, op, fenceTTL, 1)
+	}
+	switch {
+	case err != nil:
+		return 0, err
+	case !d.Allowed:
+		return 0, errors.New("a take of a bucket never emptied was denied")
+	case d.Granted > 0:
+		return d.Granted, nil
+	}
+	return 1, nil
+}
+
+func bucketHistoryOp(now int64, mode storage.Mode) storage.BucketOp {
+	return storage.BucketOp{MaxAmount: bucketHistoryMax, RefillTime: time.Hour, RefillAmount: 1, Now: now, N: 1, Mode: mode}
+}
+
+// bucketHistoryFree reads the bucket's free tokens (leased ones are not).
+func bucketHistoryFree(ctx context.Context, s storage.BucketStore, k storage.Key, now int64) (int64, error) {
+	d, err := s.UpdateBucket(ctx, k, bucketHistoryOp(now, storage.ModePeek), fenceTTL)
+	return d.Remaining, err
+}
