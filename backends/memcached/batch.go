@@ -358,6 +358,9 @@ func (s *Store) prepare(st *storage.Step, b *bstep) error {
 		b.base = s.keys.packedBase(st.Key)
 	case storage.StepBucket, storage.StepLog:
 		// detach computed the base and the item's key
+		if st.Kind == storage.StepBucket && st.Fence > 0 && st.Bucket.Take() {
+			return fmt.Errorf("memcached: %w: a fenced bucket take (memcached keeps no fence: not a storage.BucketFencer)", storage.ErrUnsupported)
+		}
 	case storage.StepAdd:
 		// the window's init computes it (from the known-counter cache)
 		if st.Fence > 0 && st.N > 0 {

@@ -37,4 +37,14 @@ func TestFenceRefused(t *testing.T) {
 	if !errors.Is(res[0].Err, storage.ErrUnsupported) {
 		t.Errorf("a fenced step sent to the store: %v, want ErrUnsupported", res[0].Err)
 	}
+	// A bucket's fenced take too (the limiter refuses the item first; a
+	// caller of Do, such as a wrapper, gets this).
+	take := storage.BucketOp{Mode: storage.ModeTake, N: 1, Now: time.Now().UnixNano(), MaxAmount: 10, RefillAmount: 1, RefillTime: time.Second}
+	if !take.Take() {
+		t.Fatal("the op is not a take: this test is out of date")
+	}
+	s.Do(ctx, []storage.Step{{Kind: storage.StepBucket, Key: storage.Key{Space: "fence", Name: "b"}, Bucket: take, TTL: time.Minute, Fence: 1}}, res[:])
+	if !errors.Is(res[0].Err, storage.ErrUnsupported) {
+		t.Errorf("a fenced bucket take sent to the store: %v, want ErrUnsupported", res[0].Err)
+	}
 }
