@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
@@ -358,7 +359,11 @@ func prefill(tb testing.TB, rep *regionReport, d regionDemand, endpoint, table s
 	}
 }
 
-// startEventual starts the default-mode harness with a replicated table.
+// startEventual starts the default-mode harness with a replicated table,
+// and warms it: warmWrites writes to each region (a JVM's first requests
+// are slow), replicated to the others (the replicator's first rounds).
+// The regions are set up and warmed at once, each region's writes from
+// warmWorkers goroutines: the same writes as one after another, sooner.
 func startEventual(tb testing.TB) (*testserver.Regions, string, []string) {
 	tb.Helper()
 	g := testserver.StartRegions(tb, testserver.RegionsConfig{Lag: time.Second})
@@ -368,27 +373,48 @@ func startEventual(tb testing.TB) (*testserver.Regions, string, []string) {
 	eps := make([]string, g.Len())
 	for i := range eps {
 		eps[i] = g.Endpoint(i)
-		if err := dynamo.CreateTable(ctx, newClient(eps[i]), table); err != nil {
-			tb.Fatal(err)
-		}
 	}
+	eachRegion(tb, eps, 1, func(i, _ int, c *dynamodb.Client) error { return dynamo.CreateTable(ctx, c, table) })
 	if err := g.Replicate(ctx, table); err != nil {
 		tb.Fatal(err)
 	}
-	// Warm the new servers (a JVM's first requests are slow) and the
-	// replicator.
-	for i, ep := range eps {
-		c := newClient(ep)
-		for j := range 200 {
+	eachRegion(tb, eps, warmWorkers, func(i, w int, c *dynamodb.Client) error {
+		for j := w; j < warmWrites; j += warmWorkers {
 			if err := rawUpdateOn(ctx, c, table, fmt.Sprintf("warm-%d", (i+j)%3)); err != nil {
-				tb.Fatal(err)
+				return err
 			}
 		}
-	}
+		return nil
+	})
 	if err := g.Settle(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	return g, table, eps
+}
+
+// The warm-up of startEventual: writes per region, and the goroutines
+// that make them.
+const (
+	warmWrites  = 200
+	warmWorkers = 4
+)
+
+// eachRegion runs f(i, w, client of region i) for each region i and each
+// w below workers, all at once, and fails tb with their errors.
+func eachRegion(tb testing.TB, eps []string, workers int, f func(i, w int, c *dynamodb.Client) error) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(eps)*workers)
+	for i, ep := range eps {
+		c := newClient(ep)
+		for w := range workers {
+			wg.Go(func() { errs[i*workers+w] = f(i, w, c) })
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 func (g regionsGates) requests() int {

