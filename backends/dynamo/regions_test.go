@@ -992,12 +992,13 @@ func BenchmarkRegionsMRSCPartition(b *testing.B) {
 // units (a lease saves 100 ms of round trips), so the harness answers
 // fewer requests than decisions; without it the same slow store is a
 // regional one and every decision is a request, as on a store a few
-// milliseconds away. Counted at the harness's proxies.
+// milliseconds away. Counted at the harness's proxies: each run has a
+// harness of its own, so that the two run at once (they wait on their
+// ticks).
 func TestRegionsMRSCColdKey(t *testing.T) {
 	if testing.Short() {
-		t.Skip("8 s against DynamoDB Local")
+		t.Skip("4 s against DynamoDB Local")
 	}
-	m, table, eps, _ := startMRSC(t)
 	const decisions, every = 12, 300 * time.Millisecond
 	for _, far := range []bool{false, true} {
 		name := "regional"
@@ -1005,6 +1006,8 @@ func TestRegionsMRSCColdKey(t *testing.T) {
 			name = "cross-region"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m, table, eps, _ := startMRSC(t)
 			st, err := dynamo.New(newClient(eps[0]), dynamo.Config{Table: table, Timeout: regionTimeout, CrossRegion: far})
 			if err != nil {
 				t.Fatal(err)
