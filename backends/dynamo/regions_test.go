@@ -787,16 +787,18 @@ func runConflicts(t *testing.T, m *testserver.MRSC, table string, eps []string, 
 // on stamps). The same run with a retryer that does not retry fails
 // that: every conflict ends a decision (lost == conflicts), a denial the
 // limit did not make. The window (80 per 4 s, 16 a second steadily) is
-// offered 36 a second, so it binds.
+// offered 36 a second, so it binds. The two runs go at once, each on an
+// MRSC harness of its own (conflicts are counted at the harness).
 func TestRegionsMRSCConflicts(t *testing.T) {
 	if testing.Short() {
-		t.Skip("8 s against DynamoDB Local")
+		t.Skip("4 s against DynamoDB Local")
 	}
-	m, table, eps, _ := startMRSC(t)
 	const scale = 0.08
 	limit := scaledWindow(scale)
 	for _, retried := range []bool{true, false} {
 		t.Run(fmt.Sprintf("retried=%v", retried), func(t *testing.T) {
+			t.Parallel()
+			m, table, eps, _ := startMRSC(t)
 			run := runConflicts(t, m, table, eps, retried, scale)
 			over := limitertest.CheckTrailingWindow(run.calls, limit, regionWindow)
 			mem, err := memory.New(memory.Config{})
