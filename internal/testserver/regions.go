@@ -169,9 +169,10 @@ type ReplicationStats struct {
 	MaxHold time.Duration
 }
 
-// StartRegions starts cfg.Regions private DynamoDB Local servers (a few
-// seconds each, and a JVM each: start them only in tests that need them),
-// each behind its gate, and their replicator. Tables are created through
+// StartRegions starts cfg.Regions private DynamoDB Local servers (a JVM
+// each, started at once: a few seconds, and their first requests are
+// slow; start them only in tests that need them), each behind its gate,
+// and their replicator. Tables are created through
 // the regions' endpoints as in one region, then handed to
 // [Regions.Replicate] while still empty.
 func StartRegions(t testing.TB, cfg RegionsConfig) *Regions {
