@@ -213,6 +213,18 @@ func StartDynamoDBLocal(t testing.TB) *Server {
 	return start(t, "DynamoDB Local", 60*time.Second, dynamoDBLocalCommand(t))
 }
 
+// privateJVMFlags are a private DynamoDB Local's JVM options: the client
+// compiler only, and the serial collector. A private server lives for one
+// test, on 2 cores shared with the tests and other JVMs: the server
+// compiler's threads and the parallel collector's spent more CPU than
+// they saved. Three regions started and warmed (startEventual's 600
+// writes) took 33-36 s of CPU with the defaults and 15 s with these, and
+// the writes after the warm-up were faster (2.3-3.1 ms against 7-12.6
+// ms, one at a time under -race at a load of 6-9): the warm-up's effect,
+// reached sooner. The shared server of scripts/testenv keeps the
+// defaults (it serves the throughput measurements).
+var privateJVMFlags = [2]string{"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"}
+
 // startDynamoDBLocals starts n private DynamoDB Locals at once (a JVM's
 // start is mostly waiting on itself: three at once take about as long as
 // one on 2 cores) and waits until each accepts connections.
@@ -251,7 +263,7 @@ func dynamoDBLocalCommand(t testing.TB) func(port int) *exec.Cmd {
 		}
 	}
 	return func(port int) *exec.Cmd {
-		return exec.Command(java,
+		return exec.Command(java, privateJVMFlags[0], privateJVMFlags[1],
 			"-Djava.library.path="+filepath.Join(dir, "DynamoDBLocal_lib"),
 			"-jar", filepath.Join(dir, "DynamoDBLocal.jar"),
 			"-inMemory", "-disableTelemetry", "-port", strconv.Itoa(port))
