@@ -217,12 +217,13 @@ func StartDynamoDBLocal(t testing.TB) *Server {
 // compiler only, and the serial collector. A private server lives for one
 // test, on 2 cores shared with the tests and other JVMs: the server
 // compiler's threads and the parallel collector's spent more CPU than
-// they saved. Three regions started and warmed (startEventual's 600
-// writes) took 33-36 s of CPU with the defaults and 15 s with these, and
-// the writes after the warm-up were faster (2.3-3.1 ms against 7-12.6
-// ms, one at a time under -race at a load of 6-9): the warm-up's effect,
-// reached sooner. The shared server of scripts/testenv keeps the
-// defaults (it serves the throughput measurements).
+// they saved. A go test of three regions started and warmed
+// (startEventual's 600 writes) took 30-36 s of CPU with the defaults and
+// 15-16 s with these, and 300 writes a region after the warm-up, one at
+// a time under -race at a load of 6-10, took 2.3-7.4 ms each (mean 3.8)
+// against 3.0-12.7 ms (mean 8.4): the warm-up's effect, reached sooner.
+// The shared server of scripts/testenv keeps the defaults (it serves the
+// throughput measurements).
 var privateJVMFlags = [2]string{"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"}
 
 // startDynamoDBLocals starts n private DynamoDB Locals at once (a JVM's
