@@ -226,9 +226,8 @@ func StartDynamoDBLocal(t testing.TB) *Server {
 // throughput measurements).
 var privateJVMFlags = [2]string{"-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"}
 
-// startDynamoDBLocals starts n private DynamoDB Locals at once (a JVM's
-// start is mostly waiting on itself: three at once take about as long as
-// one on 2 cores) and waits until each accepts connections.
+// startDynamoDBLocals starts n private DynamoDB Locals at once, so that
+// their starts overlap, and waits until each accepts connections.
 func startDynamoDBLocals(t testing.TB, n int) []*Server {
 	t.Helper()
 	command := dynamoDBLocalCommand(t)
