@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
@@ -358,7 +359,11 @@ func prefill(tb testing.TB, rep *regionReport, d regionDemand, endpoint, table s
 	}
 }
 
-// startEventual starts the default-mode harness with a replicated table.
+// startEventual starts the default-mode harness with a replicated table,
+// and warms it: warmWrites writes to each region (a JVM's first requests
+// are slow), replicated to the others (the replicator's first rounds).
+// The regions are set up and warmed at once, each region's writes from
+// warmWorkers goroutines: the same writes as one after another, sooner.
 func startEventual(tb testing.TB) (*testserver.Regions, string, []string) {
 	tb.Helper()
 	g := testserver.StartRegions(tb, testserver.RegionsConfig{Lag: time.Second})
@@ -368,27 +373,48 @@ func startEventual(tb testing.TB) (*testserver.Regions, string, []string) {
 	eps := make([]string, g.Len())
 	for i := range eps {
 		eps[i] = g.Endpoint(i)
-		if err := dynamo.CreateTable(ctx, newClient(eps[i]), table); err != nil {
-			tb.Fatal(err)
-		}
 	}
+	eachRegion(tb, eps, 1, func(i, _ int, c *dynamodb.Client) error { return dynamo.CreateTable(ctx, c, table) })
 	if err := g.Replicate(ctx, table); err != nil {
 		tb.Fatal(err)
 	}
-	// Warm the new servers (a JVM's first requests are slow) and the
-	// replicator.
-	for i, ep := range eps {
-		c := newClient(ep)
-		for j := range 200 {
+	eachRegion(tb, eps, warmWorkers, func(i, w int, c *dynamodb.Client) error {
+		for j := w; j < warmWrites; j += warmWorkers {
 			if err := rawUpdateOn(ctx, c, table, fmt.Sprintf("warm-%d", (i+j)%3)); err != nil {
-				tb.Fatal(err)
+				return err
 			}
 		}
-	}
+		return nil
+	})
 	if err := g.Settle(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	return g, table, eps
+}
+
+// The warm-up of startEventual: writes per region, and the goroutines
+// that make them.
+const (
+	warmWrites  = 200
+	warmWorkers = 4
+)
+
+// eachRegion runs f(i, w, client of region i) for each region i and each
+// w below workers, all at once, and fails tb with their errors.
+func eachRegion(tb testing.TB, eps []string, workers int, f func(i, w int, c *dynamodb.Client) error) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(eps)*workers)
+	for i, ep := range eps {
+		c := newClient(ep)
+		for w := range workers {
+			wg.Go(func() { errs[i*workers+w] = f(i, w, c) })
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 func (g regionsGates) requests() int {
@@ -761,16 +787,18 @@ func runConflicts(t *testing.T, m *testserver.MRSC, table string, eps []string, 
 // on stamps). The same run with a retryer that does not retry fails
 // that: every conflict ends a decision (lost == conflicts), a denial the
 // limit did not make. The window (80 per 4 s, 16 a second steadily) is
-// offered 36 a second, so it binds.
+// offered 36 a second, so it binds. The two runs go at once, each on an
+// MRSC harness of its own (conflicts are counted at the harness).
 func TestRegionsMRSCConflicts(t *testing.T) {
 	if testing.Short() {
-		t.Skip("8 s against DynamoDB Local")
+		t.Skip("4 s against DynamoDB Local")
 	}
-	m, table, eps, _ := startMRSC(t)
 	const scale = 0.08
 	limit := scaledWindow(scale)
 	for _, retried := range []bool{true, false} {
 		t.Run(fmt.Sprintf("retried=%v", retried), func(t *testing.T) {
+			t.Parallel()
+			m, table, eps, _ := startMRSC(t)
 			run := runConflicts(t, m, table, eps, retried, scale)
 			over := limitertest.CheckTrailingWindow(run.calls, limit, regionWindow)
 			mem, err := memory.New(memory.Config{})
@@ -966,12 +994,13 @@ func BenchmarkRegionsMRSCPartition(b *testing.B) {
 // units (a lease saves 100 ms of round trips), so the harness answers
 // fewer requests than decisions; without it the same slow store is a
 // regional one and every decision is a request, as on a store a few
-// milliseconds away. Counted at the harness's proxies.
+// milliseconds away. Counted at the harness's proxies: each run has a
+// harness of its own, so that the two run at once (they wait on their
+// ticks).
 func TestRegionsMRSCColdKey(t *testing.T) {
 	if testing.Short() {
-		t.Skip("8 s against DynamoDB Local")
+		t.Skip("4 s against DynamoDB Local")
 	}
-	m, table, eps, _ := startMRSC(t)
 	const decisions, every = 12, 300 * time.Millisecond
 	for _, far := range []bool{false, true} {
 		name := "regional"
@@ -979,6 +1008,8 @@ func TestRegionsMRSCColdKey(t *testing.T) {
 			name = "cross-region"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m, table, eps, _ := startMRSC(t)
 			st, err := dynamo.New(newClient(eps[0]), dynamo.Config{Table: table, Timeout: regionTimeout, CrossRegion: far})
 			if err != nil {
 				t.Fatal(err)

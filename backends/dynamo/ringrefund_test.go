@@ -29,7 +29,7 @@ func TestRingRefundRace(t *testing.T) {
 		refill time.Duration
 	}{{"exact", time.Hour}, {"refill", 10 * time.Millisecond}} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := refundRace(t, tc.refill, 120, nil)
+			r := refundRace(t, tc.refill, 120, dynamo.Config{}, nil)
 			t.Logf("%s", r)
 			if r.errs > 0 || r.over > 0 {
 				t.Errorf("%d errors, %d units over the bound at worst", r.errs, r.over)
@@ -45,17 +45,21 @@ func TestRingRefundRace(t *testing.T) {
 
 // TestRingRefundRaceFailsBroken: the same run, exact, with the refunds
 // broken. Lowering tat without c fails takes until their attempts run
-// out (a third of the calls, so 40 a process). Without the room
-// condition the run passes (logged): what is free is capped at
-// MaxAmount - h whatever tat holds (TestRingRefundRoom shows the
-// condition on the item).
+// out (a third of the calls, so 40 a process). Such a take loses every
+// attempt (the broken refunds leave c above tat + h for good), so these
+// stores make 8 attempts rather than the default 32: about as many calls
+// fail (38 of 160; 39-44 with 32), and the test's seconds were their lost
+// writes (1,251-1,413 with 32 attempts, the test 10-12.6 s; 310 with 8,
+// the test 6.0 s). Without the room condition the run passes (logged):
+// what is free is capped at MaxAmount - h whatever tat holds
+// (TestRingRefundRoom shows the condition on the item).
 func TestRingRefundRaceFailsBroken(t *testing.T) {
-	r := refundRace(t, time.Hour, 40, func(s *dynamo.Store) { dynamo.BreakRingRefund(s, true, false) })
+	r := refundRace(t, time.Hour, 40, dynamo.Config{MaxAttempts: 8}, func(s *dynamo.Store) { dynamo.BreakRingRefund(s, true, false) })
 	t.Logf("tat lowered without c: %s", r)
 	if r.errs == 0 && r.free == r.want && r.committed == r.tat+r.held {
 		t.Error("the broken refund passed")
 	}
-	r = refundRace(t, time.Hour, 120, func(s *dynamo.Store) { dynamo.BreakRingRefund(s, false, true) })
+	r = refundRace(t, time.Hour, 120, dynamo.Config{}, func(s *dynamo.Store) { dynamo.BreakRingRefund(s, false, true) })
 	t.Logf("room condition dropped: %s", r)
 }
 
@@ -79,8 +83,9 @@ type raceEvent struct {
 }
 
 // refundRace runs TestRingRefundRace's processes, calls each, on a bucket
-// refilled 1 every refill, breaking each store with broken (if not nil).
-func refundRace(t *testing.T, refill time.Duration, calls int, broken func(*dynamo.Store)) raceRun {
+// refilled 1 every refill, each on a store of cfg, breaking each store
+// with broken (if not nil).
+func refundRace(t *testing.T, refill time.Duration, calls int, cfg dynamo.Config, broken func(*dynamo.Store)) raceRun {
 	const workers = 4
 	key := storage.Key{Space: "tb:ringrace", Name: t.Name() + time.Now().Format(time.RFC3339Nano)}
 	start := time.Now()
@@ -92,7 +97,7 @@ func refundRace(t *testing.T, refill time.Duration, calls int, broken func(*dyna
 	)
 	stores := make([]*dynamo.Store, workers)
 	for w := range workers {
-		stores[w], _, _ = newStore(t, dynamo.Config{})
+		stores[w], _, _ = newStore(t, cfg)
 		if broken != nil {
 			broken(stores[w])
 		}

@@ -141,21 +141,20 @@ func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *tests
 	table := fmt.Sprintf("sluice-shares-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
+	// The table in each region, and 50 writes to warm its new JVM (its
+	// first requests are slow): every region at once.
+	errs := make([]error, g.Len())
+	var wg sync.WaitGroup
 	for i := range g.Len() {
 		c := dynamodb.New(dynamodb.Options{BaseEndpoint: aws.String(g.Endpoint(i)), Region: "us-east-1",
 			Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
 				return aws.Credentials{AccessKeyID: "local", SecretAccessKey: "local", Source: "test"}, nil
 			})})
-		if err := dynamo.CreateTable(ctx, c, table); err != nil {
-			t.Fatal(err)
-		}
-		// Warm the new JVM: its first requests are slow.
-		for j := range 50 {
-			if _, err := c.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table),
-				Item: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: fmt.Sprintf("warm-%d", j%3)}}}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		wg.Go(func() { errs[i] = createWarm(ctx, c, table, 50) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 	if err := g.Replicate(ctx, table); err != nil {
 		t.Fatal(err)
@@ -179,6 +178,20 @@ func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *tests
 		}
 	}
 	return cs, g
+}
+
+// createWarm creates table with c and makes n writes to it.
+func createWarm(ctx context.Context, c *dynamodb.Client, table string, n int) error {
+	if err := dynamo.CreateTable(ctx, c, table); err != nil {
+		return err
+	}
+	for j := range n {
+		if _, err := c.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(table),
+			Item: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: fmt.Sprintf("warm-%d", j%3)}}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // sharesRun is what became of a run's decisions.

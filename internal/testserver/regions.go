@@ -3,6 +3,7 @@ package testserver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -168,9 +169,10 @@ type ReplicationStats struct {
 	MaxHold time.Duration
 }
 
-// StartRegions starts cfg.Regions private DynamoDB Local servers (a few
-// seconds each, and a JVM each: start them only in tests that need them),
-// each behind its gate, and their replicator. Tables are created through
+// StartRegions starts cfg.Regions private DynamoDB Local servers (a JVM
+// each, started at once: a few seconds, and their first requests are
+// slow; start them only in tests that need them), each behind its gate,
+// and their replicator. Tables are created through
 // the regions' endpoints as in one region, then handed to
 // [Regions.Replicate] while still empty.
 func StartRegions(t testing.TB, cfg RegionsConfig) *Regions {
@@ -189,8 +191,8 @@ func StartRegions(t testing.TB, cfg RegionsConfig) *Regions {
 		stop:   make(chan struct{}),
 	}
 	g.stats = ReplicationStats{Local: make([]int64, n), Applied: square(n), Superseded: square(n), Coalesced: square(n)}
-	for i := range n {
-		r := &region{i: i, server: StartDynamoDBLocal(t), nudge: make(chan struct{}, 1),
+	for i, server := range startDynamoDBLocals(t, n) {
+		r := &region{i: i, server: server, nudge: make(chan struct{}, 1),
 			version: map[itemID]stamp{}, expect: map[itemID]change{}}
 		r.gate = newHTTPProxy(t, r.server.Endpoint(), r.hold)
 		g.rs = append(g.rs, r)
@@ -344,41 +346,47 @@ func (g *Regions) Settle(ctx context.Context) error {
 }
 
 // Replicate starts replicating table, which exists (empty) in every
-// region: it enables the table's stream (NEW_IMAGE) in each and reads it
-// from its start.
+// region: it enables the table's stream (NEW_IMAGE) in each (the regions
+// at once) and reads it from its start.
 func (g *Regions) Replicate(ctx context.Context, table string) error {
-	for _, r := range g.rs {
-		target := r.server.Endpoint()
-		var desc struct {
-			Table struct {
-				StreamSpecification struct{ StreamEnabled bool }
-				LatestStreamArn     string
-			}
-		}
-		if err := g.call(ctx, target, "DynamoDB_20120810.DescribeTable", map[string]string{"TableName": table}, &desc); err != nil {
-			return err
-		}
-		if !desc.Table.StreamSpecification.StreamEnabled {
-			var upd struct {
-				TableDescription struct{ LatestStreamArn string }
-			}
-			spec := map[string]any{"TableName": table, "StreamSpecification": map[string]any{"StreamEnabled": true, "StreamViewType": "NEW_IMAGE"}}
-			if err := g.call(ctx, target, "DynamoDB_20120810.UpdateTable", spec, &upd); err != nil {
-				return err
-			}
-			desc.Table.LatestStreamArn = upd.TableDescription.LatestStreamArn
-		}
-		s := &stream{table: table, arn: desc.Table.LatestStreamArn, shards: map[string]string{}}
-		r.step.Lock()
-		err := g.describe(ctx, r, s)
-		if err == nil {
-			r.streams = append(r.streams, s)
-		}
-		r.step.Unlock()
-		if err != nil {
-			return err
+	errs := make([]error, len(g.rs))
+	var wg sync.WaitGroup
+	for i, r := range g.rs {
+		wg.Go(func() { errs[i] = g.replicate(ctx, r, table) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// replicate is Replicate in region r.
+func (g *Regions) replicate(ctx context.Context, r *region, table string) error {
+	target := r.server.Endpoint()
+	var desc struct {
+		Table struct {
+			StreamSpecification struct{ StreamEnabled bool }
+			LatestStreamArn     string
 		}
 	}
+	if err := g.call(ctx, target, "DynamoDB_20120810.DescribeTable", map[string]string{"TableName": table}, &desc); err != nil {
+		return err
+	}
+	if !desc.Table.StreamSpecification.StreamEnabled {
+		var upd struct {
+			TableDescription struct{ LatestStreamArn string }
+		}
+		spec := map[string]any{"TableName": table, "StreamSpecification": map[string]any{"StreamEnabled": true, "StreamViewType": "NEW_IMAGE"}}
+		if err := g.call(ctx, target, "DynamoDB_20120810.UpdateTable", spec, &upd); err != nil {
+			return err
+		}
+		desc.Table.LatestStreamArn = upd.TableDescription.LatestStreamArn
+	}
+	s := &stream{table: table, arn: desc.Table.LatestStreamArn, shards: map[string]string{}}
+	r.step.Lock()
+	defer r.step.Unlock()
+	if err := g.describe(ctx, r, s); err != nil {
+		return err
+	}
+	r.streams = append(r.streams, s)
 	return nil
 }
 

@@ -33,11 +33,15 @@ func TestRegionsReplication(t *testing.T) {
 	defer cancel()
 	table := fmt.Sprintf("sluice-regions-test-%d", time.Now().UnixNano())
 	clients := make([]*dynamodb.Client, g.Len())
+	errs := make([]error, g.Len())
+	var wg sync.WaitGroup
 	for i := range clients {
 		clients[i] = ddbClient(g.Endpoint(i))
-		if _, err := clients[i].CreateTable(ctx, createInput(table)); err != nil {
-			t.Fatal(err)
-		}
+		wg.Go(func() { _, errs[i] = clients[i].CreateTable(ctx, createInput(table)) }) // the regions at once
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 	if err := g.Replicate(ctx, table); err != nil {
 		t.Fatal(err)
