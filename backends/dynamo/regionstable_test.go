@@ -67,11 +67,12 @@ func benchTableTimes(tb testing.TB) regions.Table {
 
 // tableRun is a run through the table: a holder agent per region, and,
 // with standby set, a second agent per region ready to take the role.
-// freeze, if set, is called by region 0's holder after each tick: it
-// returns how long the holder then stops (a frozen container).
+// freeze, if set, is called by each of region 0's agents after each of
+// its ticks, with region 0's other agent (nil without standby): it
+// returns how long the agent then stops (a frozen container).
 type tableRun struct {
 	standby bool
-	freeze  func(a *regions.Agent) time.Duration
+	freeze  func(a, other *regions.Agent) time.Duration
 	// times, if set, replaces tableTimes.
 	times *regions.Table
 	// trace, if set, logs a second-by-second trace of the run (traceRun).
@@ -145,7 +146,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 	}
 	ctx, cancel := context.WithCancel(tb.Context())
 	var wg sync.WaitGroup
-	tick := func(a *regions.Agent, freeze func(*regions.Agent) time.Duration) {
+	tick := func(a *regions.Agent, freeze func(a *regions.Agent) time.Duration) {
 		wg.Go(func() {
 			t := time.NewTicker(shareTick)
 			defer t.Stop()
@@ -168,15 +169,32 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 			}
 		})
 	}
+	// Region 0's agents each call freeze, with the other (the role may
+	// have moved to the standby before the moment freeze waits for, on
+	// a loaded machine).
+	freeze := func(other *regions.Agent) func(*regions.Agent) time.Duration {
+		if run.freeze == nil {
+			return nil
+		}
+		return func(a *regions.Agent) time.Duration { return run.freeze(a, other) }
+	}
 	for i, a := range holders {
 		var f func(*regions.Agent) time.Duration
 		if i == 0 {
-			f = run.freeze
+			var other *regions.Agent
+			if run.standby {
+				other = standbys[0]
+			}
+			f = freeze(other)
 		}
 		tick(a, f)
 	}
-	for _, a := range standbys {
-		tick(a, nil)
+	for i, a := range standbys {
+		var f func(*regions.Agent) time.Duration
+		if i == 0 {
+			f = freeze(holders[0])
+		}
+		tick(a, f)
 	}
 	var (
 		pmu    sync.Mutex
@@ -434,36 +452,59 @@ func checkTable(tb testing.TB, rep tableReport) {
 func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, eps []string) {
 	t.Run("table/window/takeover-mid-grant", func(t *testing.T) {
 		d := regionDemand{Name: "rt/window/move", Split: shareSplits[3].split, Then: shareSplits[3].then, Rate: 1.2 * regionRate, Duration: 4 * time.Second}
-		var frozen bool
-		grants := int64(-1) // region 0's grants at its first tick after the move
+		// The agent of region 0 that holds the role freezes after its
+		// first grant after the move (the holder, unless a stall moved
+		// the role to the standby before); the counts of both at that
+		// moment, to compare with the end's.
+		var (
+			mu             sync.Mutex
+			frozen, other  *regions.Agent
+			before         map[*regions.Agent]int64 // grants at an agent's first tick holding the role after the move
+			otherAt        regions.TableStats
+			otherGrants    int64
+			frozenLostAt   int64
+			frozenFencedAt int64
+		)
+		before = map[*regions.Agent]int64{}
 		moved := time.Now().Add(d.Duration)
-		freeze := func(a *regions.Agent) time.Duration {
-			if !time.Now().After(moved) || frozen {
+		freeze := func(a, o *regions.Agent) time.Duration {
+			mu.Lock()
+			defer mu.Unlock()
+			if !time.Now().After(moved) || frozen != nil || o == nil || !a.Holds() {
 				return 0
 			}
-			if g := a.Stats().Grants; grants < 0 {
-				grants = g
-			} else if g > grants {
-				frozen = true
-				// Past the role's life: LockLife after the save, plus
-				// as long again as the tick took (at most LockLife),
-				// and a standby's tick.
-				return 2500 * time.Millisecond
+			g := a.Stats().Grants
+			first, ok := before[a]
+			if !ok {
+				before[a] = g
+				return 0
 			}
-			return 0
+			if g <= first {
+				return 0
+			}
+			frozen, other = a, o
+			otherAt, otherGrants = o.TableStats(), o.Stats().Grants
+			frozenLostAt, frozenFencedAt = a.TableStats().Lost, a.TableStats().Fenced
+			// Past the role's life: LockLife after the save, plus as long
+			// again as the tick took (at most LockLife), and a standby's
+			// tick.
+			return 2500 * time.Millisecond
 		}
 		rep := runRegionSharesTable(t, g, table, eps, d, 0, tableRun{standby: true, freeze: freeze})
 		t.Logf("%v", rep)
 		checkTable(t, rep)
-		if !frozen {
-			t.Fatalf("region 0 never gave a grant after the move: no takeover")
+		mu.Lock()
+		defer mu.Unlock()
+		if frozen == nil {
+			t.Fatalf("region 0's agent holding the role never gave a grant after the move: no takeover")
 		}
-		sb, h := rep.standbys[0], rep.holders[0]
-		if sb.Takeovers == 0 || sb.Raises == 0 || rep.standbyStats[0].Grants == 0 || h.Fenced == 0 {
-			t.Errorf("region 0's standby: %+v, %d grants; holder %+v: want fenced lowerings, a takeover, and grants with fences raised after it", sb, rep.standbyStats[0].Grants, h)
+		fs, os := frozen.TableStats(), other.TableStats()
+		if os.Takeovers == otherAt.Takeovers || os.Raises == otherAt.Raises || other.Stats().Grants == otherGrants || frozenFencedAt == 0 {
+			t.Errorf("region 0's successor: %+v (at the freeze %+v), grants %d (%d at the freeze); frozen holder fenced %d lowerings: want fenced lowerings before, and a takeover, fences raised and grants after",
+				os, otherAt, other.Stats().Grants, otherGrants, frozenFencedAt)
 		}
-		if h.Lost == 0 {
-			t.Errorf("region 0's frozen holder never found the role gone: %+v", h)
+		if fs.Lost == frozenLostAt {
+			t.Errorf("region 0's frozen holder never found the role gone: %+v", fs)
 		}
 	})
 	t.Run("table/bucket/60/30/10", func(t *testing.T) {
