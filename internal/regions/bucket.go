@@ -62,8 +62,12 @@ type bucketItem struct {
 	mine   bool
 	held   int64
 	heldOK bool
-	cfg    limiter.TokenBucketConfig
-	own    *limiter.TokenBucket // the agent's, without leases; nil when share is 0
+	// raised is the fence this agent raised the item's key to as it was
+	// replaced (a fenced rebase: fenceRebase), raisedAt the agent's stamp
+	// when the raise returned.
+	raised, raisedAt int64
+	cfg              limiter.TokenBucketConfig
+	own              *limiter.TokenBucket // the agent's, without leases; nil when share is 0
 	// closed: no more decisions; inflight: decisions under way. Under
 	// the agent's mu.
 	closed   bool
