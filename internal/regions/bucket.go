@@ -75,6 +75,16 @@ type bucketItem struct {
 	procs    []*Limiter
 }
 
+// ttl is at least the TTL of item it's bucket (as the limiter keeps it:
+// its refill from empty and a refill).
+func (it *bucketItem) ttl() time.Duration {
+	c := it.cfg
+	if c.RefillAmount <= 0 {
+		return 0
+	}
+	return time.Duration((c.MaxAmount+c.RefillAmount-1)/c.RefillAmount+1) * c.RefillTime
+}
+
 // bucketFor is the bucket of a share of s units (s > 0).
 func (c Config) bucketFor(s int64, leases bool) limiter.TokenBucketConfig {
 	b := c.Bucket

@@ -1004,7 +1004,11 @@ func (a *Agent) raiseOld(ctx context.Context, now time.Time) error {
 	if done || tb.brokenFence || old.own == nil || f <= 0 {
 		return nil
 	}
-	if err := old.own.RaiseFence(ctx, old.key, f); err != nil {
+	fs, ok := a.store.(storage.Fencer)
+	if !ok {
+		return fmt.Errorf("regions: region %d's store does not fence (%T)", a.r, a.store)
+	}
+	if err := fs.RaiseFence(ctx, a.oldKey(old), f, a.fenceTTL()); err != nil {
 		return fmt.Errorf("regions: raising the fence of region %d's item %q to %d: %w", a.r, old.key, f, err)
 	}
 	a.mu.Lock()
@@ -1012,6 +1016,38 @@ func (a *Agent) raiseOld(ctx context.Context, now time.Time) error {
 	a.mu.Unlock()
 	tb.count(func(s *TableStats) { s.Raises++ })
 	return nil
+}
+
+// oldKey is the store's key of item it's bucket.
+func (a *Agent) oldKey(it *bucketItem) storage.Key {
+	return storage.Key{Space: it.own.Space(), Name: it.key}
+}
+
+// fenceTTL is how long a fenced rebase's old item, and its fence, must be
+// kept from its raise and from its claim, its last write (a take the
+// claim leaves nothing for writes nothing): past the validity of every
+// entry published before the rebase (at most Validity past a save made
+// before either) and the deadline of a decision by one, and Skew. The
+// bucket's own TTL (the time it refills from empty) may be shorter: a
+// state dropped then is the full bucket a new one would be, but a
+// dropped fence would let a decision by an older entry take from it at
+// its old rate.
+func (a *Agent) fenceTTL() time.Duration {
+	return a.tbl.t.Validity + a.tbl.t.Deadline + a.cfg.Skew
+}
+
+// claim takes n tokens of the old item it at stamp at (carryTable); a
+// fenced rebase's through the store, kept fenceTTL.
+func (a *Agent) claim(ctx context.Context, it *bucketItem, at time.Time, n int64) (bool, error) {
+	bs, ok := a.store.(storage.BucketStore)
+	if !a.tbl.fenced || !ok {
+		d, err := it.own.AllowN(ctx, it.key, at, n)
+		return d.Allowed, err
+	}
+	c := it.own.Config()
+	op := storage.BucketOp{MaxAmount: c.MaxAmount, RefillTime: c.RefillTime, RefillAmount: c.RefillAmount, Now: at.UnixNano(), N: n}
+	d, err := bs.UpdateBucket(ctx, a.oldKey(it), op, max(a.fenceTTL(), it.ttl()))
+	return d.Allowed, err
 }
 
 // overlap is what of the old item's tokens a fenced carry leaves behind
@@ -1073,10 +1109,11 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 			break
 		}
 		free := d.Remaining
-		if d, err = old.own.AllowN(ctx, old.key, at, free); err != nil {
+		ok, err := a.claim(ctx, old, at, free)
+		if err != nil {
 			return err
 		}
-		if d.Allowed {
+		if ok {
 			moved = free
 			break
 		}
