@@ -1079,7 +1079,12 @@ func (a *Agent) overlap(old *bucketItem, at int64) int64 {
 // spent at stamps before at or lost. A raise's new item already holds
 // its extra (rebaseTable): the carry adds at most the rest of its
 // capacity, less its refills since at. What the new item does not take
-// goes with the grants that left at at (carryTokens).
+// goes with the grants that left at at (carryTokens). A fenced rebase
+// (its new item in force rebaseAhead on, while entries without it are
+// still valid) first raises the old item's fence (raiseOld), claims
+// through the store with fenceTTL (claim), and leaves behind the old
+// item's refills past at that a decision by an older entry may have
+// taken before the raise (overlap).
 func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if len(a.items) < 2 || now.UnixNano() < a.items[1].from {
