@@ -117,4 +117,33 @@ func TestFenceRefusals(t *testing.T) {
 	if n := f.calls.Load(); n != 0 {
 		t.Errorf("%d calls reached a backend that does not fence", n)
 	}
+
+	// A batching backend whose Do does not know the fence (memcached's
+	// buckets): its fenced takes are refused before it, the rest sent.
+	blind := &fenceBlindBatcher{}
+	nb, err := breaker.Wrap(blind, breaker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := storage.BucketOp{MaxAmount: 10, RefillTime: time.Second, RefillAmount: 1, N: 1}
+	steps := []storage.Step{
+		{Kind: storage.StepBucket, Key: k, Bucket: op, TTL: time.Minute, Fence: 1},
+		{Kind: storage.StepBucket, Key: k, Bucket: op, TTL: time.Minute},
+		{Kind: storage.StepAdd, Key: k, Idx: 1, Span: 1, N: 1, TTL: time.Minute, Fence: 1},
+	}
+	out := make([]storage.StepResult, len(steps))
+	nb.Do(ctx, steps, out)
+	if !errors.Is(out[0].Err, storage.ErrUnsupported) || out[1].Err != nil || !out[1].Decision.Allowed || !errors.Is(out[2].Err, storage.ErrUnsupported) || blind.calls.Load() != 1 {
+		t.Errorf("fenced takes through a backend that does not fence: errors %v, %v, %v (allowed %v), %d steps reached it; want the fenced ones refused, the other sent",
+			out[0].Err, out[1].Err, out[2].Err, out[1].Decision.Allowed, blind.calls.Load())
+	}
+}
+
+// fenceBlindBatcher is a batching store whose Do ignores Step.Fence.
+type fenceBlindBatcher struct{ fakeStore }
+
+func (f *fenceBlindBatcher) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
+	for i := range steps {
+		out[i] = storage.StepResult{Decision: storage.Decision{Allowed: true}, Err: f.answer(ctx)}
+	}
 }

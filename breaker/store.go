@@ -103,7 +103,16 @@ var _ storage.Batcher = (*Store)(nil)
 // it has one, else step by step through its single-step methods
 // ([storage.AsBatcher]). When the
 // breaker refuses, every step gets its error.
+//
+// A fenced take (Step.Fence) of a kind the backend does not fence (a
+// window's add on a store that is not a storage.Fencer, a bucket's take on
+// one that is not a storage.BucketFencer) is answered an error wrapping
+// storage.ErrUnsupported without reaching it, and the other steps are
+// sent: a backend's Do may not know the fence, and would take unfenced.
 func (s *Store) Do(ctx context.Context, steps []storage.Step, out []storage.StepResult) {
+	if s.refuseUnfenceable(ctx, steps, out) {
+		return
+	}
 	probe, err := s.b.Allow()
 	if err != nil {
 		for i := range steps {
@@ -273,4 +282,50 @@ func (s *Store) UpdateBucketFenced(ctx context.Context, key storage.Key, op stor
 	d, err := f.UpdateBucketFenced(ctx, key, op, ttl, fence)
 	s.b.DoneKey(probe, keyHash(key), err)
 	return d, err
+}
+
+// unfenceable reports whether st is a fenced take the backend does not
+// fence.
+func (s *Store) unfenceable(st *storage.Step) bool {
+	if st.Fence <= 0 {
+		return false
+	}
+	switch {
+	case st.Kind == storage.StepAdd && st.N > 0:
+		_, ok := s.s.(storage.Fencer)
+		return !ok
+	case st.Kind == storage.StepBucket && st.Bucket.Take():
+		_, ok := s.s.(storage.BucketFencer)
+		return !ok
+	}
+	return false
+}
+
+// refuseUnfenceable answers the steps the backend cannot fence with an
+// error wrapping storage.ErrUnsupported and sends the others through Do;
+// it reports false, having done nothing, when there are none.
+func (s *Store) refuseUnfenceable(ctx context.Context, steps []storage.Step, out []storage.StepResult) bool {
+	i := 0
+	for i < len(steps) && !s.unfenceable(&steps[i]) {
+		i++
+	}
+	if i == len(steps) {
+		return false
+	}
+	rest, idx := make([]storage.Step, 0, len(steps)), make([]int, 0, len(steps))
+	for j := range steps {
+		if s.unfenceable(&steps[j]) {
+			out[j] = storage.StepResult{Err: fmt.Errorf("breaker %q: store %T does not fence this %s take: %w", s.b.Name(), s.s, steps[j].Kind, storage.ErrUnsupported)}
+			continue
+		}
+		rest, idx = append(rest, steps[j]), append(idx, j)
+	}
+	if len(rest) > 0 {
+		res := make([]storage.StepResult, len(rest))
+		s.Do(ctx, rest, res)
+		for k, j := range idx {
+			out[j] = res[k]
+		}
+	}
+	return true
 }

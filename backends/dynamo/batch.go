@@ -180,6 +180,7 @@ func (s *Store) stepPart(a attrs, st *storage.Step) (part, error) {
 		}
 		p := s.newBucketPart(a, st.Bucket, st.TTL)
 		p.shadow = st.Shadow
+		p.fenceAt(st.Fence)
 		return p, nil
 	case storage.StepLog:
 		if err := validLog(st.Log); err != nil {

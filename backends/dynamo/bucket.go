@@ -1,6 +1,7 @@
 package dynamo
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -43,6 +44,9 @@ type bucketItem struct {
 	// unsettled (bucketring.go).
 	settled int64
 	grid    []int64
+	// fence is the limit's fence (fence.go) in the item it was decoded
+	// from: a fenced take decided on the server's state knows it.
+	fence int64
 }
 
 // bucketView is an op's view of a bucketItem: its step on the grid and the
@@ -92,6 +96,20 @@ func (s *Store) KeepsLeased() bool { return true }
 // no read in the common case: one UpdateItem per decision whatever the
 // refill rate; see the package documentation.
 func (s *Store) UpdateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration) (storage.Decision, error) {
+	return s.updateBucket(ctx, k, op, ttl, 0)
+}
+
+// UpdateBucketFenced implements [storage.BucketFencer]: UpdateBucket
+// whose write, when op takes, also has the condition that the limit's
+// fence attribute is absent or at most fence (docs/fence.md). A failed
+// condition whose item shows a fence above it is answered ErrFenced,
+// never retried.
+func (s *Store) UpdateBucketFenced(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration, fence int64) (storage.Decision, error) {
+	return s.updateBucket(ctx, k, op, ttl, fence)
+}
+
+// updateBucket is UpdateBucket, a take fenced when fence > 0.
+func (s *Store) updateBucket(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration, fence int64) (storage.Decision, error) {
 	if err := validBucket(op); err != nil {
 		return storage.Decision{}, err
 	}
@@ -105,6 +123,7 @@ func (s *Store) UpdateBucket(ctx context.Context, k storage.Key, op storage.Buck
 		return storage.Decision{}, err
 	}
 	p := s.newBucketPart(a, op, ttl)
+	p.fenceAt(fence)
 	if err := s.writeOne(ctx, a.pk, p); err != nil {
 		return storage.Decision{}, err
 	}
@@ -133,6 +152,20 @@ type bucketPart struct {
 	plan       bucketPlan
 	merged     bool // sent with other parts (Store.brokenMerged)
 	notApplied bool
+	fence      int64 // Step.Fence of a take: 0 for none
+}
+
+// fenceAt fences the part at f when its op takes (a lease take, with a
+// return it carries, included); refunds, returns and reads never are.
+func (p *bucketPart) fenceAt(f int64) {
+	if p.op.Take() {
+		p.fence = f
+	}
+}
+
+// fenced is the error of a take fenced below the item's fence f.
+func (p *bucketPart) fenced(f int64) error {
+	return fmt.Errorf("dynamo: %s %s: take fenced at %d, item's fence %d: %w", bucketKind, p.a.pk, p.fence, f, storage.ErrFenced)
 }
 
 func (s *Store) newBucketPart(a attrs, op storage.BucketOp, ttl time.Duration) *bucketPart {
@@ -163,9 +196,16 @@ func (p *bucketPart) next(ctx context.Context, u *update) (bool, error) {
 		}
 	}
 	if p.plan.kind == writeNone {
+		if p.fence > 0 && p.fromServer && p.cur.fence > p.fence && !s.brokenFence {
+			return false, p.fenced(p.cur.fence) // a denial on a state the take may not use
+		}
 		return false, nil
 	}
 	s.bucketClauses(u, p.a, op, p.cur, p.plan, p.next_, p.ttl, p.merged && s.brokenMerged)
+	if p.fence > 0 && !s.brokenFence {
+		f := u.name(p.a.pre + attrFence)
+		u.cond = append(u.cond, "(attribute_not_exists("+f+") OR "+f+" <= "+u.num(p.fence)+")")
+	}
 	return true, nil
 }
 
@@ -226,6 +266,14 @@ func (p *bucketPart) lost(old map[string]types.AttributeValue) (bool, error) {
 	var err error
 	p.cur, p.found, err = p.s.bucketFromItem(p.a, old)
 	p.fromServer = true
+	if p.fence > 0 && err == nil && !p.s.brokenFence {
+		// A fence above ours failed the condition, or would on a retry
+		// (a fence never goes down): refused, not a lost race.
+		f, ferr := fenceOf(p.a, old)
+		if ferr != nil || f > p.fence {
+			return false, cmp.Or(ferr, p.fenced(f))
+		}
+	}
 	return err == nil, err
 }
 
@@ -456,6 +504,9 @@ func decodeBucket(a attrs, item map[string]types.AttributeValue) (it bucketItem,
 		return bucketItem{}, false, err
 	}
 	if err := decodeRing(a, item, &it); err != nil {
+		return bucketItem{}, false, err
+	}
+	if it.fence, err = fenceOf(a, item); err != nil {
 		return bucketItem{}, false, err
 	}
 	return it, true, nil

@@ -60,6 +60,6 @@ func ProbeRing(ctx context.Context, s *Store, k storage.Key, op storage.BucketOp
 	return RingProbe{Level: v.level - it.tat, Unsettled: it.unsettled, Held: it.held, Settled: it.settled}, nil
 }
 
-// BreakFence makes s's fenced window adds ignore the fence (tests show
-// they fail such a store).
+// BreakFence makes s's fenced window adds and bucket takes ignore the
+// fence (tests show they fail such a store).
 func BreakFence(s *Store) { s.brokenFence = true }

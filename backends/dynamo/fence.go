@@ -11,14 +11,19 @@ import (
 	"github.com/sluicehq/sluice/limiter/storage"
 )
 
-var _ storage.Fencer = (*Store)(nil)
+var (
+	_ storage.Fencer       = (*Store)(nil)
+	_ storage.BucketFencer = (*Store)(nil)
+)
 
-// attrFence is a window's fence (storage.Fencer), a Number beside its
-// counters (one character: never a counter's name).
+// attrFence is a limit's fence (storage.Fencer), a Number beside a
+// window's counters or a bucket's attributes (one character: never a
+// counter's name, nor a bucket's: b, t, s, h, c, n, g, e0, u0, e1, u1).
 const attrFence = "f"
 
-// RaiseFence implements [storage.Fencer]: one UpdateItem that SETs the
-// limit's fence attribute to f, with the item's ttl as every write sets
+// RaiseFence implements [storage.Fencer], on a window's key or a
+// bucket's alike: one UpdateItem that SETs the limit's fence attribute to
+// f, with the item's ttl as every write sets
 // it (ttl is what the limit asks), on condition that the fence is absent
 // or below f. A failed condition means it was already at f or above:
 // done. The write is linearizable, so every fenced add after it sees the

@@ -157,8 +157,8 @@ type Store struct {
 	// brokenRefundRoom drops its room conditions, on tat and on s
 	// (tests show they fail).
 	brokenRefundC, brokenRefundRoom bool
-	// brokenFence drops a fenced add's condition on the fence (tests
-	// show they fail such a store).
+	// brokenFence drops a fenced add's or bucket take's condition on the
+	// fence (tests show they fail such a store).
 	brokenFence bool
 	// prefixes are the attribute prefixes of the spaces served (item.go).
 	prefixes prefixes

@@ -114,7 +114,9 @@ func (r *bucketFenceRun) step(k storage.Key, st bucketFenceStep) error {
 		err = r.fs.RaiseFence(ctx, k, st.raise, fenceTTL)
 	case r.batch:
 		var out [1]storage.StepResult
-		storage.AsBatcher(r.s).Do(ctx, []storage.Step{{Kind: storage.StepBucket, Key: k, Bucket: op, TTL: fenceTTL, Fence: st.fence}}, out[:])
+		// Sync: a refund's answer is waited for (a batch may send it
+		// without waiting), so that the read after it sees it.
+		storage.AsBatcher(r.s).Do(ctx, []storage.Step{{Kind: storage.StepBucket, Key: k, Bucket: op, TTL: fenceTTL, Fence: st.fence, Sync: true}}, out[:])
 		d, err = out[0].Decision, out[0].Err
 	default:
 		d, err = r.bf.UpdateBucketFenced(ctx, k, op, fenceTTL, st.fence)
@@ -126,7 +128,7 @@ func (r *bucketFenceRun) step(k storage.Key, st bucketFenceStep) error {
 		return fmt.Errorf("got %v: a fence is neither a conflict nor an outage", err)
 	case !st.fenced && err != nil:
 		return err
-	case st.raise == 0 && !st.fenced && !d.Allowed:
+	case st.raise == 0 && !st.fenced && st.mode != storage.ModeRefund && !d.Allowed:
 		return fmt.Errorf("not allowed: %+v", d)
 	}
 	if d.Granted > 0 {

@@ -19,7 +19,7 @@ const bucketHistoryMax = 1 << 40
 // RunBucketFenceHistory is [RunFenceHistory] for a token bucket: Workers
 // goroutines take from one bucket with fence 1 through a [DelayStore] on
 // s (arrivals reordered on purpose), every other one capacity-lease takes
-// (one token, up to 4), half of them through the store's batch path
+// (one token, up to 4; none with NoLeases), half of them through the store's batch path
 // (Step.Fence) and half through UpdateBucketFenced; the bucket's fence is
 // raised to 2 half-way and its free tokens read at once, then again when
 // every take has returned. Every op is stamped with one instant, so the
@@ -51,7 +51,7 @@ func RunBucketFenceHistory(ctx context.Context, s Store, opt FenceHistoryOptions
 			ctx := WithDelayRand(ctx, r)
 			for time.Now().Before(stop) {
 				sent := time.Now()
-				got, err := bucketHistoryTake(ctx, ds, k, now, w)
+				got, err := bucketHistoryTake(ctx, ds, k, now, w, !opt.NoLeases)
 				mu.Lock()
 				if err == nil {
 					h.Landed += got - 1 // record counts one
@@ -85,10 +85,11 @@ func RunBucketFenceHistory(ctx context.Context, s Store, opt FenceHistoryOptions
 }
 
 // bucketHistoryTake is worker w's take with fence 1: a lease take for an
-// odd w, through Do for w%4 >= 2. It returns the tokens taken.
-func bucketHistoryTake(ctx context.Context, ds *DelayStore, k storage.Key, now int64, w int) (int64, error) {
+// odd w when leases, through Do for w%4 >= 2. It returns the tokens
+// taken.
+func bucketHistoryTake(ctx context.Context, ds *DelayStore, k storage.Key, now int64, w int, leases bool) (int64, error) {
 	op := bucketHistoryOp(now, storage.ModeTake)
-	if w%2 == 1 {
+	if leases && w%2 == 1 {
 		op.Mode, op.Want, op.Epoch = storage.ModeLease, 4, floorDivide(now, int64(storage.LeaseEpoch))
 	}
 	var (

@@ -22,6 +22,10 @@ type FenceHistoryOptions struct {
 	MaxDelay time.Duration
 	// Seed seeds the delays.
 	Seed uint64
+	// NoLeases ([RunBucketFenceHistory] only): plain takes only (on
+	// DynamoDB a bucket that leased once writes through its lease ring
+	// from then on; this keeps its plain writes).
+	NoLeases bool
 }
 
 // FenceHistory is what [RunFenceHistory] recorded: every add's answer
