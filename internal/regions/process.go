@@ -44,8 +44,8 @@ type Process struct {
 // decisions it could not make for want of a valid entry; Waits is the
 // reads made again waiting for one (counted in Reads too); Fenced the
 // decisions refused by the store's fence (a window's lowering or a
-// bucket's rebase published since the entry they used), each followed by a read of the entry
-// (counted in Reads too) and a decision by it.
+// bucket's rebase published since the entry they used), each followed by
+// a read of the entry (counted in Reads too) and a decision by it.
 type ProcessStats struct {
 	Reads, Flushes, Stale, Waits, Fenced int64
 }
