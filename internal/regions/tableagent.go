@@ -256,21 +256,13 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	firstErr := a.readOthers(ctx)
 	a.estimateTable(now, it)
 	a.receive(now)
-	if a.cfg.Bucket != nil {
-		firstErr = cmp(firstErr, a.giveBucketTable(ctx, now))
-		if err := a.fenceRebase(ctx, now); !errors.Is(err, errLost) {
-			firstErr = cmp(firstErr, err)
-		}
-	} else {
-		firstErr = cmp(firstErr, a.giveWindow(ctx, now))
-	}
+	firstErr = cmp(firstErr, a.giveTable(ctx, now))
 	if !a.Holds() {
 		return firstErr // the role was lost at a save before the grant (fenceTable, fenceRebase)
 	}
 	if a.cfg.Bucket == nil {
 		a.holdFirst(now)
-	}
-	if a.cfg.Bucket != nil {
+	} else {
 		a.lateTokens(now)
 		if a.brokenEarly {
 			firstErr = cmp(firstErr, a.refundOwed(ctx, now))
@@ -285,6 +277,20 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	}
 	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
 	return cmp(firstErr, a.refundOwed(ctx, now))
+}
+
+// giveTable is a tick's give through the table: a window's (giveWindow),
+// or a bucket's (giveBucketTable), with a fenced rebase made in it
+// published and its old item fenced (fenceRebase).
+func (a *Agent) giveTable(ctx context.Context, now time.Time) error {
+	if a.cfg.Bucket == nil {
+		return a.giveWindow(ctx, now)
+	}
+	err := a.giveBucketTable(ctx, now)
+	if ferr := a.fenceRebase(ctx, now); !errors.Is(ferr, errLost) {
+		err = cmp(err, ferr)
+	}
+	return err
 }
 
 // estimateTable is estimate through the table, on the units the demand
