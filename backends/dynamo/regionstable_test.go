@@ -103,13 +103,24 @@ func (r tableReport) String() string {
 	return s
 }
 
+// noBucketFence is the dynamo store without storage.BucketFencer (the
+// field hides the method): a bucket's agent on it keeps the wait
+// (SLUICE_SHARES_NOFENCE=1, to compare a bucket without leases with and
+// without the fence in one binary; SLUICE_SHARES_LEASES=0 runs the table
+// path without leases).
+type noBucketFence struct {
+	*dynamo.Store
+	UpdateBucketFenced struct{}
+}
+
 // runRegionSharesTable is runRegionShares through the table.
 func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, eps []string, d regionDemand, from time.Duration, run tableRun) tableReport {
 	tb.Helper()
-	cfg := regions.Config{Regions: len(eps), Key: d.Name, Limit: regionLimit, Window: regionWindow, SubWindows: regionSubs, Leases: true}
+	leases := os.Getenv("SLUICE_SHARES_LEASES") != "0"
+	cfg := regions.Config{Regions: len(eps), Key: d.Name, Limit: regionLimit, Window: regionWindow, SubWindows: regionSubs, Leases: leases}
 	if d.Alg == regionAlgBucket {
 		b := regionBucket
-		cfg = regions.Config{Regions: len(eps), Key: d.Name, Bucket: &b, Leases: true}
+		cfg = regions.Config{Regions: len(eps), Key: d.Name, Bucket: &b, Leases: leases}
 	}
 	times := tableTimes
 	if run.times != nil {
@@ -125,7 +136,11 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		if err != nil {
 			tb.Fatal(err)
 		}
-		a, err := regions.NewTableAgent(cfg, tt(region), holder, st)
+		var store any = st
+		if os.Getenv("SLUICE_SHARES_NOFENCE") == "1" {
+			store = noBucketFence{Store: st}
+		}
+		a, err := regions.NewTableAgent(cfg, tt(region), holder, store)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -535,7 +550,9 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 // (benchTableTimes); SLUICE_SHARES_TRACE=1 logs each table run second by
 // second (traceRun); SLUICE_SHARES_MOVES lists the lengths of the moving
 // split's runs (default 30s; any other, e.g. "30s,60s", is named
-// .../<split>/<length>/<path>).
+// .../<split>/<length>/<path>); SLUICE_SHARES_LEASES=0 runs the table
+// path without leases, SLUICE_SHARES_NOFENCE=1 with agents whose store
+// does not fence buckets (noBucketFence).
 func BenchmarkRegionSharesTable(b *testing.B) {
 	g, table, eps := startEventual(b)
 	times := benchTableTimes(b)

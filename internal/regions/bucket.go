@@ -62,13 +62,27 @@ type bucketItem struct {
 	mine   bool
 	held   int64
 	heldOK bool
-	cfg    limiter.TokenBucketConfig
-	own    *limiter.TokenBucket // the agent's, without leases; nil when share is 0
+	// raised is the fence this agent raised the item's key to as it was
+	// replaced (a fenced rebase: fenceRebase), raisedAt the agent's stamp
+	// when the raise returned.
+	raised, raisedAt int64
+	cfg              limiter.TokenBucketConfig
+	own              *limiter.TokenBucket // the agent's, without leases; nil when share is 0
 	// closed: no more decisions; inflight: decisions under way. Under
 	// the agent's mu.
 	closed   bool
 	inflight int
 	procs    []*Limiter
+}
+
+// ttl is at least the TTL of item it's bucket (as the limiter keeps it:
+// its refill from empty and a refill).
+func (it *bucketItem) ttl() time.Duration {
+	c := it.cfg
+	if c.RefillAmount <= 0 {
+		return 0
+	}
+	return time.Duration((c.MaxAmount+c.RefillAmount-1)/c.RefillAmount+1) * c.RefillTime
 }
 
 // bucketFor is the bucket of a share of s units (s > 0).

@@ -147,12 +147,16 @@ func TestSharesTableReady(t *testing.T) {
 
 // TestTableAgentFences: a table agent of a window fences where its store
 // does (storage.Fencer: the memory store) and keeps the wait where it
-// does not (the same store behind a Counter alone), and a bucket's never
-// fences (its rebases wait a validity).
+// does not (the same store behind a Counter alone); a bucket's fences
+// where its store fences buckets (storage.BucketFencer) and it has no
+// leases, and keeps the wait with leases or on a store that fences only
+// counters.
 func TestTableAgentFences(t *testing.T) {
 	tt := Table{Client: dynamodb.New(dynamodb.Options{}), Table: "t", Name: "fences", Region: 0}
 	window := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}
 	bucket := Config{Regions: 2, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 22, RefillAmount: 1, RefillTime: 100 * time.Millisecond}}
+	bucketLeases := bucket
+	bucketLeases.Leases = true
 	for _, c := range []struct {
 		name  string
 		cfg   Config
@@ -161,7 +165,12 @@ func TestTableAgentFences(t *testing.T) {
 	}{
 		{"window/fencer", window, memStore(t), true},
 		{"window/counter", window, struct{ storage.Counter }{memStore(t)}, false},
-		{"bucket", bucket, memStore(t), false},
+		{"bucket/fencer", bucket, memStore(t), true},
+		{"bucket/leases", bucketLeases, memStore(t), false},
+		{"bucket/counter", bucket, struct {
+			storage.BucketStore
+			storage.Fencer
+		}{memStore(t), memStore(t)}, false},
 	} {
 		a, err := NewTableAgent(c.cfg, tt, "h", c.store)
 		if err != nil {

@@ -43,9 +43,9 @@ type Process struct {
 // ProcessStats counts a process's requests to its region's item and the
 // decisions it could not make for want of a valid entry; Waits is the
 // reads made again waiting for one (counted in Reads too); Fenced the
-// window decisions refused by the store's fence (a lowering published
-// since the entry they used), each followed by a read of the entry
-// (counted in Reads too) and a decision by it.
+// decisions refused by the store's fence (a window's lowering or a
+// bucket's rebase published since the entry they used), each followed by
+// a read of the entry (counted in Reads too) and a decision by it.
 type ProcessStats struct {
 	Reads, Flushes, Stale, Waits, Fenced int64
 }
@@ -107,37 +107,60 @@ func (p *Process) AllowN(ctx context.Context, key string, now time.Time, n int64
 	defer cancel()
 	region := p.cfg.Key + "@" + strconv.Itoa(p.t.Region)
 	if p.cfg.Bucket != nil {
-		it := e.itemAt(t)
-		if it == nil || it.Share < n {
-			return limiter.Decision{RetryAfter: rebaseAhead}, nil
-		}
-		tb, err := p.bucket(e, it)
-		if err != nil {
-			return limiter.Decision{}, err
-		}
-		return tb.AllowN(ctx, it.Key, now, n)
+		return p.decideFenced(ctx, e, now, n, p.bucketItem)
 	}
-	return p.decideWindow(ctx, e, region, now, n)
+	return p.decideFenced(ctx, e, now, n, p.windowItem(region))
 }
 
-// fencedTries is how many times a window decision refused by the fence
-// is decided again (each by an entry read since): one suffices unless
-// lowerings follow each other faster than the reads.
+// fencedTries is how many times a decision refused by the fence is
+// decided again (each by an entry read since): one suffices unless
+// lowerings or rebases follow each other faster than the reads.
 const fencedTries = 3
 
-// decideWindow decides n units at now by entry e, with e's fence number:
-// refused by the store's fence (the agent published a lowering since e
-// and raised the fence: the take was not made), it reads the entry again
-// at once and decides by it, within the decision's deadline (ctx).
-func (p *Process) decideWindow(ctx context.Context, e Entry, region string, now time.Time, n int64) (limiter.Decision, error) {
-	t := now.UnixNano()
-	for try := 0; ; try++ {
+// itemFor is the item a decision of n units stamped t makes by entry e
+// (its fence number e.Fence), or, when e denies it without the store, the
+// denial (ok false).
+type itemFor func(e Entry, t, n int64) (it limiter.Item, denied limiter.Decision, ok bool, err error)
+
+// windowItem decides on the region's counters, under the cap e shows at
+// the decision's stamp.
+func (p *Process) windowItem(region string) itemFor {
+	return func(e Entry, t, n int64) (limiter.Item, limiter.Decision, bool, error) {
 		c, ok := e.capAt(t)
 		if !ok || c < n {
-			return limiter.Decision{Limit: max(c, 0), RetryAfter: p.cfg.Window / time.Duration(p.cfg.SubWindows)}, nil
+			return limiter.Item{}, limiter.Decision{Limit: max(c, 0), RetryAfter: p.cfg.Window / time.Duration(p.cfg.SubWindows)}, false, nil
+		}
+		return limiter.Item{Limit: p.w, Key: region, N: n, Cap: c, Fence: e.Fence}, limiter.Decision{}, true, nil
+	}
+}
+
+// bucketItem decides on the bucket item e lists at the decision's stamp.
+func (p *Process) bucketItem(e Entry, t, n int64) (limiter.Item, limiter.Decision, bool, error) {
+	it := e.itemAt(t)
+	if it == nil || it.Share < n {
+		return limiter.Item{}, limiter.Decision{RetryAfter: rebaseAhead}, false, nil
+	}
+	tb, err := p.bucket(e, it)
+	if err != nil {
+		return limiter.Item{}, limiter.Decision{}, false, err
+	}
+	return limiter.Item{Limit: tb, Key: it.Key, N: n, Fence: e.Fence}, limiter.Decision{}, true, nil
+}
+
+// decideFenced decides n units at now by entry e, with e's fence number
+// (a window's cap or a bucket's item: item): refused by the store's
+// fence (the agent published a lowering or a rebase since e and raised
+// the fence: the take was not made), it reads the entry again at once and
+// decides by it, within the decision's deadline (ctx).
+func (p *Process) decideFenced(ctx context.Context, e Entry, now time.Time, n int64, item itemFor) (limiter.Decision, error) {
+	t := now.UnixNano()
+	for try := 0; ; try++ {
+		it, denied, ok, err := item(e, t, n)
+		if err != nil || !ok {
+			return denied, err
 		}
 		var out [1]limiter.Outcome
-		_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: p.w, Key: region, N: n, Cap: c, Fence: e.Fence}}, out[:])
+		_, err = limiter.Decide(ctx, now, []limiter.Item{it}, out[:])
 		if !errors.Is(err, storage.ErrFenced) {
 			if err != nil {
 				return limiter.Decision{}, err

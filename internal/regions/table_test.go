@@ -468,6 +468,7 @@ func TestSharesTableRaise(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				a.tbl.fenced = false // the wait path (TestSharesTableBucketFence has the fence)
 				a.brokenExtra, a.brokenAccrue = c.brokenExtra, c.brokenA
 				a.brokenLate, a.brokenEarly, a.brokenRoom = c.brokenLate, c.brokenEarly, c.brokenRoom
 				a.noTokens = !c.tokens
@@ -567,6 +568,7 @@ func TestSharesTableRaise(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				succ.tbl.fenced = false
 				succ.noTokens = !c.tokens
 				agents[1], raised = succ, nil
 				for i := 0; raised == nil && i < 40; i++ {
@@ -790,6 +792,7 @@ func TestSharesTableCarryRoom(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			a.tbl.fenced = false // the carry of the wait path
 			a.brokenCarry = broken
 			now := time.Now()
 			f := now.Add(100 * time.Millisecond)
@@ -917,5 +920,107 @@ func TestSharesTableStall(t *testing.T) {
 					time.Duration(it.board.Tick-counted), before, after)
 			}
 		})
+	}
+}
+
+// TestSharesTableBucketFence: as TestSharesTableFence, for a bucket of 22
+// (20 units shared: 10 a region, each 50 tokens a second) refilled 100 a
+// second, on stores that fence buckets, without leases. Region 1 spends
+// what it can (10 units asked every 100 ms); region 0, idle, gives it
+// its share: its rebase's new item takes over rebaseAhead on (not a
+// validity), listed in an entry with a new fence number, and the old
+// item's fence is raised to it in the same tick; the carry claims the
+// old item at the new one's first stamp (at) at the next tick. Region 0's
+// process still holds the entry read before (Refresh 900 ms: the old item
+// only) and decides 10 units every 100 ms by it, at stamps past at: the
+// first is refused by the fence, the process reads its entry again and
+// decides on the new item. brokenFence (the rebase takes over at once,
+// without raising the fence): those decisions take the old item's
+// refills at its old rate past at, beside the new item's and the grant's,
+// and the checker (CheckBucketBound on the whole bucket) sees an
+// interval over.
+func TestSharesTableBucketFence(t *testing.T) {
+	client, table := testTable(t)
+	warm, err := NewTableAgent(Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10},
+		Table{Client: client, Table: table, Name: "bfence-warm", Region: 0}, "warm", memStore(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := warm.Tick(t.Context(), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			bucketFenceRun(t, client, table, broken)
+		})
+	}
+}
+
+func bucketFenceRun(t *testing.T, client *dynamodb.Client, table string, broken bool) {
+	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 22, RefillTime: 10 * time.Millisecond, RefillAmount: 1}
+	cfg := Config{Regions: 2, Key: "k", Bucket: &b}
+	rg, _, _ := newFenceRig(t, client, table, cfg, 750*time.Millisecond)
+	giver := rg.agents[0]
+	giver.tbl.brokenFence = broken
+	step := func() {
+		// Never behind the wall clock: a decision's requests end by its
+		// stamp plus the Deadline (a loaded host).
+		if rg.now = rg.now.Add(100 * time.Millisecond); rg.now.Before(time.Now()) {
+			rg.now = time.Now()
+		}
+	}
+	rg.tick()
+	rg.now = rg.now.Add(10 * time.Millisecond)
+	rg.decide(0, 1) // region 0's process reads its entry, held 900 ms
+	var at int64
+	for i := 0; at == 0 && i < 8; i++ {
+		step()
+		rg.decide(1, 10)
+		rg.tick()
+		giver.mu.Lock()
+		if len(giver.items) > 1 {
+			at = giver.items[1].from
+		}
+		giver.mu.Unlock()
+	}
+	if at == 0 {
+		t.Fatalf("region 0 made no rebase: %+v, table %+v", giver.Stats(), giver.TableStats())
+	}
+	if d := time.Duration(at - rg.now.UnixNano()); d > 200*time.Millisecond {
+		t.Fatalf("region 0's rebase takes over %v after its tick, not rebaseAhead on: table %+v", d, giver.TableStats())
+	}
+	reads := rg.procs[0].Stats().Reads
+	var got0, got1 int
+	for range 7 {
+		step()
+		got0 += rg.decide(0, 10)
+		got1 += rg.decide(1, 30) // all it can
+		rg.tick()
+	}
+	ps, ts := rg.procs[0].Stats(), giver.TableStats()
+	over := limitertest.CheckBucketBound(rg.calls, b)
+	t.Logf("region 0 gave %d, rebase at +%v; after it region 0 admitted %d, region 1 %d; region 0's process %+v (reads %d before); giver's table %+v",
+		giver.Stats().Given, time.Duration(at-rg.now.UnixNano()), got0, got1, ps, reads, ts)
+	if broken {
+		if len(over) == 0 {
+			t.Errorf("the rebase taken over at once without raising the fence: no interval over the bucket")
+		} else {
+			t.Logf("brokenFence: over the bucket, %v (the test fails on it)", over[0])
+		}
+		return
+	}
+	for _, v := range over {
+		t.Errorf("over the bucket: %v", v)
+	}
+	if ps.Fenced == 0 || ps.Reads == reads {
+		t.Errorf("region 0's process was not refused by the fence and read again: %+v (reads %d before)", ps, reads)
+	}
+	if ts.Fenced == 0 || ts.Raises == 0 || ts.Early == 0 || ts.Carries == 0 {
+		t.Errorf("region 0's rebase was not fenced, published early, raised and carried: %+v", ts)
+	}
+	if got1 == 0 {
+		t.Errorf("region 1 admitted nothing on region 0's grant")
 	}
 }

@@ -33,6 +33,9 @@ type tableAgent struct {
 	// that publishes it and ready once the counters' fence is raised to
 	// that entry's fence number (fence, the board's Entry.Fence), in the
 	// same tick; without it a lowering waits a validity and a deadline.
+	// For a bucket (a storage.BucketFencer, without leases), a rebase
+	// takes over rebaseAhead on, and the old item's fence is raised to
+	// the number of the entry that lists the new one (fenceRebase).
 	// unsaved: a lowering made this tick is not yet published; raised:
 	// the fence this agent has raised the counters to. brokenFence
 	// (tests): a fenced lowering is given without raising the fence;
@@ -114,10 +117,14 @@ type TableStats struct {
 	// role (a predecessor's, finished by this agent).
 	ResumedPending, ResumedRebases int64
 	// Fenced is the window's lowerings made in force at every stamp
-	// (a store that fences), Raises the times it raised the counters'
-	// fence, and Early the saves made in a tick before its grant, to
-	// publish a lowering made in the same tick (fenceTable).
-	Fenced, Raises, Early int64
+	// (a store that fences), or the bucket's rebases that took over
+	// rebaseAhead on; Raises the times it raised the counters' fence (a
+	// bucket's old item's), and Early the saves made in a tick before
+	// its grant, to publish a lowering (a rebase) made in the same tick
+	// (fenceTable, fenceRebase). Overlap is the tokens a fenced carry
+	// left behind for the old item's refills past the new one's first
+	// stamp (carryTable).
+	Fenced, Raises, Early, Overlap int64
 }
 
 // NewTableAgent returns an agent of region t.Region that reaches the
@@ -135,8 +142,12 @@ func NewTableAgent(cfg Config, t Table, holder string, store any) (*Agent, error
 		return nil, err
 	}
 	a.tbl = &tableAgent{t: t, holder: holder, items: map[string]*bucketItem{}}
-	if _, ok := store.(storage.Fencer); ok && cfg.Bucket == nil {
-		a.tbl.fenced = true
+	if _, ok := store.(storage.Fencer); ok {
+		// A bucket fences where its store fences buckets, and without
+		// leases (docs/regions.md, "Bucket: a fence instead of the
+		// wait": a lease on the old item is spent without the store).
+		_, bf := store.(storage.BucketFencer)
+		a.tbl.fenced = cfg.Bucket == nil || bf && !cfg.Leases
 	}
 	if len(a.items) > 0 {
 		a.tbl.items[a.items[0].key] = a.items[0]
@@ -245,16 +256,13 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	firstErr := a.readOthers(ctx)
 	a.estimateTable(now, it)
 	a.receive(now)
-	if a.cfg.Bucket != nil {
-		firstErr = cmp(firstErr, a.giveBucketTable(ctx, now))
-	} else {
-		firstErr = cmp(firstErr, a.giveWindow(ctx, now))
-		if !a.Holds() {
-			return firstErr // the role was lost at a save before the grant (fenceTable)
-		}
-		a.holdFirst(now)
+	firstErr = cmp(firstErr, a.giveTable(ctx, now))
+	if !a.Holds() {
+		return firstErr // the role was lost at a save before the grant (fenceTable, fenceRebase)
 	}
-	if a.cfg.Bucket != nil {
+	if a.cfg.Bucket == nil {
+		a.holdFirst(now)
+	} else {
 		a.lateTokens(now)
 		if a.brokenEarly {
 			firstErr = cmp(firstErr, a.refundOwed(ctx, now))
@@ -269,6 +277,20 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	}
 	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
 	return cmp(firstErr, a.refundOwed(ctx, now))
+}
+
+// giveTable is a tick's give through the table: a window's (giveWindow),
+// or a bucket's (giveBucketTable), with a fenced rebase made in it
+// published and its old item fenced (fenceRebase).
+func (a *Agent) giveTable(ctx context.Context, now time.Time) error {
+	if a.cfg.Bucket == nil {
+		return a.giveWindow(ctx, now)
+	}
+	err := a.giveBucketTable(ctx, now)
+	if ferr := a.fenceRebase(ctx, now); !errors.Is(ferr, errLost) {
+		err = cmp(err, ferr)
+	}
+	return err
 }
 
 // estimateTable is estimate through the table, on the units the demand
@@ -838,6 +860,11 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	tb := a.tbl
 	a.mu.Lock()
 	busy, from := len(a.items) > 1, max(now.Add(a.ahead).UnixNano(), tb.maxUntil)
+	if tb.fenced {
+		// The entries published before are refused on the old item
+		// once its fence is raised (fenceRebase): no wait for them.
+		from = max(now.Add(a.ahead).UnixNano(), tb.stamp(now)+int64(a.ahead), a.items[len(a.items)-1].from+1)
+	}
 	raise := s - a.items[len(a.items)-1].share
 	in, inForce := slices.Clone(tb.in), slices.Clone(tb.inForce)
 	a.mu.Unlock()
@@ -889,6 +916,13 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 		tb.took = slices.Delete(tb.took, 0, n-moveMax)
 	}
 	a.stats.Rebases++
+	if tb.fenced {
+		// Published with a fence number above every one before
+		// (fenceRebase), the old item's fence then raised to it.
+		tb.fence = max(tb.fence+1, tb.seq+1)
+		tb.unsaved = true
+		tb.count(func(s *TableStats) { s.Fenced++ })
+	}
 	return nil
 }
 
@@ -927,6 +961,118 @@ func (a *Agent) transit(in, inForce []int64, from int64) (credit, units, tokens 
 	return credit, units, tokens, recs
 }
 
+// fenceRebase publishes a fenced rebase made this tick (rebaseTable: its
+// new item takes over rebaseAhead on, listed in an entry whose fence
+// number is above every one before) with a save before the tick's own,
+// then raises the old item's fence to that number (raiseOld): from then
+// on a decision by an entry published before, which does not list the
+// new item, takes nothing from the old item, whatever its stamp. The
+// carry (carryTable, a later tick) raises it again if this did not. The
+// tick's own save publishes what follows (the tokens owed, the wants).
+func (a *Agent) fenceRebase(ctx context.Context, now time.Time) error {
+	tb := a.tbl
+	a.mu.Lock()
+	unsaved := tb.unsaved && a.cfg.Bucket != nil && len(a.items) > 1
+	a.mu.Unlock()
+	if !unsaved {
+		return nil
+	}
+	if err := a.save(ctx, now); err != nil {
+		return err // published or not: the carry raises the fence first
+	}
+	if !a.Holds() {
+		return errLost
+	}
+	tb.count(func(s *TableStats) { s.Early++ })
+	if tb.stopEarly {
+		return errStopped
+	}
+	return a.raiseOld(ctx, now)
+}
+
+// raiseOld raises the fence of the item a rebase under way replaces (the
+// first of two) to the fence number of the latest entry, which lists the
+// new item (a later rebase waits for this one's carry), unless this
+// agent already did; it records the agent's stamp once the raise
+// returned (raisedAt: a decision by an older entry that reached the old
+// item took it before then). Idempotent: a successor that resumes the
+// rebase raises it again (a fence never lowers).
+func (a *Agent) raiseOld(ctx context.Context, now time.Time) error {
+	tb := a.tbl
+	a.mu.Lock()
+	if len(a.items) < 2 {
+		a.mu.Unlock()
+		return nil
+	}
+	old, f := a.items[0], tb.fence
+	done := old.raised >= f
+	a.mu.Unlock()
+	if done || tb.brokenFence || old.own == nil || f <= 0 {
+		return nil
+	}
+	fs, ok := a.store.(storage.Fencer)
+	if !ok {
+		return fmt.Errorf("regions: region %d's store does not fence (%T)", a.r, a.store)
+	}
+	if err := fs.RaiseFence(ctx, a.oldKey(old), f, a.fenceTTL()); err != nil {
+		return fmt.Errorf("regions: raising the fence of region %d's item %q to %d: %w", a.r, old.key, f, err)
+	}
+	a.mu.Lock()
+	old.raised, old.raisedAt = f, tb.stamp(now)
+	a.mu.Unlock()
+	tb.count(func(s *TableStats) { s.Raises++ })
+	return nil
+}
+
+// oldKey is the store's key of item it's bucket.
+func (a *Agent) oldKey(it *bucketItem) storage.Key {
+	return storage.Key{Space: it.own.Space(), Name: it.key}
+}
+
+// fenceTTL is how long a fenced rebase's old item, and its fence, must be
+// kept from its raise and from its claim, its last write (a take the
+// claim leaves nothing for writes nothing): past the validity of every
+// entry published before the rebase (at most Validity past a save made
+// before either) and the deadline of a decision by one, and Skew. The
+// bucket's own TTL (the time it refills from empty) may be shorter: a
+// state dropped then is the full bucket a new one would be, but a
+// dropped fence would let a decision by an older entry take from it at
+// its old rate.
+func (a *Agent) fenceTTL() time.Duration {
+	return a.tbl.t.Validity + a.tbl.t.Deadline + a.cfg.Skew
+}
+
+// claim takes n tokens of the old item it at stamp at (carryTable); a
+// fenced rebase's through the store, kept fenceTTL.
+func (a *Agent) claim(ctx context.Context, it *bucketItem, at time.Time, n int64) (bool, error) {
+	bs, ok := a.store.(storage.BucketStore)
+	if !a.tbl.fenced || !ok {
+		d, err := it.own.AllowN(ctx, it.key, at, n)
+		return d.Allowed, err
+	}
+	c := it.own.Config()
+	op := storage.BucketOp{MaxAmount: c.MaxAmount, RefillTime: c.RefillTime, RefillAmount: c.RefillAmount, Now: at.UnixNano(), N: n}
+	d, err := bs.UpdateBucket(ctx, a.oldKey(it), op, max(a.fenceTTL(), it.ttl()))
+	return d.Allowed, err
+}
+
+// overlap is what of the old item's tokens a fenced carry leaves behind
+// (at most): the old item's refills past at, the new item's first stamp,
+// up to the latest stamp a decision by an entry that does not list the
+// new item can have reached it with before the raise (raisedAt, plus
+// Skew for the processes' clocks). Such a decision refilled the old item
+// at its rate to its stamp, while the new item and the grants refill
+// from at: the carry, a take at at, would move those refills too. None
+// when the raise returned Skew before at (no such decision was sent
+// before it). Under a.mu.
+func (a *Agent) overlap(old *bucketItem, at int64) int64 {
+	end := old.raisedAt + int64(a.cfg.Skew)
+	if !a.tbl.fenced || old.own == nil || old.raisedAt == 0 || end < at || old.cfg.RefillTime <= 0 {
+		return 0
+	}
+	return ((end-at)/int64(old.cfg.RefillTime) + 1) * old.cfg.RefillAmount
+}
+
 // carryTable moves the old item's free tokens to the new one once the new
 // one is in force (at its first stamp, at): it claims them with a take at
 // at, which no other mover (a predecessor that resumed) can also get,
@@ -939,7 +1085,12 @@ func (a *Agent) transit(in, inForce []int64, from int64) (credit, units, tokens 
 // spent at stamps before at or lost. A raise's new item already holds
 // its extra (rebaseTable): the carry adds at most the rest of its
 // capacity, less its refills since at. What the new item does not take
-// goes with the grants that left at at (carryTokens).
+// goes with the grants that left at at (carryTokens). A fenced rebase
+// (its new item in force rebaseAhead on, while entries without it are
+// still valid) first raises the old item's fence (raiseOld), claims
+// through the store with fenceTTL (claim), and leaves behind the old
+// item's refills past at that a decision by an older entry may have
+// taken before the raise (overlap).
 func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if len(a.items) < 2 || now.UnixNano() < a.items[1].from {
@@ -949,6 +1100,13 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	old, it := a.items[0], a.items[1]
 	a.mu.Unlock()
 	at := time.Unix(0, it.from)
+	if a.tbl.fenced {
+		// Before the claim: a decision by an entry that does not list
+		// the new item takes nothing from the old one from here on.
+		if err := a.raiseOld(ctx, now); err != nil {
+			return err
+		}
+	}
 	var moved int64
 	for range 3 {
 		if old.own == nil {
@@ -962,14 +1120,19 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 			break
 		}
 		free := d.Remaining
-		if d, err = old.own.AllowN(ctx, old.key, at, free); err != nil {
+		ok, err := a.claim(ctx, old, at, free)
+		if err != nil {
 			return err
 		}
-		if d.Allowed {
+		if ok {
 			moved = free
 			break
 		}
 	}
+	a.mu.Lock()
+	over := min(a.overlap(old, it.from), moved)
+	a.mu.Unlock()
+	moved -= over
 	// What the new item takes: at most its room as the refund lands
 	// (its capacity less what it held at its first stamp and its refills
 	// since, lateTokens): the refund at at is added to what the item
@@ -1004,7 +1167,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.items = a.items[1:]
 	delete(a.tbl.items, old.key)
 	a.mu.Unlock()
-	a.tbl.count(func(s *TableStats) { s.Carries++; s.Moved += moved })
+	a.tbl.count(func(s *TableStats) { s.Carries++; s.Moved += moved; s.Overlap += over })
 	return nil
 }
 
