@@ -35,43 +35,17 @@ func TestFence(t *testing.T) {
 	limitertest.RunFence(t, wrapMemory(t))
 }
 
-// TestFenceHistory: the fence history (arrivals reordered) through the
-// breaker: no add with the old fence lands after RaiseFence returned.
+// TestFenceHistory: the fence histories (limitertest.CheckFenceHistories:
+// a window's, a bucket's with and without leases) through the breaker: no
+// take with the old fence lands after RaiseFence returned.
 func TestFenceHistory(t *testing.T) {
-	seed, err := limitertest.HistorySeed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := limitertest.RunFenceHistory(context.Background(), wrapMemory(t), limitertest.FenceHistoryOptions{Seed: seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("seed %d: %+v", seed, h)
-	if err := h.Err(); err != nil {
-		t.Error(err)
-	}
+	limitertest.CheckFenceHistories(t, func(t *testing.T) limitertest.Store { return wrapMemory(t) }, nil, limitertest.FenceHistoryOptions{}, nil)
 }
 
 // TestBucketFence: the breaker passes a fencing backend's bucket fence
 // through (limitertest.RunBucketFence on a memory store behind it).
 func TestBucketFence(t *testing.T) {
 	limitertest.RunBucketFence(t, wrapMemory(t))
-}
-
-// TestBucketFenceHistory: the bucket fence history through the breaker.
-func TestBucketFenceHistory(t *testing.T) {
-	seed, err := limitertest.HistorySeed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := limitertest.RunBucketFenceHistory(context.Background(), wrapMemory(t), limitertest.FenceHistoryOptions{Seed: seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("seed %d: %+v", seed, h)
-	if err := h.Err(); err != nil {
-		t.Error(err)
-	}
 }
 
 // TestFenceRefusals: refused takes are the store's answers, not failures:

@@ -30,61 +30,6 @@ func bucketTokens(t *testing.T, b *limiter.TokenBucket, key string, at time.Time
 	return d.Remaining
 }
 
-// A fenced bucket item below the key's fence takes nothing: Decide
-// returns an error wrapping storage.ErrFenced (also in the item's
-// Outcome.Err), its Fail does not decide it, and what the batch's other
-// items took is given back. At or above the fence, or unfenced, it
-// passes; the fence never goes down; a fenced refusal caches no denial.
-func TestBucketFenceDecide(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	b, other := fenceBucket(t, s, 100, false), capWindow(t, 100, false)
-	at := time.Unix(1000, 0)
-	allow := limiter.Decision{Allowed: true}
-	if _, err := decideFenced(ctx, at, limiter.Item{Limit: b, Key: "k", N: 1, Fence: 1}); err != nil {
-		t.Fatalf("fenced on a key without a fence: %v", err)
-	}
-	if err := b.RaiseFence(ctx, "k", 5); err != nil {
-		t.Fatal(err)
-	}
-	out, err := decideFenced(ctx, at, limiter.Item{Limit: other, Key: "k", N: 3}, limiter.Item{Limit: b, Key: "k", N: 1, Fence: 3, Fail: &allow})
-	if !errors.Is(err, storage.ErrFenced) || !errors.Is(out[1].Err, storage.ErrFenced) || out[1].Failed || out[1].Decision.Allowed {
-		t.Fatalf("fenced below the key's fence: err %v, outcome %+v; want ErrFenced, not Failed, not allowed", err, out[1])
-	}
-	if !out[0].Refunded || peekRemaining(t, other, "k", at) != 100 || bucketTokens(t, b, "k", at) != 99 {
-		t.Errorf("the batch's other take was not given back (%+v), or the fenced one taken: remaining %d and %d, want 100 and 99",
-			out[0], peekRemaining(t, other, "k", at), bucketTokens(t, b, "k", at))
-	}
-	for _, f := range []int64{5, 6, 0} {
-		if out, err := decideFenced(ctx, at, limiter.Item{Limit: b, Key: "k", N: 1, Fence: f}); err != nil || !out[0].Decision.Allowed {
-			t.Errorf("fence %d against 5: %v %+v, want allowed", f, err, out[0])
-		}
-	}
-	if err := b.RaiseFence(ctx, "k", 2); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := decideFenced(ctx, at, limiter.Item{Limit: b, Key: "k", N: 1, Fence: 4}); !errors.Is(err, storage.ErrFenced) {
-		t.Errorf("fence 4 after a raise to 2 over 5: %v, want ErrFenced (a raise never lowers)", err)
-	}
-	// An emptied bucket: the fenced refusal is not a denial, and caches none.
-	if _, err := decideFenced(ctx, at, limiter.Item{Limit: b, Key: "k", N: 96, Fence: 5}); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.RaiseFence(ctx, "k", 9); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := decideFenced(ctx, at, limiter.Item{Limit: b, Key: "k", N: 1, Fence: 5}); !errors.Is(err, storage.ErrFenced) {
-		t.Fatalf("fence 5 after a raise to 9: %v, want ErrFenced", err)
-	}
-	if out, err := decideFenced(ctx, at, limiter.Item{Limit: b, Key: "k", N: 1, Fence: 9}); err != nil || out[0].Decision.Allowed || out[0].Cached {
-		t.Errorf("fence 9 on an empty bucket: %v %+v, want denied by the store, not cached", err, out[0])
-	}
-	// A refund is never fenced.
-	if err := b.Refund(ctx, "k", at, 3); err != nil || bucketTokens(t, b, "k", at) != 3 {
-		t.Errorf("refund after the raise: %v, %d tokens, want 3", err, bucketTokens(t, b, "k", at))
-	}
-}
-
 // bucketFenceRecorder is the memory store, recording its fenced bucket
 // lease takes and the fenced takes that landed below the raised fence.
 type bucketFenceRecorder struct {

@@ -27,53 +27,84 @@ func peekRemaining(t *testing.T, w *limiter.SlidingWindow, key string, at time.T
 	return d.Remaining
 }
 
+// fencedLimit is a limit that takes a fence, and what it has left of a
+// key at an instant.
+type fencedLimit struct {
+	name  string
+	limit interface {
+		limiter.Limiter
+		RaiseFence(ctx context.Context, key string, f int64) error
+	}
+	left func(key string, at time.Time) int64
+}
+
+// fencedLimits are a window with sub-window counters and a token bucket
+// of 100, each on a memory store of its own.
+func fencedLimits(t *testing.T) []fencedLimit {
+	w := capWindow(t, 100, false)
+	b := fenceBucket(t, newStore(t), 100, false)
+	return []fencedLimit{
+		{"window", w, func(key string, at time.Time) int64 { return peekRemaining(t, w, key, at) }},
+		{"bucket", b, func(key string, at time.Time) int64 { return bucketTokens(t, b, key, at) }},
+	}
+}
+
 // A fenced item below the key's fence takes nothing: Decide returns an
 // error wrapping storage.ErrFenced (also in the item's Outcome.Err), its
 // Fail does not decide it, and what the batch's other items took is given
 // back. At or above the fence, or unfenced, it passes; the fence never
-// goes down; a fenced refusal leaves no cached denial.
+// goes down; a fenced refusal leaves no cached denial; a refund is never
+// fenced. For a window and a token bucket.
 func TestFenceDecide(t *testing.T) {
-	ctx := context.Background()
-	w, other := capWindow(t, 100, false), capWindow(t, 100, false)
-	at := time.Unix(1000, 0)
-	allow := limiter.Decision{Allowed: true}
-	if _, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 1}); err != nil {
-		t.Fatalf("fenced on a key without a fence: %v", err)
-	}
-	if err := w.RaiseFence(ctx, "k", 5); err != nil {
-		t.Fatal(err)
-	}
-	out, err := decideFenced(ctx, at, limiter.Item{Limit: other, Key: "k", N: 3}, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 3, Fail: &allow})
-	if !errors.Is(err, storage.ErrFenced) || !errors.Is(out[1].Err, storage.ErrFenced) || out[1].Failed || out[1].Decision.Allowed {
-		t.Fatalf("fenced below the key's fence: err %v, outcome %+v; want ErrFenced, not Failed, not allowed", err, out[1])
-	}
-	if !out[0].Refunded || peekRemaining(t, other, "k", at) != 100 || peekRemaining(t, w, "k", at) != 99 {
-		t.Errorf("the batch's other take was not given back (%+v), or the fenced one counted: remaining %d and %d, want 100 and 99",
-			out[0], peekRemaining(t, other, "k", at), peekRemaining(t, w, "k", at))
-	}
-	for _, f := range []int64{5, 6, 0} {
-		if out, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: f}); err != nil || !out[0].Decision.Allowed {
-			t.Errorf("fence %d against 5: %v %+v, want allowed", f, err, out[0])
-		}
-	}
-	if err := w.RaiseFence(ctx, "k", 2); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 4}); !errors.Is(err, storage.ErrFenced) {
-		t.Errorf("fence 4 after a raise to 2 over 5: %v, want ErrFenced (a raise never lowers)", err)
-	}
-	// A full key: the fenced refusal is not a denial, and caches none.
-	if _, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 96, Fence: 5}); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.RaiseFence(ctx, "k", 9); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 5}); !errors.Is(err, storage.ErrFenced) {
-		t.Fatalf("fence 5 after a raise to 9: %v, want ErrFenced", err)
-	}
-	if out, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 9}); err != nil || out[0].Decision.Allowed || out[0].Cached {
-		t.Errorf("fence 9 on a full key: %v %+v, want denied by the store, not cached", err, out[0])
+	for _, fl := range fencedLimits(t) {
+		t.Run(fl.name, func(t *testing.T) {
+			ctx := context.Background()
+			l, other := fl.limit, capWindow(t, 100, false)
+			at := time.Unix(1000, 0)
+			allow := limiter.Decision{Allowed: true}
+			if _, err := decideFenced(ctx, at, limiter.Item{Limit: l, Key: "k", N: 1, Fence: 1}); err != nil {
+				t.Fatalf("fenced on a key without a fence: %v", err)
+			}
+			if err := l.RaiseFence(ctx, "k", 5); err != nil {
+				t.Fatal(err)
+			}
+			out, err := decideFenced(ctx, at, limiter.Item{Limit: other, Key: "k", N: 3}, limiter.Item{Limit: l, Key: "k", N: 1, Fence: 3, Fail: &allow})
+			if !errors.Is(err, storage.ErrFenced) || !errors.Is(out[1].Err, storage.ErrFenced) || out[1].Failed || out[1].Decision.Allowed {
+				t.Fatalf("fenced below the key's fence: err %v, outcome %+v; want ErrFenced, not Failed, not allowed", err, out[1])
+			}
+			if !out[0].Refunded || peekRemaining(t, other, "k", at) != 100 || fl.left("k", at) != 99 {
+				t.Errorf("the batch's other take was not given back (%+v), or the fenced one taken: left %d and %d, want 100 and 99",
+					out[0], peekRemaining(t, other, "k", at), fl.left("k", at))
+			}
+			for _, f := range []int64{5, 6, 0} {
+				if out, err := decideFenced(ctx, at, limiter.Item{Limit: l, Key: "k", N: 1, Fence: f}); err != nil || !out[0].Decision.Allowed {
+					t.Errorf("fence %d against 5: %v %+v, want allowed", f, err, out[0])
+				}
+			}
+			if err := l.RaiseFence(ctx, "k", 2); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := decideFenced(ctx, at, limiter.Item{Limit: l, Key: "k", N: 1, Fence: 4}); !errors.Is(err, storage.ErrFenced) {
+				t.Errorf("fence 4 after a raise to 2 over 5: %v, want ErrFenced (a raise never lowers)", err)
+			}
+			// A key with nothing left: the fenced refusal is not a
+			// denial, and caches none.
+			if _, err := decideFenced(ctx, at, limiter.Item{Limit: l, Key: "k", N: 96, Fence: 5}); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.RaiseFence(ctx, "k", 9); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := decideFenced(ctx, at, limiter.Item{Limit: l, Key: "k", N: 1, Fence: 5}); !errors.Is(err, storage.ErrFenced) {
+				t.Fatalf("fence 5 after a raise to 9: %v, want ErrFenced", err)
+			}
+			if out, err := decideFenced(ctx, at, limiter.Item{Limit: l, Key: "k", N: 1, Fence: 9}); err != nil || out[0].Decision.Allowed || out[0].Cached {
+				t.Errorf("fence 9 with nothing left: %v %+v, want denied by the store, not cached", err, out[0])
+			}
+			if err := l.Refund(ctx, "k", at, 3); err != nil || fl.left("k", at) != 3 {
+				t.Errorf("refund after the raise: %v, %d left, want 3", err, fl.left("k", at))
+			}
+		})
 	}
 }
 

@@ -2,6 +2,8 @@ package dynamo_test
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,39 +21,30 @@ func TestFence(t *testing.T) {
 	limitertest.RunFence(t, s)
 }
 
-// TestFenceHistory: 16 goroutines add with the old fence, arrivals
-// reordered, while the fence is raised; no add with the old fence lands
-// after RaiseFence returned, and every add answered nil is counted.
+// TestFenceHistory: 16 goroutines add to a window's counters, and take
+// from a bucket (through its lease ring's writes and through its plain
+// writes), with the old fence, arrivals reordered, while the fence is
+// raised: none lands after RaiseFence returned, and every one answered
+// nil is counted (limitertest.CheckFenceHistories); on a store whose
+// fenced writes have no condition on the fence (dynamo.BreakFence) each
+// history fails.
 func TestFenceHistory(t *testing.T) {
-	s, r, _ := newStore(t, dynamo.Config{})
-	seed, err := limitertest.HistorySeed()
-	if err != nil {
-		t.Fatal(err)
+	stores := map[limitertest.Store]*requests{}
+	var mu sync.Mutex
+	newFenced := func(t *testing.T) limitertest.Store {
+		s, r, _ := newStore(t, dynamo.Config{})
+		mu.Lock()
+		defer mu.Unlock()
+		stores[s] = r
+		return s
 	}
-	h, err := limitertest.RunFenceHistory(testCtx(t), s, limitertest.FenceHistoryOptions{Seed: seed, Duration: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	logf := func(s limitertest.Store) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("%d requests, %d conflicts", stores[s].load(), s.(*dynamo.Store).Stats().Conflicts)
 	}
-	t.Logf("seed %d: %+v; %d requests, %d conflicts", seed, h, r.load(), s.Stats().Conflicts)
-	if err := h.Err(); err != nil {
-		t.Error(err)
-	}
-}
-
-// TestFenceHistoryFailsBroken: the same history on a store whose fenced
-// adds have no condition on the fence (dynamo.BreakFence) fails.
-func TestFenceHistoryFailsBroken(t *testing.T) {
-	s, _, _ := newStore(t, dynamo.Config{})
-	dynamo.BreakFence(s)
-	h, err := limitertest.RunFenceHistory(testCtx(t), s, limitertest.FenceHistoryOptions{Seed: 1, Duration: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Err()
-	t.Logf("broken store: %+v: %v", h, err)
-	if err == nil {
-		t.Error("the history of a store that ignores the fence passed")
-	}
+	limitertest.CheckFenceHistories(t, newFenced, func(s limitertest.Store) { dynamo.BreakFence(s.(*dynamo.Store)) },
+		limitertest.FenceHistoryOptions{Duration: 2 * time.Second}, logf)
 }
 
 // TestFenceWire measures at the cap proxy what a fenced add costs: as
@@ -135,53 +128,6 @@ func TestFenceDecide(t *testing.T) {
 func TestBucketFence(t *testing.T) {
 	s, _, _ := newStore(t, dynamo.Config{})
 	limitertest.RunBucketFence(t, s)
-}
-
-// TestBucketFenceHistory: 16 goroutines take from a bucket with the old
-// fence (plain and lease takes), arrivals reordered, while the fence is
-// raised; no take with the old fence lands after RaiseFence returned, and
-// every token answered is taken from the bucket.
-//
-// With leases every write of the bucket is a lease ring's (bucketring.go)
-// from the first lease take on; without, the plain writes (bucket.go).
-func TestBucketFenceHistory(t *testing.T) {
-	for _, noLeases := range []bool{false, true} {
-		t.Run(map[bool]string{false: "leases", true: "plain"}[noLeases], func(t *testing.T) {
-			s, r, _ := newStore(t, dynamo.Config{})
-			seed, err := limitertest.HistorySeed()
-			if err != nil {
-				t.Fatal(err)
-			}
-			h, err := limitertest.RunBucketFenceHistory(testCtx(t), s, limitertest.FenceHistoryOptions{Seed: seed, Duration: 2 * time.Second, NoLeases: noLeases})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("seed %d: %+v; %d requests, %d conflicts", seed, h, r.load(), s.Stats().Conflicts)
-			if err := h.Err(); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-}
-
-// TestBucketFenceHistoryFailsBroken: the same history on a store whose
-// fenced takes have no condition on the fence (dynamo.BreakFence) fails.
-func TestBucketFenceHistoryFailsBroken(t *testing.T) {
-	for _, noLeases := range []bool{false, true} {
-		t.Run(map[bool]string{false: "leases", true: "plain"}[noLeases], func(t *testing.T) {
-			s, _, _ := newStore(t, dynamo.Config{})
-			dynamo.BreakFence(s)
-			h, err := limitertest.RunBucketFenceHistory(testCtx(t), s, limitertest.FenceHistoryOptions{Seed: 1, Duration: 2 * time.Second, NoLeases: noLeases})
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = h.Err()
-			t.Logf("broken store: %+v: %v", h, err)
-			if err == nil {
-				t.Error("the history of a store that ignores the fence passed")
-			}
-		})
-	}
 }
 
 // TestBucketFenceWire measures at the cap proxy what a fenced bucket take

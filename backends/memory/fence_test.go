@@ -1,7 +1,6 @@
 package memory_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/sluicehq/sluice/backends/memory"
@@ -13,38 +12,15 @@ func TestFence(t *testing.T) {
 	limitertest.RunFence(t, newStore(t, memory.Config{}))
 }
 
-// TestFenceHistory: 16 goroutines add with the old fence, arrivals
-// reordered, while the fence is raised; no add with the old fence lands
-// after RaiseFence returned, and every add answered nil is counted.
+// TestFenceHistory: 16 goroutines add to a window's counters, and take
+// from a bucket (with and without lease takes), with the old fence,
+// arrivals reordered, while the fence is raised: none lands after
+// RaiseFence returned, and every one answered nil is counted
+// (limitertest.CheckFenceHistories); on a store that ignores the fence
+// (memory.BreakFence) each history fails.
 func TestFenceHistory(t *testing.T) {
-	seed, err := limitertest.HistorySeed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := limitertest.RunFenceHistory(context.Background(), newStore(t, memory.Config{}), limitertest.FenceHistoryOptions{Seed: seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("seed %d: %+v", seed, h)
-	if err := h.Err(); err != nil {
-		t.Error(err)
-	}
-}
-
-// TestFenceHistoryFailsBroken: the same history on a store that ignores
-// the fence (memory.BreakFence) fails.
-func TestFenceHistoryFailsBroken(t *testing.T) {
-	s := newStore(t, memory.Config{})
-	memory.BreakFence(s)
-	h, err := limitertest.RunFenceHistory(context.Background(), s, limitertest.FenceHistoryOptions{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Err()
-	t.Logf("broken store: %+v: %v", h, err)
-	if err == nil {
-		t.Error("the history of a store that ignores the fence passed")
-	}
+	limitertest.CheckFenceHistories(t, func(t *testing.T) limitertest.Store { return newStore(t, memory.Config{}) }, func(s limitertest.Store) { memory.BreakFence(s.(*memory.Store)) },
+		limitertest.FenceHistoryOptions{}, nil)
 }
 
 // TestBucketFence runs the bucket fence conformance suite
@@ -52,39 +28,4 @@ func TestFenceHistoryFailsBroken(t *testing.T) {
 // refunds and returns not.
 func TestBucketFence(t *testing.T) {
 	limitertest.RunBucketFence(t, newStore(t, memory.Config{}))
-}
-
-// TestBucketFenceHistory: 16 goroutines take from a bucket with the old
-// fence (plain and lease takes), arrivals reordered, while the fence is
-// raised; no take with the old fence lands after RaiseFence returned, and
-// every token a take was answered is taken from the bucket.
-func TestBucketFenceHistory(t *testing.T) {
-	seed, err := limitertest.HistorySeed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := limitertest.RunBucketFenceHistory(context.Background(), newStore(t, memory.Config{}), limitertest.FenceHistoryOptions{Seed: seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("seed %d: %+v", seed, h)
-	if err := h.Err(); err != nil {
-		t.Error(err)
-	}
-}
-
-// TestBucketFenceHistoryFailsBroken: the same history on a store that
-// ignores the fence (memory.BreakFence) fails.
-func TestBucketFenceHistoryFailsBroken(t *testing.T) {
-	s := newStore(t, memory.Config{})
-	memory.BreakFence(s)
-	h, err := limitertest.RunBucketFenceHistory(context.Background(), s, limitertest.FenceHistoryOptions{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Err()
-	t.Logf("broken store: %+v: %v", h, err)
-	if err == nil {
-		t.Error("the history of a store that ignores the fence passed")
-	}
 }
