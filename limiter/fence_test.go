@@ -27,15 +27,36 @@ func peekRemaining(t *testing.T, w *limiter.SlidingWindow, key string, at time.T
 	return d.Remaining
 }
 
+func fenceBucket(t *testing.T, s storage.BucketStore, max int64, leases bool) *limiter.TokenBucket {
+	t.Helper()
+	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "b", MaxAmount: max, RefillTime: time.Hour, Leases: leases})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func bucketTokens(t *testing.T, b *limiter.TokenBucket, key string, at time.Time) int64 {
+	t.Helper()
+	d, err := b.Get(context.Background(), key, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Remaining
+}
+
+// fenceLimiter is a limit that takes a fence.
+type fenceLimiter interface {
+	limiter.Limiter
+	RaiseFence(ctx context.Context, key string, f int64) error
+}
+
 // fencedLimit is a limit that takes a fence, and what it has left of a
 // key at an instant.
 type fencedLimit struct {
 	name  string
-	limit interface {
-		limiter.Limiter
-		RaiseFence(ctx context.Context, key string, f int64) error
-	}
-	left func(key string, at time.Time) int64
+	limit fenceLimiter
+	left  func(key string, at time.Time) int64
 }
 
 // fencedLimits are a window with sub-window counters and a token bucket
@@ -173,33 +194,52 @@ type windowFencer struct {
 	storage.Fencer
 }
 
-// fenceRecorder is the memory store, recording its fenced lease takes
-// (adds of more than one unit) and the fenced adds that landed.
+// fenceRecorder is the memory store, recording its fenced lease takes (a
+// window's adds of more than one unit, a bucket's ModeLease ops) and the
+// fenced takes that landed below the raised fence.
 type fenceRecorder struct {
 	*memory.Store
 	mu                        sync.Mutex
 	raised                    int64 // the fence raised so far
 	leaseTakes, refusedLeases int
-	landedBelow               int // fenced adds below the raised fence that landed
+	landedBelow               int // fenced takes below the raised fence that landed
 }
 
 func (r *fenceRecorder) AddFenced(ctx context.Context, k storage.Key, cur int64, span int, n int64, ttl time.Duration, fence int64) (storage.Counts, error) {
-	r.mu.Lock()
-	raised := r.raised
-	r.mu.Unlock()
+	raised := r.fence()
 	c, err := r.Store.AddFenced(ctx, k, cur, span, n, ttl, fence)
+	r.record(err, n > 1, n > 0, fence, raised)
+	return c, err
+}
+
+func (r *fenceRecorder) UpdateBucketFenced(ctx context.Context, k storage.Key, op storage.BucketOp, ttl time.Duration, fence int64) (storage.Decision, error) {
+	raised := r.fence()
+	d, err := r.Store.UpdateBucketFenced(ctx, k, op, ttl, fence)
+	r.record(err, op.Mode == storage.ModeLease, op.Take(), fence, raised)
+	return d, err
+}
+
+// fence is the fence raised so far.
+func (r *fenceRecorder) fence() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if n > 1 {
+	return r.raised
+}
+
+// record counts a fenced op's answer err: a lease take (lease), a take
+// (take) with fence, sent when the raised fence was raised.
+func (r *fenceRecorder) record(err error, lease, take bool, fence, raised int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if lease {
 		r.leaseTakes++
 		if errors.Is(err, storage.ErrFenced) {
 			r.refusedLeases++
 		}
 	}
-	if err == nil && n > 0 && fence < raised {
+	if err == nil && take && fence < raised {
 		r.landedBelow++
 	}
-	return c, err
 }
 
 func (r *fenceRecorder) RaiseFence(ctx context.Context, k storage.Key, f int64, ttl time.Duration) error {
@@ -212,25 +252,44 @@ func (r *fenceRecorder) RaiseFence(ctx context.Context, k storage.Key, f int64, 
 
 // A hot key's lease takes carry the item's fence: after the fence rose,
 // the calls with the old fence are answered from the leases taken before
-// while they last, and every lease take after is refused (ErrFenced).
+// while they last, and every lease take after is refused (ErrFenced). For
+// a window and a token bucket.
 func TestFenceLeaseTake(t *testing.T) {
-	ctx := context.Background()
-	rec := &fenceRecorder{Store: newStore(t)}
-	w, err := limiter.NewSlidingWindow(rec, limiter.SlidingWindowConfig{Name: "w", Limit: 3000, Window: time.Second, SubWindows: 10,
-		Representation: limiter.SubWindowCounters, Leases: true})
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name  string
+		limit func(t *testing.T, rec *fenceRecorder) fenceLimiter
+	}{
+		{"window", func(t *testing.T, rec *fenceRecorder) fenceLimiter {
+			w, err := limiter.NewSlidingWindow(rec, limiter.SlidingWindowConfig{Name: "w", Limit: 3000, Window: time.Second, SubWindows: 10,
+				Representation: limiter.SubWindowCounters, Leases: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return w
+		}},
+		{"bucket", func(t *testing.T, rec *fenceRecorder) fenceLimiter { return fenceBucket(t, rec, 1<<30, true) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := &fenceRecorder{Store: newStore(t)}
+			checkFenceLeaseTake(t, rec, c.limit(t, rec))
+		})
 	}
+}
+
+// checkFenceLeaseTake makes 1,500 calls with fence 1 on l, 1,000 a second
+// (a third of a window's limit), raising the fence to 2 at call 1,050.
+func checkFenceLeaseTake(t *testing.T, rec *fenceRecorder, l fenceLimiter) {
+	ctx := context.Background()
 	start := time.Unix(2000, 0)
 	fenced, leased := 0, 0
-	for i := range 1500 { // 1,000 a second, a third of the limit
+	for i := range 1500 {
 		at := start.Add(time.Duration(i) * time.Millisecond)
 		if i == 1050 {
-			if err := w.RaiseFence(ctx, "k", 2); err != nil {
+			if err := l.RaiseFence(ctx, "k", 2); err != nil {
 				t.Fatal(err)
 			}
 		}
-		out, err := decideFenced(ctx, at, limiter.Item{Limit: w, Key: "k", N: 1, Fence: 1})
+		out, err := decideFenced(ctx, at, limiter.Item{Limit: l, Key: "k", N: 1, Fence: 1})
 		switch {
 		case i >= 1050 && errors.Is(err, storage.ErrFenced):
 			fenced++
@@ -243,10 +302,10 @@ func TestFenceLeaseTake(t *testing.T) {
 	before := rec.leaseTakes - rec.refusedLeases
 	t.Logf("lease takes %d (%d refused), after the raise: %d calls fenced, %d answered from a lease", rec.leaseTakes, rec.refusedLeases, fenced, leased)
 	if before == 0 || rec.refusedLeases == 0 || rec.landedBelow > 0 {
-		t.Errorf("lease takes %d landed, %d refused after the raise; %d fenced adds below the fence landed: want some, some, none",
+		t.Errorf("lease takes %d landed, %d refused after the raise; %d fenced takes below the fence landed: want some, some, none",
 			before, rec.refusedLeases, rec.landedBelow)
 	}
-	if out, err := decideFenced(ctx, start.Add(1500*time.Millisecond), limiter.Item{Limit: w, Key: "k", N: 1, Fence: 2}); err != nil || !out[0].Decision.Allowed {
+	if out, err := decideFenced(ctx, start.Add(1500*time.Millisecond), limiter.Item{Limit: l, Key: "k", N: 1, Fence: 2}); err != nil || !out[0].Decision.Allowed {
 		t.Errorf("a call with the new fence: %v %+v, want allowed", err, out[0])
 	}
 }
