@@ -1,6 +1,7 @@
 package dynamo_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -51,24 +52,48 @@ func TestFenceHistory(t *testing.T) {
 // many requests and write units as an unfenced one (one UpdateItem, one
 // unit, on a small item), and a refused one one request.
 func TestFenceWire(t *testing.T) {
+	checkFenceWire(t, "adds", "fw", true, func(k storage.Key, fence int64) storage.Step {
+		return storage.Step{Kind: storage.StepAdd, Key: k, Idx: 100, Span: 3, N: 1, TTL: time.Minute, Fence: fence}
+	})
+}
+
+// TestBucketFenceWire measures at the cap proxy what a fenced bucket take
+// costs: as many requests and write units as an unfenced one, and a
+// refused one one request.
+func TestBucketFenceWire(t *testing.T) {
+	now := time.Now().UnixNano()
+	checkFenceWire(t, "takes", "bfw", false, func(k storage.Key, fence int64) storage.Step {
+		op := storage.BucketOp{MaxAmount: 1000, RefillTime: time.Hour, RefillAmount: 1, Now: now, N: 1}
+		return storage.Step{Kind: storage.StepBucket, Key: k, Bucket: op, TTL: time.Minute, Fence: fence}
+	})
+}
+
+// checkFenceWire sends 20 steps (step with the key and a fence) unfenced
+// on one key, then with fence 5 and fence 4 on a key whose fence was
+// raised to 5, and compares their requests and write units at the cap
+// proxy: a fenced step costs what an unfenced one does (with oneEach,
+// exactly one request), a refused one one request. ops names the steps,
+// space the keys' spaces.
+func checkFenceWire(t *testing.T, ops, space string, oneEach bool, step func(k storage.Key, fence int64) storage.Step) {
+	t.Helper()
 	proxy := testserver.DynamoDBCap(t)
 	if proxy == nil {
 		t.Skip("the cap proxy is off")
 	}
 	s, r, _ := newStore(t, dynamo.Config{})
 	ctx := testCtx(t)
-	const adds = 20
-	name := "fence-wire-" + time.Now().Format("150405.000000")
-	plain, fenced := storage.Key{Space: "fw-plain", Name: name + "-p"}, storage.Key{Space: "fw-fenced", Name: name + "-f"}
+	const n = 20
+	name := space + "-wire-" + time.Now().Format("150405.000000")
+	plain, fenced := storage.Key{Space: space + "-plain", Name: name + "-p"}, storage.Key{Space: space + "-fenced", Name: name + "-f"}
 	if err := s.RaiseFence(ctx, fenced, 5, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	raise := proxy.KeyStats(tableName, dynamo.ItemKey(fenced))
 	cost := func(k storage.Key, fence int64) (testserver.CapCounts, int64) {
 		before, req := proxy.KeyStats(tableName, dynamo.ItemKey(k)), r.load()
-		for range adds {
+		for range n {
 			var out [1]storage.StepResult
-			s.Do(ctx, []storage.Step{{Kind: storage.StepAdd, Key: k, Idx: 100, Span: 3, N: 1, TTL: time.Minute, Fence: fence}}, out[:])
+			s.Do(ctx, []storage.Step{step(k, fence)}, out[:])
 			if err := out[0].Err; err != nil && !(fence < 5 && errors.Is(err, storage.ErrFenced)) {
 				t.Fatal(err)
 			}
@@ -79,45 +104,68 @@ func TestFenceWire(t *testing.T) {
 	p, preq := cost(plain, 0)
 	f, freq := cost(fenced, 5)
 	x, xreq := cost(fenced, 4)
-	t.Logf("%d adds: unfenced %d requests (%d sent) %.1f WCU; fenced %d (%d) %.1f WCU; refused %d (%d) %.1f WCU; the raise %d request %.1f WCU",
-		adds, p.Requests, preq, p.WriteUnits, f.Requests, freq, f.WriteUnits, x.Requests, xreq, x.WriteUnits, raise.Requests, raise.WriteUnits)
-	if f.Requests != adds || freq != adds || f.WriteUnits != p.WriteUnits || x.Requests != adds {
-		t.Errorf("a fenced add costs more than an unfenced one, or a refused one more than one request")
+	t.Logf("%d %s: unfenced %d requests (%d sent) %.1f WCU; fenced %d (%d) %.1f WCU; refused %d (%d) %.1f WCU; the raise %d request %.1f WCU",
+		n, ops, p.Requests, preq, p.WriteUnits, f.Requests, freq, f.WriteUnits, x.Requests, xreq, x.WriteUnits, raise.Requests, raise.WriteUnits)
+	want, wantSent := p.Requests, preq
+	if oneEach {
+		want, wantSent = n, n
+	}
+	if f.Requests != want || freq != wantSent || f.WriteUnits != p.WriteUnits || x.Requests != n {
+		t.Errorf("a fenced step costs more than an unfenced one, or a refused one more than one request")
 	}
 }
 
-// TestFenceDecide: a window on DynamoDB decides a fenced item through the
-// store's batch path: below the raised fence Decide returns ErrFenced and
-// nothing is counted (Peek), at it the item is decided.
+// TestFenceDecide: a window (sub-window counters) and a token bucket on
+// DynamoDB decide a fenced item through the store's batch path: below the
+// raised fence Decide returns ErrFenced and nothing is taken (Peek, Get),
+// at it the item is decided.
 func TestFenceDecide(t *testing.T) {
 	s, _, _ := newStore(t, dynamo.Config{})
 	w, err := limiter.NewSlidingWindow(s, limiter.SlidingWindowConfig{Name: "fence", Limit: 100, Window: time.Minute, Representation: limiter.SubWindowCounters})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, key, now := testCtx(t), "fence-decide-"+time.Now().Format("150405.000000"), time.Now()
-	decide := func(fence int64) error {
-		var out [1]limiter.Outcome
-		_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: w, Key: key, N: 10, Fence: fence}}, out[:])
-		if err == nil && !out[0].Decision.Allowed {
-			err = errors.New("denied")
+	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "bfence", MaxAmount: 100, RefillTime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		limit interface {
+			limiter.Limiter
+			RaiseFence(ctx context.Context, key string, f int64) error
 		}
-		return err
-	}
-	if err := decide(1); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.RaiseFence(ctx, key, 2); err != nil {
-		t.Fatal(err)
-	}
-	if err := decide(1); !errors.Is(err, storage.ErrFenced) {
-		t.Errorf("fence 1 after a raise to 2: %v, want ErrFenced", err)
-	}
-	if err := decide(2); err != nil {
-		t.Errorf("fence 2: %v", err)
-	}
-	if d, err := w.Peek(ctx, key, now); err != nil || d.Remaining != 80 {
-		t.Errorf("peek: %v remaining %d, want 80 (two takes of 10 counted, the fenced one not)", err, d.Remaining)
+		left func(ctx context.Context, key string, now time.Time) (limiter.Decision, error)
+	}{
+		{"window", w, w.Peek},
+		{"bucket", b, b.Get},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, key, now := testCtx(t), c.name+"-fence-decide-"+time.Now().Format("150405.000000"), time.Now()
+			decide := func(fence int64) error {
+				var out [1]limiter.Outcome
+				_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: c.limit, Key: key, N: 10, Fence: fence}}, out[:])
+				if err == nil && !out[0].Decision.Allowed {
+					err = errors.New("denied")
+				}
+				return err
+			}
+			if err := decide(1); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.limit.RaiseFence(ctx, key, 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := decide(1); !errors.Is(err, storage.ErrFenced) {
+				t.Errorf("fence 1 after a raise to 2: %v, want ErrFenced", err)
+			}
+			if err := decide(2); err != nil {
+				t.Errorf("fence 2: %v", err)
+			}
+			if d, err := c.left(ctx, key, now); err != nil || d.Remaining != 80 {
+				t.Errorf("left: %v remaining %d, want 80 (two takes of 10, the fenced one not)", err, d.Remaining)
+			}
+		})
 	}
 }
 
@@ -128,80 +176,4 @@ func TestFenceDecide(t *testing.T) {
 func TestBucketFence(t *testing.T) {
 	s, _, _ := newStore(t, dynamo.Config{})
 	limitertest.RunBucketFence(t, s)
-}
-
-// TestBucketFenceWire measures at the cap proxy what a fenced bucket take
-// costs: as many requests and write units as an unfenced one, and a
-// refused one one request.
-func TestBucketFenceWire(t *testing.T) {
-	proxy := testserver.DynamoDBCap(t)
-	if proxy == nil {
-		t.Skip("the cap proxy is off")
-	}
-	s, r, _ := newStore(t, dynamo.Config{})
-	ctx := testCtx(t)
-	const takes = 20
-	name := "bucket-fence-wire-" + time.Now().Format("150405.000000")
-	plain, fenced := storage.Key{Space: "bfw-plain", Name: name + "-p"}, storage.Key{Space: "bfw-fenced", Name: name + "-f"}
-	if err := s.RaiseFence(ctx, fenced, 5, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	raise := proxy.KeyStats(tableName, dynamo.ItemKey(fenced))
-	now := time.Now().UnixNano()
-	cost := func(k storage.Key, fence int64) (testserver.CapCounts, int64) {
-		before, req := proxy.KeyStats(tableName, dynamo.ItemKey(k)), r.load()
-		for range takes {
-			var out [1]storage.StepResult
-			op := storage.BucketOp{MaxAmount: 1000, RefillTime: time.Hour, RefillAmount: 1, Now: now, N: 1}
-			s.Do(ctx, []storage.Step{{Kind: storage.StepBucket, Key: k, Bucket: op, TTL: time.Minute, Fence: fence}}, out[:])
-			if err := out[0].Err; err != nil && !(fence < 5 && errors.Is(err, storage.ErrFenced)) {
-				t.Fatal(err)
-			}
-		}
-		after := proxy.KeyStats(tableName, dynamo.ItemKey(k))
-		return testserver.CapCounts{Requests: after.Requests - before.Requests, WriteUnits: after.WriteUnits - before.WriteUnits}, r.load() - req
-	}
-	p, preq := cost(plain, 0)
-	f, freq := cost(fenced, 5)
-	x, xreq := cost(fenced, 4)
-	t.Logf("%d takes: unfenced %d requests (%d sent) %.1f WCU; fenced %d (%d) %.1f WCU; refused %d (%d) %.1f WCU; the raise %d request %.1f WCU",
-		takes, p.Requests, preq, p.WriteUnits, f.Requests, freq, f.WriteUnits, x.Requests, xreq, x.WriteUnits, raise.Requests, raise.WriteUnits)
-	if f.Requests != p.Requests || freq != preq || f.WriteUnits != p.WriteUnits || x.Requests != takes {
-		t.Errorf("a fenced take costs more than an unfenced one, or a refused one more than one request")
-	}
-}
-
-// TestBucketFenceDecide: a bucket on DynamoDB decides a fenced
-// item through the store's batch path: below the raised fence Decide
-// returns ErrFenced and nothing is taken (Get), at it the item is decided.
-func TestBucketFenceDecide(t *testing.T) {
-	s, _, _ := newStore(t, dynamo.Config{})
-	b, err := limiter.NewTokenBucket(s, limiter.TokenBucketConfig{Name: "bfence", MaxAmount: 100, RefillTime: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, key, now := testCtx(t), "bucket-fence-decide-"+time.Now().Format("150405.000000"), time.Now()
-	decide := func(fence int64) error {
-		var out [1]limiter.Outcome
-		_, err := limiter.Decide(ctx, now, []limiter.Item{{Limit: b, Key: key, N: 10, Fence: fence}}, out[:])
-		if err == nil && !out[0].Decision.Allowed {
-			err = errors.New("denied")
-		}
-		return err
-	}
-	if err := decide(1); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.RaiseFence(ctx, key, 2); err != nil {
-		t.Fatal(err)
-	}
-	if err := decide(1); !errors.Is(err, storage.ErrFenced) {
-		t.Errorf("fence 1 after a raise to 2: %v, want ErrFenced", err)
-	}
-	if err := decide(2); err != nil {
-		t.Errorf("fence 2: %v", err)
-	}
-	if d, err := b.Get(ctx, key, now); err != nil || d.Remaining != 80 {
-		t.Errorf("get: %v remaining %d, want 80 (two takes of 10, the fenced one not)", err, d.Remaining)
-	}
 }
