@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter/storage"
@@ -35,53 +33,14 @@ func RunBucketFenceHistory(ctx context.Context, s Store, opt FenceHistoryOptions
 	ds := NewDelayStore(s, opt.MaxDelay, opt.Seed)
 	k := storage.Key{Space: "bucket-fence-history", Name: fmt.Sprintf("k-%d-%d", opt.Seed, time.Now().UnixNano())}
 	now := time.Now().UnixNano()
-	var (
-		h       FenceHistory
-		mu      sync.Mutex
-		raised  time.Time
-		firstEr error
-	)
-	stop := time.Now().Add(opt.Duration)
-	var wg sync.WaitGroup
-	for w := range opt.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(opt.Seed, uint64(w)))
-			ctx := WithDelayRand(ctx, r)
-			for time.Now().Before(stop) {
-				sent := time.Now()
-				got, err := bucketHistoryTake(ctx, ds, k, now, w, !opt.NoLeases)
-				mu.Lock()
-				if err == nil {
-					h.Landed += got - 1 // record counts one
-				}
-				if !h.record(err, sent, raised) && firstEr == nil {
-					firstEr = err
-				}
-				mu.Unlock()
-			}
-		}()
+	take := func(ctx context.Context, w int) (int64, error) {
+		return bucketHistoryTake(ctx, ds, k, now, w, !opt.NoLeases)
 	}
-	time.Sleep(opt.Duration / 2)
-	err := fs.RaiseFence(ctx, k, 2, fenceTTL)
-	var free int64
-	if err == nil {
-		free, err = bucketHistoryFree(ctx, s, k, now)
+	read := func(ctx context.Context) (int64, error) {
+		free, err := bucketHistoryFree(ctx, s, k, now)
+		return bucketHistoryMax - free, err
 	}
-	mu.Lock()
-	raised, h.AtRaise = time.Now(), bucketHistoryMax-free
-	mu.Unlock()
-	wg.Wait()
-	if err != nil {
-		return h, fmt.Errorf("raise and read: %w", err)
-	}
-	if firstEr != nil {
-		return h, firstEr
-	}
-	free, err = bucketHistoryFree(ctx, s, k, now)
-	h.Final = bucketHistoryMax - free
-	return h, err
+	return runFenceHistory(ctx, fs, k, opt, take, read)
 }
 
 // bucketHistoryTake is worker w's take with fence 1: a lease take for an

@@ -73,6 +73,23 @@ func RunFenceHistory(ctx context.Context, s Store, opt FenceHistoryOptions) (Fen
 	}
 	ds := NewDelayStore(s, opt.MaxDelay, opt.Seed)
 	k := storage.Key{Space: "fence-history", Name: fmt.Sprintf("k-%d-%d", opt.Seed, time.Now().UnixNano())}
+	take := func(ctx context.Context, _ int) (int64, error) {
+		_, err := ds.AddFenced(ctx, k, fenceCur, fenceSpan, 1, fenceTTL, 1)
+		return 1, err
+	}
+	read := func(ctx context.Context) (int64, error) {
+		c, err := s.Add(ctx, k, fenceCur, fenceSpan, 0, fenceTTL)
+		return c.C[0], err
+	}
+	return runFenceHistory(ctx, fs, k, opt, take, read)
+}
+
+// runFenceHistory runs opt.Workers goroutines calling take (worker w's
+// take with fence 1, answering the units it took) until opt.Duration has
+// passed, raises k's fence to 2 half-way and reads the units taken (read)
+// at once, then again when every take has returned.
+func runFenceHistory(ctx context.Context, fs storage.Fencer, k storage.Key, opt FenceHistoryOptions,
+	take func(ctx context.Context, w int) (int64, error), read func(context.Context) (int64, error)) (FenceHistory, error) {
 	var (
 		h       FenceHistory
 		mu      sync.Mutex
@@ -89,8 +106,11 @@ func RunFenceHistory(ctx context.Context, s Store, opt FenceHistoryOptions) (Fen
 			ctx := WithDelayRand(ctx, r)
 			for time.Now().Before(stop) {
 				sent := time.Now()
-				_, err := ds.AddFenced(ctx, k, fenceCur, fenceSpan, 1, fenceTTL, 1)
+				got, err := take(ctx, w)
 				mu.Lock()
+				if err == nil {
+					h.Landed += got - 1 // record counts one
+				}
 				if !h.record(err, sent, raised) && firstEr == nil {
 					firstEr = err
 				}
@@ -100,12 +120,12 @@ func RunFenceHistory(ctx context.Context, s Store, opt FenceHistoryOptions) (Fen
 	}
 	time.Sleep(opt.Duration / 2)
 	err := fs.RaiseFence(ctx, k, 2, fenceTTL)
-	var c storage.Counts
+	var at int64
 	if err == nil {
-		c, err = s.Add(ctx, k, fenceCur, fenceSpan, 0, fenceTTL)
+		at, err = read(ctx)
 	}
 	mu.Lock()
-	raised, h.AtRaise = time.Now(), c.C[0]
+	raised, h.AtRaise = time.Now(), at
 	mu.Unlock()
 	wg.Wait()
 	if err != nil {
@@ -114,8 +134,7 @@ func RunFenceHistory(ctx context.Context, s Store, opt FenceHistoryOptions) (Fen
 	if firstEr != nil {
 		return h, firstEr
 	}
-	c, err = s.Add(ctx, k, fenceCur, fenceSpan, 0, fenceTTL)
-	h.Final = c.C[0]
+	h.Final, err = read(ctx)
 	return h, err
 }
 
