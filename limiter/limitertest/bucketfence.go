@@ -69,17 +69,10 @@ func RunBucketFence(t *testing.T, s Store) {
 	}
 	name := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
 	now := time.Now().UnixNano()
-	for _, path := range []string{"UpdateBucketFenced", "Do"} {
-		t.Run(path, func(t *testing.T) {
-			r := bucketFenceRun{s: s, fs: fs, bf: bf, batch: path == "Do", now: now}
-			k := storage.Key{Space: "bucket-fence-conformance", Name: name + "-" + path}
-			for _, st := range bucketFenceSteps {
-				if err := r.step(k, st); err != nil {
-					t.Errorf("%s: %v", st.what, err)
-				}
-			}
-		})
-	}
+	runFencePaths(t, "bucket-fence-conformance", name, "UpdateBucketFenced", len(bucketFenceSteps), func(k storage.Key, batch bool) func(i int) (string, error) {
+		r := &bucketFenceRun{s: s, fs: fs, bf: bf, batch: batch, now: now}
+		return func(i int) (string, error) { return bucketFenceSteps[i].what, r.step(k, bucketFenceSteps[i]) }
+	})
 	t.Run("merged", func(t *testing.T) { runBucketFenceMerged(t, s, fs, name+"-merged", now) })
 }
 
@@ -121,14 +114,10 @@ func (r *bucketFenceRun) step(k storage.Key, st bucketFenceStep) error {
 	default:
 		d, err = r.bf.UpdateBucketFenced(ctx, k, op, fenceTTL, st.fence)
 	}
-	switch {
-	case st.fenced && !errors.Is(err, storage.ErrFenced):
-		return fmt.Errorf("got %v (%+v), want an error wrapping ErrFenced", err, d)
-	case st.fenced && (errors.Is(err, storage.ErrConflict) || errors.Is(err, storage.ErrUnavailable)):
-		return fmt.Errorf("got %v: a fence is neither a conflict nor an outage", err)
-	case !st.fenced && err != nil:
-		return err
-	case st.raise == 0 && !st.fenced && st.mode != storage.ModeRefund && !d.Allowed:
+	if err := checkFenced(st.fenced, err); err != nil {
+		return fmt.Errorf("%w (%+v)", err, d)
+	}
+	if st.raise == 0 && !st.fenced && st.mode != storage.ModeRefund && !d.Allowed {
 		return fmt.Errorf("not allowed: %+v", d)
 	}
 	if d.Granted > 0 {
@@ -159,12 +148,7 @@ func bucketFree(ctx context.Context, s storage.BucketStore, k storage.Key, now i
 func runBucketFenceMerged(t *testing.T, s Store, fs storage.Fencer, name string, now int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	keys := []storage.Key{{Space: "bucket-fence-merged-a", Name: name}, {Space: "bucket-fence-merged-b", Name: name}, {Space: "bucket-fence-merged-c", Name: name}}
-	for _, k := range keys[:2] {
-		if err := fs.RaiseFence(ctx, k, 4, fenceTTL); err != nil {
-			t.Fatal(err)
-		}
-	}
+	keys := raiseMergedFences(ctx, t, fs, "bucket-fence-merged", name)
 	steps := []storage.Step{
 		{Kind: storage.StepBucket, Key: keys[0], Bucket: bucketFenceOp(now, 1, storage.ModeTake), TTL: fenceTTL, Fence: 3},
 		{Kind: storage.StepBucket, Key: keys[1], Bucket: bucketFenceOp(now, 1, storage.ModeTake), TTL: fenceTTL, Fence: 4},

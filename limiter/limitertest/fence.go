@@ -103,17 +103,55 @@ func RunFence(t *testing.T, s Store) {
 		t.Fatalf("%T is not a storage.Fencer", s)
 	}
 	name := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
-	for _, path := range []string{"AddFenced", "Do"} {
+	runFencePaths(t, "fence-conformance", name, "AddFenced", len(fenceSteps), func(k storage.Key, batch bool) func(i int) (string, error) {
+		return func(i int) (string, error) { return fenceSteps[i].what, runFenceStep(s, fs, k, fenceSteps[i], batch) }
+	})
+	t.Run("merged", func(t *testing.T) { runFenceMerged(t, s, fs, name+"-merged") })
+}
+
+// runFencePaths runs a fence suite's n steps on a key of space of its
+// own, once through the store's fenced method (a subtest of that name)
+// and once through its batch path ("Do"): steps makes the path's
+// runner of step i, which answers the step's name and its error.
+func runFencePaths(t *testing.T, space, name, method string, n int, steps func(k storage.Key, batch bool) func(i int) (string, error)) {
+	for _, path := range []string{method, "Do"} {
 		t.Run(path, func(t *testing.T) {
-			k := storage.Key{Space: "fence-conformance", Name: name + "-" + path}
-			for _, st := range fenceSteps {
-				if err := runFenceStep(s, fs, k, st, path == "Do"); err != nil {
-					t.Errorf("%s: %v", st.what, err)
+			step := steps(storage.Key{Space: space, Name: name + "-" + path}, path == "Do")
+			for i := range n {
+				if what, err := step(i); err != nil {
+					t.Errorf("%s: %v", what, err)
 				}
 			}
 		})
 	}
-	t.Run("merged", func(t *testing.T) { runFenceMerged(t, s, fs, name+"-merged") })
+}
+
+// checkFenced reports a fenced op's answer err that the step does not
+// expect: not ErrFenced when fenced (or ErrFenced as a conflict or an
+// outage), an error when not.
+func checkFenced(fenced bool, err error) error {
+	switch {
+	case fenced && !errors.Is(err, storage.ErrFenced):
+		return fmt.Errorf("got %v, want an error wrapping ErrFenced", err)
+	case fenced && (errors.Is(err, storage.ErrConflict) || errors.Is(err, storage.ErrUnavailable)):
+		return fmt.Errorf("got %v: a fence is neither a conflict nor an outage", err)
+	case !fenced && err != nil:
+		return err
+	}
+	return nil
+}
+
+// raiseMergedFences makes the keys of a merged batch on one key name
+// (spaces prefix-a, -b, -c) and raises the fences of the first two to 4.
+func raiseMergedFences(ctx context.Context, t *testing.T, fs storage.Fencer, prefix, name string) []storage.Key {
+	t.Helper()
+	keys := []storage.Key{{Space: prefix + "-a", Name: name}, {Space: prefix + "-b", Name: name}, {Space: prefix + "-c", Name: name}}
+	for _, k := range keys[:2] {
+		if err := fs.RaiseFence(ctx, k, 4, fenceTTL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
 }
 
 const fenceCur, fenceSpan = 1000, 3
@@ -134,12 +172,7 @@ func runFenceStep(s Store, fs storage.Fencer, k storage.Key, st fenceStep, batch
 	default:
 		_, err = fs.AddFenced(ctx, k, fenceCur, fenceSpan, st.n, fenceTTL, st.fence)
 	}
-	switch {
-	case st.fenced && !errors.Is(err, storage.ErrFenced):
-		return fmt.Errorf("got %v, want an error wrapping ErrFenced", err)
-	case st.fenced && (errors.Is(err, storage.ErrConflict) || errors.Is(err, storage.ErrUnavailable)):
-		return fmt.Errorf("got %v: a fence is neither a conflict nor an outage", err)
-	case !st.fenced && err != nil:
+	if err := checkFenced(st.fenced, err); err != nil {
 		return err
 	}
 	c, err := s.Add(ctx, k, fenceCur, fenceSpan, 0, fenceTTL)
@@ -157,12 +190,7 @@ func runFenceStep(s Store, fs storage.Fencer, k storage.Key, st fenceStep, batch
 func runFenceMerged(t *testing.T, s Store, fs storage.Fencer, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	keys := []storage.Key{{Space: "fence-merged-a", Name: name}, {Space: "fence-merged-b", Name: name}, {Space: "fence-merged-c", Name: name}}
-	for _, k := range keys[:2] {
-		if err := fs.RaiseFence(ctx, k, 4, fenceTTL); err != nil {
-			t.Fatal(err)
-		}
-	}
+	keys := raiseMergedFences(ctx, t, fs, "fence-merged", name)
 	fences, want := []int64{3, 4, 0}, []int64{0, 1, 1}
 	steps := make([]storage.Step, len(keys))
 	for i, k := range keys {
