@@ -77,6 +77,9 @@ type tableRun struct {
 	times *regions.Table
 	// trace, if set, logs a second-by-second trace of the run (traceRun).
 	trace bool
+	// noFence: the agents' store does not fence (noFence), so they keep
+	// the wait.
+	noFence bool
 }
 
 // tableReport is a run's report with the agents' table counts and the
@@ -113,6 +116,14 @@ type noBucketFence struct {
 	UpdateBucketFenced struct{}
 }
 
+// noFence is the dynamo store without storage.Fencer (nor BucketFencer):
+// an agent on it keeps the wait for a window's lowerings and a bucket's
+// rebases (docs/regions.md, "A store that does not fence").
+type noFence struct {
+	*dynamo.Store
+	AddFenced, RaiseFence, UpdateBucketFenced struct{}
+}
+
 // runRegionSharesTable is runRegionShares through the table.
 func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, eps []string, d regionDemand, from time.Duration, run tableRun) tableReport {
 	tb.Helper()
@@ -139,6 +150,9 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		var store any = st
 		if os.Getenv("SLUICE_SHARES_NOFENCE") == "1" {
 			store = noBucketFence{Store: st}
+		}
+		if run.noFence {
+			store = noFence{Store: st}
 		}
 		a, err := regions.NewTableAgent(cfg, tt(region), holder, store)
 		if err != nil {
@@ -459,10 +473,14 @@ func checkTable(tb testing.TB, rep tableReport) {
 //     predecessor's; the frozen holder finds the role gone (its write
 //     refused, or the item's epoch moved). (Mid-grant, between a
 //     lowering's publication and its fence: TestSharesTableFence.)
+//   - window/wait: the window's moving split (4 s each way) with agents
+//     whose store does not fence (noFence): the lowerings wait a
+//     validity and a deadline before their grants ("A store that does
+//     not fence"); grants are made, and no lowering is fenced.
 //   - bucket: 60/30/10 for 4 s: the shares move (grants, rebases and
 //     their carries through the table).
 //
-// Both: no window of stamps over the union of regions is over the limit
+// All: no window of stamps over the union of regions is over the limit
 // (the bucket's bound); a decision fails only as an unavailable store.
 func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, eps []string) {
 	t.Run("table/window/takeover-mid-grant", func(t *testing.T) {
@@ -520,6 +538,21 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 		}
 		if fs.Lost == frozenLostAt {
 			t.Errorf("region 0's frozen holder never found the role gone: %+v", fs)
+		}
+	})
+	t.Run("table/window/wait", func(t *testing.T) {
+		d := regionDemand{Name: "rt/window/wait", Split: shareSplits[3].split, Then: shareSplits[3].then, Rate: 1.2 * regionRate, Duration: 4 * time.Second}
+		rep := runRegionSharesTable(t, g, table, eps, d, 0, tableRun{noFence: true})
+		t.Logf("%v", rep)
+		checkTable(t, rep)
+		var grants, fenced, raises int64
+		for i, a := range rep.agents {
+			grants += a.Grants
+			fenced += rep.holders[i].Fenced
+			raises += rep.holders[i].Raises
+		}
+		if grants == 0 || fenced != 0 || raises != 0 {
+			t.Errorf("%d grants, %d lowerings fenced, %d fences raised: want grants by the wait, none fenced", grants, fenced, raises)
 		}
 	})
 	t.Run("table/bucket/60/30/10", func(t *testing.T) {

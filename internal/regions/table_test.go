@@ -217,10 +217,20 @@ type fenceRig struct {
 	agents [2]*Agent
 	procs  [2]*Process
 	calls  []limitertest.Call
+	// clock is the memory stores' expiry clock, if simulated (newFenceRigClock):
+	// rg.now as last synced (sync).
+	clock atomic.Int64
 }
 
 func newFenceRig(t *testing.T, client *dynamodb.Client, table string, cfg Config, lockLife time.Duration) (*fenceRig, [2]Table, [2]*memory.Store) {
+	return newFenceRigClock(t, client, table, cfg, lockLife, false)
+}
+
+// newFenceRigClock is newFenceRig, the memory stores' states expiring by
+// the rig's clock (sync) if simExpiry, else by the wall clock.
+func newFenceRigClock(t *testing.T, client *dynamodb.Client, table string, cfg Config, lockLife time.Duration, simExpiry bool) (*fenceRig, [2]Table, [2]*memory.Store) {
 	rg := &fenceRig{t: t, now: time.Now()}
+	rg.sync()
 	name := fmt.Sprintf("fence-%s-%d", t.Name(), rg.now.UnixNano())
 	var tts [2]Table
 	var sts [2]*memory.Store
@@ -228,6 +238,12 @@ func newFenceRig(t *testing.T, client *dynamodb.Client, table string, cfg Config
 		tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
 			Validity: time.Second, Deadline: time.Second, LockLife: lockLife}
 		st := memStore(t)
+		if simExpiry {
+			var err error
+			if st, err = memory.New(memory.Config{Clock: func() time.Time { return time.Unix(0, rg.clock.Load()) }}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		a, err := NewTableAgent(cfg, tt, fmt.Sprintf("r%d", r), st)
 		if err != nil {
 			t.Fatal(err)
@@ -246,6 +262,9 @@ func newFenceRig(t *testing.T, client *dynamodb.Client, table string, cfg Config
 	}
 	return rg, tts, sts
 }
+
+// sync sets the stores' expiry clock to the rig's (newFenceRigClock).
+func (rg *fenceRig) sync() { rg.clock.Store(rg.now.UnixNano()) }
 
 // decide decides n units one at a time in region r at the rig's clock.
 func (rg *fenceRig) decide(r, n int) int {

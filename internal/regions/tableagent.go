@@ -40,12 +40,16 @@ type tableAgent struct {
 	// the fence this agent has raised the counters to. brokenFence
 	// (tests): a fenced lowering is given without raising the fence;
 	// stopEarly (tests): the tick stops after the save before the grant,
-	// as a holder that stopped there.
-	fenced                 bool
-	fence                  int64
-	unsaved                bool
-	raised                 int64
-	brokenFence, stopEarly bool
+	// as a holder that stopped there. brokenOverlap (tests): a fenced
+	// carry leaves nothing behind (overlap); brokenFenceTTL (tests): the
+	// raise and the claim keep the old item for its own TTL only
+	// (fenceTTL).
+	fenced                        bool
+	fence                         int64
+	unsaved                       bool
+	raised                        int64
+	brokenFence, stopEarly        bool
+	brokenOverlap, brokenFenceTTL bool
 
 	maxUntil int64 // the latest Until published
 	seen     int64 // the demand counter as the last tick weighed read it
@@ -1014,7 +1018,11 @@ func (a *Agent) raiseOld(ctx context.Context, now time.Time) error {
 	if !ok {
 		return fmt.Errorf("regions: region %d's store does not fence (%T)", a.r, a.store)
 	}
-	if err := fs.RaiseFence(ctx, a.oldKey(old), f, a.fenceTTL()); err != nil {
+	ttl := a.fenceTTL()
+	if tb.brokenFenceTTL {
+		ttl = old.ttl()
+	}
+	if err := fs.RaiseFence(ctx, a.oldKey(old), f, ttl); err != nil {
 		return fmt.Errorf("regions: raising the fence of region %d's item %q to %d: %w", a.r, old.key, f, err)
 	}
 	a.mu.Lock()
@@ -1052,7 +1060,11 @@ func (a *Agent) claim(ctx context.Context, it *bucketItem, at time.Time, n int64
 	}
 	c := it.own.Config()
 	op := storage.BucketOp{MaxAmount: c.MaxAmount, RefillTime: c.RefillTime, RefillAmount: c.RefillAmount, Now: at.UnixNano(), N: n}
-	d, err := bs.UpdateBucket(ctx, a.oldKey(it), op, max(a.fenceTTL(), it.ttl()))
+	ttl := max(a.fenceTTL(), it.ttl())
+	if a.tbl.brokenFenceTTL {
+		ttl = it.ttl()
+	}
+	d, err := bs.UpdateBucket(ctx, a.oldKey(it), op, ttl)
 	return d.Allowed, err
 }
 
@@ -1067,7 +1079,7 @@ func (a *Agent) claim(ctx context.Context, it *bucketItem, at time.Time, n int64
 // before it). Under a.mu.
 func (a *Agent) overlap(old *bucketItem, at int64) int64 {
 	end := old.raisedAt + int64(a.cfg.Skew)
-	if !a.tbl.fenced || old.own == nil || old.raisedAt == 0 || end < at || old.cfg.RefillTime <= 0 {
+	if !a.tbl.fenced || old.own == nil || old.raisedAt == 0 || end < at || old.cfg.RefillTime <= 0 || a.tbl.brokenOverlap {
 		return 0
 	}
 	return ((end-at)/int64(old.cfg.RefillTime) + 1) * old.cfg.RefillAmount
