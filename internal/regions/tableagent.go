@@ -147,11 +147,12 @@ func NewTableAgent(cfg Config, t Table, holder string, store any) (*Agent, error
 	}
 	a.tbl = &tableAgent{t: t, holder: holder, items: map[string]*bucketItem{}}
 	if _, ok := store.(storage.Fencer); ok {
-		// A bucket fences where its store fences buckets, and without
-		// leases (docs/regions.md, "Bucket: a fence instead of the
-		// wait": a lease on the old item is spent without the store).
+		// A bucket fences only where a test enables it (fenceBuckets),
+		// its store fences buckets, and without leases (docs/regions.md,
+		// "Bucket: a fence instead of the wait": a lease on the old item
+		// is spent without the store; and the gap that keeps it off).
 		_, bf := store.(storage.BucketFencer)
-		a.tbl.fenced = cfg.Bucket == nil || bf && !cfg.Leases
+		a.tbl.fenced = cfg.Bucket == nil || bf && !cfg.Leases && t.fenceBuckets
 	}
 	if len(a.items) > 0 {
 		a.tbl.items[a.items[0].key] = a.items[0]
