@@ -79,6 +79,7 @@ func TestLeasesHotKey(t *testing.T) {
 					store = newCounted(t)
 					continue
 				}
+				t.Logf("%s: longest a process stood still: %v", alg, longestGap(rep.Calls).Round(time.Millisecond))
 				checkHot(t, alg, rep, exact, store.Calls())
 				break
 			}
