@@ -138,9 +138,11 @@ type leaseKey struct {
 	// drained: no take before this stamp.
 	drained int64
 	// run is the units of the backlog run the last ones seen belong to
-	// (observe): near a lease's end, a backlog leases what its run has
-	// shown (want), on a key whose last lease was taken at took.
-	run, took int64
+	// (observe), and before the stamp of the call before the run's
+	// first: near a lease's end, a backlog leases what its run has
+	// shown (want), on a key whose last lease, taken at took, came
+	// within a second of before.
+	run, before, took int64
 	// rtt is the key's store round trip in this process (wall time of
 	// the store steps that decided it, conflicts and retries included),
 	// averaged; 0: not measured (always, unless the leaser is far).
@@ -221,7 +223,8 @@ func (sh *leaseShard) entry(key string, t int64) *leaseKey {
 // backlog run when they come within a fraction of the rate's spacing of
 // the last ones.
 func (k *leaseKey) observe(t, n int64) {
-	dt := t - k.seen
+	prev := k.seen
+	dt := t - prev
 	if dt > 0 {
 		k.sum *= math.Exp2(-float64(dt) / float64(rateHalfLife))
 		k.seen = t
@@ -229,7 +232,7 @@ func (k *leaseKey) observe(t, n int64) {
 	if k.sum > 0 && (dt <= 0 || float64(dt)*k.rate()*backlogSpacing < float64(n)*float64(time.Second)) {
 		k.run += n
 	} else {
-		k.run = n
+		k.run, k.before = n, prev
 	}
 	k.sum += float64(n)
 }
@@ -328,11 +331,12 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 		life = min(left, storage.MaxLeaseLife)
 	}
 	w := min(int64(rate*life.Seconds()), k.remaining/fairShare, l.maxWant)
-	if w < k.minLease() && nominal >= k.minLease() && k.run >= backlogRun && t-k.took < int64(rateHalfLife) && !brokenBacklog {
+	if w < k.minLease() && nominal >= k.minLease() && k.run >= backlogRun && k.leasedBefore(t) {
 		// A backlog near the lease's end of a key that leased within
-		// the last second (calls that queued behind a pause of the
-		// process, answered at once; a cold key's quick handful never
-		// leases): the rate, spread
+		// a second of its last call before the backlog (calls that
+		// queued behind a pause of the process, answered at once,
+		// however long it stood still; a cold key's quick handful
+		// never leases): the rate, spread
 		// over the little time left, says a lease would strand its
 		// units, and each call would be a store step of its own. Lease
 		// the units the run has shown so far (it doubles with each
@@ -348,9 +352,25 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 	return w
 }
 
+// leasedBefore reports whether the key took a lease within rateHalfLife
+// of its last call before its backlog run: measured from that call, not
+// from t, so that a pause of the process (no call of the key while it
+// stood still) does not make a hot key's backlog look cold.
+func (k *leaseKey) leasedBefore(t int64) bool {
+	switch {
+	case brokenBacklog:
+		return false
+	case brokenPause:
+		return t-k.took < int64(rateHalfLife)
+	}
+	return k.took > 0 && k.before-k.took < int64(rateHalfLife)
+}
+
 // brokenBacklog: a backlog near a lease's end is a store step a call
-// (want), as before; tests only.
-var brokenBacklog = false
+// (want), as before; brokenPause: only a backlog whose key leased within
+// the second before now leases, as before, so a pause of a second or
+// more turns the rule off. Tests only.
+var brokenBacklog, brokenPause = false, false
 
 // minLease is the smallest lease worth taking on the key: minLease, or
 // fewer units (at least 2) when they save leaseSaves of store round trips

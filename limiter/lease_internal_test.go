@@ -110,12 +110,12 @@ func TestLeaseMinimumRoundTrip(t *testing.T) {
 
 // backlogCalls runs one process's decisions on a window key's leases, as
 // Decide does (spend, else want and a store step that grants all it
-// asks): 100 a second, evenly, from a slot's start until 280 ms before
-// its end; then a pause of 250 ms, and the 25 calls that queued
-// meanwhile answered 20 µs apart, 30 ms before the slot's end (as a
-// process paused on a loaded host). It returns the store steps of the
-// steady part and of the backlog.
-func backlogCalls(t *testing.T) (steady, backlog int) {
+// asks): 100 a second, evenly, from a slot's start until pause+30 ms
+// before its end; then a pause, and the calls that queued meanwhile (one
+// per 10 ms) answered 20 µs apart, 30 ms before the slot's end (as a
+// process paused on a loaded host or by a long GC). It returns the store
+// steps of the steady part and of the backlog.
+func backlogCalls(t *testing.T, pause time.Duration) (steady, backlog int) {
 	t.Helper()
 	const sec = int64(time.Second)
 	sub := 3 * sec // a minute's window in 20 slots
@@ -131,11 +131,12 @@ func backlogCalls(t *testing.T) (steady, backlog int) {
 		l.took(key, now, 1, w, w, end, ref, Decision{Allowed: true, Limit: 1 << 20, Remaining: 1 << 19})
 		return 1
 	}
-	for now := s0; now < s0+sub-280*int64(time.Millisecond); now += sec / 100 {
+	resume := s0 + sub - 30*int64(time.Millisecond)
+	for now := s0; now < resume-int64(pause); now += sec / 100 {
 		steady += decide(now)
 	}
-	for i := range int64(25) {
-		backlog += decide(s0 + sub - 30*int64(time.Millisecond) + i*20*int64(time.Microsecond))
+	for i := range int64(pause / (10 * time.Millisecond)) {
+		backlog += decide(resume + i*20*int64(time.Microsecond))
 	}
 	return steady, backlog
 }
@@ -144,17 +145,26 @@ func backlogCalls(t *testing.T) (steady, backlog int) {
 // answering the calls that queued) leases what its run has shown rather
 // than sending each call to the store: the rate spread over the 30 ms
 // left calls for 3 units, under the smallest lease. The steady calls are
-// unchanged by the rule (evenly spaced, they make no run).
+// unchanged by the rule (evenly spaced, they make no run). A pause of a
+// second or more is no different: the key leased within a second of its
+// last call before the pause.
 func TestLeaseBacklogAtSlotEnd(t *testing.T) {
-	steady, backlog := backlogCalls(t)
-	brokenBacklog = true
-	steadyOld, backlogOld := backlogCalls(t)
-	brokenBacklog = false
-	t.Logf("store steps: steady %d, backlog of 25 %d (%d and %d without the backlog rule)", steady, backlog, steadyOld, backlogOld)
-	if backlog > 8 {
-		t.Errorf("a backlog of 25 calls near the slot's end took %d store steps, want at most 8", backlog)
-	}
-	if steady != steadyOld {
-		t.Errorf("steady calls took %d store steps, %d without the backlog rule: the rule should not apply", steady, steadyOld)
+	for _, pause := range []time.Duration{250 * time.Millisecond, 1500 * time.Millisecond} {
+		queued := int(pause / (10 * time.Millisecond))
+		steady, backlog := backlogCalls(t, pause)
+		brokenBacklog = true
+		steadyOld, backlogOld := backlogCalls(t, pause)
+		brokenBacklog = false
+		brokenPause = true
+		_, backlogNow := backlogCalls(t, pause)
+		brokenPause = false
+		t.Logf("pause %v: store steps: steady %d, backlog of %d %d (%d without the backlog rule, %d with it counted from now)",
+			pause, steady, queued, backlog, backlogOld, backlogNow)
+		if most := 8 + queued/40; backlog > most {
+			t.Errorf("pause %v: a backlog of %d calls near the slot's end took %d store steps, want at most %d", pause, queued, backlog, most)
+		}
+		if steady != steadyOld {
+			t.Errorf("pause %v: steady calls took %d store steps, %d without the backlog rule: the rule should not apply", pause, steady, steadyOld)
+		}
 	}
 }

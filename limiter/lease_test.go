@@ -74,10 +74,12 @@ func TestLeasesHotKey(t *testing.T) {
 				ls, exact := hotLimits(t, alg, store, procs, true)
 				rep := limitertest.RunHot(t.Context(), ls, limitertest.HotOptions{Key: "hot", Rate: rate, Duration: 4 * time.Second})
 				if gap := longestGap(rep.Calls); gap > hotStall && attempt < 3 {
-					t.Logf("%s: run %d stood still for %v (no decision of a process began): run again", alg, attempt, gap.Round(time.Millisecond))
+					t.Logf("%s: run %d stood still for %v (no decision of a process began): %d decisions, %d store calls, leases %+v; run again",
+						alg, attempt, gap.Round(time.Millisecond), len(rep.Calls), store.Calls(), rep.Leases)
 					store = newCounted(t)
 					continue
 				}
+				t.Logf("%s: longest a process stood still: %v", alg, longestGap(rep.Calls).Round(time.Millisecond))
 				checkHot(t, alg, rep, exact, store.Calls())
 				break
 			}
