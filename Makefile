@@ -29,7 +29,8 @@ run:
 ## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra, accuracy, the bootstrap under AWS's Runtime Interface Emulator, the README's commands
 test: lint
 	scripts/testenv $(GO) test -race -count=1 ./...
-	scripts/testenv $(GO) test -count=1 -p 1 -run '^TestLeasesHotKey' ./limiter/ ./backends/dynamo/
+	$(GO) test -count=1 -run '^TestLeasesHotKey' ./limiter/
+	scripts/testenv $(GO) test -count=1 -p 1 -run '^TestLeasesHotKey' ./backends/dynamo/
 	$(MAKE) fuzz
 	cd infra && $(GO) test -count=1 ./...
 	cd tools/rie && $(GO) test -count=1 ./...
