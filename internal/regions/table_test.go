@@ -189,18 +189,7 @@ func TestSharesTableWait(t *testing.T) {
 // raising it, and the window is over).
 func TestSharesTableFence(t *testing.T) {
 	client, table := testTable(t)
-	// A cold DynamoDB Local's first requests take long enough to push
-	// the real clock past the simulated one's deadlines: warm it up.
-	warm, err := NewTableAgent(Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10},
-		Table{Client: client, Table: table, Name: "fence-warm", Region: 0}, "warm", memStore(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := warm.Tick(t.Context(), time.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	warmTable(t, client, table)
 	for _, mode := range []string{"holder", "leases", "successor"} {
 		for _, broken := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/broken=%v", mode, broken), func(t *testing.T) {
@@ -960,16 +949,7 @@ func TestSharesTableStall(t *testing.T) {
 // interval over.
 func TestSharesTableBucketFence(t *testing.T) {
 	client, table := testTable(t)
-	warm, err := NewTableAgent(Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10},
-		Table{Client: client, Table: table, Name: "bfence-warm", Region: 0}, "warm", memStore(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := warm.Tick(t.Context(), time.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	warmTable(t, client, table)
 	for _, broken := range []bool{false, true} {
 		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
 			bucketFenceRun(t, client, table, broken)
