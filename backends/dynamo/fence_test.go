@@ -1,6 +1,7 @@
 package dynamo_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,10 +71,14 @@ func TestBucketFenceWire(t *testing.T) {
 
 // checkFenceWire sends 20 steps (step with the key and a fence) unfenced
 // on one key, then with fence 5 and fence 4 on a key whose fence was
-// raised to 5, and compares their requests and write units at the cap
-// proxy: a fenced step costs what an unfenced one does (with oneEach,
-// exactly one request), a refused one one request. ops names the steps,
-// space the keys' spaces.
+// raised to 5, and compares their requests (at the cap proxy, and as the
+// client sent them: retries included) and capacity units: a fenced step
+// costs what an unfenced one does (with oneEach, exactly one request), a
+// refused one exactly one request and one write unit (a failed condition
+// is billed as a write), nothing read. The steps' answers are checked
+// after their costs, so that a refused step that costs more (a retry, an
+// extra read) fails the cost comparison whatever it was answered. ops
+// names the steps, space the keys' spaces.
 func checkFenceWire(t *testing.T, ops, space string, oneEach bool, step func(k storage.Key, fence int64) storage.Step) {
 	t.Helper()
 	proxy := testserver.DynamoDBCap(t)
@@ -89,29 +94,59 @@ func checkFenceWire(t *testing.T, ops, space string, oneEach bool, step func(k s
 		t.Fatal(err)
 	}
 	raise := proxy.KeyStats(tableName, dynamo.ItemKey(fenced))
-	cost := func(k storage.Key, fence int64) (testserver.CapCounts, int64) {
+	// answers counts a series' answers: nil, ErrFenced, anything else
+	// (the first kept).
+	type answers struct {
+		ok, fenced, other int
+		first             error
+	}
+	cost := func(k storage.Key, fence int64) (testserver.CapCounts, int64, answers) {
 		before, req := proxy.KeyStats(tableName, dynamo.ItemKey(k)), r.load()
+		var a answers
 		for range n {
 			var out [1]storage.StepResult
 			s.Do(ctx, []storage.Step{step(k, fence)}, out[:])
-			if err := out[0].Err; err != nil && !(fence < 5 && errors.Is(err, storage.ErrFenced)) {
-				t.Fatal(err)
+			switch err := out[0].Err; {
+			case err == nil:
+				a.ok++
+			case errors.Is(err, storage.ErrFenced):
+				a.fenced++
+			default:
+				a.other++
+				a.first = cmp.Or(a.first, err)
 			}
 		}
 		after := proxy.KeyStats(tableName, dynamo.ItemKey(k))
-		return testserver.CapCounts{Requests: after.Requests - before.Requests, WriteUnits: after.WriteUnits - before.WriteUnits}, r.load() - req
+		return testserver.CapCounts{Requests: after.Requests - before.Requests, WriteUnits: after.WriteUnits - before.WriteUnits,
+			ReadUnits: after.ReadUnits - before.ReadUnits}, r.load() - req, a
 	}
-	p, preq := cost(plain, 0)
-	f, freq := cost(fenced, 5)
-	x, xreq := cost(fenced, 4)
-	t.Logf("%d %s: unfenced %d requests (%d sent) %.1f WCU; fenced %d (%d) %.1f WCU; refused %d (%d) %.1f WCU; the raise %d request %.1f WCU",
-		n, ops, p.Requests, preq, p.WriteUnits, f.Requests, freq, f.WriteUnits, x.Requests, xreq, x.WriteUnits, raise.Requests, raise.WriteUnits)
+	p, preq, pa := cost(plain, 0)
+	f, freq, fa := cost(fenced, 5)
+	x, xreq, xa := cost(fenced, 4)
+	t.Logf("%d %s: unfenced %d requests (%d sent) %.1f WCU %.1f RCU; fenced %d (%d) %.1f WCU %.1f RCU; refused %d (%d) %.1f WCU %.1f RCU; the raise %d request %.1f WCU",
+		n, ops, p.Requests, preq, p.WriteUnits, p.ReadUnits, f.Requests, freq, f.WriteUnits, f.ReadUnits, x.Requests, xreq, x.WriteUnits, x.ReadUnits,
+		raise.Requests, raise.WriteUnits)
 	want, wantSent := p.Requests, preq
 	if oneEach {
 		want, wantSent = n, n
 	}
-	if f.Requests != want || freq != wantSent || f.WriteUnits != p.WriteUnits || x.Requests != n {
-		t.Errorf("a fenced step costs more than an unfenced one, or a refused one more than one request")
+	if f.Requests != want || freq != wantSent || f.WriteUnits != p.WriteUnits || f.ReadUnits != p.ReadUnits {
+		t.Errorf("fenced %s cost %d requests (%d sent) %.1f WCU %.1f RCU: want what unfenced ones cost, %d (%d) %.1f WCU %.1f RCU",
+			ops, f.Requests, freq, f.WriteUnits, f.ReadUnits, want, wantSent, p.WriteUnits, p.ReadUnits)
+	}
+	if x.Requests != n || xreq != n || x.WriteUnits != n || x.ReadUnits != 0 {
+		t.Errorf("%d refused %s cost %d requests (%d sent) %.1f WCU %.1f RCU: want one request and one write unit each, %d (%d) %d.0 WCU 0.0 RCU",
+			n, ops, x.Requests, xreq, x.WriteUnits, x.ReadUnits, n, n, n)
+	}
+	for _, c := range []struct {
+		what string
+		a    answers
+		want answers
+	}{{"unfenced", pa, answers{ok: n}}, {"fenced", fa, answers{ok: n}}, {"refused", xa, answers{fenced: n}}} {
+		if c.a.ok != c.want.ok || c.a.fenced != c.want.fenced || c.a.other != 0 {
+			t.Errorf("%s %s answered: %d nil, %d ErrFenced, %d other (first: %v); want %d nil, %d ErrFenced",
+				c.what, ops, c.a.ok, c.a.fenced, c.a.other, c.a.first, c.want.ok, c.want.fenced)
+		}
 	}
 }
 
