@@ -112,8 +112,10 @@ func TestProcessFenceExhausted(t *testing.T) {
 				if i == 0 {
 					t.Logf("hot decision: outcome %v, reason %v, failed %v, %v, in %v", r.Outcome, r.Reason, ev.Failed, ev.Err, took)
 				}
-				if !ev.Failed || !errors.Is(ev.Err, ErrStale) || took >= deadline {
-					t.Errorf("hot decision %d: failed %v, %v, in %v: want the fail mode to decide an error wrapping ErrStale within %v",
+				// An error wrapping ErrFenced is never given to the fail
+				// mode (limiter.Decide): the exhausted decision must not.
+				if !ev.Failed || !errors.Is(ev.Err, ErrStale) || errors.Is(ev.Err, storage.ErrFenced) || took >= deadline {
+					t.Errorf("hot decision %d: failed %v, %v, in %v: want the fail mode to decide an error wrapping ErrStale, not ErrFenced, within %v",
 						i, ev.Failed, ev.Err, took, deadline)
 				}
 				if r.Outcome == policy.Allow {
