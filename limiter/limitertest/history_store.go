@@ -51,8 +51,8 @@ var (
 // arrival is what has reached the inner store for one key.
 type arrival struct {
 	seen   bool
-	newest int64     // newest sub-window (windows) or stamp (buckets, logs)
-	span   int64     // the span of the last window add, for refunds
+	newest int64 // newest sub-window (windows) or stamp (buckets, logs)
+	span   int64 // the span of the last window add, for refunds
 	// marks records when newest grew, in order: the newest handed over by
 	// any time.
 	marks []mark
