@@ -471,15 +471,15 @@ func (r *HistoryReport) Summary() string {
 		check = fmt.Sprintf("; first error: %v", r.FirstErr)
 	}
 	if r.CheckTime > 0 {
-		check += fmt.Sprintf("; linearizability checked in %v", r.CheckTime.Round(time.Millisecond))
+		check += fmt.Sprintf("; linearizability checked in %v; a TTL or more after the key's last take: %d", r.CheckTime.Round(time.Millisecond), r.AfterTTL)
 	}
 	if r.LateInRealTime > 0 {
 		check += fmt.Sprintf("; returned more than a window after their stamps: %d", r.LateInRealTime)
 	}
 	return fmt.Sprintf("%s/%s: %d calls (%d allowed for %d units, %d denied, %d failed); %d boundaries crossed, limit reached in %d windows; "+
-		"late arrivals: %d (%s), late refunds: %d, past the horizon: %d, a TTL after the key's last take: %d; %d windows over the limit (%d more holding calls past the horizon)%s",
+		"late arrivals: %d (%s), late refunds: %d, past the horizon: %d; %d windows over the limit (%d more holding calls past the horizon)%s",
 		r.Scenario, r.Clock, len(r.Calls), r.Allowed, r.AllowedUnits, r.Denied, r.Failed, r.Boundaries, r.AtLimit,
-		a.Late, behind, a.LateRefunds, a.PastHorizon, r.AfterTTL, len(r.Violations), len(r.Excused), check)
+		a.Late, behind, a.LateRefunds, a.PastHorizon, len(r.Violations), len(r.Excused), check)
 }
 
 // sharedClock is a strictly increasing clock shared by goroutines.
