@@ -84,22 +84,24 @@ func (b StampBucket) Take(cfg limiter.TokenBucketConfig, at, n int64) (next Stam
 // stampModel is the porcupine model of one key's at-stamp bucket, with the
 // same treatment of failed, idle and deny-cached calls as bucketModel.
 func stampModel(cfg limiter.TokenBucketConfig) porcupine.Model {
-	base := bucketModel(cfg, true)
+	base := bucketModel(cfg)
+	ttl := int64(bucketTTL(cfg))
 	step := func(s StampBucket, i bucketInput) (StampBucket, bucketOutput) {
 		n, ok, rem := s.Take(cfg, i.stamp, i.n)
 		return n, bucketOutput{allowed: ok, remaining: rem}
 	}
 	nm := porcupine.NondeterministicModel{
 		Partition: base.Partition,
-		Init:      func() []any { return []any{StampBucket{}} },
+		Init:      func() []any { return []any{written[StampBucket]{}} },
 		Step: func(st, in, out any) []any {
-			s := st.(StampBucket)
-			return bucketChoices(s, s.Exists, StampBucket{}, in.(bucketInput), out.(bucketOutput), step)
+			s := st.(written[StampBucket])
+			return bucketChoices(s, s.b.Exists, in.(bucketInput), out.(bucketOutput), ttl, step)
 		},
 		Equal: func(a, b any) bool { return a == b },
 		Hash: func(st any) uint64 {
-			s := st.(StampBucket)
-			h := uint64(s.Tat)*0x9e3779b97f4a7c15 ^ uint64(s.Base)
+			w := st.(written[StampBucket])
+			s := w.b
+			h := uint64(s.Tat)*0x9e3779b97f4a7c15 ^ uint64(s.Base) ^ uint64(w.at)*0xbf58476d1ce4e5b9
 			if s.Exists {
 				h ^= 1 << 63
 			}
@@ -107,11 +109,12 @@ func stampModel(cfg limiter.TokenBucketConfig) porcupine.Model {
 		},
 		DescribeOperation: base.DescribeOperation,
 		DescribeState: func(st any) string {
-			s := st.(StampBucket)
+			w := st.(written[StampBucket])
+			s := w.b
 			if !s.Exists {
 				return "no bucket"
 			}
-			return fmt.Sprintf("grid from %d, tat %d", s.Base, s.Tat)
+			return fmt.Sprintf("grid from %d, tat %d, last written at or after %v", s.Base, s.Tat, time.Duration(w.at))
 		},
 	}
 	return nm.ToModel()
@@ -139,7 +142,6 @@ func bucketOps(calls []Call) []porcupine.Operation {
 		}
 		op := porcupine.Operation{
 			ClientId: c.Worker,
-			Input:    bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, idle: c.Idle},
 			Call:     int64(c.Start),
 			Output:   bucketOutput{allowed: c.Allowed, remaining: c.Remaining},
 			Return:   int64(c.End),
@@ -148,15 +150,18 @@ func bucketOps(calls []Call) []porcupine.Operation {
 		if c.Reached {
 			op.Call, op.Return = int64(c.Arrived), int64(c.Returned)
 		}
+		in := bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, idle: c.Idle}
 		if c.Cached && c.Err == nil {
-			op.Input = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, cached: true}
+			in = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, cached: true}
 			op.Output = bucketOutput{allowed: c.Allowed}
 		}
 		if c.Err != nil {
-			op.Input = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, unknown: true, idle: c.Idle}
+			in.unknown = true
 			op.Output = bucketOutput{}
 			op.Return = math.MaxInt64
 		}
+		in.arrived, in.returned = op.Call, op.Return
+		op.Input = in
 		ops = append(ops, op)
 	}
 	return ops
