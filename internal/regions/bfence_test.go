@@ -128,53 +128,64 @@ func fenceTTLRun(t *testing.T, client *dynamodb.Client, table string, broken boo
 	}
 }
 
-// TestSharesTableOverlap: a bucket of 220 (200 units shared) refilled
-// 1,000 a second, on stores that fence buckets, without leases, as
-// TestSharesTableBucketFence ten times over. Region 1 spends all it can;
-// region 0's process spends at once (and reads its entry, held: Refresh
-// 900 ms), then idles, and region 0 gives region 1 its surplus. Its
-// holder stops after the save that publishes the rebase, before the raise
-// (stopEarly): the raise is left to the carry, 130 ms past the new item's
-// first stamp (at). Before the raise, region 0's process decides by the
-// entry it holds on the old item: all it can at the rebase's tick (before
-// at: the old item is emptied), then one unit at a stamp 110 ms past at,
-// which lands before the raise: it refilled the old item at its old rate
-// past at. The carry claims the old item at at, behind its clock, so it
-// holds those refills: with the overlap it leaves them behind, and the old
-// item gives from at on (the carry and the late decision) at most its
-// free tokens at at, its refills since it was emptied, which the bound
-// rests on (the new item and the grant refill from at). brokenOverlap: the
-// carry moves them, several times those free tokens. The whole bucket is
-// checked never over too (CheckBucketBound), but that check does not fail
-// on brokenOverlap here: what the carry moves past the new item's room
-// goes with the grant, capped at what the grant would have held, and the
-// run's slack (the 20 units not shared, the raise's losses) is larger than
-// the rest; the logs give its margin on the worst interval and the whole
-// run.
-func TestSharesTableOverlap(t *testing.T) {
+// TestSharesTableRaiseFirst: a bucket of 220 (200 units shared) refilled
+// 1,000 a second, on stores that fence buckets, without leases. Region 1
+// spends all it can; region 0's process spends at once (and reads its
+// entry, held: Refresh 900 ms), then idles, and region 0 gives region 1
+// its surplus. A second process of region 0 ("late") reads its entry at
+// the start too and holds it. Region 0's holder stops after the save that
+// publishes the rebase (stopEarly). At the rebase's tick, before the new
+// item's first stamp (at), region 0's process empties the old item; then
+// the late process decides 300 units one at a time, by the entry it read
+// before the rebase, at a stamp 110 ms past at, and the carry follows 20
+// ms later.
+//
+// The rebase raised the old item's fence before it published the entry
+// that lists the new item, and chose at after the raise returned: the
+// late process is refused, reads the entry again and decides on the new
+// item; the carry claims at at the old item's free tokens there (its
+// refills since it was emptied), all it ever had at stamps from at on,
+// and no interval is over the bucket. brokenOrder (the order before: the
+// entry published first, at 20 ms after the tick, the raise after it,
+// here left to the carry by stopEarly): the late decisions land before
+// the raise, take the old item's refills past at beside the new item's
+// and the grant's, and the checker sees an interval over.
+func TestSharesTableRaiseFirst(t *testing.T) {
 	client, table := testTable(t)
 	warmTable(t, client, table)
 	for _, broken := range []bool{false, true} {
 		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
-			overlapRun(t, client, table, broken)
+			raiseFirstRun(t, client, table, broken)
 		})
 	}
 }
 
-// overlapRun's figures, for overlapCheck.
-type overlapRun1 struct {
+// raiseFirstRun1 is a run's figures, for raiseFirstCheck.
+type raiseFirstRun1 struct {
 	got0, got1, late, steps int
+	late0                   int
 	at                      int64
-	moved, left, free       int64
+	moved, free, fenced     int64
+	lateOld                 int64
 }
 
-func overlapRun(t *testing.T, client *dynamodb.Client, table string, broken bool) {
+// lateBy is how far past at the late process decides
+// (TestSharesTableRaiseFirst).
+const lateBy = 200 * time.Millisecond
+
+func raiseFirstRun(t *testing.T, client *dynamodb.Client, table string, broken bool) {
 	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 220, RefillTime: time.Millisecond, RefillAmount: 1}
 	cfg := Config{Regions: 2, Key: "k", Bucket: &b}
-	rg, _, _ := newFenceRig(t, client, table, cfg, 750*time.Millisecond)
+	rg, tts, sts := newFenceRig(t, client, table, cfg, 750*time.Millisecond)
 	giver := rg.agents[0]
-	giver.tbl.brokenOverlap = broken
+	giver.tbl.brokenOrder = broken
 	giver.tbl.stopEarly = true
+	lt := tts[0]
+	lt.Refresh = 900 * time.Millisecond
+	late, err := NewProcess(cfg, lt, sts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
 	step := func(d time.Duration) {
 		// Never behind the wall clock (TestSharesTableBucketFence).
 		if rg.now = rg.now.Add(d); rg.now.Before(time.Now()) {
@@ -183,9 +194,11 @@ func overlapRun(t *testing.T, client *dynamodb.Client, table string, broken bool
 	}
 	rg.tick()
 	step(10 * time.Millisecond)
-	var r overlapRun1
+	var r raiseFirstRun1
 	r.got1 += rg.decide(1, 300)
 	r.got0 += rg.decide(0, 300) // region 0's process reads its entry, held 900 ms
+	r.late0 = rg.decideBy(late, 1)
+	r.late = r.late0
 	var old limiter.TokenBucketConfig
 	for ; r.at == 0 && r.steps < 16; r.steps++ {
 		step(50 * time.Millisecond)
@@ -197,63 +210,105 @@ func overlapRun(t *testing.T, client *dynamodb.Client, table string, broken bool
 		}
 		giver.mu.Unlock()
 	}
-	if ts := giver.TableStats(); r.at == 0 || ts.Early == 0 || ts.Raises >= ts.Early {
-		t.Fatalf("region 0 made no rebase, or did not stop before its raise: %+v, table %+v", giver.Stats(), ts)
+	if ts := giver.TableStats(); r.at == 0 || ts.Early == 0 || broken && ts.Raises >= ts.Early || !broken && ts.Raises < ts.Early {
+		t.Fatalf("region 0 made no rebase, or did not stop after its save (raised before it: %v): %+v, table %+v", !broken, giver.Stats(), ts)
 	}
 	giver.tbl.stopEarly = false
 	drained := rg.now
 	r.got0 += rg.decide(0, 300) // at the rebase's tick, before at: empties the old item
-	step(time.Duration(r.at-rg.now.UnixNano()) + 110*time.Millisecond)
-	r.got1 += rg.decide(1, 300)
-	rg.tick(rg.agents[1])
-	r.late = rg.decide(0, 1) // past at, by the old entry, before the raise
-	r.got0 += r.late
+	// Region 1 spends all it can every 20 ms until the late stamp (no
+	// refill of its lost to a full bucket), ticking every 100 ms.
+	lateStamp := time.Unix(0, r.at).Add(lateBy)
+	for i := 1; rg.now.Before(lateStamp); i++ {
+		step(min(20*time.Millisecond, lateStamp.Sub(rg.now)))
+		r.got1 += rg.decide(1, 300)
+		if i%5 == 0 || !rg.now.Before(lateStamp) {
+			rg.tick(rg.agents[1])
+		}
+	}
+	fenced := late.Stats().Fenced
+	lateAt := rg.now
+	// Past at, by the entry read before the rebase, one at a time: those
+	// admitted before the fence first refused one took from the old item
+	// (then the process reads its entry again and decides on the new
+	// item, its stamp past at).
+	for range 300 {
+		got := rg.decideBy(late, 1)
+		r.late += got
+		if late.Stats().Fenced == fenced {
+			r.lateOld += int64(got)
+		}
+	}
+	r.fenced = late.Stats().Fenced - fenced
+	if held := lateAt.Sub(drained.Add(-time.Duration(r.steps)*50*time.Millisecond - 10*time.Millisecond)); held >= 900*time.Millisecond {
+		t.Fatalf("the late process would read its entry again (%v after it read it): the host is too slow for this test", held)
+	}
 	step(20 * time.Millisecond)
 	before := giver.TableStats()
-	rg.tick() // the carry: raise, claim at at
+	rg.tick() // the carry: claim at at
 	carry := giver.TableStats()
-	if carry.Carries == before.Carries || carry.Raises == before.Raises {
+	if carry.Carries == before.Carries {
 		t.Fatalf("region 0's carry was not made: %+v", carry)
 	}
 	// The old item's free tokens at at: its refills since it was
 	// emptied, the grid steps in (drained, at].
 	r.free = (int64(time.Duration(r.at-drained.UnixNano())/old.RefillTime) + 1) * old.RefillAmount
-	r.moved, r.left = carry.Moved-before.Moved, carry.Overlap-before.Overlap
+	r.moved = carry.Moved - before.Moved
 	for range 5 {
 		step(100 * time.Millisecond)
 		r.got0 += rg.decide(0, 100)
 		r.got1 += rg.decide(1, 300)
 		rg.tick()
 	}
-	overlapCheck(t, rg, giver, b, broken, r)
+	raiseFirstCheck(t, rg, giver, b, broken, r)
 }
 
-// overlapCheck is TestSharesTableOverlap's verdict on a run.
-func overlapCheck(t *testing.T, rg *fenceRig, giver *Agent, b limiter.TokenBucketConfig, broken bool, r overlapRun1) {
+// decideBy decides n units one at a time by process p (of region 0) at
+// the rig's clock.
+func (rg *fenceRig) decideBy(p *Process, n int) int {
+	got := 0
+	for range n {
+		d, err := p.AllowN(rg.t.Context(), "k", rg.now, 1)
+		if err != nil {
+			rg.t.Fatal(err)
+		}
+		rg.calls = append(rg.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: rg.now, Allowed: d.Allowed, Reached: true})
+		if d.Allowed {
+			got++
+		}
+	}
+	return got
+}
+
+// raiseFirstCheck is TestSharesTableRaiseFirst's verdict on a run.
+func raiseFirstCheck(t *testing.T, rg *fenceRig, giver *Agent, b limiter.TokenBucketConfig, broken bool, r raiseFirstRun1) {
 	t.Helper()
 	ts := giver.TableStats()
 	over := limitertest.CheckBucketBound(rg.calls, b)
-	t.Logf("rebase at %v after %d steps; region 0 admitted %d, region 1 %d; region 0's process %+v; giver's table %+v; the bound's margin %d on the worst interval, %d on the whole run",
-		time.Unix(0, r.at).Format("15:04:05.000"), r.steps, r.got0, r.got1, rg.procs[0].Stats(), ts, bucketMargin(rg.calls, b), wholeMargin(rg.calls, b))
-	t.Logf("the carry moved %d and left %d behind; the late decision took %d; the old item's free tokens at at %d",
-		r.moved, r.left, r.late, r.free)
-	gave := r.moved + int64(r.late)
+	gave := r.moved + r.lateOld
+	t.Logf("rebase at %v after %d steps; region 0 admitted %d and its late process %d (%d of them %v past at, %d of those on the old item; refused by the fence %d times), region 1 %d; giver's table %+v; the bound's margin %d on the worst interval, %d on the whole run",
+		time.Unix(0, r.at).Format("15:04:05.000"), r.steps, r.got0, r.late, r.late-r.late0, lateBy, r.lateOld, r.fenced, r.got1, ts, bucketMargin(rg.calls, b), wholeMargin(rg.calls, b))
+	t.Logf("the old item gave %d from at on (the carry %d, the late decisions %d); its free tokens at at %d", gave, r.moved, r.lateOld, r.free)
 	if broken {
-		if gave <= r.free {
-			t.Errorf("brokenOverlap: the old item gave %d from at on, within its free tokens at at (%d)", gave, r.free)
-		} else {
-			t.Logf("brokenOverlap: the old item gave %d from at on, its free tokens at at %d (the test fails on it); %d intervals over the bucket", gave, r.free, len(over))
+		if len(over) == 0 && gave <= r.free {
+			t.Errorf("brokenOrder: no interval over the bucket, and the old item gave %d from at on, within its free tokens at at (%d)", gave, r.free)
+		}
+		if len(over) > 0 {
+			t.Logf("brokenOrder: %d intervals over the bucket, the first %v (the test fails on it)", len(over), over[0])
+		}
+		if gave > r.free {
+			t.Logf("brokenOrder: the old item gave %d from at on, above its free tokens at at (%d) (the test fails on it)", gave, r.free)
 		}
 		return
 	}
 	for _, v := range over {
 		t.Errorf("over the bucket: %v", v)
 	}
-	if gave > r.free {
-		t.Errorf("the old item gave %d from at on (carry %d, the late decision %d), more than its free tokens at at (%d)", gave, r.moved, r.late, r.free)
+	if r.fenced == 0 {
+		t.Errorf("the late process's decisions by its old entry were not refused by the old item's fence")
 	}
-	if r.left == 0 || r.late == 0 {
-		t.Errorf("the carry left no overlap behind (%d), or the late decision took nothing (%d): %+v", r.left, r.late, ts)
+	if gave > r.free {
+		t.Errorf("the old item gave %d from at on (the carry %d, the late decisions %d), more than its free tokens at at (%d)", gave, r.moved, r.lateOld, r.free)
 	}
 }
 
