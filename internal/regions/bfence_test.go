@@ -353,3 +353,78 @@ func wholeMargin(calls []limitertest.Call, b limiter.TokenBucketConfig) int64 {
 	}
 	return b.MaxAmount + int64(hi.Sub(lo)/b.RefillTime)*b.RefillAmount + 1 - n
 }
+
+// TestProcessWaitsForFence: a fenced bucket rebase raises the old item's
+// fence before it publishes the entry that carries the new number (here
+// 150 ms before: pauseRaised). Region 0's process, holding the entry
+// read before, decides in between at a stamp before the new item's:
+// refused by the fence, it reads its entry again until the number is
+// above the refused one (the entry is published), and decides by it on
+// the old item: admitted. brokenNoFenceWait (it reads once and decides
+// again, three times): each read returns the entry refused, and the
+// decision fails with ErrStale (a fail-open rule would admit it
+// uncounted).
+func TestProcessWaitsForFence(t *testing.T) {
+	client, table := testTable(t)
+	warmTable(t, client, table)
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 22, RefillTime: 10 * time.Millisecond, RefillAmount: 1}
+			cfg := Config{Regions: 2, Key: "k", Bucket: &b}
+			rg, _, _ := newFenceRig(t, client, table, cfg, 750*time.Millisecond)
+			giver, p := rg.agents[0], rg.procs[0]
+			giver.tbl.pauseRaised = 150 * time.Millisecond
+			p.brokenNoFenceWait = broken
+			rg.tick()
+			rg.now = rg.now.Add(10 * time.Millisecond)
+			rg.decide(0, 1) // region 0's process reads its entry, held 900 ms
+			var d limiter.Decision
+			var derr error
+			decided := false
+			for i := 0; !decided && i < 8; i++ {
+				if rg.now = rg.now.Add(100 * time.Millisecond); rg.now.Before(time.Now()) {
+					rg.now = time.Now()
+				}
+				rg.decide(1, 10)
+				rg.tick(rg.agents[1])
+				raises := giver.TableStats().Raises
+				done := make(chan error, 1)
+				go func(now time.Time) { done <- giver.Tick(t.Context(), now) }(rg.now)
+				for waiting := true; waiting; {
+					select {
+					case err := <-done:
+						if err != nil {
+							t.Fatal(err)
+						}
+						waiting = false
+					case <-time.After(5 * time.Millisecond):
+						if !decided && giver.TableStats().Raises > raises {
+							// Raised, not yet published: decide by the old entry.
+							d, derr = p.AllowN(t.Context(), "k", rg.now.Add(time.Millisecond), 1)
+							decided = true
+						}
+					}
+				}
+			}
+			if !decided {
+				t.Fatalf("region 0 made no rebase: %+v, table %+v", giver.Stats(), giver.TableStats())
+			}
+			ps := p.Stats()
+			t.Logf("region 0's process decided between the raise and the publication: %+v, err %v; process %+v", d, derr, ps)
+			if broken {
+				if derr == nil {
+					t.Errorf("brokenNoFenceWait: the decision did not fail (%+v)", d)
+				} else {
+					t.Logf("brokenNoFenceWait: %v (the test fails on it)", derr)
+				}
+				return
+			}
+			if derr != nil || !d.Allowed {
+				t.Errorf("the decision between the raise and the publication: %+v, %v", d, derr)
+			}
+			if ps.Fenced == 0 || ps.Waits == 0 {
+				t.Errorf("the decision was not refused and did not wait for the entry: %+v", ps)
+			}
+		})
+	}
+}

@@ -54,6 +54,9 @@ type tableAgent struct {
 	raised, raisedTo            int64
 	brokenFence, stopEarly      bool
 	brokenOrder, brokenFenceTTL bool
+	// pauseRaised (tests): a fenced rebase waits this long after its
+	// raise returned, before it lists the new item.
+	pauseRaised time.Duration
 
 	maxUntil int64 // the latest Until published
 	seen     int64 // the demand counter as the last tick weighed read it
@@ -903,6 +906,7 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 			if raisedAt, err = a.raiseItem(ctx, now, old, f); err != nil {
 				return err // nothing is listed or given; the next entries carry f (raisedTo)
 			}
+			time.Sleep(tb.pauseRaised)
 		}
 		from = max(raisedAt+int64(a.ahead), raisedAt+int64(a.cfg.Skew)+1, old.from+1)
 	}
