@@ -428,3 +428,107 @@ func TestProcessWaitsForFence(t *testing.T) {
 		})
 	}
 }
+
+// TestSharesTableLeaseHold: a bucket with leases (220, 200 units shared,
+// refilled 10 a millisecond), fenced. Region 0's "late" process decides
+// a few units every 5 ms by its first entry (Refresh 900 ms) and holds a
+// capacity lease on the region's item. Region 0 then rebases to a share
+// of 20 (rebaseTable and its save, fenceRebase, called directly: no
+// grant, the region's own bound is checked). 40 ms past the new item's
+// first stamp (s; the new item, at about a millisecond a token, would be
+// full), the late
+// process decides 30 units one at a time by the entry it holds: it spends
+// what is left of its lease on the old item without the store, then is
+// refused by the fence, reads its entry and decides on the new item; a
+// fresh process of the region decides 30 more there. Region 0's
+// decisions from s on must stay within its new bucket (20, its refill:
+// CheckBucketBound): the new item held the old item's leased units read
+// after the raise (holdLeases), so the lease's spends and the new item's
+// tokens never sum above 20. brokenLeaseHold (no hold): the new item is
+// full beside the lease's spends, and the check sees more than 20 at
+// one stamp.
+func TestSharesTableLeaseHold(t *testing.T) {
+	client, table := testTable(t)
+	warmTable(t, client, table)
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			leaseHoldRun(t, client, table, broken)
+		})
+	}
+}
+
+func leaseHoldRun(t *testing.T, client *dynamodb.Client, table string, broken bool) {
+	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 220, RefillTime: time.Millisecond, RefillAmount: 10}
+	cfg := Config{Regions: 2, Key: "k", Bucket: &b, Leases: true}
+	rg, tts, sts := newFenceRig(t, client, table, cfg, 750*time.Millisecond)
+	giver := rg.agents[0]
+	giver.tbl.brokenLeaseHold = broken
+	lt := tts[0]
+	lt.Refresh = 900 * time.Millisecond
+	late, err := NewProcess(cfg, lt, sts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(d time.Duration) {
+		if rg.now = rg.now.Add(d); rg.now.Before(time.Now()) {
+			rg.now = time.Now()
+		}
+	}
+	step(0)
+	rg.tick()
+	var leased int64
+	for i := 0; i < 6; i++ {
+		step(5 * time.Millisecond)
+		rg.decideBy(late, 3)
+		if leased, err = giver.leasedAt(t.Context(), giver.items[0], rg.now.UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if leased == 0 {
+		t.Fatalf("the late process holds no lease on the region's item")
+	}
+	// The rebase, as a tick's give would make it (without the grant).
+	giver.tbl.started = time.Now()
+	if err := giver.rebaseTable(t.Context(), rg.now, 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := giver.fenceRebase(t.Context(), rg.now); err != nil {
+		t.Fatal(err)
+	}
+	s := giver.items[1].from
+	ts := giver.TableStats()
+	from := len(rg.calls)
+	ahead := time.Duration(s - rg.now.UnixNano())
+	step(ahead + 40*time.Millisecond)
+	fenced := late.Stats().Fenced
+	gotLate := rg.decideBy(late, 30)
+	fresh, err := NewProcess(cfg, tts[0], sts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotFresh := rg.decideBy(fresh, 30)
+	var after []limitertest.Call
+	for _, c := range rg.calls[from:] {
+		if c.Stamp.UnixNano() >= s {
+			after = append(after, c)
+		}
+	}
+	nb := cfg.bucketFor(20, false)
+	over := limitertest.CheckBucketBound(after, nb)
+	t.Logf("leased %d on the old item at the rebase; held %d in the new item (first stamp %v after the tick); %v past it the late process admitted %d (refused by the fence %d times), a fresh one %d; the new share's bucket %d, a token every %v",
+		leased, ts.Held, ahead, 40*time.Millisecond, gotLate, late.Stats().Fenced-fenced, gotFresh, nb.MaxAmount, nb.RefillTime)
+	if broken {
+		if len(over) == 0 {
+			t.Errorf("brokenLeaseHold: region 0 admitted %d from its new item's first stamp on, within its new bucket", gotLate+gotFresh)
+		} else {
+			t.Logf("brokenLeaseHold: over the new bucket, %v (the test fails on it)", over[0])
+		}
+		return
+	}
+	for _, v := range over {
+		t.Errorf("over the new bucket: %v", v)
+	}
+	if ts.Held == 0 {
+		t.Errorf("the new item held none of the old item's leased units: %+v", ts)
+	}
+}

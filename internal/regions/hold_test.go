@@ -148,8 +148,8 @@ func TestSharesTableReady(t *testing.T) {
 // TestTableAgentFences: a table agent of a window fences where its store
 // does (storage.Fencer: the memory store) and keeps the wait where it
 // does not (the same store behind a Counter alone); a bucket's fences
-// where its store fences buckets (storage.BucketFencer) and it has no
-// leases, and keeps the wait otherwise.
+// where its store fences buckets (storage.BucketFencer), with leases or
+// without, and keeps the wait otherwise.
 func TestTableAgentFences(t *testing.T) {
 	tt := Table{Client: dynamodb.New(dynamodb.Options{}), Table: "t", Name: "fences", Region: 0}
 	window := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}
@@ -165,7 +165,7 @@ func TestTableAgentFences(t *testing.T) {
 		{"window/fencer", window, memStore(t), true},
 		{"window/counter", window, struct{ storage.Counter }{memStore(t)}, false},
 		{"bucket/fencer", bucket, memStore(t), true},
-		{"bucket/leases", bucketLeases, memStore(t), false},
+		{"bucket/leases", bucketLeases, memStore(t), true},
 		{"bucket/counter", bucket, struct {
 			storage.BucketStore
 			storage.Fencer

@@ -54,6 +54,9 @@ type tableAgent struct {
 	raised, raisedTo            int64
 	brokenFence, stopEarly      bool
 	brokenOrder, brokenFenceTTL bool
+	// brokenLeaseHold (tests): a fenced rebase of a bucket with leases
+	// holds none of the old item's leased units in the new item.
+	brokenLeaseHold bool
 	// pauseRaised (tests): a fenced rebase waits this long after its
 	// raise returned, before it lists the new item.
 	pauseRaised time.Duration
@@ -132,8 +135,9 @@ type TableStats struct {
 	// rebaseAhead on; Raises the times it raised the counters' fence (a
 	// bucket's old item's), and Early the saves made in a tick before
 	// its grant, to publish a lowering (a rebase) made in the same tick
-	// (fenceTable, fenceRebase).
-	Fenced, Raises, Early int64
+	// (fenceTable, fenceRebase). Held is the old items' leased units
+	// a fenced rebase's new items held (holdLeases).
+	Fenced, Raises, Early, Held int64
 }
 
 // NewTableAgent returns an agent of region t.Region that reaches the
@@ -152,11 +156,12 @@ func NewTableAgent(cfg Config, t Table, holder string, store any) (*Agent, error
 	}
 	a.tbl = &tableAgent{t: t, holder: holder, items: map[string]*bucketItem{}}
 	if _, ok := store.(storage.Fencer); ok {
-		// A bucket fences where its store fences buckets, and without
-		// leases (docs/regions.md, "Bucket: a fence instead of the
-		// wait": a lease on the old item is spent without the store).
+		// A bucket fences where its store fences buckets, with leases
+		// or without (docs/regions.md, "Bucket: a fence instead of the
+		// wait": a lease on the old item, spent without the store, is
+		// held in the new item, holdLeases).
 		_, bf := store.(storage.BucketFencer)
-		a.tbl.fenced = cfg.Bucket == nil || bf && !cfg.Leases
+		a.tbl.fenced = cfg.Bucket == nil || bf
 	}
 	if len(a.items) > 0 {
 		a.tbl.items[a.items[0].key] = a.items[0]
@@ -889,6 +894,7 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	if busy {
 		return errRebasing
 	}
+	var hold, holdUntil int64
 	if tb.fenced {
 		// The entries published before are refused on the old item
 		// once its fence is raised: no wait for them. Raised first,
@@ -909,10 +915,33 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 			time.Sleep(tb.pauseRaised)
 		}
 		from = max(raisedAt+int64(a.ahead), raisedAt+int64(a.cfg.Skew)+1, old.from+1)
+		if a.cfg.Leases && old.own != nil && !tb.brokenOrder {
+			// The old item's leases taken before the raise are spent
+			// without the store, by processes that still hold an entry
+			// without the new item, at stamps past from too: the new
+			// item holds their units from from until they end (hold),
+			// or, where it cannot, the rebase waits for those entries.
+			l, err := a.leasedAt(ctx, old, raisedAt+int64(a.cfg.Skew)+1)
+			if err != nil {
+				return err // nothing is listed or given
+			}
+			switch {
+			case tb.brokenLeaseHold:
+			case l > s:
+				from = max(from, tb.maxUntil)
+			default:
+				hold, holdUntil = l, raisedAt+int64(a.cfg.Skew)+int64(storage.MaxLeaseLife)
+			}
+		}
 	}
-	it, err := a.newItem(ctx, time.Unix(0, from), s, true)
+	it, err := a.newItem(ctx, time.Unix(0, from), s, hold == 0)
 	if err != nil {
 		return err
+	}
+	if hold > 0 && it.own != nil {
+		if err := a.holdLeases(ctx, it, from, hold, holdUntil); err != nil {
+			return err // the item is not listed: unused
+		}
 	}
 	it.mine = true
 	var fromTick, tokens int64
@@ -962,6 +991,66 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 		tb.unsaved = true
 		tb.count(func(s *TableStats) { s.Fenced++ })
 	}
+	return nil
+}
+
+// leasedAt is the units of live capacity leases the bucket of item it
+// holds at stamp t (a read).
+func (a *Agent) leasedAt(ctx context.Context, it *bucketItem, t int64) (int64, error) {
+	bs, ok := a.store.(storage.BucketStore)
+	if !ok {
+		return 0, fmt.Errorf("regions: region %d's store is not a bucket store (%T)", a.r, a.store)
+	}
+	c := it.own.Config()
+	op := storage.BucketOp{MaxAmount: c.MaxAmount, RefillTime: c.RefillTime, RefillAmount: c.RefillAmount, Now: t, Mode: storage.ModePeek}
+	d, err := bs.UpdateBucket(ctx, a.oldKey(it), op, it.ttl())
+	if err != nil {
+		return 0, fmt.Errorf("regions: reading the leases of region %d's item %q: %w", a.r, it.key, err)
+	}
+	return d.Leased, nil
+}
+
+// holdLeases prepares new item it (not yet listed, never written: full at
+// its first stamp from) holding n units of its capacity as a capacity
+// lease of nobody's, in a slot that expires no sooner than stamp until,
+// and empty besides: n is the old item's units leased before its fence
+// rose, which processes holding an entry without the new item may spend
+// at stamps from from on until their leases end (by until). So the
+// region holds, from from on, the new item's tokens and those leases
+// within the new share, as the old item held them within the old one;
+// once they have ended the hold's units leave the bucket (storage's
+// lease expiry), as theirs do.
+func (a *Agent) holdLeases(ctx context.Context, it *bucketItem, from, n, until int64) error {
+	bs, ok := a.store.(storage.BucketStore)
+	if !ok {
+		return fmt.Errorf("regions: region %d's store is not a bucket store (%T)", a.r, a.store)
+	}
+	c := it.own.Config()
+	// The slot's label e expires at (e+2) epochs (storage's epochExpiry);
+	// a fresh item's first lease slot is labelled its op's epoch plus
+	// two (leaseAhead): checked on the answer.
+	le := int64(storage.LeaseEpoch)
+	e := (until+le-1)/le - 2
+	op := storage.BucketOp{MaxAmount: c.MaxAmount, RefillTime: c.RefillTime, RefillAmount: c.RefillAmount, Now: from,
+		N: n, Want: n, Epoch: e - 2, Mode: storage.ModeLease}
+	d, err := bs.UpdateBucket(ctx, a.oldKey(it), op, max(it.ttl(), 3*storage.LeaseEpoch))
+	if err != nil {
+		return fmt.Errorf("regions: holding %d leased units in %q: %w", n, it.key, err)
+	}
+	if !d.Allowed || d.Granted != n || d.LeaseRef < e {
+		return fmt.Errorf("regions: holding %d leased units in %q until %d: %+v", n, it.key, until, d)
+	}
+	if n < it.share {
+		dd, err := it.own.AllowN(ctx, it.key, time.Unix(0, from), it.share-n)
+		if err != nil {
+			return err
+		}
+		if !dd.Allowed {
+			return fmt.Errorf("regions: new bucket item %q not full at its first stamp: %+v", it.key, dd)
+		}
+	}
+	it.hold = n
+	a.tbl.count(func(s *TableStats) { s.Held += n })
 	return nil
 }
 
@@ -1186,7 +1275,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	// rest goes with the grants.
 	var c int64
 	if it.own != nil {
-		room := it.room(it.extra, a.tbl.stamp(now))
+		room := it.room(it.extra+it.hold, a.tbl.stamp(now))
 		if a.brokenCarry {
 			room = it.share - it.extra
 		}
@@ -1203,7 +1292,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if it.mine { // a successor's carry does not know what its predecessor's added
 		if !it.heldOK {
-			it.held, it.heldOK = it.extra, true
+			it.held, it.heldOK = it.extra+it.hold, true
 		}
 		it.held += c
 	}
@@ -1328,7 +1417,7 @@ func (a *Agent) lateTokens(now time.Time) {
 		w := owed{it: it, ahead: it.from > t, free: a.brokenLate || a.brokenRoom}
 		switch {
 		case w.ahead:
-			w.base = it.extra
+			w.base = it.extra + it.hold
 			w.n = min(o, it.share-w.base)
 			it.extra += max(w.n, 0)
 		case it.heldOK:
