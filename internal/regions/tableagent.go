@@ -874,7 +874,11 @@ func (a *Agent) giveBucketTable(ctx context.Context, now time.Time) error {
 // rebaseTable starts a rebase to s units through the table: the new item,
 // empty at its first stamp, takes over from a stamp no earlier than the
 // validity of every entry published so far (no process decides a stamp
-// from then on by an entry without it). The carry is made by a later
+// from then on by an entry without it); through a store that fences
+// buckets, it raises the old item's fence first and takes over just
+// after the raise returned (rebaseAhead past it, and Skew), the new item
+// holding the old item's leased units (holdLeases) or, where it cannot,
+// after that validity. The carry is made by a later
 // tick (carryTable). The grants in force since the last item (all in
 // its share) refill in no region's item from the stamp their giver's
 // rate left (its new item's first, Move.At) until the new one takes
