@@ -257,16 +257,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		if tb.listed {
 			tb.shortAt = t
 		}
-		if a.cfg.Bucket != nil && tb.fenced {
-			// A predecessor may have raised the item's fence and
-			// stopped before it published the rebase (rebaseTable
-			// raises first), to a number at most the board's Seq plus
-			// one: the entries from here on carry at least that, so
-			// that decisions by them are not refused there.
-			a.mu.Lock()
-			tb.fence = max(tb.fence, it.board.Entry.Seq+1)
-			a.mu.Unlock()
-		}
+		a.takeoverFence(it)
 		tb.count(func(s *TableStats) {
 			s.ResumedPending += it.board.Pending
 			for _, l := range it.board.Lows {
@@ -301,6 +292,20 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	}
 	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
 	return cmp(firstErr, a.refundOwed(ctx, now))
+}
+
+// takeoverFence sets the fence number of a bucket's entries as the agent
+// takes the role: a predecessor may have raised the item's fence and
+// stopped before it published the rebase (rebaseTable raises first), to
+// a number at most the board's Seq plus one; the entries from here on
+// carry at least that, so that decisions by them are not refused there.
+func (a *Agent) takeoverFence(it tableItem) {
+	if a.cfg.Bucket == nil || !a.tbl.fenced {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tbl.fence = max(a.tbl.fence, it.board.Entry.Seq+1)
 }
 
 // giveTable is a tick's give through the table: a window's (giveWindow),
@@ -900,42 +905,9 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	}
 	var hold, holdUntil int64
 	if tb.fenced {
-		// The entries published before are refused on the old item
-		// once its fence is raised: no wait for them. Raised first,
-		// the new item taking over only after the raise returned (and
-		// Skew, the processes' clocks): a decision by an older entry
-		// that reached the old item before the raise was stamped
-		// before the new item's first stamp, so the claim at that stamp
-		// (carryTable) reads every take it will ever have at stamps
-		// from it on. (Published first, the raise after, such a
-		// decision, stamped past that stamp, took the old item's
-		// refills beside the new item's: brokenOrder.)
-		raisedAt := tb.stamp(now)
-		if !tb.brokenOrder {
-			var err error
-			if raisedAt, err = a.raiseItem(ctx, now, old, f); err != nil {
-				return err // nothing is listed or given; the next entries carry f (raisedTo)
-			}
-			time.Sleep(tb.pauseRaised)
-		}
-		from = max(raisedAt+int64(a.ahead), raisedAt+int64(a.cfg.Skew)+1, old.from+1)
-		if a.cfg.Leases && old.own != nil && !tb.brokenOrder {
-			// The old item's leases taken before the raise are spent
-			// without the store, by processes that still hold an entry
-			// without the new item, at stamps past from too: the new
-			// item holds their units from from until they end (hold),
-			// or, where it cannot, the rebase waits for those entries.
-			l, err := a.leasedAt(ctx, old, raisedAt+int64(a.cfg.Skew)+1)
-			if err != nil {
-				return err // nothing is listed or given
-			}
-			switch {
-			case tb.brokenLeaseHold:
-			case l > s:
-				from = max(from, tb.maxUntil)
-			default:
-				hold, holdUntil = l, raisedAt+int64(a.cfg.Skew)+int64(storage.MaxLeaseLife)
-			}
+		var err error
+		if from, hold, holdUntil, err = a.fencedStart(ctx, now, old, f, s, from); err != nil {
+			return err // nothing is listed or given; the next entries carry f (raisedTo)
 		}
 	}
 	it, err := a.newItem(ctx, time.Unix(0, from), s, hold == 0)
@@ -996,6 +968,46 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 		tb.count(func(s *TableStats) { s.Fenced++ })
 	}
 	return nil
+}
+
+// fencedStart is a fenced rebase's first steps (rebaseTable): it raises
+// old's fence to f and returns the new item's first stamp, after the
+// raise returned (and Skew, the processes' clocks), and with leases the
+// old item's leased units for the new item to hold (until holdUntil), or
+// the wait's first stamp (wait) where the new share s cannot hold them.
+// The entries published before are refused on the old item once its
+// fence is raised: no wait for them. A decision by one that reached the
+// old item before the raise was stamped before the first stamp, so the
+// claim there (carryTable) reads every take the old item will ever have
+// at stamps from it on. (Published first, the raise after, such a
+// decision, stamped past that stamp, took the old item's refills beside
+// the new item's: brokenOrder.)
+func (a *Agent) fencedStart(ctx context.Context, now time.Time, old *bucketItem, f, s, wait int64) (from, hold, holdUntil int64, err error) {
+	tb := a.tbl
+	raisedAt := tb.stamp(now)
+	if !tb.brokenOrder {
+		if raisedAt, err = a.raiseItem(ctx, now, old, f); err != nil {
+			return 0, 0, 0, err
+		}
+		time.Sleep(tb.pauseRaised)
+	}
+	from = max(raisedAt+int64(a.ahead), raisedAt+int64(a.cfg.Skew)+1, old.from+1)
+	if !a.cfg.Leases || old.own == nil || tb.brokenOrder {
+		return from, 0, 0, nil
+	}
+	// The old item's leases taken before the raise are spent without the
+	// store, by processes that still hold an entry without the new item,
+	// at stamps from from on too, until they end (by holdUntil).
+	l, err := a.leasedAt(ctx, old, raisedAt+int64(a.cfg.Skew)+1)
+	switch {
+	case err != nil:
+		return 0, 0, 0, err
+	case tb.brokenLeaseHold:
+		return from, 0, 0, nil
+	case l > s:
+		return max(from, wait), 0, 0, nil
+	}
+	return from, l, raisedAt + int64(a.cfg.Skew) + int64(storage.MaxLeaseLife), nil
 }
 
 // leasedAt is the units of live capacity leases the bucket of item it
