@@ -176,7 +176,10 @@ const lateBy = 200 * time.Millisecond
 func raiseFirstRun(t *testing.T, client *dynamodb.Client, table string, broken bool) {
 	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 220, RefillTime: time.Millisecond, RefillAmount: 1}
 	cfg := Config{Regions: 2, Key: "k", Bucket: &b}
-	rg, tts, sts := newFenceRig(t, client, table, cfg, 750*time.Millisecond)
+	// The stores' states expire by the rig's clock: on a slow host the
+	// wall clock runs ahead of the stamps, and a state dropped by it
+	// reads as a full bucket (more than the stamps refill).
+	rg, tts, sts := newFenceRigClock(t, client, table, cfg, 750*time.Millisecond, true)
 	giver := rg.agents[0]
 	giver.tbl.brokenOrder = broken
 	giver.tbl.stopEarly = true
@@ -191,14 +194,19 @@ func raiseFirstRun(t *testing.T, client *dynamodb.Client, table string, broken b
 		if rg.now = rg.now.Add(d); rg.now.Before(time.Now()) {
 			rg.now = time.Now()
 		}
+		rg.sync()
 	}
 	rg.tick()
 	step(10 * time.Millisecond)
 	var r raiseFirstRun1
 	r.got1 += rg.drain(1, 300)
 	r.got0 += rg.drain(0, 300) // region 0's process reads its entry, held 900 ms
+	lateRead := rg.now
 	r.late0 = rg.decideBy(late, 1)
 	r.late = r.late0
+	late.mu.Lock()
+	lateUntil := time.Unix(0, late.entry.Until)
+	late.mu.Unlock()
 	var old limiter.TokenBucketConfig
 	for ; r.at == 0 && r.steps < 16; r.steps++ {
 		step(50 * time.Millisecond)
@@ -243,7 +251,7 @@ func raiseFirstRun(t *testing.T, client *dynamodb.Client, table string, broken b
 		}
 	}
 	r.fenced = late.Stats().Fenced - fenced
-	if held := lateAt.Sub(drained.Add(-time.Duration(r.steps)*50*time.Millisecond - 10*time.Millisecond)); held >= 900*time.Millisecond {
+	if held := lateAt.Sub(lateRead); held >= 900*time.Millisecond || !lateAt.Before(lateUntil) {
 		t.Fatalf("the late process would read its entry again (%v after it read it): the host is too slow for this test", held)
 	}
 	step(20 * time.Millisecond)
@@ -289,11 +297,23 @@ func (rg *fenceRig) decideBy(p *Process, n int) int {
 			rg.t.Fatal(err)
 		}
 		rg.calls = append(rg.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: rg.now, Allowed: d.Allowed, Reached: true})
+		rg.who = append(rg.who, "late")
 		if d.Allowed {
 			got++
 		}
 	}
 	return got
+}
+
+// byWho is the units admitted in (from, to] by decider.
+func (rg *fenceRig) byWho(from, to time.Time) map[string]int64 {
+	m := map[string]int64{}
+	for i, c := range rg.calls {
+		if c.Allowed && c.Stamp.After(from) && !c.Stamp.After(to) && i < len(rg.who) {
+			m[rg.who[i]+" at "+c.Stamp.Format("05.000")] += c.Cost
+		}
+	}
+	return m
 }
 
 // raiseFirstCheck is TestSharesTableRaiseFirst's verdict on a run.
@@ -304,7 +324,8 @@ func raiseFirstCheck(t *testing.T, rg *fenceRig, giver *Agent, b limiter.TokenBu
 	gave := r.moved + r.lateOld
 	t.Logf("rebase at %v after %d steps; region 0 admitted %d and its late process %d (%d of them %v past at, %d of those on the old item; refused by the fence %d times), region 1 %d; giver's table %+v; the bound's margin %d on the worst interval, %d on the whole run",
 		time.Unix(0, r.at).Format("15:04:05.000"), r.steps, r.got0, r.late, r.late-r.late0, lateBy, r.lateOld, r.fenced, r.got1, ts, bucketMargin(rg.calls, b), wholeMargin(rg.calls, b))
-	t.Logf("the old item gave %d from at on (the carry %d, the late decisions %d); its free tokens at at %d", gave, r.moved, r.lateOld, r.free)
+	t.Logf("the old item gave %d from at on (the carry %d, the late decisions %d); its free tokens at at %d; region 1 %+v, table %+v",
+		gave, r.moved, r.lateOld, r.free, rg.agents[1].Stats(), rg.agents[1].TableStats())
 	if broken {
 		if len(over) == 0 && gave <= r.free {
 			t.Errorf("brokenOrder: no interval over the bucket, and the old item gave %d from at on, within its free tokens at at (%d)", gave, r.free)
@@ -318,7 +339,7 @@ func raiseFirstCheck(t *testing.T, rg *fenceRig, giver *Agent, b limiter.TokenBu
 		return
 	}
 	for _, v := range over {
-		t.Errorf("over the bucket: %v", v)
+		t.Errorf("over the bucket: %v; admitted in it by decider and stamp %v", v, rg.byWho(v.From.Add(-time.Nanosecond), v.To))
 	}
 	if r.fenced == 0 {
 		t.Errorf("the late process's decisions by its old entry were not refused by the old item's fence")

@@ -206,6 +206,7 @@ type fenceRig struct {
 	agents [2]*Agent
 	procs  [2]*Process
 	calls  []limitertest.Call
+	who    []string // the decider of each call (region, or "late")
 	// clock is the memory stores' expiry clock, if simulated (newFenceRigClock):
 	// rg.now as last synced (sync).
 	clock atomic.Int64
@@ -264,6 +265,7 @@ func (rg *fenceRig) decide(r, n int) int {
 			rg.t.Fatal(err)
 		}
 		rg.calls = append(rg.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: rg.now, Allowed: d.Allowed, Reached: true})
+		rg.who = append(rg.who, fmt.Sprintf("region %d", r))
 		if d.Allowed {
 			got++
 		}
