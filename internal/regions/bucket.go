@@ -63,9 +63,12 @@ type bucketItem struct {
 	held   int64
 	heldOK bool
 	// raised is the fence this agent raised the item's key to as it was
-	// replaced (a fenced rebase: fenceRebase), raisedAt the agent's stamp
-	// when the raise returned.
+	// replaced (a fenced rebase: rebaseTable), raisedAt the agent's stamp
+	// when the raise returned. hold is the units a fenced rebase's new
+	// item holds at its first stamp for the old item's leases
+	// (holdLeases), counted in its tokens.
 	raised, raisedAt int64
+	hold             int64
 	cfg              limiter.TokenBucketConfig
 	own              *limiter.TokenBucket // the agent's, without leases; nil when share is 0
 	// closed: no more decisions; inflight: decisions under way. Under

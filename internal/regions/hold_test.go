@@ -1,7 +1,6 @@
 package regions
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -148,10 +147,9 @@ func TestSharesTableReady(t *testing.T) {
 
 // TestTableAgentFences: a table agent of a window fences where its store
 // does (storage.Fencer: the memory store) and keeps the wait where it
-// does not (the same store behind a Counter alone); a bucket's keeps the
-// wait unless a test enables the fenced rebase (Table.fenceBuckets, not
-// enabled: a gap, docs/regions.md), and then fences where its store
-// fences buckets (storage.BucketFencer) and it has no leases.
+// does not (the same store behind a Counter alone); a bucket's fences
+// where its store fences buckets (storage.BucketFencer), with leases or
+// without, and keeps the wait otherwise.
 func TestTableAgentFences(t *testing.T) {
 	tt := Table{Client: dynamodb.New(dynamodb.Options{}), Table: "t", Name: "fences", Region: 0}
 	window := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}
@@ -166,15 +164,13 @@ func TestTableAgentFences(t *testing.T) {
 	}{
 		{"window/fencer", window, memStore(t), true},
 		{"window/counter", window, struct{ storage.Counter }{memStore(t)}, false},
-		{"bucket/fencer", bucket, memStore(t), false}, // not enabled (Table.fenceBuckets)
-		{"bucket/fencer/enabled", bucket, memStore(t), true},
-		{"bucket/leases", bucketLeases, memStore(t), false},
+		{"bucket/fencer", bucket, memStore(t), true},
+		{"bucket/leases", bucketLeases, memStore(t), true},
 		{"bucket/counter", bucket, struct {
 			storage.BucketStore
 			storage.Fencer
 		}{memStore(t), memStore(t)}, false},
 	} {
-		tt.fenceBuckets = strings.HasSuffix(c.name, "/enabled")
 		a, err := NewTableAgent(c.cfg, tt, "h", c.store)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)

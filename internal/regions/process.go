@@ -36,8 +36,10 @@ type Process struct {
 	reading sync.Mutex // one read at a time
 	stats   struct{ reads, flushes, stale, waits, fenced atomic.Int64 }
 	// brokenNoWait (tests): a decision that finds no entry valid fails
-	// at once, as before.
-	brokenNoWait bool
+	// at once, as before. brokenNoFenceWait (tests): a decision the
+	// fence refused reads its entry again once, not until its number is
+	// above the refused one (reread), as before.
+	brokenNoWait, brokenNoFenceWait bool
 }
 
 // ProcessStats counts a process's requests to its region's item and the
@@ -181,15 +183,31 @@ func (p *Process) decideFenced(ctx context.Context, e Entry, now time.Time, n in
 // reread reads the entry for a decision stamped t that the fence refused
 // by an entry of fence number f (whatever its age): the entry another
 // decision read meanwhile, if its fence number is higher, else a new
-// read. The fence is raised only after the entry that carries it is
-// published, so the read returns one with a higher number.
+// read. A window's fence is raised only after the entry that carries it
+// is published, so the read returns one with a higher number; a bucket's
+// rebase raises the old item's fence first and publishes the entry that
+// carries it after (rebaseTable), so a read in between returns f or
+// less, which the fence refuses again: it reads again after short
+// pauses (entryWait, doubling) until the number is above f, within the
+// decision's deadline (ctx), rather than spend its tries.
 func (p *Process) reread(ctx context.Context, t, f int64) (Entry, error) {
 	p.reading.Lock()
 	defer p.reading.Unlock()
 	p.mu.Lock()
 	e, has := p.entry, p.has
 	p.mu.Unlock()
-	if !has || e.Fence <= f {
+	for pause := entryWait; !has || e.Fence <= f; pause *= 2 {
+		if pause > entryWait {
+			if p.brokenNoFenceWait {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return Entry{}, fmt.Errorf("%w (no entry above fence number %d: %v)", ErrStale, f, ctx.Err())
+			case <-time.After(pause / 2):
+			}
+			p.stats.waits.Add(1)
+		}
 		if err := p.readEntry(ctx, t, 0); err != nil {
 			return Entry{}, fmt.Errorf("%w (%v)", ErrStale, err)
 		}

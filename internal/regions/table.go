@@ -76,13 +76,6 @@ type Table struct {
 
 	// brokenLapse (tests): the rule before the entry kept (lapse_test.go).
 	brokenLapse bool
-	// fenceBuckets (tests): a bucket without leases on a store that
-	// fences buckets takes the fenced rebase, which is not enabled: a
-	// decision by an older entry, stamped past the new item's first
-	// stamp, that lands before the old item's fence rises takes the old
-	// item's refills beside the new item's (docs/regions.md, "Bucket: a
-	// fence instead of the wait"). Without it every bucket waits.
-	fenceBuckets bool
 }
 
 // Table defaults.

@@ -206,6 +206,7 @@ type fenceRig struct {
 	agents [2]*Agent
 	procs  [2]*Process
 	calls  []limitertest.Call
+	who    []string // the decider of each call (region, or "late")
 	// clock is the memory stores' expiry clock, if simulated (newFenceRigClock):
 	// rg.now as last synced (sync).
 	clock atomic.Int64
@@ -225,7 +226,7 @@ func newFenceRigClock(t *testing.T, client *dynamodb.Client, table string, cfg C
 	var sts [2]*memory.Store
 	for r := range rg.agents {
 		tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
-			Validity: time.Second, Deadline: time.Second, LockLife: lockLife, fenceBuckets: true}
+			Validity: time.Second, Deadline: time.Second, LockLife: lockLife}
 		st := memStore(t)
 		if simExpiry {
 			var err error
@@ -264,6 +265,7 @@ func (rg *fenceRig) decide(r, n int) int {
 			rg.t.Fatal(err)
 		}
 		rg.calls = append(rg.calls, limitertest.Call{Key: "k", Cost: 1, Stamp: rg.now, Allowed: d.Allowed, Reached: true})
+		rg.who = append(rg.who, fmt.Sprintf("region %d", r))
 		if d.Allowed {
 			got++
 		}

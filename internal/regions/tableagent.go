@@ -33,23 +33,33 @@ type tableAgent struct {
 	// that publishes it and ready once the counters' fence is raised to
 	// that entry's fence number (fence, the board's Entry.Fence), in the
 	// same tick; without it a lowering waits a validity and a deadline.
-	// For a bucket (a storage.BucketFencer, without leases), a rebase
-	// takes over rebaseAhead on, and the old item's fence is raised to
-	// the number of the entry that lists the new one (fenceRebase).
-	// unsaved: a lowering made this tick is not yet published; raised:
-	// the fence this agent has raised the counters to. brokenFence
-	// (tests): a fenced lowering is given without raising the fence;
-	// stopEarly (tests): the tick stops after the save before the grant,
-	// as a holder that stopped there. brokenOverlap (tests): a fenced
-	// carry leaves nothing behind (overlap); brokenFenceTTL (tests): the
-	// raise and the claim keep the old item for its own TTL only
+	// For a bucket (a storage.BucketFencer), a rebase first raises the
+	// old item's fence to the number of the entry that will list the new
+	// item, then makes the new item take over after the raise returned
+	// (rebaseTable, fenceRebase). unsaved: a lowering made this tick is
+	// not yet published; raised: the fence this agent has raised the
+	// counters to; raisedTo: the highest fence number it sent in a
+	// bucket item's raise (returned or not: its entries never carry a
+	// lower one, resume). brokenFence (tests): a fenced lowering is
+	// given without raising the fence; stopEarly (tests): the tick stops
+	// after the save before the grant, as a holder that stopped there.
+	// brokenOrder (tests): a fenced rebase publishes its entry first,
+	// its new item in force rebaseAhead after the tick, and raises the
+	// old item's fence after (the order before); brokenFenceTTL (tests):
+	// the raise and the claim keep the old item for its own TTL only
 	// (fenceTTL).
-	fenced                        bool
-	fence                         int64
-	unsaved                       bool
-	raised                        int64
-	brokenFence, stopEarly        bool
-	brokenOverlap, brokenFenceTTL bool
+	fenced                      bool
+	fence                       int64
+	unsaved                     bool
+	raised, raisedTo            int64
+	brokenFence, stopEarly      bool
+	brokenOrder, brokenFenceTTL bool
+	// brokenLeaseHold (tests): a fenced rebase of a bucket with leases
+	// holds none of the old item's leased units in the new item.
+	brokenLeaseHold bool
+	// pauseRaised (tests): a fenced rebase waits this long after its
+	// raise returned, before it lists the new item.
+	pauseRaised time.Duration
 
 	maxUntil int64 // the latest Until published
 	seen     int64 // the demand counter as the last tick weighed read it
@@ -125,10 +135,9 @@ type TableStats struct {
 	// rebaseAhead on; Raises the times it raised the counters' fence (a
 	// bucket's old item's), and Early the saves made in a tick before
 	// its grant, to publish a lowering (a rebase) made in the same tick
-	// (fenceTable, fenceRebase). Overlap is the tokens a fenced carry
-	// left behind for the old item's refills past the new one's first
-	// stamp (carryTable).
-	Fenced, Raises, Early, Overlap int64
+	// (fenceTable, fenceRebase). Held is the old items' leased units
+	// a fenced rebase's new items held (holdLeases).
+	Fenced, Raises, Early, Held int64
 }
 
 // NewTableAgent returns an agent of region t.Region that reaches the
@@ -147,12 +156,12 @@ func NewTableAgent(cfg Config, t Table, holder string, store any) (*Agent, error
 	}
 	a.tbl = &tableAgent{t: t, holder: holder, items: map[string]*bucketItem{}}
 	if _, ok := store.(storage.Fencer); ok {
-		// A bucket fences only where a test enables it (fenceBuckets),
-		// its store fences buckets, and without leases (docs/regions.md,
-		// "Bucket: a fence instead of the wait": a lease on the old item
-		// is spent without the store; and the gap that keeps it off).
+		// A bucket fences where its store fences buckets, with leases
+		// or without (docs/regions.md, "Bucket: a fence instead of the
+		// wait": a lease on the old item, spent without the store, is
+		// held in the new item, holdLeases).
 		_, bf := store.(storage.BucketFencer)
-		a.tbl.fenced = cfg.Bucket == nil || bf && !cfg.Leases && t.fenceBuckets
+		a.tbl.fenced = cfg.Bucket == nil || bf
 	}
 	if len(a.items) > 0 {
 		a.tbl.items[a.items[0].key] = a.items[0]
@@ -248,6 +257,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 		if tb.listed {
 			tb.shortAt = t
 		}
+		a.takeoverFence(it)
 		tb.count(func(s *TableStats) {
 			s.ResumedPending += it.board.Pending
 			for _, l := range it.board.Lows {
@@ -282,6 +292,20 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	}
 	tb.count(func(s *TableStats) { s.TokensOut += tb.sent; s.TokensOwed += tb.owing })
 	return cmp(firstErr, a.refundOwed(ctx, now))
+}
+
+// takeoverFence sets the fence number of a bucket's entries as the agent
+// takes the role: a predecessor may have raised the item's fence and
+// stopped before it published the rebase (rebaseTable raises first), to
+// a number at most the board's Seq plus one; the entries from here on
+// carry at least that, so that decisions by them are not refused there.
+func (a *Agent) takeoverFence(it tableItem) {
+	if a.cfg.Bucket == nil || !a.tbl.fenced {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tbl.fence = max(a.tbl.fence, it.board.Entry.Seq+1)
 }
 
 // giveTable is a tick's give through the table: a window's (giveWindow),
@@ -368,7 +392,10 @@ func (a *Agent) resume(it tableItem) error {
 		a.pending += l.Units
 	}
 	tb.maxUntil, tb.seq, tb.seen = b.MaxUntil, b.Entry.Seq, it.demand
-	tb.fence, tb.unsaved = b.Entry.Fence, false
+	// A bucket item's fence this agent raised to a number not on the
+	// board (its rebase's save lost: rebaseTable raises first) is never
+	// above the entries it publishes: they would be refused there.
+	tb.fence, tb.unsaved = max(b.Entry.Fence, tb.raisedTo), false
 	tb.listed, tb.wantsTry = b.Wants, b.WantsTry
 	tb.in, tb.inForce = nil, nil
 	if len(b.In) == a.cfg.Regions {
@@ -852,7 +879,11 @@ func (a *Agent) giveBucketTable(ctx context.Context, now time.Time) error {
 // rebaseTable starts a rebase to s units through the table: the new item,
 // empty at its first stamp, takes over from a stamp no earlier than the
 // validity of every entry published so far (no process decides a stamp
-// from then on by an entry without it). The carry is made by a later
+// from then on by an entry without it); through a store that fences
+// buckets, it raises the old item's fence first and takes over just
+// after the raise returned (rebaseAhead past it, and Skew), the new item
+// holding the old item's leased units (holdLeases) or, where it cannot,
+// after that validity. The carry is made by a later
 // tick (carryTable). The grants in force since the last item (all in
 // its share) refill in no region's item from the stamp their giver's
 // rate left (its new item's first, Move.At) until the new one takes
@@ -865,20 +896,28 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	tb := a.tbl
 	a.mu.Lock()
 	busy, from := len(a.items) > 1, max(now.Add(a.ahead).UnixNano(), tb.maxUntil)
-	if tb.fenced {
-		// The entries published before are refused on the old item
-		// once its fence is raised (fenceRebase): no wait for them.
-		from = max(now.Add(a.ahead).UnixNano(), tb.stamp(now)+int64(a.ahead), a.items[len(a.items)-1].from+1)
-	}
-	raise := s - a.items[len(a.items)-1].share
+	old, f := a.items[len(a.items)-1], max(tb.fence+1, tb.seq+1)
+	raise := s - old.share
 	in, inForce := slices.Clone(tb.in), slices.Clone(tb.inForce)
 	a.mu.Unlock()
 	if busy {
 		return errRebasing
 	}
-	it, err := a.newItem(ctx, time.Unix(0, from), s, true)
+	var hold, holdUntil int64
+	if tb.fenced {
+		var err error
+		if from, hold, holdUntil, err = a.fencedStart(ctx, now, old, f, s, from); err != nil {
+			return err // nothing is listed or given; the next entries carry f (raisedTo)
+		}
+	}
+	it, err := a.newItem(ctx, time.Unix(0, from), s, hold == 0)
 	if err != nil {
 		return err
+	}
+	if hold > 0 && it.own != nil {
+		if err := a.holdLeases(ctx, it, from, hold, holdUntil); err != nil {
+			return err // the item is not listed: unused
+		}
 	}
 	it.mine = true
 	var fromTick, tokens int64
@@ -922,12 +961,112 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 	}
 	a.stats.Rebases++
 	if tb.fenced {
-		// Published with a fence number above every one before
-		// (fenceRebase), the old item's fence then raised to it.
-		tb.fence = max(tb.fence+1, tb.seq+1)
+		// Published with the fence number the old item's fence was
+		// raised to, above every one before (fenceRebase).
+		tb.fence = max(tb.fence, f)
 		tb.unsaved = true
 		tb.count(func(s *TableStats) { s.Fenced++ })
 	}
+	return nil
+}
+
+// fencedStart is a fenced rebase's first steps (rebaseTable): it raises
+// old's fence to f and returns the new item's first stamp, after the
+// raise returned (and Skew, the processes' clocks), and with leases the
+// old item's leased units for the new item to hold (until holdUntil), or
+// the wait's first stamp (wait) where the new share s cannot hold them.
+// The entries published before are refused on the old item once its
+// fence is raised: no wait for them. A decision by one that reached the
+// old item before the raise was stamped before the first stamp, so the
+// claim there (carryTable) reads every take the old item will ever have
+// at stamps from it on. (Published first, the raise after, such a
+// decision, stamped past that stamp, took the old item's refills beside
+// the new item's: brokenOrder.)
+func (a *Agent) fencedStart(ctx context.Context, now time.Time, old *bucketItem, f, s, wait int64) (from, hold, holdUntil int64, err error) {
+	tb := a.tbl
+	raisedAt := tb.stamp(now)
+	if !tb.brokenOrder {
+		if raisedAt, err = a.raiseItem(ctx, now, old, f); err != nil {
+			return 0, 0, 0, err
+		}
+		time.Sleep(tb.pauseRaised)
+	}
+	from = max(raisedAt+int64(a.ahead), raisedAt+int64(a.cfg.Skew)+1, old.from+1)
+	if !a.cfg.Leases || old.own == nil || tb.brokenOrder {
+		return from, 0, 0, nil
+	}
+	// The old item's leases taken before the raise are spent without the
+	// store, by processes that still hold an entry without the new item,
+	// at stamps from from on too, until they end (by holdUntil).
+	l, err := a.leasedAt(ctx, old, raisedAt+int64(a.cfg.Skew)+1)
+	switch {
+	case err != nil:
+		return 0, 0, 0, err
+	case tb.brokenLeaseHold:
+		return from, 0, 0, nil
+	case l > s:
+		return max(from, wait), 0, 0, nil
+	}
+	return from, l, raisedAt + int64(a.cfg.Skew) + int64(storage.MaxLeaseLife), nil
+}
+
+// leasedAt is the units of live capacity leases the bucket of item it
+// holds at stamp t (a read).
+func (a *Agent) leasedAt(ctx context.Context, it *bucketItem, t int64) (int64, error) {
+	bs, ok := a.store.(storage.BucketStore)
+	if !ok {
+		return 0, fmt.Errorf("regions: region %d's store is not a bucket store (%T)", a.r, a.store)
+	}
+	c := it.own.Config()
+	op := storage.BucketOp{MaxAmount: c.MaxAmount, RefillTime: c.RefillTime, RefillAmount: c.RefillAmount, Now: t, Mode: storage.ModePeek}
+	d, err := bs.UpdateBucket(ctx, a.oldKey(it), op, it.ttl())
+	if err != nil {
+		return 0, fmt.Errorf("regions: reading the leases of region %d's item %q: %w", a.r, it.key, err)
+	}
+	return d.Leased, nil
+}
+
+// holdLeases prepares new item it (not yet listed, never written: full at
+// its first stamp from) holding n units of its capacity as a capacity
+// lease of nobody's, in a slot that expires no sooner than stamp until,
+// and empty besides: n is the old item's units leased before its fence
+// rose, which processes holding an entry without the new item may spend
+// at stamps from from on until their leases end (by until). So the
+// region holds, from from on, the new item's tokens and those leases
+// within the new share, as the old item held them within the old one;
+// once they have ended the hold's units leave the bucket (storage's
+// lease expiry), as theirs do.
+func (a *Agent) holdLeases(ctx context.Context, it *bucketItem, from, n, until int64) error {
+	bs, ok := a.store.(storage.BucketStore)
+	if !ok {
+		return fmt.Errorf("regions: region %d's store is not a bucket store (%T)", a.r, a.store)
+	}
+	c := it.own.Config()
+	// The slot's label e expires at (e+2) epochs (storage's epochExpiry);
+	// a fresh item's first lease slot is labelled its op's epoch plus
+	// two (leaseAhead): checked on the answer.
+	le := int64(storage.LeaseEpoch)
+	e := (until+le-1)/le - 2
+	op := storage.BucketOp{MaxAmount: c.MaxAmount, RefillTime: c.RefillTime, RefillAmount: c.RefillAmount, Now: from,
+		N: n, Want: n, Epoch: e - 2, Mode: storage.ModeLease}
+	d, err := bs.UpdateBucket(ctx, a.oldKey(it), op, max(it.ttl(), 3*storage.LeaseEpoch))
+	if err != nil {
+		return fmt.Errorf("regions: holding %d leased units in %q: %w", n, it.key, err)
+	}
+	if !d.Allowed || d.Granted != n || d.LeaseRef < e {
+		return fmt.Errorf("regions: holding %d leased units in %q until %d: %+v", n, it.key, until, d)
+	}
+	if n < it.share {
+		dd, err := it.own.AllowN(ctx, it.key, time.Unix(0, from), it.share-n)
+		if err != nil {
+			return err
+		}
+		if !dd.Allowed {
+			return fmt.Errorf("regions: new bucket item %q not full at its first stamp: %+v", it.key, dd)
+		}
+	}
+	it.hold = n
+	a.tbl.count(func(s *TableStats) { s.Held += n })
 	return nil
 }
 
@@ -966,14 +1105,13 @@ func (a *Agent) transit(in, inForce []int64, from int64) (credit, units, tokens 
 	return credit, units, tokens, recs
 }
 
-// fenceRebase publishes a fenced rebase made this tick (rebaseTable: its
-// new item takes over rebaseAhead on, listed in an entry whose fence
-// number is above every one before) with a save before the tick's own,
-// then raises the old item's fence to that number (raiseOld): from then
-// on a decision by an entry published before, which does not list the
-// new item, takes nothing from the old item, whatever its stamp. The
-// carry (carryTable, a later tick) raises it again if this did not. The
-// tick's own save publishes what follows (the tokens owed, the wants).
+// fenceRebase publishes a fenced rebase made this tick (rebaseTable: the
+// old item's fence already raised to the number of the entry that lists
+// the new item, which takes over after the raise returned) with a save
+// before the tick's own: the grant is in force from the new item's first
+// stamp. The tick's own save publishes what follows (the tokens owed,
+// the wants). brokenOrder (tests): the raise comes after this save, as
+// before.
 func (a *Agent) fenceRebase(ctx context.Context, now time.Time) error {
 	tb := a.tbl
 	a.mu.Lock()
@@ -983,7 +1121,7 @@ func (a *Agent) fenceRebase(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	if err := a.save(ctx, now); err != nil {
-		return err // published or not: the carry raises the fence first
+		return err // published or not: the old item is fenced either way
 	}
 	if !a.Holds() {
 		return errLost
@@ -992,16 +1130,17 @@ func (a *Agent) fenceRebase(ctx context.Context, now time.Time) error {
 	if tb.stopEarly {
 		return errStopped
 	}
-	return a.raiseOld(ctx, now)
+	if tb.brokenOrder {
+		return a.raiseOld(ctx, now)
+	}
+	return nil
 }
 
 // raiseOld raises the fence of the item a rebase under way replaces (the
-// first of two) to the fence number of the latest entry, which lists the
-// new item (a later rebase waits for this one's carry), unless this
-// agent already did; it records the agent's stamp once the raise
-// returned (raisedAt: a decision by an older entry that reached the old
-// item took it before then). Idempotent: a successor that resumes the
-// rebase raises it again (a fence never lowers).
+// first of two) to the fence number of the latest entry, unless this
+// agent already did (brokenOrder's raise, after the entry is published,
+// and its carry's; a rebase made in order raised it before it listed the
+// new item: rebaseTable).
 func (a *Agent) raiseOld(ctx context.Context, now time.Time) error {
 	tb := a.tbl
 	a.mu.Lock()
@@ -1010,27 +1149,45 @@ func (a *Agent) raiseOld(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	old, f := a.items[0], tb.fence
+	a.mu.Unlock()
+	_, err := a.raiseItem(ctx, now, old, f)
+	return err
+}
+
+// raiseItem raises the fence of item old to f, unless this agent already
+// did, and returns the agent's stamp once the raise returned (a decision
+// by an entry of a lower number that reached the item took it before
+// then). Idempotent (a fence never lowers). The entries this agent
+// publishes from now on carry f at least (raisedTo), whatever the raise
+// answers.
+func (a *Agent) raiseItem(ctx context.Context, now time.Time, old *bucketItem, f int64) (int64, error) {
+	tb := a.tbl
+	a.mu.Lock()
 	done := old.raised >= f
+	if !done && !tb.brokenFence && old.own != nil && f > 0 {
+		tb.raisedTo, tb.fence = max(tb.raisedTo, f), max(tb.fence, f)
+	}
 	a.mu.Unlock()
 	if done || tb.brokenFence || old.own == nil || f <= 0 {
-		return nil
+		return tb.stamp(now), nil
 	}
 	fs, ok := a.store.(storage.Fencer)
 	if !ok {
-		return fmt.Errorf("regions: region %d's store does not fence (%T)", a.r, a.store)
+		return 0, fmt.Errorf("regions: region %d's store does not fence (%T)", a.r, a.store)
 	}
 	ttl := a.fenceTTL()
 	if tb.brokenFenceTTL {
 		ttl = old.ttl()
 	}
 	if err := fs.RaiseFence(ctx, a.oldKey(old), f, ttl); err != nil {
-		return fmt.Errorf("regions: raising the fence of region %d's item %q to %d: %w", a.r, old.key, f, err)
+		return 0, fmt.Errorf("regions: raising the fence of region %d's item %q to %d: %w", a.r, old.key, f, err)
 	}
+	at := tb.stamp(now)
 	a.mu.Lock()
-	old.raised, old.raisedAt = f, tb.stamp(now)
+	old.raised, old.raisedAt = f, at
 	a.mu.Unlock()
 	tb.count(func(s *TableStats) { s.Raises++ })
-	return nil
+	return at, nil
 }
 
 // oldKey is the store's key of item it's bucket.
@@ -1069,23 +1226,6 @@ func (a *Agent) claim(ctx context.Context, it *bucketItem, at time.Time, n int64
 	return d.Allowed, err
 }
 
-// overlap is what of the old item's tokens a fenced carry leaves behind
-// (at most): the old item's refills past at, the new item's first stamp,
-// up to the latest stamp a decision by an entry that does not list the
-// new item can have reached it with before the raise (raisedAt, plus
-// Skew for the processes' clocks). Such a decision refilled the old item
-// at its rate to its stamp, while the new item and the grants refill
-// from at: the carry, a take at at, would move those refills too. None
-// when the raise returned Skew before at (no such decision was sent
-// before it). Under a.mu.
-func (a *Agent) overlap(old *bucketItem, at int64) int64 {
-	end := old.raisedAt + int64(a.cfg.Skew)
-	if !a.tbl.fenced || old.own == nil || old.raisedAt == 0 || end < at || old.cfg.RefillTime <= 0 || a.tbl.brokenOverlap {
-		return 0
-	}
-	return ((end-at)/int64(old.cfg.RefillTime) + 1) * old.cfg.RefillAmount
-}
-
 // carryTable moves the old item's free tokens to the new one once the new
 // one is in force (at its first stamp, at): it claims them with a take at
 // at, which no other mover (a predecessor that resumed) can also get,
@@ -1099,11 +1239,13 @@ func (a *Agent) overlap(old *bucketItem, at int64) int64 {
 // its extra (rebaseTable): the carry adds at most the rest of its
 // capacity, less its refills since at. What the new item does not take
 // goes with the grants that left at at (carryTokens). A fenced rebase
-// (its new item in force rebaseAhead on, while entries without it are
-// still valid) first raises the old item's fence (raiseOld), claims
-// through the store with fenceTTL (claim), and leaves behind the old
-// item's refills past at that a decision by an older entry may have
-// taken before the raise (overlap).
+// (its new item in force while entries without it are still valid)
+// raised the old item's fence before it listed the new item, and at was
+// chosen after the raise returned (rebaseTable): every decision by an
+// older entry that the old item took was stamped before at, so the
+// claim at at is exact. It claims through the store with fenceTTL
+// (claim). brokenOrder (tests) raises here if its raise after the
+// publication was not made (stopEarly).
 func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if len(a.items) < 2 || now.UnixNano() < a.items[1].from {
@@ -1113,9 +1255,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	old, it := a.items[0], a.items[1]
 	a.mu.Unlock()
 	at := time.Unix(0, it.from)
-	if a.tbl.fenced {
-		// Before the claim: a decision by an entry that does not list
-		// the new item takes nothing from the old one from here on.
+	if a.tbl.fenced && a.tbl.brokenOrder {
 		if err := a.raiseOld(ctx, now); err != nil {
 			return err
 		}
@@ -1142,10 +1282,6 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 			break
 		}
 	}
-	a.mu.Lock()
-	over := min(a.overlap(old, it.from), moved)
-	a.mu.Unlock()
-	moved -= over
 	// What the new item takes: at most its room as the refund lands
 	// (its capacity less what it held at its first stamp and its refills
 	// since, lateTokens): the refund at at is added to what the item
@@ -1155,7 +1291,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	// rest goes with the grants.
 	var c int64
 	if it.own != nil {
-		room := it.room(it.extra, a.tbl.stamp(now))
+		room := it.room(it.extra+it.hold, a.tbl.stamp(now))
 		if a.brokenCarry {
 			room = it.share - it.extra
 		}
@@ -1172,7 +1308,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	if it.mine { // a successor's carry does not know what its predecessor's added
 		if !it.heldOK {
-			it.held, it.heldOK = it.extra, true
+			it.held, it.heldOK = it.extra+it.hold, true
 		}
 		it.held += c
 	}
@@ -1180,7 +1316,7 @@ func (a *Agent) carryTable(ctx context.Context, now time.Time) error {
 	a.items = a.items[1:]
 	delete(a.tbl.items, old.key)
 	a.mu.Unlock()
-	a.tbl.count(func(s *TableStats) { s.Carries++; s.Moved += moved; s.Overlap += over })
+	a.tbl.count(func(s *TableStats) { s.Carries++; s.Moved += moved })
 	return nil
 }
 
@@ -1297,7 +1433,7 @@ func (a *Agent) lateTokens(now time.Time) {
 		w := owed{it: it, ahead: it.from > t, free: a.brokenLate || a.brokenRoom}
 		switch {
 		case w.ahead:
-			w.base = it.extra
+			w.base = it.extra + it.hold
 			w.n = min(o, it.share-w.base)
 			it.extra += max(w.n, 0)
 		case it.heldOK:

@@ -123,7 +123,8 @@ func (op BucketOp) Apply(cur BucketState, found bool) (next BucketState, d Decis
 			write = true
 		}
 	}
-	free = next.Tokens - next.Leased[0].Units - next.Leased[1].Units
+	d.Leased = next.Leased[0].Units + next.Leased[1].Units
+	free = next.Tokens - d.Leased
 	d.Remaining = max(free, 0)
 	d.ResetAfter = op.untilTokens(next, op.MaxAmount)
 	if !d.Allowed {

@@ -21,4 +21,8 @@ type Decision struct {
 	// is where it counted them: the lease epoch of its slot, which the
 	// lease's return names.
 	Granted, LeaseRef int64
+	// Leased is a bucket op's units of live capacity leases held in the
+	// bucket after it (counted in its tokens, out of Remaining); zero for
+	// any other step.
+	Leased int64
 }
