@@ -110,9 +110,9 @@ func (r tableReport) String() string {
 // field hides the method): a bucket's agent on it keeps the wait
 // (SLUICE_SHARES_NOFENCE=1, to compare a bucket without leases with and
 // without the fence in one binary; SLUICE_SHARES_LEASES=0 runs the table
-// path without leases). The fenced rebase is not enabled outside
-// internal/regions' tests (docs/regions.md, "Bucket: a fence instead of
-// the wait"), so a bucket's agent keeps the wait either way for now.
+// path without leases). A bucket with leases keeps the wait either way
+// (its fenced rebase is not enabled: docs/regions.md, "Bucket: a fence
+// instead of the wait").
 type noBucketFence struct {
 	*dynamo.Store
 	UpdateBucketFenced struct{}

@@ -148,10 +148,13 @@ func TestSharesTableReady(t *testing.T) {
 // TestTableAgentFences: a table agent of a window fences where its store
 // does (storage.Fencer: the memory store) and keeps the wait where it
 // does not (the same store behind a Counter alone); a bucket's fences
-// where its store fences buckets (storage.BucketFencer), with leases or
-// without, and keeps the wait otherwise.
+// where its store fences buckets (storage.BucketFencer) and it does not
+// lease (with leases only where a test enables it, Table.fenceLeased),
+// and keeps the wait otherwise.
 func TestTableAgentFences(t *testing.T) {
 	tt := Table{Client: dynamodb.New(dynamodb.Options{}), Table: "t", Name: "fences", Region: 0}
+	lt := tt
+	lt.fenceLeased = true
 	window := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}
 	bucket := Config{Regions: 2, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 22, RefillAmount: 1, RefillTime: 100 * time.Millisecond}}
 	bucketLeases := bucket
@@ -159,19 +162,21 @@ func TestTableAgentFences(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		cfg   Config
+		tt    Table
 		store any
 		want  bool
 	}{
-		{"window/fencer", window, memStore(t), true},
-		{"window/counter", window, struct{ storage.Counter }{memStore(t)}, false},
-		{"bucket/fencer", bucket, memStore(t), true},
-		{"bucket/leases", bucketLeases, memStore(t), true},
-		{"bucket/counter", bucket, struct {
+		{"window/fencer", window, tt, memStore(t), true},
+		{"window/counter", window, tt, struct{ storage.Counter }{memStore(t)}, false},
+		{"bucket/fencer", bucket, tt, memStore(t), true},
+		{"bucket/leases", bucketLeases, tt, memStore(t), false},
+		{"bucket/leases/enabled", bucketLeases, lt, memStore(t), true},
+		{"bucket/counter", bucket, tt, struct {
 			storage.BucketStore
 			storage.Fencer
 		}{memStore(t), memStore(t)}, false},
 	} {
-		a, err := NewTableAgent(c.cfg, tt, "h", c.store)
+		a, err := NewTableAgent(c.cfg, c.tt, "h", c.store)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}

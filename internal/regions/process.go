@@ -188,24 +188,33 @@ func (p *Process) decideFenced(ctx context.Context, e Entry, now time.Time, n in
 // rebase raises the old item's fence first and publishes the entry that
 // carries it after (rebaseTable), so a read in between returns f or
 // less, which the fence refuses again: it reads again after short
-// pauses (entryWait, doubling) until the number is above f, within the
-// decision's deadline (ctx), rather than spend its tries.
+// pauses (entryWait, doubling) until the number is above f, for at most
+// fenceWait of pauses and within the decision's deadline (ctx), rather
+// than spend its tries. An entry that does not come by then (its
+// publisher stopped between the raise and the save: a successor
+// publishes once the role lapses) fails the decision to its fail mode.
 func (p *Process) reread(ctx context.Context, t, f int64) (Entry, error) {
 	p.reading.Lock()
 	defer p.reading.Unlock()
 	p.mu.Lock()
 	e, has := p.entry, p.has
 	p.mu.Unlock()
+	var waited time.Duration
 	for pause := entryWait; !has || e.Fence <= f; pause *= 2 {
 		if pause > entryWait {
 			if p.brokenNoFenceWait {
 				break
 			}
+			if waited >= fenceWait {
+				return Entry{}, fmt.Errorf("%w (refused by the fence; no entry above fence number %d within %v)", ErrStale, f, fenceWait)
+			}
+			d := min(pause/2, fenceWait-waited)
 			select {
 			case <-ctx.Done():
-				return Entry{}, fmt.Errorf("%w (no entry above fence number %d: %v)", ErrStale, f, ctx.Err())
-			case <-time.After(pause / 2):
+				return Entry{}, fmt.Errorf("%w (refused by the fence; no entry above fence number %d: %v)", ErrStale, f, ctx.Err())
+			case <-time.After(d):
 			}
+			waited += d
 			p.stats.waits.Add(1)
 		}
 		if err := p.readEntry(ctx, t, 0); err != nil {
@@ -286,6 +295,11 @@ func (p *Process) current(ctx context.Context, t int64) (Entry, error) {
 	}
 	return Entry{}, ErrStale
 }
+
+// fenceWait bounds the pauses of a decision the fence refused, waiting
+// for the entry above the refused number (reread): a bucket rebase
+// publishes it one save after the raise.
+const fenceWait = 500 * time.Millisecond
 
 // entryWait is the first pause before a process reads its entry again
 // for a decision that found none valid (doubling each time, within the

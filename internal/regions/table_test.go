@@ -226,7 +226,7 @@ func newFenceRigClock(t *testing.T, client *dynamodb.Client, table string, cfg C
 	var sts [2]*memory.Store
 	for r := range rg.agents {
 		tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
-			Validity: time.Second, Deadline: time.Second, LockLife: lockLife}
+			Validity: time.Second, Deadline: time.Second, LockLife: lockLife, fenceLeased: true}
 		st := memStore(t)
 		if simExpiry {
 			var err error

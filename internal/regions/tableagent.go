@@ -156,12 +156,14 @@ func NewTableAgent(cfg Config, t Table, holder string, store any) (*Agent, error
 	}
 	a.tbl = &tableAgent{t: t, holder: holder, items: map[string]*bucketItem{}}
 	if _, ok := store.(storage.Fencer); ok {
-		// A bucket fences where its store fences buckets, with leases
-		// or without (docs/regions.md, "Bucket: a fence instead of the
-		// wait": a lease on the old item, spent without the store, is
-		// held in the new item, holdLeases).
+		// A bucket without leases fences where its store fences
+		// buckets. With leases the fenced rebase is built (a lease on
+		// the old item, spent without the store, is held in the new
+		// item, holdLeases) but measured below the wait, so a leasing
+		// bucket waits unless a test enables it (docs/regions.md,
+		// "Bucket: a fence instead of the wait").
 		_, bf := store.(storage.BucketFencer)
-		a.tbl.fenced = cfg.Bucket == nil || bf
+		a.tbl.fenced = cfg.Bucket == nil || bf && (!cfg.Leases || t.fenceLeased)
 	}
 	if len(a.items) > 0 {
 		a.tbl.items[a.items[0].key] = a.items[0]
