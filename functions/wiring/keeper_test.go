@@ -326,8 +326,14 @@ func TestSharesKeeper(t *testing.T) {
 		}
 		// Each keeper is invoked for the run as a schedule would: first
 		// under the deadline of the run as planned, then again while
-		// the decisions go on (a loaded machine stretches the run).
-		results := make(chan result, 64)
+		// the decisions go on (a loaded machine stretches the run). The
+		// results are kept in a slice: a channel of 64 filled when a
+		// loaded run took more invocations, and the keepers blocked on
+		// it while the test waited for them (a run of 1m16s hung).
+		var (
+			resMu   sync.Mutex
+			results []result
+		)
 		done := make(chan struct{})
 		var keepers sync.WaitGroup
 		marks := gateMarks(g)
@@ -341,7 +347,9 @@ func TestSharesKeeper(t *testing.T) {
 					ctx, cancel := context.WithDeadline(t.Context(), d)
 					out, err := c.built.Handler.Invoke(ctx, scheduled)
 					cancel()
-					results <- result{out, err}
+					resMu.Lock()
+					results = append(results, result{out, err})
+					resMu.Unlock()
 					select {
 					case <-done:
 						return
@@ -358,10 +366,9 @@ func TestSharesKeeper(t *testing.T) {
 		took := time.Since(start)
 		close(done)
 		keepers.Wait()
-		close(results)
 		busy := gateCounts(g, marks)
 		var ticks, rounds, reads, invoked int64
-		for r := range results {
+		for _, r := range results {
 			if r.err != nil {
 				t.Fatalf("keeper: %v", r.err)
 			}
