@@ -44,13 +44,7 @@ func warmTable(t *testing.T, client *dynamodb.Client, table string) {
 // again and its refills at its old rate, and the checker sees an
 // interval over.
 func TestSharesTableFenceTTL(t *testing.T) {
-	client, table := testTable(t)
-	warmTable(t, client, table)
-	for _, broken := range []bool{false, true} {
-		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
-			fenceTTLRun(t, client, table, broken)
-		})
-	}
+	brokenPair(t, fenceTTLRun)
 }
 
 func fenceTTLRun(t *testing.T, client *dynamodb.Client, table string, broken bool) {
@@ -151,13 +145,7 @@ func fenceTTLRun(t *testing.T, client *dynamodb.Client, table string, broken boo
 // the raise, take the old item's refills past at beside the new item's
 // and the grant's, and the checker sees an interval over.
 func TestSharesTableRaiseFirst(t *testing.T) {
-	client, table := testTable(t)
-	warmTable(t, client, table)
-	for _, broken := range []bool{false, true} {
-		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
-			raiseFirstRun(t, client, table, broken)
-		})
-	}
+	brokenPair(t, raiseFirstRun)
 }
 
 // raiseFirstRun1 is a run's figures, for raiseFirstCheck.
@@ -485,13 +473,7 @@ func TestProcessWaitsForFence(t *testing.T) {
 // full beside the lease's spends, and the check sees more than 20 at
 // one stamp.
 func TestSharesTableLeaseHold(t *testing.T) {
-	client, table := testTable(t)
-	warmTable(t, client, table)
-	for _, broken := range []bool{false, true} {
-		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
-			leaseHoldRun(t, client, table, broken)
-		})
-	}
+	brokenPair(t, leaseHoldRun)
 }
 
 func leaseHoldRun(t *testing.T, client *dynamodb.Client, table string, broken bool) {
@@ -567,5 +549,17 @@ func leaseHoldRun(t *testing.T, client *dynamodb.Client, table string, broken bo
 	}
 	if ts.Held == 0 {
 		t.Errorf("the new item held none of the old item's leased units: %+v", ts)
+	}
+}
+
+// brokenPair runs run on a warmed table of its own, as the code is
+// (broken=false) and with its broken variant (broken=true).
+func brokenPair(t *testing.T, run func(t *testing.T, client *dynamodb.Client, table string, broken bool)) {
+	client, table := testTable(t)
+	warmTable(t, client, table)
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			run(t, client, table, broken)
+		})
 	}
 }
