@@ -172,7 +172,17 @@ func TestCheckTokenBucket(t *testing.T) {
 			{Key: "other", Stamp: Base, Cost: 1, Start: 4 * ms, End: 5 * ms, Allowed: true},
 		}, want: `key "other" (2 calls)`},
 	} {
-		t.Run(c.name, func(t *testing.T) { checkBucketCase(t, c.calls, c.cfg, c.want) })
+		t.Run(c.name, func(t *testing.T) {
+			err := CheckTokenBucket(c.calls, c.cfg, 10*time.Second)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("want linearizable: %v", err)
+			case c.want != "" && err == nil:
+				t.Fatalf("linearizable, want an error containing %q", c.want)
+			case c.want != "" && !strings.Contains(err.Error(), c.want):
+				t.Fatalf("error %q\nwant it to contain %q", err, c.want)
+			}
+		})
 	}
 }
 
@@ -518,20 +528,5 @@ func TestTightened(t *testing.T) {
 	small := Scenario{Bucket: &limiter.TokenBucketConfig{MaxAmount: 5, RefillTime: time.Millisecond}, MaxCost: 3}
 	if got := Tightened(Tightened(small)).Bucket; got.MaxAmount != 3 || got.RefillTime != 16*time.Millisecond || small.Bucket.MaxAmount != 5 {
 		t.Errorf("twice tightened: %+v (the original now %+v); want 3 tokens every 16 ms", *got, *small.Bucket)
-	}
-}
-
-// checkBucketCase checks a hand-built bucket history: linearizable when
-// want is empty, else an error containing want.
-func checkBucketCase(t *testing.T, calls []Call, cfg limiter.TokenBucketConfig, want string) {
-	t.Helper()
-	err := CheckTokenBucket(calls, cfg, 10*time.Second)
-	switch {
-	case want == "" && err != nil:
-		t.Fatalf("want linearizable: %v", err)
-	case want != "" && err == nil:
-		t.Fatalf("linearizable, want an error containing %q", want)
-	case want != "" && !strings.Contains(err.Error(), want):
-		t.Fatalf("error %q\nwant it to contain %q", err, want)
 	}
 }
