@@ -84,17 +84,17 @@ func (s *DelayStore) arriveStep(ctx context.Context, st *storage.Step) (storeCal
 		if st.N == 0 {
 			return storeCall{}, false
 		}
-		return s.arrive(ctx, st.Key, st.Idx, true, false, int64(st.Span), false), true
+		return s.arrive(ctx, st.Key, st.Idx, true, false, int64(st.Span), 0, false), true
 	case storage.StepSub:
-		return s.arrive(ctx, st.Key, st.Idx, true, true, 0, false), true
+		return s.arrive(ctx, st.Key, st.Idx, true, true, 0, 0, false), true
 	case storage.StepBucket:
-		return s.arrive(ctx, st.Key, st.Bucket.Now, false, false, 0, false), true
+		return s.arrive(ctx, st.Key, st.Bucket.Now, false, false, 0, st.TTL/2, false), true
 	case storage.StepLog:
-		return s.arrive(ctx, st.Key, st.Log.Now, false, false, int64(st.Log.Window), false), true
+		return s.arrive(ctx, st.Key, st.Log.Now, false, false, int64(st.Log.Window), 0, false), true
 	case storage.StepPackedAdd:
-		return s.arrive(ctx, st.Key, st.Packed.Slot, true, false, (st.Packed.Keep+1)/2, true), true
+		return s.arrive(ctx, st.Key, st.Packed.Slot, true, false, (st.Packed.Keep+1)/2, 0, true), true
 	case storage.StepPackedSub:
-		return s.arrive(ctx, st.Key, st.Packed.Slot, true, true, 0, true), true
+		return s.arrive(ctx, st.Key, st.Packed.Slot, true, true, 0, 0, true), true
 	}
 	return storeCall{}, false
 }

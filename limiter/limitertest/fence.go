@@ -24,7 +24,7 @@ func (s *DelayStore) AddFenced(ctx context.Context, k storage.Key, cur int64, sp
 		return storage.Counts{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
 	if n > 0 {
-		defer s.leave(s.arrive(ctx, k, cur, true, false, int64(span), false))
+		defer s.leave(s.arrive(ctx, k, cur, true, false, int64(span), 0, false))
 	}
 	return f.AddFenced(ctx, k, cur, span, n, ttl, fence)
 }
@@ -52,7 +52,7 @@ func (s *DelayStore) UpdateBucketFenced(ctx context.Context, k storage.Key, op s
 	if err := s.delay(ctx); err != nil {
 		return storage.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, false))
+	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2, false))
 	return f.UpdateBucketFenced(ctx, k, op, ttl, fence)
 }
 

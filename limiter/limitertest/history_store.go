@@ -213,8 +213,9 @@ type storeCall struct {
 // arrive records that a store call on k at position at (sub-window or
 // stamp) is handed to the inner store now. window tells sub-windows from
 // stamps; refund marks a window Sub; horizon is how far behind (in the same
-// unit) a call may be (the bucket check finds a key's writes itself).
-func (s *DelayStore) arrive(ctx context.Context, k storage.Key, at int64, window, refund bool, horizon int64, packed bool) storeCall {
+// unit) a call may be. The time.Duration (a bucket's TTL/2 from some
+// callers) is unused: the bucket check finds a key's writes itself.
+func (s *DelayStore) arrive(ctx context.Context, k storage.Key, at int64, window, refund bool, horizon int64, _ time.Duration, packed bool) storeCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tr, _ := ctx.Value(traceKey{}).(*Trace)
@@ -293,7 +294,7 @@ func (s *DelayStore) Add(ctx context.Context, k storage.Key, cur int64, span int
 	if n == 0 {
 		return s.inner.Add(ctx, k, cur, span, n, ttl)
 	}
-	defer s.leave(s.arrive(ctx, k, cur, true, false, int64(span), false))
+	defer s.leave(s.arrive(ctx, k, cur, true, false, int64(span), 0, false))
 	return s.inner.Add(ctx, k, cur, span, n, ttl)
 }
 
@@ -302,7 +303,7 @@ func (s *DelayStore) Sub(ctx context.Context, k storage.Key, idx int64, n int64)
 	if err := s.delay(ctx); err != nil {
 		return fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, idx, true, true, 0, false))
+	defer s.leave(s.arrive(ctx, k, idx, true, true, 0, 0, false))
 	return s.inner.Sub(ctx, k, idx, n)
 }
 
@@ -311,7 +312,7 @@ func (s *DelayStore) UpdateBucket(ctx context.Context, k storage.Key, op storage
 	if err := s.delay(ctx); err != nil {
 		return storage.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, false))
+	defer s.leave(s.arrive(ctx, k, op.Now, false, false, 0, ttl/2, false))
 	return s.inner.UpdateBucket(ctx, k, op, ttl)
 }
 
@@ -320,7 +321,7 @@ func (s *DelayStore) UpdateLog(ctx context.Context, k storage.Key, op storage.Lo
 	if err := s.delay(ctx); err != nil {
 		return storage.Decision{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, op.Now, false, false, int64(op.Window), false))
+	defer s.leave(s.arrive(ctx, k, op.Now, false, false, int64(op.Window), 0, false))
 	return s.inner.UpdateLog(ctx, k, op, ttl)
 }
 
@@ -339,7 +340,7 @@ func (s *DelayStore) AddPacked(ctx context.Context, k storage.Key, op *storage.P
 	if err := s.delay(ctx); err != nil {
 		return storage.PackedCounts{}, fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, op.Slot, true, false, (op.Keep+1)/2, true))
+	defer s.leave(s.arrive(ctx, k, op.Slot, true, false, (op.Keep+1)/2, 0, true))
 	return p.AddPacked(ctx, k, op)
 }
 
@@ -352,7 +353,7 @@ func (s *DelayStore) SubPacked(ctx context.Context, k storage.Key, op *storage.P
 	if err := s.delay(ctx); err != nil {
 		return fmt.Errorf("limitertest: delay: %w", err)
 	}
-	defer s.leave(s.arrive(ctx, k, op.Slot, true, true, 0, true))
+	defer s.leave(s.arrive(ctx, k, op.Slot, true, true, 0, 0, true))
 	return p.SubPacked(ctx, k, op)
 }
 
