@@ -43,9 +43,6 @@ type Store struct {
 	// brokenFence makes AddFenced and UpdateBucketFenced ignore the
 	// fence (tests show they fail such a store).
 	brokenFence bool
-	// brokenBucketExpiry keeps a bucket a quarter of its TTL after the
-	// last write (tests show the history check fails such a store).
-	brokenBucketExpiry bool
 }
 
 var (
@@ -537,12 +534,7 @@ func (s *Store) updateBucket(ctx context.Context, k storage.Key, op storage.Buck
 	if write {
 		next.Version = e.bucket.Version + 1
 		e.bucket, e.hasBucket = next, true
-		if s.brokenBucketExpiry {
-			ttl /= 4
-		}
-		// Kept ttl after the write (storage.BucketStore); a denial that
-		// changes nothing writes nothing. A raised fence's life is kept.
-		e.expires = max(e.expires, expiry(now, ttl))
+		e.expires = max(e.expires, expiry(now, ttl)) // a raised fence's life is kept
 	}
 	return d, nil
 }

@@ -84,24 +84,22 @@ func (b StampBucket) Take(cfg limiter.TokenBucketConfig, at, n int64) (next Stam
 // stampModel is the porcupine model of one key's at-stamp bucket, with the
 // same treatment of failed, idle and deny-cached calls as bucketModel.
 func stampModel(cfg limiter.TokenBucketConfig) porcupine.Model {
-	base := bucketModel(cfg)
-	ttl := int64(bucketTTL(cfg))
+	base := bucketModel(cfg, true)
 	step := func(s StampBucket, i bucketInput) (StampBucket, bucketOutput) {
 		n, ok, rem := s.Take(cfg, i.stamp, i.n)
 		return n, bucketOutput{allowed: ok, remaining: rem}
 	}
 	nm := porcupine.NondeterministicModel{
 		Partition: base.Partition,
-		Init:      func() []any { return []any{written[StampBucket]{}} },
+		Init:      func() []any { return []any{StampBucket{}} },
 		Step: func(st, in, out any) []any {
-			s := st.(written[StampBucket])
-			return bucketChoices(s, s.b.Exists, in.(bucketInput), out.(bucketOutput), ttl, step)
+			s := st.(StampBucket)
+			return bucketChoices(s, s.Exists, StampBucket{}, in.(bucketInput), out.(bucketOutput), step)
 		},
 		Equal: func(a, b any) bool { return a == b },
 		Hash: func(st any) uint64 {
-			w := st.(written[StampBucket])
-			s := w.b
-			h := uint64(s.Tat)*0x9e3779b97f4a7c15 ^ uint64(s.Base) ^ uint64(w.at)*0xbf58476d1ce4e5b9
+			s := st.(StampBucket)
+			h := uint64(s.Tat)*0x9e3779b97f4a7c15 ^ uint64(s.Base)
 			if s.Exists {
 				h ^= 1 << 63
 			}
@@ -109,12 +107,11 @@ func stampModel(cfg limiter.TokenBucketConfig) porcupine.Model {
 		},
 		DescribeOperation: base.DescribeOperation,
 		DescribeState: func(st any) string {
-			w := st.(written[StampBucket])
-			s := w.b
+			s := st.(StampBucket)
 			if !s.Exists {
 				return "no bucket"
 			}
-			return fmt.Sprintf("grid from %d, tat %d, last written at or after %v", s.Base, s.Tat, time.Duration(w.at))
+			return fmt.Sprintf("grid from %d, tat %d", s.Base, s.Tat)
 		},
 	}
 	return nm.ToModel()
@@ -142,6 +139,7 @@ func bucketOps(calls []Call) []porcupine.Operation {
 		}
 		op := porcupine.Operation{
 			ClientId: c.Worker,
+			Input:    bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, idle: c.Idle},
 			Call:     int64(c.Start),
 			Output:   bucketOutput{allowed: c.Allowed, remaining: c.Remaining},
 			Return:   int64(c.End),
@@ -150,18 +148,15 @@ func bucketOps(calls []Call) []porcupine.Operation {
 		if c.Reached {
 			op.Call, op.Return = int64(c.Arrived), int64(c.Returned)
 		}
-		in := bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, idle: c.Idle}
 		if c.Cached && c.Err == nil {
-			in = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, cached: true}
+			op.Input = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, cached: true}
 			op.Output = bucketOutput{allowed: c.Allowed}
 		}
 		if c.Err != nil {
-			in.unknown = true
+			op.Input = bucketInput{stamp: c.Stamp.UnixNano(), n: c.Cost, unknown: true, idle: c.Idle}
 			op.Output = bucketOutput{}
 			op.Return = math.MaxInt64
 		}
-		in.arrived, in.returned = op.Call, op.Return
-		op.Input = in
 		ops = append(ops, op)
 	}
 	return ops

@@ -89,8 +89,6 @@ type Scenario struct {
 	// (queued behind the others) leaves a linearizability check many
 	// orders to try on one key.
 	Keys int
-	// Workers, when positive, overrides HistoryOptions.Workers.
-	Workers int
 }
 
 // DefaultScenarios returns the scenarios RunHistory runs by default, sized so
@@ -127,23 +125,6 @@ func DefaultScenarios() []Scenario {
 		{Name: "TokenBucketStrict", Bucket: &limiter.TokenBucketConfig{Name: "history-strict", MaxAmount: 50, RefillTime: 5 * time.Millisecond, Strict: true},
 			Keys: 8, Duration: time.Second, MaxDelay: 5 * time.Millisecond, MaxPause: 20 * time.Millisecond, MaxCost: 3},
 	}
-}
-
-// BucketExpiryScenario is the token bucket left alone between bursts: 4
-// goroutines on one key of 10 tokens refilled every 10 ms (a TTL of
-// 110 ms: refill from empty plus one period), each pausing up to 60 ms
-// between calls, costs 1 to 3, delays below 10 ms, 2 s. The bucket is
-// drained most of the time, and the key is left alone (no write) for a
-// quarter of the TTL or more many times a run, while the bucket is not full
-// in the model: a store that drops a bucket before its TTL after the last
-// write (the store contract, storage.BucketStore) answers full where the
-// model does not, and the check fails. Not among DefaultScenarios.
-func BucketExpiryScenario() Scenario {
-	return Scenario{Name: "TokenBucketExpiry",
-		Bucket:   &limiter.TokenBucketConfig{Name: "history-expiry", MaxAmount: 10, RefillTime: 10 * time.Millisecond},
-		Keys:     1,
-		Workers:  4,
-		Duration: 2 * time.Second, MaxDelay: 10 * time.Millisecond, MaxPause: 60 * time.Millisecond, MaxCost: 3}
 }
 
 // PackedScenario is the history run of a packed sliding window
@@ -316,14 +297,11 @@ func RunHistory(t *testing.T, s Store, opt HistoryOptions) {
 				}
 				o := opt
 				o.Seed = subSeed(opt.Seed, i, clock)
-				keys, workers := o.Keys, o.Workers
+				keys := o.Keys
 				if sc.Keys > 0 {
 					keys = sc.Keys
 				}
-				if sc.Workers > 0 {
-					workers = sc.Workers
-				}
-				t.Logf("seed %d: scenario %s, clock %s, %d goroutines on %d keys for %v", opt.Seed, sc.Name, clock, workers, keys, sc.Duration)
+				t.Logf("seed %d: scenario %s, clock %s, %d goroutines on %d keys for %v", opt.Seed, sc.Name, clock, o.Workers, keys, sc.Duration)
 				rep, err := RunScenario(context.Background(), s, sc, clock, o)
 				// A run whose calls never reached the limit checks nothing
 				// (rep.Err says so); on a machine too slow for the
@@ -431,12 +409,6 @@ type HistoryReport struct {
 	FirstErr error
 	// CheckTime is how long the linearizability check took (buckets).
 	CheckTime time.Duration
-	// AfterTTL counts the bucket calls that may have taken effect a TTL or
-	// more after the arrival of the last allowed call on their key that
-	// returned before they arrived (or with none before): calls that may
-	// have found their bucket expired, by the takes alone (a denial that
-	// refilled or restarted the timer wrote too; the check counts those).
-	AfterTTL int
 	// Problems lists every reason the run fails, in words; empty when it
 	// passes.
 	Problems []string
@@ -471,15 +443,15 @@ func (r *HistoryReport) Summary() string {
 		check = fmt.Sprintf("; first error: %v", r.FirstErr)
 	}
 	if r.CheckTime > 0 {
-		check += fmt.Sprintf("; linearizability checked in %v; a TTL or more after the key's last take: %d", r.CheckTime.Round(time.Millisecond), r.AfterTTL)
+		check += fmt.Sprintf("; linearizability checked in %v", r.CheckTime.Round(time.Millisecond))
 	}
 	if r.LateInRealTime > 0 {
 		check += fmt.Sprintf("; returned more than a window after their stamps: %d", r.LateInRealTime)
 	}
 	return fmt.Sprintf("%s/%s: %d calls (%d allowed for %d units, %d denied, %d failed); %d boundaries crossed, limit reached in %d windows; "+
-		"late arrivals: %d (%s), late refunds: %d, past the horizon: %d; %d windows over the limit (%d more holding calls past the horizon)%s",
+		"late arrivals: %d (%s), late refunds: %d, past the horizon: %d, after an idle TTL/2: %d; %d windows over the limit (%d more holding calls past the horizon)%s",
 		r.Scenario, r.Clock, len(r.Calls), r.Allowed, r.AllowedUnits, r.Denied, r.Failed, r.Boundaries, r.AtLimit,
-		a.Late, behind, a.LateRefunds, a.PastHorizon, len(r.Violations), len(r.Excused), check)
+		a.Late, behind, a.LateRefunds, a.PastHorizon, a.Idle, len(r.Violations), len(r.Excused), check)
 }
 
 // sharedClock is a strictly increasing clock shared by goroutines.
@@ -516,9 +488,6 @@ func RunScenario(ctx context.Context, s Store, sc Scenario, clock Clock, opt His
 	}
 	if sc.Keys > 0 {
 		opt.Keys = sc.Keys
-	}
-	if sc.Workers > 0 {
-		opt.Workers = sc.Workers
 	}
 	keys, err := sc.keys(clock, opt.Keys)
 	if err != nil {
@@ -654,7 +623,7 @@ func (sc Scenario) run(ctx context.Context, lim limiter.Limiter, keys []string, 
 				c.End = time.Since(origin)
 				cancel()
 				c.Allowed, c.Remaining, c.Err = d.Allowed && err == nil, d.Remaining, err
-				c.Reached, c.Late, c.PastHorizon = tr.Reached, tr.Late, tr.PastHorizon
+				c.Reached, c.Late, c.PastHorizon, c.Idle = tr.Reached, tr.Late, tr.PastHorizon, tr.Idle
 				// Answered without reaching the store: the deny cache.
 				c.Cached = err == nil && !tr.Reached && !d.Allowed
 				if win := sc.window(); tr.Reached && win > 0 && tr.Returned.Sub(c.Stamp) > win && !c.PastHorizon {
@@ -703,7 +672,6 @@ func (rep *HistoryReport) check(s Store, sc Scenario, opt HistoryOptions) {
 	case sc.Log != nil:
 		rep.Violations = CheckTrailingWindow(rep.Calls, sc.Log.Limit, sc.Log.Window)
 	case sc.Bucket != nil:
-		rep.AfterTTL = afterTTL(rep.Calls, bucketTTL(*sc.Bucket))
 		t0 := time.Now()
 		if err := checkBucketHistory(s, rep.Calls, *sc.Bucket, opt.CheckTimeout); err != nil {
 			rep.problem("%v", err)
@@ -754,34 +722,6 @@ func (rep *HistoryReport) check(s Store, sc Scenario, opt HistoryOptions) {
 	if rep.Boundaries == 0 {
 		rep.uncovered("the stamps crossed no window boundary: the run checks nothing across boundaries")
 	}
-}
-
-// afterTTL counts the calls that reached the store a TTL or more, by when
-// it returned, after the arrival of the last allowed call on their key that
-// had returned when they arrived (see HistoryReport.AfterTTL).
-func afterTTL(calls []Call, ttl time.Duration) int {
-	takes := map[string][]Call{}
-	for _, c := range calls {
-		if c.Reached && c.Err == nil && c.Allowed {
-			takes[c.Key] = append(takes[c.Key], c)
-		}
-	}
-	n := 0
-	for _, c := range calls {
-		if !c.Reached || c.Err != nil {
-			continue
-		}
-		last := time.Duration(-1)
-		for _, w := range takes[c.Key] {
-			if w.Returned <= c.Arrived {
-				last = max(last, w.Arrived)
-			}
-		}
-		if last < 0 || c.Returned-last >= ttl {
-			n++
-		}
-	}
-	return n
 }
 
 // writeHistory writes rep's calls to path as JSON.

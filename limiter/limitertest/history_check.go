@@ -37,14 +37,10 @@ type Call struct {
 	Arrived, Returned time.Duration
 	// Late tells that one of the call's store calls arrived after one
 	// stamped newer; PastHorizon that one may have taken effect more than
-	// the store contract's horizon behind the newest (see
+	// the store contract's horizon behind the newest; Idle that a bucket
+	// call reached a key idle for half its TTL or more (see
 	// [ArrivalStats]).
-	Late, PastHorizon bool
-	// Idle lets a bucket call find its bucket expired (a new, full bucket
-	// at its stamp) whatever was written before it; the history runs
-	// leave it unset, as [CheckTokenBucket] lets any call find it expired
-	// once no write can have reached the key for the bucket's TTL.
-	Idle bool
+	Late, PastHorizon, Idle bool
 	// Allowed and Remaining are the decision's.
 	Allowed   bool
 	Remaining int64
@@ -219,29 +215,15 @@ type bucketModelState struct {
 	updated int64 // Unix ns of the last refill accounting
 }
 
-// written is a bucket state of a model (S: bucketModelState, StampBucket)
-// with when it was last written: at or after at, in the history's real
-// time (ns since the run began), the latest arrival of the calls whose
-// step changed the state. A store may drop a bucket its TTL after the last
-// write, and not before.
-type written[S comparable] struct {
-	b  S
-	at int64
-}
-
-// bucketInput is one AllowN: its stamp and cost, and when it reached the
-// store and when the store returned (the history's real time, ns since the
-// run began; returned is math.MaxInt64 for a failed call, which may take
-// effect later); unknown marks a call that failed (it may or may not have
-// happened), idle one marked by hand as one that may have found the bucket
-// expired.
+// bucketInput is one AllowN: its stamp and cost; unknown marks a call that
+// failed (it may or may not have happened), idle one that may have found
+// the bucket expired.
 type bucketInput struct {
-	stamp             int64
-	n                 int64
-	arrived, returned int64
-	unknown           bool
-	idle              bool
-	cached            bool
+	stamp   int64
+	n       int64
+	unknown bool
+	idle    bool
+	cached  bool
 }
 
 type bucketOutput struct {
@@ -294,11 +276,11 @@ func bucketStep(cfg limiter.TokenBucketConfig, s bucketModelState, stamp, n int6
 	return s, out
 }
 
-// bucketModel is the porcupine model of one key's bucket, nondeterministic:
-// a failed call (unknown) may have happened or not, and a call that may
-// have reached the store a TTL or more after the last write found the
-// bucket expired or not (see [bucketChoices]).
-func bucketModel(cfg limiter.TokenBucketConfig) porcupine.Model {
+// bucketModel is the porcupine model of one key's bucket. A failed call
+// (unknown) may have happened or not, and an idle one may have found the
+// bucket expired (a new, full bucket at its stamp): both need the
+// nondeterministic form; histories without them use the deterministic one.
+func bucketModel(cfg limiter.TokenBucketConfig, choices bool) porcupine.Model {
 	partition := func(history []porcupine.Operation) [][]porcupine.Operation {
 		idx := map[string]int{}
 		var parts [][]porcupine.Operation
@@ -315,9 +297,8 @@ func bucketModel(cfg limiter.TokenBucketConfig) porcupine.Model {
 		return parts
 	}
 	hash := func(st any) uint64 {
-		w := st.(written[bucketModelState])
-		s := w.b
-		h := uint64(s.tokens)*0x9e3779b97f4a7c15 ^ uint64(s.updated) ^ uint64(w.at)*0xbf58476d1ce4e5b9
+		s := st.(bucketModelState)
+		h := uint64(s.tokens)*0x9e3779b97f4a7c15 ^ uint64(s.updated)
 		if s.exists {
 			h ^= 1 << 63
 		}
@@ -334,20 +315,35 @@ func bucketModel(cfg limiter.TokenBucketConfig) porcupine.Model {
 		return fmt.Sprintf("AllowN(stamp %d, n %d) -> allowed %v, remaining %d", i.stamp, i.n, o.allowed, o.remaining)
 	}
 	describeState := func(st any) string {
-		w := st.(written[bucketModelState])
-		s := w.b
+		s := st.(bucketModelState)
 		if !s.exists {
 			return "no bucket"
 		}
-		return fmt.Sprintf("%d tokens, refilled up to %d, last written at or after %v", s.tokens, s.updated, time.Duration(w.at))
+		return fmt.Sprintf("%d tokens, refilled up to %d", s.tokens, s.updated)
 	}
-	ttl := int64(bucketTTL(cfg))
+	if !choices {
+		return porcupine.Model{
+			Partition: partition,
+			Init:      func() any { return bucketModelState{} },
+			Step: func(st, in, out any) (bool, any) {
+				i := in.(bucketInput)
+				next, o := bucketStep(cfg, st.(bucketModelState), i.stamp, i.n)
+				if i.cached { // the model must deny it too; nothing changed
+					return !o.allowed && !out.(bucketOutput).allowed, st
+				}
+				return o == out.(bucketOutput), next
+			},
+			Hash:              hash,
+			DescribeOperation: describeOp,
+			DescribeState:     describeState,
+		}
+	}
 	nm := porcupine.NondeterministicModel{
 		Partition: partition,
-		Init:      func() []any { return []any{written[bucketModelState]{}} },
+		Init:      func() []any { return []any{bucketModelState{}} },
 		Step: func(st, in, out any) []any {
-			s := st.(written[bucketModelState])
-			return bucketChoices(s, s.b.exists, in.(bucketInput), out.(bucketOutput), ttl,
+			s := st.(bucketModelState)
+			return bucketChoices(s, s.exists, bucketModelState{}, in.(bucketInput), out.(bucketOutput),
 				func(from bucketModelState, i bucketInput) (bucketModelState, bucketOutput) {
 					return bucketStep(cfg, from, i.stamp, i.n)
 				})
@@ -361,31 +357,18 @@ func bucketModel(cfg limiter.TokenBucketConfig) porcupine.Model {
 }
 
 // bucketChoices is the nondeterministic step of a bucket model from state s
-// (exists: it holds a bucket; the zero S holds none). The store contract
-// lets a store drop a bucket its TTL after the last write (storage.BucketStore:
-// ttl is how long the state must be kept after the write), and only then:
-// a call that may have reached the store ttl or more after the last write
-// (i.returned - s.at >= ttl, s.at being at or before that write), or one
-// marked idle, may also start from no bucket. A step that changes the state
-// is a write, at or after the call's arrival. A failed call may or may not
+// (exists: it holds a bucket; expired: the state of a key that holds none):
+// an idle call may also start from expired, a failed one may or may not
 // have happened, a cached denial must be a denial of the model that changes
 // nothing, and any other call must give its output.
-//
-// Only writes keep a bucket: denials that refill nothing write nothing, and
-// a call that reached the store may take effect much later (a goroutine
-// stalled on a loaded machine), so calls reaching a key do not keep it.
-func bucketChoices[S comparable](s written[S], exists bool, i bucketInput, out bucketOutput, ttl int64, step func(S, bucketInput) (S, bucketOutput)) []any {
+func bucketChoices[S any](s S, exists bool, expired S, i bucketInput, out bucketOutput, step func(S, bucketInput) (S, bucketOutput)) []any {
 	var next []any
-	starts := []written[S]{s}
-	if exists && (i.idle || !idleMarksOnly && i.returned-s.at >= ttl) {
-		starts = append(starts, written[S]{})
+	starts := []S{s}
+	if i.idle && exists {
+		starts = append(starts, expired)
 	}
 	for _, from := range starts {
-		b, o := step(from.b, i)
-		n := written[S]{b, from.at}
-		if b != from.b {
-			n.at = max(from.at, i.arrived)
-		}
+		n, o := step(from, i)
 		switch {
 		case i.cached:
 			if !o.allowed && !out.allowed {
@@ -400,26 +383,6 @@ func bucketChoices[S comparable](s written[S], exists bool, i bucketInput, out b
 	return next
 }
 
-// idleMarksOnly, set by a test, lets only calls marked Idle find their
-// bucket expired: the rule before, where a call was marked when no call
-// had reached its key for half the TTL.
-var idleMarksOnly bool
-
-// bucketTTL is the TTL a token bucket of cfg gives its store: the time to
-// refill from empty plus one refill period (without leases, which make it
-// longer: a shorter TTL only gives the check more choices).
-func bucketTTL(cfg limiter.TokenBucketConfig) time.Duration {
-	amount := cfg.RefillAmount
-	if amount <= 0 {
-		amount = 1
-	}
-	steps := (cfg.MaxAmount + amount - 1) / amount
-	if steps+1 > math.MaxInt64/int64(cfg.RefillTime) {
-		return math.MaxInt64
-	}
-	return time.Duration(steps+1) * cfg.RefillTime
-}
-
 // errCheckTimeout is wrapped when the linearizability check found no
 // verdict in time.
 var errCheckTimeout = errors.New("limitertest: the linearizability check timed out")
@@ -431,11 +394,10 @@ var errCheckTimeout = errors.New("limitertest: the linearizability check timed o
 // which the model gives every call's decision (allowed and remaining)? A
 // call is placed no earlier than when it reached the store and no later than
 // when the store returned (Arrived and Returned, when Reached; else Start
-// and End). A store may drop a bucket its TTL after the last write
-// (storage.BucketStore), by its own clock: a call that may have taken
-// effect a TTL or more after the arrival of the last call whose step
-// changed the bucket (in the order tried) may find a new, full bucket at
-// its stamp, as may a call marked Idle. A failed call that reached the store may
+// and End). A store may drop a bucket its TTL after the last write (it is
+// full by then, but its refill timer restarts): a call marked Idle (it
+// reached a key no call had reached for half the TTL) may find a new, full
+// bucket at its stamp. A failed call that reached the store may
 // or may not have happened and is open until the end; one that did not
 // reach it is left out. It
 // returns nil when the history is linearizable, and an error naming the key
@@ -443,7 +405,11 @@ var errCheckTimeout = errors.New("limitertest: the linearizability check timed o
 // verdict within timeout is an error too: it proves nothing.
 func CheckTokenBucket(calls []Call, cfg limiter.TokenBucketConfig, timeout time.Duration) error {
 	ops := bucketOps(calls)
-	model := bucketModel(cfg)
+	choices := false
+	for _, c := range calls {
+		choices = choices || (c.Err == nil || c.Reached) && (c.Err != nil || c.Idle) // as bucketOps keeps it
+	}
+	model := bucketModel(cfg, choices)
 	res := porcupine.CheckOperationsTimeout(model, ops, timeout)
 	return bucketVerdict(res, func() string { return explainBucket(model, ops, timeout) }, len(ops), timeout)
 }

@@ -51,8 +51,9 @@ var (
 // arrival is what has reached the inner store for one key.
 type arrival struct {
 	seen   bool
-	newest int64 // newest sub-window (windows) or stamp (buckets, logs)
-	span   int64 // the span of the last window add, for refunds
+	newest int64     // newest sub-window (windows) or stamp (buckets, logs)
+	span   int64     // the span of the last window add, for refunds
+	last   time.Time // when the last call was handed over
 	// marks records when newest grew, in order: the newest handed over by
 	// any time.
 	marks []mark
@@ -93,6 +94,11 @@ type ArrivalStats struct {
 	// retries may apply a call long after it arrived). Buckets have no
 	// horizon: a late stamp only refills nothing.
 	PastHorizon int64
+	// Idle counts bucket updates that reached a key no call had reached
+	// for at least half the bucket's TTL: the store may have let the
+	// bucket expire, so that it starts again full at the call's stamp (see
+	// [CheckTokenBucket]).
+	Idle int64
 	// MaxBehind is the most sub-windows a window call was behind.
 	MaxBehind int64
 	// MaxBehindTime is the most a bucket or log stamp was behind.
@@ -131,6 +137,8 @@ type Trace struct {
 	Arrived, Returned time.Time
 	Late              bool
 	PastHorizon       bool
+	// Idle: a bucket update reached a key idle for half its TTL or more.
+	Idle bool
 	// Narrowed is set when the store reported its last request's bounds,
 	// From and To (see [Narrow]).
 	Narrowed bool
@@ -213,9 +221,8 @@ type storeCall struct {
 // arrive records that a store call on k at position at (sub-window or
 // stamp) is handed to the inner store now. window tells sub-windows from
 // stamps; refund marks a window Sub; horizon is how far behind (in the same
-// unit) a call may be. The time.Duration (a bucket's TTL/2 from some
-// callers) is unused: the bucket check finds a key's writes itself.
-func (s *DelayStore) arrive(ctx context.Context, k storage.Key, at int64, window, refund bool, horizon int64, _ time.Duration, packed bool) storeCall {
+// unit) a call may be; a bucket call after idleAfter without calls is idle.
+func (s *DelayStore) arrive(ctx context.Context, k storage.Key, at int64, window, refund bool, horizon int64, idleAfter time.Duration, packed bool) storeCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tr, _ := ctx.Value(traceKey{}).(*Trace)
@@ -232,6 +239,11 @@ func (s *DelayStore) arrive(ctx context.Context, k storage.Key, at int64, window
 		a = &arrival{}
 		s.keys[k] = a
 	}
+	if idleAfter > 0 && a.seen && now.Sub(a.last) >= idleAfter {
+		s.stats.Idle++
+		tr.Idle = true
+	}
+	a.last = now
 	if window && !refund {
 		a.span = horizon
 	}
