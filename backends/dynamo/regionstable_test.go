@@ -499,6 +499,7 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 			otherGrants    int64
 			frozenLostAt   int64
 			frozenFencedAt int64
+			shareAt        int64 // region 0's share left after the frozen holder's grant
 		)
 		before = map[*regions.Agent]int64{}
 		moved := time.Now().Add(d.Duration)
@@ -520,6 +521,7 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 			frozen, other = a, o
 			otherAt, otherGrants = o.TableStats(), o.Stats().Grants
 			frozenLostAt, frozenFencedAt = a.TableStats().Lost, a.TableStats().Fenced
+			shareAt, _ = a.Share()
 			// Past the role's life: LockLife after the save, plus as long
 			// again as the tick took (at most LockLife), and a standby's
 			// tick.
@@ -534,7 +536,12 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 			t.Fatalf("region 0's agent holding the role never gave a grant after the move: no takeover")
 		}
 		fs, os := frozen.TableStats(), other.TableStats()
-		if os.Takeovers == otherAt.Takeovers || os.Raises == otherAt.Raises || other.Stats().Grants == otherGrants || frozenFencedAt == 0 {
+		// The frozen holder's grant may have given all but a few units
+		// (demand left region 0 at once): then its successor has nothing
+		// to lower or give, and only its takeover is checked.
+		left := shareAt >= 100
+		t.Logf("region 0's share after the frozen holder's grant: %d (successor's raises and grants checked: %v)", shareAt, left)
+		if os.Takeovers == otherAt.Takeovers || frozenFencedAt == 0 || left && (os.Raises == otherAt.Raises || other.Stats().Grants == otherGrants) {
 			t.Errorf("region 0's successor: %+v (at the freeze %+v), grants %d (%d at the freeze); frozen holder fenced %d lowerings: want fenced lowerings before, and a takeover, fences raised and grants after",
 				os, otherAt, other.Stats().Grants, otherGrants, frozenFencedAt)
 		}
