@@ -290,26 +290,16 @@ func fencedErr(failErr, err error) error {
 }
 
 // rememberDenials puts the store's denials in the deny caches, before
-// anything is given back (a give-back bumps a cache's generation). A
-// throttled item's denial is not the limit's: it says nothing of the
-// key's next requests, so it is not remembered (each is asked again).
+// anything is given back (a give-back bumps a cache's generation).
 func rememberDenials(b batch, items []Item, out []Outcome, t int64) {
 	for i, it := range items {
 		o := &out[i]
 		if b.es[i].s == nil || o.Skipped || o.Failed || errors.Is(o.Err, storage.ErrFenced) || o.Decision.Allowed || o.Decision.RetryAfter <= 0 {
 			continue
 		}
-		if o.Throttled && !brokenThrottleCache {
-			continue
-		}
 		b.es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision, b.es[i].gen)
 	}
 }
-
-// brokenThrottleCache: a throttled item's denial is remembered for its
-// RetryAfter, as before, so the key's next decisions in this process are
-// denied without a store request. Tests only.
-var brokenThrottleCache = false
 
 // giveBackTakes gives back a denied window's own take always, and every
 // take when the batch was denied or failed (undo), in one more round.

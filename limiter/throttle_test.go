@@ -46,9 +46,9 @@ func (s *throttling) UpdateBucket(ctx context.Context, key storage.Key, op stora
 // A throttled key is denied, never decided by the fail mode (which would
 // admit it uncounted under fail-open): Outcome.Throttled, RetryAfter
 // ThrottledRetryAfter, the limit's name and capacity; the batch's other
-// takes are given back; and the deny cache does not remember the denial
-// (the key's next decision asks the store again). Another key on the same
-// store is decided as usual.
+// takes are given back; and the deny cache keeps the process from asking
+// the store about the key again until RetryAfter has passed. Another key
+// on the same store is decided as usual.
 func TestDecideThrottled(t *testing.T) {
 	ctx := context.Background()
 	s := &throttling{Store: newStore(t), hot: "hot"}
@@ -84,14 +84,20 @@ func TestDecideThrottled(t *testing.T) {
 		t.Errorf("the other item: %+v, want allowed and refunded (the batch was denied)", out[0])
 	}
 
-	// Within RetryAfter: the store is asked again (and throttles again),
-	// not the deny cache: a throttle denies its own decision only.
+	// Within RetryAfter: denied from the deny cache, no store request.
 	before := s.calls.Load()
 	if _, err := limiter.Decide(ctx, now.Add(limiter.ThrottledRetryAfter/2), items[1:], out[:1]); err != nil {
 		t.Fatal(err)
 	}
+	if !out[0].Cached || out[0].Decision.Allowed || s.calls.Load() != before {
+		t.Errorf("within RetryAfter: %+v, %d store calls; want a cached denial and none", out[0], s.calls.Load()-before)
+	}
+	// After it, the store is asked again (and throttles again).
+	if _, err := limiter.Decide(ctx, now.Add(limiter.ThrottledRetryAfter), items[1:], out[:1]); err != nil {
+		t.Fatal(err)
+	}
 	if out[0].Cached || !out[0].Throttled || s.calls.Load() != before+1 {
-		t.Errorf("within RetryAfter: %+v, %d store calls; want the store asked once", out[0], s.calls.Load()-before)
+		t.Errorf("after RetryAfter: %+v, %d store calls; want the store asked once", out[0], s.calls.Load()-before)
 	}
 
 	// The victim alone: its limit of 5 holds (the refunded take is back).
