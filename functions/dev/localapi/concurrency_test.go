@@ -15,10 +15,15 @@ import (
 	"github.com/sluicehq/sluice/lambdawrap"
 )
 
+// The rule fails closed: a decision that fails (past its deadline on a
+// loaded machine) is refused, and its client retries. Fail open, the
+// default, would admit it without a lease, and the echo could hold more
+// than the limit (with a 1 µs deadline: 77-88 at once).
 const concurrencyRules = `
 rules:
   - name: in-flight
     key: "all"
+    fail: closed
     concurrency: {limit: 10, lease_ttl: 30s}
     limits: [{algorithm: sliding_window, limit: 100000, window: 1m}]
 `
