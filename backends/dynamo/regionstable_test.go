@@ -580,6 +580,24 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 	})
 }
 
+// envDurations is the comma-separated durations in the environment
+// variable key, or def if it is unset.
+func envDurations(tb testing.TB, key string, def ...time.Duration) []time.Duration {
+	v := os.Getenv(key)
+	if v == "" {
+		return def
+	}
+	var ds []time.Duration
+	for _, f := range strings.Split(v, ",") {
+		d, err := time.ParseDuration(f)
+		if err != nil || d <= 0 {
+			tb.Fatalf("%s: %q is not a duration", key, f)
+		}
+		ds = append(ds, d)
+	}
+	return ds
+}
+
 // BenchmarkRegionSharesTable compares, in one run on one default-mode
 // harness (lag 1 s, 1.2 times the steady rate, -benchtime=1x), the shares
 // whose processes reach their agent in memory ("memory", as
@@ -592,23 +610,15 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 // (benchTableTimes); SLUICE_SHARES_TRACE=1 logs each table run second by
 // second (traceRun); SLUICE_SHARES_MOVES lists the lengths of the moving
 // split's runs (default 30s; any other, e.g. "30s,60s", is named
-// .../<split>/<length>/<path>); SLUICE_SHARES_LEASES=0 runs the table
+// .../<split>/<length>/<path>), SLUICE_SHARES_STEADY those of the
+// steady splits' (the same); SLUICE_SHARES_LEASES=0 runs the table
 // path without leases, SLUICE_SHARES_NOFENCE=1 with agents whose store
 // does not fence buckets (noBucketFence).
 func BenchmarkRegionSharesTable(b *testing.B) {
 	g, table, eps := startEventual(b)
 	times := benchTableTimes(b)
-	moves := []time.Duration{30 * time.Second}
-	if v := os.Getenv("SLUICE_SHARES_MOVES"); v != "" {
-		moves = nil
-		for _, f := range strings.Split(v, ",") {
-			d, err := time.ParseDuration(f)
-			if err != nil || d <= 0 {
-				b.Fatalf("SLUICE_SHARES_MOVES: %q is not a duration", f)
-			}
-			moves = append(moves, d)
-		}
-	}
+	moves := envDurations(b, "SLUICE_SHARES_MOVES", 30*time.Second)
+	steady := envDurations(b, "SLUICE_SHARES_STEADY", 30*time.Second)
 	if v := os.Getenv("SLUICE_SHARES_BURST"); v != "" {
 		// A bucket that holds more than a replication lag of its refill:
 		// a grant in transit no longer fills up with its refill, so what
@@ -622,12 +632,22 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 		b.Cleanup(func() { regionBucket = old })
 	}
 	b.Logf("table times: refresh %v, flush %v, validity %v, deadline %v, lock life %v; bucket of %d", times.Refresh, times.Flush, times.Validity, times.Deadline, times.LockLife, regionBucket.MaxAmount)
-	runs := shareRuns(moves, func(split string, d time.Duration) string {
+	name := func(split string, d time.Duration) string {
 		if d == 30*time.Second {
 			return split
 		}
 		return fmt.Sprintf("%s/%gs", split, d.Seconds())
-	})
+	}
+	var runs []shareRun
+	for _, r := range shareRuns(moves, name) {
+		if r.then != nil {
+			runs = append(runs, r)
+			continue
+		}
+		for _, d := range steady {
+			runs = append(runs, shareRun{name(r.name, d), r.split, nil, d})
+		}
+	}
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
 		for _, s := range runs {
 			for _, path := range []string{"memory", "table"} {

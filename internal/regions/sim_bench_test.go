@@ -84,6 +84,20 @@ func simRuns(tb testing.TB) []simRun {
 	return runs
 }
 
+// simLag is the runs' replication lag: 1 s, or SLUICE_SIM_LAG (a
+// duration, e.g. 40ms for a strongly consistent table's latency).
+func simLag(tb testing.TB) time.Duration {
+	v := os.Getenv("SLUICE_SIM_LAG")
+	if v == "" {
+		return time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		tb.Fatalf("SLUICE_SIM_LAG: %q is not a duration", v)
+	}
+	return d
+}
+
 type simRun struct {
 	name        string
 	split, then []float64
@@ -92,14 +106,17 @@ type simRun struct {
 }
 
 // BenchmarkSharesSim reports the shares' share of exact on memory stores
-// with a simulated clock (lag 1 s, 1.2 times the steady rate, five seeds
-// per case; run with -benchtime=1x; the rows "-stalls" with four stalls
+// with a simulated clock (lag 1 s or simLag's, 1.2 times the steady rate,
+// five seeds per case; run with -benchtime=1x; the rows "-stalls" with four stalls
 // of the busy region's store, sim.withStalls, "-stalls-half" the agent
 // seeing their first half only): per limit and run (simRuns), the
 // least and the mean over the seeds, over the whole run and over the
-// calls stamped after its first 10 s (the shares start split evenly).
+// calls stamped after its first 10 s (the shares start split evenly),
+// and the units exact admitted that the shares did not (short-units: a
+// fixed cost an event, the start or a move, whatever the run's length).
 // Never over is asserted on every run.
 func BenchmarkSharesSim(b *testing.B) {
+	lag := simLag(b)
 	for _, alg := range []struct {
 		name string
 		cfg  Config
@@ -107,9 +124,9 @@ func BenchmarkSharesSim(b *testing.B) {
 		for _, r := range simRuns(b) {
 			b.Run(fmt.Sprintf("%s/%s/%v", alg.name, r.name, r.dur), func(b *testing.B) {
 				for range b.N {
-					var all, steady []float64
+					var all, steady, short []float64
 					for seed := range 5 {
-						sm := sim{cfg: alg.cfg, split: r.split, then: r.then, rate: 240, dur: r.dur, lag: time.Second, procs: 2, seed: uint64(seed + 1)}
+						sm := sim{cfg: alg.cfg, split: r.split, then: r.then, rate: 240, dur: r.dur, lag: lag, procs: 2, seed: uint64(seed + 1)}
 						if r.seen > 0 {
 							sm = sm.withStalls(r.seen)
 						}
@@ -118,6 +135,7 @@ func BenchmarkSharesSim(b *testing.B) {
 							b.Errorf("seed %d: over the limit: %v", seed+1, v)
 						}
 						all = append(all, res.share())
+						short = append(short, float64(res.exact-res.admitted))
 						var ex limiter.Limiter
 						var err error
 						if c := alg.cfg.Bucket; c != nil {
@@ -136,6 +154,8 @@ func BenchmarkSharesSim(b *testing.B) {
 					b.ReportMetric(mean(all), "exact-share-mean")
 					b.ReportMetric(slices.Min(steady), "after-10s-min")
 					b.ReportMetric(mean(steady), "after-10s-mean")
+					b.ReportMetric(mean(short), "short-units-mean")
+					b.ReportMetric(slices.Max(short), "short-units-max")
 				}
 			})
 		}
