@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
 )
@@ -163,6 +164,7 @@ func TestWindowsAndLogUnderContention(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			key := limitertest.Key(t)
 			before := r.load()
+			defer logCapWaits(t, testserver.DynamoDBCap(t))()
 			n := limitertest.Hammer(t, c.l, key, base.Add(30*time.Second), workers, int(c.tries))
 			per := float64(r.load()-before) / float64(workers*c.tries)
 			t.Logf("%d allowed under contention, %.3f requests per decision", n, per)
@@ -174,6 +176,23 @@ func TestWindowsAndLogUnderContention(t *testing.T) {
 				t.Fatalf("%d allowed in all, want exactly %d", n, c.limit)
 			}
 		})
+	}
+}
+
+// logCapWaits returns a func that logs what the cap proxy p (nil: none)
+// counted since: requests, throttles, write units and the writes that
+// waited for another write of their item (the proxy forwards an item's
+// writes one at a time, so a storm on one key queues there, unthrottled).
+// The proxy is the binary's: run the test alone for figures of its own.
+func logCapWaits(t *testing.T, p *testserver.CapProxy) func() {
+	if p == nil {
+		return func() {}
+	}
+	b := p.Stats()
+	return func() {
+		a := p.Stats()
+		t.Logf("cap proxy: %d requests, %d throttled, %.0f write units, %d probes; %d writes waited for their item, %v in all",
+			a.Requests-b.Requests, a.Throttled-b.Throttled, a.WriteUnits-b.WriteUnits, a.Probes-b.Probes, a.ItemWaits-b.ItemWaits, a.ItemWait-b.ItemWait)
 	}
 }
 

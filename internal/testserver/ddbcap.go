@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -90,7 +91,13 @@ type CapConfig struct {
 // (DynamoDB returns the throttled part as UnprocessedItems/Keys); PartiQL
 // and control-plane requests are forwarded unmetered (and PartiQL writes
 // bypass the item sizes the proxy keeps); indexes are not modelled; the
-// table's cap does not grow with traffic.
+// table's cap does not grow with traffic. And writes to one item go to the
+// server one at a time, each held until its answer (billing needs the
+// item's size before each write): one item serves one write per round
+// trip through the proxy and DynamoDB Local (tens a second on a loaded
+// host; DynamoDB serves up to its partition's 1,000 write units), so a
+// storm of writes on one item queues in the proxy, unthrottled
+// (CapStats.ItemWaits and ItemWait count it).
 type CapProxy struct {
 	srv    *httptest.Server
 	target string
@@ -106,6 +113,10 @@ type CapProxy struct {
 	keys    map[string]*CapCounts // table + "\x00" + partition key value
 	ops     map[string]*OpCounts
 	probes  int64
+	// itemWaits counts writes that waited for another write of their
+	// item, itemWait their waits' sum.
+	itemWaits int64
+	itemWait  time.Duration
 
 	requestLog // with CapConfig.Record; throttled requests have Status 400 and were never forwarded
 }
@@ -135,6 +146,12 @@ type CapStats struct {
 	// Probes are the proxy's own reads of an item's size, sent to the
 	// server and counted nowhere else (see ddbcap.go: rare).
 	Probes int64
+	// ItemWaits counts writes that waited in the proxy for another write
+	// of the same item to come back from the server, and ItemWait is the
+	// time they waited in all: the proxy holds an item's writes one at a
+	// time over the whole forward (writeItem), which DynamoDB does not.
+	ItemWaits int64
+	ItemWait  time.Duration
 }
 
 // NewCapProxy starts a cap proxy in front of target (DynamoDB Local's
@@ -197,6 +214,7 @@ func (p *CapProxy) resetLocked() {
 	p.keys = map[string]*CapCounts{}
 	p.ops = map[string]*OpCounts{}
 	p.probes = 0
+	p.itemWaits, p.itemWait = 0, 0
 	p.reset()
 }
 
@@ -204,7 +222,7 @@ func (p *CapProxy) resetLocked() {
 func (p *CapProxy) Stats() CapStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := CapStats{Ops: map[string]OpCounts{}, Probes: p.probes}
+	s := CapStats{Ops: map[string]OpCounts{}, Probes: p.probes, ItemWaits: p.itemWaits, ItemWait: p.itemWait}
 	for _, c := range p.tables {
 		s.Requests += c.Requests
 		s.WriteUnits += c.WriteUnits
@@ -774,7 +792,7 @@ func (x *exchange) writeItem() error {
 	if err != nil {
 		return err
 	}
-	unlock := t.lock(item)
+	unlock := x.lockItem(t, item)
 	defer unlock()
 
 	w := &itemWrite{in: &in, t: t, key: key, item: item}
@@ -969,7 +987,7 @@ func (x *exchange) writeSet(items []*txItem) (func(), error) {
 		if i > 0 && items[i-1].t == it.t && items[i-1].item == it.item {
 			continue // the server refuses two actions on one item
 		}
-		unlocks = append(unlocks, it.t.lock(it.item))
+		unlocks = append(unlocks, x.lockItem(it.t, it.item))
 	}
 	for _, it := range items {
 		s, ok := it.t.size(it.item)
@@ -1334,9 +1352,10 @@ type tableInfo struct {
 }
 
 type itemState struct {
-	lock  chan struct{} // a mutex: one write at a time
-	size  int64
-	known bool
+	lock    chan struct{} // a mutex: one write at a time
+	waiting atomic.Int32  // writes waiting for lock
+	size    int64
+	known   bool
 }
 
 func (r *registry) arn(table string) string {
@@ -1459,11 +1478,34 @@ func (t *tableInfo) state(id string) *itemState {
 	return s
 }
 
-// lock takes an item's write lock and returns its release.
-func (t *tableInfo) lock(id string) func() {
+// lock takes an item's write lock and returns its release, and how long
+// it waited for another write of the item to release it (0: it did not).
+func (t *tableInfo) lock(id string) (func(), time.Duration) {
 	s := t.state(id)
+	release := func() { <-s.lock }
+	select {
+	case s.lock <- struct{}{}:
+		return release, 0
+	default:
+	}
+	start := time.Now()
+	s.waiting.Add(1)
 	s.lock <- struct{}{}
-	return func() { <-s.lock }
+	s.waiting.Add(-1)
+	return release, max(time.Since(start), time.Nanosecond)
+}
+
+// lockItem takes an item's write lock (tableInfo.lock) and counts the
+// wait, if any, in the proxy's ItemWaits and ItemWait.
+func (x *exchange) lockItem(t *tableInfo, id string) func() {
+	unlock, waited := t.lock(id)
+	if waited > 0 {
+		x.p.mu.Lock()
+		x.p.itemWaits++
+		x.p.itemWait += waited
+		x.p.mu.Unlock()
+	}
+	return unlock
 }
 
 // size returns an item's size, and whether it is known.

@@ -526,3 +526,59 @@ func TestDynamoDBIsCapped(t *testing.T) {
 		t.Errorf("a bad %s: %q, want a failure naming it", EnvDynamoDBCap, f.fatal)
 	}
 }
+
+// A write of an item another write holds waits for it, and is counted in
+// ItemWaits and ItemWait; writes one after another wait for nothing.
+func TestCapProxyCountsItemWaits(t *testing.T) {
+	p := NewCapProxy(t, DynamoDBLocal(t), CapConfig{})
+	table := capTable(t, p.URL())
+	client := ddbClient(p.URL())
+	ctx := t.Context()
+	update := func() error {
+		_, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: item{"pk": s("w")},
+			UpdateExpression: aws.String("ADD n :one"), ExpressionAttributeValues: item{":one": &types.AttributeValueMemberN{Value: "1"}}})
+		return err
+	}
+	for range 2 {
+		if err := update(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := p.Stats(); st.ItemWaits != 0 || st.ItemWait != 0 {
+		t.Fatalf("two writes one after another: %d waits (%v) counted, want none", st.ItemWaits, st.ItemWait)
+	}
+	ti, err := p.reg.table(ctx, p, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, id, err := ti.keys(attrs{"pk": json.RawMessage(`{"S":"w"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock, _ := ti.lock(id) // as a write in flight would
+	done := make(chan error, 1)
+	go func() { done <- update() }()
+	for ti.state(id).waiting.Load() == 0 {
+		select {
+		case err := <-done:
+			unlock()
+			t.Fatalf("a write went through while the item's lock was held (err %v)", err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	st := p.Stats()
+	t.Logf("%d item waits, %v in all", st.ItemWaits, st.ItemWait)
+	if st.ItemWaits != 1 || st.ItemWait <= 0 {
+		t.Fatalf("a write that waited for its item: %d waits (%v) counted, want 1", st.ItemWaits, st.ItemWait)
+	}
+	p.Reset()
+	if st := p.Stats(); st.ItemWaits != 0 || st.ItemWait != 0 {
+		t.Fatalf("after Reset: %d waits (%v), want none", st.ItemWaits, st.ItemWait)
+	}
+}
