@@ -65,11 +65,13 @@ import (
 // (region 1 has neither the hot nor the slow key), and its shares at the
 // end (hotGlobal.shares).
 //
-// The victim's end was 2 s alone in both regions: region 0's container,
-// slowed, went on deciding it for 10 s and more after region 1's had
-// stopped, and units its shares had moved to region 1 (region 0's demand
-// read low), or moved there late, were left unused in region 1 (the
-// victim admitted 13 to 19; docs/regions.md).
+// The victim used to stop at 6 s in region 1 and 2 s after its
+// container's hot decisions in region 0, and the test wanted it admitted
+// exactly its limit: region 0's container, slowed, went on deciding it
+// for 10 s and more after region 1's had stopped, units its shares had
+// moved to region 1 (region 0's demand read low) were left unused there,
+// and units given while in their giver's view came into force 30 s on
+// (the victim admitted 13 to 19; docs/regions.md).
 //
 // Before in-line sweeps bounded their ticks by KeysConfig.SweepDeadline,
 // each victim decision in region 0 whose sweep ticked the slow key waited
@@ -95,14 +97,13 @@ const (
 	hgDeadline = 2 * time.Second
 	hgDuration = 4 * time.Second
 	// The victim goes on alone in both regions once region 0's
-	// containers have ended their hot decisions (the drain), until it is
-	// admitted its limit, for at most hgDrainMax: the units its shares
-	// moved between the regions (region 0's container, slowed by the slow
-	// key's ticks, shows less demand) reach a region that still decides
-	// it and are used there (a grant takes about a second). A unit lost
-	// for good (counted and not admitted, or withheld and never given)
-	// runs the drain to its bound, and the victim is admitted less than
-	// its limit.
+	// containers have ended their hot decisions (the drain), until its
+	// shares settle, for at most hgDrainMax: the units its shares moved
+	// between the regions (region 0's container, slowed by the slow key's
+	// ticks, shows less demand) reach a region that still decides it and
+	// are used there (a grant takes about a second). A unit withheld and
+	// never given, or in force and never used, keeps them from settling;
+	// one counted and not admitted fails the count in view.
 	hgDrainMax = 10 * time.Second
 	// hgRunMax bounds region 1's victim decisions and the drain, so that
 	// the victim's calls stay within one window (30 s) on a loaded host:
@@ -279,9 +280,9 @@ func (h *hotGlobal) run(t *testing.T) hgRun {
 		mu  sync.Mutex
 		out = hgRun{byKey: map[string][]hgCall{}}
 		wg  sync.WaitGroup
-		// admitted counts the victim's admissions; hotLeft region 0's
-		// containers still deciding the hot key, hotEnd when the last
-		// ended (Unix ns; 0: not yet).
+		// hotLeft is region 0's containers still deciding the hot key,
+		// hotEnd when the last ended (Unix ns; 0: not yet); drainOver
+		// ends the drain.
 		hotLeft, hotEnd atomic.Int64
 		drainOver       atomic.Bool
 	)
@@ -332,7 +333,7 @@ func (h *hotGlobal) run(t *testing.T) hgRun {
 	out.start = start
 	// The drain: once region 0's containers have ended their hot
 	// decisions, the victim's two deciders go on every hgSlot1 until its
-	// shares settle (hgSettled, read every hgSlot1), or for hgDrainMax.
+	// shares settle (hgSettled, read every hgTick), or for hgDrainMax.
 	hotLeft.Store(hgProcs0)
 	drained := func() bool {
 		end := hotEnd.Load()
