@@ -575,14 +575,20 @@ func (h *hotGlobal) checkShares(t *testing.T, run hgRun, exact int64) {
 	}
 	var ahead int64
 	for _, s := range run.shares {
-		var counted int64
+		// The fail mode admits uncounted, but a failed decision's add may
+		// have reached the store after its client gave up.
+		var counted, failed int64
 		for _, c := range hgInRegion(victim, s.Region) {
-			if c.Allowed && !c.failed { // the fail mode admits uncounted
+			switch {
+			case c.Allowed && c.failed:
+				failed++
+			case c.Allowed:
 				counted++
 			}
 		}
-		if s.count != counted {
-			t.Errorf("victim in region %d: %d units in view, %d decisions admitted and counted: want equal", s.Region, s.count, counted)
+		if s.count < counted || s.count > counted+failed {
+			t.Errorf("victim in region %d: %d units in view, %d decisions admitted and counted, %d admitted by the fail mode: want the counted, and at most the failed more",
+				s.Region, s.count, counted, failed)
 		}
 		if s.left() > 0 || s.Withheld > 0 || s.ahead() != s.scheduled() {
 			t.Errorf("victim in region %d after the drain (%v): %d units in force unused, %d withheld, %d granted and not in its entry: want none",
