@@ -29,11 +29,12 @@ type SlidingLogConfig struct {
 // LogStore.UpdateLog; safe for concurrent use; exact on any store that
 // honours the LogStore contract.
 type SlidingLog struct {
-	cfg   SlidingLogConfig
-	store storage.LogStore
-	batch storage.Batcher // store's
-	space string
-	cache *denyCache
+	cfg      SlidingLogConfig
+	store    storage.LogStore
+	batch    storage.Batcher // store's
+	space    string
+	cache    *denyCache
+	throttle backoff
 }
 
 // NewSlidingLog returns a sliding log on store, or an error wrapping

@@ -140,14 +140,15 @@ type SlidingWindowConfig struct {
 // clocks agree; concurrent denials may briefly under-admit while their
 // refunds are in flight.
 type SlidingWindow struct {
-	cfg   SlidingWindowConfig
-	store storage.Counter
-	batch storage.Batcher // store's
-	space string
-	sub   int64 // sub-window length in ns
-	k     int
-	ttl   time.Duration
-	cache *denyCache
+	cfg      SlidingWindowConfig
+	store    storage.Counter
+	batch    storage.Batcher // store's
+	space    string
+	sub      int64 // sub-window length in ns
+	k        int
+	ttl      time.Duration
+	cache    *denyCache
+	throttle backoff
 	// Packed: the store, and the slots per window (sub is the slot
 	// length).
 	packed storage.PackedCounter
@@ -382,11 +383,12 @@ type FixedWindowConfig struct {
 // a window but admits up to twice the limit across a window boundary. A
 // decision is one Counter.Add. Safe for concurrent use.
 type FixedWindow struct {
-	cfg   FixedWindowConfig
-	store storage.Counter
-	batch storage.Batcher // store's
-	space string
-	cache *denyCache
+	cfg      FixedWindowConfig
+	store    storage.Counter
+	batch    storage.Batcher // store's
+	space    string
+	cache    *denyCache
+	throttle backoff
 }
 
 // NewFixedWindow returns a fixed window on store, or an error wrapping
