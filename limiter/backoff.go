@@ -18,9 +18,10 @@ import (
 // it; any other waits, bounded by its context's deadline, for the backoff
 // to end. Then one of them goes to the store (the key's one store request
 // in flight in this process) while the others wait for its answer:
-// throttled again, the backoff starts over; else the key is free, and each
-// waiter first tries the lease that answer may have taken. A decision whose deadline comes before
-// the backoff's end is denied as throttled without a store request.
+// throttled again, the backoff starts over; else the key is free, and
+// each waiter first tries the lease that answer may have taken. A
+// decision whose deadline comes before the backoff's end is denied as
+// throttled without a store request.
 // docs/leases.md ("A throttle's backoff") has the reasoning and figures.
 //
 // The zero value is ready to use; safe for concurrent use. It holds at
@@ -245,21 +246,28 @@ func (r *backoffRound) leaveAll(items []Item) {
 	r.held = r.held[:0]
 }
 
-// afterWait answers, after a wait, the held items a lease now covers
-// (the decision before may have taken one), and ends their holds.
+// afterWait answers, after a wait, the items a lease now covers (the
+// decision before may have taken one), and ends their holds.
 func (r *backoffRound) afterWait(items []Item, out []Outcome, t int64, lr *leaseRound) {
 	if !r.waited || lr.use == nil {
 		return
 	}
-	kept := r.held[:0]
-	for _, i := range r.held {
-		if lr.respend(items, out, i, t) {
-			items[i].Limit.(stepper).backoffs().leave(items[i].Key)
-			continue
+	for i := range items {
+		if !items[i].Shadow && lr.respend(items, out, i, t) {
+			r.leaveOne(items, i)
 		}
-		kept = append(kept, i)
 	}
-	r.held = kept
+}
+
+// leaveOne ends the round's hold of item i's key, if it holds it.
+func (r *backoffRound) leaveOne(items []Item, i int) {
+	for k, j := range r.held {
+		if j == i {
+			items[i].Limit.(stepper).backoffs().leave(items[i].Key)
+			r.held = append(r.held[:k], r.held[k+1:]...)
+			return
+		}
+	}
 }
 
 // backedOff denies the batch by item i, whose key is backed off past its

@@ -245,11 +245,11 @@ const (
 // throttleSpellRun has spellCallers goroutines of one process decide the
 // hot key every 5 ms for a second, each decision with a deadline of a
 // second, while the store throttles the key for the first spellSpell.
-func throttleSpellRun(t *testing.T, alg string) spellResult {
+func throttleSpellRun(t *testing.T, alg string, leases bool) spellResult {
 	t.Helper()
 	begin := time.Now()
 	s := &throttleSpell{Store: throttleStore(t), hot: "hot", latency: spellLatency, off: begin.Add(spellSpell), quiet: begin.Add(2 * spellLatency)}
-	l := throttleLimiter(t, alg, s, false)
+	l := throttleLimiter(t, alg, s, leases)
 	var (
 		mu sync.Mutex
 		r  spellResult
@@ -303,19 +303,21 @@ func throttleSpellRun(t *testing.T, alg string) spellResult {
 // bubble.
 func TestThrottleBackoffBounded(t *testing.T) {
 	for _, alg := range []string{"window", "bucket"} {
-		t.Run(alg, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { throttleBounded(t, alg) })
-		})
+		for _, leases := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/leases=%v", alg, leases), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) { throttleBounded(t, alg, leases) })
+			})
+		}
 	}
 }
 
-func throttleBounded(t *testing.T, alg string) {
-	r := throttleSpellRun(t, alg)
+func throttleBounded(t *testing.T, alg string, leases bool) {
+	r := throttleSpellRun(t, alg, leases)
 	brokenNoBackoff = true
-	none := throttleSpellRun(t, alg)
+	none := throttleSpellRun(t, alg, leases)
 	brokenNoBackoff = false
 	brokenThrottleCache = true
-	cache := throttleSpellRun(t, alg)
+	cache := throttleSpellRun(t, alg, leases)
 	brokenThrottleCache = false
 	for _, c := range []struct {
 		name string
