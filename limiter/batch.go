@@ -76,9 +76,7 @@ type Outcome struct {
 	// contended that its writes lost every race within their retries
 	// (ErrConflict): the item is denied with RetryAfter
 	// ThrottledRetryAfter, whatever its Fail, since its units were not
-	// counted. It is not Failed. The key's next decisions in this process
-	// wait for its backoff (ThrottledRetryAfter); one whose context's
-	// deadline comes first is denied Throttled without a store request.
+	// counted. It is not Failed.
 	Throttled bool
 }
 
@@ -102,8 +100,6 @@ type stepper interface {
 	judge(st *storage.Step, r *storage.StepResult, t, n int64) (d Decision, undo storage.Step, undoNow bool, err error)
 	// denyCache returns the limit's deny cache, nil for none.
 	denyCache() *denyCache
-	// backoffs returns the limit's backoffs from throttled keys.
-	backoffs() *backoff
 }
 
 // Decide checks every item at now, as one batch: the steps bound for the
@@ -122,10 +118,7 @@ type stepper interface {
 //   - Before any store request, each enforcing item's deny cache is asked:
 //     a key its store denied at or before now, with a RetryAfter not yet
 //     passed, denies the whole batch at once (Outcome.Cached; the others
-//     Skipped). Denials are then remembered (a throttle's are not).
-//   - An enforcing item whose key its store throttled lately waits for
-//     the key's backoff (see [ThrottledRetryAfter]), bounded by ctx's
-//     deadline, unless a lease answers it.
+//     Skipped). Denials are then remembered.
 //
 // out must hold len(items) outcomes. err is non-nil only when an item
 // without Fail failed: everything taken was then given back and err wraps
@@ -144,18 +137,6 @@ func Decide(ctx context.Context, now time.Time, items []Item, out []Outcome) (in
 		defer lr.sendReturns(ctx)
 	}
 	if terr == nil {
-		if i := cachedDenial(items, out, t, &lr); i >= 0 {
-			return i, nil
-		}
-	}
-	// A key its store throttled lately: wait for its backoff (backoff.go).
-	var br backoffRound
-	if i := br.enter(ctx, items, &lr); i >= 0 {
-		return backedOff(items, out, i, &lr), nil
-	}
-	defer br.leaveAll(items)
-	if br.waited && terr == nil {
-		br.afterWait(items, out, t, &lr)
 		if i := cachedDenial(items, out, t, &lr); i >= 0 {
 			return i, nil
 		}
@@ -275,10 +256,8 @@ func judgeAll(b batch, items []Item, out []Outcome, t int64) (denied bool, failE
 			if throttled(err) {
 				// The store refused this key for capacity: deny it (its
 				// units were not counted, so admitting it would be free),
-				// whatever the fail mode, which is for a failing store;
-				// the key's next decisions here wait for its backoff.
+				// whatever the fail mode, which is for a failing store.
 				o.Throttled, o.Decision = true, throttledDecision(it.Limit)
-				e.s.backoffs().throttled(it.Key)
 				denied = denied || !it.Shadow
 				continue
 			}
@@ -317,9 +296,6 @@ func rememberDenials(b batch, items []Item, out []Outcome, t int64) {
 		o := &out[i]
 		if b.es[i].s == nil || o.Skipped || o.Failed || errors.Is(o.Err, storage.ErrFenced) || o.Decision.Allowed || o.Decision.RetryAfter <= 0 {
 			continue
-		}
-		if o.Throttled && !brokenThrottleCache {
-			continue // not the limit's denial: the key's backoff keeps the process off it
 		}
 		b.es[i].s.denyCache().remember(it.Key, t, it.N, o.Decision, b.es[i].gen)
 	}

@@ -48,14 +48,13 @@ type TokenBucketConfig struct {
 // on any [storage.BucketStore] that honours its atomicity contract. Time going
 // backwards never refills a bucket.
 type TokenBucket struct {
-	cfg      TokenBucketConfig
-	store    storage.BucketStore
-	batch    storage.Batcher // store's
-	space    string
-	ttl      time.Duration
-	cache    *denyCache
-	throttle backoff
-	lz       *leaser // nil: no leases
+	cfg   TokenBucketConfig
+	store storage.BucketStore
+	batch storage.Batcher // store's
+	space string
+	ttl   time.Duration
+	cache *denyCache
+	lz    *leaser // nil: no leases
 }
 
 // NewTokenBucket returns a token bucket on store, or an error wrapping

@@ -261,13 +261,6 @@ func (k *leaseKey) close(key string, t int64) lease {
 // lease covers it. Otherwise closed is the lease that ended (to give
 // back), if any. Every call counts in the key's rate.
 func (l *leaser) spend(key string, t, n int64) (d Decision, ref int64, ok bool, closed lease) {
-	return l.spendSeen(key, t, n, true)
-}
-
-// spendSeen is spend; the call counts in the key's rate when seen (a
-// decision that waited for a throttled key's backoff asks its lease
-// again, unseen: it was counted the first time).
-func (l *leaser) spendSeen(key string, t, n int64, seen bool) (d Decision, ref int64, ok bool, closed lease) {
 	sh := l.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -275,9 +268,7 @@ func (l *leaser) spendSeen(key string, t, n int64, seen bool) (d Decision, ref i
 	if k == nil {
 		return Decision{}, 0, false, lease{}
 	}
-	if seen {
-		k.observe(t, n)
-	}
+	k.observe(t, n)
 	if k.got == 0 {
 		return Decision{}, 0, false, lease{}
 	}
@@ -710,27 +701,4 @@ func returnLeases(ctx context.Context, lz leasable, now time.Time) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// respend asks item i's lease again after its decision waited for a
-// throttled key's backoff: true when a lease the decision before took
-// now covers it (Outcome.Leased).
-func (r *leaseRound) respend(items []Item, out []Outcome, i int, t int64) bool {
-	u := &r.use[i]
-	if u.lz == nil || u.spent {
-		return false
-	}
-	d, ref, hit, closed := u.lz.leases().spendSeen(items[i].Key, t, items[i].N, false)
-	if closed.got > 0 {
-		if u.ret.got > 0 {
-			r.close(u.lz, closed) // sent alone
-		} else {
-			u.ret = closed
-		}
-	}
-	if hit {
-		u.spent, u.ref = true, ref
-		out[i] = Outcome{Decision: d, Leased: true}
-	}
-	return hit
 }

@@ -29,12 +29,11 @@ type SlidingLogConfig struct {
 // LogStore.UpdateLog; safe for concurrent use; exact on any store that
 // honours the LogStore contract.
 type SlidingLog struct {
-	cfg      SlidingLogConfig
-	store    storage.LogStore
-	batch    storage.Batcher // store's
-	space    string
-	cache    *denyCache
-	throttle backoff
+	cfg   SlidingLogConfig
+	store storage.LogStore
+	batch storage.Batcher // store's
+	space string
+	cache *denyCache
 }
 
 // NewSlidingLog returns a sliding log on store, or an error wrapping

@@ -28,7 +28,6 @@ func newDenyCache(off, denialsWrite bool) *denyCache {
 }
 
 func (w *SlidingWindow) denyCache() *denyCache { return w.cache }
-func (w *SlidingWindow) backoffs() *backoff    { return &w.throttle }
 
 // batcher returns what a limiter sends its steps to: its store itself when
 // the store batches, else a plain loop over its single-step methods: of
@@ -146,7 +145,6 @@ func (w *SlidingWindow) judge(st *storage.Step, r *storage.StepResult, t, n int6
 }
 
 func (w *FixedWindow) denyCache() *denyCache { return w.cache }
-func (w *FixedWindow) backoffs() *backoff    { return &w.throttle }
 
 func (w *FixedWindow) plan(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if n <= 0 || n > w.cfg.Limit {
@@ -207,7 +205,6 @@ func (w *FixedWindow) judge(st *storage.Step, r *storage.StepResult, t, n int64)
 }
 
 func (b *TokenBucket) denyCache() *denyCache { return b.cache }
-func (b *TokenBucket) backoffs() *backoff    { return &b.throttle }
 
 func (b *TokenBucket) op(t, n int64, mode storage.Mode) storage.BucketOp {
 	return storage.BucketOp{
@@ -267,7 +264,6 @@ func (b *TokenBucket) judge(st *storage.Step, r *storage.StepResult, t, n int64)
 }
 
 func (l *SlidingLog) denyCache() *denyCache { return l.cache }
-func (l *SlidingLog) backoffs() *backoff    { return &l.throttle }
 
 func (l *SlidingLog) plan(key string, now time.Time, n int64) (storage.Step, storage.Batcher, error) {
 	if n <= 0 || n > l.cfg.Limit {

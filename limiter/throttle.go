@@ -10,15 +10,11 @@ import (
 // ThrottledRetryAfter is the RetryAfter of a decision [Decide] makes for an
 // item whose store throttled its key (an error wrapping [storage.ErrThrottled], or
 // [storage.ErrConflict]: every conditional write on the key lost its race):
-// the key is denied, never admitted uncounted. The denial is that
-// decision's alone (the deny cache does not remember it: a throttle says
-// nothing of the limit); instead the key's backoff keeps this process
-// from sending the key to the store again for that long: its next
-// decisions are answered from a lease, or wait, bounded by their
-// deadline, and then go to the store one at a time. A partition that
-// refused a write has no capacity left for about a second (DynamoDB:
-// 1,000 write units a second per partition); a tenth of that lets the
-// key's next requests try again soon without piling onto it.
+// the key is denied, never admitted uncounted, and the deny cache then
+// keeps this process from sending the key to the store again for that
+// long. A partition that refused a write has no capacity left for about a
+// second (DynamoDB: 1,000 write units a second per partition); a tenth of
+// that lets the key's next requests try again soon without piling onto it.
 const ThrottledRetryAfter = 100 * time.Millisecond
 
 // throttled reports whether err says the store refused the key for

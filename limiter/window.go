@@ -140,15 +140,14 @@ type SlidingWindowConfig struct {
 // clocks agree; concurrent denials may briefly under-admit while their
 // refunds are in flight.
 type SlidingWindow struct {
-	cfg      SlidingWindowConfig
-	store    storage.Counter
-	batch    storage.Batcher // store's
-	space    string
-	sub      int64 // sub-window length in ns
-	k        int
-	ttl      time.Duration
-	cache    *denyCache
-	throttle backoff
+	cfg   SlidingWindowConfig
+	store storage.Counter
+	batch storage.Batcher // store's
+	space string
+	sub   int64 // sub-window length in ns
+	k     int
+	ttl   time.Duration
+	cache *denyCache
 	// Packed: the store, and the slots per window (sub is the slot
 	// length).
 	packed storage.PackedCounter
@@ -383,12 +382,11 @@ type FixedWindowConfig struct {
 // a window but admits up to twice the limit across a window boundary. A
 // decision is one Counter.Add. Safe for concurrent use.
 type FixedWindow struct {
-	cfg      FixedWindowConfig
-	store    storage.Counter
-	batch    storage.Batcher // store's
-	space    string
-	cache    *denyCache
-	throttle backoff
+	cfg   FixedWindowConfig
+	store storage.Counter
+	batch storage.Batcher // store's
+	space string
+	cache *denyCache
 }
 
 // NewFixedWindow returns a fixed window on store, or an error wrapping
