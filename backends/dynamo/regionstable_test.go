@@ -468,7 +468,7 @@ func checkTable(tb testing.TB, rep tableReport) {
 // new demand by the time its own estimate fell, and the successor had
 // nothing to give.) Region 0's first grant after the first step waits
 // for region 2's new demand (its own fall alone leaves a surplus under
-// the hysteresis): 2.5-3.9 s after the step on a loaded machine, so the
+// the hysteresis): 1.8-4.9 s after the step (docs/regions.md), so the
 // middle step lasts 5 s.
 var takeoverSteps = []regionPhase{
 	{Split: shareSplits[3].split, Duration: 4 * time.Second},
