@@ -106,6 +106,11 @@ type regionDemand struct {
 	// Then, if set, is the split of a second phase as long as the
 	// first, right after it, on the same processes: demand that moves.
 	Then []float64
+	// More are phases after those, each with its split and length:
+	// demand that moves in steps.
+	More []regionPhase
+	// Began, if set, is called as each phase begins (0: the first).
+	Began func(phase int, at time.Time)
 	// Alg is the limit's algorithm (the window by default).
 	Alg regionAlg
 	// Scale multiplies the limit (the window's units, the bucket's
@@ -123,6 +128,12 @@ type regionDemand struct {
 	// Probe, if set (a bucket's run), is an endpoint of the table read
 	// without the harness's proxies: the run is traced (probeBucket).
 	Probe string
+}
+
+// regionPhase is a phase of a run's demand: its split, for Duration.
+type regionPhase struct {
+	Split    []float64
+	Duration time.Duration
 }
 
 // regionReport is what became of a run's decisions over the union of
@@ -250,13 +261,18 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 		go func() { probed <- probeBucket(tb, table, d.Probe, d, stopc) }()
 	}
 	rep.start = time.Now()
-	phase := func(split []float64) {
+	began := 0
+	phase := func(split []float64, dur time.Duration) {
+		if d.Began != nil {
+			d.Began(began, time.Now())
+		}
+		began++
 		var runs sync.WaitGroup
 		for i, ls := range procs {
 			if split[i] == 0 {
 				continue
 			}
-			opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * split[i], Duration: d.Duration, Open: d.Open}
+			opt := limitertest.HotOptions{Key: d.Name, Rate: d.Rate * split[i], Duration: dur, Open: d.Open}
 			runs.Go(func() {
 				h := limitertest.RunHot(ctx, ls, opt)
 				mu.Lock()
@@ -281,9 +297,12 @@ func runRegions(tb testing.TB, table string, endpoints []string, requests func()
 		}
 		runs.Wait()
 	}
-	phase(d.Split)
+	phase(d.Split, d.Duration)
 	if d.Then != nil {
-		phase(d.Then)
+		phase(d.Then, d.Duration)
+	}
+	for _, p := range d.More {
+		phase(p.Split, p.Duration)
 	}
 	rep.requests = requests() - mark
 	if d.Probe != "" {

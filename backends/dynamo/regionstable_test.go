@@ -461,20 +461,37 @@ func checkTable(tb testing.TB, rep tableReport) {
 	}
 }
 
+// takeoverSteps is the demand of takeover-mid-grant: it leaves region 0
+// for region 2 in two steps, so that a grant at the first leaves region
+// 0 units to give at the second. (In one step, 98/1/1 then 1/1/98, the
+// first grant gave all but a few units where region 0 read region 2's
+// new demand by the time its own estimate fell, and the successor had
+// nothing to give.) Region 0's first grant after the first step waits
+// for region 2's new demand (its own fall alone leaves a surplus under
+// the hysteresis): 1.8-4.9 s after the step (docs/regions.md), so the
+// middle step lasts 5 s.
+var takeoverSteps = []regionPhase{
+	{Split: shareSplits[3].split, Duration: 4 * time.Second},
+	{Split: []float64{0.3, 0.01, 0.69}, Duration: 5 * time.Second},
+	{Split: shareSplits[3].then, Duration: 3 * time.Second},
+}
+
 // testRegionSharesTable (a part of TestRegionShares, on its harness:
 // three regions, lag 1 s): processes and agents that share nothing but
 // the table.
 //
-//   - window: demand moving from region 0 to region 2 (98/1/1 for 4 s,
-//     then 1/1/98 for 4 s), a standby agent in every region; region 0's
-//     holder freezes for 2.5 s right after a tick after the move that
-//     gave a grant (the store fences: a lowering is published, fenced
-//     and given in one tick; docs/regions.md, "A fence instead of the
+//   - window/takeover-mid-grant: demand leaving region 0 for region 2 in
+//     two steps (98/1/1 for 4 s, 30/1/69 for 5 s, 1/1/98 for 3 s), a
+//     standby agent in every region; region 0's holder freezes for
+//     2.5 s right after its first tick after the first step that gave
+//     a grant (the store fences: a lowering is published, fenced and
+//     given in one tick; docs/regions.md, "A fence instead of the
 //     wait"), then ticks again. The standby takes the role and gives
-//     grants of its own, raising the fence to numbers above its
-//     predecessor's; the frozen holder finds the role gone (its write
-//     refused, or the item's epoch moved). (Mid-grant, between a
-//     lowering's publication and its fence: TestSharesTableFence.)
+//     grants of its own (the units the grant left, at the second
+//     step), raising the fence to numbers above its predecessor's; the
+//     frozen holder finds the role gone (its write refused, or the
+//     item's epoch moved). (Mid-grant, between a lowering's
+//     publication and its fence: TestSharesTableFence.)
 //   - window/wait: the window's moving split (4 s each way) with agents
 //     whose store does not fence (noFence): the lowerings wait a
 //     validity and a deadline before their grants ("A store that does
@@ -486,42 +503,55 @@ func checkTable(tb testing.TB, rep tableReport) {
 // (the bucket's bound); a decision fails only as an unavailable store.
 func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, eps []string) {
 	t.Run("table/window/takeover-mid-grant", func(t *testing.T) {
-		d := regionDemand{Name: "rt/window/move", Split: shareSplits[3].split, Then: shareSplits[3].then, Rate: 1.2 * regionRate, Duration: 4 * time.Second}
-		// The agent of region 0 that holds the role freezes after its
-		// first grant after the move (the holder, unless a stall moved
-		// the role to the standby before); the counts of both at that
-		// moment, to compare with the end's.
+		// Demand leaves region 0 in two steps (takeoverSteps). The
+		// holder of region 0's role freezes after its first grant after
+		// the first step (the holder, unless a stall moved the role to
+		// the standby before): that grant leaves region 0 its target at
+		// the middle split, about 300 units, which its successor gives at
+		// the second step. The counts of both at the freeze, to compare
+		// with the end's.
+		d := regionDemand{Name: "rt/window/move", Split: takeoverSteps[0].Split, Rate: 1.2 * regionRate, Duration: takeoverSteps[0].Duration,
+			More: takeoverSteps[1:]}
 		var (
 			mu             sync.Mutex
+			moved          []time.Time // the steps' starts
 			frozen, other  *regions.Agent
-			before         map[*regions.Agent]int64 // grants at an agent's first tick holding the role after the move
+			last           map[*regions.Agent]int64 // an agent's grants at its last tick after the first step
 			otherAt        regions.TableStats
 			otherGrants    int64
+			otherGivenAt   int64
 			frozenLostAt   int64
 			frozenFencedAt int64
-			shareAt        int64 // region 0's share left after the frozen holder's grant
+			shareAt        int64         // region 0's share left after the frozen holder's grant
+			frozeAt        time.Duration // the freeze, after the first step
 		)
-		before = map[*regions.Agent]int64{}
-		moved := time.Now().Add(d.Duration)
+		last = map[*regions.Agent]int64{}
+		d.Began = func(phase int, at time.Time) {
+			mu.Lock()
+			defer mu.Unlock()
+			if phase > 0 {
+				moved = append(moved, at)
+			}
+		}
 		freeze := func(a, o *regions.Agent) time.Duration {
 			mu.Lock()
 			defer mu.Unlock()
-			if !time.Now().After(moved) || frozen != nil || o == nil || !a.Holds() {
+			if len(moved) == 0 || frozen != nil || o == nil || !a.Holds() {
 				return 0
 			}
+			// A grant in a tick that started after the step: the tick
+			// before ended after it.
 			g := a.Stats().Grants
-			first, ok := before[a]
-			if !ok {
-				before[a] = g
-				return 0
-			}
-			if g <= first {
+			prev, ok := last[a]
+			last[a] = g
+			if !ok || g <= prev {
 				return 0
 			}
 			frozen, other = a, o
-			otherAt, otherGrants = o.TableStats(), o.Stats().Grants
+			otherAt, otherGrants, otherGivenAt = o.TableStats(), o.Stats().Grants, o.Stats().Given
 			frozenLostAt, frozenFencedAt = a.TableStats().Lost, a.TableStats().Fenced
 			shareAt, _ = a.Share()
+			frozeAt = time.Since(moved[0])
 			// Past the role's life: LockLife after the save, plus as long
 			// again as the tick took (at most LockLife), and a standby's
 			// tick.
@@ -533,15 +563,13 @@ func testRegionSharesTable(t *testing.T, g *testserver.Regions, table string, ep
 		mu.Lock()
 		defer mu.Unlock()
 		if frozen == nil {
-			t.Fatalf("region 0's agent holding the role never gave a grant after the move: no takeover")
+			t.Fatalf("region 0's agent holding the role never gave a grant after the first step: no takeover")
 		}
 		fs, os := frozen.TableStats(), other.TableStats()
-		// The frozen holder's grant may have given all but a few units
-		// (demand left region 0 at once): then its successor has nothing
-		// to lower or give, and only its takeover is checked.
-		left := shareAt >= 100
-		t.Logf("region 0's share after the frozen holder's grant: %d (successor's raises and grants checked: %v)", shareAt, left)
-		if os.Takeovers == otherAt.Takeovers || frozenFencedAt == 0 || left && (os.Raises == otherAt.Raises || other.Stats().Grants == otherGrants) {
+		t.Logf("region 0's holder froze %v after the first step (the second %v after it), its share left %d; the successor gave %d units in %d grants after",
+			frozeAt.Round(time.Millisecond), moved[len(moved)-1].Sub(moved[0]).Round(time.Millisecond), shareAt,
+			other.Stats().Given-otherGivenAt, other.Stats().Grants-otherGrants)
+		if os.Takeovers == otherAt.Takeovers || frozenFencedAt == 0 || os.Raises == otherAt.Raises || other.Stats().Grants == otherGrants {
 			t.Errorf("region 0's successor: %+v (at the freeze %+v), grants %d (%d at the freeze); frozen holder fenced %d lowerings: want fenced lowerings before, and a takeover, fences raised and grants after",
 				os, otherAt, other.Stats().Grants, otherGrants, frozenFencedAt)
 		}
