@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/storage"
 )
@@ -242,5 +243,53 @@ rules:
 	}
 	if err := p.Release(context.Background(), Lease{Limit: "nope"}); err == nil {
 		t.Error("releasing a lease of an unknown limit succeeded")
+	}
+}
+
+// slowLeases is a lease store whose acquires take the slot, then answer
+// only when the decision's context is done: the request's rate limits then
+// fail on the spent deadline.
+type slowLeases struct{ *memory.Leases }
+
+func (s slowLeases) AcquireLease(ctx context.Context, k storage.Key, op storage.LeaseOp) (storage.Decision, error) {
+	d, err := s.Leases.AcquireLease(ctx, k, op)
+	<-ctx.Done()
+	return d, err
+}
+
+// TestConcurrencyLeaseGivenBackPastDeadline: a request whose concurrency
+// slot was taken, and whose rate limit then failed on the decision's spent
+// deadline (fail closed: denied), gives the slot back though its context
+// is done. Released with that context, the store refused the release and
+// the slot stayed taken until the lease TTL (a fresh-clone CI's local API
+// ended a run with 2 of 10 slots held).
+func TestConcurrencyLeaseGivenBackPastDeadline(t *testing.T) {
+	leases := memLeases(t)
+	p := mustLoad(t, `
+rules:
+  - name: in-flight
+    key: "{ip}"
+    fail: closed
+    concurrency: {limit: 2, lease_ttl: 1m}
+    limits: [{algorithm: fixed_window, limit: 100, window: 1m}]
+`, Options{Stores: map[string]storage.Store{"memory": newCounting(t)}, Leases: slowLeases{leases}})
+	var key string
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+		res := p.Evaluate(ctx, get("192.0.2.1", "/x"), t0)
+		cancel()
+		if res.Outcome != Deny || res.Reason != ReasonFailClosed || len(res.Leases) != 0 {
+			t.Fatalf("request %d past its deadline: %v (%s), %d leases", i, res.Outcome, res.Reason, len(res.Leases))
+		}
+		key = res.Evals[0].Key
+	}
+	cc, err := limiter.NewConcurrency(leases, limiter.ConcurrencyConfig{Name: "in-flight.concurrency", Capacity: 2, LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, d, err := cc.Acquire(t.Context(), key, t0); err != nil || !d.Allowed {
+			t.Fatalf("slot %d is still taken after the denials past the deadline: %+v %v", i, d, err)
+		}
 	}
 }

@@ -102,13 +102,23 @@ func (p *Policy) acquireLeases(ctx context.Context, now time.Time, matched []*bo
 }
 
 // releaseLeases gives back res.Leases (a denied request's) and forgets them.
+//
+// The release does not share the decision's deadline: a request denied
+// because a limit failed on that deadline (fail closed) would otherwise
+// ask the store to release with a spent context, be refused, and hold its
+// slot until the lease TTL. It has releaseTimeout of its own.
 func (p *Policy) releaseLeases(ctx context.Context, res *Result) {
 	if len(res.Leases) == 0 {
 		return
 	}
-	p.Release(ctx, res.Leases...) //nolint:errcheck // a lost release lapses after the lease TTL
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	p.Release(rctx, res.Leases...) //nolint:errcheck // a lost release lapses after the lease TTL
 	res.Leases = nil
 }
+
+// releaseTimeout bounds the release of a denied request's leases.
+const releaseTimeout = 250 * time.Millisecond
 
 // Release gives back leases a request held (Result.Leases: the rules'
 // concurrency leases and a LeasingShedder's), for callers that see the
