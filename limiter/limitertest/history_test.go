@@ -530,3 +530,42 @@ func TestTightened(t *testing.T) {
 		t.Errorf("twice tightened: %+v (the original now %+v); want 3 tokens every 16 ms", *got, *small.Bucket)
 	}
 }
+
+// TestBucketStallPastTTLIsUnchecked: a bucket history that no order
+// explains fails the run, unless a call was answered more than the
+// bucket's TTL after it began (a stalled process, which may have found the
+// bucket dropped, hence full): then the run says it checked nothing there,
+// and is made again with other draws. A bucket of 2 refilling one every
+// 10 ms (TTL 30 ms): one call takes both tokens, the next, stamped 2 ms
+// later, is admitted from a full bucket.
+func TestBucketStallPastTTLIsUnchecked(t *testing.T) {
+	cfg := limiter.TokenBucketConfig{MaxAmount: 2, RefillTime: 10 * ms}
+	if ttl := historyBucketTTL(nil, cfg); ttl != 30*ms {
+		t.Fatalf("TTL %v, want 30ms (as limiter.NewTokenBucket)", ttl)
+	}
+	for _, c := range []struct {
+		name      string
+		returned  time.Duration
+		uncovered bool
+	}{{"answered in 3 ms", 5 * ms, false}, {"answered after 48 ms", 50 * ms, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			a := bcall(0, 2, 0, 1, true, 0)
+			b := bcall(2*ms, 1, 2, int(c.returned/ms), true, 1)
+			a.Reached, a.Returned, b.Reached, b.Returned = true, 1*ms, true, c.returned
+			rep := &HistoryReport{Calls: []Call{a, b}}
+			rep.check(nil, Scenario{Name: "stall", Bucket: &cfg}, HistoryOptions{CheckTimeout: 5 * time.Second})
+			var linear string
+			for _, p := range rep.Problems {
+				if strings.Contains(p, "not linearizable") {
+					linear = p
+				}
+			}
+			if linear == "" {
+				t.Fatalf("no linearizability problem: %q", rep.Problems)
+			}
+			if got := rep.Uncovered == len(rep.Problems); got != c.uncovered {
+				t.Errorf("every problem says the run checked nothing: %v, want %v (%d of %q)", got, c.uncovered, rep.Uncovered, rep.Problems)
+			}
+		})
+	}
+}
