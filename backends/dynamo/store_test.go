@@ -184,9 +184,9 @@ func TestWindowsAndLogUnderContention(t *testing.T) {
 }
 
 // logCapWaits returns a func that logs what the cap proxy p (nil: none)
-// counted since: requests, throttles, write units and the writes that
-// waited for another write of their item (the proxy forwards an item's
-// writes one at a time, so a storm on one key queues there, unthrottled).
+// counted since: requests, throttles, write units (and those billed on an
+// uncertain before), the writes in flight with another of their item and
+// those that waited for their item (only writes that need it alone).
 // The proxy is the binary's: run the test alone for figures of its own.
 func logCapWaits(t *testing.T, p *testserver.CapProxy) func() {
 	if p == nil {
@@ -195,8 +195,9 @@ func logCapWaits(t *testing.T, p *testserver.CapProxy) func() {
 	b := p.Stats()
 	return func() {
 		a := p.Stats()
-		t.Logf("cap proxy: %d requests, %d throttled, %.0f write units, %d probes; %d writes waited for their item, %v in all",
-			a.Requests-b.Requests, a.Throttled-b.Throttled, a.WriteUnits-b.WriteUnits, a.Probes-b.Probes, a.ItemWaits-b.ItemWaits, a.ItemWait-b.ItemWait)
+		t.Logf("cap proxy: %d requests, %d throttled, %.0f write units (%.0f uncertain), %d probes; %d writes in flight with another of their item; %d writes waited for their item, %v in all",
+			a.Requests-b.Requests, a.Throttled-b.Throttled, a.WriteUnits-b.WriteUnits, a.UncertainUnits-b.UncertainUnits, a.Probes-b.Probes,
+			a.Overlaps-b.Overlaps, a.ItemWaits-b.ItemWaits, a.ItemWait-b.ItemWait)
 	}
 }
 
