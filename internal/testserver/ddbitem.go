@@ -204,7 +204,7 @@ func (t *tableInfo) end(id string, f *flight, state bool, after int64, bill *ove
 		}
 		bill.ch.units, bill.least = bill.units()
 		e.units = bill.ch.units
-		c := correction{b: bill, uncertain: bill.ch.units - bill.least}
+		c := correction{b: bill, table: bill.ch.table, partition: bill.ch.partition, uncertain: bill.ch.units - bill.least}
 		if c.uncertain > 0 || bill.unknown {
 			bill.uncertainCnt, c.newUncertain = true, true
 			e.cs = append(e.cs, c)
@@ -269,7 +269,8 @@ func (b *overlapBill) units() (hi, lo float64) {
 // correction is a change of a write's bill after it was settled: delta
 // units more, of which uncertain more above its least candidate.
 type correction struct {
-	b                *overlapBill
+	b                *overlapBill // only b.p is read outside t.mu
+	table, partition string
 	delta, uncertain float64
 	newUncertain     bool // the write is newly uncertain
 }
@@ -281,7 +282,7 @@ func (b *overlapBill) correct(size int64) (correction, bool) {
 	b.see(size)
 	hi, lo := b.units()
 	b.ch.units, b.least = hi, lo
-	c := correction{b: b, delta: hi - hi0, uncertain: (hi - lo) - (hi0 - lo0)}
+	c := correction{b: b, table: b.ch.table, partition: b.ch.partition, delta: hi - hi0, uncertain: (hi - lo) - (hi0 - lo0)}
 	if (hi > lo || b.unknown) && !b.uncertainCnt {
 		b.uncertainCnt, c.newUncertain = true, true
 	}
@@ -294,12 +295,11 @@ func applyCorrections(cs []correction) {
 		p := c.b.p
 		p.mu.Lock()
 		now := time.Now()
-		ch := c.b.ch
-		if ch.partition != "" {
-			p.bucketLocked(true, ch.table, ch.partition, now).tokens -= c.delta
+		if c.partition != "" {
+			p.bucketLocked(true, c.table, c.partition, now).tokens -= c.delta
 		}
-		p.bucketLocked(true, ch.table, "", now).tokens -= c.delta
-		p.addWriteUnitsLocked(ch.table, ch.partition, c.delta)
+		p.bucketLocked(true, c.table, "", now).tokens -= c.delta
+		p.addWriteUnitsLocked(c.table, c.partition, c.delta)
 		p.uncertainUnits += c.uncertain
 		if c.newUncertain {
 			p.uncertainWrites++
