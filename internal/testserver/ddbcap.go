@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -91,13 +90,13 @@ type CapConfig struct {
 // (DynamoDB returns the throttled part as UnprocessedItems/Keys); PartiQL
 // and control-plane requests are forwarded unmetered (and PartiQL writes
 // bypass the item sizes the proxy keeps); indexes are not modelled; the
-// table's cap does not grow with traffic. And writes to one item go to the
-// server one at a time, each held until its answer (billing needs the
-// item's size before each write): one item serves one write per round
-// trip through the proxy and DynamoDB Local (tens a second on a loaded
-// host; DynamoDB serves up to its partition's 1,000 write units), so a
-// storm of writes on one item queues in the proxy, unthrottled
-// (CapStats.ItemWaits and ItemWait count it).
+// table's cap does not grow with traffic. An item's single-item writes go
+// to the server as they come, as DynamoDB takes them; an UpdateItem in
+// flight with other writes of its item is billed on the largest size the
+// item may have had before it, as the proxy cannot see the server's order
+// (CapStats.Overlaps and UncertainUnits say how often and how much: 0
+// units on items that stay within one KB). Transactions, batches and
+// writes that must read their item first hold it alone (CapStats.ItemWaits).
 type CapProxy struct {
 	srv    *httptest.Server
 	target string
@@ -114,9 +113,16 @@ type CapProxy struct {
 	ops     map[string]*OpCounts
 	probes  int64
 	// itemWaits counts writes that waited for another write of their
-	// item, itemWait their waits' sum.
-	itemWaits int64
-	itemWait  time.Duration
+	// item, itemWait their waits' sum; overlaps, writes in flight with
+	// another of their item; uncertain*, bills on candidate befores.
+	itemWaits       int64
+	itemWait        time.Duration
+	overlaps        int64
+	uncertainWrites int64
+	uncertainUnits  float64
+
+	ctx    context.Context // the writes' forwards: ended by Close
+	cancel context.CancelFunc
 
 	requestLog // with CapConfig.Record; throttled requests have Status 400 and were never forwarded
 }
@@ -146,12 +152,24 @@ type CapStats struct {
 	// Probes are the proxy's own reads of an item's size, sent to the
 	// server and counted nowhere else (see ddbcap.go: rare).
 	Probes int64
-	// ItemWaits counts writes that waited in the proxy for another write
+	// ItemWaits counts writes that waited in the proxy for other writes
 	// of the same item to come back from the server, and ItemWait is the
-	// time they waited in all: the proxy holds an item's writes one at a
-	// time over the whole forward (writeItem), which DynamoDB does not.
+	// time they waited in all: only writes that need the item alone wait
+	// (ddbitem.go: a transaction, a batch, an UpdateItem whose before is
+	// unknown); single-item writes go to the server at once, as DynamoDB
+	// takes them.
 	ItemWaits int64
 	ItemWait  time.Duration
+	// Overlaps counts writes that were in flight at the server with
+	// another write of their item. An UpdateItem among them is billed on
+	// the largest size its item may have had before it (the server's order
+	// is not the proxy's to see): UncertainWrites counts those whose
+	// candidates differ in units, UncertainUnits the units billed above
+	// the least candidate (0: every bill is exact; DynamoDB billed between
+	// WriteUnits - UncertainUnits and WriteUnits).
+	Overlaps        int64
+	UncertainWrites int64
+	UncertainUnits  float64
 }
 
 // NewCapProxy starts a cap proxy in front of target (DynamoDB Local's
@@ -186,6 +204,7 @@ func newCapProxy(target string, cfg CapConfig) (*CapProxy, error) {
 		log:    cfg.Log,
 		reg:    registryFor(target),
 	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.resetLocked()
 	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
 	return p, nil
@@ -195,7 +214,10 @@ func newCapProxy(target string, cfg CapConfig) (*CapProxy, error) {
 func (p *CapProxy) URL() string { return p.srv.URL }
 
 // Close stops the proxy.
-func (p *CapProxy) Close() { p.srv.Close() }
+func (p *CapProxy) Close() {
+	p.cancel()
+	p.srv.Close()
+}
 
 // Scale returns the factor applied to every cap.
 func (p *CapProxy) Scale() float64 { return p.scale }
@@ -215,6 +237,7 @@ func (p *CapProxy) resetLocked() {
 	p.ops = map[string]*OpCounts{}
 	p.probes = 0
 	p.itemWaits, p.itemWait = 0, 0
+	p.overlaps, p.uncertainWrites, p.uncertainUnits = 0, 0, 0
 	p.reset()
 }
 
@@ -222,7 +245,8 @@ func (p *CapProxy) resetLocked() {
 func (p *CapProxy) Stats() CapStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := CapStats{Ops: map[string]OpCounts{}, Probes: p.probes, ItemWaits: p.itemWaits, ItemWait: p.itemWait}
+	s := CapStats{Ops: map[string]OpCounts{}, Probes: p.probes, ItemWaits: p.itemWaits, ItemWait: p.itemWait,
+		Overlaps: p.overlaps, UncertainWrites: p.uncertainWrites, UncertainUnits: p.uncertainUnits}
 	for _, c := range p.tables {
 		s.Requests += c.Requests
 		s.WriteUnits += c.WriteUnits
@@ -651,6 +675,7 @@ type exchange struct {
 	replied   bool
 	forwarded bool
 	status    int
+	detach    bool // forwarded on the proxy's context (ctx)
 }
 
 // admitAndSend charges adm against the caps and, if they admit it,
@@ -671,7 +696,17 @@ func (x *exchange) admitAndSend(adm []charge, body []byte) (u *upstream, sent bo
 
 func (x *exchange) send(body []byte) (*upstream, error) {
 	x.forwarded = true
-	return x.p.forward(x.r.Context(), x.r.Header, body)
+	return x.p.forward(x.ctx(), x.r.Header, body)
+}
+
+// ctx is the context of the exchange's requests to the server: a write's
+// is the proxy's (DynamoDB applies a write whose client went away, and
+// the proxy must learn its after), a read's its client's.
+func (x *exchange) ctx() context.Context {
+	if x.detach {
+		return x.p.ctx
+	}
+	return x.r.Context()
 }
 
 func (x *exchange) reply(u *upstream, changed bool) {
@@ -754,27 +789,31 @@ func (x *exchange) getItem() error {
 	return nil
 }
 
-// writeItem meters PutItem, DeleteItem and UpdateItem exactly:
+// writeItem meters PutItem, DeleteItem and UpdateItem:
 //
-// Writes to one item are serialized in the proxy (every cap proxy of the
-// process in front of the same server shares one registry and its item
-// locks), and the registry keeps each item's size after the last write it
-// passed. Holding the item's lock across the forward, the size the
-// registry holds is the item's size when the server applies this write:
-// the "before". The "after" comes from the server's own answer: the
+// The registry keeps each item's possible sizes after the writes the cap
+// proxies of the process passed (they share one registry per server), and
+// the item's writes in flight (ddbitem.go: several at once, as DynamoDB
+// serves them). The "after" comes from the server's own answer: the
 // request is forwarded with ReturnValues=ALL_NEW (UpdateItem) or ALL_OLD
-// (PutItem, DeleteItem: the after is the request's item, or nothing) and
-// ReturnValuesOnConditionCheckFailure=ALL_OLD (a failed condition returns
-// the item as it is), and the answer is given back as the client asked
-// for it: the members the proxy added are cut from the JSON byte for byte
-// (the server writes a member or leaves it out, nothing else changes;
-// ddbcap_test.go compares the bytes with the server's own answer) and
-// x-amz-crc32 computed again. A before the registry does not know (a table
-// this process did not create) is read once with a consistent GetItem (a
-// probe), as is the after of an UpdateItem whose client asked for other
-// ReturnValues than NONE or ALL_NEW. Exact unless something bypasses every
-// cap proxy of the process (a raw client, a server restart, TTL deletion):
-// then a before may be stale until the item's next failed condition.
+// (PutItem, DeleteItem: the before; the after is the request's item, or
+// nothing) and ReturnValuesOnConditionCheckFailure=ALL_OLD (a failed
+// condition is billed on the item it returns, as DynamoDB bills it), and
+// the answer is given back as the client asked for it: the members the
+// proxy added are cut from the JSON byte for byte (the server writes a
+// member or leaves it out, nothing else changes; ddbcap_test.go compares
+// the bytes with the server's own answer) and x-amz-crc32 computed again.
+// An UpdateItem's before is the registry's size: exact when no other write
+// of the item overlapped it, else the largest candidate (ddbitem.go). A
+// before the registry does not know (a table this process did not
+// create) is read with a consistent GetItem (a probe) holding the item
+// alone, as is the after of an UpdateItem whose client asked for other
+// ReturnValues than NONE or ALL_NEW. A write is forwarded on the proxy's
+// context, not its client's: DynamoDB applies and bills a write whose
+// client went away, and the proxy learns its after. Exact unless
+// something bypasses every cap proxy of the process (a raw client, a
+// server restart, TTL deletion): then a before may be stale until the
+// item's next failed condition.
 func (x *exchange) writeItem() error {
 	var in writeRequest
 	if err := json.Unmarshal(x.body, &in); err != nil {
@@ -792,39 +831,65 @@ func (x *exchange) writeItem() error {
 	if err != nil {
 		return err
 	}
-	unlock := x.lockItem(t, item)
-	defer unlock()
-
+	x.detach = true
 	w := &itemWrite{in: &in, t: t, key: key, item: item}
 	body, err := w.ask(x.op, x.body)
 	if err != nil {
 		return err
 	}
-	before, known := t.size(item)
-	if !known && x.op == "UpdateItem" && in.ReturnValues != "ALL_OLD" {
-		if before, err = x.probe(t, key); err != nil {
-			return err
-		}
+	_, known := t.size(item)
+	w.excl = brokenSerial || w.afterProbe || x.op == "UpdateItem" && !known
+	f, err := x.begin(t, item, w.excl)
+	if err != nil {
+		return err
 	}
-	var after int64 // known at admission for PutItem and DeleteItem
-	if x.op == "PutItem" {
-		if after, err = itemSize(in.Item); err != nil {
-			return err
-		}
+	before, after, err := w.sizes(x)
+	if err != nil {
+		t.withdraw(item, f)
+		return err
 	}
 	adm := []charge{{write: true, table: in.TableName, partition: part, units: writeUnits(max(before, after))}}
 	u, sent, err := x.admitAndSend(adm, body)
 	if !sent {
-		if err != nil {
-			t.forget(item)
+		if err != nil { // maybe applied
+			t.end(item, f, true, -1, nil)
+		} else {
+			t.withdraw(item, f)
 		}
 		return err
 	}
-	final := []charge{{write: true, table: in.TableName, partition: part, units: adm[0].units}}
-	changed := w.settle(x, u, &final[0], before, after)
-	x.p.settle(x.op, adm, final)
+	o, changed := w.settle(x, u, before, after)
+	var bill *overlapBill
+	if o.candidates {
+		bill = &overlapBill{p: x.p, op: x.op, ch: charge{write: true, table: in.TableName, partition: part}, after: o.after}
+	}
+	e := t.end(item, f, o.state, o.after, bill)
+	if bill != nil {
+		o.units = e.units
+	}
+	x.p.settle(x.op, adm, []charge{{write: true, table: in.TableName, partition: part, units: o.units}})
+	x.p.ended(e)
 	x.reply(u, changed)
 	return nil
+}
+
+// begin registers a write of item in flight (alone if excl), counting its
+// wait in ItemWaits. A wait the client gave up is answered here, so the
+// request is not passed on unmetered.
+func (x *exchange) begin(t *tableInfo, item string, excl bool) (*flight, error) {
+	f, waited, err := t.begin(x.r.Context(), item, excl)
+	if err != nil {
+		http.Error(x.w, "testserver: cap proxy: "+err.Error(), http.StatusServiceUnavailable)
+		x.replied, x.status = true, http.StatusServiceUnavailable
+		return nil, err
+	}
+	if waited > 0 {
+		x.p.mu.Lock()
+		x.p.itemWaits++
+		x.p.itemWait += waited
+		x.p.mu.Unlock()
+	}
+	return f, nil
 }
 
 // writeRequest is what the proxy reads of a PutItem, UpdateItem or
@@ -845,6 +910,7 @@ type itemWrite struct {
 	item                  string
 	addedAttrs, addedItem bool // the proxy asked for Attributes, or for Item on a failed condition
 	afterProbe            bool // an UpdateItem's after is read with a probe
+	excl                  bool // it holds the item alone
 }
 
 // ask returns body asking for the item's before or after and, on a
@@ -878,11 +944,39 @@ func (w *itemWrite) ask(op string, body []byte) ([]byte, error) {
 	return body, nil
 }
 
-// settle sets the units of final (at first the admission's) from the
-// server's answer u, records the item's size, and cuts from u what the
-// proxy added (changed).
-func (w *itemWrite) settle(x *exchange, u *upstream, final *charge, before, after int64) (changed bool) {
-	t, item := w.t, w.item
+// writeOutcome is what a forwarded write did to its item: left a state
+// (its after; -1 unknown) or not, and its bill, unless it is billed on
+// candidate befores (an UpdateItem that overlapped others: ddbitem.go).
+type writeOutcome struct {
+	state      bool
+	after      int64
+	units      float64
+	candidates bool
+}
+
+// sizes returns the item's before and after as known before the write is
+// sent (the admission's estimate; settle has the server's): an UpdateItem
+// holding its item alone reads an unknown or ambiguous before (a probe).
+func (w *itemWrite) sizes(x *exchange) (before, after int64, err error) {
+	if x.op == "PutItem" {
+		if after, err = itemSize(w.in.Item); err != nil {
+			return 0, 0, err
+		}
+	}
+	before, _ = w.t.size(w.item)
+	if w.excl && x.op == "UpdateItem" && w.in.ReturnValues != "ALL_OLD" {
+		if s, ok := w.t.exact(w.item); ok {
+			before = s
+		} else if before, err = x.probe(w.t, w.key); err != nil {
+			return 0, 0, err
+		}
+	}
+	return before, after, nil
+}
+
+// settle reads the server's answer u: the write's outcome, and u without
+// what the proxy added (changed).
+func (w *itemWrite) settle(x *exchange, u *upstream, before, after int64) (o writeOutcome, changed bool) {
 	switch u.errorType() {
 	case "":
 		var out struct{ Attributes attrs }
@@ -894,17 +988,15 @@ func (w *itemWrite) settle(x *exchange, u *upstream, final *charge, before, afte
 			if w.in.ReturnValues == "ALL_OLD" {
 				before = ret
 			}
-			after, err = x.probe(t, w.key)
+			after, err = x.probe(w.t, w.key)
 		case x.op == "UpdateItem":
-			after = ret
+			after, o.candidates = ret, !w.excl
 		default: // PutItem, DeleteItem: ALL_OLD
 			before = ret
 		}
+		o.state, o.after, o.units = true, after, writeUnits(max(before, after))
 		if err != nil { // cannot happen with DynamoDB Local's answers
-			t.forget(item)
-		} else {
-			final.units = writeUnits(max(before, after))
-			t.setSize(item, after)
+			o.after, o.candidates = -1, false
 		}
 		if w.addedAttrs {
 			u.body, changed = removeMember(u.body, "Attributes")
@@ -912,11 +1004,11 @@ func (w *itemWrite) settle(x *exchange, u *upstream, final *charge, before, afte
 	case "ConditionalCheckFailedException":
 		var out struct{ Item attrs }
 		json.Unmarshal(u.body, &out)
+		o.state, o.units = true, writeUnits(max(before, after))
 		if cur, err := itemSize(out.Item); err != nil {
-			t.forget(item)
+			o.after = -1
 		} else {
-			final.units = writeUnits(cur)
-			t.setSize(item, cur)
+			o.after, o.units = cur, writeUnits(cur)
 		}
 		if w.addedItem {
 			u.body, changed = removeMember(u.body, "Item")
@@ -926,11 +1018,10 @@ func (w *itemWrite) settle(x *exchange, u *upstream, final *charge, before, afte
 		// billed. Whether anything was written is the server's to say;
 		// an error after the write is not one DynamoDB Local gives.
 		if u.status >= 500 {
-			t.forget(item)
+			o.state, o.after = true, -1
 		}
-		final.units = 0
 	}
-	return changed
+	return o, changed
 }
 
 // probe reads an item's size with a consistent GetItem, for the proxy
@@ -947,7 +1038,7 @@ func (x *exchange) probe(t *tableInfo, key attrs) (int64, error) {
 	}{t.name, k, true})
 	h := x.r.Header.Clone()
 	h.Set("X-Amz-Target", "DynamoDB_20120810.GetItem")
-	u, err := x.p.forward(x.r.Context(), h, req)
+	u, err := x.p.forward(x.ctx(), h, req)
 	if err != nil {
 		return 0, err
 	}
@@ -971,31 +1062,35 @@ type txItem struct {
 	part, item    string
 	before, after int64
 	update        bool // after known only once written (probe)
+	f             *flight
+	dup           bool // another action on the same item: its flight is the other's
 }
 
-// writeSet resolves and locks the items of a multi-item write, in one
-// global order (no deadlock), and reads the befores it does not know.
-func (x *exchange) writeSet(items []*txItem) (func(), error) {
+// writeSet takes the items of a multi-item write alone, in one global
+// order (no deadlock), and reads the befores it does not know exactly. On
+// an error the items are released.
+func (x *exchange) writeSet(items []*txItem) error {
+	x.detach = true
 	slices.SortFunc(items, func(a, b *txItem) int { return strings.Compare(a.t.name+"\x00"+a.item, b.t.name+"\x00"+b.item) })
-	var unlocks []func()
-	unlock := func() {
-		for i := len(unlocks) - 1; i >= 0; i-- {
-			unlocks[i]()
-		}
-	}
 	for i, it := range items {
 		if i > 0 && items[i-1].t == it.t && items[i-1].item == it.item {
-			continue // the server refuses two actions on one item
+			it.dup = true // the server refuses two actions on one item
+			continue
 		}
-		unlocks = append(unlocks, x.lockItem(it.t, it.item))
+		f, err := x.begin(it.t, it.item, true)
+		if err != nil {
+			endSet(items[:i], nil)
+			return err
+		}
+		it.f = f
 	}
 	for _, it := range items {
-		s, ok := it.t.size(it.item)
+		s, ok := it.t.exact(it.item)
 		if !ok {
 			var err error
 			if s, err = x.probe(it.t, it.key); err != nil {
-				unlock()
-				return nil, err
+				endSet(items, nil)
+				return err
 			}
 		}
 		it.before = s
@@ -1003,8 +1098,28 @@ func (x *exchange) writeSet(items []*txItem) (func(), error) {
 			it.after = s
 		}
 	}
-	return unlock, nil
+	return nil
 }
+
+// endSet ends the writes of a writeSet: state says whether each left its
+// after (-1: unknown), nil that none did.
+func endSet(items []*txItem, state func(*txItem) (bool, int64)) {
+	for _, it := range items {
+		if it.dup || it.f == nil {
+			continue
+		}
+		if state == nil {
+			it.t.withdraw(it.item, it.f)
+			continue
+		}
+		ok, after := state(it)
+		it.t.end(it.item, it.f, ok, after, nil)
+	}
+}
+
+// unknown is the state of items whose write may or may not have been
+// applied.
+func unknown(*txItem) (bool, int64) { return true, -1 }
 
 // transactWrite: 2 write units per started KB of each item (the larger of
 // before and after) on the item's partition. A ConditionCheck is billed as
@@ -1017,11 +1132,9 @@ func (x *exchange) transactWrite() error {
 	if err != nil {
 		return err
 	}
-	unlock, err := x.writeSet(items)
-	if err != nil {
+	if err := x.writeSet(items); err != nil {
 		return err
 	}
-	defer unlock()
 	charges := func() []charge {
 		var cs []charge
 		for _, it := range items {
@@ -1033,28 +1146,37 @@ func (x *exchange) transactWrite() error {
 	u, sent, err := x.admitAndSend(adm, x.body)
 	if !sent {
 		if err != nil {
-			for _, it := range items {
-				it.t.forget(it.item)
-			}
+			endSet(items, unknown)
+		} else {
+			endSet(items, nil)
 		}
 		return err
 	}
 	switch u.errorType() {
 	case "":
+		probed := map[*txItem]bool{}
 		for _, it := range items {
 			if it.update {
 				if it.after, err = x.probe(it.t, it.key); err != nil {
-					it.t.forget(it.item)
 					it.after = it.before
+				} else {
+					probed[it] = true
 				}
 			}
-			it.t.setSize(it.item, it.after)
 		}
+		endSet(items, func(it *txItem) (bool, int64) {
+			if it.update && !probed[it] {
+				return true, -1
+			}
+			return true, it.after
+		})
 	case "TransactionCanceledException", "TransactionConflictException":
 		for _, it := range items { // nothing was written
 			it.after = max(it.after, 0)
 		}
+		endSet(items, nil)
 	default:
+		endSet(items, nil)
 		x.p.settle(x.op, adm, nil)
 		x.reply(u, false)
 		return nil
@@ -1154,11 +1276,9 @@ func (x *exchange) batchWrite() error {
 			items = append(items, it)
 		}
 	}
-	unlock, err := x.writeSet(items)
-	if err != nil {
+	if err := x.writeSet(items); err != nil {
 		return err
 	}
-	defer unlock()
 	var adm []charge
 	for _, it := range items {
 		adm = append(adm, charge{write: true, table: it.t.name, partition: it.part, units: writeUnits(max(it.before, it.after))})
@@ -1166,21 +1286,20 @@ func (x *exchange) batchWrite() error {
 	u, sent, err := x.admitAndSend(adm, x.body)
 	if !sent {
 		if err != nil {
-			for _, it := range items {
-				it.t.forget(it.item)
-			}
+			endSet(items, unknown)
+		} else {
+			endSet(items, nil)
 		}
 		return err
 	}
 	if u.status != http.StatusOK {
+		endSet(items, nil)
 		x.p.settle(x.op, adm, nil)
 		x.reply(u, false)
 		return nil
 	}
 	// DynamoDB Local processes every item (no UnprocessedItems).
-	for _, it := range items {
-		it.t.setSize(it.item, it.after)
-	}
+	endSet(items, func(it *txItem) (bool, int64) { return true, it.after })
 	x.p.settle(x.op, adm, adm)
 	x.reply(u, false)
 	return nil
@@ -1347,15 +1466,8 @@ type tableInfo struct {
 	hash, rng string
 	complete  bool
 
-	mu    sync.Mutex
+	mu    sync.Mutex // guards items and every item's state
 	items map[string]*itemState
-}
-
-type itemState struct {
-	lock    chan struct{} // a mutex: one write at a time
-	waiting atomic.Int32  // writes waiting for lock
-	size    int64
-	known   bool
 }
 
 func (r *registry) arn(table string) string {
@@ -1472,62 +1584,8 @@ func (t *tableInfo) state(id string) *itemState {
 	defer t.mu.Unlock()
 	s := t.items[id]
 	if s == nil {
-		s = &itemState{lock: make(chan struct{}, 1), known: t.complete}
+		s = newItemState(t.complete)
 		t.items[id] = s
 	}
 	return s
-}
-
-// lock takes an item's write lock and returns its release, and how long
-// it waited for another write of the item to release it (0: it did not).
-func (t *tableInfo) lock(id string) (func(), time.Duration) {
-	s := t.state(id)
-	release := func() { <-s.lock }
-	select {
-	case s.lock <- struct{}{}:
-		return release, 0
-	default:
-	}
-	start := time.Now()
-	s.waiting.Add(1)
-	s.lock <- struct{}{}
-	s.waiting.Add(-1)
-	return release, max(time.Since(start), time.Nanosecond)
-}
-
-// lockItem takes an item's write lock (tableInfo.lock) and counts the
-// wait, if any, in the proxy's ItemWaits and ItemWait.
-func (x *exchange) lockItem(t *tableInfo, id string) func() {
-	unlock, waited := t.lock(id)
-	if waited > 0 {
-		x.p.mu.Lock()
-		x.p.itemWaits++
-		x.p.itemWait += waited
-		x.p.mu.Unlock()
-	}
-	return unlock
-}
-
-// size returns an item's size, and whether it is known.
-func (t *tableInfo) size(id string) (int64, bool) {
-	s := t.state(id)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return s.size, s.known
-}
-
-func (t *tableInfo) setSize(id string, size int64) {
-	s := t.state(id)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s.size, s.known = size, true
-}
-
-// forget makes an item's size unknown (a write that may or may not have
-// been applied).
-func (t *tableInfo) forget(id string) {
-	s := t.state(id)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s.size, s.known = 0, false
 }

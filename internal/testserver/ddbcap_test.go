@@ -9,6 +9,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -527,20 +529,22 @@ func TestDynamoDBIsCapped(t *testing.T) {
 	}
 }
 
-// A write of an item another write holds waits for it, and is counted in
-// ItemWaits and ItemWait; writes one after another wait for nothing.
+// A write of an item a write holds alone (a transaction) waits for it,
+// and is counted in ItemWaits and ItemWait; a wait whose client gives up
+// ends, and its write is never sent; writes one after another wait for
+// nothing.
 func TestCapProxyCountsItemWaits(t *testing.T) {
 	p := NewCapProxy(t, DynamoDBLocal(t), CapConfig{})
 	table := capTable(t, p.URL())
-	client := ddbClient(p.URL())
+	client := ddbClient(p.URL(), func(o *dynamodb.Options) { o.Retryer = aws.NopRetryer{} })
 	ctx := t.Context()
-	update := func() error {
+	update := func(ctx context.Context) error {
 		_, err := client.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: item{"pk": s("w")},
 			UpdateExpression: aws.String("ADD n :one"), ExpressionAttributeValues: item{":one": &types.AttributeValueMemberN{Value: "1"}}})
 		return err
 	}
 	for range 2 {
-		if err := update(); err != nil {
+		if err := update(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -555,20 +559,31 @@ func TestCapProxyCountsItemWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	unlock, _ := ti.lock(id) // as a write in flight would
-	done := make(chan error, 1)
-	go func() { done <- update() }()
-	for ti.state(id).waiting.Load() == 0 {
-		select {
-		case err := <-done:
-			unlock()
-			t.Fatalf("a write went through while the item's lock was held (err %v)", err)
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		case <-time.After(time.Millisecond):
+	hold := func() *flight {
+		t.Helper()
+		f, _, err := ti.begin(ctx, id, true) // as a transaction would
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	waitFor := func(done chan error) {
+		t.Helper()
+		for ti.waiters(id) == 0 {
+			select {
+			case err := <-done:
+				t.Fatalf("a write went through while the item was held (err %v)", err)
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			case <-time.After(time.Millisecond):
+			}
 		}
 	}
-	unlock()
+	f := hold()
+	done := make(chan error, 1)
+	go func() { done <- update(ctx) }()
+	waitFor(done)
+	ti.withdraw(id, f)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -577,8 +592,224 @@ func TestCapProxyCountsItemWaits(t *testing.T) {
 	if st.ItemWaits != 1 || st.ItemWait <= 0 {
 		t.Fatalf("a write that waited for its item: %d waits (%v) counted, want 1", st.ItemWaits, st.ItemWait)
 	}
+	// A client that gives up while its write waits: the write is never
+	// sent, and the item's size is still known.
+	k0 := p.KeyStats(table, "w")
+	f = hold()
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { done <- update(cctx) }()
+	waitFor(done)
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("a write whose client gave up while it waited succeeded")
+	}
+	for ti.waiters(id) != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	ti.withdraw(id, f)
+	if k := p.KeyStats(table, "w"); k.Requests != k0.Requests || k.WriteUnits != k0.WriteUnits {
+		t.Errorf("a write that gave up waiting was counted: %+v, before %+v", k, k0)
+	}
+	if _, known := ti.exact(id); !known {
+		t.Error("a write that gave up waiting left its item's size unknown")
+	}
+	out, err := ddbClient(DynamoDBLocal(t)).GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), Key: item{"pk": s("w")}, ConsistentRead: aws.Bool(true)})
+	if err != nil || out.Item["n"].(*types.AttributeValueMemberN).Value != "3" {
+		t.Errorf("item after a write that gave up waiting: %v %v, want n = 3", out, err)
+	}
 	p.Reset()
 	if st := p.Stats(); st.ItemWaits != 0 || st.ItemWait != 0 {
 		t.Fatalf("after Reset: %d waits (%v), want none", st.ItemWaits, st.ItemWait)
+	}
+}
+
+// gate is a proxy in front of DynamoDB Local that holds the UpdateItems it
+// receives until n are held (or one has waited a second), then sends them
+// to the server one at a time, in the order of rank (stable), and answers
+// them all once the last is back: writes in flight at once, applied in a
+// known order. Other requests pass straight on.
+type gate struct {
+	srv     *httptest.Server
+	target  string
+	n       int
+	rank    func(body []byte) int
+	mu      sync.Mutex
+	held    []*heldReq
+	batches []int // the size of each batch sent
+}
+
+type heldReq struct {
+	h    http.Header
+	body []byte
+	u    *upstream
+	err  error
+	done chan struct{}
+}
+
+func newGate(t *testing.T, target string, n int, rank func([]byte) int) *gate {
+	g := &gate{target: target, n: n, rank: rank}
+	g.srv = httptest.NewServer(http.HandlerFunc(g.serve))
+	t.Cleanup(g.srv.Close)
+	return g
+}
+
+func (g *gate) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	if !strings.HasSuffix(r.Header.Get("X-Amz-Target"), ".UpdateItem") {
+		u, err := post(r.Context(), http.DefaultClient, g.target, r.Header, body)
+		g.answer(w, u, err)
+		return
+	}
+	h := &heldReq{h: r.Header, body: body, done: make(chan struct{})}
+	g.mu.Lock()
+	g.held = append(g.held, h)
+	full := len(g.held) == g.n
+	g.mu.Unlock()
+	if full {
+		g.release()
+	}
+	select {
+	case <-h.done:
+	case <-time.After(time.Second):
+		g.release()
+		<-h.done
+	}
+	g.answer(w, h.u, h.err)
+}
+
+// release sends the held batch, if any, and answers it.
+func (g *gate) release() {
+	g.mu.Lock()
+	batch := g.held
+	g.held = nil
+	if len(batch) > 0 {
+		g.batches = append(g.batches, len(batch))
+	}
+	g.mu.Unlock()
+	slices.SortStableFunc(batch, func(a, b *heldReq) int { return g.rank(a.body) - g.rank(b.body) })
+	for _, h := range batch {
+		h.u, h.err = post(context.Background(), http.DefaultClient, g.target, h.h, h.body)
+	}
+	for _, h := range batch {
+		close(h.done)
+	}
+}
+
+func (g *gate) answer(w http.ResponseWriter, u *upstream, err error) {
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	reply(w, u, false)
+}
+
+// The writes of one item go to the server as they come, as DynamoDB takes
+// them, not one at a time: n UpdateItems sent at once are all in flight
+// at the server together, none waits in the proxy, and each is billed as
+// DynamoDB Local reports it (ADD on a small item: no candidate differs).
+func TestCapProxyWritesOfOneItemOverlap(t *testing.T) {
+	const n = 8
+	g := newGate(t, DynamoDBLocal(t), n, func([]byte) int { return 0 })
+	p := NewCapProxy(t, g.srv.URL, CapConfig{})
+	table := capTable(t, p.URL())
+	client := ddbClient(p.URL(), func(o *dynamodb.Options) { o.Retryer = aws.NopRetryer{} })
+	var wg sync.WaitGroup
+	var local atomic.Int64 // units DynamoDB Local reports, in thousandths
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := client.UpdateItem(t.Context(), &dynamodb.UpdateItemInput{TableName: aws.String(table), Key: item{"pk": s("hot")},
+				UpdateExpression: aws.String("ADD c :one"), ExpressionAttributeValues: item{":one": n1()},
+				ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			local.Add(int64(1000 * aws.ToFloat64(out.ConsumedCapacity.CapacityUnits)))
+		}()
+	}
+	wg.Wait()
+	g.mu.Lock()
+	batches := slices.Clone(g.batches)
+	g.mu.Unlock()
+	st, k := p.Stats(), p.KeyStats(table, "hot")
+	t.Logf("batches at the server %v; %d item waits, %d overlaps; %v units billed (%v uncertain), DynamoDB Local reports %v",
+		batches, st.ItemWaits, st.Overlaps, k.WriteUnits, st.UncertainUnits, float64(local.Load())/1000)
+	if !slices.Equal(batches, []int{n}) || st.ItemWaits != 0 || st.Overlaps != n {
+		t.Errorf("%d writes of one item sent at once: batches %v in flight at the server, %d waited in the proxy, %d overlapped; want one batch of %d, none waiting, all overlapping",
+			n, batches, st.ItemWaits, st.Overlaps, n)
+	}
+	if k.WriteUnits != float64(local.Load())/1000 || k.Requests != n || st.UncertainUnits != 0 {
+		t.Errorf("billed %v units for %d requests (%v uncertain), DynamoDB Local reports %v", k.WriteUnits, k.Requests, st.UncertainUnits, float64(local.Load())/1000)
+	}
+}
+
+func n1() types.AttributeValue { return &types.AttributeValueMemberN{Value: "1"} }
+
+// Two UpdateItems in flight together, one growing an item past 1 KB and
+// one shrinking it back, applied in either order: DynamoDB bills each on
+// the larger of its before and after, and which before each had is the
+// server's order. The proxy bills at least what DynamoDB Local reports and
+// at most UncertainUnits more.
+func TestCapProxyOverlapBillBounds(t *testing.T) {
+	isShrink := func(b []byte) int {
+		if strings.Contains(string(b), "REMOVE") {
+			return 1
+		}
+		return 0
+	}
+	for _, c := range []struct {
+		name string
+		rank func([]byte) int
+	}{
+		{"grow-then-shrink", isShrink},
+		{"shrink-then-grow", func(b []byte) int { return 1 - isShrink(b) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := newGate(t, DynamoDBLocal(t), 2, c.rank)
+			p := NewCapProxy(t, g.srv.URL, CapConfig{})
+			table := capTable(t, p.URL())
+			client := ddbClient(p.URL(), func(o *dynamodb.Options) { o.Retryer = aws.NopRetryer{} })
+			if _, err := client.PutItem(t.Context(), &dynamodb.PutItemInput{TableName: aws.String(table),
+				Item: item{"pk": s("k"), "d": s(strings.Repeat("x", 990))}}); err != nil {
+				t.Fatal(err)
+			}
+			k0, s0 := p.KeyStats(table, "k"), p.Stats()
+			var wg sync.WaitGroup
+			var local atomic.Int64
+			for _, in := range []*dynamodb.UpdateItemInput{
+				{UpdateExpression: aws.String("SET e = :e"), ExpressionAttributeValues: item{":e": s(strings.Repeat("y", 300))}},
+				{UpdateExpression: aws.String("REMOVE e")},
+			} {
+				in.TableName, in.Key, in.ReturnConsumedCapacity = aws.String(table), item{"pk": s("k")}, types.ReturnConsumedCapacityTotal
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					out, err := client.UpdateItem(t.Context(), in)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					local.Add(int64(1000 * aws.ToFloat64(out.ConsumedCapacity.CapacityUnits)))
+				}()
+			}
+			wg.Wait()
+			k, st := p.KeyStats(table, "k"), p.Stats()
+			g.mu.Lock()
+			batches := slices.Clone(g.batches)
+			g.mu.Unlock()
+			billed, unsure, truth := k.WriteUnits-k0.WriteUnits, st.UncertainUnits-s0.UncertainUnits, float64(local.Load())/1000
+			t.Logf("batches %v: billed %v units, %v of them uncertain (%d writes); DynamoDB Local reports %v", batches, billed, unsure, st.UncertainWrites, truth)
+			if !slices.Equal(batches, []int{2}) {
+				t.Errorf("batches %v at the server, want the two writes in flight together", batches)
+			}
+			if billed < truth || billed-unsure > truth {
+				t.Errorf("billed %v units, %v uncertain: DynamoDB Local's %v is not between %v and %v", billed, unsure, truth, billed-unsure, billed)
+			}
+			if st.Overlaps-s0.Overlaps != 2 {
+				t.Errorf("%d overlaps counted, want 2", st.Overlaps-s0.Overlaps)
+			}
+		})
 	}
 }
