@@ -58,12 +58,24 @@ func TestHotBucketAtStamp(t *testing.T) {
 		s := BucketsAtStamp(newStampStore(racy))
 		sc := HotBucketScenario(500 * ms)
 		sc.Bucket.NoDenyCache = true // the RetryAfter above is not the bucket's
-		rep, err := RunScenario(context.Background(), s, sc, WallClock, HistoryOptions{Seed: seed, Workers: 64, CheckTimeout: time.Minute})
-		if err != nil {
-			t.Fatal(err)
+		// A check that reached no verdict in its minute (a loaded host
+		// holds more calls open at once: 8,361 calls once ran it out on
+		// the exact store) is made again with other draws, up to twice;
+		// no verdict in three runs fails.
+		var err error
+		for try := range 3 {
+			var rep *HistoryReport
+			rep, err = RunScenario(context.Background(), s, sc, WallClock, HistoryOptions{Seed: seed + uint64(try), Workers: 64, CheckTimeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("racy=%v: %s", racy, rep.Summary())
+			err = rep.Err()
+			if err == nil || !strings.Contains(err.Error(), "linearizability check timed out") {
+				break
+			}
+			t.Logf("no verdict: again with other draws")
 		}
-		t.Logf("racy=%v: %s", racy, rep.Summary())
-		err = rep.Err()
 		switch {
 		case !racy && err != nil:
 			t.Fatalf("the exact at-stamp store failed (seed %d): %v", seed, err)

@@ -436,12 +436,23 @@ func TestHistoryFailsOnBrokenStores(t *testing.T) {
 		{"TokenBucket/racyBucket", racyBucket{newExactStore()}, scenario(t, "TokenBucket"), "token bucket history"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			rep, err := RunScenario(context.Background(), c.store, c.sc, WallClock, HistoryOptions{Seed: seed, CheckTimeout: 20 * time.Second})
-			if err != nil {
-				t.Fatal(err)
+			// A run whose windows over the limit all held a call past the
+			// horizon (a process stalled for more than a window: excused,
+			// not failed) is made again with other draws, up to twice.
+			var err error
+			for try := range 3 {
+				var rep *HistoryReport
+				rep, err = RunScenario(context.Background(), c.store, c.sc, WallClock, HistoryOptions{Seed: seed + uint64(try), CheckTimeout: 20 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Log(rep.Summary())
+				err = rep.Err()
+				if err != nil || len(rep.Excused) == 0 {
+					break
+				}
+				t.Logf("%d windows over the limit, all excused past the horizon: again with other draws", len(rep.Excused))
 			}
-			t.Log(rep.Summary())
-			err = rep.Err()
 			if err == nil {
 				t.Fatalf("the checker passed a broken store (seed %d)", seed)
 			}
