@@ -43,10 +43,10 @@ func mrscSharesDur(tb testing.TB) time.Duration {
 // decisions a decision, p50 and p99), and the share of exact over the
 // calls stamped after from, the processes' reads of their region's item
 // a decision, and the decisions failed.
-func runSharesMRSC(b *testing.B, m *testserver.MRSC, table string, eps []string, raw tableRun, d regionDemand, from time.Duration) {
+func runSharesMRSC(b *testing.B, m *testserver.MRSC, table string, eps []string, run tableRun, d regionDemand, from time.Duration) {
 	b.Helper()
 	mark := m.Stats()
-	rep := runRegionSharesTable(b, nil, table, eps, d, from, raw)
+	rep := runRegionSharesTable(b, nil, table, eps, d, from, run)
 	rr := rep.regionReport
 	rr.failed = 0 // reported below, and checked by checkTable
 	reportMRSC(b, m, mark, d.Name, rr)
@@ -66,7 +66,9 @@ func runSharesMRSC(b *testing.B, m *testserver.MRSC, table string, eps []string,
 // and runRegions prefills leases' limiters only): the "over" rows start
 // from a fresh limit, and the exact replay likewise. Metrics:
 // reportMRSC's, and the share of exact after the first 3 s (the shares
-// start split evenly).
+// start split evenly). SLUICE_SHARES_TIMES sets other table times
+// (benchTableTimes), SLUICE_SHARES_TRACE=1 traces each run second by
+// second (traceRun).
 func BenchmarkRegionSharesMRSC(b *testing.B) {
 	m, table, eps, raw := startMRSC(b)
 	dur := mrscSharesDur(b)
@@ -76,10 +78,11 @@ func BenchmarkRegionSharesMRSC(b *testing.B) {
 	for _, d := range mrscDemands(dur, true) {
 		b.Run(d.Name, func(b *testing.B) {
 			for i := range b.N {
-				run := d
-				run.Name = fmt.Sprintf("shares/%s/%d-%d", d.Name, i, time.Now().UnixNano()) // a key of its own
-				run.Prefill = 0
-				runSharesMRSC(b, m, table, eps, tableRun{requests: m.Requests, raw: raw, times: &times}, run, 3*time.Second)
+				d := d
+				d.Name = fmt.Sprintf("shares/%s/%d-%d", d.Name, i, time.Now().UnixNano()) // a key of its own
+				d.Prefill = 0
+				run := tableRun{requests: m.Requests, raw: raw, times: &times, trace: os.Getenv("SLUICE_SHARES_TRACE") != ""}
+				runSharesMRSC(b, m, table, eps, run, d, 3*time.Second)
 			}
 		})
 	}
