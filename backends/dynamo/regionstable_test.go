@@ -80,6 +80,11 @@ type tableRun struct {
 	// noFence: the agents' store does not fence (noFence), so they keep
 	// the wait.
 	noFence bool
+	// requests, if set, counts the store requests in place of g's gates
+	// (another harness's: the MRSC one, mrscshares_test.go); raw, if set,
+	// is a regional round trip timed during the run (runRegions).
+	requests func() int
+	raw      func(context.Context) error
 }
 
 // tableReport is a run's report with the agents' table counts and the
@@ -263,7 +268,11 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 			}
 		})
 	}
-	rep.regionReport = runRegions(tb, table, eps, regionsGates{g}.requests, nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
+	requests := run.requests
+	if requests == nil {
+		requests = regionsGates{g}.requests
+	}
+	rep.regionReport = runRegions(tb, table, eps, requests, run.raw, d, func(i int, st *dynamo.Store) limiter.Limiter {
 		p, err := regions.NewProcess(cfg, tt(i), st)
 		if err != nil {
 			tb.Fatal(err)
