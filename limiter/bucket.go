@@ -102,6 +102,14 @@ func NewTokenBucket(store storage.BucketStore, cfg TokenBucketConfig) (*TokenBuc
 // Config returns the bucket's configuration (with defaults applied).
 func (b *TokenBucket) Config() TokenBucketConfig { return b.cfg }
 
+// TTL returns how long the store keeps a key's bucket after its last
+// write: the time to refill it from empty plus one refill period (a
+// bucket the store dropped reads as full, as it would be by then), and
+// at least three lease epochs ([storage.LeaseEpoch]) for a bucket that
+// leases on a store that keeps leases ([storage.LeaseKeeper]), until its
+// leased units have expired.
+func (b *TokenBucket) TTL() time.Duration { return b.ttl }
+
 // Space returns the key space of the bucket's state: its parameters.
 func (b *TokenBucket) Space() string { return b.space }
 

@@ -58,14 +58,23 @@ type keeperCall struct {
 
 // runKeyed offers, for each region r, rates[r] decisions a second of
 // events[r] for d, every container deciding one request at a time at its
-// share of its region's pace.
+// share of its region's pace; the other regions' containers go on at
+// their pace for as long as region 0's decide. A container that falls
+// behind its pace catches up, so on a loaded machine region 0's (96 a
+// second) decide for two or three times d, and an in-line sweep runs
+// only with a decision: regions 1 and 2's (4 a second) that stopped at d
+// left region 0's key listed and nobody to give it (a run of 32 s whose
+// other regions decided for its first 9: a grant under way when they
+// stopped, none received).
 func runKeyed(t *testing.T, cs []*sharesContainer, events [][]byte, rates []float64, d time.Duration, seen func(keeperCall)) []keeperCall {
 	t.Helper()
 	var (
 		mu    sync.Mutex
 		calls []keeperCall
 		wg    sync.WaitGroup
+		hot   sync.WaitGroup // region 0's containers
 	)
+	hotDone := make(chan struct{})
 	start := time.Now()
 	for w, c := range cs {
 		per := rates[c.region] / sharesProcs
@@ -73,8 +82,20 @@ func runKeyed(t *testing.T, cs []*sharesContainer, events [][]byte, rates []floa
 			continue
 		}
 		every := time.Duration(float64(time.Second) / per)
+		length := d
+		if c.region == 0 {
+			hot.Add(1)
+		} else {
+			length = 1 << 62 // until region 0's have decided too
+		}
 		wg.Go(func() {
-			paced(start, d, every, func() bool {
+			if c.region == 0 {
+				defer hot.Done()
+			}
+			paced(start, length, every, func() bool {
+				if time.Since(start) >= d && c.region != 0 && isClosed(hotDone) {
+					return false
+				}
 				t0 := time.Now()
 				_, res, err := c.built.Handler.Decide(t.Context(), events[c.region])
 				t1 := time.Now()
@@ -101,8 +122,21 @@ func runKeyed(t *testing.T, cs []*sharesContainer, events [][]byte, rates []floa
 			})
 		})
 	}
+	hot.Wait()
+	close(hotDone)
 	wg.Wait()
+	t.Logf("a run of %v planned: each region's last call ended at %v", d, lastEnds(calls))
 	return calls
+}
+
+// isClosed reports whether c is closed.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // grantWatch polls, every 50 ms, region 0's agents of the key its calls
@@ -165,8 +199,9 @@ func (w *grantWatch) end() time.Time {
 }
 
 // keyedSteady runs the calls of runKeyed for keeperRun, and for up to
-// two more keeperExtra while the steady part holds fewer than
-// keeperMinSteady decisions exact admits: the part from keeperSteady
+// two more keeperExtra while region 0 has not received keeperGiven units
+// or the steady part holds fewer than keeperMinSteady decisions exact
+// admits: the part from keeperSteady
 // into the run, or from a lag and a second after region 0 has received
 // keeperGiven units if that is later (a loaded machine slows the
 // giving; how fast it is, is for the benchmarks). It returns the calls,
@@ -190,14 +225,18 @@ func keyedSteady(t *testing.T, cs []*sharesContainer, events [][]byte, rates []f
 			t.Fatal("region 0 made no call")
 		}
 		admitted, exact, failed = steadyShare(t, calls, *k, from)
-		if exact >= keeperMinSteady || extra == 2 {
+		if exact >= keeperMinSteady && w.at.Load() != 0 || extra == 2 {
 			break
 		}
 		calls = append(calls, runKeyed(t, cs, events, rates, keeperExtra, nil)...)
 	}
 	given := w.end()
-	t.Logf("run of %v: region 0 received %d units at %v; steady part from %v", time.Since(start).Round(time.Millisecond), keeperGiven,
-		given.Sub(start).Round(time.Millisecond), from.Sub(start).Round(time.Millisecond))
+	at := "never"
+	if !given.IsZero() {
+		at = given.Sub(start).Round(time.Millisecond).String()
+	}
+	t.Logf("run of %v: region 0 received %d units at %s; steady part from %v", time.Since(start).Round(time.Millisecond), keeperGiven,
+		at, from.Sub(start).Round(time.Millisecond))
 	if given.IsZero() {
 		// Each container decides one request at a time: on a loaded
 		// machine slow decisions stretch the run and the offered rate can
@@ -208,6 +247,16 @@ func keyedSteady(t *testing.T, cs []*sharesContainer, events [][]byte, rates []f
 		return calls, time.Time{}, admitted, exact, failed
 	}
 	return calls, from, admitted, exact, failed
+}
+
+// lastEnds is when each region's last call of calls ended (from the
+// start of its run).
+func lastEnds(calls []keeperCall) []time.Duration {
+	out := make([]time.Duration, len(sharesRegions))
+	for _, c := range calls {
+		out[c.region] = max(out[c.region], c.End.Round(time.Millisecond))
+	}
+	return out
 }
 
 // regionCalls counts region's calls.
@@ -309,8 +358,9 @@ func gateMarks(g *testserver.Regions) []int {
 //     keepers' requests (counted at the gates) are logged: idle (no key
 //     wanted) and while ticking.
 //   - in-line: no keeper; regions 1 and 2 decide another key (4 a second
-//     each): their containers sweep in line with those decisions and
-//     give region 0 the first key's units (the same bound).
+//     each, for as long as region 0 decides: runKeyed): their containers
+//     sweep in line with those decisions and give region 0 the first
+//     key's units (the same bound).
 func TestSharesKeeper(t *testing.T) {
 	cs, g := startSharesLag(t, keeperLag)
 	scheduled, err := os.ReadFile("../../events/scheduled.json")

@@ -736,7 +736,11 @@ func (rep *HistoryReport) checkBucket(s Store, cfg limiter.TokenBucketConfig, op
 	if err == nil {
 		return
 	}
-	ttl := historyBucketTTL(s, leaseBucket(cfg))
+	ttl, terr := historyBucketTTL(s, leaseBucket(cfg))
+	if terr != nil {
+		rep.problem("%v; the bucket's TTL: %v", err, terr)
+		return
+	}
 	if n := stalledPast(rep.Calls, ttl); n > 0 {
 		rep.uncovered("%v; %d calls answered more than the bucket's TTL (%v) after their stamps (a stalled process: the store may have dropped the bucket meanwhile), so the run checked nothing there", err, n, ttl)
 		return
@@ -744,16 +748,26 @@ func (rep *HistoryReport) checkBucket(s Store, cfg limiter.TokenBucketConfig, op
 	rep.problem("%v", err)
 }
 
-// historyBucketTTL is the TTL limiter.NewTokenBucket gives c's bucket on s:
-// the time to refill from empty plus one refill period, and at least three
-// lease epochs where a leasing bucket's store keeps its leases.
-func historyBucketTTL(s Store, c limiter.TokenBucketConfig) time.Duration {
-	amount := max(c.RefillAmount, 1)
-	ttl := time.Duration((c.MaxAmount+amount-1)/amount+1) * c.RefillTime
-	if k, ok := s.(storage.LeaseKeeper); c.Leases && ok && k.KeepsLeased() {
-		ttl = max(ttl, 3*storage.LeaseEpoch)
+// historyBucketTTL is the TTL limiter.NewTokenBucket gives c's bucket on
+// s (TokenBucket.TTL); with no store (nil), on one that keeps no leases.
+func historyBucketTTL(s Store, c limiter.TokenBucketConfig) (time.Duration, error) {
+	var bs storage.BucketStore = noBucketStore{}
+	if s != nil {
+		bs = s
 	}
-	return ttl
+	b, err := limiter.NewTokenBucket(bs, c)
+	if err != nil {
+		return 0, err
+	}
+	return b.TTL(), nil
+}
+
+// noBucketStore is a bucket store that keeps no leases and answers
+// nothing: the store of a TTL asked without one.
+type noBucketStore struct{}
+
+func (noBucketStore) UpdateBucket(context.Context, storage.Key, storage.BucketOp, time.Duration) (storage.Decision, error) {
+	return storage.Decision{}, errors.New("limitertest: no store")
 }
 
 // stalledPast counts the calls that reached the store and were answered

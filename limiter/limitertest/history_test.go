@@ -551,8 +551,8 @@ func TestTightened(t *testing.T) {
 // later, is admitted from a full bucket.
 func TestBucketStallPastTTLIsUnchecked(t *testing.T) {
 	cfg := limiter.TokenBucketConfig{MaxAmount: 2, RefillTime: 10 * ms}
-	if ttl := historyBucketTTL(nil, cfg); ttl != 30*ms {
-		t.Fatalf("TTL %v, want 30ms (as limiter.NewTokenBucket)", ttl)
+	if ttl, err := historyBucketTTL(nil, cfg); err != nil || ttl != 30*ms {
+		t.Fatalf("TTL %v (%v), want 30ms (as limiter.NewTokenBucket)", ttl, err)
 	}
 	for _, c := range []struct {
 		name      string
