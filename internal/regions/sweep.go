@@ -96,8 +96,7 @@ func (k *Keys) sweepBy(ctx context.Context, now time.Time, bound time.Duration) 
 	k.sweep.swept = max(k.sweep.swept, t)
 	k.sweep.mu.Unlock()
 	st.Sweeps = 1
-	wanted, firstErr := k.wanted(ctx, t, bound, &st)
-	firstErr = cmp(firstErr, k.prune(ctx, t, bound, &st))
+	wanted, firstErr := k.readIndexes(ctx, t, bound, &st)
 	// A grant under way here is finished whether or not its key is still
 	// listed: a giver that withheld units (or rebased) and is not ticked
 	// again would keep them from every region.
@@ -186,34 +185,67 @@ func (k *Keys) givingUnderWay(listed []string) []string {
 	return out
 }
 
+// readIndexes reads the other regions' wants indexes (wanted) and prunes
+// this region's own, at once: under a decision's deadline an in-line
+// sweep has half of it for every request, and the reads depend on none of
+// each other.
+func (k *Keys) readIndexes(ctx context.Context, now int64, bound time.Duration, st *SweepStats) ([]string, error) {
+	var (
+		pst      SweepStats
+		pruneErr error
+		pruned   sync.WaitGroup
+	)
+	pruned.Go(func() { pruneErr = k.prune(ctx, now, bound, &pst) })
+	wanted, err := k.wanted(ctx, now, bound, st)
+	pruned.Wait()
+	st.add(pst)
+	return wanted, cmp(err, pruneErr)
+}
+
 // wanted is the keys the other regions' wants indexes list in force at
-// now, each once.
+// now, each once, in the regions' order. The indexes are read at once.
 func (k *Keys) wanted(ctx context.Context, now int64, bound time.Duration, st *SweepStats) ([]string, error) {
+	t := k.cfg.Table
+	life := k.cfg.WantsLife
+	if k.brokenExpiry {
+		life = time.Duration(1<<63 - 1)
+	}
+	type read struct {
+		keys  []string
+		stale int
+		err   error
+	}
+	reads := make([]read, k.cfg.Config.Regions)
+	var wg sync.WaitGroup
+	for o := range k.cfg.Config.Regions {
+		if o == t.Region {
+			continue
+		}
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, bound)
+			defer cancel()
+			r := &reads[o]
+			r.keys, r.stale, r.err = readWants(rctx, t.Client, t.Table, k.cfg.Prefix, o, now, life)
+		})
+	}
+	wg.Wait()
 	var (
 		out      []string
 		firstErr error
 	)
 	seen := map[string]bool{}
-	t := k.cfg.Table
-	for o := range k.cfg.Config.Regions {
+	for o, r := range reads {
 		if o == t.Region {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, bound)
-		life := k.cfg.WantsLife
-		if k.brokenExpiry {
-			life = time.Duration(1<<63 - 1)
-		}
-		keys, stale, err := readWants(rctx, t.Client, t.Table, k.cfg.Prefix, o, now, life)
-		cancel()
 		st.IndexReads++
-		if err != nil {
+		if r.err != nil {
 			st.IndexErrors++
-			firstErr = cmp(firstErr, err)
+			firstErr = cmp(firstErr, r.err)
 			continue
 		}
-		st.Expired += int64(stale)
-		for _, key := range keys {
+		st.Expired += int64(r.stale)
+		for _, key := range r.keys {
 			if !seen[key] {
 				seen[key] = true
 				out = append(out, key)
