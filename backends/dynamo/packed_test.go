@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluicehq/sluice/backends/dynamo"
+	"github.com/sluicehq/sluice/internal/testserver"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
 	"github.com/sluicehq/sluice/limiter/storage"
@@ -247,16 +248,21 @@ func packedItemSize(it item) int {
 // with no extra request. The largest item is logged: at the default 160
 // slots with traffic in every slot it passes 1 KB (2 WCU) and stays under
 // 2 KB; at 64 slots it stays under 1 KB. The cases (keys of their own,
-// one request at a time each) run in parallel.
+// one request at a time each) run in parallel. Three more run with
+// SLUICE_LONG=1 (docs/testing.md): the same removals at sizes between
+// those of the others (every slot with small counts, every second slot,
+// 96 slots).
 func TestPackedRemoval(t *testing.T) {
-	for _, c := range []struct {
+	type removalCase struct {
 		r, every int
 		perSlot  int64
 		limit    int // bytes
-	}{
-		{pR, 1, 1, 2048}, {pR, 1, 50, 2048}, {pR, 2, 1, 2048}, {pR, 8, 1, 1024},
-		{96, 1, 1, 1400}, {64, 1, 50, 1024},
-	} {
+	}
+	cases := []removalCase{{pR, 1, 50, 2048}, {pR, 8, 1, 1024}, {64, 1, 50, 1024}}
+	if testserver.Long() {
+		cases = append(cases, removalCase{pR, 1, 1, 2048}, removalCase{pR, 2, 1, 2048}, removalCase{96, 1, 1, 1400})
+	}
+	for _, c := range cases {
 		t.Run(fmt.Sprintf("r=%d/every=%d/n=%d", c.r, c.every, c.perSlot), func(t *testing.T) {
 			t.Parallel()
 			s, r, dc := newStore(t, dynamo.Config{})

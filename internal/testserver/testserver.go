@@ -55,7 +55,14 @@ const (
 	EnvNutcrackerBin    = "SLUICE_TEST_NUTCRACKER_BIN"
 	EnvDynamoDBCap      = "SLUICE_TEST_DYNAMODB_CAP"
 	EnvDynamoDBCapLog   = "SLUICE_TEST_DYNAMODB_CAP_LOG"
+	// EnvLong set to 1 runs the tests that run shorter under make test
+	// their full length (docs/testing.md, "Longer runs").
+	EnvLong = "SLUICE_LONG"
 )
+
+// Long reports whether SLUICE_LONG=1: the cases and lengths that
+// docs/testing.md lists as run only then.
+func Long() bool { return os.Getenv(EnvLong) == "1" }
 
 // Memcached returns the host:port of the shared memcached server.
 func Memcached(t testing.TB) string {

@@ -10,6 +10,10 @@ import (
 	"testing"
 )
 
+// buildAuthorizer builds the authorizer's bootstrap as `make invoke` and
+// the authorizer's own tests do (-tags lambda.norpc, -trimpath, no cgo):
+// the same compile flags, so that a fresh clone's build cache compiles
+// its dependencies once for all of them, not again for this test.
 func buildAuthorizer(t *testing.T) string {
 	t.Helper()
 	goTool, err := exec.LookPath("go")
@@ -17,7 +21,7 @@ func buildAuthorizer(t *testing.T) string {
 		t.Fatalf("the go tool is needed: %v", err)
 	}
 	out := filepath.Join(t.TempDir(), "bootstrap")
-	cmd := exec.Command(goTool, "build", "-tags", "lambda.norpc", "-o", out, "../../authorizer")
+	cmd := exec.Command(goTool, "build", "-tags", "lambda.norpc", "-trimpath", "-o", out, "../../authorizer")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
