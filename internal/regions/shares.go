@@ -40,9 +40,8 @@ type Config struct {
 	Skew time.Duration
 
 	// brokenSmall (tests): a bucket's surplus under minSurplus of the
-	// units is never given, as before (plan); brokenSmallWindow: a
-	// window's, as before.
-	brokenSmall, brokenSmallWindow bool
+	// units is never given, as before (plan).
+	brokenSmall bool
 }
 
 // Allocation tuning.
@@ -235,14 +234,12 @@ func (c Config) rate() float64 {
 // in proportion to its surplus among all the regions' surpluses, and
 // never more than its surplus. giving reports that r already withholds
 // units for a grant (no hysteresis then). The hysteresis: a surplus of
-// at least hysteresis of r's target and minSurplus of the units; when
-// the regions short lack minSurplus of the units altogether, of a unit
-// at least (a small region's few units above its target are its rate
-// unused for good: docs/regions.md, "The bucket at 98/1/1 through the
-// table, decomposed", and for a window "Where the units go").
-// Only a region whose target is under five times minSurplus of the
-// units (hysteresis times it is under minSurplus) gives less than
-// minSurplus, and only while the regions short lack minSurplus.
+// at least hysteresis of r's target and minSurplus of the units; a
+// bucket's, when the regions short lack minSurplus of the units
+// altogether, of a unit at least (a small region's few units above its
+// target are its rate unused for good, and a bucket gives them in one
+// rebase: docs/regions.md, "The bucket at 98/1/1 through the table,
+// decomposed").
 func (c Config) plan(r int, states []State, giving bool) []int64 {
 	tg := c.targets(states)
 	shares := make([]float64, len(states))
@@ -264,7 +261,7 @@ func (c Config) plan(r int, states []State, giving bool) []int64 {
 		}
 	}
 	least := minSurplus * float64(c.units())
-	if lacking >= least && !c.brokenSmall && (c.Bucket != nil || !c.brokenSmallWindow) {
+	if c.Bucket != nil && lacking >= least && !c.brokenSmall {
 		least = 1
 	}
 	if lacking < 1 || !giving && surplus < max(hysteresis*tg[r], least) {
