@@ -70,6 +70,9 @@ type sim struct {
 	every  time.Duration
 	// stalls are stalls of a region's store (simStall).
 	stalls []simStall
+	// tick is the agents' tick (0: 250 ms), their first ticks a third of
+	// it apart.
+	tick time.Duration
 }
 
 // simStall is a stall of region's store from at for dur: its processes'
@@ -130,6 +133,14 @@ func (s sim) withStalls(seen float64) sim {
 	return s
 }
 
+// tickEvery is the agents' tick: tick, or 250 ms.
+func (s sim) tickEvery() time.Duration {
+	if s.tick > 0 {
+		return s.tick
+	}
+	return 250 * time.Millisecond
+}
+
 type simResult struct {
 	calls              []limitertest.Call
 	admitted, exact    int64
@@ -173,7 +184,7 @@ func (s sim) run(t testing.TB) simResult {
 	var res simResult
 	nextTick := make([]time.Time, len(agents))
 	for r := range nextTick {
-		nextTick[r] = start.Add(time.Duration(r) * 83 * time.Millisecond)
+		nextTick[r] = start.Add(time.Duration(r) * (s.tickEvery() / 3).Truncate(time.Millisecond))
 	}
 	end := start.Add(s.dur)
 	next := make([]time.Time, len(agents))
@@ -215,7 +226,7 @@ func (s sim) run(t testing.TB) simResult {
 				if err := a.Tick(ctx, now); err != nil {
 					t.Fatal(err)
 				}
-				nextTick[r] = nextTick[r].Add(250 * time.Millisecond)
+				nextTick[r] = nextTick[r].Add(s.tickEvery())
 			}
 		}
 		var sum int64
