@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter/storage"
@@ -55,6 +57,9 @@ type Concurrency struct {
 	cfg   ConcurrencyConfig
 	store storage.LeaseStore
 	space string
+	// cleanups holds a token per running clean-up (see cleanUp).
+	cleanups chan struct{}
+	stats    struct{ unknown, releases, failed, skipped atomic.Int64 }
 }
 
 // NewConcurrency returns a concurrent-requests limit on store, or an error
@@ -72,7 +77,7 @@ func NewConcurrency(store storage.LeaseStore, cfg ConcurrencyConfig) (*Concurren
 	if cfg.NewID == nil {
 		cfg.NewID = newLeaseID
 	}
-	return &Concurrency{cfg: cfg, store: store, space: "cc:" + cfg.Name}, nil
+	return &Concurrency{cfg: cfg, store: store, space: "cc:" + cfg.Name, cleanups: make(chan struct{}, maxCleanups)}, nil
 }
 
 // Config returns the limit's configuration (with defaults applied).
@@ -118,8 +123,19 @@ func ParseLease(s string) (Lease, error) {
 
 // Acquire takes a slot for key at now. When allowed, the Lease holds it until
 // Release or until Lease.Expires; when denied, the Lease is the zero Lease.
-// If Acquire errs the slot may or may not have been taken (the write may
-// have landed before the error); it expires after LeaseTTL at the latest.
+//
+// If Acquire errs the slot may or may not have been taken: the store call
+// may have been cut short by ctx (its deadline, a cancellation) or the
+// store's own timeout while its write was on its way, and the write may
+// land anyway. On such an error (one wrapping context.DeadlineExceeded,
+// context.Canceled, a timeout or [storage.ErrUnavailable], but not
+// [storage.ErrBreakerOpen]: that call never reached the store) Acquire
+// releases the lease ID it sent, in the background, on a context of its
+// own: at once, and again a second later for a write that was still on
+// its way. A write that lands after both, a clean-up skipped (at most 64
+// run at once per limit: the store is slow or down) or one lost with its
+// process holds its slot until LeaseTTL, as a lost release does.
+// [Concurrency.Stats] counts the clean-ups.
 func (c *Concurrency) Acquire(ctx context.Context, key string, now time.Time) (Lease, Decision, error) {
 	return c.acquire(ctx, key, now, c.cfg.Capacity)
 }
@@ -136,6 +152,9 @@ func (c *Concurrency) acquire(ctx context.Context, key string, now time.Time, ca
 	op := storage.LeaseOp{Capacity: capacity, Now: t, TTL: c.cfg.LeaseTTL, ID: id}
 	d, err := c.store.AcquireLease(ctx, storage.Key{Space: c.space, Name: key}, op)
 	if err != nil {
+		if unknownOutcome(ctx, err) {
+			c.cleanUp(ctx, Lease{Key: key, ID: id})
+		}
 		return Lease{}, Decision{}, fmt.Errorf("limiter: concurrency limit %q: %w", c.cfg.Name, err)
 	}
 	if !d.Allowed {
@@ -160,6 +179,96 @@ func (c *Concurrency) Release(ctx context.Context, l Lease) error {
 		return fmt.Errorf("limiter: concurrency limit %q: release: %w", c.cfg.Name, err)
 	}
 	return nil
+}
+
+// ConcurrencyStats counts a [Concurrency] limit's clean-ups in this
+// process: the releases of the lease IDs of acquires whose outcome is
+// unknown (see [Concurrency.Acquire]).
+type ConcurrencyStats struct {
+	// Unknown is the acquires that failed with an unknown outcome.
+	Unknown int64
+	// Releases is the clean-up releases sent (two per clean-up); Failed
+	// those that erred.
+	Releases, Failed int64
+	// Skipped is the acquires in Unknown not cleaned up: maxCleanups
+	// were running already. If their write landed, their slot lapses
+	// after LeaseTTL.
+	Skipped int64
+}
+
+// Stats returns the limit's counters.
+func (c *Concurrency) Stats() ConcurrencyStats {
+	return ConcurrencyStats{
+		Unknown: c.stats.unknown.Load(), Releases: c.stats.releases.Load(),
+		Failed: c.stats.failed.Load(), Skipped: c.stats.skipped.Load(),
+	}
+}
+
+// Clean-ups of acquires with an unknown outcome (docs/shedding.md).
+const (
+	// maxCleanups bounds the clean-ups running at once per limit: when
+	// the store is down every acquire times out, and each clean-up lives
+	// up to 2*cleanupTimeout+cleanupAgain.
+	maxCleanups = 64
+	// cleanupTimeout bounds each clean-up release.
+	cleanupTimeout = time.Second
+	// cleanupAgain is the wait before the second release, for a write
+	// still on its way when the first one ran.
+	cleanupAgain = time.Second
+)
+
+// brokenCleanup: an acquire with an unknown outcome releases nothing, as
+// before. Tests only.
+var brokenCleanup = false
+
+// unknownOutcome reports whether an acquire whose store call failed with
+// err may have taken its slot all the same: the call ran out of time or
+// was cancelled (ctx done, a deadline, a timeout), or the store did not
+// answer (storage.ErrUnavailable: a 5xx, a connection lost mid-request).
+// A breaker that refused the call never reached the store.
+func unknownOutcome(ctx context.Context, err error) bool {
+	if errors.Is(err, storage.ErrBreakerOpen) {
+		return false
+	}
+	var timeout interface{ Timeout() bool }
+	return ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, storage.ErrUnavailable) || (errors.As(err, &timeout) && timeout.Timeout())
+}
+
+// cleanUp releases l, the lease an acquire with an unknown outcome may
+// have taken, in the background on a context of its own (ctx's values
+// without its deadline): at once, then once more after cleanupAgain,
+// since the acquire's write may still be on its way (the store serving it
+// after the caller gave up). Releasing an ID the store never saw changes
+// no lease. It returns at once; past maxCleanups running it gives up.
+func (c *Concurrency) cleanUp(ctx context.Context, l Lease) {
+	c.stats.unknown.Add(1)
+	if brokenCleanup {
+		return
+	}
+	select {
+	case c.cleanups <- struct{}{}:
+	default:
+		c.stats.skipped.Add(1)
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		defer func() { <-c.cleanups }()
+		c.releaseFor(ctx, l)
+		time.Sleep(cleanupAgain)
+		c.releaseFor(ctx, l)
+	}()
+}
+
+// releaseFor releases l within cleanupTimeout, counting the attempt.
+func (c *Concurrency) releaseFor(ctx context.Context, l Lease) {
+	ctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+	defer cancel()
+	c.stats.releases.Add(1)
+	if c.Release(ctx, l) != nil {
+		c.stats.failed.Add(1)
+	}
 }
 
 // newLeaseID returns 64 random bits, base64url-encoded: 11 bytes.
