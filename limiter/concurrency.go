@@ -132,9 +132,9 @@ func ParseLease(s string) (Lease, error) {
 // [storage.ErrBreakerOpen]: that call never reached the store) Acquire
 // releases the lease ID it sent, in the background, on a context of its
 // own: at once, and again a second later for a write that was still on
-// its way. A write that lands after both, a clean-up skipped (at most 64
-// run at once per limit: the store is slow or down) or one lost with its
-// process holds its slot until LeaseTTL, as a lost release does.
+// its way. A write that lands after both, releases skipped (at most 64
+// run at once per limit: the store is slow or down) or lost with their
+// process hold the slot until LeaseTTL, as a lost release does.
 // [Concurrency.Stats] counts the clean-ups.
 func (c *Concurrency) Acquire(ctx context.Context, key string, now time.Time) (Lease, Decision, error) {
 	return c.acquire(ctx, key, now, c.cfg.Capacity)
@@ -187,12 +187,12 @@ func (c *Concurrency) Release(ctx context.Context, l Lease) error {
 type ConcurrencyStats struct {
 	// Unknown is the acquires that failed with an unknown outcome.
 	Unknown int64
-	// Releases is the clean-up releases sent (two per clean-up); Failed
-	// those that erred.
+	// Releases is the clean-up releases sent (two per acquire in
+	// Unknown); Failed those that erred.
 	Releases, Failed int64
-	// Skipped is the acquires in Unknown not cleaned up: maxCleanups
-	// were running already. If their write landed, their slot lapses
-	// after LeaseTTL.
+	// Skipped is the clean-up releases not sent: 64 were running
+	// already (the store is slow or down). A slot whose write landed
+	// and whose releases were both skipped lapses after LeaseTTL.
 	Skipped int64
 }
 
@@ -206,12 +206,12 @@ func (c *Concurrency) Stats() ConcurrencyStats {
 
 // Clean-ups of acquires with an unknown outcome (docs/shedding.md).
 const (
-	// maxCleanups bounds the clean-ups running at once per limit: when
-	// the store is down every acquire times out, and each clean-up lives
-	// up to 2*cleanupTimeout+cleanupAgain.
+	// maxCleanups bounds the clean-up releases running at once per
+	// limit: when the store is down every acquire times out, and each
+	// release runs for up to cleanupTimeout.
 	maxCleanups = 64
 	// cleanupTimeout bounds each clean-up release.
-	cleanupTimeout = time.Second
+	cleanupTimeout = 500 * time.Millisecond
 	// cleanupAgain is the wait before the second release, for a write
 	// still on its way when the first one ran.
 	cleanupAgain = time.Second
@@ -240,29 +240,41 @@ func unknownOutcome(ctx context.Context, err error) bool {
 // without its deadline): at once, then once more after cleanupAgain,
 // since the acquire's write may still be on its way (the store serving it
 // after the caller gave up). Releasing an ID the store never saw changes
-// no lease. It returns at once; past maxCleanups running it gives up.
+// no lease. It returns at once. A release that would pass maxCleanups
+// running is skipped: only the releases hold a goroutine (the wait is a
+// timer).
 func (c *Concurrency) cleanUp(ctx context.Context, l Lease) {
 	c.stats.unknown.Add(1)
 	if brokenCleanup {
 		return
 	}
-	select {
-	case c.cleanups <- struct{}{}:
-	default:
-		c.stats.skipped.Add(1)
-		return
-	}
 	ctx = context.WithoutCancel(ctx)
-	go func() {
-		defer func() { <-c.cleanups }()
-		c.releaseFor(ctx, l)
-		time.Sleep(cleanupAgain)
-		c.releaseFor(ctx, l)
-	}()
+	if c.startCleanup() {
+		go c.releaseFor(ctx, l)
+	}
+	time.AfterFunc(cleanupAgain, func() {
+		if c.startCleanup() {
+			c.releaseFor(ctx, l)
+		}
+	})
 }
 
-// releaseFor releases l within cleanupTimeout, counting the attempt.
+// startCleanup takes one of maxCleanups tokens for a clean-up release,
+// or counts the release skipped.
+func (c *Concurrency) startCleanup() bool {
+	select {
+	case c.cleanups <- struct{}{}:
+		return true
+	default:
+		c.stats.skipped.Add(1)
+		return false
+	}
+}
+
+// releaseFor releases l within cleanupTimeout, counting the attempt, and
+// gives back its clean-up token.
 func (c *Concurrency) releaseFor(ctx context.Context, l Lease) {
+	defer func() { <-c.cleanups }()
 	ctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
 	defer cancel()
 	c.stats.releases.Add(1)

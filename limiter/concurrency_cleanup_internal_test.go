@@ -209,9 +209,10 @@ func TestConcurrencyUnknownOutcomeErrors(t *testing.T) {
 }
 
 // Clean-ups are bounded: with the store down (every acquire past its
-// deadline, every release waiting for its own), 1000 acquires start
-// maxCleanups clean-ups and skip the rest; those end within their
-// timeouts, and the next acquire is cleaned up again.
+// deadline, every release waiting for its own timeout), 1000 acquires
+// start maxCleanups releases and skip the rest; those end within their
+// timeout, the second releases a second later are bounded alike, and
+// once they end the next acquire is cleaned up again.
 func TestConcurrencyCleanupBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &outcomeLeases{err: fmt.Errorf("store: %w", context.DeadlineExceeded), block: true}
@@ -224,23 +225,22 @@ func TestConcurrencyCleanupBounded(t *testing.T) {
 		for range n {
 			c.Acquire(context.Background(), "k", time.Now())
 		}
-		synctest.Wait()
-		grown := runtime.NumGoroutine() - before
-		st := c.Stats()
-		t.Logf("%d acquires with the store down: %d goroutines more, %+v", n, grown, st)
-		if want := (ConcurrencyStats{Unknown: n, Releases: maxCleanups, Skipped: n - maxCleanups}); st != want || grown > maxCleanups {
-			t.Fatalf("%d goroutines more, stats %+v; want at most %d more, %+v", grown, st, maxCleanups, want)
+		check := func(when string, want ConcurrencyStats) {
+			t.Helper()
+			synctest.Wait()
+			grown, st := runtime.NumGoroutine()-before, c.Stats()
+			t.Logf("%s: %d goroutines more, %+v", when, grown, st)
+			if st != want || grown > maxCleanups {
+				t.Fatalf("%s: %d goroutines more, stats %+v; want at most %d more, %+v", when, grown, st, maxCleanups, want)
+			}
 		}
-		time.Sleep(2*cleanupTimeout + cleanupAgain)
-		synctest.Wait()
-		if grown, st := runtime.NumGoroutine()-before, c.Stats(); grown != 0 || st.Releases != 2*maxCleanups || st.Failed != 2*maxCleanups {
-			t.Fatalf("after the clean-ups' timeouts: %d goroutines more, %+v", grown, st)
-		}
+		check("1000 acquires with the store down", ConcurrencyStats{Unknown: n, Releases: maxCleanups, Skipped: n - maxCleanups})
+		time.Sleep(cleanupAgain)
+		check("their second releases", ConcurrencyStats{Unknown: n, Releases: 2 * maxCleanups, Failed: maxCleanups, Skipped: 2 * (n - maxCleanups)})
+		time.Sleep(cleanupTimeout)
+		check("all ended", ConcurrencyStats{Unknown: n, Releases: 2 * maxCleanups, Failed: 2 * maxCleanups, Skipped: 2 * (n - maxCleanups)})
 		c.Acquire(context.Background(), "k", time.Now())
-		synctest.Wait()
-		if st := c.Stats(); st.Unknown != n+1 || st.Skipped != n-maxCleanups || st.Releases != 2*maxCleanups+1 {
-			t.Fatalf("an acquire after the clean-ups ended: %+v, want it cleaned up", st)
-		}
-		time.Sleep(2*cleanupTimeout + cleanupAgain)
+		check("one more acquire", ConcurrencyStats{Unknown: n + 1, Releases: 2*maxCleanups + 1, Failed: 2 * maxCleanups, Skipped: 2 * (n - maxCleanups)})
+		time.Sleep(cleanupAgain + cleanupTimeout)
 	})
 }
