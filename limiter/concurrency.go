@@ -137,10 +137,17 @@ func ParseLease(s string) (Lease, error) {
 // process hold the slot until LeaseTTL, as a lost release does.
 // [Concurrency.Stats] counts the clean-ups.
 func (c *Concurrency) Acquire(ctx context.Context, key string, now time.Time) (Lease, Decision, error) {
-	return c.acquire(ctx, key, now, c.cfg.Capacity)
+	return c.take(ctx, key, now, c.cfg.Capacity, true)
 }
 
+// acquire is Acquire with capacity and no clean-up, for the fleet
+// shedder: its Check holds a slot until LeaseTTL by design, and a request
+// it let through on an error (fail open) stays counted if the write landed.
 func (c *Concurrency) acquire(ctx context.Context, key string, now time.Time, capacity int64) (Lease, Decision, error) {
+	return c.take(ctx, key, now, capacity, false)
+}
+
+func (c *Concurrency) take(ctx context.Context, key string, now time.Time, capacity int64, cleanup bool) (Lease, Decision, error) {
 	t, err := leaseNow(c.cfg.Name, now)
 	if err != nil {
 		return Lease{}, Decision{}, err
@@ -152,7 +159,7 @@ func (c *Concurrency) acquire(ctx context.Context, key string, now time.Time, ca
 	op := storage.LeaseOp{Capacity: capacity, Now: t, TTL: c.cfg.LeaseTTL, ID: id}
 	d, err := c.store.AcquireLease(ctx, storage.Key{Space: c.space, Name: key}, op)
 	if err != nil {
-		if unknownOutcome(ctx, err) {
+		if cleanup && unknownOutcome(ctx, err) {
 			c.cleanUp(ctx, Lease{Key: key, ID: id})
 		}
 		return Lease{}, Decision{}, fmt.Errorf("limiter: concurrency limit %q: %w", c.cfg.Name, err)

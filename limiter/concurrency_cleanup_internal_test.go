@@ -91,7 +91,7 @@ func (s *outcomeLeases) ReleaseLease(ctx context.Context, k storage.Key, op stor
 func freedWithin(t *testing.T, c *Concurrency, key string, bound time.Duration) (bool, time.Duration) {
 	t.Helper()
 	for waited := time.Duration(0); waited <= bound; waited += 100 * time.Millisecond {
-		if _, d, err := c.acquire(context.Background(), key, time.Now(), c.cfg.Capacity); err != nil {
+		if _, d, err := c.Acquire(context.Background(), key, time.Now()); err != nil {
 			t.Fatalf("acquire after %v: %v", waited, err)
 		} else if d.Allowed {
 			return true, waited
