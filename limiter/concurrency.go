@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter/storage"
@@ -55,6 +57,9 @@ type Concurrency struct {
 	cfg   ConcurrencyConfig
 	store storage.LeaseStore
 	space string
+	// cleanups holds a token per running clean-up (see cleanUp).
+	cleanups chan struct{}
+	stats    struct{ unknown, releases, failed, skipped atomic.Int64 }
 }
 
 // NewConcurrency returns a concurrent-requests limit on store, or an error
@@ -72,7 +77,7 @@ func NewConcurrency(store storage.LeaseStore, cfg ConcurrencyConfig) (*Concurren
 	if cfg.NewID == nil {
 		cfg.NewID = newLeaseID
 	}
-	return &Concurrency{cfg: cfg, store: store, space: "cc:" + cfg.Name}, nil
+	return &Concurrency{cfg: cfg, store: store, space: "cc:" + cfg.Name, cleanups: make(chan struct{}, maxCleanups)}, nil
 }
 
 // Config returns the limit's configuration (with defaults applied).
@@ -118,13 +123,31 @@ func ParseLease(s string) (Lease, error) {
 
 // Acquire takes a slot for key at now. When allowed, the Lease holds it until
 // Release or until Lease.Expires; when denied, the Lease is the zero Lease.
-// If Acquire errs the slot may or may not have been taken (the write may
-// have landed before the error); it expires after LeaseTTL at the latest.
+//
+// If Acquire errs the slot may or may not have been taken: the store call
+// may have been cut short by ctx (its deadline, a cancellation) or the
+// store's own timeout while its write was on its way, and the write may
+// land anyway. On such an error (one wrapping context.DeadlineExceeded,
+// context.Canceled, a timeout or [storage.ErrUnavailable], but not
+// [storage.ErrBreakerOpen]: that call never reached the store) Acquire
+// releases the lease ID it sent, in the background, on a context of its
+// own: at once, and again a second later for a write that was still on
+// its way. A write that lands after both, releases skipped (at most 64
+// run at once per limit: the store is slow or down) or lost with their
+// process hold the slot until LeaseTTL, as a lost release does.
+// [Concurrency.Stats] counts the clean-ups.
 func (c *Concurrency) Acquire(ctx context.Context, key string, now time.Time) (Lease, Decision, error) {
-	return c.acquire(ctx, key, now, c.cfg.Capacity)
+	return c.take(ctx, key, now, c.cfg.Capacity, true)
 }
 
+// acquire is Acquire with capacity and no clean-up, for the fleet
+// shedder: its Check holds a slot until LeaseTTL by design, and a request
+// it let through on an error (fail open) stays counted if the write landed.
 func (c *Concurrency) acquire(ctx context.Context, key string, now time.Time, capacity int64) (Lease, Decision, error) {
+	return c.take(ctx, key, now, capacity, false)
+}
+
+func (c *Concurrency) take(ctx context.Context, key string, now time.Time, capacity int64, cleanup bool) (Lease, Decision, error) {
 	t, err := leaseNow(c.cfg.Name, now)
 	if err != nil {
 		return Lease{}, Decision{}, err
@@ -136,6 +159,9 @@ func (c *Concurrency) acquire(ctx context.Context, key string, now time.Time, ca
 	op := storage.LeaseOp{Capacity: capacity, Now: t, TTL: c.cfg.LeaseTTL, ID: id}
 	d, err := c.store.AcquireLease(ctx, storage.Key{Space: c.space, Name: key}, op)
 	if err != nil {
+		if cleanup && unknownOutcome(ctx, err) {
+			c.cleanUp(ctx, Lease{Key: key, ID: id})
+		}
 		return Lease{}, Decision{}, fmt.Errorf("limiter: concurrency limit %q: %w", c.cfg.Name, err)
 	}
 	if !d.Allowed {
@@ -160,6 +186,108 @@ func (c *Concurrency) Release(ctx context.Context, l Lease) error {
 		return fmt.Errorf("limiter: concurrency limit %q: release: %w", c.cfg.Name, err)
 	}
 	return nil
+}
+
+// ConcurrencyStats counts a [Concurrency] limit's clean-ups in this
+// process: the releases of the lease IDs of acquires whose outcome is
+// unknown (see [Concurrency.Acquire]).
+type ConcurrencyStats struct {
+	// Unknown is the acquires that failed with an unknown outcome.
+	Unknown int64
+	// Releases is the clean-up releases sent (two per acquire in
+	// Unknown); Failed those that erred.
+	Releases, Failed int64
+	// Skipped is the clean-up releases not sent: 64 were running
+	// already (the store is slow or down). A slot whose write landed
+	// and whose releases were both skipped lapses after LeaseTTL.
+	Skipped int64
+}
+
+// Stats returns the limit's counters.
+func (c *Concurrency) Stats() ConcurrencyStats {
+	return ConcurrencyStats{
+		Unknown: c.stats.unknown.Load(), Releases: c.stats.releases.Load(),
+		Failed: c.stats.failed.Load(), Skipped: c.stats.skipped.Load(),
+	}
+}
+
+// Clean-ups of acquires with an unknown outcome (docs/shedding.md).
+const (
+	// maxCleanups bounds the clean-up releases running at once per
+	// limit: when the store is down every acquire times out, and each
+	// release runs for up to cleanupTimeout.
+	maxCleanups = 64
+	// cleanupTimeout bounds each clean-up release.
+	cleanupTimeout = 500 * time.Millisecond
+	// cleanupAgain is the wait before the second release, for a write
+	// still on its way when the first one ran.
+	cleanupAgain = time.Second
+)
+
+// brokenCleanup: an acquire with an unknown outcome releases nothing, as
+// before. Tests only.
+var brokenCleanup = false
+
+// unknownOutcome reports whether an acquire whose store call failed with
+// err may have taken its slot all the same: the call ran out of time or
+// was cancelled (ctx done, a deadline, a timeout), or the store did not
+// answer (storage.ErrUnavailable: a 5xx, a connection lost mid-request).
+// A breaker that refused the call never reached the store.
+func unknownOutcome(ctx context.Context, err error) bool {
+	if errors.Is(err, storage.ErrBreakerOpen) {
+		return false
+	}
+	var timeout interface{ Timeout() bool }
+	return ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, storage.ErrUnavailable) || (errors.As(err, &timeout) && timeout.Timeout())
+}
+
+// cleanUp releases l, the lease an acquire with an unknown outcome may
+// have taken, in the background on a context of its own (ctx's values
+// without its deadline): at once, then once more after cleanupAgain,
+// since the acquire's write may still be on its way (the store serving it
+// after the caller gave up). Releasing an ID the store never saw changes
+// no lease. It returns at once. A release that would pass maxCleanups
+// running is skipped: only the releases hold a goroutine (the wait is a
+// timer).
+func (c *Concurrency) cleanUp(ctx context.Context, l Lease) {
+	c.stats.unknown.Add(1)
+	if brokenCleanup {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	if c.startCleanup() {
+		go c.releaseFor(ctx, l)
+	}
+	time.AfterFunc(cleanupAgain, func() {
+		if c.startCleanup() {
+			c.releaseFor(ctx, l)
+		}
+	})
+}
+
+// startCleanup takes one of maxCleanups tokens for a clean-up release,
+// or counts the release skipped.
+func (c *Concurrency) startCleanup() bool {
+	select {
+	case c.cleanups <- struct{}{}:
+		return true
+	default:
+		c.stats.skipped.Add(1)
+		return false
+	}
+}
+
+// releaseFor releases l within cleanupTimeout, counting the attempt, and
+// gives back its clean-up token.
+func (c *Concurrency) releaseFor(ctx context.Context, l Lease) {
+	defer func() { <-c.cleanups }()
+	ctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+	defer cancel()
+	c.stats.releases.Add(1)
+	if c.Release(ctx, l) != nil {
+		c.stats.failed.Add(1)
+	}
 }
 
 // newLeaseID returns 64 random bits, base64url-encoded: 11 bytes.

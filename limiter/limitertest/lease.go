@@ -25,8 +25,9 @@ import (
 // lost releases free their capacity after the lease TTL, that 64 goroutines
 // contending for a capacity of 10 never hold more than 10 leases at once,
 // that critical traffic is never shed by a saturated fleet shedder, and
-// covers retried acquires, time going backwards, hostile keys and cancelled
-// calls. Keys and limit names are fresh per run.
+// covers retried acquires, time going backwards, hostile keys, cancelled
+// calls and acquires cut short by their deadline after their write landed
+// (the limiter gives the slot back). Keys and limit names are fresh per run.
 func RunLeases(t *testing.T, s storage.LeaseStore) { RunLeasesWith(t, s, LeaseOptions{}) }
 
 // LeaseOptions tunes [RunLeasesWith].
@@ -50,6 +51,7 @@ func RunLeasesWith(t *testing.T, s storage.LeaseStore, opt LeaseOptions) {
 	t.Run("FleetCritical", func(t *testing.T) { testFleetCritical(t, s) })
 	t.Run("HostileKeys", func(t *testing.T) { testLeaseHostileKeys(t, s) })
 	t.Run("Cancelled", func(t *testing.T) { testLeaseCancelled(t, s) })
+	t.Run("UnknownOutcome", func(t *testing.T) { testLeaseUnknownOutcome(t, s) })
 }
 
 func concurrency(t testing.TB, s storage.LeaseStore, capacity int64, ttl time.Duration) *limiter.Concurrency {
