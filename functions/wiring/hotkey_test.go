@@ -2,6 +2,7 @@ package wiring
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,9 +45,23 @@ func TestHotKeyStaysOnItsKey(t *testing.T) {
 		t.Skip("a 4 s run against DynamoDB Local")
 	}
 	for _, alg := range []string{"token_bucket", "sliding_window"} {
-		t.Run(alg, func(t *testing.T) { hotKeyRun(t, alg) })
+		t.Run(alg, func(t *testing.T) {
+			// A run whose only failures were decisions past their 2 s
+			// deadline did not test throttling (a cold DynamoDB Local, a
+			// machine loaded by the rest of the suite: 38 of 221 in one
+			// fresh-clone run, 2 of 1,833 in a first run alone): it is
+			// run again, up to twice; the last run is checked in full.
+			for attempt := 1; attempt <= hotAttempts; attempt++ {
+				if !hotKeyRun(t, alg, attempt == hotAttempts) {
+					break
+				}
+			}
+		})
 	}
 }
+
+// hotAttempts is how many runs a hot-key subtest makes at most.
+const hotAttempts = 3
 
 const (
 	hotScale    = 0.05 // of DynamoDB's caps: 50 write units a second per partition key
@@ -57,7 +72,7 @@ const (
 	victimLimit = 5 // a minute
 )
 
-func hotKeyRun(t *testing.T, alg string) {
+func hotKeyRun(t *testing.T, alg string, last bool) (again bool) {
 	proxy := testserver.NewCapProxy(t, testserver.DynamoDBLocal(t), testserver.CapConfig{Scale: hotScale})
 	sdkEnv(t, proxy.URL())
 	table := fmt.Sprintf("sluice-hotkey-%s-%d", alg, time.Now().UnixNano())
@@ -120,6 +135,7 @@ func hotKeyRun(t *testing.T, alg string) {
 		victimAllowed       atomic.Int64
 		victimCalls         atomic.Int64
 		throttled, failed   atomic.Int64
+		pastDeadline        atomic.Int64
 		cached, hotAdmitted atomic.Int64
 	)
 	begin := time.Now()
@@ -148,6 +164,9 @@ func hotKeyRun(t *testing.T, alg string) {
 					if failed.Add(1) == 1 {
 						t.Logf("first failed decision: %v", o.Err)
 					}
+					if errors.Is(o.Err, context.DeadlineExceeded) {
+						pastDeadline.Add(1)
+					}
 				case o.Throttled:
 					throttled.Add(1)
 				case o.Cached:
@@ -167,6 +186,9 @@ func hotKeyRun(t *testing.T, alg string) {
 					}
 					if out[0].Failed {
 						failed.Add(1)
+						if errors.Is(out[0].Err, context.DeadlineExceeded) {
+							pastDeadline.Add(1)
+						}
 					}
 					if out[0].Decision.Allowed {
 						victimAllowed.Add(1)
@@ -182,6 +204,10 @@ func hotKeyRun(t *testing.T, alg string) {
 		alg, len(calls), hotDuration, hotAdmitted.Load(), float64(hotAdmitted.Load())/hotDuration.Seconds(), hotLimit,
 		throttled.Load(), cached.Load(), failed.Load(), victimAllowed.Load(), victimCalls.Load(), st.Requests, st.WriteUnits, st.Throttled)
 
+	if n := failed.Load(); n != 0 && n == pastDeadline.Load() && !last {
+		t.Logf("%d decisions failed, every one past its deadline: the run did not test throttling; running it again", n)
+		return true
+	}
 	// The partition's cap was reached: the run tests throttling.
 	if st.Throttled == 0 {
 		t.Fatal("the proxy throttled no request: the run did not reach the partition's cap")
@@ -216,4 +242,5 @@ func hotKeyRun(t *testing.T, alg string) {
 	for _, v := range vs {
 		t.Errorf("hot key over its limit: %v", v)
 	}
+	return false
 }
