@@ -954,22 +954,36 @@ func TestSharesTableBucketFence(t *testing.T) {
 	warmTable(t, client, table)
 	for _, broken := range []bool{false, true} {
 		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
-			bucketFenceRun(t, client, table, broken)
+			for attempt := 1; attempt <= fenceAttempts; attempt++ {
+				if !bucketFenceRun(t, client, table, broken, attempt == fenceAttempts) {
+					break
+				}
+			}
 		})
 	}
 }
 
-func bucketFenceRun(t *testing.T, client *dynamodb.Client, table string, broken bool) {
+// fenceAttempts is how many runs bucketFenceRun makes at most. The broken
+// run's excess is thin (2-3 units over a bound of 83 in runs alone): a
+// fresh-clone run under the suite's load found none (region 1 admitted
+// 51, not 53-54), so a broken run that finds no interval over is run
+// again, and fails only when none of the runs finds one. The correct
+// run is checked in full each time.
+const fenceAttempts = 3
+
+func bucketFenceRun(t *testing.T, client *dynamodb.Client, table string, broken, last bool) (again bool) {
 	b := limiter.TokenBucketConfig{Name: "global", MaxAmount: 22, RefillTime: 10 * time.Millisecond, RefillAmount: 1}
 	cfg := Config{Regions: 2, Key: "k", Bucket: &b}
 	rg, _, _ := newFenceRig(t, client, table, cfg, 750*time.Millisecond)
 	giver := rg.agents[0]
 	giver.tbl.brokenFence = broken
+	late := 0 // steps that caught up with the wall clock
 	step := func() {
 		// Never behind the wall clock: a decision's requests end by its
 		// stamp plus the Deadline (a loaded host).
 		if rg.now = rg.now.Add(100 * time.Millisecond); rg.now.Before(time.Now()) {
 			rg.now = time.Now()
+			late++
 		}
 	}
 	rg.tick()
@@ -994,6 +1008,7 @@ func bucketFenceRun(t *testing.T, client *dynamodb.Client, table string, broken 
 	}
 	reads := rg.procs[0].Stats().Reads
 	var got0, got1 int
+	late = 0
 	for range 7 {
 		step()
 		got0 += rg.decide(0, 10)
@@ -1005,12 +1020,16 @@ func bucketFenceRun(t *testing.T, client *dynamodb.Client, table string, broken 
 	t.Logf("region 0 gave %d, rebase at +%v; after it region 0 admitted %d, region 1 %d; region 0's process %+v (reads %d before); giver's table %+v",
 		giver.Stats().Given, time.Duration(at-rg.now.UnixNano()), got0, got1, ps, reads, ts)
 	if broken {
-		if len(over) == 0 {
-			t.Errorf("the rebase taken over at once without raising the fence: no interval over the bucket")
-		} else {
+		switch {
+		case len(over) == 0 && !last:
+			t.Logf("no interval over the bucket (%d of 7 steps after the rebase caught up with the wall clock): running again", late)
+			return true
+		case len(over) == 0:
+			t.Errorf("the rebase taken over at once without raising the fence: no interval over the bucket (%d of 7 steps late)", late)
+		default:
 			t.Logf("brokenFence: over the bucket, %v (the test fails on it)", over[0])
 		}
-		return
+		return false
 	}
 	for _, v := range over {
 		t.Errorf("over the bucket: %v", v)
@@ -1024,4 +1043,5 @@ func bucketFenceRun(t *testing.T, client *dynamodb.Client, table string, broken 
 	if got1 == 0 {
 		t.Errorf("region 1 admitted nothing on region 0's grant")
 	}
+	return false
 }

@@ -116,11 +116,15 @@ func TestWantsExpire(t *testing.T) {
 					}
 				})
 			}
-			// Region 0 decides the key (twice its share's rate) until it
-			// is listed.
+			// Region 0 decides the key, 3 units a call, until it is
+			// listed: six times its share's rate at a call every 5 ms,
+			// and still above it where a loaded host makes each call take
+			// 16 ms (one unit a call read a demand of 62.7 a second
+			// against the share's 100 in a fresh-clone run, and never
+			// listed the key).
 			var listedAt time.Time
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-				if _, err := keys[0].AllowN(ctx, "hot", time.Now(), 1); err != nil {
+				if _, err := keys[0].AllowN(ctx, "hot", time.Now(), 3); err != nil {
 					t.Logf("region 0: %v", err)
 				}
 				if st, _ := keys[0].Stats("hot"); st.Wants.Listed {
