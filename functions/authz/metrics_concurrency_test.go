@@ -81,8 +81,8 @@ type ccSums struct{ unknown, cleanups, errors, skipped int64 }
 // TestMetricsConcurrencyCleanups drives a rule's concurrency acquires
 // into a store that never answers, through the handler, on synctest's
 // clock, and reads the decision lines: each declares the four clean-up
-// metrics; each request cut short says ConcurrencyUnknown 1 on its line
-// of the rule; the clean-up releases (two per acquire: at once and 1 s
+// metrics; each request cut short (one after another) says
+// ConcurrencyUnknown 1 on its line of the rule; the clean-up releases (two per acquire: at once and 1 s
 // later) appear as deltas on the rule's later lines, so that their sums
 // over the rule's lines are the scenario's counts and equal the limit's
 // own counters (policy.Policy.ConcurrencyStats); the rule without a
@@ -98,6 +98,7 @@ func TestMetricsConcurrencyCleanups(t *testing.T) {
 			c.Deadline = 50 * time.Millisecond
 			c.Policy = concurrencyPolicy(t, store)
 		})
+		ev := readEvent(t, "rest-request")
 		var read int // lines of h.metrics already checked
 		// step sends requests that the store cuts short, one after
 		// another or all at once, then one that it answers.
@@ -107,10 +108,10 @@ func TestMetricsConcurrencyCleanups(t *testing.T) {
 			var wg sync.WaitGroup
 			for range requests {
 				if !atOnce {
-					h.Decide(t.Context(), readEvent(t, "rest-request"))
+					h.Decide(t.Context(), ev)
 					continue
 				}
-				wg.Go(func() { h.Decide(t.Context(), readEvent(t, "rest-request")) })
+				wg.Go(func() { h.Decide(t.Context(), ev) })
 			}
 			wg.Wait()
 			// Both releases of every acquire run (the second 1 s after
@@ -119,7 +120,7 @@ func TestMetricsConcurrencyCleanups(t *testing.T) {
 			time.Sleep(3 * time.Second)
 			synctest.Wait()
 			store.hang.Store(false)
-			if _, _, err := h.Decide(t.Context(), readEvent(t, "rest-request")); err != nil {
+			if _, _, err := h.Decide(t.Context(), ev); err != nil {
 				t.Fatal(err)
 			}
 			lines := strings.Split(strings.TrimSpace(h.metrics.String()), "\n")
