@@ -166,6 +166,16 @@ func (p *Policy) LeaseStats(rule string) limiter.LeaseStats {
 	return sum
 }
 
+// ConcurrencyStats returns the clean-up counters (limiter.ConcurrencyStats)
+// of rule's concurrency limit in this process: zero for a rule without one,
+// or an unknown rule.
+func (p *Policy) ConcurrencyStats(rule string) limiter.ConcurrencyStats {
+	if r, err := p.rule(rule); err == nil && r.cc != nil {
+		return r.cc.Stats()
+	}
+	return limiter.ConcurrencyStats{}
+}
+
 // ReturnLeases gives back, at now, the unspent units of every capacity
 // lease this process holds for the policy's limits (waiting for the
 // writes): for a process about to stop. It returns the errors of the

@@ -223,7 +223,7 @@ func (h *Handler) decide(ctx context.Context, ev *Event) (Response, policy.Resul
 	pol := h.cfg.Policy.Policy()
 	res := pol.Evaluate(dctx, &ev.Request, now)
 	cancel()
-	h.cfg.Metrics.Record(now, &res, pol.LeaseStats)
+	h.cfg.Metrics.Record(now, &res, pol)
 	h.logResult(ctx, ev, &res)
 
 	switch res.Outcome {

@@ -473,7 +473,7 @@ func TestMetricLines(t *testing.T) {
 			t.Fatalf("line %s: %v", l, err)
 		}
 		d := m.AWS.CloudWatchMetrics[0]
-		if m.AWS.Timestamp != golden.Clock.UnixMilli() || d.Namespace != "Test" || len(d.Dimensions) != 2 || d.Dimensions[0][0] != "Rule" || len(d.Dimensions[1]) != 0 || len(d.Metrics) != 17 {
+		if m.AWS.Timestamp != golden.Clock.UnixMilli() || d.Namespace != "Test" || len(d.Dimensions) != 2 || d.Dimensions[0][0] != "Rule" || len(d.Dimensions[1]) != 0 || len(d.Metrics) != 21 {
 			t.Errorf("bad EMF metadata: %s", l)
 		}
 		if m.Allowed+m.Denied+m.Shed != 1 {

@@ -32,7 +32,12 @@ const NoRule = "(none)"
 // each, counted in Denied or Allowed too) and BackendLatency
 // (Milliseconds), and LeaseTakes, LeaseReturns and LeaseUnitsLost
 // (Count: the rule's capacity lease takes, returns and units not given
-// back in this instance since its previous line; docs/leases.md). Every
+// back in this instance since its previous line; docs/leases.md), and
+// ConcurrencyUnknown, ConcurrencyCleanups, ConcurrencyCleanupErrors and
+// ConcurrencyCleanupsSkipped (Count: the clean-ups of the rule's
+// concurrency limit since its previous line, limiter.ConcurrencyStats:
+// acquires whose outcome was unknown, and the background releases of
+// their lease IDs sent, failed and skipped; docs/shedding.md). Every
 // line carries the property Reason (the rule's, or
 // the request's on a "(none)" line: policy.Reason), which Logs Insights
 // can group by without another dimension. A request gets one line per matching rule
@@ -49,8 +54,21 @@ type Metrics struct {
 	middle []byte // ,"CloudWatchMetrics":[...]},"Rule":
 	mu     sync.Mutex
 	buf    []byte
-	// leases are each rule's lease counters at its previous line.
-	leases map[string]limiter.LeaseStats
+	// last holds each rule's counters at its previous line.
+	last map[string]ruleStats
+}
+
+// RuleStats gives the counters of a rule's limiters in this process:
+// *policy.Policy.
+type RuleStats interface {
+	LeaseStats(rule string) limiter.LeaseStats
+	ConcurrencyStats(rule string) limiter.ConcurrencyStats
+}
+
+// ruleStats are a rule's counters (RuleStats) at one time.
+type ruleStats struct {
+	lease limiter.LeaseStats
+	cc    limiter.ConcurrencyStats
 }
 
 // NewMetrics returns a Metrics writing to w (Lambda: os.Stdout) in the
@@ -69,6 +87,8 @@ func NewMetrics(w io.Writer, ns string) *Metrics {
 		`{"Name":"ShedErrors","Unit":"Count"},{"Name":"CacheDenied","Unit":"Count"},{"Name":"Throttled","Unit":"Count"},{"Name":"Leased","Unit":"Count"},`+
 		`{"Name":"ShadowDenied","Unit":"Count"},{"Name":"DenyListed","Unit":"Count"},{"Name":"AllowListed","Unit":"Count"},`+
 		`{"Name":"LeaseTakes","Unit":"Count"},{"Name":"LeaseReturns","Unit":"Count"},{"Name":"LeaseUnitsLost","Unit":"Count"},`+
+		`{"Name":"ConcurrencyUnknown","Unit":"Count"},{"Name":"ConcurrencyCleanups","Unit":"Count"},`+
+		`{"Name":"ConcurrencyCleanupErrors","Unit":"Count"},{"Name":"ConcurrencyCleanupsSkipped","Unit":"Count"},`+
 		`{"Name":"BackendLatency","Unit":"Milliseconds"}]}]},"Rule":`...)
 	m.middle = mid
 	return m
@@ -89,14 +109,18 @@ type Line struct {
 	Allowed, Denied, Shed, FailOpen, FailClosed, BackendErr, ShedErrors   int
 	CacheDenied, Throttled, Leased, ShadowDenied, DenyListed, AllowListed int
 	LeaseTakes, LeaseReturns, LeaseUnitsLost                              int64
-	BackendLatency                                                        time.Duration
-	Reason                                                                policy.Reason
+	// The rule's concurrency clean-ups (limiter.ConcurrencyStats).
+	ConcurrencyUnknown, ConcurrencyCleanups              int64
+	ConcurrencyCleanupErrors, ConcurrencyCleanupsSkipped int64
+	BackendLatency                                       time.Duration
+	Reason                                               policy.Reason
 }
 
-// Record writes the lines of one evaluated request. leases, when not
-// nil, gives a rule's lease counters (policy.Policy.LeaseStats): each
-// rule's line carries what they grew by since its previous line.
-func (m *Metrics) Record(now time.Time, res *policy.Result, leases func(rule string) limiter.LeaseStats) {
+// Record writes the lines of one evaluated request. stats, when not nil,
+// gives a rule's lease and concurrency counters (the request's
+// *policy.Policy): each rule's line carries what they grew by since its
+// previous line.
+func (m *Metrics) Record(now time.Time, res *policy.Result, stats RuleStats) {
 	if m == nil {
 		return
 	}
@@ -164,27 +188,33 @@ func (m *Metrics) Record(now time.Time, res *policy.Result, leases func(rule str
 			l.ShadowDenied = 1
 		}
 		l.ShedErrors, shedErr = shedErr, 0
-		if leases != nil {
-			m.leaseDelta(&l, leases(ev.Rule))
+		if stats != nil {
+			m.statsDelta(&l, ruleStats{stats.LeaseStats(ev.Rule), stats.ConcurrencyStats(ev.Rule)})
 		}
 		m.write(now, &l)
 	}
 }
 
-// leaseDelta sets l's lease counts to what cur grew by since the rule's
-// previous line (all of cur when a counter went down: the policy was
-// loaded again, its limits anew). Call with m.mu held.
-func (m *Metrics) leaseDelta(l *Line, cur limiter.LeaseStats) {
-	if m.leases == nil {
-		m.leases = map[string]limiter.LeaseStats{}
+// statsDelta sets l's lease and concurrency counts to what cur grew by
+// since the rule's previous line (all of cur when a counter went down:
+// the policy was loaded again, its limits anew). Call with m.mu held.
+func (m *Metrics) statsDelta(l *Line, cur ruleStats) {
+	if m.last == nil {
+		m.last = map[string]ruleStats{}
 	}
-	last := m.leases[l.Rule]
-	if cur.Takes < last.Takes || cur.Returns < last.Returns || cur.Lost < last.Lost {
-		last = limiter.LeaseStats{}
+	last := m.last[l.Rule]
+	lt, ct := last.lease, last.cc
+	if cur.lease.Takes < lt.Takes || cur.lease.Returns < lt.Returns || cur.lease.Lost < lt.Lost {
+		lt = limiter.LeaseStats{}
 	}
-	l.LeaseTakes, l.LeaseReturns, l.LeaseUnitsLost = cur.Takes-last.Takes, cur.Returns-last.Returns, cur.Lost-last.Lost
+	if cur.cc.Unknown < ct.Unknown || cur.cc.Releases < ct.Releases || cur.cc.Failed < ct.Failed || cur.cc.Skipped < ct.Skipped {
+		ct = limiter.ConcurrencyStats{}
+	}
+	l.LeaseTakes, l.LeaseReturns, l.LeaseUnitsLost = cur.lease.Takes-lt.Takes, cur.lease.Returns-lt.Returns, cur.lease.Lost-lt.Lost
+	l.ConcurrencyUnknown, l.ConcurrencyCleanups = cur.cc.Unknown-ct.Unknown, cur.cc.Releases-ct.Releases
+	l.ConcurrencyCleanupErrors, l.ConcurrencyCleanupsSkipped = cur.cc.Failed-ct.Failed, cur.cc.Skipped-ct.Skipped
 	if cur != last {
-		m.leases[l.Rule] = cur
+		m.last[l.Rule] = cur
 	}
 }
 
@@ -210,6 +240,10 @@ func (m *Metrics) write(now time.Time, l *Line) {
 	b = appendField(b, "LeaseTakes", int(l.LeaseTakes))
 	b = appendField(b, "LeaseReturns", int(l.LeaseReturns))
 	b = appendField(b, "LeaseUnitsLost", int(l.LeaseUnitsLost))
+	b = appendField(b, "ConcurrencyUnknown", int(l.ConcurrencyUnknown))
+	b = appendField(b, "ConcurrencyCleanups", int(l.ConcurrencyCleanups))
+	b = appendField(b, "ConcurrencyCleanupErrors", int(l.ConcurrencyCleanupErrors))
+	b = appendField(b, "ConcurrencyCleanupsSkipped", int(l.ConcurrencyCleanupsSkipped))
 	b = append(b, `,"Reason":`...)
 	b = appendJSONString(b, string(l.Reason))
 	b = append(b, `,"BackendLatency":`...)

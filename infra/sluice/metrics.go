@@ -21,6 +21,14 @@ const (
 	MetricThrottled      = "Throttled"      // denied because the store throttled the request's key
 	MetricBackendLatency = "BackendLatency" // Milliseconds
 	DimensionRule        = "Rule"
+	// A rule's concurrency acquires whose outcome was unknown (the
+	// deadline, a timeout, no answer), and the background releases of
+	// their lease IDs: sent, failed, and skipped (64 running already);
+	// docs/shedding.md, "Acquires cut short".
+	MetricConcurrencyUnknown         = "ConcurrencyUnknown"
+	MetricConcurrencyCleanups        = "ConcurrencyCleanups"
+	MetricConcurrencyCleanupErrors   = "ConcurrencyCleanupErrors"
+	MetricConcurrencyCleanupsSkipped = "ConcurrencyCleanupsSkipped"
 )
 
 // Metrics are the authorizer's metrics, dimensionless (every rule), summed
@@ -37,6 +45,9 @@ type Metrics struct {
 	ShedErrors     awscloudwatch.Metric
 	Throttled      awscloudwatch.Metric
 	BackendLatency awscloudwatch.Metric
+	// The rules' concurrency acquires cut short and their clean-up
+	// releases (MetricConcurrency*).
+	ConcurrencyUnknown, ConcurrencyCleanups, ConcurrencyCleanupErrors, ConcurrencyCleanupsSkipped awscloudwatch.Metric
 	// DeniedRatio is Denied / (Allowed + Denied), 0 without traffic.
 	DeniedRatio awscloudwatch.MathExpression
 }
@@ -62,6 +73,11 @@ func newMetrics(ns string) *Metrics {
 		ShedErrors:     metric(MetricShedErrors, "Sum"),
 		Throttled:      metric(MetricThrottled, "Sum"),
 		BackendLatency: metric(MetricBackendLatency, "p99"),
+
+		ConcurrencyUnknown:         metric(MetricConcurrencyUnknown, "Sum"),
+		ConcurrencyCleanups:        metric(MetricConcurrencyCleanups, "Sum"),
+		ConcurrencyCleanupErrors:   metric(MetricConcurrencyCleanupErrors, "Sum"),
+		ConcurrencyCleanupsSkipped: metric(MetricConcurrencyCleanupsSkipped, "Sum"),
 	}
 	m.DeniedRatio = awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
 		Expression:   jsii.String("IF(allowed + denied > 0, denied / (allowed + denied), 0)"),

@@ -52,6 +52,11 @@ func newMonitoring(s awscdk.Stack, c *Config, region string, limiter *sluice.Rat
 		graph("State table throttled requests (this region)", limiter.TableThrottledRequests()),
 		graph("Throttled by rule (decided without the store)", m.ByRule(sluice.MetricThrottled)),
 	)
+	dash.AddWidgets(
+		graph("Concurrency acquires cut short, and their clean-up releases: sent, failed, skipped",
+			m.ConcurrencyUnknown, m.ConcurrencyCleanups, m.ConcurrencyCleanupErrors, m.ConcurrencyCleanupsSkipped),
+		graph("Concurrency acquires cut short by rule", m.ByRule(sluice.MetricConcurrencyUnknown)),
+	)
 	if len(limiter.SharesAlarms()) > 0 {
 		// The construct runs the keeper: it makes the shares' alarms
 		// exactly then (unless asked not to, which this app never does).

@@ -1101,8 +1101,9 @@ func TestAlarms(t *testing.T) {
 		}
 		_, dash := s.one(t, "AWS::CloudWatch::Dashboard")
 		body := render(dash.Properties["DashboardBody"])
-		for _, m := range []string{sluice.MetricAllowed, sluice.MetricDenied, sluice.MetricShed, sluice.MetricFailOpen, sluice.MetricFailClosed, sluice.MetricBackendErrors, sluice.MetricShedErrors, sluice.MetricBackendLatency, sluice.MetricThrottled, sluice.MetricTableThrottledRequests} {
-			if !strings.Contains(body, m) {
+		for _, m := range []string{sluice.MetricAllowed, sluice.MetricDenied, sluice.MetricShed, sluice.MetricFailOpen, sluice.MetricFailClosed, sluice.MetricBackendErrors, sluice.MetricShedErrors, sluice.MetricBackendLatency, sluice.MetricThrottled, sluice.MetricTableThrottledRequests,
+			sluice.MetricConcurrencyUnknown, sluice.MetricConcurrencyCleanups, sluice.MetricConcurrencyCleanupErrors, sluice.MetricConcurrencyCleanupsSkipped} {
+			if !strings.Contains(body, `"`+m+`"`) {
 				t.Errorf("dashboard does not show %s", m)
 			}
 		}
