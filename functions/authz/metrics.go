@@ -45,7 +45,8 @@ const NoRule = "(none)"
 // Rule "(none)". The dimensionless metrics therefore count rule checks,
 // except ShedErrors, which only the first line of a request carries: it
 // counts requests whose load shedder failed (they were let through unless
-// the shedder's decision stood). Safe for concurrent use; each line is one
+// the shedder's decision stood). The lease and concurrency counts carry
+// over a rules reload (Record). Safe for concurrent use; each line is one
 // Write.
 type Metrics struct {
 	w      io.Writer
