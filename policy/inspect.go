@@ -151,29 +151,42 @@ func placeholderName(p keyPart) string {
 	return "?"
 }
 
-// LeaseStats sums the capacity lease counters (limiter.LeaseStats) of
-// rule's limits, every tier's included, in this process: zero for a rule
-// whose limits do not lease, or an unknown rule.
-func (p *Policy) LeaseStats(rule string) limiter.LeaseStats {
-	var sum limiter.LeaseStats
-	if r, err := p.rule(rule); err == nil {
-		r.eachLimit(func(l limiter.Limiter) {
-			if s, ok := l.(interface{ LeaseStats() limiter.LeaseStats }); ok {
-				sum = sum.Add(s.LeaseStats())
-			}
-		})
-	}
-	return sum
+// RuleStats are the counters of one rule's limiters in this process.
+type RuleStats struct {
+	// Lease sums the capacity lease counters of the rule's limits, every
+	// tier's included: zero when none leases.
+	Lease limiter.LeaseStats
+	// Concurrency is the clean-up counters of the rule's concurrency
+	// limit: zero without one.
+	Concurrency limiter.ConcurrencyStats
 }
 
-// ConcurrencyStats returns the clean-up counters (limiter.ConcurrencyStats)
-// of rule's concurrency limit in this process: zero for a rule without one,
-// or an unknown rule.
-func (p *Policy) ConcurrencyStats(rule string) limiter.ConcurrencyStats {
-	if r, err := p.rule(rule); err == nil && r.cc != nil {
-		return r.cc.Stats()
+// RuleStats returns rule's counters (one look-up of the rule): zero for an
+// unknown rule. A Policy's counters only grow; a reloaded Policy's limiters
+// start from zero.
+func (p *Policy) RuleStats(rule string) RuleStats {
+	var s RuleStats
+	r, err := p.rule(rule)
+	if err != nil {
+		return s
 	}
-	return limiter.ConcurrencyStats{}
+	r.eachLimit(func(l limiter.Limiter) {
+		if ls, ok := l.(interface{ LeaseStats() limiter.LeaseStats }); ok {
+			s.Lease = s.Lease.Add(ls.LeaseStats())
+		}
+	})
+	if r.cc != nil {
+		s.Concurrency = r.cc.Stats()
+	}
+	return s
+}
+
+// LeaseStats is RuleStats(rule).Lease.
+func (p *Policy) LeaseStats(rule string) limiter.LeaseStats { return p.RuleStats(rule).Lease }
+
+// ConcurrencyStats is RuleStats(rule).Concurrency.
+func (p *Policy) ConcurrencyStats(rule string) limiter.ConcurrencyStats {
+	return p.RuleStats(rule).Concurrency
 }
 
 // ReturnLeases gives back, at now, the unspent units of every capacity

@@ -2,12 +2,12 @@ package authz
 
 import (
 	"io"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
 
-	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/policy"
 )
 
@@ -45,7 +45,8 @@ const NoRule = "(none)"
 // Rule "(none)". The dimensionless metrics therefore count rule checks,
 // except ShedErrors, which only the first line of a request carries: it
 // counts requests whose load shedder failed (they were let through unless
-// the shedder's decision stood). Safe for concurrent use; each line is one
+// the shedder's decision stood). The lease and concurrency counts carry
+// over a rules reload (Record). Safe for concurrent use; each line is one
 // Write.
 type Metrics struct {
 	w      io.Writer
@@ -54,22 +55,33 @@ type Metrics struct {
 	middle []byte // ,"CloudWatchMetrics":[...]},"Rule":
 	mu     sync.Mutex
 	buf    []byte
-	// last holds each rule's counters at its previous line.
-	last map[string]ruleStats
+	// pols are the policies whose counters the lines follow, at most
+	// keepPolicies (followed).
+	pols []followed
 }
 
-// RuleStats gives the counters of a rule's limiters in this process:
-// *policy.Policy.
-type RuleStats interface {
-	LeaseStats(rule string) limiter.LeaseStats
-	ConcurrencyStats(rule string) limiter.ConcurrencyStats
+// followed is a policy whose counters Metrics reports: each rule's
+// counters at its previous line, and when a request last used it.
+type followed struct {
+	p    *policy.Policy
+	used time.Time
+	last map[string]policy.RuleStats
 }
 
-// ruleStats are a rule's counters (RuleStats) at one time.
-type ruleStats struct {
-	lease limiter.LeaseStats
-	cc    limiter.ConcurrencyStats
-}
+// A reload makes a new Policy; the previous one's background work
+// (concurrency clean-up releases up to 1.5 s after their request, lease
+// returns up to 1 s, requests in flight) still counts in its own limiters.
+// Metrics follows each policy a request used until keepPolicy after its
+// last use, and at most keepPolicies of them (the current one and the two
+// before it): the previous policy's late counts reach its rules' lines for
+// a minute after a reload, and at most two replaced policies stay in
+// memory meanwhile. A policy used again after it was dropped would start
+// from zero again (its counts reported twice): a request would have to
+// stay in flight over two reloads, or a minute.
+const (
+	keepPolicies = 3
+	keepPolicy   = time.Minute
+)
 
 // NewMetrics returns a Metrics writing to w (Lambda: os.Stdout) in the
 // CloudWatch namespace ns (DefaultNamespace when empty).
@@ -116,16 +128,20 @@ type Line struct {
 	Reason                                               policy.Reason
 }
 
-// Record writes the lines of one evaluated request. stats, when not nil,
-// gives a rule's lease and concurrency counters (the request's
-// *policy.Policy): each rule's line carries what they grew by since its
-// previous line.
-func (m *Metrics) Record(now time.Time, res *policy.Result, stats RuleStats) {
+// Record writes the lines of one evaluated request. pol, when not nil, is
+// the policy that evaluated it: each rule's line carries what its lease
+// and concurrency counters (policy.Policy.RuleStats) grew by since its
+// previous line, in pol and in the policies replaced before it that
+// Metrics still follows.
+func (m *Metrics) Record(now time.Time, res *policy.Result, pol *policy.Policy) {
 	if m == nil {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if pol != nil {
+		m.follow(now, pol)
+	}
 	shedErr := 0
 	if res.ShedErr != nil {
 		shedErr = 1
@@ -188,33 +204,58 @@ func (m *Metrics) Record(now time.Time, res *policy.Result, stats RuleStats) {
 			l.ShadowDenied = 1
 		}
 		l.ShedErrors, shedErr = shedErr, 0
-		if stats != nil {
-			m.statsDelta(&l, ruleStats{stats.LeaseStats(ev.Rule), stats.ConcurrencyStats(ev.Rule)})
+		if pol != nil {
+			m.statsDelta(&l)
 		}
 		m.write(now, &l)
 	}
 }
 
-// statsDelta sets l's lease and concurrency counts to what cur grew by
-// since the rule's previous line (all of cur when a counter went down:
-// the policy was loaded again, its limits anew). Call with m.mu held.
-func (m *Metrics) statsDelta(l *Line, cur ruleStats) {
-	if m.last == nil {
-		m.last = map[string]ruleStats{}
+// follow notes that a request of pol is recorded at now: it starts
+// following pol (its counters from zero) and stops following the
+// policies unused for keepPolicy, and the least recently used one beyond
+// keepPolicies. Call with m.mu held.
+func (m *Metrics) follow(now time.Time, pol *policy.Policy) {
+	// Most recently used first.
+	if len(m.pols) == 0 || m.pols[0].p != pol {
+		f := followed{p: pol}
+		if i := slices.IndexFunc(m.pols, func(f followed) bool { return f.p == pol }); i >= 0 {
+			f = m.pols[i]
+			m.pols = slices.Delete(m.pols, i, i+1)
+		}
+		m.pols = slices.Insert(m.pols, 0, f)
 	}
-	last := m.last[l.Rule]
-	lt, ct := last.lease, last.cc
-	if cur.lease.Takes < lt.Takes || cur.lease.Returns < lt.Returns || cur.lease.Lost < lt.Lost {
-		lt = limiter.LeaseStats{}
+	m.pols[0].used = now
+	for i := 1; i < len(m.pols); i++ {
+		if i >= keepPolicies || now.Sub(m.pols[i].used) > keepPolicy {
+			clear(m.pols[i:]) // drop the references
+			m.pols = m.pols[:i]
+		}
 	}
-	if cur.cc.Unknown < ct.Unknown || cur.cc.Releases < ct.Releases || cur.cc.Failed < ct.Failed || cur.cc.Skipped < ct.Skipped {
-		ct = limiter.ConcurrencyStats{}
-	}
-	l.LeaseTakes, l.LeaseReturns, l.LeaseUnitsLost = cur.lease.Takes-lt.Takes, cur.lease.Returns-lt.Returns, cur.lease.Lost-lt.Lost
-	l.ConcurrencyUnknown, l.ConcurrencyCleanups = cur.cc.Unknown-ct.Unknown, cur.cc.Releases-ct.Releases
-	l.ConcurrencyCleanupErrors, l.ConcurrencyCleanupsSkipped = cur.cc.Failed-ct.Failed, cur.cc.Skipped-ct.Skipped
-	if cur != last {
-		m.last[l.Rule] = cur
+}
+
+// statsDelta sets l's lease and concurrency counts to what its rule's
+// counters grew by since the rule's previous line, in every policy
+// followed. Call with m.mu held.
+func (m *Metrics) statsDelta(l *Line) {
+	for i := range m.pols {
+		f := &m.pols[i]
+		cur := f.p.RuleStats(l.Rule)
+		last := f.last[l.Rule]
+		if cur == last {
+			continue
+		}
+		l.LeaseTakes += cur.Lease.Takes - last.Lease.Takes
+		l.LeaseReturns += cur.Lease.Returns - last.Lease.Returns
+		l.LeaseUnitsLost += cur.Lease.Lost - last.Lease.Lost
+		l.ConcurrencyUnknown += cur.Concurrency.Unknown - last.Concurrency.Unknown
+		l.ConcurrencyCleanups += cur.Concurrency.Releases - last.Concurrency.Releases
+		l.ConcurrencyCleanupErrors += cur.Concurrency.Failed - last.Concurrency.Failed
+		l.ConcurrencyCleanupsSkipped += cur.Concurrency.Skipped - last.Concurrency.Skipped
+		if f.last == nil {
+			f.last = map[string]policy.RuleStats{}
+		}
+		f.last[l.Rule] = cur
 	}
 }
 
