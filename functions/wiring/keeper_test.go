@@ -25,7 +25,8 @@ import (
 // sends it, through the handler's Invoke) or in line with their
 // decisions of another key.
 //
-// The harness's lag is 500 ms, not the 1 s of TestSharesGlobalRule: a
+// The table's replication lag is 500 ms, not the 1 s of
+// TestSharesGlobalRule's table (on the same shared harness): a
 // grant from a region without traffic takes two lags, a tick or two and
 // its lowering's wait (the entry's validity is not in it: the giver has
 // published none before, and the deadline, 1 s) before it is in force

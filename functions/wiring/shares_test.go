@@ -133,11 +133,17 @@ func startShares(t *testing.T) []*sharesContainer {
 	return cs
 }
 
-// startSharesLag is startShares with replication lag lag; it returns the
-// harness too.
+// sharesHarness is the package's three-region harness, started by the
+// first test that needs it and stopped by TestMain: the tests on it
+// each replicate a table of their own, at their own lag, and partition
+// no region.
+var sharesHarness = testserver.NewSharedRegions(testserver.RegionsConfig{})
+
+// startSharesLag is startShares with replication lag lag (the table's:
+// the harness is shared); it returns the harness too.
 func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *testserver.Regions) {
 	t.Helper()
-	g := testserver.StartRegions(t, testserver.RegionsConfig{Lag: lag})
+	g := sharesHarness.Get(t)
 	table := fmt.Sprintf("sluice-shares-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -156,9 +162,10 @@ func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *tests
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Replicate(ctx, table); err != nil {
+	if err := g.ReplicateLag(ctx, table, lag); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { g.Unreplicate(table) }) // after the containers' Close
 	var cs []*sharesContainer
 	for i := range g.Len() {
 		sdkSetenv(t, g.Endpoint(i))

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"os"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -38,7 +41,8 @@ type RegionsConfig struct {
 	// Regions is the number of regions (0 means 3).
 	Regions int
 	// Lag is how long after a write is seen in its region's stream it is
-	// applied in the others (0 means DefaultLag).
+	// applied in the others (0 means DefaultLag), for the tables handed
+	// to [Regions.Replicate] ([Regions.ReplicateLag] sets a table's own).
 	Lag time.Duration
 }
 
@@ -72,7 +76,7 @@ const (
 // Differences from DynamoDB: a write is stamped when the replicator reads
 // it, not when it commits (two writes of one item in two regions within a
 // few milliseconds may be ordered either way); the lag is the same for
-// every pair of regions and every write; items written before
+// every pair of regions and every write of a table; items written before
 // [Regions.Replicate] are not replicated; replicated writes are not billed
 // or throttled. Safe for concurrent use; stopped when the test ends.
 type Regions struct {
@@ -114,12 +118,17 @@ type region struct {
 	expect  map[itemID]change // a replicated put whose record is yet to be read
 }
 
-// stream is one table's stream in a region: an iterator per shard ("":
-// the shard is closed and read to its end).
+// stream is one table's stream in a region, and its shards.
 type stream struct {
 	table, arn string
-	shards     map[string]string
+	lag        time.Duration
+	shards     map[string]*shard
 }
+
+// shard is where the replicator reads a shard: its iterator ("": the
+// shard is closed and read to its end) and the sequence number of the
+// last record it read ("": none yet).
+type shard struct{ it, last string }
 
 type itemID struct{ table, key string }
 
@@ -167,6 +176,9 @@ type ReplicationStats struct {
 	// replicator applied, and MaxHold the longest.
 	Holds   int64
 	MaxHold time.Duration
+	// Trimmed is the shards read again after DynamoDB Local's
+	// TrimmedDataAccessException (pollShard).
+	Trimmed int64
 }
 
 // StartRegions starts cfg.Regions private DynamoDB Local servers (a JVM
@@ -210,6 +222,141 @@ func StartRegions(t testing.TB, cfg RegionsConfig) *Regions {
 	return g
 }
 
+// SharedRegions is a [Regions] shared by the tests of a package: started
+// by the first test that asks for it, stopped by Close (in TestMain, after
+// m.Run), so the package starts and warms its three DynamoDB Locals once.
+// Each test replicates tables of its own ([Regions.ReplicateLag], at its
+// own lag) and unreplicates them when it ends; a test that partitions a
+// region (Partition and Heal act on every table), counts the replicator's
+// Stats or calls Settle while others run starts a harness of its own.
+// Safe for concurrent use.
+type SharedRegions struct {
+	cfg   RegionsConfig
+	mu    sync.Mutex
+	owner *packageTB
+	g     *Regions
+}
+
+// NewSharedRegions returns a shared harness of cfg, not started yet.
+func NewSharedRegions(cfg RegionsConfig) *SharedRegions { return &SharedRegions{cfg: cfg} }
+
+// Get returns the harness, started by the first call: a start that
+// failed (or skipped: no servers) fails (skips) every test that asks.
+// The replicator's errors are reported to the test that was running
+// when they began, and by Close.
+func (s *SharedRegions) Get(t testing.TB) *Regions {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.owner == nil {
+		s.owner = &packageTB{}
+		done := make(chan struct{})
+		go func() { // StartRegions ends it with runtime.Goexit on a failure
+			defer close(done)
+			s.g = StartRegions(s.owner, s.cfg)
+		}()
+		<-done
+	}
+	if msg := s.owner.skipped(); msg != "" {
+		t.Skipf("shared regions: %s", msg)
+	}
+	if s.g == nil {
+		t.Fatalf("shared regions: %v", s.owner.err())
+	}
+	g, before := s.g, s.g.Err()
+	t.Cleanup(func() {
+		if err := g.Err(); err != nil && before == nil {
+			t.Errorf("testserver: shared regions: %v", err)
+		}
+	})
+	return g
+}
+
+// Close stops the harness, if it was started, and returns the errors
+// reported in it after its start (the replicator's).
+func (s *SharedRegions) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.owner == nil {
+		return nil
+	}
+	s.owner.cleanup()
+	return s.owner.err()
+}
+
+// packageTB is the testing.TB a [SharedRegions] starts its harness with:
+// it outlives the tests, and its cleanups (servers, proxies, temporary
+// directories) run at Close. It implements the methods the harness's
+// start calls; any other (through the embedded nil TB) panics.
+type packageTB struct {
+	testing.TB
+	mu       sync.Mutex
+	cleanups []func()
+	errs     []error
+	skip     string
+}
+
+func (p *packageTB) Helper()      {}
+func (p *packageTB) Name() string { return "SharedRegions" }
+
+func (p *packageTB) Cleanup(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cleanups = append(p.cleanups, f)
+}
+
+func (p *packageTB) TempDir() string {
+	dir, err := os.MkdirTemp("", "sluice-regions-")
+	if err != nil {
+		p.Fatalf("testserver: %v", err)
+	}
+	p.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func (p *packageTB) Errorf(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.errs = append(p.errs, fmt.Errorf(format, args...))
+}
+
+// Fatalf records the error and ends the goroutine, as testing's does.
+func (p *packageTB) Fatalf(format string, args ...any) {
+	p.Errorf(format, args...)
+	runtime.Goexit()
+}
+
+// Skipf records why and ends the goroutine.
+func (p *packageTB) Skipf(format string, args ...any) {
+	p.mu.Lock()
+	p.skip = fmt.Sprintf(format, args...)
+	p.mu.Unlock()
+	runtime.Goexit()
+}
+
+func (p *packageTB) skipped() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.skip
+}
+
+func (p *packageTB) err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return errors.Join(p.errs...)
+}
+
+// cleanup runs the cleanups, last registered first.
+func (p *packageTB) cleanup() {
+	p.mu.Lock()
+	fs := p.cleanups
+	p.cleanups = nil
+	p.mu.Unlock()
+	for _, f := range slices.Backward(fs) {
+		f()
+	}
+}
+
 func orDefault(d, def time.Duration) time.Duration {
 	if d == 0 {
 		return def
@@ -251,7 +398,8 @@ func (r *region) hold(op string) func() {
 // Len returns the number of regions.
 func (g *Regions) Len() int { return len(g.rs) }
 
-// Lag returns the replication lag.
+// Lag returns the replication lag of the tables handed to
+// [Regions.Replicate].
 func (g *Regions) Lag() time.Duration { return g.lag }
 
 // Endpoint returns region i's endpoint URL (its gate) for clients.
@@ -346,20 +494,48 @@ func (g *Regions) Settle(ctx context.Context) error {
 }
 
 // Replicate starts replicating table, which exists (empty) in every
-// region: it enables the table's stream (NEW_IMAGE) in each (the regions
-// at once) and reads it from its start.
+// region, at the harness's lag ([RegionsConfig.Lag]): it enables the
+// table's stream (NEW_IMAGE) in each (the regions at once) and reads it
+// from its start.
 func (g *Regions) Replicate(ctx context.Context, table string) error {
+	return g.ReplicateLag(ctx, table, g.lag)
+}
+
+// ReplicateLag is [Regions.Replicate] at a lag of the table's own (0
+// means DefaultLag): the writes of each table are applied in the other
+// regions its lag after they were read, whatever the other tables' lags.
+func (g *Regions) ReplicateLag(ctx context.Context, table string, lag time.Duration) error {
+	if lag < 0 {
+		return fmt.Errorf("testserver: regions: table %s: lag %v: want 0 or more", table, lag)
+	}
+	lag = orDefault(lag, DefaultLag)
 	errs := make([]error, len(g.rs))
 	var wg sync.WaitGroup
 	for i, r := range g.rs {
-		wg.Go(func() { errs[i] = g.replicate(ctx, r, table) })
+		wg.Go(func() { errs[i] = g.replicate(ctx, r, table, lag) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
+// Unreplicate stops replicating table: its streams are no longer read
+// (no more requests for it), and its writes not yet applied are dropped.
+// A test on a shared harness ([SharedRegions]) calls it when it ends.
+func (g *Regions) Unreplicate(table string) {
+	for _, r := range g.rs {
+		r.step.Lock()
+		r.streams = slices.DeleteFunc(r.streams, func(s *stream) bool { return s.table == table })
+		maps.DeleteFunc(r.version, func(id itemID, _ stamp) bool { return id.table == table })
+		maps.DeleteFunc(r.expect, func(id itemID, _ change) bool { return id.table == table })
+		r.step.Unlock()
+		g.mu.Lock()
+		r.inbox = slices.DeleteFunc(r.inbox, func(c change) bool { return c.id.table == table })
+		g.mu.Unlock()
+	}
+}
+
 // replicate is Replicate in region r.
-func (g *Regions) replicate(ctx context.Context, r *region, table string) error {
+func (g *Regions) replicate(ctx context.Context, r *region, table string, lag time.Duration) error {
 	target := r.server.Endpoint()
 	var desc struct {
 		Table struct {
@@ -380,7 +556,7 @@ func (g *Regions) replicate(ctx context.Context, r *region, table string) error 
 		}
 		desc.Table.LatestStreamArn = upd.TableDescription.LatestStreamArn
 	}
-	s := &stream{table: table, arn: desc.Table.LatestStreamArn, shards: map[string]string{}}
+	s := &stream{table: table, arn: desc.Table.LatestStreamArn, lag: lag, shards: map[string]*shard{}}
 	r.step.Lock()
 	defer r.step.Unlock()
 	if err := g.describe(ctx, r, s); err != nil {
@@ -405,14 +581,25 @@ func (g *Regions) describe(ctx context.Context, r *region, s *stream) error {
 		if _, ok := s.shards[sh.ShardId]; ok {
 			continue
 		}
-		var it struct{ ShardIterator string }
-		in := map[string]string{"StreamArn": s.arn, "ShardId": sh.ShardId, "ShardIteratorType": "TRIM_HORIZON"}
-		if err := g.call(ctx, r.server.Endpoint(), "DynamoDBStreams_20120810.GetShardIterator", in, &it); err != nil {
+		it, err := g.iterator(ctx, r, s, sh.ShardId, "")
+		if err != nil {
 			return err
 		}
-		s.shards[sh.ShardId] = it.ShardIterator
+		s.shards[sh.ShardId] = &shard{it: it}
 	}
 	return nil
+}
+
+// iterator returns an iterator of s's shard id in r: past the record
+// numbered last, or from the shard's start (last "").
+func (g *Regions) iterator(ctx context.Context, r *region, s *stream, id, last string) (string, error) {
+	in := map[string]string{"StreamArn": s.arn, "ShardId": id, "ShardIteratorType": "TRIM_HORIZON"}
+	if last != "" {
+		in["ShardIteratorType"], in["SequenceNumber"] = "AFTER_SEQUENCE_NUMBER", last
+	}
+	var out struct{ ShardIterator string }
+	err := g.call(ctx, r.server.Endpoint(), "DynamoDBStreams_20120810.GetShardIterator", in, &out)
+	return out.ShardIterator, err
 }
 
 // call sends one request of the replicator's own to a region's server.
@@ -500,8 +687,9 @@ func (g *Regions) round(r *region) {
 type streamRecord struct {
 	EventName string `json:"eventName"`
 	Dynamodb  struct {
-		Keys     attrs
-		NewImage json.RawMessage
+		Keys           attrs
+		NewImage       json.RawMessage
+		SequenceNumber string
 	} `json:"dynamodb"`
 }
 
@@ -512,30 +700,12 @@ const getRecordsLimit = 1000
 func (g *Regions) poll(ctx context.Context, r *region) error {
 	for _, s := range r.streams {
 		closed := false
-		for id, it := range s.shards {
-			for it != "" {
-				var out struct {
-					Records           []streamRecord
-					NextShardIterator string
-				}
-				if err := g.call(ctx, r.server.Endpoint(), "DynamoDBStreams_20120810.GetRecords", map[string]any{"ShardIterator": it, "Limit": getRecordsLimit}, &out); err != nil {
-					return fmt.Errorf("region %d, table %s: %w", r.i, s.table, err)
-				}
-				now := time.Now()
-				for _, rec := range out.Records {
-					if err := g.record(r, s.table, rec, now); err != nil {
-						return err
-					}
-				}
-				it = out.NextShardIterator
-				if it == "" {
-					closed = true
-				}
-				if len(out.Records) < getRecordsLimit {
-					break
-				}
+		for id, sh := range s.shards {
+			open := sh.it != ""
+			if err := g.pollShard(ctx, r, s, id, sh); err != nil {
+				return fmt.Errorf("region %d, table %s: %w", r.i, s.table, err)
 			}
-			s.shards[id] = it
+			closed = closed || open && sh.it == ""
 		}
 		if closed {
 			// A closed shard has children: read them from their start.
@@ -547,14 +717,60 @@ func (g *Regions) poll(ctx context.Context, r *region) error {
 	return nil
 }
 
-// record takes one record of r's stream, read at now: the echo of a
+// pollShard reads s's shard id in r to its end (or to what it holds).
+//
+// DynamoDB Local answers TrimmedDataAccessException (nothing is trimmed
+// in a test's minutes) to an iterator of a table's shard taken before
+// another table of the server had a write and this one its first: a
+// table replicated empty while another is written to (a shared harness).
+// The shard is read again from past its last record read (or from its
+// start): once, then the error is the replicator's.
+func (g *Regions) pollShard(ctx context.Context, r *region, s *stream, id string, sh *shard) error {
+	again := true
+	for sh.it != "" {
+		var out struct {
+			Records           []streamRecord
+			NextShardIterator string
+		}
+		err := g.call(ctx, r.server.Endpoint(), "DynamoDBStreams_20120810.GetRecords", map[string]any{"ShardIterator": sh.it, "Limit": getRecordsLimit}, &out)
+		if err != nil && again && strings.Contains(err.Error(), "TrimmedDataAccessException") {
+			again = false
+			it, err := g.iterator(ctx, r, s, id, sh.last)
+			if err != nil {
+				return err
+			}
+			sh.it = it
+			g.mu.Lock()
+			g.stats.Trimmed++
+			g.mu.Unlock()
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		for _, rec := range out.Records {
+			if err := g.record(r, s, rec, now); err != nil {
+				return err
+			}
+			sh.last = rec.Dynamodb.SequenceNumber
+		}
+		sh.it = out.NextShardIterator
+		if len(out.Records) < getRecordsLimit {
+			break
+		}
+	}
+	return nil
+}
+
+// record takes one record of r's stream s, read at now: the echo of a
 // replicated put, or a write of r's clients, queued for the others.
-func (g *Regions) record(r *region, table string, rec streamRecord, now time.Time) error {
+func (g *Regions) record(r *region, s *stream, rec streamRecord, now time.Time) error {
 	key, err := keyID(rec.Dynamodb.Keys)
 	if err != nil {
-		return fmt.Errorf("region %d, table %s: %w", r.i, table, err)
+		return fmt.Errorf("region %d, table %s: %w", r.i, s.table, err)
 	}
-	id := itemID{table, key}
+	id := itemID{s.table, key}
 	var image json.RawMessage
 	if rec.EventName != "REMOVE" {
 		image = rec.Dynamodb.NewImage
@@ -573,7 +789,7 @@ func (g *Regions) record(r *region, table string, rec streamRecord, now time.Tim
 	}
 	st := stamp{now, r.i}
 	r.version[id] = st
-	c := change{id: id, keys: rec.Dynamodb.Keys, image: image, st: st, due: now.Add(g.lag)}
+	c := change{id: id, keys: rec.Dynamodb.Keys, image: image, st: st, due: now.Add(s.lag)}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.stats.Local[r.i]++

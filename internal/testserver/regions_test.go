@@ -33,20 +33,14 @@ func TestRegionsReplication(t *testing.T) {
 	defer cancel()
 	table := fmt.Sprintf("sluice-regions-test-%d", time.Now().UnixNano())
 	clients := make([]*dynamodb.Client, g.Len())
-	errs := make([]error, g.Len())
-	var wg sync.WaitGroup
 	for i := range clients {
 		clients[i] = ddbClient(g.Endpoint(i))
-		wg.Go(func() { _, errs[i] = clients[i].CreateTable(ctx, createInput(table)) }) // the regions at once
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	r := regionsTest{t: t, ctx: ctx, g: g, table: table, clients: clients}
+	r.create(table)
 	if err := g.Replicate(ctx, table); err != nil {
 		t.Fatal(err)
 	}
-	r := regionsTest{t: t, ctx: ctx, g: g, table: table, clients: clients}
 
 	t.Run("lag", func(t *testing.T) {
 		r.t = t
@@ -128,6 +122,8 @@ func TestRegionsReplication(t *testing.T) {
 		}
 	})
 
+	t.Run("table-lag", func(t *testing.T) { r.t = t; r.tables(2 * g.Lag()) })
+
 	t.Run("partition", func(t *testing.T) {
 		r.t = t
 		g.Partition(2)
@@ -166,6 +162,68 @@ type regionsTest struct {
 	g       *Regions
 	table   string
 	clients []*dynamodb.Client
+}
+
+// create creates table in every region, the regions at once.
+func (r *regionsTest) create(table string) {
+	r.t.Helper()
+	errs := make([]error, len(r.clients))
+	var wg sync.WaitGroup
+	for i, c := range r.clients {
+		wg.Go(func() { _, errs[i] = c.CreateTable(r.ctx, createInput(table)) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// tables shows a table's own lag (ReplicateLag, lag above the
+// harness's) and Unreplicate, on two tables of their own: a write
+// pending when its table is unreplicated is dropped, and a later one is
+// not read. Both would be due before the write of the lagged table made
+// after them, so their absence when it arrives shows it.
+func (r *regionsTest) tables(lag time.Duration) {
+	t, g := r.t, r.g
+	lagged, gone := *r, *r
+	lagged.table = r.table + "-lagged"
+	gone.table = r.table + "-gone"
+	r.create(lagged.table)
+	r.create(gone.table)
+	if err := g.ReplicateLag(r.ctx, lagged.table, lag); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.ReplicateLag(r.ctx, gone.table, lag); err != nil {
+		t.Fatal(err)
+	}
+	local := g.Stats().Local[0]
+	gone.put(0, "pending", "x")
+	for deadline := time.Now().Add(5 * time.Second); g.Stats().Local[0] == local; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("region 0's write was not read from its stream within 5 s")
+		}
+	}
+	pending := g.Stats().Pending
+	g.Unreplicate(gone.table)
+	if p := g.Stats().Pending; p != pending-2 {
+		t.Errorf("%d writes pending after Unreplicate, %d before: want the table's 2 dropped", p, pending)
+	}
+	gone.put(0, "later", "y")
+	time.Sleep(100 * time.Millisecond) // read (if it were) before the lagged write
+	start := time.Now()
+	lagged.put(0, "lag", "a")
+	for _, i := range []int{1, 2} {
+		seen := lagged.waitFor(i, "lag", "a", lag+3*time.Second)
+		if d := seen.Sub(start); d < lag {
+			t.Errorf("region %d had the write of a table at lag %v %v after it began (the harness's lag: %v)", i, lag, d, g.Lag())
+		}
+		t.Logf("region %d had the write of a table at lag %v %v after it began", i, lag, seen.Sub(start).Round(time.Millisecond))
+		for _, pk := range []string{"pending", "later"} {
+			if v := gone.get(i, pk); v != "" {
+				t.Errorf("region %d received %s = %q of an unreplicated table", i, pk, v)
+			}
+		}
+	}
 }
 
 func (r *regionsTest) put(i int, pk, v string) {
@@ -448,5 +506,28 @@ func TestRegionsReplicatorParts(t *testing.T) {
 	}
 	if _, err := keyID(attrs{"pk": json.RawMessage(`"a"`)}); err == nil {
 		t.Error("keyID took a key value without a type")
+	}
+}
+
+// TestSharedRegionsStartFails: a shared harness whose start failed fails
+// every test that asks for it (not only the first), and Close reports it.
+func TestSharedRegionsStartFails(t *testing.T) {
+	s := NewSharedRegions(RegionsConfig{Regions: 1})
+	for i := range 2 {
+		asker := &packageTB{} // a test's TB: records its failure
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if g := s.Get(asker); g != nil {
+				t.Errorf("test %d: got a harness", i)
+			}
+		}()
+		<-done
+		if err := asker.err(); err == nil || !strings.Contains(err.Error(), "want 2 or more") {
+			t.Errorf("test %d: failed with %v, want the start's error", i, err)
+		}
+	}
+	if err := s.Close(); err == nil || !strings.Contains(err.Error(), "want 2 or more") {
+		t.Errorf("Close: %v, want the start's error", err)
 	}
 }
