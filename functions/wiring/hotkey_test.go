@@ -83,6 +83,7 @@ func hotKeyRun(t *testing.T, alg string, last bool) (again bool) {
 	type container struct {
 		br          *breaker.Store
 		hot, victim limiter.Limiter
+		warm        limiter.Limiter // the hot key's algorithm on the store, not through the breaker
 	}
 	cs := make([]container, hotStores)
 	for i := range cs {
@@ -122,12 +123,20 @@ func hotKeyRun(t *testing.T, alg string, last bool) (again bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if c.warm, err = newWarm(st, alg); err != nil {
+			t.Fatal(err)
+		}
 		c.victim, err = limiter.NewSlidingWindow(br, limiter.SlidingWindowConfig{Name: "per-ip", Limit: victimLimit, Window: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 
+	warms := make([]limiter.Limiter, len(cs))
+	for i := range cs {
+		warms[i] = cs[i].warm
+	}
+	warmHotStores(t, warms)
 	failOpen := &limiter.Decision{Allowed: true}
 	var (
 		mu                  sync.Mutex
@@ -243,4 +252,47 @@ func hotKeyRun(t *testing.T, alg string, last bool) (again bool) {
 		t.Errorf("hot key over its limit: %v", v)
 	}
 	return false
+}
+
+// hotWarmDecisions is how many decisions each container makes before a
+// hot-key run, on a key of its own.
+const hotWarmDecisions = 8
+
+// newWarm is the hot key's algorithm on st, for warmHotStores.
+func newWarm(st *dynamo.Store, alg string) (limiter.Limiter, error) {
+	if alg == "token_bucket" {
+		return limiter.NewTokenBucket(st, limiter.TokenBucketConfig{Name: "warm", MaxAmount: hotLimit, RefillTime: 20 * time.Millisecond, RefillAmount: 3})
+	}
+	return limiter.NewSlidingWindow(st, limiter.SlidingWindowConfig{Name: "warm", Limit: hotLimit, Window: time.Second})
+}
+
+// warmHotStores opens each container's connection and warms DynamoDB
+// Local before the timed run: hotWarmDecisions decisions of the hot key's
+// algorithm a container, all containers at once, each on a key of its own
+// (a partition each, far under its cap), straight on the store (a failure
+// here is logged, and opens no breaker). Without it the run's first decisions opened 64
+// connections at once to a server whose JVM had not yet compiled its
+// write path: on a cold shared DynamoDB Local the first run of a fresh
+// scripts/testenv had decisions past their 2 s deadline (38 of 221 in one
+// fresh-clone CI run; runs again failed the same way).
+func warmHotStores(t *testing.T, warms []limiter.Limiter) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for i, l := range warms {
+		wg.Go(func() {
+			for range hotWarmDecisions {
+				out := make([]limiter.Outcome, 1)
+				if _, err := limiter.Decide(ctx, time.Now(), []limiter.Item{{Limit: l, Key: fmt.Sprintf("warm-%d", i), N: 1}}, out); err != nil || out[0].Failed {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n != 0 {
+		t.Logf("warm-up: %d of %d decisions failed", n, len(warms)*hotWarmDecisions)
+	}
 }
