@@ -201,3 +201,48 @@ func TestCacheReturnLeases(t *testing.T) {
 }
 
 var _ limiter.Clock = (*reloadSource)(nil)
+
+// denyReload denies a key of a rule of 2 a minute (the store's third
+// answer), reloads the same rules, and counts the store requests of five
+// more requests of the key after the reload.
+func denyReload(t *testing.T, keep bool) (requests int64, reasons map[Reason]int) {
+	doc := `
+rules:
+  - name: tight
+    key: "{ip}"
+    limits: [{algorithm: fixed_window, limit: 2, window: 1m}]
+`
+	s, c := newReloadCache(t, doc, keep, 10*time.Millisecond)
+	for i := range 3 {
+		c.Policy().Evaluate(t.Context(), get("192.0.2.7", "/"), t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	s.advance(time.Minute)
+	c.Policy()
+	c.Wait()
+	before := s.cs.requests()
+	reasons = map[Reason]int{}
+	for i := range 5 {
+		res := c.Policy().Evaluate(t.Context(), get("192.0.2.7", "/"), t0.Add(time.Duration(10+i)*time.Millisecond))
+		if res.Outcome != Deny {
+			t.Fatalf("request %d after the reload: %v", i, res.Outcome)
+		}
+		reasons[res.Reason]++
+	}
+	return s.cs.requests() - before, reasons
+}
+
+// TestCacheKeepsDenyCache: a key its store denied is denied from the deny
+// cache after a reload of the same rules, without a store request; a
+// rebuilt policy (a Read without its Doc: the behaviour before) asks the
+// store again.
+func TestCacheKeepsDenyCache(t *testing.T) {
+	kept, keptReasons := denyReload(t, true)
+	rebuilt, rebuiltReasons := denyReload(t, false)
+	t.Logf("5 requests of a denied key after a reload: kept: %d store requests %v; rebuilt: %d %v", kept, keptReasons, rebuilt, rebuiltReasons)
+	if kept != 0 || keptReasons[ReasonCache] != 5 {
+		t.Errorf("kept: %d store requests, reasons %v; want 0 and 5 from the deny cache", kept, keptReasons)
+	}
+	if rebuilt == 0 {
+		t.Errorf("rebuilt: %d store requests, want some", rebuilt)
+	}
+}
