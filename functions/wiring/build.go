@@ -321,6 +321,11 @@ type leaseReturner interface {
 	ReturnLeases(ctx context.Context, now time.Time) error
 }
 
+var (
+	_ leaseReturner = (*policy.Policy)(nil)
+	_ leaseReturner = (*policy.Cache)(nil)
+)
+
 // buildRules loads the rules from their source (the rules table, a file,
 // inline YAML or the embedded rules) on the stores of opts. A rules table
 // is cached for env.RulesTTL: a reload that reads the same rules, lists
