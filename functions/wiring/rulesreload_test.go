@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/testserver"
@@ -185,5 +187,50 @@ func TestRulesReloadReturnsLeases(t *testing.T) {
 	}
 	if admittedOld >= 400 || returnsOld != 0 || stOld.Retired != 0 {
 		t.Errorf("brokenRulesRetire: %d admitted (want fewer than 400), %d return requests, %+v", admittedOld, returnsOld, stOld)
+	}
+}
+
+// TestRulesReloadSeesListsAndTiers: a reload compares the whole of what
+// it read, so a change of the lists item or of a tier item alone replaces
+// the policy, and reading them again unchanged keeps it.
+func TestRulesReloadSeesListsAndTiers(t *testing.T) {
+	r := newReloadRig(t, `{key: "{api_key}", tier: "{api_key}", tier_lookup: true, limits: [{algorithm: fixed_window, limit: 1, window: 1m}],
+		tiers: {pro: [{algorithm: fixed_window, limit: 3, window: 1m}]}}`)
+	steps := []struct {
+		name    string
+		edit    func()
+		replace bool
+	}{
+		{"nothing", func() {}, false},
+		{"a tier item", func() { putTier(t, r.client, r.rules, "key-pro", "pro") }, true},
+		{"the same tier item", func() { putTier(t, r.client, r.rules, "key-pro", "pro") }, false},
+		{"the lists item", func() { putRule(t, r.client, r.rules, RulesListsItem, `{deny: {cidrs: ["192.0.2.0/28"]}}`, -1) }, true},
+		{"the lists item respaced", func() { putRule(t, r.client, r.rules, RulesListsItem, `{deny:  {cidrs: [ "192.0.2.0/28" ]}}`, -1) }, false},
+		{"a tier's tier", func() { putTier(t, r.client, r.rules, "key-pro", "free") }, true},
+	}
+	for _, s := range steps {
+		before := r.cache.Policy()
+		s.edit()
+		if err := r.cache.Refresh(t.Context()); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if replaced := r.cache.Policy() != before; replaced != s.replace {
+			t.Errorf("changing %s: replaced %v, want %v", s.name, replaced, s.replace)
+		}
+	}
+	if st := r.cache.Stats(); st.Loads != 4 || st.Unchanged != 3 {
+		t.Errorf("stats %+v, want 4 loads and 3 unchanged", st)
+	}
+}
+
+// putTier puts the tier item of value in a rules table.
+func putTier(t *testing.T, client *dynamodb.Client, table, value, tier string) {
+	t.Helper()
+	_, err := client.PutItem(t.Context(), &dynamodb.PutItemInput{TableName: aws.String(table), Item: map[string]types.AttributeValue{
+		RulesAttrName: &types.AttributeValueMemberS{Value: RulesTierPrefix + value},
+		RulesAttrTier: &types.AttributeValueMemberS{Value: tier},
+	}})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
