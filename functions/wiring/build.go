@@ -161,15 +161,16 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 	if opts.Shares, err = b.buildShares(ddb, metrics); err != nil {
 		return nil, err
 	}
-	source, err := b.buildRules(ctx, ddb, opts)
+	source, err := b.buildRules(ctx, ddb, opts, clock)
 	if err != nil {
 		return nil, err
 	}
 	b.returnLeases = func() {
-		// Before the stores close: the leases' unspent units go back.
+		// Before the stores close: the leases' unspent units go back (a
+		// rules cache's replaced policies' too).
 		ctx, cancel := context.WithTimeout(context.Background(), 2*env.Deadline)
 		defer cancel()
-		source.Policy().ReturnLeases(ctx, clock.Now()) //nolint:errcheck // best effort: what is not returned expires
+		source.(leaseReturner).ReturnLeases(ctx, clock.Now()) //nolint:errcheck // best effort: what is not returned expires
 	}
 	var logKey []byte
 	if env.LogKey != "" {
@@ -314,9 +315,25 @@ func (b *Built) buildShedder(ctx context.Context, out Outputs, ddb *dynamodb.Cli
 	return sh.Shedder(), nil
 }
 
+// leaseReturner gives back the capacity leases of a policy source (a
+// *policy.Policy or a *policy.Cache).
+type leaseReturner interface {
+	ReturnLeases(ctx context.Context, now time.Time) error
+}
+
+var (
+	_ leaseReturner = (*policy.Policy)(nil)
+	_ leaseReturner = (*policy.Cache)(nil)
+)
+
 // buildRules loads the rules from their source (the rules table, a file,
-// inline YAML or the embedded rules) on the stores of opts.
-func (b *Built) buildRules(ctx context.Context, ddb *dynamodb.Client, opts policy.Options) (policy.Source, error) {
+// inline YAML or the embedded rules) on the stores of opts. A rules table
+// is cached for env.RulesTTL: a reload that reads the same rules, lists
+// and tiers keeps the policy (its limiters' leases and deny caches); one
+// that reads new ones replaces it, and the replaced policy's capacity
+// leases go back once the requests that still hold it are done
+// (rulesRetireAfter; stamped by clock).
+func (b *Built) buildRules(ctx context.Context, ddb *dynamodb.Client, opts policy.Options, clock limiter.Clock) (policy.Source, error) {
 	env := b.Env
 	load := func(what, name string, data []byte) (policy.Source, error) {
 		b.Rules = what
@@ -329,19 +346,29 @@ func (b *Built) buildRules(ctx context.Context, ddb *dynamodb.Client, opts polic
 	switch {
 	case env.RulesTable != "":
 		b.Rules = "table " + env.RulesTable
-		loadTable := func(ctx context.Context) (*policy.Policy, error) {
+		readTable := func(ctx context.Context) (policy.Read, error) {
 			doc, tiers, err := LoadRulesDocument(ctx, ddb, env.RulesTable)
 			if err != nil {
-				return nil, err
+				return policy.Read{}, err
 			}
-			o := opts
-			o.Lists, o.TierOf = doc.Lists, tiers.Lookup
-			return policy.New(doc.Rules, o)
+			build := func() (*policy.Policy, error) {
+				o := opts
+				o.Lists, o.TierOf = doc.Lists, tiers.Lookup
+				return policy.New(doc.Rules, o)
+			}
+			if brokenRulesKeep {
+				return policy.Read{Build: build}, nil
+			}
+			return policy.Read{Doc: rulesRead{doc, tiers}, Build: build}, nil
 		}
-		cache, err := policy.NewCache(ctx, loadTable, policy.CacheConfig{
-			TTL: env.RulesTTL,
+		log := b.Logger.With("table", env.RulesTable)
+		cache, err := policy.NewReaderCache(ctx, readTable, policy.CacheConfig{
+			TTL:         env.RulesTTL,
+			RetireAfter: rulesRetireAfter(env.Deadline),
+			LeaseClock:  clock,
+			Log:         log,
 			OnError: func(err error) {
-				b.Logger.Error("reloading rules failed; keeping the previous rules", "table", env.RulesTable, "error", err.Error())
+				log.Error("reloading rules failed; keeping the previous rules", "error", err.Error())
 			},
 		})
 		if err != nil {
@@ -359,6 +386,30 @@ func (b *Built) buildRules(ctx context.Context, ddb *dynamodb.Client, opts polic
 	}
 	return load("embedded", "embedded rules", authz.DefaultRules)
 }
+
+// rulesRead is what a rules table reload read: a reload that reads the
+// same keeps the policy.
+type rulesRead struct {
+	doc   policy.Document
+	tiers policy.Tiers
+}
+
+// rulesRetireAfter is how long after a rules reload replaced the policy
+// its capacity leases go back: twice the decision deadline (a request
+// that took the replaced policy just before the swap has finished its
+// decision by then), at least a second, at most 30 s (API Gateway has
+// given up on the request by then).
+func rulesRetireAfter(deadline time.Duration) time.Duration {
+	if brokenRulesRetire {
+		return -1
+	}
+	return min(max(2*deadline, time.Second), 30*time.Second)
+}
+
+// brokenRulesKeep: every rules table reload builds a new policy, changed
+// or not; brokenRulesRetire: a replaced policy's leases are never given
+// back. Both as before. Tests only.
+var brokenRulesKeep, brokenRulesRetire = false, false
 
 // warm makes one read-only counter call (n = 0) on a key of its own.
 func warm(ctx context.Context, log *slog.Logger, name string, c storage.Counter, deadline time.Duration) {
