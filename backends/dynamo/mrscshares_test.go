@@ -109,7 +109,7 @@ func traceLatency(b *testing.B, rep tableReport) {
 // reportMRSC's, and the share of exact after the first 3 s (the shares
 // start split evenly). SLUICE_SHARES_TIMES sets other table times
 // (benchTableTimes), SLUICE_SHARES_TRACE=1 traces each run second by
-// second (traceRun).
+// second (traceRun, traceLatency).
 func BenchmarkRegionSharesMRSC(b *testing.B) {
 	m, table, eps, raw := startMRSC(b)
 	dur := mrscSharesDur(b)
