@@ -54,7 +54,48 @@ func runSharesMRSC(b *testing.B, m *testserver.MRSC, table string, eps []string,
 	b.ReportMetric(rep.fromShare(), fmt.Sprintf("exact-share-after-%gs", from.Seconds()))
 	b.ReportMetric(float64(rep.procs.Reads)/float64(rep.decisions), "item-reads/decision")
 	b.ReportMetric(float64(rep.failed), "failed")
+	if run.trace {
+		traceLatency(b, rep)
+	}
 	checkTable(b, rep)
+}
+
+// traceLatency logs, for each second of a run and each region, the
+// decisions admitted and denied and their mean latencies: in the
+// processes' closed loop a region's calls a second are what its
+// decisions' latency lets through.
+func traceLatency(b *testing.B, rep tableReport) {
+	b.Helper()
+	type cell struct {
+		n    [2]int
+		took [2]time.Duration
+	}
+	var secs [][]cell
+	for r, cs := range rep.byRegion {
+		for _, c := range cs {
+			i := int(c.Stamp.Sub(rep.start) / time.Second)
+			if i < 0 || c.Worker < 0 {
+				continue
+			}
+			for len(secs) <= i {
+				secs = append(secs, make([]cell, len(rep.byRegion)))
+			}
+			k := 0
+			if !c.Allowed {
+				k = 1
+			}
+			secs[i][r].n[k]++
+			secs[i][r].took[k] += c.End - c.Start
+		}
+	}
+	mean := func(c cell, k int) int64 { return (c.took[k] / time.Duration(max(c.n[k], 1))).Milliseconds() }
+	for i, row := range secs {
+		line := fmt.Sprintf("latency %2ds:", i)
+		for r, c := range row {
+			line += fmt.Sprintf(" r%d admitted %3d in %3d ms, denied %3d in %3d ms |", r, c.n[0], mean(c, 0), c.n[1], mean(c, 1))
+		}
+		b.Log(line)
+	}
 }
 
 // BenchmarkRegionSharesMRSC reports regional shares on the MRSC harness
@@ -68,7 +109,7 @@ func runSharesMRSC(b *testing.B, m *testserver.MRSC, table string, eps []string,
 // reportMRSC's, and the share of exact after the first 3 s (the shares
 // start split evenly). SLUICE_SHARES_TIMES sets other table times
 // (benchTableTimes), SLUICE_SHARES_TRACE=1 traces each run second by
-// second (traceRun).
+// second (traceRun, traceLatency).
 func BenchmarkRegionSharesMRSC(b *testing.B) {
 	m, table, eps, raw := startMRSC(b)
 	dur := mrscSharesDur(b)

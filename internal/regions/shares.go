@@ -42,6 +42,9 @@ type Config struct {
 	// brokenSmall (tests): a bucket's surplus under minSurplus of the
 	// units is never given, as before (plan).
 	brokenSmall bool
+	// brokenKeep (tests): a region's surplus is its share above its
+	// target, whatever its demand uses, as before (planRate).
+	brokenKeep bool
 }
 
 // Allocation tuning.
@@ -70,6 +73,10 @@ const (
 	// processes' counts come with their next requests, which may end
 	// after the agent's.
 	holdAfter = 2
+	// keepUse is the part of the share its demand uses that a region
+	// keeps (planRate): a demand a little above its share's rate is below
+	// it at times, and those units serve a region further above its own.
+	keepUse = 0.9
 	// needHeadroom is how much more than its demand at the limit's rate
 	// a region's need is (Config.need).
 	needHeadroom = 2.5
@@ -234,29 +241,52 @@ func (c Config) rate() float64 {
 // in proportion to its surplus among all the regions' surpluses, and
 // never more than its surplus. giving reports that r already withholds
 // units for a grant (no hysteresis then). The hysteresis: a surplus of
-// at least hysteresis of r's target and minSurplus of the units; a
+// at least hysteresis of what r keeps and minSurplus of the units; a
 // bucket's, when the regions short lack minSurplus of the units
 // altogether, of a unit at least (a small region's few units above its
 // target are its rate unused for good, and a bucket gives them in one
 // rebase: docs/regions.md, "The bucket at 98/1/1 through the table,
 // decomposed").
 func (c Config) plan(r int, states []State, giving bool) []int64 {
+	return c.planRate(r, states, giving, 0)
+}
+
+// planRate is plan, where r's last tick counted own units a second (0:
+// unknown). A region's surplus is its share above what it keeps: its
+// target, or, where its demand (r's: the larger of its estimate and own)
+// would use more of its share, keepUse of that use (Config.uses). Where the
+// regions' demands sum above the limit's rate, a target is below its
+// demand, and a grant of units the giver uses only moves them from one
+// region whose demand is above its share to another: nothing more is
+// admitted, and the grant's rebase or lowering costs units. At even
+// demand over the rate that is all a grant does, on the estimates'
+// noise (docs/regions.md, "Regional shares on the MRSC table").
+func (c Config) planRate(r int, states []State, giving bool, own float64) []int64 {
 	tg := c.targets(states)
 	shares := make([]float64, len(states))
-	for o := range states {
+	keep := make([]float64, len(states))
+	for o, st := range states {
 		shares[o] = float64(c.share(o, states))
+		keep[o] = tg[o]
+		if !c.brokenKeep {
+			d := st.Demand
+			if o == r {
+				d = max(d, min(own, c.rate()))
+			}
+			keep[o] = max(tg[o], min(shares[o], keepUse*c.uses(d)))
+		}
 	}
-	surplus := shares[r] - tg[r]
+	surplus := shares[r] - keep[r]
 	if surplus <= 0 {
 		return nil
 	}
 	lack := make([]float64, len(states))
 	var lacking, surpluses float64
 	for o := range states {
-		if d := shares[o] - tg[o]; d > 0 {
+		if d := shares[o] - keep[o]; d > 0 {
 			surpluses += d
-		} else if o != r {
-			lack[o] = -d
+		} else if d := tg[o] - shares[o]; d > 0 && o != r {
+			lack[o] = d
 			lacking += lack[o]
 		}
 	}
@@ -264,7 +294,7 @@ func (c Config) plan(r int, states []State, giving bool) []int64 {
 	if c.Bucket != nil && lacking >= least && !c.brokenSmall {
 		least = 1
 	}
-	if lacking < 1 || !giving && surplus < max(hysteresis*tg[r], least) {
+	if lacking < 1 || !giving && surplus < max(hysteresis*keep[r], least) {
 		return nil
 	}
 	give := min(surplus, lacking*surplus/surpluses)
@@ -278,6 +308,11 @@ func (c Config) plan(r int, states []State, giving bool) []int64 {
 		return nil
 	}
 	return out
+}
+
+// uses is the share a demand (units a second) uses at the limit's rate.
+func (c Config) uses(demand float64) float64 {
+	return demand / c.rate() * float64(c.units())
 }
 
 // Agent is a region's share keeper for one key: it estimates the
@@ -357,6 +392,9 @@ type Agent struct {
 	// is made at once for what that rate leaves (holdFor).
 	falling  bool
 	tickRate float64
+	// lastRate is the units a second the last tick weighed counted
+	// (nextDemand): the region keeps the share it would use (planRate).
+	lastRate float64
 	// brokenHold: through the table, a window's lowering withholds only
 	// what the plan asks, as before (holdFor); brokenReady: a lowering is
 	// ready only at a tick stamped past its Ready, as before (lowerTable).
@@ -662,6 +700,7 @@ func (a *Agent) nextDemand(est, offered, dt float64) float64 {
 	}
 	last := a.jumpSide
 	a.jumpSide = side
+	a.lastRate = offered / dt
 	if a.stats.Ticks == 2 || side != 0 && (side == last || a.brokenJump) {
 		a.jumpSide = 0
 		return offered / dt
@@ -675,7 +714,10 @@ func (a *Agent) nextDemand(est, offered, dt float64) float64 {
 
 // planNow is the plan at now (plan), on planView.
 func (a *Agent) planNow(now time.Time, giving bool) []int64 {
-	return a.cfg.plan(a.r, a.planView(now), giving)
+	a.mu.Lock()
+	own := a.lastRate
+	a.mu.Unlock()
+	return a.cfg.planRate(a.r, a.planView(now), giving, own)
 }
 
 // planView is the states the plan reads at now: as read, but the demand

@@ -363,7 +363,13 @@ func TestSharesSimFailsBroken(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			seed := uint64(time.Now().UnixNano())
 			sp := simSplits[1]
-			res := sim{cfg: simBucket, split: sp.split, splits: c.splits, every: 1500 * time.Millisecond, rate: 600, dur: c.dur,
+			// On the plan that gives in proportion to demand alone
+			// (brokenKeep): at three times the rate each region with
+			// demand uses its share and keeps it (planRate), so too few
+			// grants are made for the checker to catch the broken ones.
+			cfg := simBucket
+			cfg.brokenKeep = true
+			res := sim{cfg: cfg, split: sp.split, splits: c.splits, every: 1500 * time.Millisecond, rate: 600, dur: c.dur,
 				lag: 250 * time.Millisecond, procs: 2, seed: seed, broken: c.broken, brokenTok: c.brokenToken, brokenAcc: c.brokenAcc}.run(t)
 			if len(res.over) == 0 {
 				t.Errorf("seed %d: broken grants, yet no window over the limit (%.3f of exact)", seed, res.share())
@@ -719,7 +725,13 @@ func TestSharesDemandBlip(t *testing.T) {
 				states[r] = State{Demand: 80, Given: make([]int64, 3)}
 			}
 			states[1].Demand = d
-			g := cfg.plan(0, states, false)
+			// The proportional plan (brokenKeep): region 0 at 80 a
+			// second would keep its share whatever region 1's estimate
+			// (planRate; TestSharesEvenDemand), and the blip's
+			// estimate would not show in it.
+			prop := cfg
+			prop.brokenKeep = true
+			g := prop.plan(0, states, false)
 			gave = gave || g != nil
 			if g != nil && !broken {
 				t.Errorf("a tick of %d: estimate %.1f, region 0's plan gives %v at an even split", n, d, g)
@@ -757,7 +769,11 @@ func TestSharesDemandBlip(t *testing.T) {
 // (41 units of its 118); counted as it is (brokenCap), nearly all it holds
 // (109). With no demand above the rate the plans are the same.
 func TestSharesDemandCap(t *testing.T) {
-	cfg := Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 200, RefillTime: 10 * time.Millisecond, RefillAmount: 2}}
+	// On the proportional plan (brokenKeep): region 0 at 144 a second
+	// uses its 118 units and keeps them whatever region 1's estimate
+	// (planRate), so the cap shows only where the targets decide.
+	cfg := Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 200, RefillTime: 10 * time.Millisecond, RefillAmount: 2},
+		brokenKeep: true}
 	now := time.Unix(1000, 0)
 	plan := func(broken bool, d1 float64) []int64 {
 		ledger := &simLedger{hist: make([][]State, 3), now: &now}
@@ -932,5 +948,69 @@ func TestSharesSmallSurplus(t *testing.T) {
 	win := Config{Regions: 3, Key: "k", Limit: 197, Window: time.Second, SubWindows: 10}
 	if g := win.plan(1, states(62, 61), false); g != nil {
 		t.Errorf("a window: region 1 at 4 units gives %v, want nothing", g)
+	}
+}
+
+// TestSharesEvenDemand: a region does not give units its demand uses
+// (planRate). Three regions of a bucket of 200 a second (197 units:
+// shares 66, 66, 65), and of a window of 1,000 per 4 s (200 a second
+// with its sub-window: 334, 333, 333). (1) Even demand over the rate, as
+// the estimates showed it on the loaded MRSC harness (70, 120 and 90 a
+// second: each above its share's rate): no region gives; the
+// proportional plan (brokenKeep) has region 0 give 16 units of the
+// bucket's (84 of the window's) to region 1, which uses them no more
+// than region 0 did. (2) The start, as traced: region 0's estimate 35
+// while its last tick counted 75 a second (the others 78 and 41): region
+// 0 gives nothing; brokenKeep gives 21 units. (3) What a region
+// does not use still goes: at 98/1/1 over the rate region 1 (2.4 a
+// second, 66 units) gives 63 to region 0, and at 60/30/10 region 2 (24 a
+// second) gives 43 of its 65 (the proportional plan 45).
+func TestSharesEvenDemand(t *testing.T) {
+	bucket := Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 200, RefillTime: 10 * time.Millisecond, RefillAmount: 2}}
+	window := Config{Regions: 3, Key: "k", Limit: 1000, Window: 4 * time.Second, SubWindows: 4}
+	now := time.Unix(1000, 0)
+	// plan is what region r's plan gives at demands d (shares even), r's
+	// last tick's rate own, on cfg (brokenKeep: broken).
+	plan := func(cfg Config, broken bool, r int, d []float64, own float64) int64 {
+		t.Helper()
+		cfg.brokenKeep = broken
+		a, err := NewAgent(cfg, r, &simLedger{hist: make([][]State, 3), now: &now}, memStore(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.states = make([]State, 3)
+		for o := range a.states {
+			a.states[o] = State{Demand: d[o], Given: make([]int64, 3), Seq: 9, At: now.UnixNano()}
+		}
+		a.lastRate = own
+		var sum int64
+		for _, u := range a.planNow(now, false) {
+			sum += u
+		}
+		return sum
+	}
+	for _, c := range []struct {
+		name        string
+		cfg         Config
+		r           int
+		d           []float64
+		own         float64
+		want        int64
+		brokenAbove int64 // brokenKeep gives at least this
+	}{
+		{"bucket/even-over", bucket, 0, []float64{70, 120, 90}, 0, 0, 10},
+		{"window/even-over", window, 0, []float64{70, 120, 90}, 0, 0, 50},
+		{"bucket/start", bucket, 0, []float64{35, 78, 41}, 75, 0, 10},
+		{"bucket/98-1-1", bucket, 1, []float64{200, 2.4, 2.4}, 2, 63, 60},
+		{"bucket/60-30-10", bucket, 2, []float64{144, 72, 24}, 24, 43, 40},
+	} {
+		got, broken := plan(c.cfg, false, c.r, c.d, c.own), plan(c.cfg, true, c.r, c.d, c.own)
+		t.Logf("%s: region %d gives %d, %d on the proportional plan", c.name, c.r, got, broken)
+		if got < c.want || got > c.want+1 {
+			t.Errorf("%s: region %d gives %d units, want %d", c.name, c.r, got, c.want)
+		}
+		if broken < c.brokenAbove {
+			t.Errorf("%s: brokenKeep: region %d gives %d units, want %d or more (the test cannot fail)", c.name, c.r, broken, c.brokenAbove)
+		}
 	}
 }
