@@ -42,6 +42,10 @@ type FenceHistory struct {
 	AtRaise, Final int64
 }
 
+// errChecksNothing is [FenceHistory.Err]'s error for a history that
+// checks nothing.
+var errChecksNothing = errors.New("the history checks nothing")
+
 // Err reports a history a fence does not explain: an add with the old
 // fence that landed after RaiseFence returned (Final above AtRaise), a
 // landed add not counted or a fenced one counted (Final is not Landed),
@@ -54,7 +58,7 @@ func (h FenceHistory) Err() error {
 	case h.Final != h.Landed:
 		return fmt.Errorf("final count %d, but %d adds were answered nil (and %d ErrFenced)", h.Final, h.Landed, h.Fenced)
 	case h.Landed == 0 || h.Fenced == 0 || h.InFlight == 0:
-		return fmt.Errorf("the history checks nothing: %+v", h)
+		return fmt.Errorf("%w: %+v", errChecksNothing, h)
 	}
 	return nil
 }
