@@ -87,9 +87,23 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	return w.b.Write(p)
 }
 
-func memLeases(t *testing.T) *memory.Leases {
+// memLeases is a memory lease store whose own expiry runs on the wall
+// clock: it forgets a key's lease set LeaseTTL of wall time after the
+// set's last write, whatever time the callers pass.
+func memLeases(t *testing.T) *memory.Leases { return memLeasesOn(t, nil) }
+
+// memLeasesOn is a memory lease store whose own expiry runs on clock (the
+// wall clock when nil). A test whose handler runs on a frozen clock needs
+// its store on that clock too for its leases never to lapse: on the wall
+// clock, every second of a slow run (-race, a loaded machine) freed the
+// fleet shedder's slots again.
+func memLeasesOn(t *testing.T, clock *fakeClock) *memory.Leases {
 	t.Helper()
-	l, err := memory.NewLeases(memory.Config{})
+	var cfg memory.Config
+	if clock != nil {
+		cfg.Clock = clock.Now
+	}
+	l, err := memory.NewLeases(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,13 +144,14 @@ type emfShedLine struct {
 // infra maps to 503, counted and logged, while critical requests keep
 // passing.
 func TestShedFleetSaturated(t *testing.T) {
-	clock := newFakeClock(golden.Clock) // frozen: leases never lapse here
+	clock := newFakeClock(golden.Clock) // frozen, the store's too: leases never lapse here
 	b, metrics, logs := buildShed(t, map[string]string{
 		"SLUICE_RULES_YAML":          shedRules,
 		"SLUICE_SHED_FLEET_CAPACITY": "10",
 		"SLUICE_SHED_FLEET_RESERVE":  "0.2",
 		"SLUICE_SHED_LEASE_TTL":      "1s",
-	}, memLeases(t), clock)
+		"SLUICE_DEADLINE":            "30s", // no shedder call fails open on a slow machine
+	}, memLeasesOn(t, clock), clock)
 	if b.Shedding == nil || b.Shedding.Fleet == nil || b.Shedding.Utilization != nil || b.Shedding.Backend != "injected" {
 		t.Fatalf("shedding %+v, want the fleet shedder only, on the injected store", b.Shedding)
 	}
@@ -180,14 +195,21 @@ func TestShedFleetSaturated(t *testing.T) {
 }
 
 // TestShedFleetConcurrent: 64 goroutines of mixed traffic against a
-// capacity of 10. Exactly 8 non-critical requests get through (the leases
-// never lapse on the frozen clock), and every critical one does.
+// capacity of 10. Exactly 8 non-critical requests get through, and every
+// critical one does. The leases never lapse: the handler's clock and the
+// store's are the same frozen clock (on the wall clock the store forgot
+// them every second of a slow run: 16, 24, 32 admitted). The deadline is
+// long: a shedder call that misses it fails open by design (the request
+// passes without a slot), and a loaded -race run missed 250 ms.
 func TestShedFleetConcurrent(t *testing.T) {
+	clock := newFakeClock(golden.Clock)
 	b, metrics, _ := buildShed(t, map[string]string{
 		"SLUICE_RULES_YAML":          shedRules,
 		"SLUICE_SHED_FLEET_CAPACITY": "10",
-	}, memLeases(t), newFakeClock(golden.Clock))
-	var admitted, shed, critical atomic.Int64
+		"SLUICE_DEADLINE":            "30s",
+	}, memLeasesOn(t, clock), clock)
+	var admitted, failedOpen, shed, critical atomic.Int64
+	var openErr atomic.Value // the first fail-open's error
 	var wg sync.WaitGroup
 	for g := range 64 {
 		wg.Add(1)
@@ -214,6 +236,9 @@ func TestShedFleetConcurrent(t *testing.T) {
 					shed.Add(1)
 				case err != nil:
 					t.Errorf("unexpected error %v", err)
+				case res.Outcome == policy.Allow && res.ShedErr != nil:
+					failedOpen.Add(1)
+					openErr.CompareAndSwap(nil, res.ShedErr.Error())
 				case res.Outcome == policy.Allow:
 					admitted.Add(1)
 				}
@@ -221,6 +246,9 @@ func TestShedFleetConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if n := failedOpen.Load(); n > 0 {
+		t.Fatalf("%d non-critical requests failed open (let through without a slot), one with %v", n, openErr.Load())
+	}
 	if admitted.Load() != 8 || shed.Load() != 64*10-8 || critical.Load() != 64*10 {
 		t.Errorf("admitted %d, shed %d non-critical requests, %d critical passed; want 8, %d, %d", admitted.Load(), shed.Load(), critical.Load(), 64*10-8, 64*10)
 	}
