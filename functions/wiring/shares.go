@@ -292,6 +292,9 @@ func (r *sharesRef) ReturnLeases(ctx context.Context, now time.Time) error {
 	if !last {
 		return nil
 	}
+	if r.keys.Len() > 0 {
+		r.keys.Flush(now) // its counts, which the keeper no longer flushes
+	}
 	return r.keys.ReturnLeases(ctx, now)
 }
 

@@ -135,8 +135,8 @@ func (r *sharesReloadRig) held() int {
 
 // hot decides n requests of the global rule's key on the current policy
 // (its process leases: the limit is far above them; a decision that
-// failed is logged, not fatal), and returns the
-// Keys held last made (the current policy's).
+// failed is logged, not fatal), and returns the Keys held last made that
+// decided a key (the current policy's).
 func (r *sharesReloadRig) hot(t *testing.T, n int) *regions.Keys {
 	t.Helper()
 	failed := 0
@@ -155,7 +155,9 @@ func (r *sharesReloadRig) hot(t *testing.T, n int) *regions.Keys {
 	}
 	var last *regions.Keys
 	for _, k := range r.b.shares {
-		last = k
+		if k.Len() > 0 { // not a failed build's
+			last = k
+		}
 	}
 	return last
 }
