@@ -18,7 +18,6 @@ import (
 	"github.com/sluicehq/sluice/breaker"
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/functions/authz"
-	"github.com/sluicehq/sluice/internal/regions"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/storage"
 	"github.com/sluicehq/sluice/policy"
@@ -73,8 +72,9 @@ type Built struct {
 	closers []func()
 	// returnLeases gives back the policy's capacity leases (Close).
 	returnLeases func()
-	// shares are the regional shares built for global limits.
-	shares []*regions.Keys
+	// sharesSet holds the regional shares of the global limits
+	// (shares.go).
+	sharesSet *sharesSet
 }
 
 // Close gives back the capacity leases the process holds, then releases
@@ -354,7 +354,7 @@ func (b *Built) buildRules(ctx context.Context, ddb *dynamodb.Client, opts polic
 			build := func() (*policy.Policy, error) {
 				o := opts
 				o.Lists, o.TierOf = doc.Lists, tiers.Lookup
-				return policy.New(doc.Rules, o)
+				return b.sharesSet.build(func() (*policy.Policy, error) { return policy.New(doc.Rules, o) })
 			}
 			if brokenRulesKeep {
 				return policy.Read{Build: build}, nil

@@ -288,3 +288,56 @@ func (k *Keys) Stats(key string) (KeyStats, bool) {
 	}
 	return KeyStats{Process: ks.proc.Stats(), Agent: ks.agent.Stats(), Table: ks.agent.TableStats(), Wants: ks.agent.WantsStats(), Holds: ks.agent.Holds()}, true
 }
+
+// leasers returns the limiters of the keys held whose capacity leases
+// the processes may hold: each process's window, or its buckets.
+func (k *Keys) leasers() []interface {
+	ReturnLeases(context.Context, time.Time) error
+	LeaseStats() limiter.LeaseStats
+} {
+	k.mu.Lock()
+	shares := make([]*keyShare, 0, len(k.keys))
+	for _, ks := range k.keys {
+		shares = append(shares, ks)
+	}
+	k.mu.Unlock()
+	var ls []interface {
+		ReturnLeases(context.Context, time.Time) error
+		LeaseStats() limiter.LeaseStats
+	}
+	for _, ks := range shares {
+		p := ks.proc
+		if p.w != nil {
+			ls = append(ls, p.w)
+			continue
+		}
+		p.mu.Lock()
+		for _, tb := range p.buckets {
+			ls = append(ls, tb)
+		}
+		p.mu.Unlock()
+	}
+	return ls
+}
+
+// ReturnLeases gives back, at now, the unspent units of the capacity
+// leases the processes of the keys held took on the region's share
+// (waiting for the writes): for a process about to stop, or a limit no
+// policy decides any more. The keys stay usable.
+func (k *Keys) ReturnLeases(ctx context.Context, now time.Time) error {
+	var errs []error
+	for _, l := range k.leasers() {
+		errs = append(errs, l.ReturnLeases(ctx, now))
+	}
+	return errors.Join(errs...)
+}
+
+// LeaseStats sums the lease counters of the keys held (those of keys
+// dropped, MaxKeys, and of buckets' replaced items are not counted).
+func (k *Keys) LeaseStats() limiter.LeaseStats {
+	var s limiter.LeaseStats
+	for _, l := range k.leasers() {
+		s = s.Add(l.LeaseStats())
+	}
+	return s
+}
