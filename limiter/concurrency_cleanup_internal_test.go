@@ -214,6 +214,11 @@ func TestConcurrencyUnknownOutcomeErrors(t *testing.T) {
 // timeout, the second releases a second later are bounded alike, and
 // once they end the next acquire is cleaned up again.
 func TestConcurrencyCleanupBounded(t *testing.T) {
+	// runtime.NumGoroutine counts the whole process, not the bubble: an
+	// earlier test's clean-up timer on the wall clock may fire meanwhile
+	// (a fresh-clone make test counted 65 at the second releases, whose
+	// stats were exact). An unbounded clean-up starts about 936 more.
+	const cleanupSlack = 8
 	synctest.Test(t, func(t *testing.T) {
 		s := &outcomeLeases{err: fmt.Errorf("store: %w", context.DeadlineExceeded), block: true}
 		c, err := NewConcurrency(s, ConcurrencyConfig{Name: "down", Capacity: 1, LeaseTTL: time.Minute})
@@ -230,8 +235,8 @@ func TestConcurrencyCleanupBounded(t *testing.T) {
 			synctest.Wait()
 			grown, st := runtime.NumGoroutine()-before, c.Stats()
 			t.Logf("%s: %d goroutines more, %+v", when, grown, st)
-			if st != want || grown > maxCleanups {
-				t.Fatalf("%s: %d goroutines more, stats %+v; want at most %d more, %+v", when, grown, st, maxCleanups, want)
+			if st != want || grown > maxCleanups+cleanupSlack {
+				t.Fatalf("%s: %d goroutines more, stats %+v; want at most %d more, %+v", when, grown, st, maxCleanups+cleanupSlack, want)
 			}
 		}
 		check("1000 acquires with the store down", ConcurrencyStats{Unknown: n, Releases: maxCleanups, Skipped: n - maxCleanups})
