@@ -135,9 +135,11 @@ func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 	var r leaseResult
 	r.rep = limitertest.RunHot(t.Context(), ls, opt)
 	r.prefill = opt.Prefill
-	if r.exact, err = limitertest.ExactAdmitted(t.Context(), leaseLimiter(t, alg, mem, false), r.rep.Calls); err != nil {
+	loss, err := limitertest.HotLossOf(t.Context(), leaseLimiter(t, alg, mem, false), r.rep, time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
+	r.exact = loss.Exact
 	r.proxy = proxy.Stats()
 	n := float64(len(r.rep.Calls))
 	r.perDecision, r.wruPer = float64(r.proxy.Requests)/n, r.proxy.WriteUnits/n
@@ -155,6 +157,7 @@ func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 	t.Logf("%s (demand %.1f of the limit, uneven %v, leases %v): %d decisions, %d admitted (%d from leases), exact %d: %.3f of it without the prefill; %d throttled (%d after the first second), %d denied by the deny cache, %d failed; proxy: %d requests (%.3f a decision), %.0f write units (%.3f a decision), %d throttled; stores: %d conflicts, %d settlements; leases %+v",
 		alg, opt.Rate/leaseLimit, uneven, leases, len(rep.Calls), rep.Admitted, rep.Leased, r.exact, float64(rep.Admitted-r.prefill)/float64(r.exact-r.prefill),
 		rep.Throttled, rep.ThrottledLate, rep.Cached, rep.Failed, r.proxy.Requests, r.perDecision, r.proxy.WriteUnits, r.wruPer, r.proxy.Throttled, r.conflicts, r.settles, rep.Leases)
+	t.Logf("against exact: %v", loss)
 	return r
 }
 
