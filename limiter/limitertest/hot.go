@@ -196,6 +196,27 @@ func (r *HotReport) decide(ctx context.Context, l limiter.Limiter, i int, key st
 		Cached: o.Cached, Err: err})
 }
 
+// LongestGap is the longest time a process of the run went without
+// beginning a decision, between two of its decisions: the host or the
+// store stood still (a process decides one at a time unless Open, so a
+// store that stands still stops each process once its lease runs out).
+func (rep HotReport) LongestGap() time.Duration {
+	starts := map[int][]time.Duration{}
+	for _, c := range rep.Calls {
+		if c.Worker >= 0 {
+			starts[c.Worker] = append(starts[c.Worker], c.Start)
+		}
+	}
+	var gap time.Duration
+	for _, s := range starts {
+		slices.Sort(s)
+		for i := 1; i < len(s); i++ {
+			gap = max(gap, s[i]-s[i-1])
+		}
+	}
+	return gap
+}
+
 // add adds a process's report to rep.
 func (rep *HotReport) add(r *HotReport) {
 	rep.Calls = append(rep.Calls, r.Calls...)
