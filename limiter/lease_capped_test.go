@@ -127,8 +127,8 @@ func TestLeasesHotKeyCappedSim(t *testing.T) {
 	}{{time.Millisecond, 0, true}, {3 * time.Millisecond, 0, true}, {time.Millisecond, 1500 * time.Millisecond, false}} {
 		rep, loss, cs := cappedRun(t, c.rtt, c.stall)
 		share := float64(rep.Admitted-5000) / float64(loss.Exact-5000)
-		t.Logf("rtt %v, stall %v: %d decisions, %d admitted (%d from leases), exact %d: %.3f of it without the prefill; %d throttled, %d denied by the deny cache, %d failed; store: %d calls, %d throttled; leases %+v",
-			c.rtt, c.stall, len(rep.Calls), rep.Admitted, rep.Leased, loss.Exact, share, rep.Throttled, rep.Cached, rep.Failed, cs.calls, cs.throttled, rep.Leases)
+		t.Logf("rtt %v, stall %v (longest a process stood still: %v): %d decisions, %d admitted (%d from leases), exact %d: %.3f of it without the prefill; %d throttled, %d denied by the deny cache, %d failed; store: %d calls, %d throttled; leases %+v",
+			c.rtt, c.stall, rep.LongestGap().Round(time.Millisecond), len(rep.Calls), rep.Admitted, rep.Leased, loss.Exact, share, rep.Throttled, rep.Cached, rep.Failed, cs.calls, cs.throttled, rep.Leases)
 		t.Logf("against exact: %v", loss)
 		if !c.checked {
 			continue

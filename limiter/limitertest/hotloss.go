@@ -25,6 +25,8 @@ type HotLoss struct {
 	// first; Admitted and ExactAdmitted are the units admitted in each.
 	Step                    time.Duration
 	Admitted, ExactAdmitted []int64
+	// Span is the time from the first call's stamp to the last's.
+	Span time.Duration
 }
 
 // HotLossOf replays rep's calls on exact and compares (see [HotLoss]);
@@ -40,6 +42,7 @@ func HotLossOf(ctx context.Context, exact limiter.Limiter, rep HotReport, step t
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return rep.Calls[a].Stamp.Compare(rep.Calls[b].Stamp) })
 	first := rep.Calls[order[0]].Stamp
+	l.Span = rep.Calls[order[len(order)-1]].Stamp.Sub(first)
 	for _, i := range order {
 		c, k := rep.Calls[i], rep.Kinds[i]
 		if c.Err != nil {
@@ -85,7 +88,7 @@ func (l HotLoss) String() string {
 	for k, n := range names {
 		fmt.Fprintf(&b, " %s %d/%d", n, l.Gained[k][0], l.Gained[k][1])
 	}
-	fmt.Fprintf(&b, "; shortfall per %v (exact - admitted, cumulative):", l.Step)
+	fmt.Fprintf(&b, "; stamps span %v; shortfall per %v (exact - admitted, cumulative):", l.Span.Round(time.Millisecond), l.Step)
 	var sum int64
 	for i := range l.Admitted {
 		sum += l.ExactAdmitted[i] - l.Admitted[i]
