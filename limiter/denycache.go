@@ -126,7 +126,7 @@ func (c *denyCache) remember(key string, t, n int64, d Decision, gen uint64) {
 	if c == nil || d.Allowed || d.RetryAfter <= 0 {
 		return
 	}
-	e := denial{from: t, until: satAddTime(t, d.RetryAfter), reset: satAddTime(t, d.ResetAfter), limit: d.Limit, n: n, name: d.Name}
+	e := denial{from: t, until: satAddTime(t, d.RetryAfter*brokenDenyLonger), reset: satAddTime(t, d.ResetAfter), limit: d.Limit, n: n, name: d.Name}
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -204,6 +204,11 @@ func (c *denyCache) Len() int {
 	}
 	return n
 }
+
+// brokenDenyLonger multiplies what a denial is remembered for: a deny
+// cache that caches too long, which TestLeasesHotKeyCappedSim must fail.
+// Tests only.
+var brokenDenyLonger time.Duration = 1
 
 func satAddTime(t int64, d time.Duration) int64 {
 	if s := t + int64(d); s >= t {

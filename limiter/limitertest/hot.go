@@ -55,7 +55,21 @@ type HotReport struct {
 	ThrottledAt []time.Duration
 	// FirstErr is the first failed decision's error.
 	FirstErr error
+	// Kinds tells, for each of Calls, how it was decided (HotLoss
+	// compares them with exact's decisions).
+	Kinds []HotKind
 }
+
+// HotKind is how a [RunHot] decision was decided.
+type HotKind uint8
+
+const (
+	HotStore     HotKind = iota // the store decided it (admitted or denied)
+	HotLeased                   // answered from a capacity lease
+	HotCached                   // denied by the deny cache
+	HotThrottled                // the store throttled the key: denied
+	HotFailed                   // failed
+)
 
 // RunHot has each of limiters (one per process) decide opt.Key at a
 // steady pace, all at once, for opt.Duration, with [limiter.Decide] and a
@@ -94,9 +108,11 @@ func (rep *HotReport) prefill(ctx context.Context, opt HotOptions, begin time.Ti
 	d, err := opt.Prefiller.AllowN(ctx, opt.Key, begin, opt.Prefill)
 	rep.Calls = append(rep.Calls, Call{Worker: -1, Key: opt.Key, Stamp: begin, Cost: opt.Prefill, End: time.Since(begin),
 		Reached: true, Allowed: err == nil && d.Allowed, Remaining: d.Remaining, Err: err})
+	rep.Kinds = append(rep.Kinds, HotStore)
 	if err != nil {
 		rep.Failed++
 		rep.FirstErr = err
+		rep.Kinds[len(rep.Kinds)-1] = HotFailed
 	} else if d.Allowed {
 		rep.Admitted += opt.Prefill
 	}
@@ -149,34 +165,62 @@ func (r *HotReport) decide(ctx context.Context, l limiter.Limiter, i int, key st
 		mu.Lock()
 		defer mu.Unlock()
 	}
+	kind := HotStore
 	switch {
 	case err != nil:
+		kind = HotFailed
 		r.Failed++
 		if r.FirstErr == nil {
 			r.FirstErr = err
 		}
 	case o.Throttled:
+		kind = HotThrottled
 		r.Throttled++
 		r.ThrottledAt = append(r.ThrottledAt, start)
 		if start > time.Second {
 			r.ThrottledLate++
 		}
 	case o.Cached:
+		kind = HotCached
 		r.Cached++
 	case o.Decision.Allowed:
 		r.Admitted++
 		if o.Leased {
+			kind = HotLeased
 			r.Leased++
 		}
 	}
+	r.Kinds = append(r.Kinds, kind)
 	r.Calls = append(r.Calls, Call{Worker: i, Key: key, Stamp: now, Cost: 1, Start: start, End: time.Since(begin),
 		Reached: !o.Cached && !o.Leased, Allowed: err == nil && o.Decision.Allowed, Remaining: o.Decision.Remaining,
 		Cached: o.Cached, Err: err})
 }
 
+// LongestGap is the longest time a process of the run went without
+// beginning a decision, between two of its decisions: the host or the
+// store stood still (a process decides one at a time unless Open, so a
+// store that stands still stops each process once its lease runs out).
+func (rep HotReport) LongestGap() time.Duration {
+	starts := map[int][]time.Duration{}
+	for _, c := range rep.Calls {
+		if c.Worker >= 0 {
+			starts[c.Worker] = append(starts[c.Worker], c.Start)
+		}
+	}
+	var gap time.Duration
+	for _, s := range starts {
+		slices.Sort(s)
+		for i := 1; i < len(s); i++ {
+			gap = max(gap, s[i]-s[i-1])
+		}
+	}
+	return gap
+}
+
 // add adds a process's report to rep.
 func (rep *HotReport) add(r *HotReport) {
 	rep.Calls = append(rep.Calls, r.Calls...)
+	rep.Kinds = append(rep.Kinds, r.Kinds...)
 	rep.Admitted += r.Admitted
 	rep.Leased += r.Leased
 	rep.Cached += r.Cached
