@@ -64,6 +64,8 @@ type sim struct {
 	broken      bool       // the agents' broken grants
 	brokenTok   bool       // the agents' broken tokens carried
 	brokenAcc   bool       // the agents' broken tokens accrued in transit
+	brokenOffer bool       // the agents' parts of offers taken early
+	brokenGive  bool       // the agents' offers not withheld
 	// splits, if set, are the demand's splits in turn, each for every
 	// (overrides split and then).
 	splits [][]float64
@@ -170,6 +172,7 @@ func (s sim) run(t testing.TB) simResult {
 		a.broken = s.broken
 		a.brokenTokens = s.brokenTok
 		a.brokenAccrue = s.brokenAcc
+		a.brokenOffer, a.brokenGive = s.brokenOffer, s.brokenGive
 		a.storeWait = func(at time.Time) time.Duration { return s.agentWait(r, at) } // the memory store's: none, or a stall's
 		agents[r] = a
 		for range s.procs {
@@ -296,9 +299,9 @@ func (s sim) run(t testing.TB) simResult {
 
 var (
 	simStart  = time.Unix(1_000_000_000, 0)
-	simWindow = Config{Regions: 3, Key: "k", Limit: 1000, Window: 4 * time.Second, SubWindows: 4, Leases: true}
+	simWindow = Config{Regions: 3, Key: "k", Limit: 1000, Window: 4 * time.Second, SubWindows: 4, Leases: true, Offers: true}
 	simBucket = Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{Name: "global", MaxAmount: 200, RefillTime: 10 * time.Millisecond,
-		RefillAmount: 2}, Leases: true}
+		RefillAmount: 2}, Leases: true, Offers: true}
 	simSplits = []struct {
 		name        string
 		split, then []float64
@@ -496,22 +499,9 @@ func TestSharesSimRandom(t *testing.T) {
 	}{{"window", simWindow}, {"bucket", simBucket}} {
 		t.Run(alg.name, func(t *testing.T) {
 			seed := uint64(time.Now().UnixNano())
-			rng := rand.New(rand.NewPCG(seed, 3))
-			var splits [][]float64
-			for range 10 {
-				sp := []float64{rng.Float64(), rng.Float64(), rng.Float64()}
-				sp[rng.IntN(3)] = 0
-				var sum float64
-				for _, x := range sp {
-					sum += x
-				}
-				for i := range sp {
-					sp[i] /= max(sum, 1e-9)
-				}
-				splits = append(splits, sp)
-			}
-			lag := time.Duration(rng.Int64N(int64(1500 * time.Millisecond)))
-			res := sim{cfg: alg.cfg, splits: splits, every: 1500 * time.Millisecond, rate: 600, dur: 15 * time.Second, lag: lag, procs: 2, seed: seed}.run(t)
+			s := simRandom(alg.cfg, seed)
+			lag := s.lag
+			res := s.run(t)
 			t.Logf("seed %d, lag %v: %.3f of exact", seed, lag, res.share())
 			for _, v := range res.over {
 				t.Errorf("seed %d: over the limit: %v", seed, v)
@@ -521,6 +511,58 @@ func TestSharesSimRandom(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSharesOffersFailBroken: the checkers see offers (Config.Offers)
+// misused, in TestSharesSimRandom's runs (demand at three times the rate
+// re-split at random every 1.5 s, a random lag up to 1.5 s): a giver that
+// does not withhold what it offers puts the history over the limit; a
+// recipient that takes its part as soon as it reads the offer, split by
+// the marks it has read by then rather than as of the offer's stamp (so
+// the regions' splits differ), puts the history over the limit or the
+// shares in force above the units, in one of up to 8 runs (each run
+// catches it about half the time for the window, more for the bucket).
+func TestSharesOffersFailBroken(t *testing.T) {
+	for _, alg := range []struct {
+		name string
+		cfg  Config
+	}{{"window", simWindow}, {"bucket", simBucket}} {
+		for _, give := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/give=%v", alg.name, give), func(t *testing.T) {
+				seed := uint64(time.Now().UnixNano())
+				for k := range uint64(8) {
+					s := simRandom(alg.cfg, seed+k)
+					s.brokenGive, s.brokenOffer = give, !give
+					res := s.run(t)
+					t.Logf("seed %d, lag %v: %.3f of exact, %d windows over, shares in force %d above", seed+k, s.lag, res.share(), len(res.over), res.sumAbove)
+					if len(res.over) > 0 || !give && res.sumAbove > 0 {
+						return
+					}
+				}
+				t.Errorf("seeds %d to %d: broken offers, yet never over", seed, seed+7)
+			})
+		}
+	}
+}
+
+// simRandom is TestSharesSimRandom's run of cfg for seed.
+func simRandom(cfg Config, seed uint64) sim {
+	rng := rand.New(rand.NewPCG(seed, 3))
+	var splits [][]float64
+	for range 10 {
+		sp := []float64{rng.Float64(), rng.Float64(), rng.Float64()}
+		sp[rng.IntN(3)] = 0
+		var sum float64
+		for _, x := range sp {
+			sum += x
+		}
+		for i := range sp {
+			sp[i] /= max(sum, 1e-9)
+		}
+		splits = append(splits, sp)
+	}
+	lag := time.Duration(rng.Int64N(int64(1500 * time.Millisecond)))
+	return sim{cfg: cfg, splits: splits, every: 1500 * time.Millisecond, rate: 600, dur: 15 * time.Second, lag: lag, procs: 2, seed: seed}
 }
 
 func TestSharesConfig(t *testing.T) {
