@@ -468,3 +468,15 @@ func (a *Agent) offerWindow(ctx context.Context, now time.Time) error {
 	a.stats.Share = a.owned
 	return nil
 }
+
+// offers is the region's offers not settled (tests).
+func (a *Agent) offers() []Offer {
+	if a.off == nil {
+		return nil
+	}
+	var out []Offer
+	for _, m := range a.off.mine {
+		out = append(out, m.Offer)
+	}
+	return out
+}
