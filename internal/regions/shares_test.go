@@ -411,8 +411,10 @@ func TestSharesSimFailsBroken(t *testing.T) {
 			// (brokenKeep): at three times the rate each region with
 			// demand uses its share and keeps it (planRate), so too few
 			// grants are made for the checker to catch the broken ones.
+			// And without offers, which would give most of what the
+			// grants do (TestSharesOffersFailBroken checks those).
 			cfg := simBucket
-			cfg.brokenKeep = true
+			cfg.brokenKeep, cfg.Offers = true, false
 			res := sim{cfg: cfg, split: sp.split, splits: c.splits, every: 1500 * time.Millisecond, rate: 600, dur: c.dur,
 				lag: 250 * time.Millisecond, procs: 2, seed: seed, broken: c.broken, brokenTok: c.brokenToken, brokenAcc: c.brokenAcc}.run(t)
 			if len(res.over) == 0 {
