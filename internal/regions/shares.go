@@ -556,8 +556,12 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 
 	own := &a.states[a.r]
 	own.Seq++
+	prev := own.At
 	own.At = now.UnixNano()
 	if a.offering() {
+		// A region's stamps increase (offerState.asOf: a mark stamped
+		// tau is the last at or before tau).
+		own.At = max(own.At, prev+1)
 		a.mark(own)
 	}
 	pub := *own
