@@ -135,14 +135,20 @@ func (a *Agent) newItem(ctx context.Context, at time.Time, s int64, prepare bool
 // grant is listed in the region's entry (State.Moves) for its receiver to
 // add what it refilled in transit (accrued).
 func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
+	sh, _ := a.Share()
+	x := a.offerBucket(now, sh)
 	g := a.planNow(now, false)
 	var give int64
 	for _, u := range g {
 		give += u
 	}
 	a.mu.Lock()
-	give = clampPlan(g, give, a.owned)
-	target := a.owned - give
+	held := x // withheld for the offer
+	if a.brokenGive {
+		held = 0
+	}
+	give = clampPlan(g, give, a.owned-held)
+	target := a.owned - give - held
 	cur := a.items[len(a.items)-1]
 	carryIn := a.carryIn
 	a.carryIn = 0
@@ -154,6 +160,7 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 	if target != cur.share {
 		var err error
 		if excess, err = a.rebase(ctx, now, target, carryIn); err != nil {
+			a.listBucket(now, x, 0, 0, false)
 			return err // nothing given; received grants are taken at the next tick's rebase
 		}
 	} else if carryIn > 0 && cur.own != nil {
@@ -161,6 +168,8 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 			return err // the tokens are lost: under-admits
 		}
 	}
+	at := now.Add(a.ahead).UnixNano() // the rate given leaves the region's bucket
+	a.listBucket(now, x, min(max(excess-give, 0), x), at, true)
 	if give == 0 {
 		return nil
 	}
@@ -171,7 +180,6 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 		excess = give
 	}
 	own := &a.states[a.r]
-	at := now.Add(a.ahead).UnixNano() // the rate given leaves the region's bucket
 	own.Moves = slices.DeleteFunc(own.Moves, func(m Move) bool { return m.At < now.Add(-moveKeep).UnixNano() })
 	for o, u := range g {
 		if u == 0 {

@@ -38,6 +38,10 @@ type Config struct {
 	// Skew bounds how far apart the regions' clocks are: a region uses
 	// a grant only Skew after its giver published it.
 	Skew time.Duration
+	// Offers lets a region give its share above its own need before it
+	// knows who needs it, split as of the offer's stamp (offer.go). On
+	// the ledger path (NewAgent) only: through the table it is ignored.
+	Offers bool
 
 	// brokenSmall (tests): a bucket's surplus under minSurplus of the
 	// units is never given, as before (plan).
@@ -138,6 +142,16 @@ type State struct {
 	// Moves are its recent grants of a bucket's units (moveKeep), each
 	// a bucket of its own while in transit (see Move).
 	Moves []Move `json:"m,omitempty"`
+	// Offers (Config.Offers, offer.go): its offers listed, OfferN its
+	// last offer's number, OfferNet the units its offers moved to it
+	// (received and taken back, less offered: a running total), Took its
+	// resolutions of the others' offers, Marks its last entries' demand
+	// and share.
+	Offers   []Offer `json:"q,omitempty"`
+	OfferN   int64   `json:"qn,omitempty"`
+	OfferNet int64   `json:"qs,omitempty"`
+	Took     []Took  `json:"x,omitempty"`
+	Marks    []Mark  `json:"h,omitempty"`
 }
 
 // Move is a grant of a bucket's units while in transit: a bucket of
@@ -182,7 +196,7 @@ func (c Config) base(r int) int64 {
 // one computing): its base, less what it gave, plus what the others gave
 // it.
 func (c Config) share(r int, states []State) int64 {
-	s := c.base(r)
+	s := c.base(r) + states[r].OfferNet
 	for o, st := range states {
 		if o == r {
 			for _, g := range st.Given {
@@ -375,6 +389,12 @@ type Agent struct {
 	// noTokens (tests): through the table, a bucket's giver carries no
 	// tokens with its grants, as before (carryTokens).
 	noTokens bool
+	// off is its side of the offers (Config.Offers; nil: none).
+	// brokenOffer: a recipient takes its part of an offer as soon as it
+	// reads it, split by the marks it has read by then, not as of the
+	// offer's stamp; brokenGive: a giver does not withhold what it offers.
+	off                     *offerState
+	brokenOffer, brokenGive bool
 	// brokenStale: the plan counts a stale entry's demand (planView), as
 	// before.
 	brokenStale bool
@@ -474,6 +494,9 @@ func NewAgent(cfg Config, region int, ledger Ledger, store any) (*Agent, error) 
 	}
 	a.owned = cfg.base(region)
 	a.stats.Share = a.owned
+	if cfg.Offers {
+		a.off = newOfferState(cfg.Regions)
+	}
 	if cfg.Bucket != nil {
 		a.states[region].Tokens = make([]int64, cfg.Regions)
 		a.tokensIn = make([]int64, cfg.Regions)
@@ -521,6 +544,7 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 	a.estimate(now, a.took(now, start))
 
 	a.receive(now)
+	a.offersIn(now)
 
 	var err error
 	if a.cfg.Bucket != nil {
@@ -532,8 +556,18 @@ func (a *Agent) Tick(ctx context.Context, now time.Time) error {
 
 	own := &a.states[a.r]
 	own.Seq++
+	prev := own.At
 	own.At = now.UnixNano()
+	if a.offering() {
+		// A region's stamps increase (offerState.asOf: a mark stamped
+		// tau is the last at or before tau).
+		own.At = max(own.At, prev+1)
+		a.mark(own)
+	}
 	pub := *own
+	pub.Offers = slices.Clone(own.Offers)
+	pub.Took = slices.Clone(own.Took)
+	pub.Marks = slices.Clone(own.Marks)
 	pub.Given = slices.Clone(own.Given)
 	pub.Future = slices.Clone(own.Future)
 	pub.Tokens = slices.Clone(own.Tokens)
@@ -597,7 +631,7 @@ func (a *Agent) receive(now time.Time) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.owned = a.cfg.base(a.r) - gave + got
+	a.owned = a.cfg.base(a.r) - gave + got + a.states[a.r].OfferNet
 	a.incoming = incoming
 	if inForce != nil {
 		a.tbl.inForce = inForce
@@ -772,11 +806,10 @@ func (a *Agent) stale(o int, st State, t int64) bool {
 // at one of the next sub-window starts (its count in view there, read
 // ahead), or at the latest when every sub-window in view now has left it.
 func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
-	a.mu.Lock()
-	giving := a.pending > 0
-	own := &a.states[a.r]
-	own.Future = slices.DeleteFunc(own.Future, func(f Grant) bool { return f.At <= now.UnixNano() })
-	a.mu.Unlock()
+	giving := a.dropFuture(now)
+	if err := a.offerWindow(ctx, now); err != nil {
+		return err
+	}
 	g := a.planNow(now, giving)
 	var want int64
 	for _, u := range g {
@@ -848,6 +881,16 @@ func (a *Agent) giveWindow(ctx context.Context, now time.Time) error {
 	}
 	a.publish(g, steps, want, now)
 	return nil
+}
+
+// dropFuture drops the region's grants in force by now from its entry's
+// Future, and reports whether it withholds units for a grant.
+func (a *Agent) dropFuture(now time.Time) (giving bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := &a.states[a.r]
+	own.Future = slices.DeleteFunc(own.Future, func(f Grant) bool { return f.At <= now.UnixNano() })
+	return a.pending > 0
 }
 
 // grantStep is a part of a grant: cum of it in force from at.

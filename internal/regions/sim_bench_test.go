@@ -128,6 +128,19 @@ func simLag(tb testing.TB) time.Duration {
 	return d
 }
 
+// simOffers is cfg with its offers off if SLUICE_SIM_OFFERS is 0 (the
+// plan alone, as before offers).
+func simOffers(tb testing.TB, cfg Config) Config {
+	switch v := os.Getenv("SLUICE_SIM_OFFERS"); v {
+	case "", "1":
+	case "0":
+		cfg.Offers = false
+	default:
+		tb.Fatalf("SLUICE_SIM_OFFERS: %q is not 0 or 1", v)
+	}
+	return cfg
+}
+
 // simTick is the agents' tick in the benchmark: 250 ms, or
 // SLUICE_SIM_TICK (a duration).
 func simTick(tb testing.TB) time.Duration {
@@ -169,7 +182,7 @@ func BenchmarkSharesSim(b *testing.B) {
 	for _, alg := range []struct {
 		name string
 		cfg  Config
-	}{{"window", simWindow}, {"bucket", simBucket}} {
+	}{{"window", simOffers(b, simWindow)}, {"bucket", simOffers(b, simBucket)}} {
 		for _, r := range simRuns(b) {
 			b.Run(fmt.Sprintf("%s/%s/%v", alg.name, r.name, r.dur), func(b *testing.B) {
 				for range b.N {
