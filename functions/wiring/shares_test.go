@@ -143,6 +143,12 @@ var sharesHarness = testserver.NewSharedRegions(testserver.RegionsConfig{})
 // the harness is shared); it returns the harness too.
 func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *testserver.Regions) {
 	t.Helper()
+	return startSharesRules(t, lag, sharesRules)
+}
+
+// startSharesRules is startSharesLag with the rules rules.
+func startSharesRules(t *testing.T, lag time.Duration, rules string) ([]*sharesContainer, *testserver.Regions) {
+	t.Helper()
 	g := sharesHarness.Get(t)
 	table := fmt.Sprintf("sluice-shares-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -170,7 +176,7 @@ func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *tests
 	for i := range g.Len() {
 		sdkSetenv(t, g.Endpoint(i))
 		for range sharesProcs {
-			raw := sharesEnv(table, sharesRegions[i], sharesRules)
+			raw := sharesEnv(table, sharesRegions[i], rules)
 			env, err := ParseEnv(func(k string) string { return raw[k] })
 			if err != nil {
 				t.Fatal(err)
@@ -421,6 +427,26 @@ func TestSharesConfigErrors(t *testing.T) {
 			t.Fatal("built a global fixed_window on an eventual table")
 		}
 		want := `rule "global-ip" (rules[0]): scope: global-window is a fixed_window: regional shares (scope global on an eventual table) serve`
+		if !strings.Contains(err.Error(), want) || !errors.Is(err, policy.ErrInvalidRule) {
+			t.Fatalf("got %v, want an invalid rule containing %q", err, want)
+		}
+	})
+	t.Run("same name", func(t *testing.T) {
+		// Two global rules naming their limits alike with other
+		// parameters: their shares would tick each other's keys.
+		sdkSetenv(t, testserver.DynamoDB(t))
+		rules := sharesRules + strings.ReplaceAll(strings.ReplaceAll(sharesRules[len("rules:\n"):], "global-ip", "global-ip-2"), "limit: 200", "limit: 60")
+		raw := sharesEnv(fmt.Sprintf("sluice-shares-bad-%d", time.Now().UnixNano()), "eu-west-1", rules)
+		env, err := ParseEnv(func(k string) string { return raw[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Build(t.Context(), env, Outputs{Stdout: discard{}, Stderr: discard{}})
+		if err == nil {
+			b.Close()
+			t.Fatal("built two global limits of one name with other parameters")
+		}
+		want := `rule "global-ip-2" (rules[1]): limits[0].name: "global-window" is also the name of limits[0] of the global rule "global-ip" (rules[0]), with limit 200 there and 60 here`
 		if !strings.Contains(err.Error(), want) || !errors.Is(err, policy.ErrInvalidRule) {
 			t.Fatalf("got %v, want an invalid rule containing %q", err, want)
 		}
