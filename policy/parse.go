@@ -90,19 +90,23 @@ func ParseDocument(data []byte) (Document, error) {
 		return out, fmt.Errorf("%w: rules: %d rules; at most %d", ErrInvalidRule, len(list.Content), MaxRules)
 	}
 	rules := make([]Rule, 0, len(list.Content))
-	seen := make(map[string]int, len(list.Content))
+	seen, global := make(map[string]int, len(list.Content)), globalNames{}
 	for i, n := range list.Content {
 		r, err := decodeRule(n, i)
 		if err != nil {
 			return out, err
 		}
-		if _, err := compile(r, i); err != nil {
+		c, err := compile(r, i)
+		if err != nil {
 			return out, atLine(err, n)
 		}
 		if j, dup := seen[r.Name]; dup {
 			return out, atLine(ruleError(r.Name, i, "name", "already used by rules[%d]", j), n)
 		}
 		seen[r.Name] = i
+		if err := global.check(c, i); err != nil {
+			return out, atLine(err, n)
+		}
 		rules = append(rules, r)
 	}
 	out.Rules = rules

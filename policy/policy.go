@@ -144,7 +144,7 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 	if p.lists.allow, p.lists.deny, err = compileLists(&opts.Lists); err != nil {
 		return nil, err
 	}
-	seen := make(map[string]int, len(rules))
+	seen, global := make(map[string]int, len(rules)), globalNames{}
 	for i, r := range rules {
 		c, err := compile(r, i)
 		if err != nil {
@@ -154,6 +154,9 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 			return nil, ruleError(c.Name, i, "name", "already used by rules[%d]", j)
 		}
 		seen[c.Name] = i
+		if err := global.check(c, i); err != nil {
+			return nil, err
+		}
 		if err := checkShares(c, i, &opts); err != nil {
 			return nil, err
 		}

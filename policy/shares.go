@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -83,4 +84,74 @@ func checkShares(c *compiledRule, index int, opts *Options) error {
 		}
 	}
 	return nil
+}
+
+// globalNames are the limits of the global rules checked so far, by
+// name. A global limit's name names its regional shares in the state
+// table (their items and their wants index: docs/regions.md), which every
+// limit of that name shares: two global rules may each name a limit
+// alike only with the same parameters (their keys, which begin with the
+// rule's name, stay apart), or two limits of different parameters would
+// tick each other's keys. A regional limit's counters are named by its
+// parameters and the rule's key, never by its name: it has no such bound.
+type globalNames map[string]globalLimit
+
+// globalLimit is where a global limit's name was first given.
+type globalLimit struct {
+	rule  string
+	index int
+	field string
+	limit Limit
+}
+
+// check adds the limits of c, the rule at index, when c is global: a
+// name an earlier global rule gave other parameters is an error naming
+// both rules, the field and the first parameter that differs.
+func (g globalNames) check(c *compiledRule, index int) error {
+	if c.Scope != ScopeGlobal {
+		return nil
+	}
+	add := func(field string, l Limit) error {
+		l.Backend = "" // a global limit is on dynamo (compile)
+		if l.Algorithm == SlidingWindow && l.SubWindows == 0 {
+			l.SubWindows = limiter.DefaultSubWindows
+		}
+		first, ok := g[l.Name]
+		if !ok {
+			g[l.Name] = globalLimit{rule: c.Name, index: index, field: field, limit: l}
+			return nil
+		}
+		if first.limit == l {
+			return nil
+		}
+		tag, here, there := firstDiff(&l, &first.limit)
+		return ruleError(c.Name, index, field+".name", "%q is also the name of %s of the global rule %q (rules[%d]), with %s %v there and %v here: "+
+			"global rules may share a limit name only with the same parameters (the name names its regional shares in the state table); rename one",
+			l.Name, first.field, first.rule, first.index, tag, there, here)
+	}
+	for j, l := range c.Limits {
+		if err := add(fmt.Sprintf("limits[%d]", j), l); err != nil {
+			return err
+		}
+	}
+	for _, t := range c.Tiers {
+		for j, l := range t.Limits {
+			if err := add(fmt.Sprintf("tiers.%s[%d]", t.Name, j), l); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// firstDiff returns the rule field (its `rule` tag) of the first field in
+// which a and b differ, and their values.
+func firstDiff(a, b *Limit) (tag string, av, bv any) {
+	va, vb := reflect.ValueOf(a).Elem(), reflect.ValueOf(b).Elem()
+	for i := range va.NumField() {
+		if x, y := va.Field(i).Interface(), vb.Field(i).Interface(); x != y {
+			return va.Type().Field(i).Tag.Get("rule"), x, y
+		}
+	}
+	return "", nil, nil
 }

@@ -132,18 +132,19 @@ func Build(ctx context.Context, env Env, out Outputs) (*Built, error) {
 // rules and the handler.
 func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) (*authz.Handler, error) {
 	env, logger := b.Env, b.Logger
-	ddb, err := b.buildStores(ctx, out.CreateTable, metrics)
-	if err != nil {
-		return nil, err
-	}
-	clock := out.Clock
+	clock, frozen := out.Clock, (func() time.Time)(nil)
 	if clock == nil && !env.TestClock.IsZero() {
 		t := env.TestClock
-		clock = limiter.ClockFunc(func() time.Time { return t })
+		frozen = func() time.Time { return t }
+		clock = limiter.ClockFunc(frozen)
 		logger.Warn(config.EnvTestClock+" is set: the clock is frozen; this is for tests only", "time", t.Format(time.RFC3339Nano))
 	}
 	if clock == nil {
 		clock = limiter.SystemClock
+	}
+	ddb, err := b.buildStores(ctx, out.CreateTable, metrics, frozen)
+	if err != nil {
+		return nil, err
 	}
 	opts := policy.Options{Stores: b.Stores, DefaultBackend: env.DefaultBackend, NoDenyCache: env.NoDenyCache, NoLeases: env.NoLeases, Shadow: env.Shadow}
 	if env.Shadow {
@@ -155,6 +156,12 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 	if b.Leases == nil {
 		if b.Leases, err = leaseStore(env, b.Stores, ddb, out.ShedStore); err != nil {
 			return nil, fmt.Errorf("wiring: concurrency leases: %w", err)
+		}
+		if _, mem := b.Leases.(*memory.Leases); mem && frozen != nil {
+			// The memory lease store on the frozen clock too (buildStores).
+			if b.Leases, err = memory.NewLeases(memory.Config{Clock: frozen}); err != nil {
+				return nil, fmt.Errorf("wiring: concurrency leases: %w", err)
+			}
 		}
 	}
 	opts.Leases = b.Leases
@@ -192,10 +199,13 @@ func (b *Built) build(ctx context.Context, out Outputs, metrics *authz.Metrics) 
 
 // buildStores builds the memory store and the network backends env
 // configures, behind their breakers, and warms their connections. It
-// returns the DynamoDB client (nil without DynamoDB).
-func (b *Built) buildStores(ctx context.Context, createTable bool, metrics *authz.Metrics) (*dynamodb.Client, error) {
+// returns the DynamoDB client (nil without DynamoDB). frozen, when not
+// nil, is SLUICE_TEST_CLOCK's clock, on which the memory store expires
+// its keys: with the decisions' time frozen, a store expiring on the wall
+// clock would make the answers hang on how long a run takes.
+func (b *Built) buildStores(ctx context.Context, createTable bool, metrics *authz.Metrics, frozen func() time.Time) (*dynamodb.Client, error) {
 	env, logger := b.Env, b.Logger
-	mem, err := memory.New(memory.Config{})
+	mem, err := memory.New(memory.Config{Clock: frozen})
 	if err != nil {
 		return nil, fmt.Errorf("wiring: memory store: %w", err)
 	}

@@ -101,8 +101,18 @@ func SharesKeys(l *policy.Limit, n int, leases bool) regions.KeysConfig {
 			cfg.SubWindows = limiter.DefaultSubWindows
 		}
 	}
+	if brokenSharesSum {
+		cfg.Limit *= int64(n)
+		if cfg.Bucket != nil {
+			cfg.Bucket.MaxAmount *= int64(n)
+		}
+	}
 	return regions.KeysConfig{Config: cfg, Prefix: l.Name + ":"}
 }
+
+// brokenSharesSum (tests): the regions share n times the limit (as if
+// each region's share were the whole limit), so the shares sum above it.
+var brokenSharesSum = false
 
 // holderName names this process in the agent roles it takes: the host,
 // the process and a random part (two Lambda containers may share a host

@@ -143,6 +143,12 @@ var sharesHarness = testserver.NewSharedRegions(testserver.RegionsConfig{})
 // the harness is shared); it returns the harness too.
 func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *testserver.Regions) {
 	t.Helper()
+	return startSharesRules(t, lag, sharesRules)
+}
+
+// startSharesRules is startSharesLag with the rules rules.
+func startSharesRules(t *testing.T, lag time.Duration, rules string) ([]*sharesContainer, *testserver.Regions) {
+	t.Helper()
 	g := sharesHarness.Get(t)
 	table := fmt.Sprintf("sluice-shares-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -170,7 +176,7 @@ func startSharesLag(t *testing.T, lag time.Duration) ([]*sharesContainer, *tests
 	for i := range g.Len() {
 		sdkSetenv(t, g.Endpoint(i))
 		for range sharesProcs {
-			raw := sharesEnv(table, sharesRegions[i], sharesRules)
+			raw := sharesEnv(table, sharesRegions[i], rules)
 			env, err := ParseEnv(func(k string) string { return raw[k] })
 			if err != nil {
 				t.Fatal(err)
@@ -317,9 +323,13 @@ func exactShare(t *testing.T, run sharesRun) int64 {
 // eventual harness, through Build per container, two containers per
 // region.
 //
-//   - moving: demand 98/1/1 for 5 s, then 1/1/98 for 5 s, at 1.2 times
-//     the steady rate: never over the limit in any window of stamps over
-//     the union of regions (limitertest.CheckTrailingWindow), and units
+//   - moving: demand 98/1/1 for 5 s, then 1/1/98 for 5 s, at 1.5 times
+//     the steady rate (about 240 offered in a window of 2 s, above the
+//     limit of 200, so the check binds on an idle machine too: at 1.2
+//     times, 192, it could fail only when load bunched the stamps):
+//     never over the limit in any window of stamps over the union of
+//     regions (limitertest.CheckTrailingWindow; brokenSharesSum fails
+//     it), and units
 //     given and received by the agents, which the containers alone run,
 //     ticked by their decisions (a region with 1% of the demand ticks
 //     about once a second).
@@ -331,7 +341,7 @@ func TestSharesGlobalRule(t *testing.T) {
 	cs := startShares(t)
 	base := int64((sharesLimit + 2) / 3) // region 0's base share
 	t.Run("moving", func(t *testing.T) {
-		run := runShares(t, cs, sharesEvent(t, "198.51.100.7"), 1.2*sharesRate, []time.Duration{5 * time.Second, 5 * time.Second},
+		run := runShares(t, cs, sharesEvent(t, "198.51.100.7"), 1.5*sharesRate, []time.Duration{5 * time.Second, 5 * time.Second},
 			[]float64{0.98, 0.01, 0.01}, []float64{0.01, 0.01, 0.98})
 		exact := exactShare(t, run)
 		t.Logf("%d decisions, %d admitted (by region %v; after the move %v of %v offered), exact %d: %.3f of exact; %d failed (by region %v) %s",
@@ -339,6 +349,12 @@ func TestSharesGlobalRule(t *testing.T) {
 			run.failed, run.failedIn, run.firstErr)
 		for _, v := range limitertest.CheckTrailingWindow(run.calls, sharesLimit, sharesWindow) {
 			t.Errorf("over the limit: %v", v)
+		}
+		// The check binds: more is offered in a window than the limit.
+		offered, admitted := peakWindow(run.calls, false), peakWindow(run.calls, true)
+		t.Logf("most in a window of %v: offered %d, admitted %d (limit %d)", sharesWindow, offered, admitted, sharesLimit)
+		if offered <= sharesLimit {
+			t.Errorf("at most %d offered in a window of %v: the over-the-limit check could not fail", offered, sharesWindow)
 		}
 		logShares(t, cs, run.key)
 		// The shares moved, through agents run by the containers alone: a
@@ -373,6 +389,24 @@ func TestSharesGlobalRule(t *testing.T) {
 			t.Errorf("nothing admitted")
 		}
 	})
+}
+
+// peakWindow is the most calls (admitted ones only, or all) with stamps
+// in one window of sharesWindow.
+func peakWindow(calls []limitertest.Call, admitted bool) int64 {
+	cs := calls
+	if !admitted {
+		cs = make([]limitertest.Call, len(calls))
+		for i, c := range calls {
+			c.Allowed = true
+			cs[i] = c
+		}
+	}
+	var peak int64
+	for _, v := range limitertest.CheckTrailingWindow(cs, 0, sharesWindow) {
+		peak = max(peak, v.Units)
+	}
+	return peak
 }
 
 // sharesEvent is the events' HTTP API request from source IP ip (the
@@ -421,6 +455,26 @@ func TestSharesConfigErrors(t *testing.T) {
 			t.Fatal("built a global fixed_window on an eventual table")
 		}
 		want := `rule "global-ip" (rules[0]): scope: global-window is a fixed_window: regional shares (scope global on an eventual table) serve`
+		if !strings.Contains(err.Error(), want) || !errors.Is(err, policy.ErrInvalidRule) {
+			t.Fatalf("got %v, want an invalid rule containing %q", err, want)
+		}
+	})
+	t.Run("same name", func(t *testing.T) {
+		// Two global rules naming their limits alike with other
+		// parameters: their shares would tick each other's keys.
+		sdkSetenv(t, testserver.DynamoDB(t))
+		rules := sharesRules + strings.ReplaceAll(strings.ReplaceAll(sharesRules[len("rules:\n"):], "global-ip", "global-ip-2"), "limit: 200", "limit: 60")
+		raw := sharesEnv(fmt.Sprintf("sluice-shares-bad-%d", time.Now().UnixNano()), "eu-west-1", rules)
+		env, err := ParseEnv(func(k string) string { return raw[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Build(t.Context(), env, Outputs{Stdout: discard{}, Stderr: discard{}})
+		if err == nil {
+			b.Close()
+			t.Fatal("built two global limits of one name with other parameters")
+		}
+		want := `rule "global-ip-2" (rules[1]): limits[0].name: "global-window" is also the name of limits[0] of the global rule "global-ip" (rules[0]), with limit 200 there and 60 here`
 		if !strings.Contains(err.Error(), want) || !errors.Is(err, policy.ErrInvalidRule) {
 			t.Fatalf("got %v, want an invalid rule containing %q", err, want)
 		}
