@@ -187,17 +187,10 @@ func checkShares(tb testing.TB, rep sharesReport) {
 // share of exact is logged; BenchmarkRegionShares reports it on 30 s runs. The
 // table's runs follow (testRegionSharesTable), then the baseline without
 // shares (testRegionsEventual: the regions admit over the limit).
-//
-// It runs in parallel with the package's other parallel tests (which
-// run after the others), TestLeaseRingMatchesMemory and
-// TestPackedRemoval's cases: their requests go one at a time to the
-// shared DynamoDB Local, this test's to three of its own, and none
-// counts another's requests (docs/testing.md, "What runs in parallel").
 func TestRegionShares(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three DynamoDB Locals")
 	}
-	t.Parallel()
 	testserver.DynamoDBLocal(t) // skip (or fail under make test) without the servers
 	g, table, eps := startEventual(t)
 	t.Run("window/98/1/1-then-1/1/98", func(t *testing.T) {
