@@ -20,8 +20,9 @@ import (
 // store's exact bucket, and less by at most what it counts early (a
 // quarter of the bucket unsettled, and the settlement's skew allowance of
 // refill). A ring that counted a lease's units twice admitted 2,051 of
-// the memory store's 4,485 here. It runs in parallel with other tests:
-// its 8,000 calls go one at a time.
+// the memory store's 4,485 here. It runs in parallel with
+// TestPackedRemoval's cases: its 8,000 calls go one at a time, as
+// theirs do.
 func TestLeaseRingMatchesMemory(t *testing.T) {
 	t.Parallel()
 	st, _, _ := newStore(t, dynamo.Config{})

@@ -248,11 +248,13 @@ func packedItemSize(it item) int {
 // with no extra request. The largest item is logged: at the default 160
 // slots with traffic in every slot it passes 1 KB (2 WCU) and stays under
 // 2 KB; at 64 slots it stays under 1 KB. The cases (keys of their own,
-// one request at a time each) run in parallel. Three more run with
-// SLUICE_LONG=1 (docs/testing.md): the same removals at sizes between
-// those of the others (every slot with small counts, every second slot,
-// 96 slots).
+// one request at a time each) run in parallel, with each other and with
+// TestLeaseRingMatchesMemory (one call at a time too). Three more run
+// with SLUICE_LONG=1 (docs/testing.md): the same removals at sizes
+// between those of the others (every slot with small counts, every
+// second slot, 96 slots).
 func TestPackedRemoval(t *testing.T) {
+	t.Parallel()
 	type removalCase struct {
 		r, every int
 		perSlot  int64
