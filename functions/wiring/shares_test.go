@@ -444,41 +444,37 @@ func TestSharesConfigErrors(t *testing.T) {
 		sdkSetenv(t, testserver.DynamoDB(t))
 		rules := strings.Replace(sharesRules, "{name: global-window, algorithm: sliding_window, limit: 200, window: 2s, sub_windows: 4,",
 			"{name: global-window, algorithm: fixed_window, limit: 200, window: 2s,", 1)
-		raw := sharesEnv(fmt.Sprintf("sluice-shares-bad-%d", time.Now().UnixNano()), "eu-west-1", rules)
-		env, err := ParseEnv(func(k string) string { return raw[k] })
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := Build(t.Context(), env, Outputs{Stdout: discard{}, Stderr: discard{}})
-		if err == nil {
-			b.Close()
-			t.Fatal("built a global fixed_window on an eventual table")
-		}
-		want := `rule "global-ip" (rules[0]): scope: global-window is a fixed_window: regional shares (scope global on an eventual table) serve`
-		if !strings.Contains(err.Error(), want) || !errors.Is(err, policy.ErrInvalidRule) {
-			t.Fatalf("got %v, want an invalid rule containing %q", err, want)
-		}
+		buildRefuses(t, rules, "a global fixed_window on an eventual table",
+			`rule "global-ip" (rules[0]): scope: global-window is a fixed_window: regional shares (scope global on an eventual table) serve`)
 	})
 	t.Run("same name", func(t *testing.T) {
 		// Two global rules naming their limits alike with other
 		// parameters: their shares would tick each other's keys.
 		sdkSetenv(t, testserver.DynamoDB(t))
 		rules := sharesRules + strings.ReplaceAll(strings.ReplaceAll(sharesRules[len("rules:\n"):], "global-ip", "global-ip-2"), "limit: 200", "limit: 60")
-		raw := sharesEnv(fmt.Sprintf("sluice-shares-bad-%d", time.Now().UnixNano()), "eu-west-1", rules)
-		env, err := ParseEnv(func(k string) string { return raw[k] })
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := Build(t.Context(), env, Outputs{Stdout: discard{}, Stderr: discard{}})
-		if err == nil {
-			b.Close()
-			t.Fatal("built two global limits of one name with other parameters")
-		}
-		want := `rule "global-ip-2" (rules[1]): limits[0].name: "global-window" is also the name of limits[0] of the global rule "global-ip" (rules[0]), with limit 200 there and 60 here`
-		if !strings.Contains(err.Error(), want) || !errors.Is(err, policy.ErrInvalidRule) {
-			t.Fatalf("got %v, want an invalid rule containing %q", err, want)
-		}
+		buildRefuses(t, rules, "two global limits of one name with other parameters",
+			`rule "global-ip-2" (rules[1]): limits[0].name: "global-window" is also the name of limits[0] of the global rule "global-ip" (rules[0]), with limit 200 there and 60 here`)
 	})
+}
+
+// buildRefuses builds the authorizer for rules on an eventual table of
+// its own and fails t unless the build fails with an invalid rule whose
+// message contains want (what names what was built).
+func buildRefuses(t *testing.T, rules, what, want string) {
+	t.Helper()
+	raw := sharesEnv(fmt.Sprintf("sluice-shares-bad-%d", time.Now().UnixNano()), "eu-west-1", rules)
+	env, err := ParseEnv(func(k string) string { return raw[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Build(t.Context(), env, Outputs{Stdout: discard{}, Stderr: discard{}})
+	if err == nil {
+		b.Close()
+		t.Fatalf("built %s", what)
+	}
+	if !strings.Contains(err.Error(), want) || !errors.Is(err, policy.ErrInvalidRule) {
+		t.Fatalf("got %v, want an invalid rule containing %q", err, want)
+	}
 }
 
 // paced calls do every interval from start until d has passed since
