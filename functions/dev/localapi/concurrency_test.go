@@ -32,15 +32,7 @@ rules:
 // the environment, the built-in memory lease store) in front of upstream.
 func startConcurrencyAPI(t *testing.T, upstream http.Handler) *httptest.Server {
 	t.Helper()
-	env, err := wiring.ParseEnv(func(k string) string { return map[string]string{config.EnvRulesYAML: concurrencyRules}[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	built, err := wiring.Build(t.Context(), env, wiring.Outputs{Stdout: io.Discard, Stderr: io.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(built.Close)
+	built := buildFrom(t, map[string]string{config.EnvRulesYAML: concurrencyRules}, wiring.Outputs{Stdout: io.Discard, Stderr: io.Discard})
 	api := newServer(built.Handler, kindREST, "local", nil)
 	api.upstream = upstream
 	api.releaser = lambdawrap.NewStoreReleaser(built.Leases)

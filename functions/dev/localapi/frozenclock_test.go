@@ -27,17 +27,8 @@ rules:
 // after 50 ms of real time, and the same requests were admitted again:
 // the answers hung on how long the run took).
 func TestFrozenClockStores(t *testing.T) {
-	env, err := wiring.ParseEnv(func(k string) string {
-		return map[string]string{config.EnvRulesYAML: frozenRules, config.EnvTestClock: "2026-01-02T03:04:05Z"}[k]
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	built, err := wiring.Build(t.Context(), env, wiring.Outputs{Stdout: io.Discard, Stderr: io.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(built.Close)
+	built := buildFrom(t, map[string]string{config.EnvRulesYAML: frozenRules, config.EnvTestClock: "2026-01-02T03:04:05Z"},
+		wiring.Outputs{Stdout: io.Discard, Stderr: io.Discard})
 	ts := httptest.NewServer(newServer(built.Handler, kindREST, "local", nil))
 	t.Cleanup(ts.Close)
 	get := func(path string, want int) {

@@ -66,16 +66,8 @@ func TestHotGlobalKeyThroughLocalAPI(t *testing.T) {
 		// open the breaker: this run is about throttling.
 		"SLUICE_DEADLINE": "10s",
 	}
-	env, err := wiring.ParseEnv(func(k string) string { return vars[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs bytes.Buffer
-	b, err := wiring.Build(t.Context(), env, wiring.Outputs{Stdout: io.Discard, Stderr: &logs, CreateTable: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
+	b := buildFrom(t, vars, wiring.Outputs{Stdout: io.Discard, Stderr: &logs, CreateTable: true})
 	ts := httptest.NewServer(newServer(b.Handler, kindREST, "local", nil))
 	t.Cleanup(ts.Close)
 

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/sluicehq/sluice/functions/wiring"
 )
 
 var (
@@ -128,4 +130,20 @@ func TestSignalExitsZero(t *testing.T) {
 			}
 		})
 	}
+}
+
+// buildFrom builds the authorizer's handler as main does (wiring.Build
+// from the environment vars gives), closed when tb ends.
+func buildFrom(tb testing.TB, vars map[string]string, out wiring.Outputs) *wiring.Built {
+	tb.Helper()
+	env, err := wiring.ParseEnv(func(k string) string { return vars[k] })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	built, err := wiring.Build(tb.Context(), env, out)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(built.Close)
+	return built
 }
