@@ -13,7 +13,7 @@ FUZZMIN  ?= 5s
 # `make fuzz`): counts, so that the step's CPU does not follow what the
 # fuzzer happens to find. The seed corpora run as tests in the race step;
 # this only checks that a short run of each target finds nothing
-# (docs/testing.md).
+# (docs/testing.md). `make test TESTFUZZ=` runs make fuzz's own budgets.
 TESTFUZZ ?= FUZZTIME=20000x FUZZMIN=1000x
 EVENT    ?= events/rest-request.json
 ACCOUNT  ?=
