@@ -6,6 +6,15 @@ GO       ?= go
 # bare "context deadline exceeded" on a loaded machine (golang/go#75804,
 # fixed in Go 1.27); a count has no deadline to race.
 FUZZTIME ?=
+# FUZZMIN: how long a new input found is minimized (a duration, or a count
+# of executions such as 1000x).
+FUZZMIN  ?= 5s
+# TESTFUZZ: make test's budget per fuzz target (FUZZTIME and FUZZMIN of its
+# `make fuzz`): counts, so that the step's CPU does not follow what the
+# fuzzer happens to find. The seed corpora run as tests in the race step;
+# this only checks that a short run of each target finds nothing
+# (docs/testing.md). `make test TESTFUZZ=` runs make fuzz's own budgets.
+TESTFUZZ ?= FUZZTIME=20000x FUZZMIN=1000x
 EVENT    ?= events/rest-request.json
 ACCOUNT  ?=
 PKGS     ?= ./...
@@ -31,7 +40,7 @@ test: lint
 	scripts/timed scripts/testenv $(GO) test -race -count=1 ./...
 	scripts/timed $(GO) test -count=1 -run '^TestLeasesHotKey' ./limiter/
 	scripts/timed scripts/testenv $(GO) test -count=1 -p 1 -run '^TestLeasesHotKey' ./backends/dynamo/
-	scripts/timed $(MAKE) fuzz
+	scripts/timed $(MAKE) fuzz $(TESTFUZZ)
 	cd infra && ../scripts/timed $(GO) test -count=1 ./...
 	cd tools/rie && ../../scripts/timed $(GO) test -count=1 ./...
 	cd accuracy && ../scripts/timed $(GO) test -race -count=1 ./...
@@ -53,10 +62,10 @@ lint: node
 
 ## fuzz: each fuzz target for a count of executions, or FUZZTIME (rule parsing, event decoding, memcached keys and replies)
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(or $(FUZZTIME),200000x) -fuzzminimizetime 5s ./policy/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $(or $(FUZZTIME),150000x) -fuzzminimizetime 5s ./functions/authz/
-	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(or $(FUZZTIME),200000x) ./backends/memcached/
-	$(GO) test -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(or $(FUZZTIME),150000x) ./backends/memcached/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(or $(FUZZTIME),200000x) -fuzzminimizetime $(FUZZMIN) ./policy/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $(or $(FUZZTIME),150000x) -fuzzminimizetime $(FUZZMIN) ./functions/authz/
+	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(or $(FUZZTIME),200000x) -fuzzminimizetime $(FUZZMIN) ./backends/memcached/
+	$(GO) test -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(or $(FUZZTIME),150000x) -fuzzminimizetime $(FUZZMIN) ./backends/memcached/
 
 ## bench: benchmarks against real servers (PKGS=..., BENCHFLAGS=...); figures go to docs/benchmarks.md
 bench:
