@@ -145,9 +145,9 @@ var cappedCases = []cappedCase{
 	{time.Millisecond, 0, 0.97},
 	{3 * time.Millisecond, 0, 0.97},
 	// The store stands still for 1.5 s: 0.970-0.976 (docs/leases.md, "A
-	// stall's units"): the units go at the store, where a full bucket
-	// holds the leases' spent units until their returns land, not at the
-	// deny cache.
+	// stall's units"). The bucket refills to full meanwhile and turns
+	// away the run's lag behind exact (units left in the store and in
+	// leases), which without a stall it keeps to the end.
 	{time.Millisecond, 1500 * time.Millisecond, 0.96},
 }
 
