@@ -13,6 +13,11 @@ import (
 type TokenBucketConfig struct {
 	// Name identifies the limit in decisions and metrics.
 	Name string
+	// Tag, when not empty, is added to the key space the parameters name
+	// (as "#" Tag), so that two limits of the same parameters on one
+	// store keep their own state for the same keys (the policy tags the
+	// second of two such limits of one rule with its name).
+	Tag string
 	// MaxAmount is the capacity of the bucket; a new bucket starts full.
 	MaxAmount int64
 	// RefillTime is the time between refills.
@@ -92,7 +97,7 @@ func NewTokenBucket(store storage.BucketStore, cfg TokenBucketConfig) (*TokenBuc
 		cfg:   cfg,
 		store: store,
 		batch: batcher(storage.Steps{Bucket: store}),
-		space: "tb:" + strconv.FormatInt(cfg.MaxAmount, 10) + ":" + cfg.RefillTime.String() + ":" + strconv.FormatInt(cfg.RefillAmount, 10),
+		space: "tb:" + strconv.FormatInt(cfg.MaxAmount, 10) + ":" + cfg.RefillTime.String() + ":" + strconv.FormatInt(cfg.RefillAmount, 10) + tagSpace(cfg.Tag),
 		ttl:   ttl,
 		cache: newDenyCache(cfg.NoDenyCache, cfg.Strict),
 		lz:    lz,
@@ -110,7 +115,8 @@ func (b *TokenBucket) Config() TokenBucketConfig { return b.cfg }
 // leased units have expired.
 func (b *TokenBucket) TTL() time.Duration { return b.ttl }
 
-// Space returns the key space of the bucket's state: its parameters.
+// Space returns the key space of the bucket's state: its parameters
+// (and its Tag).
 func (b *TokenBucket) Space() string { return b.space }
 
 // Allow is AllowN(ctx, key, now, 1).

@@ -10,7 +10,12 @@ import (
 
 // SlidingLogConfig configures a [SlidingLog].
 type SlidingLogConfig struct {
-	Name   string
+	Name string
+	// Tag, when not empty, is added to the key space the parameters name
+	// (as "#" Tag), so that two limits of the same parameters on one
+	// store keep their own log for the same keys (the policy tags the
+	// second of two such limits of one rule with its name).
+	Tag    string
 	Limit  int64
 	Window time.Duration
 	// NoDenyCache turns off the limit's deny cache (docs/consistency.md, "The deny cache"),
@@ -36,6 +41,9 @@ type SlidingLog struct {
 	cache *denyCache
 }
 
+// Space returns the key space of the log: its parameters (and its Tag).
+func (l *SlidingLog) Space() string { return l.space }
+
 // NewSlidingLog returns a sliding log on store, or an error wrapping
 // [ErrInvalidConfig].
 func NewSlidingLog(store storage.LogStore, cfg SlidingLogConfig) (*SlidingLog, error) {
@@ -48,7 +56,7 @@ func NewSlidingLog(store storage.LogStore, cfg SlidingLogConfig) (*SlidingLog, e
 	case cfg.Window <= 0:
 		return nil, configError(kind, cfg.Name, "window", "must be positive, got %v", cfg.Window)
 	}
-	return &SlidingLog{cfg: cfg, store: store, batch: batcher(storage.Steps{Log: store}), space: "sl:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String(), cache: newDenyCache(cfg.NoDenyCache, false)}, nil
+	return &SlidingLog{cfg: cfg, store: store, batch: batcher(storage.Steps{Log: store}), space: "sl:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + tagSpace(cfg.Tag), cache: newDenyCache(cfg.NoDenyCache, false)}, nil
 }
 
 // Config returns the log's configuration.

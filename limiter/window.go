@@ -66,6 +66,11 @@ const (
 type SlidingWindowConfig struct {
 	// Name identifies the limit in decisions and metrics.
 	Name string
+	// Tag, when not empty, is added to the key space the parameters name
+	// (as "#" Tag), so that two limits of the same parameters on one
+	// store keep their own counters for the same keys (the policy tags
+	// the second of two such limits of one rule with its name).
+	Tag string
 	// Limit is the number of units allowed per Window.
 	Limit int64
 	// Window is the length of the sliding window.
@@ -205,6 +210,7 @@ func NewSlidingWindow(store storage.Counter, cfg SlidingWindowConfig) (*SlidingW
 	if cfg.CountDenied {
 		space += ":d"
 	}
+	space += tagSpace(cfg.Tag)
 	return &SlidingWindow{
 		cfg:   cfg,
 		store: store,
@@ -251,7 +257,7 @@ func newPackedWindow(store storage.Counter, cfg SlidingWindowConfig) (*SlidingWi
 		cfg.MaxCost = min(PackedMaxCost, cfg.Limit)
 	}
 	slot := cfg.Window / time.Duration(cfg.Slots)
-	space := "swp:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + ":" + strconv.Itoa(cfg.Slots) + ":" + strconv.Itoa(storage.PackedLevels)
+	space := "swp:" + strconv.FormatInt(cfg.Limit, 10) + ":" + cfg.Window.String() + ":" + strconv.Itoa(cfg.Slots) + ":" + strconv.Itoa(storage.PackedLevels) + tagSpace(cfg.Tag)
 	return &SlidingWindow{
 		cfg:        cfg,
 		store:      store,
@@ -365,9 +371,26 @@ func (w *SlidingWindow) retryAfter(c *storage.Counts, elapsed, n int64) time.Dur
 	return time.Duration(int64(k+1)*s - elapsed)
 }
 
+// Space returns the key space of the window's counters: its parameters
+// (and its Tag).
+func (w *SlidingWindow) Space() string { return w.space }
+
+// tagSpace is what a limit's Tag adds to its key space.
+func tagSpace(tag string) string {
+	if tag == "" {
+		return ""
+	}
+	return "#" + tag
+}
+
 // FixedWindowConfig configures a [FixedWindow].
 type FixedWindowConfig struct {
-	Name        string
+	Name string
+	// Tag, when not empty, is added to the key space the parameters name
+	// (as "#" Tag), so that two limits of the same parameters on one
+	// store keep their own counters for the same keys (the policy tags
+	// the second of two such limits of one rule with its name).
+	Tag         string
 	Limit       int64
 	Window      time.Duration
 	CountDenied bool
@@ -389,6 +412,10 @@ type FixedWindow struct {
 	cache *denyCache
 }
 
+// Space returns the key space of the window's counters: its parameters
+// (and its Tag).
+func (w *FixedWindow) Space() string { return w.space }
+
 // NewFixedWindow returns a fixed window on store, or an error wrapping
 // [ErrInvalidConfig].
 func NewFixedWindow(store storage.Counter, cfg FixedWindowConfig) (*FixedWindow, error) {
@@ -405,6 +432,7 @@ func NewFixedWindow(store storage.Counter, cfg FixedWindowConfig) (*FixedWindow,
 	if cfg.CountDenied {
 		space += ":d"
 	}
+	space += tagSpace(cfg.Tag)
 	return &FixedWindow{cfg: cfg, store: store, batch: batcher(storage.Steps{Counter: store}), space: space, cache: newDenyCache(cfg.NoDenyCache, cfg.CountDenied)}, nil
 }
 

@@ -31,18 +31,9 @@ var ErrNoLeaseStore = errors.New("policy: a concurrency limit needs Options.Leas
 func bindExtras(c *compiledRule, index int, opts Options, def string) ([][]limiter.Limiter, *limiter.Concurrency, error) {
 	var tiers [][]limiter.Limiter
 	for ti, t := range c.Tiers {
-		lims := make([]limiter.Limiter, len(t.Limits))
-		for j := range t.Limits {
-			l := &c.Tiers[ti].Limits[j]
-			backend := l.Backend
-			if backend == "" {
-				backend = def
-			}
-			lim, err := bindLimit(c, l, backend, &opts)
-			if err != nil {
-				return nil, nil, ruleError(c.Name, index, fmt.Sprintf("tiers.%s[%d].backend", t.Name, j), "%v", err)
-			}
-			lims[j] = lim
+		lims, err := bindList(c, index, c.Tiers[ti].Limits, "tiers."+t.Name, def, &opts)
+		if err != nil {
+			return nil, nil, err
 		}
 		tiers = append(tiers, lims)
 	}

@@ -160,18 +160,9 @@ func New(rules []Rule, opts Options) (*Policy, error) {
 		if err := checkShares(c, i, &opts); err != nil {
 			return nil, err
 		}
-		limits := make([]limiter.Limiter, len(c.Limits))
-		for j := range c.Limits {
-			l := &c.Limits[j]
-			backend := l.Backend
-			if backend == "" {
-				backend = def
-			}
-			lim, err := bindLimit(c, l, backend, &opts)
-			if err != nil {
-				return nil, ruleError(c.Name, i, fmt.Sprintf("limits[%d].backend", j), "%v", err)
-			}
-			limits[j] = lim
+		limits, err := bindList(c, i, c.Limits, "limits", def, &opts)
+		if err != nil {
+			return nil, err
 		}
 		if len(limits) == 0 {
 			return nil, ruleError(c.Name, i, "limits", "needs at least one limit")
@@ -236,7 +227,7 @@ func (p *Policy) Backends(opts Options) []string {
 // build makes the limiter of l on the store named backend, for a rule
 // whose requests cost cost (a sliding window's MaxCost: a packed window
 // only where its fields stay exact, limiter.PackedMaxCost).
-func build(l *Limit, backend string, opts *Options, cost int64) (limiter.Limiter, error) {
+func build(l *Limit, backend string, opts *Options, cost int64, tag string) (limiter.Limiter, error) {
 	stores, noDenyCache, leases := opts.Stores, opts.NoDenyCache, !opts.NoLeases && l.leases()
 	store, ok := stores[backend]
 	if !ok || store == nil {
@@ -252,21 +243,21 @@ func build(l *Limit, backend string, opts *Options, cost int64) (limiter.Limiter
 	switch l.Algorithm {
 	case TokenBucket:
 		return limiter.NewTokenBucket(store, limiter.TokenBucketConfig{
-			Name: l.Name, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: l.RefillAmount, Strict: l.Strict,
+			Name: l.Name, Tag: tag, MaxAmount: l.MaxAmount, RefillTime: l.RefillTime, RefillAmount: l.RefillAmount, Strict: l.Strict,
 			NoDenyCache: noDenyCache, Leases: leases,
 		})
 	case SlidingWindow:
 		return limiter.NewSlidingWindow(store, limiter.SlidingWindowConfig{
-			Name: l.Name, Limit: l.Limit, Window: l.Window, SubWindows: l.SubWindows, Estimator: l.Estimator, CountDenied: l.CountDenied,
+			Name: l.Name, Tag: tag, Limit: l.Limit, Window: l.Window, SubWindows: l.SubWindows, Estimator: l.Estimator, CountDenied: l.CountDenied,
 			Representation: l.Representation, Slots: l.Slots, NoDenyCache: noDenyCache, MaxCost: cost, Leases: leases,
 		})
 	case FixedWindow:
 		return limiter.NewFixedWindow(store, limiter.FixedWindowConfig{
-			Name: l.Name, Limit: l.Limit, Window: l.Window, CountDenied: l.CountDenied,
+			Name: l.Name, Tag: tag, Limit: l.Limit, Window: l.Window, CountDenied: l.CountDenied,
 			NoDenyCache: noDenyCache,
 		})
 	case SlidingLog:
-		return limiter.NewSlidingLog(store, limiter.SlidingLogConfig{Name: l.Name, Limit: l.Limit, Window: l.Window, NoDenyCache: noDenyCache})
+		return limiter.NewSlidingLog(store, limiter.SlidingLogConfig{Name: l.Name, Tag: tag, Limit: l.Limit, Window: l.Window, NoDenyCache: noDenyCache})
 	}
 	return nil, fmt.Errorf("unknown algorithm %d", l.Algorithm)
 }

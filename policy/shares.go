@@ -64,12 +64,13 @@ func CheckShares(l *Limit, regions int) error {
 }
 
 // bindLimit builds the limiter of l, a limit of the rule c on the store
-// named backend: as regional shares when c is global and opts say so.
-func bindLimit(c *compiledRule, l *Limit, backend string, opts *Options) (limiter.Limiter, error) {
+// named backend, tagged tag (twins.go): as regional shares when c is
+// global and opts say so (their keys are named by the limit's name).
+func bindLimit(c *compiledRule, l *Limit, backend string, opts *Options, tag string) (limiter.Limiter, error) {
 	if c.Scope == ScopeGlobal && opts.Shares != nil {
 		return opts.Shares.Build(l, c.cost, !opts.NoLeases && l.leases())
 	}
-	return build(l, backend, opts, c.cost)
+	return build(l, backend, opts, c.cost, tag)
 }
 
 // checkShares checks every limit of c, the rule at index, against

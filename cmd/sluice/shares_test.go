@@ -149,7 +149,7 @@ func TestGlobalEventual(t *testing.T) {
 		t.Fatalf("region eu-west-1 admitted %d before a denial; want 1 or 2 (its share of 6 at three regions is 2)", admitted)
 	}
 	before := settle(t, endpoint, table)
-	item := "regions/global-minute:global-ip:" + ip + "/1"
+	item := "regions/" + minuteItems + "global-ip:" + ip + "/1"
 	if !strings.Contains(before, item) {
 		t.Fatalf("no item of region 1's share of the key in the table:\n%s", before)
 	}
@@ -169,7 +169,7 @@ func TestGlobalEventual(t *testing.T) {
 	}
 	sh := r.Shares[0]
 	cp, _ := boardAt(t, endpoint, table, item, now)
-	if sh.Name != "global-minute" || sh.Item != item || sh.Counter != "global-minute:global-ip:"+ip+"@1" || sh.Capacity != 6 || sh.Share != cp ||
+	if sh.Name != "global-minute" || sh.Item != item || sh.Counter != minuteItems+"global-ip:"+ip+"@1" || sh.Capacity != 6 || sh.Share != cp ||
 		sh.Remaining > max(cp-int64(admitted), 0) || !sh.Published {
 		t.Fatalf("inspect: %+v; want the region's share of global-minute on %s: the cap in force %d, at most %d left (%d admitted)", sh, item, cp, max(cp-int64(admitted), 0), admitted)
 	}
@@ -275,7 +275,7 @@ func TestGlobalEventualShares(t *testing.T) {
 	)
 
 	// The window: one request, then until denied.
-	item := "regions/global-minute:global-ip:" + ip + "/1"
+	item := "regions/" + minuteItems + "global-ip:" + ip + "/1"
 	first := time.Now()
 	if !decide("/window") {
 		t.Fatal("the region's first request was denied")
@@ -320,7 +320,7 @@ func TestGlobalEventualShares(t *testing.T) {
 	}
 
 	// The bucket: 3 requests.
-	item = "regions/global-bucket:global-tokens:" + ip + "/1"
+	item = "regions/" + bucketItems + "global-tokens:" + ip + "/1"
 	first = time.Now()
 	for i := range 3 {
 		if !decide("/tokens") {
@@ -334,7 +334,7 @@ func TestGlobalEventualShares(t *testing.T) {
 	refills := int64(now.Sub(first)/(6*time.Second)) + 1
 	if share != 10 || sh.Share != share || sh.Capacity != 33 || sh.Remaining < share-3 || sh.Remaining > min(share, share-3+refills) ||
 		!sh.Allowed || sh.RetryAfterMS == nil || *sh.RetryAfterMS != 0 || sh.Withheld != 0 || !slices.Equal(sh.Ledger, []int64{10, 10, 10}) ||
-		!strings.HasPrefix(sh.Counter, "global-bucket:global-tokens:"+ip+"@1#") {
+		!strings.HasPrefix(sh.Counter, bucketItems+"global-tokens:"+ip+"@1#") {
 		t.Fatalf("bucket after 3 requests: %+v; want the item's share %d (10 at three regions) less the 3, plus at most %d refills, ledger [10 10 10]", sh, share, refills)
 	}
 }
@@ -558,6 +558,15 @@ func TestGlobalRegionErrors(t *testing.T) {
 		}
 	}
 }
+
+// minuteItems and bucketItems begin the names of the items of the
+// regional shares of global-minute and global-bucket at three regions:
+// the limit's name and a tag of its parameters
+// (regions.KeysConfig.ItemPrefix).
+var (
+	minuteItems = wiring.SharesKeys(&policy.Limit{Name: "global-minute", Algorithm: policy.SlidingWindow, Limit: 6, Window: time.Minute}, 3, false).ItemPrefix()
+	bucketItems = wiring.SharesKeys(&policy.Limit{Name: "global-bucket", Algorithm: policy.TokenBucket, MaxAmount: 33, RefillTime: time.Minute, RefillAmount: 30}, 3, false).ItemPrefix()
+)
 
 func globalFile(t *testing.T) string {
 	t.Helper()

@@ -88,7 +88,9 @@ func sharesClient(ddb *dynamodb.Client) *dynamodb.Client {
 // SharesKeys is the part of l's regional shares among n regions that
 // the rule decides (policy.CheckShares accepted l; leases as
 // policy.Shares.Build is given it): the limit and its prefix in the
-// table. The caller sets the table, the store and, to decide, the holder
+// table, the limit's name (regions.KeysConfig.ItemPrefix adds a tag of
+// its numbers, so a reload that changes them names other items). The
+// caller sets the table, the store and, to decide, the holder
 // (sluice inspect reads a region's share with it).
 func SharesKeys(l *policy.Limit, n int, leases bool) regions.KeysConfig {
 	cfg := regions.Config{Regions: n, Leases: leases, Skew: SharesSkew}

@@ -15,7 +15,7 @@ import (
 // a stamp ([KeysConfig.Inspect]).
 type ShareView struct {
 	// Region is the region's place; Item its item of the key in the
-	// table (regions/<Prefix+key>/<Region>).
+	// table (regions/<ItemPrefix()+key>/<Region>).
 	Region int
 	Item   string
 	// Published: the region's agent published an entry. Until: the
@@ -61,7 +61,7 @@ type ShareView struct {
 // region), Prefix and Store; not a Holder.
 func (c KeysConfig) Inspect(ctx context.Context, key string, now time.Time) (ShareView, error) {
 	lc, t := c.Config, c.Table.withDefaults()
-	lc.Key, t.Name = c.Prefix+key, c.Prefix+key
+	lc.Key, t.Name = c.ItemPrefix()+key, c.ItemPrefix()+key
 	if c.Prefix == "" {
 		return ShareView{}, fmt.Errorf("%w: keys need a prefix", ErrInvalidConfig)
 	}

@@ -13,7 +13,7 @@ import (
 func publish(t *testing.T, kc KeysConfig, key string, r int, st State, b board) {
 	t.Helper()
 	tt := kc.Table.withDefaults()
-	tt.Name, tt.Region = kc.Prefix+key, r
+	tt.Name, tt.Region = kc.ItemPrefix()+key, r
 	now := time.Now().UnixNano()
 	it, err := tt.acquire(t.Context(), 0, "test", now, now+int64(time.Hour), tableItem{}, 0)
 	if err != nil {
@@ -53,8 +53,9 @@ func TestInspectShare(t *testing.T) {
 	})
 	publish(t, kc, "k", 0, State{Given: []int64{0, 1, 0}, Seq: 1}, board{})
 
+	k := kc.ItemPrefix() + "k" // the items' names: the prefix, the parameters' tag, the key
 	lc, tt := kc.Config, kc.Table
-	lc.Key, tt.Name = "lim:k", "lim:k"
+	lc.Key, tt.Name = k, k
 	p, err := NewProcess(lc, tt, st)
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +64,7 @@ func TestInspectShare(t *testing.T) {
 		at time.Duration
 		n  int64
 	}{{100 * time.Millisecond, 3}, {2500 * time.Millisecond, 2}, {4200 * time.Millisecond, 1}} {
-		if got, err := p.AllowN(ctx, "lim:k", base.Add(d.at), d.n); err != nil || !got.Allowed {
+		if got, err := p.AllowN(ctx, k, base.Add(d.at), d.n); err != nil || !got.Allowed {
 			t.Fatalf("decision of %d at +%v: %+v, %v", d.n, d.at, got, err)
 		}
 	}
@@ -79,8 +80,8 @@ func TestInspectShare(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v.Item != "regions/lim:k/1" || v.Counter != "lim:k@1" || !v.Published || v.Seq != 1 || v.Withheld != 3 || !reflect.DeepEqual(v.Ledger, []int64{9, 9, 12}) {
-			t.Fatalf("inspect at %v: %+v; want item regions/lim:k/1, counter lim:k@1, entry 1, 3 withheld, ledger shares [9 9 12]", at, v)
+		if v.Item != "regions/"+k+"/1" || v.Counter != k+"@1" || !v.Published || v.Seq != 1 || v.Withheld != 3 || !reflect.DeepEqual(v.Ledger, []int64{9, 9, 12}) {
+			t.Fatalf("inspect at %v: %+v; want item regions/%[3]s/1, counter %[3]s@1, entry 1, 3 withheld, ledger shares [9 9 12]", at, v, k)
 		}
 		return v
 	}
@@ -117,7 +118,7 @@ func TestInspectShare(t *testing.T) {
 	if !reflect.DeepEqual(before, after) {
 		t.Fatalf("inspect wrote the region's item:\nbefore %+v\nafter  %+v", before, after)
 	}
-	d, err := p.AllowN(ctx, "lim:k", at, 1)
+	d, err := p.AllowN(ctx, k, at, 1)
 	if err != nil || d.Allowed || d.RetryAfter != v.Decision.RetryAfter || d.Limit != v.Decision.Limit {
 		t.Fatalf("the process's decision at the same stamp: %+v, %v; inspect showed %+v", d, err, v.Decision)
 	}
@@ -126,17 +127,18 @@ func TestInspectShare(t *testing.T) {
 	// 1's item of 10 units (1 a 6 s) in force.
 	bc := kc
 	bc.Config = Config{Regions: 3, Bucket: &limiter.TokenBucketConfig{MaxAmount: 33, RefillTime: time.Minute, RefillAmount: 30}}
-	item := "lim:b@1#t.1"
+	b := bc.ItemPrefix() + "b"
+	item := b + "@1#t.1"
 	publish(t, bc, "b", 1, State{Given: []int64{0, 0, 0}, Seq: 1}, board{
 		Entry: Entry{Seq: 1, Until: base.Add(time.Hour).UnixNano(), Items: []ItemStep{{Key: item, From: minStamp, Share: 10}}},
 	})
 	blc, btt := bc.Config, bc.Table
-	blc.Key, btt.Name = "lim:b", "lim:b"
+	blc.Key, btt.Name = b, b
 	bp, err := NewProcess(blc, btt, st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, err := bp.AllowN(ctx, "lim:b", base, 4); err != nil || !d.Allowed {
+	if d, err := bp.AllowN(ctx, b, base, 4); err != nil || !d.Allowed {
 		t.Fatalf("bucket decision of 4: %+v, %v", d, err)
 	}
 	for _, c := range []struct {
@@ -153,14 +155,14 @@ func TestInspectShare(t *testing.T) {
 		}
 	}
 	at = base.Add(13 * time.Second)
-	if d, err := bp.AllowN(ctx, "lim:b", at, 8); err != nil || !d.Allowed {
+	if d, err := bp.AllowN(ctx, b, at, 8); err != nil || !d.Allowed {
 		t.Fatalf("bucket decision of 8: %+v, %v", d, err)
 	}
 	v, err = bc.Inspect(ctx, "b", at)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err = bp.AllowN(ctx, "lim:b", at, 1)
+	d, err = bp.AllowN(ctx, b, at, 1)
 	if err != nil || v.Decision.Remaining != 0 || v.Decision.Allowed || d.Allowed || d.RetryAfter != v.Decision.RetryAfter || v.Decision.RetryAfter <= 0 {
 		t.Fatalf("bucket emptied: inspect %+v; the process's decision %+v, %v; want none left, the same wait", v, d, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"time"
 
@@ -17,10 +18,11 @@ type KeysConfig struct {
 	// Config is the limit (its Key is unused: each key is its own).
 	Config Config
 	// Table places the keys' items (its Name is unused: key k's items
-	// are named Prefix + k).
+	// are named ItemPrefix() + k).
 	Table Table
 	// Prefix names the limit's keys in the table and the store (the
-	// limit's name and a separator), so that two limits never share a key.
+	// limit's name and a separator), so that two limits never share a
+	// key; ItemPrefix adds the limit's parameters.
 	Prefix string
 	// Store is the region's store (a storage.Counter for a window, a
 	// storage.BucketStore for a bucket), for the processes and the agents.
@@ -144,7 +146,8 @@ func NewKeys(cfg KeysConfig) (*Keys, error) {
 // newKey makes key k's process and agent.
 func (c *KeysConfig) newKey(k string) (*keyShare, error) {
 	lc, t := c.Config, c.Table
-	lc.Key, t.Name = c.Prefix+k, c.Prefix+k
+	prefix := c.ItemPrefix()
+	lc.Key, t.Name = prefix+k, prefix+k
 	p, err := NewProcess(lc, t, c.Store)
 	if err != nil {
 		return nil, err
@@ -153,9 +156,44 @@ func (c *KeysConfig) newKey(k string) (*keyShare, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.tbl.wants = &wantsRef{client: t.Client, table: t.Table, prefix: c.Prefix, key: k, region: t.Region, life: c.WantsLife}
+	a.tbl.wants = &wantsRef{client: t.Client, table: t.Table, prefix: prefix, key: k, region: t.Region, life: c.WantsLife}
 	return &keyShare{key: k, proc: p, agent: a}, nil
 }
+
+// ItemPrefix begins the names of the limit's items in the table and the
+// store (key k's are regions/<ItemPrefix><k>/<r>, and its processes'
+// counters ItemPrefix + k) and names its wants index
+// (regions/<ItemPrefix>/wants/<r>/index): Prefix, then a tag of the
+// limit's parameters (paramsTag) and ':'. Two Keys of one Prefix whose
+// limits differ (a rules reload that changed a global limit keeps the
+// replaced policy's Keys beside the new one for seconds, and regions
+// reload at different times) then share no item: each ticks only the
+// keys listed by regions on its own parameters, with the shares those
+// divide (docs/regions.md, "Rules reloads").
+func (c KeysConfig) ItemPrefix() string {
+	if brokenParamsTag {
+		return c.Prefix
+	}
+	return c.Prefix + c.Config.paramsTag() + ":"
+}
+
+// paramsTag names what c's shares divide and how (the regions, and the
+// window's or the bucket's numbers; not Leases, Skew or Offers, which
+// regions may set apart) in 8 hex digits of FNV-1a: a change of any of
+// them names other items, the same numbers the same ones in every region.
+func (c Config) paramsTag() string {
+	h := fnv.New32a()
+	if b := c.Bucket; b != nil {
+		fmt.Fprintf(h, "bucket:%d:%d:%d:%d", c.Regions, b.MaxAmount, int64(b.RefillTime), b.RefillAmount)
+	} else {
+		fmt.Fprintf(h, "window:%d:%d:%d:%d", c.Regions, c.Limit, int64(c.Window), c.SubWindows)
+	}
+	return fmt.Sprintf("%08x", h.Sum32())
+}
+
+// brokenParamsTag (tests): the items are named by Prefix alone, as
+// before, so Keys of other parameters share them.
+var brokenParamsTag = false
 
 // Len returns the number of keys held.
 func (k *Keys) Len() int {

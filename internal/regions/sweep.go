@@ -216,6 +216,7 @@ func (k *Keys) wanted(ctx context.Context, now int64, bound time.Duration, st *S
 		err   error
 	}
 	reads := make([]read, k.cfg.Config.Regions)
+	prefix := k.cfg.ItemPrefix()
 	var wg sync.WaitGroup
 	for o := range k.cfg.Config.Regions {
 		if o == t.Region {
@@ -225,7 +226,7 @@ func (k *Keys) wanted(ctx context.Context, now int64, bound time.Duration, st *S
 			rctx, cancel := context.WithTimeout(ctx, bound)
 			defer cancel()
 			r := &reads[o]
-			r.keys, r.stale, r.err = readWants(rctx, t.Client, t.Table, k.cfg.Prefix, o, now, life)
+			r.keys, r.stale, r.err = readWants(rctx, t.Client, t.Table, prefix, o, now, life)
 		})
 	}
 	wg.Wait()
@@ -278,7 +279,7 @@ func (k *Keys) prune(ctx context.Context, now int64, bound time.Duration, st *Sw
 	t := k.cfg.Table
 	pctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	n, err := pruneWants(pctx, t.Client, t.Table, k.cfg.Prefix, t.Region, now-life)
+	n, err := pruneWants(pctx, t.Client, t.Table, k.cfg.ItemPrefix(), t.Region, now-life)
 	st.Prunes++
 	st.Pruned += int64(n)
 	if err != nil {
