@@ -471,7 +471,9 @@ func TestPackedOneRequest(t *testing.T) {
 // TestHistoryPacked runs the history checker on the packed sliding window
 // (limitertest.PackedScenario: arrivals reordered across slot and level
 // boundaries) on DynamoDB Local, with the limit lowered so that its
-// requests reach it (see historyScenarios).
+// requests reach it (see historyScenarios), by 16 goroutines: with 64,
+// under load most calls queued past the horizon (answered Stale, they
+// check nothing), as in TestHistoryFailsBrokenPacked, its broken variant.
 func TestHistoryPacked(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the history checker takes seconds")
@@ -481,19 +483,25 @@ func TestHistoryPacked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: []limitertest.Scenario{packedScenario()}})
+	limitertest.RunHistory(t, s, limitertest.HistoryOptions{Scenarios: []limitertest.Scenario{packedScenario()}, Workers: packedWorkers})
 	st := s.Stats()
 	t.Logf("%d requests (%d failed); %d Stale, %d cleanups, %d conflicts", r.load(), r.failed.Load(), st.PackedStale, st.Cleanups, st.Conflicts)
 }
 
+// packedWorkers is how many goroutines the packed history runs use: only a
+// late writer within the horizon, on a window at its limit, checks the
+// packed protocol, and 64 queued past the horizon under load.
+const packedWorkers = 16
+
 // packedScenario is limitertest.PackedScenario with a limit DynamoDB Local
-// reaches under 64 goroutines, and delays up to 200 ms (80 slots, half the
-// horizon): late writers reach deep into the horizon, where a store that
-// removes what they need loses the oldest slots of their views.
+// reaches under packedWorkers goroutines, and delays up to 200 ms (80
+// slots, half the horizon): late writers reach deep into the horizon,
+// where a store that removes what they need loses the oldest slots of
+// their views.
 func packedScenario() limitertest.Scenario {
 	sc := limitertest.PackedScenario()
 	c := *sc.Sliding
-	c.Limit = 60
+	c.Limit = 30
 	sc.Sliding = &c
 	sc.MaxDelay = 200 * time.Millisecond
 	return sc
@@ -519,12 +527,9 @@ func TestHistoryFailsBrokenPacked(t *testing.T) {
 	s, _, _ := newStore(t, dynamo.Config{})
 	dynamo.BreakPacked(s, pR, false)
 	sc := packedScenario()
-	c := *sc.Sliding
-	c.Limit = 30
-	sc.Sliding = &c
 	for run := range uint64(8) {
 		rep, err := limitertest.RunScenario(context.Background(), s, sc, limitertest.SharedClock,
-			limitertest.HistoryOptions{Workers: 16, Keys: 2, Seed: seed + run})
+			limitertest.HistoryOptions{Workers: packedWorkers, Keys: 2, Seed: seed + run})
 		if err != nil {
 			t.Fatal(err)
 		}

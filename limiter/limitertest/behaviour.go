@@ -22,9 +22,13 @@ func testConcurrency(t *testing.T, s Store) {
 			t.Fatalf("%d allowed, want exactly 50", n)
 		}
 	})
+	// A log's writes are conditioned on its version: one writer of a
+	// round wins, so its storm costs about writers x limit requests. 16
+	// writers (128 calls, as 64 x 2) are still a storm on one item; 64
+	// ran out their deadlines on a loaded host (see hammerTimeout).
 	t.Run("SlidingLog", func(t *testing.T) {
 		l := slidingLog(t, s, limiter.SlidingLogConfig{Limit: 20, Window: time.Hour})
-		if n := Hammer(t, l, Key(t), Base, workers, 2); n != 20 {
+		if n := Hammer(t, l, Key(t), Base, 16, 8); n != 20 {
 			t.Fatalf("%d allowed, want exactly 20", n)
 		}
 	})
