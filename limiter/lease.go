@@ -359,7 +359,7 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 // lease's life for leaseDecisions decisions (leaseDecisions/rate) is
 // rounded down to whole nanoseconds, so rate*life falls a hair short of
 // them, and truncated it was one unit short: 15 units for 16 decisions,
-// a take every 15 (docs/leases.md, "One settlement per crossing"). The
+// a take every 15 (docs/leases.md, "What the requests are"). The
 // relative slack, far above the rounding's (1 ns in 100 ms) and far
 // below a unit, gives the whole units.
 func unitsIn(rate float64, d time.Duration) int64 {
