@@ -27,8 +27,10 @@ type LeaseStats struct {
 	// request.
 	Decisions int64
 	// Returns is the returns sent; Returned the unspent units they gave
-	// back.
-	Returns, Returned int64
+	// back. ReturnsAlone counts the returns sent in a store step of
+	// their own, landed or not (a bucket's return otherwise rides on
+	// the key's next step; a window's is always alone).
+	Returns, Returned, ReturnsAlone int64
 	// Lost is the unspent units not given back: too few to be worth a
 	// write, a return that failed or was refused after its epoch, or
 	// leases dropped with the process. They under-admit until they expire
@@ -40,7 +42,8 @@ type LeaseStats struct {
 func (s LeaseStats) Add(o LeaseStats) LeaseStats {
 	return LeaseStats{
 		Takes: s.Takes + o.Takes, Granted: s.Granted + o.Granted, Decisions: s.Decisions + o.Decisions,
-		Returns: s.Returns + o.Returns, Returned: s.Returned + o.Returned, Lost: s.Lost + o.Lost,
+		Returns: s.Returns + o.Returns, Returned: s.Returned + o.Returned, ReturnsAlone: s.ReturnsAlone + o.ReturnsAlone,
+		Lost: s.Lost + o.Lost,
 	}
 }
 
@@ -110,7 +113,7 @@ type leaser struct {
 	// alone.
 	far   bool
 	stats struct {
-		takes, granted, decisions, returns, returned, lost atomic.Int64
+		takes, granted, decisions, returns, returned, alone, lost atomic.Int64
 	}
 }
 
@@ -184,7 +187,7 @@ func (l *leaser) Stats() LeaseStats {
 		Takes: l.stats.takes.Load(), Granted: l.stats.granted.Load(),
 		Decisions: l.stats.decisions.Load(),
 		Returns:   l.stats.returns.Load(), Returned: l.stats.returned.Load(),
-		Lost: l.stats.lost.Load(),
+		ReturnsAlone: l.stats.alone.Load(), Lost: l.stats.lost.Load(),
 	}
 }
 
@@ -318,19 +321,19 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 	rate := k.rate()
 	life := time.Duration(float64(time.Second) * leaseDecisions * float64(n) / max(rate, 1e-9))
 	life = min(max(life, minLeaseLife), storage.MaxLeaseLife)
-	if long := min(leaseRoundTrips*k.rtt, storage.MaxLeaseLife); long > life && int64(rate*long.Seconds()) <= k.remaining/fairShare {
+	if long := min(leaseRoundTrips*k.rtt, storage.MaxLeaseLife); long > life && unitsIn(rate, long) <= k.remaining/fairShare {
 		// Round trips (a far store's only: rtt is 0 otherwise), while
 		// what remains covers them: near the limit a longer lease would
 		// only hold units the other processes are denied meanwhile.
 		life = long
 	}
-	nominal := int64(rate * life.Seconds())
+	nominal := unitsIn(rate, life)
 	if left := time.Duration(end - t); left-life < life {
 		// What would be left after this lease is shorter than it: one
 		// lease to the end rather than a short one after it.
 		life = min(left, storage.MaxLeaseLife)
 	}
-	w := min(int64(rate*life.Seconds()), k.remaining/fairShare, l.maxWant)
+	w := min(unitsIn(rate, life), k.remaining/fairShare, l.maxWant)
 	if w < k.minLease() && nominal >= k.minLease() && k.run >= backlogRun && k.leasedBefore(t) {
 		// A backlog near the lease's end of a key that leased within
 		// a second of its last call before the backlog (calls that
@@ -350,6 +353,17 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 		return n
 	}
 	return w
+}
+
+// unitsIn is the units a key deciding rate a second decides in d. A
+// lease's life for leaseDecisions decisions (leaseDecisions/rate) is
+// rounded down to whole nanoseconds, so rate*life falls a hair short of
+// them, and truncated it was one unit short: 15 units for 16 decisions,
+// a take every 15 (docs/leases.md, "What the requests are"). The
+// relative slack, far above the rounding's (1 ns in 100 ms) and far
+// below a unit, gives the whole units.
+func unitsIn(rate float64, d time.Duration) int64 {
+	return int64(rate * d.Seconds() * (1 + 1e-7))
 }
 
 // leasedBefore reports whether the key took a lease within rateHalfLife
@@ -649,6 +663,7 @@ func (r *leaseRound) sendReturns(ctx context.Context) {
 			var res [1]storage.StepResult
 			store.Do(ctx, []storage.Step{st}, res[:])
 			ok := res[0].Err == nil && (st.Kind != storage.StepBucket || res[0].Decision.Allowed)
+			lz.leases().stats.alone.Add(1)
 			lz.leases().returned(c, ok)
 		}()
 	}
@@ -695,6 +710,7 @@ func returnLeases(ctx context.Context, lz leasable, now time.Time) error {
 		var res [1]storage.StepResult
 		store.Do(ctx, []storage.Step{st}, res[:])
 		ok := res[0].Err == nil && (st.Kind != storage.StepBucket || res[0].Decision.Allowed)
+		l.stats.alone.Add(1)
 		l.returned(c, ok)
 		if res[0].Err != nil {
 			errs = append(errs, res[0].Err)

@@ -195,8 +195,11 @@ func cappedShare(t *testing.T, c cappedCase) (float64, limitertest.HotReport) {
 	return share, rep
 }
 
-// The checks fail a deny cache that remembers each denial ten times as
-// long as its RetryAfter, with and without the stall.
+// The checks fail a deny cache that remembers each denial twenty times
+// as long as its RetryAfter, with and without the stall. (Ten times
+// admitted 0.918 of exact without a stall with leases of 15 units for 16
+// decisions, and 0.979 with the 16 they are sized for: fewer store
+// denials to remember.)
 func TestLeasesHotKeyCappedSimFailsBroken(t *testing.T) {
 	if raceOn {
 		t.Skip("60,000 decisions in virtual time: make test runs it without -race")
@@ -214,4 +217,4 @@ func TestLeasesHotKeyCappedSimFailsBroken(t *testing.T) {
 
 // brokenLonger is how many times too long the broken deny cache of
 // TestLeasesHotKeyCappedSimFailsBroken remembers a denial.
-var brokenLonger time.Duration = 10
+var brokenLonger time.Duration = 20

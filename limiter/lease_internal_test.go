@@ -87,6 +87,28 @@ func TestLeaseWantRoundTripNearLimit(t *testing.T) {
 	}
 }
 
+// A hot key's lease is leaseDecisions units at any rate whose 16
+// decisions take from minLeaseLife to MaxLeaseLife: the life is
+// leaseDecisions/rate, rounded down to whole nanoseconds, and truncating
+// rate*life made 15 units of it (a take every 15 decisions, not 16:
+// TestLeasesHotKeyCapped/bucket's takes were 0.068 a decision).
+func TestLeaseWantWholeDecisions(t *testing.T) {
+	const sec = int64(time.Second)
+	for _, rate := range []float64{20, 50, 62.5, 100, 150} {
+		l := newLeaser(1<<20, nil)
+		now := int64(1000 * sec)
+		step := int64(float64(sec) / rate)
+		for end := now + 2*sec; now < end; now += step {
+			l.spend("k", now, 1)
+		}
+		l.took("k", now, 1, 1, 0, now+10*sec, 0, Decision{Allowed: true, Remaining: 1 << 20})
+		// The lease may be spent for 10 s: its life is the rate's alone.
+		if got := l.want("k", now, 1, now+10*sec); got != leaseDecisions {
+			t.Errorf("%v a second: want = %d, want %d (rate estimate %.2f)", rate, got, leaseDecisions, l.shard("k").m["k"].rate())
+		}
+	}
+}
+
 // The minimum lease falls from minLease to 2 as a far key's round trip
 // grows; a regional key's round trip is never recorded.
 func TestLeaseMinimumRoundTrip(t *testing.T) {

@@ -84,7 +84,8 @@ type leaseResult struct {
 	wruPer      float64 // write units a decision
 	conflicts   int64
 	settles     int64
-	prefill     int64 // units the prefill took
+	store       dynamo.Stats // the processes' stores' counters, summed
+	prefill     int64        // units the prefill took
 	violations  []limitertest.Violation
 }
 
@@ -146,6 +147,7 @@ func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 	for _, st := range stores {
 		ss := st.Stats()
 		r.conflicts, r.settles = r.conflicts+ss.Conflicts, r.settles+ss.Settlements
+		r.store.Reads, r.store.SettlesLost = r.store.Reads+ss.Reads, r.store.SettlesLost+ss.SettlesLost
 	}
 	switch alg {
 	case "bucket":
@@ -157,8 +159,37 @@ func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 	t.Logf("%s (demand %.1f of the limit, uneven %v, leases %v): %d decisions, %d admitted (%d from leases), exact %d: %.3f of it without the prefill; %d throttled (%d after the first second), %d denied by the deny cache, %d failed; proxy: %d requests (%.3f a decision), %.0f write units (%.3f a decision), %d throttled; stores: %d conflicts, %d settlements; leases %+v",
 		alg, opt.Rate/leaseLimit, uneven, leases, len(rep.Calls), rep.Admitted, rep.Leased, r.exact, float64(rep.Admitted-r.prefill)/float64(r.exact-r.prefill),
 		rep.Throttled, rep.ThrottledLate, rep.Cached, rep.Failed, r.proxy.Requests, r.perDecision, r.proxy.WriteUnits, r.wruPer, r.proxy.Throttled, r.conflicts, r.settles, rep.Leases)
+	t.Logf("requests by kind: %s", r.requestKinds())
 	t.Logf("longest a process stood still: %v; against exact: %v", rep.LongestGap().Round(time.Millisecond), loss)
 	return r
+}
+
+// requestKinds splits the proxy's requests by what sent them: lease
+// takes, plain store steps (decisions neither leased nor taking), lease
+// returns sent alone (those that did not ride on a take), settlements,
+// conditional writes lost (each is sent again), reads and throttled
+// requests; the proxy's count by operation alongside.
+func (r *leaseResult) requestKinds() string {
+	rep, ls := r.rep, r.rep.Leases
+	plain := int64(len(rep.Calls)) - rep.Leased - rep.Cached - ls.Takes
+	n := float64(len(rep.Calls))
+	per := func(v int64) string { return fmt.Sprintf("%d (%.4f)", v, float64(v)/n) }
+	// Decisions the store answered (takes and plain steps), per second of
+	// the run by when they began: a hot key's takes alone are about
+	// 4,000/16 a second.
+	var bySecond []int
+	for _, c := range rep.Calls {
+		if c.Reached && c.Worker >= 0 {
+			i := int(c.Start / time.Second)
+			for len(bySecond) <= i {
+				bySecond = append(bySecond, 0)
+			}
+			bySecond[i]++
+		}
+	}
+	return fmt.Sprintf("takes %s, plain steps %s, returns alone %s of %d, settlements %s (%d failed), conflicts %s, reads %s, throttled %d; by operation %v; decisions at the store per second %v",
+		per(ls.Takes), per(plain), per(ls.ReturnsAlone), ls.Returns, per(r.settles), r.store.SettlesLost,
+		per(r.conflicts), per(r.store.Reads), r.proxy.Throttled, r.proxy.Ops, bySecond)
 }
 
 // leaseStall is the longest a process of a measured run may go without
