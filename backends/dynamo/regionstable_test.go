@@ -85,6 +85,9 @@ type tableRun struct {
 	// is a regional round trip timed during the run (runRegions).
 	requests func() int
 	raw      func(context.Context) error
+	// offers: the agents make and take offers (Config.Offers; a
+	// bucket's only through the table).
+	offers bool
 }
 
 // tableReport is a run's report with the agents' table counts and the
@@ -97,11 +100,18 @@ type tableReport struct {
 	holderStats, standbyStats []regions.AgentStats
 	procs                     regions.ProcessStats
 	stale                     int64 // decisions failed for want of a valid entry
+	// tableWrites and tableWCU: the agents' and processes' writes to the
+	// regions' table items (saves, role, demand; not the buckets' and
+	// windows' own items) and the write units DynamoDB reported for them
+	// (ReturnConsumedCapacity).
+	tableWrites int64
+	tableWCU    float64
 }
 
 func (r tableReport) String() string {
 	s := r.sharesReport.String()
 	s += fmt.Sprintf("; processes: %d reads (%d with demand), %d stale, %d fenced", r.procs.Reads, r.procs.Flushes, r.procs.Stale, r.procs.Fenced)
+	s += fmt.Sprintf("; table items: %d writes, %.1f WCU", r.tableWrites, r.tableWCU)
 	for i, h := range r.holders {
 		s += fmt.Sprintf("; region %d holder %+v", i, h)
 		if len(r.standbys) > 0 {
@@ -140,13 +150,15 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		b := regionBucket
 		cfg = regions.Config{Regions: len(eps), Key: d.Name, Bucket: &b, Leases: leases}
 	}
+	cfg.Offers = run.offers
 	times := tableTimes
 	if run.times != nil {
 		times = *run.times
 	}
+	counted := &requests{consumed: true}
 	tt := func(region int) regions.Table {
 		t := times
-		t.Client, t.Table, t.Name, t.Region = newClient(eps[region]), table, d.Name, region
+		t.Client, t.Table, t.Name, t.Region = newClient(eps[region], counted.middleware), table, d.Name, region
 		return t
 	}
 	newAgent := func(region int, holder string) *regions.Agent {
@@ -304,6 +316,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		rep.procs.Stale += s.Stale
 		rep.procs.Fenced += s.Fenced
 	}
+	rep.tableWrites, rep.tableWCU = counted.update.Load(), float64(counted.wcuMilli.Load())/1000
 	rep.from = rep.start.Add(from)
 	rep.fromAdmitted, rep.fromExact = exactAfter(tb, d.Alg, rep.calls, rep.from)
 	if run.trace {
@@ -650,7 +663,12 @@ func envDurations(tb testing.TB, key string, def ...time.Duration) []time.Durati
 // .../<split>/<length>/<path>), SLUICE_SHARES_STEADY those of the
 // steady splits' (the same); SLUICE_SHARES_LEASES=0 runs the table
 // path without leases, SLUICE_SHARES_NOFENCE=1 with agents whose store
-// does not fence buckets (noBucketFence).
+// does not fence buckets (noBucketFence), SLUICE_SHARES_OFFERS=1 with
+// offers (Config.Offers: a bucket's; a window's table agents ignore it);
+// SLUICE_SHARES_PATH=table (or memory) runs that path only.
+// The table's write units (ReturnConsumedCapacity on the agents' and
+// processes' writes to the regions' items) are reported a decision and a
+// write.
 func BenchmarkRegionSharesTable(b *testing.B) {
 	g, table, eps := startEventual(b)
 	times := benchTableTimes(b)
@@ -688,6 +706,9 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 	for _, alg := range []regionAlg{regionAlgWindow, regionAlgBucket} {
 		for _, s := range runs {
 			for _, path := range []string{"memory", "table"} {
+				if p := os.Getenv("SLUICE_SHARES_PATH"); p != "" && p != path {
+					continue
+				}
 				b.Run(string(alg)+"/"+s.name+"/"+path, func(b *testing.B) {
 					for i := range b.N {
 						d := regionDemand{Name: fmt.Sprintf("rst/%s/%s/%s/%d-%d", alg, s.name, path, i, time.Now().UnixNano()), Split: s.split, Then: s.then,
@@ -703,7 +724,8 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 							checkShares(b, rep)
 							continue
 						}
-						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{trace: os.Getenv("SLUICE_SHARES_TRACE") != "", times: &times})
+						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{trace: os.Getenv("SLUICE_SHARES_TRACE") != "", times: &times,
+							offers: os.Getenv("SLUICE_SHARES_OFFERS") == "1"})
 						b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
 						rr := rep.regionReport
 						rr.failed = 0 // reported below, and checked by checkTable
@@ -713,6 +735,8 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 						b.ReportMetric(float64(rep.procs.Flushes)/float64(rep.decisions), "demand-writes/decision")
 						b.ReportMetric(float64(rep.failed), "failed")
 						b.ReportMetric(float64(rep.procs.Stale), "stale")
+						b.ReportMetric(rep.tableWCU/float64(rep.decisions), "table-WCU/decision")
+						b.ReportMetric(rep.tableWCU/float64(max(rep.tableWrites, 1)), "WCU/table-write")
 						checkTable(b, rep)
 					}
 				})

@@ -126,6 +126,20 @@ func (a *Agent) newItem(ctx context.Context, at time.Time, s int64, prepare bool
 	return it, nil
 }
 
+// leftAt is the stamp from which a rebase made at now takes the rate
+// given out of the region's bucket: rebaseAhead on, or through the table
+// its new item's first stamp (rebaseTable; the excess it returns is none
+// there: the tokens go at the carry).
+func (a *Agent) leftAt(now time.Time) int64 {
+	at := now.Add(a.ahead).UnixNano()
+	if a.tbl != nil {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		at = max(at, a.items[len(a.items)-1].from)
+	}
+	return at
+}
+
 // giveBucket gives what the plan gives, rebasing the region's bucket
 // first to its share less the grant (and to the grants it received). The
 // free tokens the old bucket held above the new share go with the units
@@ -168,7 +182,7 @@ func (a *Agent) giveBucket(ctx context.Context, now time.Time) error {
 			return err // the tokens are lost: under-admits
 		}
 	}
-	at := now.Add(a.ahead).UnixNano() // the rate given leaves the region's bucket
+	at := a.leftAt(now) // the rate given leaves the region's bucket
 	a.listBucket(now, x, min(max(excess-give, 0), x), at, true)
 	if give == 0 {
 		return nil

@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// Offers (Config.Offers; the ledger path, not the table's): a region
+// Offers (Config.Offers; the ledger path, and a bucket's through the
+// table, with the differences listed at the end): a region
 // whose share is above what its own demand needs gives the rest without
 // knowing who needs it. At its tick, stamped tau, it withholds X units
 // from its own use and lists an Offer of X in its entry. Every region,
@@ -37,6 +38,16 @@ import (
 // recipient's tick. A part returned to its giver returns empty. A
 // window's offer is of units free in the giver's count only (out of its
 // view): the recipient's cap rises at once.
+//
+// Through the table (a bucket's only): the giver's withholding is its
+// rebase to its share less X, in force from its new item's first stamp
+// (Offer.At, up to a validity after tau), and a recipient takes its part
+// no earlier than its tick stamped At (less Skew) or later; a part
+// carries no tokens. The agent's offer state is saved in its item with
+// the entry (State.Open, Thru) and resumed at every tick (resumeOffers).
+// A region offers only while every other region's entry it reads is
+// fresh (offerFresh): where nothing ticks a region's agent, no offer is
+// made to wait for it.
 
 const (
 	// offerTTL is how long after its stamp an offer's part may be
@@ -52,6 +63,11 @@ const (
 	// its giver's entry (past offerTTL: a recipient that reads it
 	// unlisted resolves it as not taken).
 	offerList = offerTTL + time.Second
+	// offerFresh: through the table a region offers only while every
+	// other region's entry it reads was published within this (and
+	// Skew) of its tick: regions where nothing ticks the key never
+	// resolve an offer (offerOpen).
+	offerFresh = 3 * time.Second
 )
 
 // Offer is units offered to whoever lacks them as of Tau (see above).
@@ -79,6 +95,15 @@ type Took struct {
 	N     int64 `json:"n"`
 	Units int64 `json:"u"`
 	At    int64 `json:"t"`
+}
+
+// OpenOffer is a giver's offer not settled (State.Open, through the
+// table): Res has bit o set once region o's resolution was read, Taken
+// the units those resolutions took.
+type OpenOffer struct {
+	Offer
+	Res   int64 `json:"r,omitempty"`
+	Taken int64 `json:"tk,omitempty"`
 }
 
 // offerState is an agent's side of the offers.
@@ -227,12 +252,24 @@ func (a *Agent) takeOffers(now time.Time) (units, tokens int64) {
 			if !a.readPast(o.Tau) && !a.brokenOffer {
 				break // later, in order
 			}
+			if a.tbl != nil && t-skew < o.At && !a.brokenOffer {
+				// Through the table the giver's withholding is in
+				// force from its new item's first stamp (At), up to a
+				// validity after tau: a part taken before would be in
+				// force twice.
+				break
+			}
 			var p int64
 			if parts := a.offerSplit(g, o); parts != nil {
 				p = parts[a.r]
 			}
 			units += p
-			tokens += a.offerTokens(o, p, t-skew)
+			if a.tbl == nil {
+				// Through the table a part carries no tokens (its
+				// raise credits the refill from the tick, as a raise
+				// no giver listed: rebaseTable).
+				tokens += a.offerTokens(o, p, t-skew)
+			}
 			a.resolve(own, g, n, p, t)
 		}
 	}
@@ -308,6 +345,16 @@ func (a *Agent) offerOpen(now time.Time) bool {
 	if a.stats.Ticks < 2 {
 		return false
 	}
+	if a.tbl != nil {
+		// Through the table: only while every other region's entry is
+		// fresh (a region whose agent stopped would hold the offer
+		// withheld until something ticks it again).
+		for o, st := range a.states {
+			if o != a.r && (st.Seq == 0 || now.UnixNano()-st.At > int64(offerFresh+a.cfg.Skew)) {
+				return false
+			}
+		}
+	}
 	for _, m := range a.off.mine {
 		if m.Tau < now.UnixNano()-int64(offerStuck) {
 			return false
@@ -369,8 +416,60 @@ func (a *Agent) mark(own *State) {
 }
 
 // offering reports whether the agent makes and takes offers (Config.Offers,
-// on the ledger path).
-func (a *Agent) offering() bool { return a.off != nil && a.tbl == nil }
+// on the ledger path, and through the table for a bucket).
+func (a *Agent) offering() bool { return a.off != nil && (a.tbl == nil || a.cfg.Bucket != nil) }
+
+// resumeOffers sets the offer state from the region's entry st as its
+// item holds it (through the table, at every tick: a successor resumes
+// the same way): the offers not settled, and per giver the last offer
+// resolved. A successor that forgot them would take an offer again (over)
+// or never take its own back (withheld for good). Under a.mu.
+func (a *Agent) resumeOffers(st State) {
+	if !a.offering() || a.brokenForget {
+		return
+	}
+	s := a.off
+	s.n = st.OfferN
+	s.thru = make([]int64, a.cfg.Regions)
+	copy(s.thru, st.Thru)
+	s.mine = s.mine[:0]
+	for _, o := range st.Open {
+		m := myOffer{Offer: o.Offer, res: make([]bool, a.cfg.Regions), taken: o.Taken}
+		for q := range m.res {
+			m.res[q] = o.Res&(1<<q) != 0
+		}
+		s.mine = append(s.mine, m)
+	}
+	s.marks[a.r] = nil // only what the item holds (saveOffers)
+	s.learn(a.r, st, st.At)
+}
+
+// saveOffers puts the offer state in the region's entry own about to be
+// saved (Seq and At set: its mark too). Under a.mu.
+func (a *Agent) saveOffers(own *State, prev int64) {
+	if !a.offering() {
+		return
+	}
+	own.At = max(own.At, prev+1) // asOf: a region's stamps increase
+	// Not learned here (mark does): a save lost would leave a mark
+	// never published, and the next one published with its number.
+	// resumeOffers learns the marks the item holds.
+	own.Marks = append(own.Marks, Mark{N: own.Seq, At: own.At, Demand: own.Demand, Share: a.owned})
+	if n := len(own.Marks); n > markMax {
+		own.Marks = slices.Delete(own.Marks, 0, n-markMax)
+	}
+	own.Thru = slices.Clone(a.off.thru)
+	own.Open = own.Open[:0:0]
+	for _, m := range a.off.mine {
+		o := OpenOffer{Offer: m.Offer, Taken: m.taken}
+		for q, r := range m.res {
+			if r {
+				o.Res |= 1 << q
+			}
+		}
+		own.Open = append(own.Open, o)
+	}
+}
 
 // offersIn takes the others' offers' parts for this region and what its
 // own settled offers left (a bucket's rebase at giveBucket puts them in
@@ -385,6 +484,7 @@ func (a *Agent) offersIn(now time.Time) {
 	defer a.mu.Unlock()
 	a.owned += units + back
 	a.carryIn += tokens
+	a.openOffers = len(a.off.mine)
 	a.stats.Received += units
 	a.stats.Share = a.owned
 }

@@ -40,7 +40,9 @@ type Config struct {
 	Skew time.Duration
 	// Offers lets a region give its share above its own need before it
 	// knows who needs it, split as of the offer's stamp (offer.go). On
-	// the ledger path (NewAgent) only: through the table it is ignored.
+	// the ledger path (NewAgent), and through the table (NewTableAgent)
+	// for a bucket only: a window's agents through the table neither
+	// make nor take offers.
 	Offers bool
 
 	// brokenSmall (tests): a bucket's surplus under minSurplus of the
@@ -152,6 +154,11 @@ type State struct {
 	OfferNet int64   `json:"qs,omitempty"`
 	Took     []Took  `json:"x,omitempty"`
 	Marks    []Mark  `json:"h,omitempty"`
+	// Open and Thru (through the table): its offers not settled, and
+	// per giver the last offer it resolved, saved with the entry so that
+	// a successor agent resumes them (offer.go, resumeOffers).
+	Open []OpenOffer `json:"qo,omitempty"`
+	Thru []int64     `json:"qt,omitempty"`
 }
 
 // Move is a grant of a bucket's units while in transit: a bucket of
@@ -393,8 +400,13 @@ type Agent struct {
 	// brokenOffer: a recipient takes its part of an offer as soon as it
 	// reads it, split by the marks it has read by then, not as of the
 	// offer's stamp; brokenGive: a giver does not withhold what it offers.
-	off                     *offerState
-	brokenOffer, brokenGive bool
+	// brokenForget: through the table, a successor resumes no offer
+	// state (resumeOffers).
+	off                                   *offerState
+	brokenOffer, brokenGive, brokenForget bool
+	// openOffers is len(off.mine) at the last tick's offersIn, under mu
+	// (givingUnderWay).
+	openOffers int
 	// brokenStale: the plan counts a stale entry's demand (planView), as
 	// before.
 	brokenStale bool

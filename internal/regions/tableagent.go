@@ -273,6 +273,7 @@ func (a *Agent) tickTable(ctx context.Context, now time.Time) error {
 	firstErr := a.readOthers(ctx)
 	a.estimateTable(now, it)
 	a.receive(now)
+	a.offersIn(now)
 	firstErr = cmp(firstErr, a.giveTable(ctx, now))
 	if !a.Holds() {
 		return firstErr // the role was lost at a save before the grant (fenceTable, fenceRebase)
@@ -339,11 +340,11 @@ func (a *Agent) estimateTable(now time.Time, it tableItem) {
 
 // givingUnderWay reports whether the agent, holding the role, has a
 // grant under way that a later tick finishes: a window's units withheld
-// for it, or a bucket's rebase not yet carried.
+// for it, a bucket's rebase not yet carried, or an offer not settled.
 func (a *Agent) givingUnderWay() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.tbl != nil && a.tbl.epoch != 0 && (a.pending > 0 || len(a.items) > 1)
+	return a.tbl != nil && a.tbl.epoch != 0 && (a.pending > 0 || len(a.items) > 1 || a.openOffers > 0)
 }
 
 func (a *Agent) setEpoch(e int64) {
@@ -383,6 +384,7 @@ func (a *Agent) resume(it tableItem) error {
 	defer a.mu.Unlock()
 	if it.hasState && len(it.state.Given) == a.cfg.Regions {
 		a.states[a.r] = it.state
+		a.resumeOffers(it.state)
 	}
 	b := it.board
 	tb.lows = slices.Clone(b.Lows)
@@ -451,8 +453,15 @@ func (a *Agent) save(ctx context.Context, now time.Time) error {
 	a.mu.Lock()
 	own := &a.states[a.r]
 	own.Seq++
+	prev := own.At
 	own.At = t
+	a.saveOffers(own, prev)
 	pub := *own
+	pub.Offers = slices.Clone(own.Offers)
+	pub.Took = slices.Clone(own.Took)
+	pub.Marks = slices.Clone(own.Marks)
+	pub.Open = slices.Clone(own.Open)
+	pub.Thru = slices.Clone(own.Thru)
 	pub.Given = slices.Clone(own.Given)
 	pub.Future = slices.Clone(own.Future)
 	pub.Tokens = slices.Clone(own.Tokens)

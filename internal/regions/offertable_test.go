@@ -1,0 +1,282 @@
+package regions
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sluicehq/sluice/backends/memory"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/limitertest"
+)
+
+// offerTableCase is a run of TestSharesTableOffers.
+type offerTableCase struct {
+	name string
+	// wait: the agents' stores are taken as not fencing (a rebase takes
+	// over a validity after its tick: an offer's At is then well past
+	// its tau).
+	wait bool
+	// successor: every region has a standby agent; the holders stop at
+	// the first step where region 0 has taken a part of an offer (its
+	// giver may have settled it by then), and the standbys take the
+	// roles over.
+	successor bool
+	// brokenGive: givers keep what they offer; brokenForget: the
+	// standbys resume no offer state.
+	brokenGive, brokenForget bool
+}
+
+// offerTableResult is what a run saw: the union's history over the
+// bucket's bound, the largest sum of the regions' shares in force (the
+// agents that last held each role), and the accounting's faults.
+type offerTableResult struct {
+	over     []limitertest.Violation
+	maxShare int64
+	faults   []string
+	offers   int64 // offers made
+	taken    int64 // units taken from offers
+	frozen   bool  // the holders stopped (successor)
+	tookOver bool  // and the standbys hold the roles at the end
+	admitted int
+	failed   int   // decisions failed
+	firstErr error // the first
+}
+
+// TestSharesTableOffers: offers (Config.Offers) through the table, a
+// bucket's (three regions on one DynamoDB Local, no replication lag, a
+// simulated clock never behind the wall clock, memory stores), demand
+// 98/1/1 at 1.2 times the rate for 5 s: the idle regions offer their
+// share above their need, the busy one takes parts. Checked: the union's
+// history against the bucket's bound (CheckBucketBound), the regions'
+// shares in force (each region's last holder's) never summing above the
+// units, no offer resolved twice in a region, and each giver's offer
+// total (State.OfferNet) equal to what its entries' resolutions and
+// unsettled offers account for. Cases: fenced (the default), wait (a
+// store that does not fence: an offer's withholding is in force a
+// validity after its tau, and a part is taken no earlier), successor
+// (every region's holder stops once region 0 took a part of an offer:
+// the standbys resume the offer state from the item). Broken: a giver
+// that keeps what it offers (the shares sum above the units, its
+// accounting short); a successor that forgets the offer state (region
+// 0's resolves the offers again: resolved twice; a giver's, where its
+// offer was still open, never takes back what it offered: its
+// accounting is short, not asserted apart).
+func TestSharesTableOffers(t *testing.T) {
+	client, table := testTable(t)
+	for _, c := range []offerTableCase{
+		{name: "fenced"},
+		{name: "wait", wait: true},
+		{name: "successor", successor: true},
+		{name: "broken-give", brokenGive: true},
+		{name: "broken-forget", successor: true, brokenForget: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			res := offerTableRun(t, client, table, c)
+			t.Logf("%s: %d admitted, %d failed (%v), %d offers, %d units taken, largest sum of shares %d, %d over, faults %v",
+				c.name, res.admitted, res.failed, res.firstErr, res.offers, res.taken, res.maxShare, len(res.over), res.faults)
+			failed := len(res.over) > 0 || res.maxShare > offerTableCfg.units() || len(res.faults) > 0
+			broken := c.brokenGive || c.brokenForget
+			switch {
+			case res.offers == 0 || res.taken == 0:
+				t.Errorf("%d offers, %d units taken: the offers did not move units", res.offers, res.taken)
+			case c.successor && (!res.frozen || !res.tookOver):
+				t.Errorf("the holders stopped mid-offer: %v; the standbys took the roles over: %v", res.frozen, res.tookOver)
+			case broken && !failed:
+				t.Errorf("the broken agents passed every check")
+			case !broken && failed:
+				t.Errorf("over the bound: %v; shares up to %d of %d units; faults %v", res.over, res.maxShare, offerTableCfg.units(), res.faults)
+			}
+		})
+	}
+}
+
+var offerTableCfg = Config{Regions: 3, Key: "k", Bucket: &limiter.TokenBucketConfig{Name: "global", MaxAmount: 200, RefillTime: 10 * time.Millisecond,
+	RefillAmount: 2}, Offers: true}
+
+func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerTableCase) offerTableResult {
+	ctx := t.Context()
+	cfg := offerTableCfg
+	now := time.Now()
+	name := fmt.Sprintf("offers-%s-%d", c.name, now.UnixNano())
+	var (
+		holders, standbys [3]*Agent
+		procs             [3]*Process
+	)
+	newAgent := func(r int, holder string, st *memory.Store, tt Table) *Agent {
+		a, err := NewTableAgent(cfg, tt, holder, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.wait {
+			a.tbl.fenced = false
+		}
+		a.brokenGive = c.brokenGive
+		return a
+	}
+	for r := range holders {
+		tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
+			Validity: time.Second, Deadline: time.Second, LockLife: 750 * time.Millisecond}
+		st := memStore(t)
+		holders[r] = newAgent(r, fmt.Sprintf("r%d-a", r), st, tt)
+		if c.successor {
+			standbys[r] = newAgent(r, fmt.Sprintf("r%d-b", r), st, tt)
+			standbys[r].brokenForget = c.brokenForget
+		}
+		var err error
+		if procs[r], err = NewProcess(cfg, tt, st); err != nil {
+			t.Fatal(err)
+		}
+		// A decision without a valid entry fails at once (not
+		// admitted): this loop is what ticks the agents.
+		procs[r].brokenNoWait = true
+	}
+	// The first ticks take the roles and publish the entries the
+	// processes need.
+	for r, a := range holders {
+		if err := a.Tick(ctx, now); err != nil || !a.Holds() {
+			t.Fatalf("region %d's first tick: %v (holds: %v)", r, err, a.Holds())
+		}
+	}
+	var res offerTableResult
+	var calls []limitertest.Call
+	cur := holders // each region's agent that last held its role
+	stopped := false
+	split := []float64{0.98, 0.01, 0.01}
+	rate := 1.2 * cfg.rate()
+	owe := make([]float64, 3)
+	const step = 50 * time.Millisecond
+	if now.Before(time.Now()) {
+		now = time.Now() // the first ticks' requests took their time
+	}
+	start := now
+	var next [3]time.Time // each region's next tick: every 250 ms, a step apart
+	for r := range next {
+		next[r] = start.Add(time.Duration(r+1) * step)
+	}
+	end := start.Add(5 * time.Second)
+	for now.Before(end) {
+		if now = now.Add(step); now.Before(time.Now()) {
+			now = time.Now()
+		}
+		for r := range 3 {
+			owe[r] += split[r] * rate * step.Seconds()
+			for ; owe[r] >= 1; owe[r]-- {
+				d, err := procs[r].AllowN(ctx, "k", now, 1)
+				if err != nil {
+					res.failed++ // no valid entry (a takeover's gap): not admitted
+					if res.firstErr == nil {
+						res.firstErr = err
+					}
+					continue
+				}
+				calls = append(calls, limitertest.Call{Key: "k", Cost: 1, Stamp: now, Allowed: d.Allowed, Reached: true})
+			}
+		}
+		for r := range 3 {
+			if now.Before(next[r]) {
+				continue
+			}
+			next[r] = now.Add(250 * time.Millisecond)
+			for _, a := range []*Agent{holders[r], standbys[r]} {
+				if a == nil || stopped && a == holders[r] {
+					continue
+				}
+				if err := a.Tick(ctx, now); err != nil && !errors.Is(err, errStopped) {
+					t.Logf("region %d tick: %v", r, err)
+				}
+				if a.Holds() {
+					cur[r] = a
+				}
+			}
+		}
+		if c.successor && !stopped && midOffer(holders[0]) {
+			// The run goes on at least 3 s more: the standbys take
+			// the roles over a LockLife after the holders' last saves.
+			stopped, res.frozen = true, true
+			end = latest(end, now.Add(3*time.Second))
+		}
+		var sum int64
+		for _, a := range cur {
+			s, _ := a.Share()
+			sum += s
+		}
+		res.maxShare = max(res.maxShare, sum)
+	}
+	for _, cl := range calls {
+		if cl.Allowed {
+			res.admitted++
+		}
+	}
+	res.over = limitertest.CheckBucketBound(calls, *cfg.Bucket)
+	var states [3]State
+	for r, a := range cur {
+		states[r] = a.states[r]
+		res.offers += states[r].OfferN
+	}
+	res.taken, res.faults = offerAccounts(states[:])
+	res.tookOver = c.successor && standbys[0].Holds() && standbys[1].Holds() && standbys[2].Holds()
+	return res
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// midOffer reports whether region 0's agent has taken a part of an offer
+// (whether or not its giver has settled it: under load, the ticks of
+// one step can do both).
+func midOffer(a0 *Agent) bool {
+	return slices.ContainsFunc(a0.states[0].Took, func(k Took) bool { return k.Units > 0 })
+}
+
+// offerAccounts checks the regions' entries' offers: no offer resolved
+// twice in a region; each region's OfferNet equal to what it took, less
+// what the others took of its settled offers, less its unsettled offers
+// (the run is shorter than tookKeep: every resolution is listed). It
+// returns the units taken.
+func offerAccounts(states []State) (taken int64, faults []string) {
+	for r, st := range states {
+		seen := map[[2]int64]bool{}
+		want := int64(0)
+		for _, k := range st.Took {
+			id := [2]int64{int64(k.From), k.N}
+			if seen[id] {
+				faults = append(faults, fmt.Sprintf("region %d resolved region %d's offer %d twice", r, k.From, k.N))
+			}
+			seen[id] = true
+			want += k.Units
+			taken += k.Units
+		}
+		for _, o := range st.Open {
+			want -= o.Units
+		}
+		for n := int64(1); n <= st.OfferN; n++ {
+			if slices.ContainsFunc(st.Open, func(o OpenOffer) bool { return o.N == n }) {
+				continue
+			}
+			for q, qs := range states {
+				if q == r {
+					continue
+				}
+				for _, k := range qs.Took {
+					if k.From == r && k.N == n {
+						want -= k.Units
+					}
+				}
+			}
+		}
+		if st.OfferNet != want {
+			faults = append(faults, fmt.Sprintf("region %d: OfferNet %d, its offers and resolutions account for %d", r, st.OfferNet, want))
+		}
+	}
+	return taken, faults
+}
