@@ -49,3 +49,23 @@ func allStopped(pid int) bool {
 	}
 	return true
 }
+
+// cpuTime is the CPU time (user and system) process pid has used, from
+// /proc (in USER_HZ ticks, 100 a second); false if it cannot be read.
+func cpuTime(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	i := bytes.LastIndexByte(b, ')')
+	if err != nil || i < 0 {
+		return 0, false
+	}
+	f := bytes.Fields(b[i+1:]) // from the state, field 3: utime is 14, stime 15
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, uerr := strconv.ParseInt(string(f[11]), 10, 64)
+	k, kerr := strconv.ParseInt(string(f[12]), 10, 64)
+	if uerr != nil || kerr != nil {
+		return 0, false
+	}
+	return time.Duration(u+k) * (time.Second / 100), true
+}

@@ -2,9 +2,15 @@
 
 package testserver
 
-import "syscall"
+import (
+	"syscall"
+	"time"
+)
 
 func sysProcAttr() *syscall.SysProcAttr { return nil }
 
 // waitStopped returns at once: there is no /proc to read.
 func waitStopped(int) {}
+
+// cpuTime reports false: there is no /proc to read.
+func cpuTime(int) (time.Duration, bool) { return 0, false }
