@@ -273,14 +273,37 @@ func (a *Agent) takeOffers(now time.Time) (units, tokens int64) {
 			a.resolve(own, g, n, p, t)
 		}
 	}
-	own.Took = slices.DeleteFunc(own.Took, func(k Took) bool { return k.At < t-int64(tookKeep) })
+	own.Took = slices.DeleteFunc(own.Took, func(k Took) bool { return a.tookDone(k, t) })
 	return units, tokens
 }
 
 func (a *Agent) resolve(own *State, g int, n, units, t int64) {
 	a.off.thru[g] = n
-	own.Took = append(own.Took, Took{From: g, N: n, Units: units, At: t})
+	if units > 0 || a.tbl == nil {
+		// Through the table a resolution of nothing is not listed:
+		// the entry's Thru stands for it (settleOffers).
+		own.Took = append(own.Took, Took{From: g, N: n, Units: units, At: t})
+	}
 	own.OfferNet += units
+}
+
+// tookDone reports whether resolution k may leave the region's entry at
+// t. On the ledger path: tookKeep after it (its giver has read it by
+// then, or holds the offer withheld for good). Through the table: once
+// its giver's entry as read here shows the offer settled (numbered, and
+// not open): the giver read it, and its successors resume the offer as
+// settled, so none reads the resolution missing as "none taken"
+// (settleOffers). A giver's entry replicates in order: a settled offer
+// never shows open again.
+func (a *Agent) tookDone(k Took, t int64) bool {
+	if a.tbl == nil {
+		return k.At < t-int64(tookKeep)
+	}
+	if a.brokenPrune {
+		return true
+	}
+	g := a.states[k.From]
+	return k.N <= g.OfferN && !slices.ContainsFunc(g.Open, func(o OpenOffer) bool { return o.N == k.N })
 }
 
 // offerTokens is a bucket's part p of offer o at stamp t: its proportion
@@ -320,6 +343,11 @@ func (a *Agent) settleOffers(now time.Time) int64 {
 			if i := slices.IndexFunc(st.Took, func(k Took) bool { return k.From == a.r && k.N == m.N }); i >= 0 {
 				m.res[o] = true
 				m.taken += st.Took[i].Units
+			} else if a.tbl != nil && a.r < len(st.Thru) && st.Thru[a.r] >= m.N {
+				// Through the table: resolved, and not listed, so of
+				// nothing (a part taken stays listed until this
+				// region's entry shows the offer settled: tookDone).
+				m.res[o] = true
 			} else {
 				left++
 			}
@@ -408,7 +436,7 @@ func (a *Agent) addOffer(now time.Time, x, tokens, at int64) {
 // mark adds the region's own mark to its entry about to be published
 // (Seq and At set), keeping the last markMax.
 func (a *Agent) mark(own *State) {
-	own.Marks = append(own.Marks, Mark{N: own.Seq, At: own.At, Demand: own.Demand, Share: a.owned})
+	own.Marks = append(own.Marks, newMark(own, a.owned))
 	if n := len(own.Marks); n > markMax {
 		own.Marks = slices.Delete(own.Marks, 0, n-markMax)
 	}
@@ -425,10 +453,15 @@ func (a *Agent) offering() bool { return a.off != nil && (a.tbl == nil || a.cfg.
 // resolved. A successor that forgot them would take an offer again (over)
 // or never take its own back (withheld for good). Under a.mu.
 func (a *Agent) resumeOffers(st State) {
-	if !a.offering() || a.brokenForget {
+	if !a.offering() {
 		return
 	}
 	s := a.off
+	s.marks[a.r] = nil // only what the item holds (saveOffers)
+	s.learn(a.r, st, st.At)
+	if a.brokenForget {
+		return // its own marks learnt, its offers and resolutions not
+	}
 	s.n = st.OfferN
 	s.thru = make([]int64, a.cfg.Regions)
 	copy(s.thru, st.Thru)
@@ -440,8 +473,6 @@ func (a *Agent) resumeOffers(st State) {
 		}
 		s.mine = append(s.mine, m)
 	}
-	s.marks[a.r] = nil // only what the item holds (saveOffers)
-	s.learn(a.r, st, st.At)
 }
 
 // saveOffers puts the offer state in the region's entry own about to be
@@ -454,7 +485,7 @@ func (a *Agent) saveOffers(own *State, prev int64) {
 	// Not learned here (mark does): a save lost would leave a mark
 	// never published, and the next one published with its number.
 	// resumeOffers learns the marks the item holds.
-	own.Marks = append(own.Marks, Mark{N: own.Seq, At: own.At, Demand: own.Demand, Share: a.owned})
+	own.Marks = append(own.Marks, newMark(own, a.owned))
 	if n := len(own.Marks); n > markMax {
 		own.Marks = slices.Delete(own.Marks, 0, n-markMax)
 	}

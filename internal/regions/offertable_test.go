@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -27,8 +28,9 @@ type offerTableCase struct {
 	// roles over.
 	successor bool
 	// brokenGive: givers keep what they offer; brokenForget: the
-	// standbys resume no offer state.
-	brokenGive, brokenForget bool
+	// standbys resume no offer state; brokenPrune: recipients list no
+	// part they took (their givers read none taken).
+	brokenGive, brokenForget, brokenPrune bool
 }
 
 // offerTableResult is what a run saw: the union's history over the
@@ -39,7 +41,8 @@ type offerTableResult struct {
 	maxShare int64
 	faults   []string
 	offers   int64 // offers made
-	taken    int64 // units taken from offers
+	taken    int64 // units taken from offers, as the entries list them
+	received int64 // the regions' OfferNet above zero at the end
 	frozen   bool  // the holders stopped (successor)
 	tookOver bool  // and the standbys hold the roles at the end
 	admitted int
@@ -54,8 +57,10 @@ type offerTableResult struct {
 // share above their need, the busy one takes parts. Checked: the union's
 // history against the bucket's bound (CheckBucketBound), the regions'
 // shares in force (each region's last holder's) never summing above the
-// units, no offer resolved twice in a region, and each giver's offer
-// total (State.OfferNet) equal to what its entries' resolutions and
+// units, no offer resolved twice in a region (by every entry saved: a
+// part taken is listed only until its giver settles it, a resolution of
+// nothing only by Thru, which never steps back), and each giver's offer
+// total (State.OfferNet) equal to what the resolutions saved and its
 // unsettled offers account for. Cases: fenced (the default), wait (a
 // store that does not fence: an offer's withholding is in force a
 // validity after its tau, and a part is taken no earlier), successor
@@ -63,9 +68,11 @@ type offerTableResult struct {
 // the standbys resume the offer state from the item). Broken: a giver
 // that keeps what it offers (the shares sum above the units, its
 // accounting short); a successor that forgets the offer state (region
-// 0's resolves the offers again: resolved twice; a giver's, where its
-// offer was still open, never takes back what it offered: its
-// accounting is short, not asserted apart).
+// 0's resolves the offers again: resolved twice, its Thru steps back; a
+// giver's, where its offer was still open, never takes back what it
+// offered: its accounting is short, not asserted apart); recipients
+// that list no part they took (their givers take the whole offer back:
+// the shares sum above the units, the accounting short).
 func TestSharesTableOffers(t *testing.T) {
 	client, table := testTable(t)
 	for _, c := range []offerTableCase{
@@ -74,17 +81,18 @@ func TestSharesTableOffers(t *testing.T) {
 		{name: "successor", successor: true},
 		{name: "broken-give", brokenGive: true},
 		{name: "broken-forget", successor: true, brokenForget: true},
+		{name: "broken-prune", brokenPrune: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			res := offerTableRun(t, client, table, c)
-			t.Logf("%s: %d admitted, %d failed (%v), %d offers, %d units taken, largest sum of shares %d, %d over, faults %v",
-				c.name, res.admitted, res.failed, res.firstErr, res.offers, res.taken, res.maxShare, len(res.over), res.faults)
+			t.Logf("%s: %d admitted, %d failed (%v), %d offers, %d units taken (OfferNet above 0: %d), largest sum of shares %d, %d over, faults %v",
+				c.name, res.admitted, res.failed, res.firstErr, res.offers, res.taken, res.received, res.maxShare, len(res.over), res.faults)
 			failed := len(res.over) > 0 || res.maxShare > offerTableCfg.units() || len(res.faults) > 0
-			broken := c.brokenGive || c.brokenForget
+			broken := c.brokenGive || c.brokenForget || c.brokenPrune
 			switch {
-			case res.offers == 0 || res.taken == 0:
-				t.Errorf("%d offers, %d units taken: the offers did not move units", res.offers, res.taken)
+			case res.offers == 0 || max(res.taken, res.received) == 0:
+				t.Errorf("%d offers, %d units taken (OfferNet above 0: %d): the offers did not move units", res.offers, res.taken, res.received)
 			case c.successor && (!res.frozen || !res.tookOver):
 				t.Errorf("the holders stopped mid-offer: %v; the standbys took the roles over: %v", res.frozen, res.tookOver)
 			case broken && !failed:
@@ -116,7 +124,7 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 		if c.wait {
 			a.tbl.fenced = false
 		}
-		a.brokenGive = c.brokenGive
+		a.brokenGive, a.brokenPrune = c.brokenGive, c.brokenPrune
 		return a
 	}
 	for r := range holders {
@@ -145,6 +153,7 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 	}
 	var res offerTableResult
 	var calls []limitertest.Call
+	seen := newOfferLog()
 	cur := holders // each region's agent that last held its role
 	stopped := false
 	split := []float64{0.98, 0.01, 0.01}
@@ -187,11 +196,15 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 				if a == nil || stopped && a == holders[r] {
 					continue
 				}
-				if err := a.Tick(ctx, now); err != nil && !errors.Is(err, errStopped) {
+				err := a.Tick(ctx, now)
+				if err != nil && !errors.Is(err, errStopped) {
 					t.Logf("region %d tick: %v", r, err)
 				}
 				if a.Holds() {
 					cur[r] = a
+					if err == nil {
+						seen.add(r, a.states[r]) // saved: published
+					}
 				}
 			}
 		}
@@ -219,7 +232,10 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 		states[r] = a.states[r]
 		res.offers += states[r].OfferN
 	}
-	res.taken, res.faults = offerAccounts(states[:])
+	res.taken, res.faults = seen.accounts(states[:])
+	for _, st := range states {
+		res.received += max(st.OfferNet, 0)
+	}
 	res.tookOver = c.successor && standbys[0].Holds() && standbys[1].Holds() && standbys[2].Holds()
 	return res
 }
@@ -238,45 +254,93 @@ func midOffer(a0 *Agent) bool {
 	return slices.ContainsFunc(a0.states[0].Took, func(k Took) bool { return k.Units > 0 })
 }
 
-// offerAccounts checks the regions' entries' offers: no offer resolved
-// twice in a region; each region's OfferNet equal to what it took, less
-// what the others took of its settled offers, less its unsettled offers
-// (the run is shorter than tookKeep: every resolution is listed). It
-// returns the units taken.
-func offerAccounts(states []State) (taken int64, faults []string) {
-	for r, st := range states {
-		seen := map[[2]int64]bool{}
-		want := int64(0)
-		for _, k := range st.Took {
-			id := [2]int64{int64(k.From), k.N}
-			if seen[id] {
-				faults = append(faults, fmt.Sprintf("region %d resolved region %d's offer %d twice", r, k.From, k.N))
-			}
-			seen[id] = true
-			want += k.Units
-			taken += k.Units
+// offerLog is every resolution the regions published (an entry lists
+// a part taken only until its giver settles it, and a resolution of
+// nothing not at all: Thru stands for it), and the faults seen while
+// logging: a region's Thru stepping back.
+type offerLog struct {
+	took   map[[3]int64]map[int64]int64 // region, giver, offer: units by resolution stamp
+	thru   map[int][]int64
+	faults []string
+}
+
+func newOfferLog() *offerLog {
+	return &offerLog{took: map[[3]int64]map[int64]int64{}, thru: map[int][]int64{}}
+}
+
+// add logs region r's entry st as saved.
+func (l *offerLog) add(r int, st State) {
+	for _, k := range st.Took {
+		id := [3]int64{int64(r), int64(k.From), k.N}
+		if l.took[id] == nil {
+			l.took[id] = map[int64]int64{}
 		}
+		l.took[id][k.At] = k.Units
+	}
+	for g, n := range l.thru[r] {
+		if g < len(st.Thru) && st.Thru[g] < n {
+			l.faults = append(l.faults, fmt.Sprintf("region %d's Thru of region %d's offers stepped back from %d to %d", r, g, n, st.Thru[g]))
+		}
+	}
+	if len(st.Thru) > 0 {
+		l.thru[r] = slices.Clone(st.Thru)
+	}
+}
+
+// accounts checks the regions' offers by the log and their last entries
+// states: no offer resolved twice in a region; each region's OfferNet
+// equal to what it took, less what the others took of its settled
+// offers, less its unsettled offers. It returns the units taken.
+func (l *offerLog) accounts(states []State) (taken int64, faults []string) {
+	faults = slices.Clone(l.faults)
+	got := make([]int64, len(states)) // by recipient
+	gave := map[[2]int64]int64{}      // giver, offer: units taken by the others
+	for id, res := range l.took {
+		if len(res) > 1 {
+			faults = append(faults, fmt.Sprintf("region %d resolved region %d's offer %d twice", id[0], id[1], id[2]))
+		}
+		for _, u := range res {
+			got[id[0]] += u
+			gave[[2]int64{id[1], id[2]}] += u
+			taken += u
+		}
+	}
+	for r, st := range states {
+		want := got[r]
 		for _, o := range st.Open {
 			want -= o.Units
 		}
 		for n := int64(1); n <= st.OfferN; n++ {
-			if slices.ContainsFunc(st.Open, func(o OpenOffer) bool { return o.N == n }) {
-				continue
-			}
-			for q, qs := range states {
-				if q == r {
-					continue
-				}
-				for _, k := range qs.Took {
-					if k.From == r && k.N == n {
-						want -= k.Units
-					}
-				}
+			if !slices.ContainsFunc(st.Open, func(o OpenOffer) bool { return o.N == n }) {
+				want -= gave[[2]int64{int64(r), n}]
 			}
 		}
 		if st.OfferNet != want {
 			faults = append(faults, fmt.Sprintf("region %d: OfferNet %d, its offers and resolutions account for %d", r, st.OfferNet, want))
 		}
 	}
+	slices.Sort(faults)
 	return taken, faults
+}
+
+// TestMarkListJSON: an entry's marks survive their compact form (gaps in
+// N, shares falling, a demand of two decimals), and a malformed list is
+// refused.
+func TestMarkListJSON(t *testing.T) {
+	l := markList{{N: 7, At: 1_800_000_000_123_456_789, Demand: 163.27, Share: 191}, {N: 8, At: 1_800_000_000_373_456_790, Demand: 0, Share: 13},
+		{N: 10, At: 1_800_000_001_000_000_000, Demand: 0.01, Share: 200}}
+	b, err := json.Marshal(State{Marks: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil || !slices.Equal(st.Marks, l) {
+		t.Errorf("%s decoded to %+v (%v), want %+v", b, st.Marks, err, l)
+	}
+	if err := json.Unmarshal([]byte(`{"hm":[1,2,3]}`), &st); err == nil {
+		t.Errorf("three numbers decoded to %+v", st.Marks)
+	}
+	if m := newMark(&State{Demand: 163.2749}, 1); m.Demand != 163.27 {
+		t.Errorf("a mark's demand of 163.2749 is %v, not 163.27", m.Demand)
+	}
 }
