@@ -59,9 +59,14 @@ const (
 	// how long a resolution stays listed (its giver must read it).
 	markMax  = 16
 	tookKeep = 30 * time.Second
+	// markSpan: through the table an entry lists its marks of this
+	// long before it (at least two): a region that reads another's
+	// entries at least this often knows all its marks.
+	markSpan = 2 * time.Second
 	// offerList is how long after its stamp an offer stays listed in
 	// its giver's entry (past offerTTL: a recipient that reads it
-	// unlisted resolves it as not taken).
+	// unlisted resolves it as not taken). Through the table an offer is
+	// listed while it is open (State.Open).
 	offerList = offerTTL + time.Second
 	// offerFresh: through the table a region offers only while every
 	// other region's entry it reads was published within this (and
@@ -242,13 +247,17 @@ func (a *Agent) takeOffers(now time.Time) (units, tokens int64) {
 		if g == a.r {
 			continue
 		}
+		listed := st.Offers
+		if a.tbl != nil {
+			listed = openOffers(st.Open)
+		}
 		for n := a.off.thru[g] + 1; n <= st.OfferN; n++ {
-			i := slices.IndexFunc(st.Offers, func(o Offer) bool { return o.N == n })
-			if i < 0 || t+skew >= st.Offers[i].Tau+int64(offerTTL) {
+			i := slices.IndexFunc(listed, func(o Offer) bool { return o.N == n })
+			if i < 0 || t+skew >= listed[i].Tau+int64(offerTTL) {
 				a.resolve(own, g, n, 0, t) // unlisted or late: never
 				continue
 			}
-			o := st.Offers[i]
+			o := listed[i]
 			if !a.readPast(o.Tau) && !a.brokenOffer {
 				break // later, in order
 			}
@@ -275,6 +284,17 @@ func (a *Agent) takeOffers(now time.Time) (units, tokens int64) {
 	}
 	own.Took = slices.DeleteFunc(own.Took, func(k Took) bool { return a.tookDone(k, t) })
 	return units, tokens
+}
+
+// openOffers is the offers of open (through the table, a giver lists
+// its offers by its open ones: one settled is resolved everywhere, so no
+// region reads it again).
+func openOffers(open []OpenOffer) []Offer {
+	out := make([]Offer, len(open))
+	for i, o := range open {
+		out[i] = o.Offer
+	}
+	return out
 }
 
 func (a *Agent) resolve(own *State, g int, n, units, t int64) {
@@ -486,9 +506,10 @@ func (a *Agent) saveOffers(own *State, prev int64) {
 	// never published, and the next one published with its number.
 	// resumeOffers learns the marks the item holds.
 	own.Marks = append(own.Marks, newMark(own, a.owned))
-	if n := len(own.Marks); n > markMax {
-		own.Marks = slices.Delete(own.Marks, 0, n-markMax)
+	for len(own.Marks) > markMax || len(own.Marks) > 2 && own.Marks[0].At < own.At-int64(markSpan) {
+		own.Marks = own.Marks[1:]
 	}
+	own.Offers = nil // listed by Open
 	own.Thru = slices.Clone(a.off.thru)
 	own.Open = own.Open[:0:0]
 	for _, m := range a.off.mine {

@@ -156,6 +156,7 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 	seen := newOfferLog()
 	cur := holders // each region's agent that last held its role
 	stopped := false
+	var frozeAt time.Time
 	split := []float64{0.98, 0.01, 0.01}
 	rate := 1.2 * cfg.rate()
 	owe := make([]float64, 3)
@@ -196,6 +197,9 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 				if a == nil || stopped && a == holders[r] {
 					continue
 				}
+				if stopped && r > 0 && now.Before(frozeAt.Add(giverStall)) {
+					continue // the givers' standbys wait
+				}
 				err := a.Tick(ctx, now)
 				if err != nil && !errors.Is(err, errStopped) {
 					t.Logf("region %d tick: %v", r, err)
@@ -211,7 +215,7 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 		if c.successor && !stopped && midOffer(holders[0]) {
 			// The run goes on at least 3 s more: the standbys take
 			// the roles over a LockLife after the holders' last saves.
-			stopped, res.frozen = true, true
+			stopped, res.frozen, frozeAt = true, true, now
 			end = latest(end, now.Add(3*time.Second))
 		}
 		var sum int64
@@ -239,6 +243,12 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 	res.tookOver = c.successor && standbys[0].Holds() && standbys[1].Holds() && standbys[2].Holds()
 	return res
 }
+
+// giverStall is how long after the holders stop the givers' standbys
+// wait before they tick: region 0's standby takes its role over while
+// the offers it took parts of are still open (listed), so that one
+// that forgot what it resolved would take them again.
+const giverStall = 1500 * time.Millisecond
 
 func latest(a, b time.Time) time.Time {
 	if a.After(b) {
