@@ -363,6 +363,8 @@ func (a *Agent) settleOffers(now time.Time) int64 {
 			if i := slices.IndexFunc(st.Took, func(k Took) bool { return k.From == a.r && k.N == m.N }); i >= 0 {
 				m.res[o] = true
 				m.taken += st.Took[i].Units
+			} else if a.brokenCut && now.UnixNano()-st.At > int64(2*time.Second) {
+				m.res[o] = true // a region not heard from: none taken
 			} else if a.tbl != nil && a.r < len(st.Thru) && st.Thru[a.r] >= m.N {
 				// Through the table: resolved, and not listed, so of
 				// nothing (a part taken stays listed until this

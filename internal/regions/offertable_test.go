@@ -31,6 +31,12 @@ type offerTableCase struct {
 	// standbys resume no offer state; brokenPrune: recipients list no
 	// part they took (their givers read none taken).
 	brokenGive, brokenForget, brokenPrune bool
+	// cut: "taker", region 0 is cut off (offerCut) once it has taken a
+	// part of an offer its giver has not settled; "giver", region 1 is
+	// once it has an offer open. brokenCut: givers take a region not
+	// heard from for 2 s as having taken none.
+	cut       string
+	brokenCut bool
 }
 
 // offerTableResult is what a run saw: the union's history over the
@@ -44,10 +50,14 @@ type offerTableResult struct {
 	taken    int64 // units taken from offers, as the entries list them
 	received int64 // the regions' OfferNet above zero at the end
 	frozen   bool  // the holders stopped (successor)
-	tookOver bool  // and the standbys hold the roles at the end
-	admitted int
-	failed   int   // decisions failed
-	firstErr error // the first
+	start    time.Time
+	// unsettled: the offers open at the cut still open at the end.
+	unsettled []string
+	tookOver  bool // and the standbys hold the roles at the end
+	admitted  int
+	cut       *offerCut // the cut cases'
+	failed    int       // decisions failed
+	firstErr  error     // the first
 }
 
 // TestSharesTableOffers: offers (Config.Offers) through the table, a
@@ -82,15 +92,29 @@ func TestSharesTableOffers(t *testing.T) {
 		{name: "broken-give", brokenGive: true},
 		{name: "broken-forget", successor: true, brokenForget: true},
 		{name: "broken-prune", brokenPrune: true},
+		{name: "cut-taker", cut: "taker"},
+		{name: "cut-giver", cut: "giver"},
+		{name: "broken-cut", cut: "taker", brokenCut: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			res := offerTableRun(t, client, table, c)
 			t.Logf("%s: %d admitted, %d failed (%v), %d offers, %d units taken (OfferNet above 0: %d), largest sum of shares %d, %d over, faults %v",
 				c.name, res.admitted, res.failed, res.firstErr, res.offers, res.taken, res.received, res.maxShare, len(res.over), res.faults)
-			failed := len(res.over) > 0 || res.maxShare > offerTableCfg.units() || len(res.faults) > 0
-			broken := c.brokenGive || c.brokenForget || c.brokenPrune
+			// A cut case's offers open at the cut stay open until it heals
+			// (their givers cannot read every resolution before), and are
+			// settled by the end.
+			cutBad := res.cut != nil && (len(res.cut.early) > 0 || len(res.unsettled) > 0)
+			failed := len(res.over) > 0 || res.maxShare > offerTableCfg.units() || len(res.faults) > 0 || cutBad
+			broken := c.brokenGive || c.brokenForget || c.brokenPrune || c.brokenCut
+			if cut := res.cut; cut != nil {
+				t.Logf("%s: cut %v after the start, healed %v later; asked and admitted by region before, during and after: %v %v, %v %v, %v %v; offers open at the cut %v, settled before it healed %v, open at the end %v",
+					c.name, cut.at.Sub(res.start).Round(time.Millisecond), cut.heal.Sub(cut.at).Round(time.Millisecond),
+					cut.asked[0], cut.admitted[0], cut.asked[1], cut.admitted[1], cut.asked[2], cut.admitted[2], cut.open, cut.early, res.unsettled)
+			}
 			switch {
+			case res.cut != nil && res.cut.heal.IsZero():
+				t.Errorf("the cut's moment never came, or it never healed: cut at %v", res.cut.at)
 			case res.offers == 0 || max(res.taken, res.received) == 0:
 				t.Errorf("%d offers, %d units taken (OfferNet above 0: %d): the offers did not move units", res.offers, res.taken, res.received)
 			case c.successor && (!res.frozen || !res.tookOver):
@@ -124,11 +148,12 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 		if c.wait {
 			a.tbl.fenced = false
 		}
-		a.brokenGive, a.brokenPrune = c.brokenGive, c.brokenPrune
+		a.brokenGive, a.brokenPrune, a.brokenCut = c.brokenGive, c.brokenPrune, c.brokenCut
 		return a
 	}
+	cut := &cutState{region: -1}
 	for r := range holders {
-		tt := Table{Client: client, Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
+		tt := Table{Client: newCutClient(client, r, cut), Table: table, Name: name, Region: r, Refresh: 100 * time.Millisecond, Flush: 100 * time.Millisecond,
 			Validity: time.Second, Deadline: time.Second, LockLife: 750 * time.Millisecond}
 		st := memStore(t)
 		holders[r] = newAgent(r, fmt.Sprintf("r%d-a", r), st, tt)
@@ -152,6 +177,9 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 		}
 	}
 	var res offerTableResult
+	if c.cut != "" {
+		res.cut = &offerCut{state: cut, giver: c.cut == "giver"}
+	}
 	var calls []limitertest.Call
 	seen := newOfferLog()
 	cur := holders // each region's agent that last held its role
@@ -165,6 +193,7 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 		now = time.Now() // the first ticks' requests took their time
 	}
 	start := now
+	res.start = start
 	var next [3]time.Time // each region's next tick: every 250 ms, a step apart
 	for r := range next {
 		next[r] = start.Add(time.Duration(r+1) * step)
@@ -186,6 +215,7 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 					continue
 				}
 				calls = append(calls, limitertest.Call{Key: "k", Cost: 1, Stamp: now, Allowed: d.Allowed, Reached: true})
+				res.cut.count(r, d.Allowed)
 			}
 		}
 		for r := range 3 {
@@ -209,6 +239,10 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 					if err == nil {
 						seen.add(r, a.states[r]) // saved: published
 					}
+				}
+				if res.cut != nil {
+					// Right after the tick: before the others read it.
+					end = latest(end, res.cut.step(now, cur))
 				}
 			}
 		}
@@ -237,6 +271,9 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 		res.offers += states[r].OfferN
 	}
 	res.taken, res.faults = seen.accounts(states[:])
+	if res.cut != nil {
+		res.unsettled = res.cut.unsettled(states[:], true)
+	}
 	for _, st := range states {
 		res.received += max(st.OfferNet, 0)
 	}
@@ -249,6 +286,102 @@ func offerTableRun(t *testing.T, client *dynamodb.Client, table string, c offerT
 // the offers it took parts of are still open (listed), so that one
 // that forgot what it resolved would take them again.
 const giverStall = 1500 * time.Millisecond
+
+// offerCut is a cut case's partition and what each region admitted
+// before, during and after it.
+type offerCut struct {
+	state    *cutState
+	giver    bool       // region 1 is cut (else region 0)
+	at, heal time.Time  // the cut and its end (zero: not yet)
+	open     [3][]int64 // the givers' offers open at the cut
+	// early: those settled before the cut healed (their giver cannot
+	// have read every resolution).
+	early    []string
+	asked    [3][3]int // by phase (before, during, after) and region
+	admitted [3][3]int
+}
+
+// cutFor is how long a cut case's partition lasts.
+const cutFor = 3 * time.Second
+
+func (c *offerCut) count(r int, allowed bool) {
+	if c == nil {
+		return
+	}
+	p := 0
+	if !c.heal.IsZero() {
+		p = 2
+	} else if !c.at.IsZero() {
+		p = 1
+	}
+	c.asked[p][r]++
+	if allowed {
+		c.admitted[p][r]++
+	}
+}
+
+// step starts the cut when its moment has come, ends it cutFor later,
+// and returns the run's end (3 s after the cut ends; zero before).
+func (c *offerCut) step(now time.Time, cur [3]*Agent) time.Time {
+	switch {
+	case c.at.IsZero() && c.ready(cur):
+		r := 0
+		if c.giver {
+			r = 1
+		}
+		c.state.set(r)
+		c.at = now
+		for g, a := range cur {
+			for _, m := range a.off.mine {
+				c.open[g] = append(c.open[g], m.N)
+			}
+		}
+	case !c.at.IsZero() && c.heal.IsZero() && now.Sub(c.at) >= cutFor:
+		var states [3]State
+		for g, a := range cur {
+			states[g] = a.states[g]
+		}
+		c.early = c.unsettled(states[:], false)
+		c.state.set(-1)
+		c.heal = now
+	}
+	if c.at.IsZero() {
+		return time.Time{}
+	}
+	return c.at.Add(cutFor + 3*time.Second)
+}
+
+// ready reports whether the cut's moment has come: region 1 has an offer
+// open (giver), or region 0 has taken a part of an offer whose giver has
+// not read its resolution (taker).
+func (c *offerCut) ready(cur [3]*Agent) bool {
+	if c.giver {
+		return len(cur[1].off.mine) > 0
+	}
+	if !midOffer(cur[0]) {
+		return false
+	}
+	for _, a := range cur[1:] {
+		if slices.ContainsFunc(a.off.mine, func(m myOffer) bool { return !m.res[0] }) {
+			return true
+		}
+	}
+	return false
+}
+
+// unsettled is the offers open at the cut still open in the regions'
+// entries states (open false: those no longer open).
+func (c *offerCut) unsettled(states []State, open bool) []string {
+	var out []string
+	for g, ns := range c.open {
+		for _, n := range ns {
+			if slices.ContainsFunc(states[g].Open, func(o OpenOffer) bool { return o.N == n }) == open {
+				out = append(out, fmt.Sprintf("region %d's offer %d", g, n))
+			}
+		}
+	}
+	return out
+}
 
 func latest(a, b time.Time) time.Time {
 	if a.After(b) {

@@ -404,8 +404,10 @@ type Agent struct {
 	// state (resumeOffers); brokenPrune: through the table, a recipient
 	// drops the parts it took from its entry at once, settled by their
 	// givers or not (tookDone): its givers read them as none taken.
-	off                                                *offerState
-	brokenOffer, brokenGive, brokenForget, brokenPrune bool
+	// brokenCut: a giver takes a region whose entry it read is 2 s old
+	// (cut off) as having taken none of its offers.
+	off                                                           *offerState
+	brokenOffer, brokenGive, brokenForget, brokenPrune, brokenCut bool
 	// openOffers is len(off.mine) at the last tick's offersIn, under mu
 	// (givingUnderWay).
 	openOffers int
