@@ -47,7 +47,12 @@ import (
 // the entry (State.Open, Thru) and resumed at every tick (resumeOffers).
 // A region offers only while every other region's entry it reads is
 // fresh (offerFresh): where nothing ticks a region's agent, no offer is
-// made to wait for it.
+// made to wait for it. To keep the entry about 1 KB (a write unit), a
+// giver's offers are listed by its open ones (State.Open), a recipient
+// lists a part it took only until its giver's entry shows the offer
+// settled and a resolution of nothing not at all (its Thru stands for
+// it: tookDone, settleOffers), and the marks are those of markSpan, in
+// a compact form (markList).
 
 const (
 	// offerTTL is how long after its stamp an offer's part may be
