@@ -144,11 +144,13 @@ type State struct {
 	// Moves are its recent grants of a bucket's units (moveKeep), each
 	// a bucket of its own while in transit (see Move).
 	Moves []Move `json:"m,omitempty"`
-	// Offers (Config.Offers, offer.go): its offers listed, OfferN its
-	// last offer's number, OfferNet the units its offers moved to it
-	// (received and taken back, less offered: a running total), Took its
-	// resolutions of the others' offers, Marks its last entries' demand
-	// and share.
+	// Offers (Config.Offers, offer.go): its offers listed (through the
+	// table: none, Open lists them), OfferN its last offer's number,
+	// OfferNet the units its offers moved to it (received and taken
+	// back, less offered: a running total), Took its resolutions of the
+	// others' offers (through the table: the parts taken that their
+	// givers have not shown settled), Marks its last entries' demand and
+	// share.
 	Offers   []Offer  `json:"q,omitempty"`
 	OfferN   int64    `json:"qn,omitempty"`
 	OfferNet int64    `json:"qs,omitempty"`
