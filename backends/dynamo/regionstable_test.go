@@ -88,6 +88,8 @@ type tableRun struct {
 	// offers: the agents make and take offers (Config.Offers; a
 	// bucket's only through the table).
 	offers bool
+	// sizes, if set, samples the regions' items' sizes by part.
+	sizes *itemSizes
 }
 
 // tableReport is a run's report with the agents' table counts and the
@@ -279,6 +281,9 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 				samples = append(samples, s)
 			}
 		})
+	}
+	if run.sizes != nil {
+		wg.Go(func() { run.sizes.run(ctx, tb, table, d.Name, eps) })
 	}
 	requests := run.requests
 	if requests == nil {
@@ -724,9 +729,11 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 							checkShares(b, rep)
 							continue
 						}
+						sizes := &itemSizes{}
 						rep := runRegionSharesTable(b, g, table, eps, d, 10*time.Second, tableRun{trace: os.Getenv("SLUICE_SHARES_TRACE") != "", times: &times,
-							offers: os.Getenv("SLUICE_SHARES_OFFERS") == "1"})
+							offers: os.Getenv("SLUICE_SHARES_OFFERS") == "1", sizes: sizes})
 						b.Logf("%s %s/%s: %v", path, alg, s.name, rep)
+						b.Logf("%s %s/%s: item sizes (bytes, mean and max over the regions' items sampled each second): %v", path, alg, s.name, sizes)
 						rr := rep.regionReport
 						rr.failed = 0 // reported below, and checked by checkTable
 						reportRegions(b, rr)

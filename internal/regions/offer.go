@@ -47,7 +47,12 @@ import (
 // the entry (State.Open, Thru) and resumed at every tick (resumeOffers).
 // A region offers only while every other region's entry it reads is
 // fresh (offerFresh): where nothing ticks a region's agent, no offer is
-// made to wait for it.
+// made to wait for it. To keep the entry about 1 KB (a write unit), a
+// giver's offers are listed by its open ones (State.Open), a recipient
+// lists a part it took only until its giver's entry shows the offer
+// settled and a resolution of nothing not at all (its Thru stands for
+// it: tookDone, settleOffers), and the marks are those of markSpan, in
+// a compact form (markList).
 
 const (
 	// offerTTL is how long after its stamp an offer's part may be
@@ -59,9 +64,14 @@ const (
 	// how long a resolution stays listed (its giver must read it).
 	markMax  = 16
 	tookKeep = 30 * time.Second
+	// markSpan: through the table an entry lists its marks of this
+	// long before it (at least two): a region that reads another's
+	// entries at least this often knows all its marks.
+	markSpan = 2 * time.Second
 	// offerList is how long after its stamp an offer stays listed in
 	// its giver's entry (past offerTTL: a recipient that reads it
-	// unlisted resolves it as not taken).
+	// unlisted resolves it as not taken). Through the table an offer is
+	// listed while it is open (State.Open).
 	offerList = offerTTL + time.Second
 	// offerFresh: through the table a region offers only while every
 	// other region's entry it reads was published within this (and
@@ -242,13 +252,17 @@ func (a *Agent) takeOffers(now time.Time) (units, tokens int64) {
 		if g == a.r {
 			continue
 		}
+		listed := st.Offers
+		if a.tbl != nil {
+			listed = openOffers(st.Open)
+		}
 		for n := a.off.thru[g] + 1; n <= st.OfferN; n++ {
-			i := slices.IndexFunc(st.Offers, func(o Offer) bool { return o.N == n })
-			if i < 0 || t+skew >= st.Offers[i].Tau+int64(offerTTL) {
+			i := slices.IndexFunc(listed, func(o Offer) bool { return o.N == n })
+			if i < 0 || t+skew >= listed[i].Tau+int64(offerTTL) {
 				a.resolve(own, g, n, 0, t) // unlisted or late: never
 				continue
 			}
-			o := st.Offers[i]
+			o := listed[i]
 			if !a.readPast(o.Tau) && !a.brokenOffer {
 				break // later, in order
 			}
@@ -273,14 +287,48 @@ func (a *Agent) takeOffers(now time.Time) (units, tokens int64) {
 			a.resolve(own, g, n, p, t)
 		}
 	}
-	own.Took = slices.DeleteFunc(own.Took, func(k Took) bool { return k.At < t-int64(tookKeep) })
+	own.Took = slices.DeleteFunc(own.Took, func(k Took) bool { return a.tookDone(k, t) })
 	return units, tokens
+}
+
+// openOffers is the offers of open (through the table, a giver lists
+// its offers by its open ones: one settled is resolved everywhere, so no
+// region reads it again).
+func openOffers(open []OpenOffer) []Offer {
+	out := make([]Offer, len(open))
+	for i, o := range open {
+		out[i] = o.Offer
+	}
+	return out
 }
 
 func (a *Agent) resolve(own *State, g int, n, units, t int64) {
 	a.off.thru[g] = n
-	own.Took = append(own.Took, Took{From: g, N: n, Units: units, At: t})
+	if units > 0 || a.tbl == nil {
+		// Through the table a resolution of nothing is not listed:
+		// the entry's Thru stands for it (settleOffers).
+		own.Took = append(own.Took, Took{From: g, N: n, Units: units, At: t})
+	}
 	own.OfferNet += units
+}
+
+// tookDone reports whether resolution k may leave the region's entry at
+// t. On the ledger path: tookKeep after it (its giver has read it by
+// then, or holds the offer withheld for good). Through the table: once
+// its giver's entry as read here shows the offer settled (numbered, and
+// not open): the giver read it, and its successors resume the offer as
+// settled, so none reads the resolution missing as "none taken"
+// (settleOffers). A giver's entry replicates in order: a settled offer
+// never shows open again.
+func (a *Agent) tookDone(k Took, t int64) bool {
+	if a.tbl == nil {
+		return k.At < t-int64(tookKeep)
+	}
+	if a.brokenPrune {
+		return true
+	}
+	g := a.states[k.From]
+	return k.N <= g.OfferN && !slices.ContainsFunc(g.Open, func(o OpenOffer) bool { return o.N == k.N })
 }
 
 // offerTokens is a bucket's part p of offer o at stamp t: its proportion
@@ -320,6 +368,13 @@ func (a *Agent) settleOffers(now time.Time) int64 {
 			if i := slices.IndexFunc(st.Took, func(k Took) bool { return k.From == a.r && k.N == m.N }); i >= 0 {
 				m.res[o] = true
 				m.taken += st.Took[i].Units
+			} else if a.brokenCut && now.UnixNano()-st.At > int64(2*time.Second) {
+				m.res[o] = true // a region not heard from: none taken
+			} else if a.tbl != nil && a.r < len(st.Thru) && st.Thru[a.r] >= m.N {
+				// Through the table: resolved, and not listed, so of
+				// nothing (a part taken stays listed until this
+				// region's entry shows the offer settled: tookDone).
+				m.res[o] = true
 			} else {
 				left++
 			}
@@ -408,7 +463,7 @@ func (a *Agent) addOffer(now time.Time, x, tokens, at int64) {
 // mark adds the region's own mark to its entry about to be published
 // (Seq and At set), keeping the last markMax.
 func (a *Agent) mark(own *State) {
-	own.Marks = append(own.Marks, Mark{N: own.Seq, At: own.At, Demand: own.Demand, Share: a.owned})
+	own.Marks = append(own.Marks, newMark(own, a.owned))
 	if n := len(own.Marks); n > markMax {
 		own.Marks = slices.Delete(own.Marks, 0, n-markMax)
 	}
@@ -425,10 +480,15 @@ func (a *Agent) offering() bool { return a.off != nil && (a.tbl == nil || a.cfg.
 // resolved. A successor that forgot them would take an offer again (over)
 // or never take its own back (withheld for good). Under a.mu.
 func (a *Agent) resumeOffers(st State) {
-	if !a.offering() || a.brokenForget {
+	if !a.offering() {
 		return
 	}
 	s := a.off
+	s.marks[a.r] = nil // only what the item holds (saveOffers)
+	s.learn(a.r, st, st.At)
+	if a.brokenForget {
+		return // its own marks learnt, its offers and resolutions not
+	}
 	s.n = st.OfferN
 	s.thru = make([]int64, a.cfg.Regions)
 	copy(s.thru, st.Thru)
@@ -440,8 +500,6 @@ func (a *Agent) resumeOffers(st State) {
 		}
 		s.mine = append(s.mine, m)
 	}
-	s.marks[a.r] = nil // only what the item holds (saveOffers)
-	s.learn(a.r, st, st.At)
 }
 
 // saveOffers puts the offer state in the region's entry own about to be
@@ -454,10 +512,11 @@ func (a *Agent) saveOffers(own *State, prev int64) {
 	// Not learned here (mark does): a save lost would leave a mark
 	// never published, and the next one published with its number.
 	// resumeOffers learns the marks the item holds.
-	own.Marks = append(own.Marks, Mark{N: own.Seq, At: own.At, Demand: own.Demand, Share: a.owned})
-	if n := len(own.Marks); n > markMax {
-		own.Marks = slices.Delete(own.Marks, 0, n-markMax)
+	own.Marks = append(own.Marks, newMark(own, a.owned))
+	for len(own.Marks) > markMax || len(own.Marks) > 2 && own.Marks[0].At < own.At-int64(markSpan) {
+		own.Marks = own.Marks[1:]
 	}
+	own.Offers = nil // listed by Open
 	own.Thru = slices.Clone(a.off.thru)
 	own.Open = own.Open[:0:0]
 	for _, m := range a.off.mine {

@@ -144,16 +144,18 @@ type State struct {
 	// Moves are its recent grants of a bucket's units (moveKeep), each
 	// a bucket of its own while in transit (see Move).
 	Moves []Move `json:"m,omitempty"`
-	// Offers (Config.Offers, offer.go): its offers listed, OfferN its
-	// last offer's number, OfferNet the units its offers moved to it
-	// (received and taken back, less offered: a running total), Took its
-	// resolutions of the others' offers, Marks its last entries' demand
-	// and share.
-	Offers   []Offer `json:"q,omitempty"`
-	OfferN   int64   `json:"qn,omitempty"`
-	OfferNet int64   `json:"qs,omitempty"`
-	Took     []Took  `json:"x,omitempty"`
-	Marks    []Mark  `json:"h,omitempty"`
+	// Offers (Config.Offers, offer.go): its offers listed (through the
+	// table: none, Open lists them), OfferN its last offer's number,
+	// OfferNet the units its offers moved to it (received and taken
+	// back, less offered: a running total), Took its resolutions of the
+	// others' offers (through the table: the parts taken that their
+	// givers have not shown settled), Marks its last entries' demand and
+	// share.
+	Offers   []Offer  `json:"q,omitempty"`
+	OfferN   int64    `json:"qn,omitempty"`
+	OfferNet int64    `json:"qs,omitempty"`
+	Took     []Took   `json:"x,omitempty"`
+	Marks    markList `json:"hm,omitempty"`
 	// Open and Thru (through the table): its offers not settled, and
 	// per giver the last offer it resolved, saved with the entry so that
 	// a successor agent resumes them (offer.go, resumeOffers).
@@ -401,9 +403,13 @@ type Agent struct {
 	// reads it, split by the marks it has read by then, not as of the
 	// offer's stamp; brokenGive: a giver does not withhold what it offers.
 	// brokenForget: through the table, a successor resumes no offer
-	// state (resumeOffers).
-	off                                   *offerState
-	brokenOffer, brokenGive, brokenForget bool
+	// state (resumeOffers); brokenPrune: through the table, a recipient
+	// drops the parts it took from its entry at once, settled by their
+	// givers or not (tookDone): its givers read them as none taken.
+	// brokenCut: a giver takes a region whose entry it read is 2 s old
+	// (cut off) as having taken none of its offers.
+	off                                                           *offerState
+	brokenOffer, brokenGive, brokenForget, brokenPrune, brokenCut bool
 	// openOffers is len(off.mine) at the last tick's offersIn, under mu
 	// (givingUnderWay).
 	openOffers int
