@@ -105,7 +105,7 @@ func inspectShares(ctx context.Context, e env, o *options, rule policy.Rule, sou
 		return usageError{fmt.Errorf("rule %s has scope global on an eventual table: its regions' shares are in the state table: give it with -dynamo-table NAME (and -dynamo-endpoint URL for DynamoDB Local)", o.rule)}
 	}
 	names := strings.Split(list, ",")
-	p, err := bindShares(ctx, o, rule, source, place, len(names))
+	p, err := bindShares(ctx, o, rule, source, place, names)
 	if err != nil {
 		return err
 	}
@@ -135,9 +135,9 @@ func inspectShares(ctx context.Context, e env, o *options, rule policy.Rule, sou
 }
 
 // bindShares binds the rule's limits as the authorizer binds them in
-// region place of n (policy.Shares, wiring.SharesKeys), on the state
-// table.
-func bindShares(ctx context.Context, o *options, rule policy.Rule, source string, place, n int) (*policy.Policy, error) {
+// region place of the regions names (policy.Shares, wiring.SharesKeys),
+// on the state table.
+func bindShares(ctx context.Context, o *options, rule policy.Rule, source string, place int, names []string) (*policy.Policy, error) {
 	client, err := dynamoClient(ctx, o)
 	if err != nil {
 		return nil, err
@@ -147,13 +147,13 @@ func bindShares(ctx context.Context, o *options, rule policy.Rule, source string
 		return nil, fmt.Errorf("-dynamo-table: %w", err)
 	}
 	build := func(l *policy.Limit, _ int64, leases bool) (limiter.Limiter, error) {
-		kc := wiring.SharesKeys(l, n, leases)
+		kc := wiring.SharesKeys(l, names, leases)
 		kc.Table = regions.Table{Client: client, Table: o.dynamoTable, Region: place}
 		kc.Store = st
 		return &shareLimit{kc: kc}, nil
 	}
 	p, err := policy.New([]policy.Rule{rule}, policy.Options{Stores: map[string]storage.Store{"dynamo": st}, DefaultBackend: "dynamo",
-		Shares: &policy.Shares{Regions: n, Build: build}})
+		Shares: &policy.Shares{Regions: len(names), Build: build}})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}

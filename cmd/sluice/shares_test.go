@@ -560,12 +560,13 @@ func TestGlobalRegionErrors(t *testing.T) {
 }
 
 // minuteItems and bucketItems begin the names of the items of the
-// regional shares of global-minute and global-bucket at three regions:
-// the limit's name and a tag of its parameters
+// regional shares of global-minute and global-bucket at the three
+// regions globalRegions: the limit's name and a tag of its parameters
+// and the regions in order
 // (regions.KeysConfig.ItemPrefix).
 var (
-	minuteItems = wiring.SharesKeys(&policy.Limit{Name: "global-minute", Algorithm: policy.SlidingWindow, Limit: 6, Window: time.Minute}, 3, false).ItemPrefix()
-	bucketItems = wiring.SharesKeys(&policy.Limit{Name: "global-bucket", Algorithm: policy.TokenBucket, MaxAmount: 33, RefillTime: time.Minute, RefillAmount: 30}, 3, false).ItemPrefix()
+	minuteItems = wiring.SharesKeys(&policy.Limit{Name: "global-minute", Algorithm: policy.SlidingWindow, Limit: 6, Window: time.Minute}, globalRegions, false).ItemPrefix()
+	bucketItems = wiring.SharesKeys(&policy.Limit{Name: "global-bucket", Algorithm: policy.TokenBucket, MaxAmount: 33, RefillTime: time.Minute, RefillAmount: 30}, globalRegions, false).ItemPrefix()
 )
 
 func globalFile(t *testing.T) string {

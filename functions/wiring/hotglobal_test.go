@@ -677,7 +677,7 @@ func (h *hotGlobal) shares(ctx context.Context, key string) ([]hgShare, error) {
 	}
 	out := make([]hgShare, len(hgRegions))
 	for r := range hgRegions {
-		kc := SharesKeys(l, len(hgRegions), false)
+		kc := SharesKeys(l, hgRegions, false)
 		kc.Table, kc.Store = regions.Table{Client: h.client, Table: h.table, Region: r}, store
 		now := time.Now()
 		v, err := kc.Inspect(ctx, key, now)

@@ -56,7 +56,7 @@ func (b *Built) buildShares(ddb *dynamodb.Client, metrics *authz.Metrics) (*poli
 		if !ok || ddb == nil {
 			return nil, fmt.Errorf("scope global on an eventual table needs the table: set %s", config.EnvDynamoTable)
 		}
-		kc := SharesKeys(l, n, leases)
+		kc := SharesKeys(l, env.Regions, leases)
 		return set.take(kc, func() (*regions.Keys, error) {
 			kc.Table = regions.Table{Client: ddb, Table: env.DynamoTable, Region: env.Region, Deadline: env.Deadline}
 			kc.Store, kc.Holder = store, holder
@@ -85,14 +85,16 @@ func sharesClient(ddb *dynamodb.Client) *dynamodb.Client {
 	return dynamodb.New(ddb.Options(), func(o *dynamodb.Options) { o.Retryer = dynamo.NewRetryer(dynamo.RetryerConfig{}) })
 }
 
-// SharesKeys is the part of l's regional shares among n regions that
-// the rule decides (policy.CheckShares accepted l; leases as
-// policy.Shares.Build is given it): the limit and its prefix in the
-// table, the limit's name (regions.KeysConfig.ItemPrefix adds a tag of
-// its numbers, so a reload that changes them names other items). The
+// SharesKeys is the part of l's regional shares among the regions names
+// (SLUICE_REGIONS, in order) that the rule decides (policy.CheckShares
+// accepted l; leases as policy.Shares.Build is given it): the limit and
+// its prefix in the table, the limit's name (regions.KeysConfig.ItemPrefix
+// adds a tag of its numbers and of the names in order, so a reload that
+// changes the numbers, or a reordered list, names other items). The
 // caller sets the table, the store and, to decide, the holder
 // (sluice inspect reads a region's share with it).
-func SharesKeys(l *policy.Limit, n int, leases bool) regions.KeysConfig {
+func SharesKeys(l *policy.Limit, names []string, leases bool) regions.KeysConfig {
+	n := len(names)
 	cfg := regions.Config{Regions: n, Leases: leases, Skew: SharesSkew}
 	switch l.Algorithm {
 	case policy.TokenBucket:
@@ -109,7 +111,7 @@ func SharesKeys(l *policy.Limit, n int, leases bool) regions.KeysConfig {
 			cfg.Bucket.MaxAmount *= int64(n)
 		}
 	}
-	return regions.KeysConfig{Config: cfg, Prefix: l.Name + ":"}
+	return regions.KeysConfig{Config: cfg, Prefix: l.Name + ":", Names: names}
 }
 
 // brokenSharesSum (tests): the regions share n times the limit (as if

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,13 @@ type KeysConfig struct {
 	// limit's name and a separator), so that two limits never share a
 	// key; ItemPrefix adds the limit's parameters.
 	Prefix string
+	// Names, if set, are the regions in their order (SLUICE_REGIONS):
+	// Config.Regions of them, region r the r-th. The order names whose
+	// share each item holds, so it is in ItemPrefix's tag: regions that
+	// list the regions in other orders (a reordered list deployed one
+	// region at a time) share no item, where they would read one
+	// another's shares as their own.
+	Names []string
 	// Store is the region's store (a storage.Counter for a window, a
 	// storage.BucketStore for a bucket), for the processes and the agents.
 	Store any
@@ -134,6 +142,9 @@ func NewKeys(cfg KeysConfig) (*Keys, error) {
 	if cfg.Prefix == "" || cfg.Holder == "" {
 		return nil, fmt.Errorf("%w: keys need a prefix and a holder", ErrInvalidConfig)
 	}
+	if len(cfg.Names) > 0 && len(cfg.Names) != cfg.Config.Regions {
+		return nil, fmt.Errorf("%w: %d regions named (%v) for %d regions", ErrInvalidConfig, len(cfg.Names), cfg.Names, cfg.Config.Regions)
+	}
 	// Check the limit and the table once, on a key of the limit's own.
 	if _, err := cfg.newKey(cfg.Prefix); err != nil {
 		return nil, err
@@ -164,7 +175,8 @@ func (c *KeysConfig) newKey(k string) (*keyShare, error) {
 // store (key k's are regions/<ItemPrefix><k>/<r>, and its processes'
 // counters ItemPrefix + k) and names its wants index
 // (regions/<ItemPrefix>/wants/<r>/index): Prefix, then a tag of the
-// limit's parameters (paramsTag) and ':'. Two Keys of one Prefix whose
+// limit's parameters and the regions' names in their order (paramsTag)
+// and ':'. Two Keys of one Prefix whose
 // limits differ (a rules reload that changed a global limit keeps the
 // replaced policy's Keys beside the new one for seconds, and regions
 // reload at different times) then share no item: each ticks only the
@@ -174,26 +186,39 @@ func (c KeysConfig) ItemPrefix() string {
 	if brokenParamsTag {
 		return c.Prefix
 	}
-	return c.Prefix + c.Config.paramsTag() + ":"
+	names := c.Names
+	if brokenNamesTag {
+		names = nil
+	}
+	return c.Prefix + c.Config.paramsTag(names) + ":"
 }
 
-// paramsTag names what c's shares divide and how (the regions, and the
-// window's or the bucket's numbers; not Leases, Skew or Offers, which
-// regions may set apart) in 8 hex digits of FNV-1a: a change of any of
-// them names other items, the same numbers the same ones in every region.
-func (c Config) paramsTag() string {
+// paramsTag names what c's shares divide and how (the regions, their
+// names in order if given, and the window's or the bucket's numbers; not
+// Leases, Skew or Offers, which regions may set apart) in 8 hex digits
+// of FNV-1a: a change of any of them names other items, the same numbers
+// the same ones in every region.
+func (c Config) paramsTag(names []string) string {
 	h := fnv.New32a()
 	if b := c.Bucket; b != nil {
 		fmt.Fprintf(h, "bucket:%d:%d:%d:%d", c.Regions, b.MaxAmount, int64(b.RefillTime), b.RefillAmount)
 	} else {
 		fmt.Fprintf(h, "window:%d:%d:%d:%d", c.Regions, c.Limit, int64(c.Window), c.SubWindows)
 	}
+	if len(names) > 0 {
+		fmt.Fprintf(h, ":%s", strings.Join(names, ","))
+	}
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
 // brokenParamsTag (tests): the items are named by Prefix alone, as
-// before, so Keys of other parameters share them.
-var brokenParamsTag = false
+// before, so Keys of other parameters share them. brokenNamesTag
+// (tests): the regions' names are left out of the tag, so regions that
+// order them differently share items.
+var (
+	brokenParamsTag = false
+	brokenNamesTag  = false
+)
 
 // Len returns the number of keys held.
 func (k *Keys) Len() int {

@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -147,5 +148,54 @@ func TestParamsTag(t *testing.T) {
 		if got := ka.ItemPrefix() == kb.ItemPrefix(); got != c.equal || !strings.HasPrefix(ka.ItemPrefix(), "gw:") {
 			t.Errorf("%s: item prefixes %q and %q; want equal %v", c.name, ka.ItemPrefix(), kb.ItemPrefix(), c.equal)
 		}
+	}
+}
+
+// namesTagFaults lists where ItemPrefix does not follow the regions'
+// names in order: two regions that order SLUICE_REGIONS differently
+// (a reordered list deployed one region at a time) each hold a place
+// that names another region's items in the other's list, so they must
+// share no item; the same names in one order must share them.
+func namesTagFaults() []string {
+	w := Config{Regions: 3, Limit: 60, Window: time.Minute, SubWindows: 6}
+	kc := func(names ...string) KeysConfig { return KeysConfig{Config: w, Prefix: "gw:", Names: names} }
+	var faults []string
+	for _, c := range []struct {
+		name  string
+		a, b  KeysConfig
+		equal bool
+	}{
+		{"the same order", kc("us-east-1", "eu-west-1", "ap-south-1"), kc("us-east-1", "eu-west-1", "ap-south-1"), true},
+		{"two regions swapped", kc("us-east-1", "eu-west-1", "ap-south-1"), kc("eu-west-1", "us-east-1", "ap-south-1"), false},
+		{"rotated", kc("us-east-1", "eu-west-1", "ap-south-1"), kc("eu-west-1", "ap-south-1", "us-east-1"), false},
+		{"another region", kc("us-east-1", "eu-west-1", "ap-south-1"), kc("us-east-1", "eu-west-1", "sa-east-1"), false},
+	} {
+		if got := c.a.ItemPrefix() == c.b.ItemPrefix(); got != c.equal {
+			faults = append(faults, fmt.Sprintf("%s: item prefixes %q and %q; want equal %v", c.name, c.a.ItemPrefix(), c.b.ItemPrefix(), c.equal))
+		}
+	}
+	return faults
+}
+
+// TestNamesTag: the regions' order names other items, and Keys refuse
+// names that do not count the regions.
+func TestNamesTag(t *testing.T) {
+	for _, f := range namesTagFaults() {
+		t.Error(f)
+	}
+	cfg := KeysConfig{Config: Config{Regions: 3, Limit: 60, Window: time.Minute, SubWindows: 6}, Prefix: "gw:", Holder: "h",
+		Names: []string{"us-east-1", "eu-west-1"}}
+	if _, err := NewKeys(cfg); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "2 regions named") {
+		t.Errorf("two names for three regions: %v; want %v naming the count", err, ErrInvalidConfig)
+	}
+}
+
+// TestNamesTagFailsBroken: with the names left out of the tag, the
+// orders share items, and namesTagFaults says so.
+func TestNamesTagFailsBroken(t *testing.T) {
+	brokenNamesTag = true
+	defer func() { brokenNamesTag = false }()
+	if f := namesTagFaults(); len(f) != 3 {
+		t.Errorf("names left out of the tag: %d faults %q; want the 3 other orders and regions sharing items", len(f), f)
 	}
 }
