@@ -9,6 +9,9 @@ FUZZTIME ?=
 # FUZZMIN: how long a new input found is minimized (a duration, or a count
 # of executions such as 1000x).
 FUZZMIN  ?= 5s
+# FUZZVET: go test's vet flag for make fuzz (make test, after lint, turns
+# it off).
+FUZZVET  ?=
 # TESTFUZZ: make test's budget per fuzz target (FUZZTIME and FUZZMIN of its
 # `make fuzz`): counts, so that the step's CPU does not follow what the
 # fuzzer happens to find. The seed corpora run as tests in the race step;
@@ -35,15 +38,18 @@ run:
 	$(GO) build -o $(LOCALAPI) ./functions/dev/localapi
 	$(LOCALAPI) $(ARGS)
 
+# -vet=off: lint, its prerequisite, has just run the full go vet of each
+# module, test files included; go test's own vet (a subset of its checks)
+# would run again on every package (docs/testing.md).
 ## test: lint, every test under the race detector against real memcached and DynamoDB Local, fuzzing, infra, accuracy, the bootstrap under AWS's Runtime Interface Emulator, the README's commands
 test: lint
-	scripts/timed scripts/testenv $(GO) test -race -count=1 ./...
-	scripts/timed $(GO) test -count=1 -run '^TestLeasesHotKey' ./limiter/
-	scripts/timed scripts/testenv $(GO) test -count=1 -p 1 -run '^TestLeasesHotKey' ./backends/dynamo/
-	scripts/timed $(MAKE) fuzz $(TESTFUZZ)
-	cd infra && ../scripts/timed $(GO) test -count=1 ./...
-	cd tools/rie && ../../scripts/timed $(GO) test -count=1 ./...
-	cd accuracy && ../scripts/timed $(GO) test -race -count=1 ./...
+	scripts/timed scripts/testenv $(GO) test -vet=off -race -count=1 ./...
+	scripts/timed $(GO) test -vet=off -count=1 -run '^TestLeasesHotKey' ./limiter/
+	scripts/timed scripts/testenv $(GO) test -vet=off -count=1 -p 1 -run '^TestLeasesHotKey' ./backends/dynamo/
+	scripts/timed $(MAKE) fuzz $(TESTFUZZ) FUZZVET=-vet=off
+	cd infra && ../scripts/timed $(GO) test -vet=off -count=1 ./...
+	cd tools/rie && ../../scripts/timed $(GO) test -vet=off -count=1 ./...
+	cd accuracy && ../scripts/timed $(GO) test -vet=off -race -count=1 ./...
 	scripts/timed scripts/readme
 
 ## readme: run every command README.md prints, in order, and check what it says they print (AWS-only ones skipped, named in scripts/readme)
@@ -62,10 +68,10 @@ lint: node
 
 ## fuzz: each fuzz target for a count of executions, or FUZZTIME (rule parsing, event decoding, memcached keys and replies)
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(or $(FUZZTIME),200000x) -fuzzminimizetime $(FUZZMIN) ./policy/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $(or $(FUZZTIME),150000x) -fuzzminimizetime $(FUZZMIN) ./functions/authz/
-	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(or $(FUZZTIME),200000x) -fuzzminimizetime $(FUZZMIN) ./backends/memcached/
-	$(GO) test -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(or $(FUZZTIME),150000x) -fuzzminimizetime $(FUZZMIN) ./backends/memcached/
+	$(GO) test $(FUZZVET) -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(or $(FUZZTIME),200000x) -fuzzminimizetime $(FUZZMIN) ./policy/
+	$(GO) test $(FUZZVET) -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $(or $(FUZZTIME),150000x) -fuzzminimizetime $(FUZZMIN) ./functions/authz/
+	$(GO) test $(FUZZVET) -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(or $(FUZZTIME),200000x) -fuzzminimizetime $(FUZZMIN) ./backends/memcached/
+	$(GO) test $(FUZZVET) -run '^$$' -fuzz '^FuzzReplies$$' -fuzztime $(or $(FUZZTIME),150000x) -fuzzminimizetime $(FUZZMIN) ./backends/memcached/
 
 ## bench: benchmarks against real servers (PKGS=..., BENCHFLAGS=...); figures go to docs/benchmarks.md
 bench:
