@@ -544,6 +544,7 @@ func (a *Agent) offersIn(now time.Time) {
 	a.owned += units + back
 	a.carryIn += tokens
 	a.openOffers = len(a.off.mine)
+	a.partsIn += units
 	a.stats.Received += units
 	a.stats.Share = a.owned
 }

@@ -472,6 +472,10 @@ type Agent struct {
 	carryIn  int64
 	movesIn  []int64
 	stats    AgentStats
+	// grantsIn is the units of the other regions' grants received (their
+	// running totals, as of the last receive); partsIn the units taken
+	// from their offers (offersIn): stats.Received is their sum.
+	grantsIn, partsIn int64
 	// tbl, if set, is the agent's side of the table (NewTableAgent).
 	tbl *tableAgent
 }
@@ -479,7 +483,9 @@ type Agent struct {
 // AgentStats counts an agent's work.
 type AgentStats struct {
 	Ticks, Grants, Published, ReadErrors, PublishErrors, Rebases int64
-	// Given is the units it gave away, Received those it took;
+	// Given is the units it gave away (grants, and offers made: those
+	// no region took come back into its share), Received those it took
+	// (grants, and parts of the other regions' offers);
 	// Withheld is the largest pending grant; Share the current share
 	// (without pending grants).
 	Given, Received, Withheld, Share int64
@@ -658,9 +664,17 @@ func (a *Agent) receive(now time.Time) {
 		}
 	}
 	a.carryIn += tokens
-	a.stats.Received = got
+	a.grantsIn = got
+	a.stats.Received = a.grantsIn + a.partsIn
+	if brokenReceived {
+		a.stats.Received = got
+	}
 	a.stats.Share = a.owned
 }
+
+// brokenReceived (tests): Received counts the grants only, as before:
+// the offers' parts taken are lost at the next receive.
+var brokenReceived = false
 
 // estimate updates the region's demand from the units its processes
 // were offered since the last tick, which waited took on the region's

@@ -188,6 +188,9 @@ type simResult struct {
 	sumAbove           int64 // the most the shares in force summed above the units
 	cutAsked, cutAdmit []int64
 	oldestOffer        time.Duration // the oldest offer not settled at the end
+	// receivedFell is the ticks after which an agent's Stats().Received,
+	// a running total, was below its value before.
+	receivedFell int
 }
 
 func (r simResult) share() float64 { return float64(r.admitted) / float64(max(r.exact, 1)) }
@@ -264,8 +267,12 @@ func (s sim) run(t testing.TB) simResult {
 		}
 		for r, a := range agents {
 			for !nextTick[r].After(now) {
+				before := a.Stats().Received
 				if err := a.Tick(ctx, now); err != nil {
 					t.Fatal(err)
+				}
+				if a.Stats().Received < before {
+					res.receivedFell++
 				}
 				nextTick[r] = nextTick[r].Add(s.tickEvery())
 			}
@@ -615,6 +622,29 @@ func TestSharesOffersCut(t *testing.T) {
 			}
 			if res.oldestOffer > 5*time.Second {
 				t.Errorf("seed %d: an offer %v old not settled at the end (the cut healed 7 s before)", seed, res.oldestOffer)
+			}
+		})
+	}
+}
+
+// TestSharesReceivedRunningTotal: an agent's Received (and so the
+// shares' metrics, which report its growth a tick) is a running total of
+// the grants and the offers' parts it took, never falling, in
+// TestSharesOffersCut's bucket runs (demand moving between regions:
+// parts taken both ways); brokenReceived, which counted the grants only,
+// lost the parts at the next tick.
+func TestSharesReceivedRunningTotal(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			brokenReceived = broken
+			defer func() { brokenReceived = false }()
+			seed := uint64(time.Now().UnixNano())
+			s := sim{cfg: simBucket, splits: [][]float64{{0.98, 0.01, 0.01}, {0.01, 0.01, 0.98}}, every: 3 * time.Second, rate: 240,
+				dur: 12 * time.Second, lag: time.Second, procs: 2, seed: seed}
+			res := s.run(t)
+			t.Logf("seed %d: Received fell after %d ticks; agents %+v", seed, res.receivedFell, res.stats)
+			if fell := res.receivedFell > 0; fell != broken {
+				t.Errorf("seed %d: Received fell after %d ticks; want it to fall %v", seed, res.receivedFell, broken)
 			}
 		})
 	}
