@@ -190,3 +190,44 @@ func TestLeaseBacklogAtSlotEnd(t *testing.T) {
 		}
 	}
 }
+
+// A call waits when its stamp follows the key's last store step's by that
+// step's round trip (give or take a quarter): waitRun such calls in a row
+// make the key waiting. Calls that all carry one stamp (a frozen or
+// replayed clock) never wait, however slow the store, nor do calls after
+// a pause, and one that does not wait ends the run.
+func TestLeaseWaitStamps(t *testing.T) {
+	const rtt = 300 * time.Millisecond
+	t0 := int64(1000 * time.Second)
+	for _, tc := range []struct {
+		name  string
+		gap   time.Duration // stamp of a call less that of the step before it
+		waits bool
+	}{
+		{"began as the step answered", rtt, true},
+		{"a little after", rtt + rtt/5, true},
+		{"one stamp", 0, false},
+		{"after a pause", 2 * rtt, false},
+		{"stamps going back", -rtt, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLeaser(1<<20, nil)
+			now := t0
+			for range 2 * waitRun {
+				l.spend("k", now, 1)
+				l.stepped("k", now, rtt)
+				now += int64(tc.gap)
+			}
+			k := l.shard("k").m["k"]
+			if got := k.waiting(); got != tc.waits {
+				t.Errorf("waiting %v after %d calls (a run of %d), want %v", got, 2*waitRun, k.waits, tc.waits)
+			}
+			// One call after a call that made no store step ends the run.
+			l.spend("k", now, 1)
+			l.spend("k", now+int64(rtt), 1)
+			if k.waits != 0 {
+				t.Errorf("a run of %d after a call with no store step", k.waits)
+			}
+		})
+	}
+}
