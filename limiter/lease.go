@@ -93,18 +93,6 @@ const (
 	// such a store (its units less one, times the key's round trip): a
 	// key under minLease leases from 2 units when its round trip is long.
 	leaseSaves = 100 * time.Millisecond
-	// waitRun is the calls in a row of a key that each began as its
-	// previous store step answered (within waitSlack of that step's round
-	// trip, on the caller's stamps) before a key the rate calls cold
-	// leases (leaseKey.waits): a process whose store is slow decides one
-	// call at a time, so its rate shows the store's pace, not its demand.
-	// Longer than a client's quick handful (12 calls, each waiting for its
-	// answer), which never leases; as long as a lease is sized for.
-	waitRun = leaseDecisions
-	// waitSlack: a call began as the previous step answered when its
-	// stamp follows that step's by its round trip, give or take a
-	// 1/waitSlack of it.
-	waitSlack = 4
 )
 
 var leaseSeed = maphash.MakeSeed()
@@ -162,13 +150,6 @@ type leaseKey struct {
 	// the store steps that decided it, conflicts and retries included),
 	// averaged; 0: not measured (always, unless the leaser is far).
 	rtt time.Duration
-	// stepAt and stepTook: the stamp of the key's last store step in this
-	// process and its wall time (stepTook 0: none since the last call);
-	// waits: the calls in a row that began as the step before them
-	// answered (waiting).
-	stepAt   int64
-	stepTook time.Duration
-	waits    int64
 }
 
 // lease is a closed lease to give back (got == 0: nothing), at stamp at.
@@ -291,7 +272,6 @@ func (l *leaser) spend(key string, t, n int64) (d Decision, ref int64, ok bool, 
 		return Decision{}, 0, false, lease{}
 	}
 	k.observe(t, n)
-	k.wait(t)
 	if k.got == 0 {
 		return Decision{}, 0, false, lease{}
 	}
@@ -369,65 +349,10 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 			return w
 		}
 	}
-	if w < k.minLease() && k.waiting() {
-		// A process waiting on the store: its rate is the store's pace.
-		// The smallest lease; once its units are answered at once, the
-		// calls held back show their rate.
-		w = min(k.minLease(), k.remaining/fairShare, l.maxWant)
-	}
 	if w < k.minLease() || w <= n {
 		return n
 	}
 	return w
-}
-
-// wait counts a call at t in the key's waiting run: it waits when its
-// stamp follows that of the key's last store step by about the step's
-// round trip (the call began as the step answered). A call with the
-// stamp of the step before it (frozen or replayed stamps), or after a
-// pause, or after a call that made no store step, ends the run.
-func (k *leaseKey) wait(t int64) {
-	d, rt := t-k.stepAt, int64(k.stepTook)
-	if rt > 0 && d > 0 && abs64(d-rt) <= rt/waitSlack {
-		k.waits++
-	} else {
-		k.waits = 0
-	}
-	k.stepTook = 0
-}
-
-// waiting reports whether the key's last waitRun calls waited.
-func (k *leaseKey) waiting() bool {
-	if brokenWaitRun > 0 {
-		return k.waits >= brokenWaitRun
-	}
-	return !brokenWaiting && k.waits >= waitRun
-}
-
-// brokenWaiting: a process waiting on a slow store stays cold, as
-// before; brokenWaitRun (> 0): a waiting run of that many calls leases.
-// Tests only.
-var (
-	brokenWaiting = false
-	brokenWaitRun int64
-)
-
-func abs64(v int64) int64 {
-	if v < 0 {
-		return -v
-	}
-	return v
-}
-
-// stepped records a store step of key's, made by a call at t, that took
-// d of wall time.
-func (l *leaser) stepped(key string, t int64, d time.Duration) {
-	sh := l.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if k := sh.entry(key, t); k != nil {
-		k.stepAt, k.stepTook = t, d
-	}
 }
 
 // unitsIn is the units a key deciding rate a second decides in d. A
@@ -580,9 +505,8 @@ type leaseRound struct {
 	closed []closedLease
 	useBuf [scratchItems]leaseUse
 	clBuf  [2 * scratchItems]closedLease
-	// far: an item's leaser is far (its store's writes cross regions).
-	// The batch's store round trip, from sent, is rtt: a far leaser's
-	// size, every leaser's waiting run.
+	// far: an item's leaser is far (its store's writes cross regions);
+	// the batch's store round trip, from sent, is then rtt.
 	far  bool
 	sent time.Time
 	rtt  time.Duration
@@ -630,17 +554,17 @@ func (r *leaseRound) close(lz leasable, c lease) {
 	}
 }
 
-// sending marks the batch's store steps sent, and answered their
-// answers in: the round trip, measured on the monotonic clock (not the
-// decision's time, now), when an item leases.
+// sending marks the batch's store steps sent, and sent their answers
+// in: a far leaser's round trip, measured on the monotonic clock (not
+// the decision's time, now). Nothing is measured otherwise.
 func (r *leaseRound) sending() {
-	if r.use != nil {
+	if r.far {
 		r.sent = time.Now()
 	}
 }
 
 func (r *leaseRound) answered() {
-	if r.use != nil {
+	if r.far {
 		r.rtt = time.Since(r.sent)
 	}
 }
@@ -692,12 +616,8 @@ func (r *leaseRound) planTake(i int, it *Item, st *storage.Step, t int64) {
 func (r *leaseRound) settle(items []Item, out []Outcome, es []entry, t int64, denied bool) {
 	for i := range r.use {
 		u, o := &r.use[i], &out[i]
-		if u.lz != nil && !u.spent && es[i].err == nil && !o.Skipped {
-			// A throttled step's too: its conflicts; the caller waited.
-			u.lz.leases().stepped(items[i].Key, t, r.rtt)
-			if r.far {
-				u.lz.leases().roundTrip(items[i].Key, t, r.rtt)
-			}
+		if r.far && u.lz != nil && !u.spent && es[i].err == nil && !o.Skipped {
+			u.lz.leases().roundTrip(items[i].Key, t, r.rtt) // a throttled step's too: its conflicts
 		}
 		if u.ret.got > 0 {
 			if u.rode && es[i].err == nil && o.Err == nil && !o.Skipped {
