@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -214,18 +215,18 @@ func TestConcurrencyUnknownOutcomeErrors(t *testing.T) {
 // timeout, the second releases a second later are bounded alike, and
 // once they end the next acquire is cleaned up again.
 func TestConcurrencyCleanupBounded(t *testing.T) {
-	// runtime.NumGoroutine counts the whole process, not the bubble: an
-	// earlier test's clean-up timer on the wall clock may fire meanwhile
-	// (a fresh-clone make test counted 65 at the second releases, whose
-	// stats were exact). An unbounded clean-up starts about 936 more.
-	const cleanupSlack = 8
+	// The bubble's goroutines are counted, not the process's: parallel
+	// tests and an earlier test's clean-up timers ran beside it (a
+	// fresh-clone make test counted 97 with runtime.NumGoroutine, whose
+	// stats were exact; the bubble's count is exact). An unbounded clean-up
+	// starts about 936 more.
 	synctest.Test(t, func(t *testing.T) {
 		s := &outcomeLeases{err: fmt.Errorf("store: %w", context.DeadlineExceeded), block: true}
 		c, err := NewConcurrency(s, ConcurrencyConfig{Name: "down", Capacity: 1, LeaseTTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := runtime.NumGoroutine()
+		before := bubbleGoroutines()
 		const n = 1000
 		for range n {
 			c.Acquire(context.Background(), "k", time.Now())
@@ -233,10 +234,10 @@ func TestConcurrencyCleanupBounded(t *testing.T) {
 		check := func(when string, want ConcurrencyStats) {
 			t.Helper()
 			synctest.Wait()
-			grown, st := runtime.NumGoroutine()-before, c.Stats()
+			grown, st := bubbleGoroutines()-before, c.Stats()
 			t.Logf("%s: %d goroutines more, %+v", when, grown, st)
-			if st != want || grown > maxCleanups+cleanupSlack {
-				t.Fatalf("%s: %d goroutines more, stats %+v; want at most %d more, %+v", when, grown, st, maxCleanups+cleanupSlack, want)
+			if st != want || grown > maxCleanups {
+				t.Fatalf("%s: %d goroutines more, stats %+v; want at most %d more, %+v", when, grown, st, maxCleanups, want)
 			}
 		}
 		check("1000 acquires with the store down", ConcurrencyStats{Unknown: n, Releases: maxCleanups, Skipped: n - maxCleanups})
@@ -248,4 +249,34 @@ func TestConcurrencyCleanupBounded(t *testing.T) {
 		check("one more acquire", ConcurrencyStats{Unknown: n + 1, Releases: 2*maxCleanups + 1, Failed: 2 * maxCleanups, Skipped: 2 * (n - maxCleanups)})
 		time.Sleep(cleanupAgain + cleanupTimeout)
 	})
+}
+
+// bubbleGoroutines counts the goroutines of the caller's synctest bubble,
+// from the traceback headers ("goroutine 7 [sleep (durable), synctest
+// bubble 1]:"): runtime.NumGoroutine counts the whole process, and no
+// runtime API counts a bubble.
+func bubbleGoroutines() int {
+	var self [256]byte
+	head, _, _ := strings.Cut(string(self[:runtime.Stack(self[:], false)]), "\n")
+	_, id, ok := strings.Cut(head, "synctest bubble ")
+	if !ok {
+		panic("bubbleGoroutines: not in a synctest bubble: " + head)
+	}
+	id = "synctest bubble " + strings.TrimSuffix(id, "]:") + "]:"
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for line := range strings.Lines(string(buf)) {
+		if strings.HasPrefix(line, "goroutine ") && strings.HasSuffix(strings.TrimSpace(line), id) {
+			count++
+		}
+	}
+	return count
 }
