@@ -35,7 +35,8 @@ import (
 // second per partition key). At once:
 //
 //   - a hot key, decided in region 0's four containers, offered 150 a
-//     second (paced; fewer when the machine is loaded) under a limit of
+//     second (paced; fewer when the machine is loaded, for 4 s and until
+//     the store has throttled it, 12 s at most) under a limit of
 //     200 a second (region 0's base share 100; nobody in region 1 decides
 //     it, so region 1 never gives its share): its items in region 0 are
 //     throttled by the partition cap;
@@ -93,9 +94,18 @@ const (
 	hgVictimMax = 20   // per 30 s
 	// The deadline is generous (the production default is 250 ms) so that
 	// a loaded test machine's slow answers do not send decisions to the
-	// fail mode, nor run them to the deadline.
+	// fail mode, nor run them to the deadline. Not longer: region 0's
+	// sweeps each hold a decision half of it while the slow key is listed
+	// (a deadline that followed the store's round trip, 4 s at a load of
+	// 17-21, held region 0's decisions so long that the hot key was never
+	// throttled).
 	hgDeadline = 2 * time.Second
 	hgDuration = 4 * time.Second
+	// Region 0's containers decide the hot key for hgDuration, and on
+	// until its requests were throttled (a loaded host decides fewer a
+	// second, and may not reach the cap in hgDuration), for at most
+	// hgHotMax.
+	hgHotMax = 12 * time.Second
 	// The victim goes on alone in both regions once region 0's
 	// containers have ended their hot decisions (the drain), until its
 	// shares settle, for at most hgDrainMax: the units its shares moved
@@ -116,11 +126,11 @@ const (
 	hgVictimIP = "192.0.2.10"
 	hgProcs0   = 4 // containers in region 0
 	hgProcs1   = 2 // in region 1
-	// Every hgVictimEvery-th slot of region 0's first container decides
-	// the victim too: 150/4/4, about 10 a second.
-	hgVictimEvery = 4
 	// Region 1's first container decides the victim every 100 ms, its
-	// second the slow key.
+	// second the slow key; region 0's first decides the victim too, at
+	// its first slot 100 ms or more after its last (every fourth slot,
+	// about 10 a second; on a loaded host more often: counting slots, it
+	// decided 4 or 5 in a run whose decisions held it a second each).
 	hgSlot1 = 100 * time.Millisecond
 )
 
@@ -359,6 +369,12 @@ func (h *hotGlobal) run(t *testing.T) hgRun {
 			}
 		}
 	}
+	// Region 0 decides the hot key for hgDuration, and on until the
+	// store throttled it (hgHotMax at most); region 1 the slow key as long.
+	hot := func() bool {
+		since := time.Since(start)
+		return since < hgDuration || since < hgHotMax && h.throttles[0].Count(hgHotIP) == 0
+	}
 	for w, c := range h.cs {
 		switch {
 		case c.region == 0:
@@ -366,10 +382,14 @@ func (h *hotGlobal) run(t *testing.T) hgRun {
 			// Staggered over the slot.
 			begin := start.Add(time.Duration(w) * every / hgProcs0)
 			wg.Go(func() {
-				n, ok := 0, true
-				paced(begin, hgDuration, every, func() bool {
-					n++
-					ok = (w != 0 || n%hgVictimEvery != 0 || decide(w, c, hgVictimIP)) && decide(w, c, hgHotIP)
+				var victimAt time.Time // its last victim decision
+				ok := true
+				hgPaced(begin, every, hot, func() bool {
+					if w == 0 && time.Since(victimAt) >= hgSlot1 {
+						victimAt = time.Now()
+						ok = decide(w, c, hgVictimIP)
+					}
+					ok = ok && decide(w, c, hgHotIP)
 					return ok
 				})
 				if hotLeft.Add(-1) == 0 {
@@ -383,7 +403,7 @@ func (h *hotGlobal) run(t *testing.T) hgRun {
 		case w == hgProcs0:
 			wg.Go(func() {
 				ok := true
-				paced(start, hgDuration, hgSlot1, func() bool {
+				hgPaced(start, hgSlot1, func() bool { return time.Since(start) < hgDuration }, func() bool {
 					ok = decide(w, c, hgVictimIP)
 					return ok
 				})
@@ -393,7 +413,8 @@ func (h *hotGlobal) run(t *testing.T) hgRun {
 			})
 		default:
 			wg.Go(func() {
-				paced(start, hgDuration, hgSlot1, func() bool { return decide(w, c, hgSlowIP) })
+				hgPaced(start, hgSlot1, func() bool { return time.Since(start) < hgDuration || hotLeft.Load() > 0 },
+					func() bool { return decide(w, c, hgSlowIP) })
 			})
 		}
 	}
@@ -403,6 +424,25 @@ func (h *hotGlobal) run(t *testing.T) hgRun {
 	out.readAt = time.Now()
 	out.shares, out.sharesErr = h.shares(t.Context(), out.byKey[hgVictimIP][0].rendered)
 	return out
+}
+
+// hgPaced calls do at the slots every interval from start on while
+// more holds, or until do returns false, one call at a time, as a
+// container decides; the slots already past when a call returns are
+// skipped (paced decides them all, back to back: on a loaded host region
+// 0's 600 hot decisions of a 4 s run spread over 67 s, and the victim's
+// calls over more than its window).
+func hgPaced(start time.Time, every time.Duration, more, do func() bool) {
+	for at := start; more(); {
+		time.Sleep(time.Until(at))
+		if !do() {
+			return
+		}
+		at = at.Add(every)
+		if late := time.Since(at); late > 0 {
+			at = at.Add(late.Truncate(every) + every)
+		}
+	}
 }
 
 // hgLatencies is the p50, p99 and maximum of calls' latencies.
