@@ -30,11 +30,13 @@ import (
 // takes over as soon as its entry is written, the old item's fence not
 // raised: a raise "needs no older entry to expire"): the late process
 // decides on the old item by its older entry, beside the new item, and
-// the checker sees it.
+// the checker sees it. A raise of 3 units with 12 leased (small) waits:
+// its hold would cost more than the wait (raiseWorth; brokenRaiseWorth:
+// fenced, and the test fails on it).
 func TestSharesTableRaiseFence(t *testing.T) {
 	client, table := testTable(t)
 	warmTable(t, client, table)
-	for _, mode := range []string{"rule", "brokenRaiseWait", "brokenLeaseHold", "brokenFence"} {
+	for _, mode := range []string{"rule", "brokenRaiseWait", "brokenLeaseHold", "brokenFence", "small", "brokenRaiseWorth"} {
 		t.Run(mode, func(t *testing.T) {
 			raiseFenceRun(t, client, table, mode)
 		})
@@ -69,6 +71,11 @@ func raiseFenceRun(t *testing.T, client *dynamodb.Client, table, mode string) {
 	a.tbl.brokenRaiseWait = mode == "brokenRaiseWait"
 	a.tbl.brokenLeaseHold = mode == "brokenLeaseHold"
 	a.tbl.brokenFence = mode == "brokenFence"
+	a.tbl.brokenRaiseWorth = mode == "brokenRaiseWorth"
+	to := int64(200)
+	if mode == "small" || mode == "brokenRaiseWorth" {
+		to = 112 // 3 units, less than the 12 leased
+	}
 	lt := tts[0]
 	lt.Refresh = 900 * time.Millisecond
 	late, err := NewProcess(cfg, lt, sts[0])
@@ -86,7 +93,7 @@ func raiseFenceRun(t *testing.T, client *dynamodb.Client, table, mode string) {
 	}
 	old, until, at := a.items[0].share, a.tbl.maxUntil, rg.now
 	a.tbl.started = time.Now()
-	if err := a.rebaseTable(t.Context(), rg.now, 200); err != nil {
+	if err := a.rebaseTable(t.Context(), rg.now, to); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.fenceRebase(t.Context(), rg.now); err != nil {
@@ -95,6 +102,19 @@ func raiseFenceRun(t *testing.T, client *dynamodb.Client, table, mode string) {
 	s, ts := a.items[1].from, a.TableStats()
 	ahead, wait := time.Duration(s-at.UnixNano()), time.Duration(until-at.UnixNano())
 	early := s < until
+	if to < 200 {
+		t.Logf("%s: share %d raised to %d with %d leased on the old item; new item from %v after the raise's tick (latest validity %v), raised %d fences",
+			mode, old, to, leased, ahead, wait, ts.Raises)
+		switch {
+		case mode == "small" && (early || ts.Raises > 0):
+			t.Errorf("a raise of 3 units fenced with 12 leased: the hold costs more than the wait")
+		case mode == "brokenRaiseWorth" && !early:
+			t.Errorf("brokenRaiseWorth: the raise waited: the test cannot fail")
+		case mode == "brokenRaiseWorth":
+			t.Logf("brokenRaiseWorth: a raise of 3 units fenced, holding 12 (the test fails on it)")
+		}
+		return
+	}
 	if mode == "brokenRaiseWait" {
 		t.Logf("brokenRaiseWait: new item from %v after the raise's tick (latest validity %v)", ahead, wait)
 		if early {

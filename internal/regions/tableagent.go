@@ -57,10 +57,11 @@ type tableAgent struct {
 	// brokenLeaseHold (tests): a fenced rebase of a bucket with leases
 	// holds none of the old item's leased units in the new item.
 	brokenLeaseHold bool
-	// waitLower: a bucket with leases fences its raises only (its
-	// lowerings wait: fenceFor); brokenRaiseWait (tests): its raises
-	// wait too, as before.
-	waitLower, brokenRaiseWait bool
+	// waitLower: a bucket with leases fences its raises only, where
+	// it gains (its lowerings wait: fenceFor, raiseWorth);
+	// brokenRaiseWait (tests): its raises wait too, as before;
+	// brokenRaiseWorth (tests): every raise is fenced.
+	waitLower, brokenRaiseWait, brokenRaiseWorth bool
 	// pauseRaised (tests): a fenced rebase waits this long after its
 	// raise returned, before it lists the new item.
 	pauseRaised time.Duration
@@ -919,9 +920,11 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 		return errRebasing
 	}
 	var hold, holdUntil int64
-	fence := tb.fenceFor(raise)
+	fence, err := a.fences(ctx, now, old, raise, from)
+	if err != nil {
+		return err // nothing is listed or given
+	}
 	if fence {
-		var err error
 		if from, hold, holdUntil, err = a.fencedStart(ctx, now, old, f, s, from); err != nil {
 			return err // nothing is listed or given; the next entries carry f (raisedTo)
 		}
@@ -999,6 +1002,37 @@ func (tb *tableAgent) fenceFor(raise int64) bool {
 		return tb.fenced
 	}
 	return raise > 0 && !tb.brokenRaiseWait
+}
+
+// fences reports whether a rebase from item old that raises the share
+// by raise units (below 0: lowers it) is fenced (fenceFor), and with
+// leases a raise only where it gains (raiseWorth).
+func (a *Agent) fences(ctx context.Context, now time.Time, old *bucketItem, raise, wait int64) (bool, error) {
+	if !a.tbl.fenceFor(raise) || !a.tbl.waitLower {
+		return a.tbl.fenceFor(raise), nil
+	}
+	return a.raiseWorth(ctx, now, old, raise, wait)
+}
+
+// raiseWorth reports whether a raise by raise units of a bucket with
+// leases gains by its fence: the wait (its first stamp at wait) costs
+// about what the raise's units refill meanwhile, where the fence costs
+// the old item's leased units, held in the new item (holdLeases) for 1
+// to 2.4 s, and lost where the processes leave their leases on the old
+// item unspent. A region whose share creeps up by a few units a tick
+// (grants of 1-10) while its processes lease tens held its units back
+// raise after raise (docs/regions.md, "A raise fenced").
+// brokenRaiseWorth (tests): every raise is fenced.
+func (a *Agent) raiseWorth(ctx context.Context, now time.Time, old *bucketItem, raise, wait int64) (bool, error) {
+	if old.own == nil || a.tbl.brokenRaiseWorth {
+		return true, nil
+	}
+	t := a.tbl.stamp(now)
+	l, err := a.leasedAt(ctx, old, t)
+	if err != nil {
+		return false, err
+	}
+	return l < a.cfg.refilled(raise, time.Duration(wait-t)), nil
 }
 
 // fencedStart is a fenced rebase's first steps (rebaseTable): it raises
