@@ -148,9 +148,9 @@ func TestSharesTableReady(t *testing.T) {
 // TestTableAgentFences: a table agent of a window fences where its store
 // does (storage.Fencer: the memory store) and keeps the wait where it
 // does not (the same store behind a Counter alone); a bucket's fences
-// where its store fences buckets (storage.BucketFencer) and it does not
-// lease (with leases only where a test enables it, Table.fenceLeased),
-// and keeps the wait otherwise.
+// where its store fences buckets (storage.BucketFencer): with leases its
+// raises only (waitLower; its lowerings too where a test enables them,
+// Table.fenceLeased); it keeps the wait otherwise.
 func TestTableAgentFences(t *testing.T) {
 	tt := Table{Client: dynamodb.New(dynamodb.Options{}), Table: "t", Name: "fences", Region: 0}
 	lt := tt
@@ -165,23 +165,24 @@ func TestTableAgentFences(t *testing.T) {
 		tt    Table
 		store any
 		want  bool
+		lower bool // waitLower
 	}{
-		{"window/fencer", window, tt, memStore(t), true},
-		{"window/counter", window, tt, struct{ storage.Counter }{memStore(t)}, false},
-		{"bucket/fencer", bucket, tt, memStore(t), true},
-		{"bucket/leases", bucketLeases, tt, memStore(t), false},
-		{"bucket/leases/enabled", bucketLeases, lt, memStore(t), true},
+		{"window/fencer", window, tt, memStore(t), true, false},
+		{"window/counter", window, tt, struct{ storage.Counter }{memStore(t)}, false, false},
+		{"bucket/fencer", bucket, tt, memStore(t), true, false},
+		{"bucket/leases", bucketLeases, tt, memStore(t), true, true},
+		{"bucket/leases/enabled", bucketLeases, lt, memStore(t), true, false},
 		{"bucket/counter", bucket, tt, struct {
 			storage.BucketStore
 			storage.Fencer
-		}{memStore(t), memStore(t)}, false},
+		}{memStore(t), memStore(t)}, false, false},
 	} {
 		a, err := NewTableAgent(c.cfg, c.tt, "h", c.store)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		if a.tbl.fenced != c.want {
-			t.Errorf("%s: fenced %v, want %v", c.name, a.tbl.fenced, c.want)
+		if a.tbl.fenced != c.want || a.tbl.fenced && a.tbl.waitLower != c.lower {
+			t.Errorf("%s: fenced %v, lowerings wait %v; want %v, %v", c.name, a.tbl.fenced, a.tbl.waitLower, c.want, c.lower)
 		}
 	}
 }

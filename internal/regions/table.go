@@ -77,9 +77,9 @@ type Table struct {
 	// brokenLapse (tests): the rule before the entry kept (lapse_test.go).
 	brokenLapse bool
 	// fenceLeased (tests): a bucket WITH leases on a store that fences
-	// buckets takes the fenced rebase too (the lease hold, holdLeases).
-	// Not enabled: measured below the wait (docs/regions.md, "Bucket: a
-	// fence instead of the wait"), so a leasing bucket waits.
+	// buckets fences its lowerings too (the lease hold, holdLeases), not
+	// its raises only. Not enabled: measured below the wait
+	// (docs/regions.md, "Bucket: a fence instead of the wait").
 	fenceLeased bool
 }
 

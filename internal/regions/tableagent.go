@@ -57,6 +57,11 @@ type tableAgent struct {
 	// brokenLeaseHold (tests): a fenced rebase of a bucket with leases
 	// holds none of the old item's leased units in the new item.
 	brokenLeaseHold bool
+	// waitLower: a bucket with leases fences its raises only, where
+	// it gains (its lowerings wait: fenceFor, raiseWorth);
+	// brokenRaiseWait (tests): its raises wait too, as before;
+	// brokenRaiseWorth (tests): every raise is fenced.
+	waitLower, brokenRaiseWait, brokenRaiseWorth bool
 	// pauseRaised (tests): a fenced rebase waits this long after its
 	// raise returned, before it lists the new item.
 	pauseRaised time.Duration
@@ -156,14 +161,14 @@ func NewTableAgent(cfg Config, t Table, holder string, store any) (*Agent, error
 	}
 	a.tbl = &tableAgent{t: t, holder: holder, items: map[string]*bucketItem{}}
 	if _, ok := store.(storage.Fencer); ok {
-		// A bucket without leases fences where its store fences
-		// buckets. With leases the fenced rebase is built (a lease on
-		// the old item, spent without the store, is held in the new
-		// item, holdLeases) but measured below the wait, so a leasing
-		// bucket waits unless a test enables it (docs/regions.md,
-		// "Bucket: a fence instead of the wait").
+		// A bucket fences where its store fences buckets. With leases
+		// (a lease on the old item, spent without the store, is held
+		// in the new item, holdLeases) its raises only: its lowerings
+		// wait unless a test enables them (fenceFor; docs/regions.md,
+		// "Bucket: a fence instead of the wait", "A raise fenced").
 		_, bf := store.(storage.BucketFencer)
-		a.tbl.fenced = cfg.Bucket == nil || bf && (!cfg.Leases || t.fenceLeased)
+		a.tbl.fenced = cfg.Bucket == nil || bf
+		a.tbl.waitLower = cfg.Bucket != nil && cfg.Leases && !t.fenceLeased
 	}
 	if len(a.items) > 0 {
 		a.tbl.items[a.items[0].key] = a.items[0]
@@ -915,8 +920,11 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 		return errRebasing
 	}
 	var hold, holdUntil int64
-	if tb.fenced {
-		var err error
+	fence, err := a.fences(ctx, now, old, raise, from)
+	if err != nil {
+		return err // nothing is listed or given
+	}
+	if fence {
 		if from, hold, holdUntil, err = a.fencedStart(ctx, now, old, f, s, from); err != nil {
 			return err // nothing is listed or given; the next entries carry f (raisedTo)
 		}
@@ -971,7 +979,7 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 		tb.took = slices.Delete(tb.took, 0, n-moveMax)
 	}
 	a.stats.Rebases++
-	if tb.fenced {
+	if fence {
 		// Published with the fence number the old item's fence was
 		// raised to, above every one before (fenceRebase).
 		tb.fence = max(tb.fence, f)
@@ -979,6 +987,52 @@ func (a *Agent) rebaseTable(ctx context.Context, now time.Time, s int64) error {
 		tb.count(func(s *TableStats) { s.Fenced++ })
 	}
 	return nil
+}
+
+// fenceFor reports whether a rebase that raises the region's share by
+// raise units (below 0: lowers it) is fenced. With leases a raise's hold
+// always fits (the old item's leased units are within its share, below
+// the new one) and saves the wait for the entries published before:
+// meanwhile the region decides at its old share, and the grants' refill
+// in transit stops at their units (about 0.75 s of their rate lost). A
+// lowering keeps the wait (every rebase fenced with leases measured
+// below the wait: docs/regions.md).
+func (tb *tableAgent) fenceFor(raise int64) bool {
+	if !tb.fenced || !tb.waitLower {
+		return tb.fenced
+	}
+	return raise > 0 && !tb.brokenRaiseWait
+}
+
+// fences reports whether a rebase from item old that raises the share
+// by raise units (below 0: lowers it) is fenced (fenceFor), and with
+// leases a raise only where it gains (raiseWorth).
+func (a *Agent) fences(ctx context.Context, now time.Time, old *bucketItem, raise, wait int64) (bool, error) {
+	if !a.tbl.fenceFor(raise) || !a.tbl.waitLower {
+		return a.tbl.fenceFor(raise), nil
+	}
+	return a.raiseWorth(ctx, now, old, raise, wait)
+}
+
+// raiseWorth reports whether a raise by raise units of a bucket with
+// leases gains by its fence: the wait (its first stamp at wait) costs
+// about what the raise's units refill meanwhile, where the fence costs
+// the old item's leased units, held in the new item (holdLeases) for 1
+// to 2.4 s, and lost where the processes leave their leases on the old
+// item unspent. A region whose share creeps up by a few units a tick
+// (grants of 1-10) while its processes lease tens held its units back
+// raise after raise (docs/regions.md, "A raise fenced").
+// brokenRaiseWorth (tests): every raise is fenced.
+func (a *Agent) raiseWorth(ctx context.Context, now time.Time, old *bucketItem, raise, wait int64) (bool, error) {
+	if old.own == nil || a.tbl.brokenRaiseWorth {
+		return true, nil
+	}
+	t := a.tbl.stamp(now)
+	l, err := a.leasedAt(ctx, old, t)
+	if err != nil {
+		return false, err
+	}
+	return l < a.cfg.refilled(raise, time.Duration(wait-t)), nil
 }
 
 // fencedStart is a fenced rebase's first steps (rebaseTable): it raises
