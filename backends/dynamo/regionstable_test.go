@@ -35,10 +35,12 @@ var tableTimes = regions.Table{Refresh: 100 * time.Millisecond, Flush: 100 * tim
 
 // benchTableTimes is tableTimes, with the times SLUICE_SHARES_TIMES names
 // (for a benchmark's comparison of shorter ones: "validity=500ms,
-// deadline=500ms,locklife=400ms,refresh=50ms").
+// deadline=500ms,locklife=400ms,refresh=50ms"), and a bucket's raises
+// fenced with SLUICE_SHARES_FENCE_RAISES=1 (Table.FenceRaises).
 func benchTableTimes(tb testing.TB) regions.Table {
 	tb.Helper()
 	t := tableTimes
+	t.FenceRaises = os.Getenv("SLUICE_SHARES_FENCE_RAISES") == "1"
 	v := os.Getenv("SLUICE_SHARES_TIMES")
 	if v == "" {
 		return t
@@ -670,7 +672,9 @@ func envDurations(tb testing.TB, key string, def ...time.Duration) []time.Durati
 // path without leases, SLUICE_SHARES_NOFENCE=1 with agents whose store
 // does not fence buckets (noBucketFence), SLUICE_SHARES_OFFERS=1 with
 // offers (Config.Offers: a bucket's; a window's table agents ignore it);
-// SLUICE_SHARES_PATH=table (or memory) runs that path only.
+// SLUICE_SHARES_FENCE_RAISES=1 with a bucket's raises fenced
+// (Table.FenceRaises); SLUICE_SHARES_PATH=table (or memory) runs that
+// path only.
 // The table's write units (ReturnConsumedCapacity on the agents' and
 // processes' writes to the regions' items) are reported a decision and a
 // write.

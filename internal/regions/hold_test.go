@@ -148,13 +148,15 @@ func TestSharesTableReady(t *testing.T) {
 // TestTableAgentFences: a table agent of a window fences where its store
 // does (storage.Fencer: the memory store) and keeps the wait where it
 // does not (the same store behind a Counter alone); a bucket's fences
-// where its store fences buckets (storage.BucketFencer): with leases its
-// raises only (waitLower; its lowerings too where a test enables them,
-// Table.fenceLeased); it keeps the wait otherwise.
+// where its store fences buckets (storage.BucketFencer) and, with leases,
+// where a test enables it: its raises only (Table.FenceRaises, waitLower)
+// or every rebase (Table.fenceLeased); it keeps the wait otherwise.
 func TestTableAgentFences(t *testing.T) {
 	tt := Table{Client: dynamodb.New(dynamodb.Options{}), Table: "t", Name: "fences", Region: 0}
 	lt := tt
 	lt.fenceLeased = true
+	rt := tt
+	rt.FenceRaises = true
 	window := Config{Regions: 2, Key: "k", Limit: 100, Window: time.Second, SubWindows: 10}
 	bucket := Config{Regions: 2, Key: "k", Bucket: &limiter.TokenBucketConfig{MaxAmount: 22, RefillAmount: 1, RefillTime: 100 * time.Millisecond}}
 	bucketLeases := bucket
@@ -170,7 +172,8 @@ func TestTableAgentFences(t *testing.T) {
 		{"window/fencer", window, tt, memStore(t), true, false},
 		{"window/counter", window, tt, struct{ storage.Counter }{memStore(t)}, false, false},
 		{"bucket/fencer", bucket, tt, memStore(t), true, false},
-		{"bucket/leases", bucketLeases, tt, memStore(t), true, true},
+		{"bucket/leases", bucketLeases, tt, memStore(t), false, false},
+		{"bucket/leases/raises", bucketLeases, rt, memStore(t), true, true},
 		{"bucket/leases/enabled", bucketLeases, lt, memStore(t), true, false},
 		{"bucket/counter", bucket, tt, struct {
 			storage.BucketStore

@@ -73,6 +73,13 @@ type Table struct {
 	// LockLife is how long the agent role stays with a holder that stops
 	// ticking (default 750 ms).
 	LockLife time.Duration
+	// FenceRaises (experimental, off by default): a bucket with leases
+	// on a store that fences buckets fences its raises where the lease
+	// hold costs less than the wait, so that a raise takes force just
+	// after the old item's fence rose rather than a validity after the
+	// tick; its lowerings still wait. Off until a gain over a whole run
+	// is shown (docs/regions.md, "A raise fenced").
+	FenceRaises bool
 
 	// brokenLapse (tests): the rule before the entry kept (lapse_test.go).
 	brokenLapse bool

@@ -163,11 +163,12 @@ func NewTableAgent(cfg Config, t Table, holder string, store any) (*Agent, error
 	if _, ok := store.(storage.Fencer); ok {
 		// A bucket fences where its store fences buckets. With leases
 		// (a lease on the old item, spent without the store, is held
-		// in the new item, holdLeases) its raises only: its lowerings
-		// wait unless a test enables them (fenceFor; docs/regions.md,
-		// "Bucket: a fence instead of the wait", "A raise fenced").
+		// in the new item, holdLeases) only where a test enables it:
+		// its raises (FenceRaises; its lowerings wait, fenceFor) or
+		// every rebase (fenceLeased) (docs/regions.md, "Bucket: a fence
+		// instead of the wait", "A raise fenced").
 		_, bf := store.(storage.BucketFencer)
-		a.tbl.fenced = cfg.Bucket == nil || bf
+		a.tbl.fenced = cfg.Bucket == nil || bf && (!cfg.Leases || t.fenceLeased || t.FenceRaises)
 		a.tbl.waitLower = cfg.Bucket != nil && cfg.Leases && !t.fenceLeased
 	}
 	if len(a.items) > 0 {
