@@ -293,6 +293,18 @@ func (rg *fenceRig) decideBy(p *Process, n int) int {
 	return got
 }
 
+// callsSince returns the rig's calls from index from on that are stamped
+// at s or later.
+func (rg *fenceRig) callsSince(from int, s int64) []limitertest.Call {
+	var after []limitertest.Call
+	for _, c := range rg.calls[from:] {
+		if c.Stamp.UnixNano() >= s {
+			after = append(after, c)
+		}
+	}
+	return after
+}
+
 // byWho is the units admitted in (from, to] by decider.
 func (rg *fenceRig) byWho(from, to time.Time) map[string]int64 {
 	m := map[string]int64{}
@@ -526,12 +538,7 @@ func leaseHoldRun(t *testing.T, client *dynamodb.Client, table string, broken bo
 		t.Fatal(err)
 	}
 	gotFresh := rg.decideBy(fresh, 30)
-	var after []limitertest.Call
-	for _, c := range rg.calls[from:] {
-		if c.Stamp.UnixNano() >= s {
-			after = append(after, c)
-		}
-	}
+	after := rg.callsSince(from, s)
 	nb := cfg.bucketFor(20, false)
 	over := limitertest.CheckBucketBound(after, nb)
 	t.Logf("leased %d on the old item at the rebase; held %d in the new item (first stamp %v after the tick); %v past it the late process admitted %d (refused by the fence %d times), a fresh one %d; the new share's bucket %d, a token every %v",

@@ -132,12 +132,7 @@ func raiseFenceRun(t *testing.T, client *dynamodb.Client, table, mode string) {
 		t.Fatal(err)
 	}
 	gotFresh := rg.decideBy(fresh, 250)
-	var after []limitertest.Call
-	for _, c := range rg.calls[from:] {
-		if c.Stamp.UnixNano() >= s {
-			after = append(after, c)
-		}
-	}
+	after := rg.callsSince(from, s)
 	over := limitertest.CheckBucketBound(after, cfg.bucketFor(200, false))
 	t.Logf("%s: share %d raised to 200 with %d leased on the old item; new item from %v after the raise's tick (latest validity %v), held %d; 40 ms past it the late process admitted %d (refused by the fence %d times), then a fresh one %d; over: %d",
 		mode, old, leased, ahead, wait, ts.Held, got, late.Stats().Fenced, gotFresh, len(over))
