@@ -873,16 +873,21 @@ func (k tableKinds) per(decisions int64) string {
 		f(k.steps), f(k.stepsFailed), k.conflicts, f(k.stepsGet), k.storeReads, f(k.stepsOther), f(k.entryReads), f(k.demandWrites), k.tableFailed,
 		f(k.agentTable), f(k.agentStore), f(k.total()))
 	if k.gates != nil {
-		keys := slices.Sorted(maps.Keys(k.gates))
-		var n int
-		var parts []string
-		for _, op := range keys {
-			parts = append(parts, fmt.Sprintf("%s %d", op, k.gates[op]))
-			n += k.gates[op]
-		}
-		s += fmt.Sprintf("; at the gates %d: %s", n, strings.Join(parts, ", "))
+		s += "; at the gates: " + gateString(k.gates)
 	}
 	return s
+}
+
+// gateString formats a gateKinds count: the total, then by region,
+// operation and status.
+func gateString(ops map[string]int) string {
+	var n int
+	var parts []string
+	for _, op := range slices.Sorted(maps.Keys(ops)) {
+		parts = append(parts, fmt.Sprintf("%s %d", op, ops[op]))
+		n += ops[op]
+	}
+	return fmt.Sprintf("%d: %s", n, strings.Join(parts, ", "))
 }
 
 // gateKinds counts the requests the regions' gates received between two
@@ -891,6 +896,23 @@ type gateKinds struct {
 	g     *testserver.Regions
 	marks []int
 	ops   map[string]int
+}
+
+// marking returns requests, marking the gates at its first call (the
+// run's start) and counting at its second (its end).
+func (gk *gateKinds) marking(requests func() int) func() int {
+	calls := 0
+	return func() int {
+		n := requests()
+		switch calls {
+		case 0:
+			gk.mark()
+		case 1:
+			gk.count()
+		}
+		calls++
+		return n
+	}
 }
 
 func (gk *gateKinds) mark() {
