@@ -344,10 +344,10 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		rep.leaseStats = rep.leaseStats.Add(p.LeaseStats())
 	}
 	// RunHot tells a decision answered from a lease or the deny cache
-	// by its Outcome, which a Process (a limiter of its own, not a
-	// store's step) does not carry: its own counts say.
-	// RunHot sums the counts at each phase's end (twice the first
-	// phase's where demand moves): the processes' own, once.
+	// by its Outcome, which a Process's decisions (a limiter of its own,
+	// not a store's step) do not carry, and sums the processes' lease
+	// counts at each phase's end (twice the first phase's where demand
+	// moves): the processes' own counts, once.
 	rep.leased, rep.cached, rep.leases = rep.leaseStats.Decisions, rep.procs.Cached, rep.leaseStats
 	rep.tableWrites = kc.procTable.update.Load() + kc.agentTable.update.Load()
 	rep.tableWCU = float64(kc.procTable.wcuMilli.Load()+kc.agentTable.wcuMilli.Load()) / 1000
