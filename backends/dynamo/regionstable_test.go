@@ -302,6 +302,11 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 	if g != nil && run.requests == nil {
 		gates = &gateKinds{g: g}
 	}
+	if z := run.sizes; z != nil {
+		// The size sampler's reads pass the gates: not the run's.
+		gated := requests
+		requests = func() int { return gated() - int(z.sent.Load()) }
+	}
 	rep.regionReport = runRegions(tb, table, eps, kc.marking(requests, gates), run.raw, d, func(i int, _ *dynamo.Store) limiter.Limiter {
 		// The process's own store, as runRegions makes it, with a
 		// counter of its requests.
@@ -807,7 +812,8 @@ type kindCounters struct {
 
 // tableKinds are a run's store requests by kind (kindCounters), and,
 // from the gates (gateKinds), the requests the regions' endpoints
-// received by operation and HTTP status.
+// received by operation and HTTP status (the benchmark's item size
+// sampler's GetItem among them, which the run's count leaves out).
 type tableKinds struct {
 	steps, stepsFailed, stepsGet, stepsOther int64 // the processes' UpdateItem (failed), GetItem, others on their items
 	entryReads, demandWrites, tableFailed    int64 // the processes' GetItem and UpdateItem of their region's entry (failed)
