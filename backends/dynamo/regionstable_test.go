@@ -715,7 +715,9 @@ func envDurations(tb testing.TB, key string, def ...time.Duration) []time.Durati
 // path only.
 // The table's write units (ReturnConsumedCapacity on the agents' and
 // processes' writes to the regions' items) are reported a decision and a
-// write.
+// write; a table row logs its store requests by sender and kind, and at
+// the gates by region, operation and status (tableKinds), and its
+// processes' lease counts.
 func BenchmarkRegionSharesTable(b *testing.B) {
 	g, table, eps := startEventual(b)
 	times := benchTableTimes(b)
