@@ -52,6 +52,9 @@ type sharesReport struct {
 	// from, admitted and exact: the calls stamped at or after from.
 	from                    time.Time
 	fromAdmitted, fromExact int64
+	// gates: the run's requests at the regions' gates by region,
+	// operation and HTTP status (the memory path's; gateKinds).
+	gates map[string]int
 }
 
 func (r sharesReport) fromShare() float64 {
@@ -60,6 +63,9 @@ func (r sharesReport) fromShare() float64 {
 
 func (r sharesReport) String() string {
 	s := fmt.Sprintf("%v; from +%v: %.3f of exact (%d of %d)", r.regionReport, r.from.Sub(r.start), r.fromShare(), r.fromAdmitted, r.fromExact)
+	if r.gates != nil {
+		s += "; at the gates: " + gateString(r.gates)
+	}
 	for i, a := range r.agents {
 		s += fmt.Sprintf("; region %d: share %d", i, a.Share)
 		if i < len(r.peak) {
@@ -117,15 +123,33 @@ func runRegionShares(tb testing.TB, g *testserver.Regions, table string, eps []s
 		})
 	}
 	rep := sharesReport{start: time.Now(), peak: peak, initial: initial}
-	rep.regionReport = runRegions(tb, table, eps, regionsGates{g}.requests, nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
+	var (
+		lmu  sync.Mutex
+		lims []*regions.Limiter
+	)
+	gates := &gateKinds{g: g}
+	rep.regionReport = runRegions(tb, table, eps, gates.marking(regionsGates{g}.requests), nil, d, func(i int, st *dynamo.Store) limiter.Limiter {
 		l, err := agents[i].NewLimiter(st)
 		if err != nil {
 			tb.Fatal(err)
 		}
+		lmu.Lock()
+		lims = append(lims, l)
+		lmu.Unlock()
 		return l
 	})
 	cancel()
 	wg.Wait()
+	rep.gates = gates.ops
+	// RunHot sums the limiters' lease counts at each phase's end (twice
+	// the first phase's where demand moves), and tells a decision
+	// answered from a lease by its Outcome, which a Limiter's decisions
+	// do not carry: the limiters' own counts, once.
+	rep.leases = limiter.LeaseStats{}
+	for _, l := range lims {
+		rep.leases = rep.leases.Add(l.LeaseStats())
+	}
+	rep.leased = rep.leases.Decisions
 	for _, a := range agents {
 		rep.agents = append(rep.agents, a.Stats())
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,9 @@ type itemSizes struct {
 	n    int
 	sum  map[string]int
 	peak map[string]int
+	// sent counts the sampler's reads: they pass the regions' gates,
+	// and a run's store requests leave them out.
+	sent atomic.Int64
 }
 
 func (z *itemSizes) run(ctx context.Context, tb testing.TB, table, name string, eps []string) {
@@ -44,6 +48,7 @@ func (z *itemSizes) run(ctx context.Context, tb testing.TB, table, name string, 
 		case <-t.C:
 		}
 		for r, c := range clients {
+			z.sent.Add(1)
 			out, err := c.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true),
 				Key: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "regions/" + name + "/" + strconv.Itoa(r)}}})
 			if err != nil || out.Item == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -110,12 +111,18 @@ type tableReport struct {
 	// (ReturnConsumedCapacity).
 	tableWrites int64
 	tableWCU    float64
+	// kinds: the run's store requests by sender and kind (tableKinds).
+	kinds tableKinds
+	// leaseStats sums the processes' lease counts.
+	leaseStats limiter.LeaseStats
 }
 
 func (r tableReport) String() string {
 	s := r.sharesReport.String()
-	s += fmt.Sprintf("; processes: %d reads (%d with demand), %d stale, %d fenced", r.procs.Reads, r.procs.Flushes, r.procs.Stale, r.procs.Fenced)
+	s += fmt.Sprintf("; processes: %d reads (%d with demand), %d stale, %d fenced, %d denied by the entry; leases %+v", r.procs.Reads, r.procs.Flushes, r.procs.Stale, r.procs.Fenced,
+		r.procs.Unshared, r.leaseStats)
 	s += fmt.Sprintf("; table items: %d writes, %.1f WCU", r.tableWrites, r.tableWCU)
+	s += fmt.Sprintf("; requests by kind: %v", r.kinds.per(r.decisions))
 	for i, h := range r.holders {
 		s += fmt.Sprintf("; region %d holder %+v", i, h)
 		if len(r.standbys) > 0 {
@@ -159,14 +166,14 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 	if run.times != nil {
 		times = *run.times
 	}
-	counted := &requests{consumed: true}
-	tt := func(region int) regions.Table {
+	kc := &kindCounters{procTable: requests{consumed: true}, agentTable: requests{consumed: true}}
+	tt := func(region int, counted *requests) regions.Table {
 		t := times
 		t.Client, t.Table, t.Name, t.Region = newClient(eps[region], counted.middleware), table, d.Name, region
 		return t
 	}
 	newAgent := func(region int, holder string) *regions.Agent {
-		st, err := dynamo.New(newClient(eps[region]), dynamo.Config{Table: table, Timeout: times.Deadline})
+		st, err := dynamo.New(newClient(eps[region], kc.agentStore.middleware), dynamo.Config{Table: table, Timeout: times.Deadline})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -177,7 +184,7 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		if run.noFence {
 			store = noFence{Store: st}
 		}
-		a, err := regions.NewTableAgent(cfg, tt(region), holder, store)
+		a, err := regions.NewTableAgent(cfg, tt(region, &kc.agentTable), holder, store)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -291,8 +298,23 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 	if requests == nil {
 		requests = regionsGates{g}.requests
 	}
-	rep.regionReport = runRegions(tb, table, eps, requests, run.raw, d, func(i int, st *dynamo.Store) limiter.Limiter {
-		p, err := regions.NewProcess(cfg, tt(i), st)
+	var gates *gateKinds
+	if g != nil && run.requests == nil {
+		gates = &gateKinds{g: g}
+	}
+	if z := run.sizes; z != nil {
+		// The size sampler's reads pass the gates: not the run's.
+		gated := requests
+		requests = func() int { return gated() - int(z.sent.Load()) }
+	}
+	rep.regionReport = runRegions(tb, table, eps, kc.marking(requests, gates), run.raw, d, func(i int, _ *dynamo.Store) limiter.Limiter {
+		// The process's own store, as runRegions makes it, with a
+		// counter of its requests.
+		st, err := dynamo.New(newClient(eps[i], kc.procSteps.middleware), dynamo.Config{Table: table, Timeout: d.Timeout, CrossRegion: d.MRSC})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		p, err := regions.NewProcess(cfg, tt(i, &kc.procTable), st)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -322,8 +344,24 @@ func runRegionSharesTable(tb testing.TB, g *testserver.Regions, table string, ep
 		rep.procs.Flushes += s.Flushes
 		rep.procs.Stale += s.Stale
 		rep.procs.Fenced += s.Fenced
+		rep.procs.Cached += s.Cached
+		rep.procs.Unshared += s.Unshared
+		rep.leaseStats = rep.leaseStats.Add(p.LeaseStats())
 	}
-	rep.tableWrites, rep.tableWCU = counted.update.Load(), float64(counted.wcuMilli.Load())/1000
+	// RunHot tells a decision answered from a lease or the deny cache
+	// by its Outcome, which a Process's decisions (a limiter of its own,
+	// not a store's step) do not carry, and sums the processes' lease
+	// counts at each phase's end (twice the first phase's where demand
+	// moves): the processes' own counts, once.
+	rep.leased, rep.cached, rep.leases = rep.leaseStats.Decisions, rep.procs.Cached, rep.leaseStats
+	rep.tableWrites = kc.procTable.update.Load() + kc.agentTable.update.Load()
+	rep.tableWCU = float64(kc.procTable.wcuMilli.Load()+kc.agentTable.wcuMilli.Load()) / 1000
+	rep.kinds = kc.kinds(gates)
+	for _, ps := range stores {
+		st := ps.st.Stats()
+		rep.kinds.conflicts += st.Conflicts
+		rep.kinds.storeReads += st.Reads
+	}
 	rep.from = rep.start.Add(from)
 	rep.fromAdmitted, rep.fromExact = exactAfter(tb, d.Alg, rep.calls, rep.from)
 	if run.trace {
@@ -677,7 +715,9 @@ func envDurations(tb testing.TB, key string, def ...time.Duration) []time.Durati
 // path only.
 // The table's write units (ReturnConsumedCapacity on the agents' and
 // processes' writes to the regions' items) are reported a decision and a
-// write.
+// write; a table row logs its store requests by sender and kind, and at
+// the gates by region, operation and status (tableKinds), and its
+// processes' lease counts.
 func BenchmarkRegionSharesTable(b *testing.B) {
 	g, table, eps := startEventual(b)
 	times := benchTableTimes(b)
@@ -755,4 +795,151 @@ func BenchmarkRegionSharesTable(b *testing.B) {
 		}
 	}
 	b.Logf("replication: %+v", g.Stats())
+}
+
+// kindCounters count a table run's store requests at the clients, each
+// attempt (SDK retries and lost conditional writes included), by sender:
+// the processes' steps on their region's bucket or window items
+// (procSteps), their reads of their region's entry (procTable: GetItem,
+// or UpdateItem with demand), the agents' requests to the regions' table
+// items (agentTable) and to a bucket's items (agentStore: a new item's
+// first take, carries, the old item's reads and returns).
+type kindCounters struct {
+	procSteps, procTable, agentTable, agentStore requests
+	// at are the counts at the first call of the marking func (the
+	// run's start), end at the second (its end).
+	at, end tableKinds
+	calls   int
+}
+
+// tableKinds are a run's store requests by kind (kindCounters), and,
+// from the gates (gateKinds), the requests the regions' endpoints
+// received by operation and HTTP status (the benchmark's item size
+// sampler's GetItem among them, which the run's count leaves out).
+type tableKinds struct {
+	steps, stepsFailed, stepsGet, stepsOther int64 // the processes' UpdateItem (failed), GetItem, others on their items
+	entryReads, demandWrites, tableFailed    int64 // the processes' GetItem and UpdateItem of their region's entry (failed)
+	agentTable, agentStore                   int64
+	// conflicts and storeReads: the processes' stores' own counts
+	// (dynamo.Stats: conditional writes lost, consistent reads).
+	conflicts, storeReads int64
+	gates                 map[string]int // "op status" at the gates
+}
+
+func (c *kindCounters) snapshot() tableKinds {
+	return tableKinds{
+		steps: c.procSteps.update.Load(), stepsFailed: c.procSteps.failed.Load(), stepsGet: c.procSteps.get.Load(),
+		stepsOther: c.procSteps.total.Load() - c.procSteps.update.Load() - c.procSteps.get.Load(),
+		entryReads: c.procTable.get.Load(), demandWrites: c.procTable.update.Load(), tableFailed: c.procTable.failed.Load(),
+		agentTable: c.agentTable.total.Load(), agentStore: c.agentStore.total.Load(),
+	}
+}
+
+// marking returns requests (runRegions' count of the run's requests),
+// snapshotting the counters (and the gates', if set) as it is called at
+// the run's start and end.
+func (c *kindCounters) marking(requests func() int, gates *gateKinds) func() int {
+	return func() int {
+		n := requests()
+		switch c.calls {
+		case 0:
+			c.at = c.snapshot()
+			gates.mark()
+		case 1:
+			c.end = c.snapshot()
+			gates.count()
+		}
+		c.calls++
+		return n
+	}
+}
+
+// kinds is the run's counts: from the start's snapshot to the end's.
+func (c *kindCounters) kinds(gates *gateKinds) tableKinds {
+	a, b := c.at, c.end
+	k := tableKinds{
+		steps: b.steps - a.steps, stepsFailed: b.stepsFailed - a.stepsFailed, stepsGet: b.stepsGet - a.stepsGet, stepsOther: b.stepsOther - a.stepsOther,
+		entryReads: b.entryReads - a.entryReads, demandWrites: b.demandWrites - a.demandWrites, tableFailed: b.tableFailed - a.tableFailed,
+		agentTable: b.agentTable - a.agentTable, agentStore: b.agentStore - a.agentStore,
+	}
+	if gates != nil {
+		k.gates = gates.ops
+	}
+	return k
+}
+
+func (k tableKinds) total() int64 {
+	return k.steps + k.stepsGet + k.stepsOther + k.entryReads + k.demandWrites + k.agentTable + k.agentStore
+}
+
+// per formats the counts, each also a decision.
+func (k tableKinds) per(decisions int64) string {
+	d := float64(max(decisions, 1))
+	f := func(n int64) string { return fmt.Sprintf("%d (%.3f)", n, float64(n)/d) }
+	s := fmt.Sprintf("processes' steps %s, of them lost %s (their stores' conflicts %d), their GetItem %s (their stores' reads %d), other %s; "+
+		"entry reads %s, with demand %s (failed %d); agents: table items %s, bucket items %s; all %s",
+		f(k.steps), f(k.stepsFailed), k.conflicts, f(k.stepsGet), k.storeReads, f(k.stepsOther), f(k.entryReads), f(k.demandWrites), k.tableFailed,
+		f(k.agentTable), f(k.agentStore), f(k.total()))
+	if k.gates != nil {
+		s += "; at the gates: " + gateString(k.gates)
+	}
+	return s
+}
+
+// gateString formats a gateKinds count: the total, then by region,
+// operation and status.
+func gateString(ops map[string]int) string {
+	var n int
+	var parts []string
+	for _, op := range slices.Sorted(maps.Keys(ops)) {
+		parts = append(parts, fmt.Sprintf("%s %d", op, ops[op]))
+		n += ops[op]
+	}
+	return fmt.Sprintf("%d: %s", n, strings.Join(parts, ", "))
+}
+
+// gateKinds counts the requests the regions' gates received between two
+// marks, by operation and HTTP status.
+type gateKinds struct {
+	g     *testserver.Regions
+	marks []int
+	ops   map[string]int
+}
+
+// marking returns requests, marking the gates at its first call (the
+// run's start) and counting at its second (its end).
+func (gk *gateKinds) marking(requests func() int) func() int {
+	calls := 0
+	return func() int {
+		n := requests()
+		switch calls {
+		case 0:
+			gk.mark()
+		case 1:
+			gk.count()
+		}
+		calls++
+		return n
+	}
+}
+
+func (gk *gateKinds) mark() {
+	if gk == nil {
+		return
+	}
+	for i := range gk.g.Len() {
+		gk.marks = append(gk.marks, gk.g.Gate(i).Len())
+	}
+}
+
+func (gk *gateKinds) count() {
+	if gk == nil {
+		return
+	}
+	gk.ops = map[string]int{}
+	for i := range gk.g.Len() {
+		for _, r := range gk.g.Gate(i).Since(gk.marks[i]) {
+			gk.ops[fmt.Sprintf("r%d %s %d", i, r.Op, r.Status)]++
+		}
+	}
 }

@@ -294,6 +294,7 @@ func (a *Agent) rebase(ctx context.Context, now time.Time, s, carryIn int64) (in
 		for _, p := range old.procs {
 			if tb := p.bucket(old, false); tb != nil {
 				tb.ReturnLeases(ctx, at) // a return lost under-admits
+				p.retire(tb)
 			}
 		}
 		d, err := old.own.Get(ctx, old.key, at)
@@ -330,6 +331,21 @@ func (l *Limiter) bucket(it *bucketItem, make bool) *limiter.TokenBucket {
 	l.buckets[it] = tb
 	return tb
 }
+
+// retire keeps the lease counts of tb, the bucket of a replaced item
+// (LeaseStats).
+func (l *Limiter) retire(tb *limiter.TokenBucket) {
+	if brokenRetire {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.retired = l.retired.Add(tb.LeaseStats())
+}
+
+// brokenRetire (tests): a replaced item's lease counts are dropped with
+// its bucket, as before.
+var brokenRetire = false
 
 // allowBucket decides n units at now on the item in force at now's
 // stamp.

@@ -32,9 +32,10 @@ type Process struct {
 	flushed int64 // stamp of the last demand write (0: none)
 	offered int64 // units not yet written
 	buckets map[string]*limiter.TokenBucket
+	dropped limiter.LeaseStats // the lease counts of buckets dropped
 
 	reading sync.Mutex // one read at a time
-	stats   struct{ reads, flushes, stale, waits, fenced atomic.Int64 }
+	stats   struct{ reads, flushes, stale, waits, fenced, cached, unshared atomic.Int64 }
 	// brokenNoWait (tests): a decision that finds no entry valid fails
 	// at once, as before. brokenNoFenceWait (tests): a decision the
 	// fence refused reads its entry again once, not until its number is
@@ -47,9 +48,12 @@ type Process struct {
 // reads made again waiting for one (counted in Reads too); Fenced the
 // decisions refused by the store's fence (a window's lowering or a
 // bucket's rebase published since the entry they used), each followed by
-// a read of the entry (counted in Reads too) and a decision by it.
+// a read of the entry (counted in Reads too) and a decision by it. Cached
+// counts the decisions the deny cache denied, Unshared those the entry
+// denied (a share or cap below the units asked), both without a store
+// request; LeaseStats counts those answered from a lease.
 type ProcessStats struct {
-	Reads, Flushes, Stale, Waits, Fenced int64
+	Reads, Flushes, Stale, Waits, Fenced, Cached, Unshared int64
 }
 
 // NewProcess returns a process's limiter of region t.Region's share of
@@ -85,7 +89,22 @@ func NewProcess(cfg Config, t Table, store any) (*Process, error) {
 // Stats returns the process's counts.
 func (p *Process) Stats() ProcessStats {
 	return ProcessStats{Reads: p.stats.reads.Load(), Flushes: p.stats.flushes.Load(), Stale: p.stats.stale.Load(), Waits: p.stats.waits.Load(),
-		Fenced: p.stats.fenced.Load()}
+		Fenced: p.stats.fenced.Load(), Cached: p.stats.cached.Load(), Unshared: p.stats.unshared.Load()}
+}
+
+// LeaseStats sums the process's capacity lease counts: its window's, or
+// its buckets' (of every item it decided on, those dropped included).
+func (p *Process) LeaseStats() limiter.LeaseStats {
+	if p.w != nil {
+		return p.w.LeaseStats()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.dropped
+	for _, tb := range p.buckets {
+		s = s.Add(tb.LeaseStats())
+	}
+	return s
 }
 
 // AllowN decides n units of key at now (the wall clock) against the
@@ -159,6 +178,9 @@ func (p *Process) decideFenced(ctx context.Context, e Entry, now time.Time, n in
 	for try := 0; ; try++ {
 		it, denied, ok, err := item(e, t, n)
 		if err != nil || !ok {
+			if err == nil {
+				p.stats.unshared.Add(1)
+			}
 			return denied, err
 		}
 		var out [1]limiter.Outcome
@@ -166,6 +188,9 @@ func (p *Process) decideFenced(ctx context.Context, e Entry, now time.Time, n in
 		if !errors.Is(err, storage.ErrFenced) {
 			if err != nil {
 				return limiter.Decision{}, err
+			}
+			if out[0].Cached {
+				p.stats.cached.Add(1)
 			}
 			return out[0].Decision, out[0].Err
 		}
@@ -345,6 +370,7 @@ func (p *Process) bucket(e Entry, it *ItemStep) (*limiter.TokenBucket, error) {
 			listed = listed || o.Key == k
 		}
 		if !listed {
+			p.dropped = p.dropped.Add(p.buckets[k].LeaseStats())
 			delete(p.buckets, k)
 		}
 	}

@@ -1066,6 +1066,7 @@ type Limiter struct {
 
 	mu      sync.Mutex
 	buckets map[*bucketItem]*limiter.TokenBucket // a bucket's, per item
+	retired limiter.LeaseStats                   // the lease counts of buckets of replaced items
 }
 
 // NewLimiter returns a limiter of the agent's region on store (a
@@ -1126,6 +1127,22 @@ func (l *Limiter) AllowN(ctx context.Context, key string, now time.Time, n int64
 // under-admits until the units leave the window; it never over-admits.
 func (l *Limiter) Refund(ctx context.Context, key string, now time.Time, n int64) error {
 	return nil
+}
+
+// LeaseStats sums the limiter's capacity lease counts: its window's, or
+// its buckets' (of every item it decided on, those a rebase replaced
+// included).
+func (l *Limiter) LeaseStats() limiter.LeaseStats {
+	if l.w != nil {
+		return l.w.LeaseStats()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.retired
+	for _, tb := range l.buckets {
+		s = s.Add(tb.LeaseStats())
+	}
+	return s
 }
 
 var _ limiter.Limiter = (*Limiter)(nil)

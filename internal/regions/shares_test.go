@@ -191,6 +191,11 @@ type simResult struct {
 	// receivedFell is the ticks after which an agent's Stats().Received,
 	// a running total, was below its value before.
 	receivedFell int
+	// leases sums the processes' lease counts at the end; leaseFell is
+	// the ticks after which a region's processes' lease takes, a running
+	// total, were fewer than before.
+	leases    limiter.LeaseStats
+	leaseFell int
 }
 
 func (r simResult) share() float64 { return float64(r.admitted) / float64(max(r.exact, 1)) }
@@ -267,12 +272,15 @@ func (s sim) run(t testing.TB) simResult {
 		}
 		for r, a := range agents {
 			for !nextTick[r].After(now) {
-				before := a.Stats().Received
+				before, takes := a.Stats().Received, leaseTakes(procs[r])
 				if err := a.Tick(ctx, now); err != nil {
 					t.Fatal(err)
 				}
 				if a.Stats().Received < before {
 					res.receivedFell++
+				}
+				if leaseTakes(procs[r]) < takes {
+					res.leaseFell++
 				}
 				nextTick[r] = nextTick[r].Add(s.tickEvery())
 			}
@@ -336,7 +344,10 @@ func (s sim) run(t testing.TB) simResult {
 	if res.exact, err = limitertest.ExactAdmitted(ctx, exact, res.calls); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range agents {
+	for r, a := range agents {
+		for _, l := range procs[r] {
+			res.leases = res.leases.Add(l.LeaseStats())
+		}
 		res.stats = append(res.stats, a.Stats())
 		for _, m := range a.offers() {
 			res.oldestOffer = max(res.oldestOffer, end.Sub(time.Unix(0, m.Tau)))
@@ -645,6 +656,46 @@ func TestSharesReceivedRunningTotal(t *testing.T) {
 			t.Logf("seed %d: Received fell after %d ticks; agents %+v", seed, res.receivedFell, res.stats)
 			if fell := res.receivedFell > 0; fell != broken {
 				t.Errorf("seed %d: Received fell after %d ticks; want it to fall %v", seed, res.receivedFell, broken)
+			}
+		})
+	}
+}
+
+// leaseTakes sums ls's lease takes.
+func leaseTakes(ls []*Limiter) int64 {
+	var n int64
+	for _, l := range ls {
+		n += l.LeaseStats().Takes
+	}
+	return n
+}
+
+// TestSharesLimiterCountsLeases: a Limiter's lease counts (LeaseStats,
+// which limitertest.RunHot and the benchmarks sum: "0 takes" before it)
+// are running totals over every item of the region's bucket, a rebase's
+// replaced ones included, in TestSharesReceivedRunningTotal's runs
+// (demand moving between regions: rebases both ways); brokenRetire, which
+// dropped a replaced item's counts with its bucket, lowers them at a
+// rebase.
+func TestSharesLimiterCountsLeases(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			brokenRetire = broken
+			defer func() { brokenRetire = false }()
+			seed := uint64(time.Now().UnixNano())
+			s := sim{cfg: simBucket, splits: [][]float64{{0.98, 0.01, 0.01}, {0.01, 0.01, 0.98}}, every: 3 * time.Second, rate: 240,
+				dur: 12 * time.Second, lag: time.Second, procs: 2, seed: seed}
+			res := s.run(t)
+			var rebases int64
+			for _, a := range res.stats {
+				rebases += a.Rebases
+			}
+			t.Logf("seed %d: leases %+v; lease takes fell after %d ticks; %d rebases", seed, res.leases, res.leaseFell, rebases)
+			if res.leases.Takes == 0 || rebases == 0 {
+				t.Fatalf("seed %d: %d lease takes, %d rebases: the run cannot tell", seed, res.leases.Takes, rebases)
+			}
+			if fell := res.leaseFell > 0; fell != broken {
+				t.Errorf("seed %d: lease takes fell after %d ticks; want them to fall %v", seed, res.leaseFell, broken)
 			}
 		})
 	}
