@@ -221,3 +221,54 @@ func TestLeaseNewKeyNearSlotEnd(t *testing.T) {
 		t.Errorf("the first lease was store step %d, want the third at the latest", first)
 	}
 }
+
+// newKeySteps is the store steps of a new process deciding a window key
+// at 100 a second, evenly, from before the end of its 3 s slot until the
+// slot ends, as Decide does (spend, else want and a store step that
+// grants all it asks).
+func newKeySteps(before time.Duration) int {
+	const sec = int64(time.Second)
+	sub := 3 * sec
+	l := newLeaser(1<<20, nil)
+	steps := 0
+	for now := 1001*sub - int64(before); now < 1001*sub; now += sec / 100 {
+		if _, _, ok, _ := l.spend("k", now, 1); ok {
+			continue
+		}
+		end := (now/sub + 1) * sub
+		w := l.want("k", now, 1, end)
+		l.took("k", now, 1, w, w, end, now/sub, Decision{Allowed: true, Limit: 1 << 20, Remaining: 1 << 19})
+		steps++
+	}
+	return steps
+}
+
+// A new hot process (100 a second) whose first call comes anywhere in
+// the last 400 ms of a window slot sends at most 7 of its calls to the
+// store before the slot ends. Its rate reads low for its first calls,
+// so its first lease falls short of the slot's end, and what is left
+// after it is under the smallest lease: without taking a lease that the
+// time left made small, a first call 160 ms before the end sent all 16
+// calls to the store (16 processes starting there made
+// TestLeasesHotKey/window's run 0.088 store calls a decision, against
+// 0.067 elsewhere in the slot). The last 70 ms stay a store step a call:
+// there the rate reads under 2 units to the end.
+func TestLeaseNewKeySlotEndSweep(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		brokenSlotEnd = broken
+		worst, at := 0, time.Duration(0)
+		for before := 10 * time.Millisecond; before <= 400*time.Millisecond; before += 10 * time.Millisecond {
+			if s := newKeySteps(before); s > worst {
+				worst, at = s, before
+			}
+		}
+		brokenSlotEnd = false
+		t.Logf("broken %v: at most %d store steps (first call %v before the slot's end)", broken, worst, at)
+		if worst > 7 && !broken {
+			t.Errorf("a new process whose first call came %v before the slot's end made %d store steps, want at most 7", at, worst)
+		}
+		if worst <= 7 && broken {
+			t.Errorf("without small leases at the slot's end: at most %d store steps, want more than 7 (the test cannot fail)", worst)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/sluicehq/sluice/backends/memory"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/limitertest"
+	"github.com/sluicehq/sluice/limiter/storage"
 )
 
 func newCounted(t *testing.T) *limitertest.CountingStore {
@@ -74,18 +75,23 @@ func TestLeasesHotKey(t *testing.T) {
 				ls, exact := hotLimits(t, alg, store, procs, true)
 				rep := limitertest.RunHot(t.Context(), ls, limitertest.HotOptions{Key: "hot", Rate: rate, Duration: 4 * time.Second})
 				if gap := longestGap(rep.Calls); gap > hotStall && attempt < 3 {
-					t.Logf("%s: run %d stood still for %v (no decision of a process began): %d decisions, %d store calls, leases %+v; run again",
-						alg, attempt, gap.Round(time.Millisecond), len(rep.Calls), store.Calls(), rep.Leases)
+					t.Logf("%s: run %d (began %v into its slot) stood still for %v (no decision of a process began): %d decisions, %d store calls, leases %+v; run again",
+						alg, attempt, rep.Offset(hotSlot[alg]).Round(time.Millisecond), gap.Round(time.Millisecond), len(rep.Calls), store.Calls(), rep.Leases)
 					store = newCounted(t)
 					continue
 				}
-				t.Logf("%s: longest a process stood still: %v", alg, longestGap(rep.Calls).Round(time.Millisecond))
+				t.Logf("%s: began %v into its %v slot; longest a process stood still: %v", alg,
+					rep.Offset(hotSlot[alg]).Round(time.Millisecond), hotSlot[alg], longestGap(rep.Calls).Round(time.Millisecond))
 				checkHot(t, alg, rep, exact, store.Calls())
 				break
 			}
 		})
 	}
 }
+
+// hotSlot is the slot of each hot-key limiter (a window's slot, a
+// bucket's lease epoch): a run logs how far into it it began.
+var hotSlot = map[string]time.Duration{"bucket": storage.LeaseEpoch, "window": 3 * time.Second, "packed": 375 * time.Millisecond}
 
 // hotStall is the longest a process of the hot-key runs may go without
 // beginning a decision (each begins one every 10 ms, or 5 ms) before the

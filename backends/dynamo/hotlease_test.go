@@ -78,6 +78,15 @@ func leaseLimiter(t testing.TB, alg string, s any, leases bool) limiter.Limiter 
 	return l
 }
 
+// leaseSlot is alg's slot: the window's sub-window (a minute in 20),
+// the bucket's lease epoch. A run logs how far into it it began.
+func leaseSlot(alg string) time.Duration {
+	if alg == "bucket" {
+		return storage.LeaseEpoch
+	}
+	return time.Minute / 20
+}
+
 // leaseResult is one hot-key run's figures.
 type leaseResult struct {
 	rep         limitertest.HotReport
@@ -163,7 +172,9 @@ func leaseMeasure(t testing.TB, alg string, uneven, leases bool) leaseResult {
 		alg, opt.Rate/leaseLimit, uneven, leases, len(rep.Calls), rep.Admitted, rep.Leased, r.exact, float64(rep.Admitted-r.prefill)/float64(r.exact-r.prefill),
 		rep.Throttled, rep.ThrottledLate, rep.Cached, rep.Failed, r.proxy.Requests, r.perDecision, r.proxy.WriteUnits, r.wruPer, r.proxy.Throttled, r.conflicts, r.settles, rep.Leases)
 	t.Logf("requests by kind: %s", r.requestKinds())
-	t.Logf("longest a process stood still: %v; against exact: %v", rep.LongestGap().Round(time.Millisecond), loss)
+	slot := leaseSlot(alg)
+	t.Logf("began %v into its %v slot; longest a process stood still: %v; against exact: %v",
+		rep.Offset(slot).Round(time.Millisecond), slot, rep.LongestGap().Round(time.Millisecond), loss)
 	return r
 }
 

@@ -58,6 +58,17 @@ type HotReport struct {
 	// Kinds tells, for each of Calls, how it was decided (HotLoss
 	// compares them with exact's decisions).
 	Kinds []HotKind
+	// Begin is the run's start (the wall clock): see Offset.
+	Begin time.Time
+}
+
+// Offset is how far into its slot of the wall clock (a window's slot, a
+// bucket's lease epoch: slots of that length from the Unix epoch) the
+// run began. A run's store requests depend on it: a new process whose
+// first calls come near a window slot's end leases later than one
+// whose first calls come early in it (docs/leases.md).
+func (rep HotReport) Offset(slot time.Duration) time.Duration {
+	return time.Duration(rep.Begin.UnixNano() % int64(slot))
 }
 
 // HotKind is how a [RunHot] decision was decided.
@@ -82,6 +93,7 @@ func RunHot(ctx context.Context, limiters []limiter.Limiter, opt HotOptions) Hot
 		wg  sync.WaitGroup
 	)
 	begin := time.Now()
+	rep.Begin = begin
 	if opt.Prefill > 0 {
 		rep.prefill(ctx, opt, begin)
 	}
