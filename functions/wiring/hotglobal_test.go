@@ -28,11 +28,12 @@ import (
 // scope global on an eventual table (regional shares, regions.Keys),
 // through the authorizer as Build wires it from the construct's
 // environment: two regions, four containers in region 0 and two in
-// region 1, each deciding one request at a time but for the hot key (below). The regions' tables are
-// one DynamoDB Local table (a global table whose replication takes no
-// time; each region writes only its own items), each region behind its
-// own partition-cap proxy (real DynamoDB's caps at 1/50: 20 write units a
-// second per partition key). At once:
+// region 1, each deciding one request at a time but for the hot key
+// (below). The regions' tables are one DynamoDB Local table (a global
+// table whose replication takes no time; each region writes only its
+// own items), each region behind its own partition-cap proxy (real
+// DynamoDB's caps at 1/50: 20 write units a second per partition key).
+// At once:
 //
 //   - a hot key, decided in region 0's four containers, offered 150 a
 //     second for 4 s and until the store has throttled it (12 s at
@@ -70,10 +71,9 @@ import (
 // that no breaker opened. A run that checked nothing runs again
 // (hgAttempts at most; then the test fails saying so): one in which no
 // request of the hot key was throttled, no request of the slow key was
-// held, or in which a victim decision
-// failed or ran to the deadline while the host held it (hostHeld: the
-// sweep within its bound, the decision's own requests slow).
-// Latencies are logged: the victim's per region
+// held, or a victim decision failed or ran to the deadline while the
+// host held it (hostHeld: the sweep within its bound, the decision's own
+// requests slow). Latencies are logged: the victim's per region
 // (region 1 has neither the hot nor the slow key), and its shares at the
 // end (hotGlobal.shares).
 //
@@ -162,7 +162,7 @@ func (h *hotGlobal) hostHeld(c hgCall) (string, bool) {
 func (h *hotGlobal) startedAt(c hgCall) time.Time { return h.runStart.Add(c.Start) }
 
 // hgAttempts is how many runs TestHotGlobalKeyStaysOnItsKey makes at most
-// for one in which the store throttled the hot key.
+// for one that checked something (checkedNothing).
 const hgAttempts = 3
 
 // hgHotOffered says how many hot decisions a run made, over how long.
