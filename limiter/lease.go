@@ -57,8 +57,7 @@ const (
 	// minLease is the smallest lease worth taking, in units: below it a
 	// key is cold and each decision is its own store step, as without
 	// leases (a smaller lease would save few requests, and a client's
-	// quick handful of requests would lease). A hot key's lease that the
-	// time left before its end made smaller is taken (want).
+	// quick handful of requests would lease).
 	minLease = 8
 	// minReturn is the fewest unspent units worth a return write.
 	minReturn = 4
@@ -356,27 +355,11 @@ func (l *leaser) want(key string, t, n, end int64) int64 {
 			return w
 		}
 	}
-	if w < k.minLease() && w > n && nominal >= k.minLease() && !brokenSlotEnd &&
-		min(k.remaining/fairShare, l.maxWant) >= k.minLease() {
-		// The time left before the lease's end, not the key's rate, made
-		// the lease small (a key the rate calls hot, what remains not
-		// near the limit): a lease to the end rather than a store step a
-		// call. Reached where the last lease fell short of the end: a new
-		// process's rate reads low for its first calls, and one whose
-		// first call came in a window slot's last 200 ms sent every call
-		// to the store until the slot's end (docs/leases.md, "A new
-		// process near a slot's end").
-		return w
-	}
 	if w < k.minLease() || w <= n {
 		return n
 	}
 	return w
 }
-
-// brokenSlotEnd: a lease that the time left made smaller than the
-// smallest lease is not taken, as before. Tests only.
-var brokenSlotEnd = false
 
 // unitsIn is the units a key deciding rate a second decides in d. A
 // lease's life for leaseDecisions decisions (leaseDecisions/rate) is
