@@ -241,13 +241,9 @@ func (k *leaseKey) observe(t, n int64) {
 }
 
 // minRateAge is the shortest history a rate estimate divides by, so that a
-// quick handful of calls is not taken for thousands a second. It is a
-// lease's shortest life: a longer floor kept a new process's estimate
-// low for longer than a lease lives, and near a window slot's end (where
-// a lease cannot outlive the slot) a new hot process sent its first nine
-// calls to the store one by one (docs/leases.md, "A new process near a
-// slot's end").
-const minRateAge = minLeaseLife
+// client's few calls in a row do not read as a hot key (docs/leases.md,
+// "A new process near a slot's end": a floor of 100 ms leased them).
+const minRateAge = 250 * time.Millisecond
 
 // rate is the key's units a second: an exponentially weighted average
 // (half-life rateHalfLife) over the time since the key was first seen, so

@@ -190,34 +190,3 @@ func TestLeaseBacklogAtSlotEnd(t *testing.T) {
 		}
 	}
 }
-
-// A new process on a hot key (100 a second) whose first calls come
-// 300 ms before its window slot's end leases from its third call: its
-// rate estimate divides by at least minRateAge, and a lease cannot
-// outlive the slot, so with a floor of 250 ms the first nine calls asked
-// for fewer than minLease units and went to the store one by one (16
-// processes starting there made TestLeasesHotKey/window's run 0.11
-// store calls a decision, against 0.07 elsewhere in the slot).
-func TestLeaseNewKeyNearSlotEnd(t *testing.T) {
-	const sec = int64(time.Second)
-	sub := 3 * sec
-	l := newLeaser(1<<20, nil)
-	start := 1000*sub + sub - 300*int64(time.Millisecond)
-	steps, first := 0, 0
-	for now := start; now < 1001*sub; now += sec / 100 {
-		if _, _, ok, _ := l.spend("k", now, 1); ok {
-			continue
-		}
-		end := (now/sub + 1) * sub
-		w := l.want("k", now, 1, end)
-		l.took("k", now, 1, w, w, end, now/sub, Decision{Allowed: true, Limit: 1 << 20, Remaining: 1 << 19})
-		steps++
-		if w > 1 && first == 0 {
-			first = steps
-		}
-	}
-	t.Logf("30 calls in the slot's last 300 ms: %d store steps, the first lease at step %d", steps, first)
-	if first == 0 || first > 3 {
-		t.Errorf("the first lease was store step %d, want the third at the latest", first)
-	}
-}
