@@ -100,11 +100,15 @@ func (p *Process) LeaseStats() limiter.LeaseStats {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := p.dropped
-	for _, tb := range p.buckets {
-		s = s.Add(tb.LeaseStats())
+	return bucketLeases(p.dropped, p.buckets)
+}
+
+// bucketLeases is base plus the lease counts of buckets.
+func bucketLeases[K comparable](base limiter.LeaseStats, buckets map[K]*limiter.TokenBucket) limiter.LeaseStats {
+	for _, tb := range buckets {
+		base = base.Add(tb.LeaseStats())
 	}
-	return s
+	return base
 }
 
 // AllowN decides n units of key at now (the wall clock) against the

@@ -1138,11 +1138,7 @@ func (l *Limiter) LeaseStats() limiter.LeaseStats {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := l.retired
-	for _, tb := range l.buckets {
-		s = s.Add(tb.LeaseStats())
-	}
-	return s
+	return bucketLeases(l.retired, l.buckets)
 }
 
 var _ limiter.Limiter = (*Limiter)(nil)
