@@ -155,9 +155,9 @@ func (h *hotGlobal) hostHeld(c hgCall) (string, bool) {
 	end := start.Add(c.latency)
 	var hold time.Duration
 	if c.region == 0 {
-		_, hold = h.times[0].within(hgSlowIP, start, end)
+		_, hold = within(h.times[0], hgSlowIP, start, end)
 	}
-	own, _ := h.times[c.region].within(hgVictimIP, start, end)
+	own, _ := within(h.times[c.region], hgVictimIP, start, end)
 	why := fmt.Sprintf("region %d at %v: %v, its own requests %v, the slow key's longest %v",
 		c.region, c.Start.Round(time.Millisecond), c.latency.Round(time.Millisecond), own.Round(time.Millisecond), hold.Round(time.Millisecond))
 	return why, hold <= hgSweepHold+hgSweepSlack && own >= (hgDeadline-hold)/2
@@ -292,7 +292,7 @@ type hotGlobal struct {
 	delay     *keyDelay // behind region 0's endpoint
 	// times are the regions' endpoints: when each request of the victim
 	// and the slow key was sent and answered.
-	times    [2]*reqTimes
+	times    [2]*testserver.HTTPProxy
 	cs       []*hgContainer
 	runStart time.Time // the run's start (hgCall.Start is from it)
 }
@@ -306,8 +306,8 @@ func startHotGlobal(t *testing.T) *hotGlobal {
 		h.caps[r] = testserver.NewCapProxy(t, local, testserver.CapConfig{Scale: hgScale, Log: h.throttles[r]})
 	}
 	h.delay = newKeyDelay(t, h.caps[0].URL())
-	h.times[0] = newReqTimes(t, h.delay.URL(), hgVictimIP, hgSlowIP)
-	h.times[1] = newReqTimes(t, h.caps[1].URL(), hgVictimIP, hgSlowIP)
+	h.times[0] = testserver.NewTaggedHTTPProxy(t, h.delay.URL(), hgVictimIP, hgSlowIP)
+	h.times[1] = testserver.NewTaggedHTTPProxy(t, h.caps[1].URL(), hgVictimIP, hgSlowIP)
 	endpoints := []string{h.times[0].URL(), h.times[1].URL()}
 	c := dynamodb.New(dynamodb.Options{BaseEndpoint: aws.String(local), Region: "us-east-1",
 		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {

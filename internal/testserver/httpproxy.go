@@ -1,6 +1,8 @@
 package testserver
 
 import (
+	"bytes"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -27,6 +29,9 @@ type HTTPProxy struct {
 	// passed on, and what it returns once the answer is back (a region's
 	// gate, regions.go).
 	hold func(op string) (release func())
+	// names: each request is recorded with the first of them its body
+	// contains (HTTPRequest.Key).
+	names []string
 
 	requestLog
 }
@@ -72,6 +77,9 @@ type HTTPRequest struct {
 	Start, End time.Time
 	// Status is the server's HTTP status (0 when it did not answer).
 	Status int
+	// Key is the first of a tagging proxy's names the request's body
+	// contains ("" for none, or an untagging proxy: NewTaggedHTTPProxy).
+	Key string
 }
 
 // NewHTTPProxy starts a proxy in front of target (an http:// URL).
@@ -80,14 +88,26 @@ func NewHTTPProxy(t testing.TB, target string) *HTTPProxy {
 	return newHTTPProxy(t, target, nil)
 }
 
-func newHTTPProxy(t testing.TB, target string, hold func(op string) func()) *HTTPProxy {
+// NewTaggedHTTPProxy is NewHTTPProxy recording with each request the
+// first of names its body contains (HTTPRequest.Key), and keeping up to
+// 64 idle connections to target for requests in flight at once (the
+// default keeps 2 a host and opens one for each request beyond).
+func NewTaggedHTTPProxy(t testing.TB, target string, names ...string) *HTTPProxy {
+	t.Helper()
+	return newHTTPProxy(t, target, nil, names...)
+}
+
+func newHTTPProxy(t testing.TB, target string, hold func(op string) func(), names ...string) *HTTPProxy {
 	t.Helper()
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatalf("testserver: proxy target %q: %v", target, err)
 	}
-	p := &HTTPProxy{hold: hold}
+	p := &HTTPProxy{hold: hold, names: names}
 	rp := httputil.NewSingleHostReverseProxy(u)
+	if len(names) > 0 {
+		rp.Transport = &http.Transport{MaxIdleConnsPerHost: 64}
+	}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op := r.Header.Get("X-Amz-Target")
 		if i := strings.LastIndexByte(op, '.'); i >= 0 {
@@ -95,6 +115,11 @@ func newHTTPProxy(t testing.TB, target string, hold func(op string) func()) *HTT
 		}
 		rec := &statusWriter{ResponseWriter: w}
 		start := time.Now()
+		key, err := p.tag(r)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
 		if d := p.delay.Load() + jitter(p.jitter.Load()); d > 0 {
 			time.Sleep(time.Duration(d))
 		}
@@ -105,10 +130,29 @@ func newHTTPProxy(t testing.TB, target string, hold func(op string) func()) *HTT
 		} else {
 			rp.ServeHTTP(rec, r)
 		}
-		p.add(HTTPRequest{Op: op, Start: start, End: time.Now(), Status: rec.status})
+		p.add(HTTPRequest{Op: op, Start: start, End: time.Now(), Status: rec.status, Key: key})
 	}))
 	t.Cleanup(p.srv.Close)
 	return p
+}
+
+// tag returns the first of p's names r's body contains, the body left to
+// be read again; "" for none, or a proxy without names.
+func (p *HTTPProxy) tag(r *http.Request) (string, error) {
+	if len(p.names) == 0 {
+		return "", nil
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return "", err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	for _, n := range p.names {
+		if bytes.Contains(body, []byte(n)) {
+			return n, nil
+		}
+	}
+	return "", nil
 }
 
 // SetDelay holds every request d before passing it on, as a network's
